@@ -1,0 +1,41 @@
+# Connex build entry points. `make test` is the command README.md and .ci/run use.
+GO        ?= go
+# Build the UCX data plane when libucx is installed (pkg-config finds "ucx").
+UCX_TAGS  := $(shell pkg-config --exists ucx 2>/dev/null && echo ucx)
+TAGS      ?= $(UCX_TAGS)
+GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
+PROTOC    ?= protoc
+
+.PHONY: all build run test test-race fuzz bench bench-pull bench-cluster proto tidy clean
+
+all: build
+
+build:
+	$(GO) build $(GOTAGS) -o bin/connexd ./cmd/connexd
+
+# Run connexd's main job on the embedded default (in-process NATS).
+run: build
+	./bin/connexd
+
+proto:
+	$(PROTOC) --plugin=protoc-gen-go="$$($(GO) tool -n protoc-gen-go)" \
+		--go_out=. --go_opt=module=github.com/connex/connex \
+		-I messages messages/*.proto
+
+test:
+	bash scripts/test.sh
+
+bench:
+	bash scripts/bench.sh control
+
+bench-pull:
+	bash scripts/bench.sh pull
+
+bench-cluster:
+	bash scripts/bench.sh cluster
+
+tidy:
+	$(GO) mod tidy
+
+clean:
+	rm -rf bin

@@ -1,0 +1,131 @@
+// Package transport is Connex's data plane: it exposes registered memory to
+// remote readers and performs batched one-sided GETs from them.
+//
+// The shape follows NIXL's backend engines: a Backend registers memory and
+// hands out packed remote keys; a reader connects an Endpoint to the holder's
+// address and posts batches of GetOps against those keys. Backends differ in
+// how bytes move (UCX RMA, plain TCP) but all of them obey the same rules:
+//
+//   - Only memory that was Registered, and only while it stays registered, can
+//     be read by a peer. A GET outside a registration fails with
+//     ErrNotRegistered; it never returns other bytes.
+//   - Get never blocks past its context: on deadline or cancel the in-flight
+//     operations are abandoned (the endpoint is closed if the backend cannot
+//     cancel them one by one) and the call returns an error wrapping
+//     ErrCanceled or ErrTimeout.
+//   - A dead or unreachable peer surfaces as ErrPeerGone.
+//
+// Backend-specific status codes (UCX's ucs_status_t, socket errors) are turned
+// into the sentinel errors below at the backend boundary and never leak past it.
+package transport
+
+import (
+	"context"
+	"errors"
+)
+
+// Sentinel errors a caller can branch on with errors.Is. Backends wrap them
+// with context (peer address, key, offset).
+var (
+	// ErrPeerGone means the remote side died, closed, or cannot be reached.
+	ErrPeerGone = errors.New("transport: peer gone")
+	// ErrCanceled means the caller's context was canceled before completion.
+	ErrCanceled = errors.New("transport: canceled")
+	// ErrTimeout means the caller's deadline passed before completion.
+	ErrTimeout = errors.New("transport: timed out")
+	// ErrNotRegistered means a GET named a key or a byte range that the
+	// holder does not (or no longer) expose.
+	ErrNotRegistered = errors.New("transport: range not registered")
+	// ErrBadKey means a packed remote key could not be decoded.
+	ErrBadKey = errors.New("transport: malformed remote key")
+	// ErrClosed means the Backend or Endpoint was already closed.
+	ErrClosed = errors.New("transport: closed")
+	// ErrUnavailable means the backend cannot run on this machine (for
+	// example the binary was built without UCX or libucp failed to load).
+	ErrUnavailable = errors.New("transport: backend unavailable")
+)
+
+// Caps describes what a backend can do, so callers can pick strategies
+// (for example how many GETs to keep in flight) without type switches.
+type Caps struct {
+	// OneSided is true when a GET completes without the holder's CPU copying
+	// the bytes (RDMA, CMA, UCX-allocated shared memory).
+	OneSided bool
+	// MaxInFlight is the number of GETs a reader should keep outstanding
+	// per endpoint for full bandwidth; 0 means "no preference".
+	MaxInFlight int
+	// MaxGetBytes is the largest single GET the backend handles well;
+	// callers split larger ranges. 0 means no limit.
+	MaxGetBytes int
+}
+
+// Backend is one data-plane implementation. All methods are safe for
+// concurrent use.
+type Backend interface {
+	// Name is the configured backend name ("tcp", "ucx").
+	Name() string
+	// Caps reports the backend's capabilities.
+	Caps() Caps
+	// Address is what a reader passes to Connect to reach this backend (a
+	// host:port for TCP, a packed worker address for UCX). Opaque bytes.
+	Address() []byte
+	// Register exposes mem to remote readers until Deregister is called on
+	// the returned Registration. mem must stay mapped until then.
+	Register(mem []byte) (Registration, error)
+	// Connect returns an endpoint to the holder at addr. Endpoints may be
+	// cached and shared by the backend; Close on an Endpoint releases the
+	// caller's reference.
+	Connect(ctx context.Context, addr []byte) (Endpoint, error)
+	// Close deregisters everything, closes endpoints and stops background
+	// goroutines. It is idempotent.
+	Close() error
+}
+
+// Registration is memory exposed for remote reads.
+type Registration interface {
+	// RemoteKey is the packed key a reader needs to GET from this memory.
+	// It is only meaningful to the same kind of backend.
+	RemoteKey() []byte
+	// RemoteAddr is the address a reader names for the first registered byte
+	// (the virtual address for UCX, 0 for TCP). Byte i of the registered
+	// memory is at RemoteAddr()+i.
+	RemoteAddr() uint64
+	// Len is the number of registered bytes.
+	Len() int
+	// Deregister revokes remote access. After it returns no new GET on this
+	// key succeeds. It is idempotent.
+	Deregister() error
+}
+
+// GetOp reads len(Dst) bytes from the peer's registered memory named by
+// RemoteKey, starting at RemoteAddr, into Dst.
+type GetOp struct {
+	RemoteKey  []byte
+	RemoteAddr uint64
+	Dst        []byte
+}
+
+// Endpoint is a reader's connection to one holder.
+type Endpoint interface {
+	// Get performs every op in ops and returns when all completed, one
+	// failed, or ctx ended. Backends keep many ops in flight and may
+	// coalesce or split them. On error the contents of every Dst are
+	// undefined.
+	Get(ctx context.Context, ops []GetOp) error
+	// Close releases the endpoint. In-flight Gets on it fail with ErrClosed
+	// or ErrCanceled.
+	Close() error
+}
+
+// CtxErr maps a context error to the transport sentinels, so callers can
+// branch on ErrTimeout / ErrCanceled regardless of backend.
+func CtxErr(err error) error {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return errors.Join(ErrTimeout, err)
+	case errors.Is(err, context.Canceled):
+		return errors.Join(ErrCanceled, err)
+	default:
+		return err
+	}
+}
