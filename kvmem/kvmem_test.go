@@ -1,0 +1,177 @@
+package kvmem
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+)
+
+func testLayout() Layout {
+	return Layout{Layers: 3, Planes: 2, Blocks: 8, BlockBytes: 16, BlockSize: 16, TPSize: 1}
+}
+
+func TestLayoutValidate(t *testing.T) {
+	good := testLayout()
+	if err := good.Validate(); err != nil {
+		t.Fatalf("valid layout rejected: %v", err)
+	}
+	bad := []func(*Layout){
+		func(l *Layout) { l.Layers = 0 },
+		func(l *Layout) { l.Planes = 1 },
+		func(l *Layout) { l.Blocks = 0 },
+		func(l *Layout) { l.BlockBytes = 0 },
+		func(l *Layout) { l.BlockSize = 0 },
+		func(l *Layout) { l.TPSize = 0 },
+		func(l *Layout) { l.Layers, l.Blocks, l.BlockBytes = 1<<31, 1<<31, 1<<40 },
+	}
+	for i, mut := range bad {
+		l := testLayout()
+		mut(&l)
+		if err := l.Validate(); !errors.Is(err, ErrBadLayout) {
+			t.Errorf("case %d: want ErrBadLayout, got %v", i, err)
+		}
+	}
+}
+
+func TestOffsetsAndExtents(t *testing.T) {
+	l := testLayout()
+	if got := l.Offset(1, 1, 2); got != ((1*2+1)*8+2)*16 {
+		t.Fatalf("offset = %d", got)
+	}
+	got := l.Extents([]uint32{2, 3, 4, 7, 0})
+	if len(got) != 3*2*3 {
+		t.Fatalf("want 18 extents, got %d", len(got))
+	}
+	want0 := []Extent{{Off: 2 * 16, Len: 48}, {Off: 7 * 16, Len: 16}, {Off: 0, Len: 16}}
+	if !reflect.DeepEqual(got[:3], want0) {
+		t.Fatalf("layer 0 K extents = %v, want %v", got[:3], want0)
+	}
+	if got[3].Off != l.Offset(0, 1, 2) {
+		t.Fatalf("second plane starts at %d", got[3].Off)
+	}
+	var total uint64
+	for _, e := range got {
+		total += e.Len
+	}
+	if total != 5*3*2*16 {
+		t.Fatalf("extents cover %d bytes", total)
+	}
+}
+
+func TestRuns(t *testing.T) {
+	got := Runs([]uint32{5, 6, 7, 1, 2, 9})
+	want := []Run{{0, 5, 3}, {3, 1, 2}, {5, 9, 1}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("runs = %v, want %v", got, want)
+	}
+}
+
+func TestValidateBlockIDs(t *testing.T) {
+	cases := []struct {
+		ids []uint32
+		ok  bool
+	}{
+		{[]uint32{0, 7}, true},
+		{nil, false},
+		{[]uint32{8}, false},
+		{[]uint32{1, 1}, false},
+		{[]uint32{0, 1, 2, 3, 4, 5, 6, 7, 0}, false},
+	}
+	for _, c := range cases {
+		err := ValidateBlockIDs(c.ids, 8)
+		if (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrBadBlockIDs)) {
+			t.Errorf("ids %v: err = %v, want ok=%v", c.ids, err, c.ok)
+		}
+	}
+}
+
+func TestCompatible(t *testing.T) {
+	a := testLayout()
+	b := a
+	b.Blocks = 100
+	if err := a.CompatibleWith(b); err != nil {
+		t.Fatalf("different block counts must be compatible: %v", err)
+	}
+	for _, mut := range []func(*Layout){
+		func(l *Layout) { l.TPSize = 2 },
+		func(l *Layout) { l.BlockSize = 32 },
+		func(l *Layout) { l.Layers = 4 },
+		func(l *Layout) { l.BlockBytes = 32 },
+	} {
+		c := a
+		mut(&c)
+		if err := a.CompatibleWith(c); !errors.Is(err, ErrIncompatible) {
+			t.Errorf("want ErrIncompatible for %+v, got %v", c, err)
+		}
+	}
+}
+
+func TestRegionSharedMapping(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "region")
+	l := testLayout()
+	eng, err := CreateRegion(path, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	d, err := OpenRegion(path, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	copy(eng.Block(2, 1, 5), "hello, kv block!")
+	if got := string(d.Block(2, 1, 5)); got != "hello, kv block!" {
+		t.Fatalf("shared mapping sees %q", got)
+	}
+	wrong := l
+	wrong.Blocks = 9
+	if _, err := OpenRegion(path, wrong); !errors.Is(err, ErrBadLayout) {
+		t.Fatalf("size mismatch: want ErrBadLayout, got %v", err)
+	}
+	if _, err := OpenRegion(filepath.Join(t.TempDir(), "missing"), l); !errors.Is(err, ErrRegion) {
+		t.Fatalf("missing file: want ErrRegion, got %v", err)
+	}
+	if _, err := OpenRegion(os.TempDir(), l); err == nil {
+		t.Fatal("a directory must not open as a region")
+	}
+	if err := d.Close(); err != nil || d.Close() != nil {
+		t.Fatal("close must be idempotent")
+	}
+}
+
+func TestBlockTable(t *testing.T) {
+	bt := NewBlockTable(8)
+	if err := bt.Hold([]uint32{1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bt.Hold([]uint32{2, 3}); err != nil {
+		t.Fatal(err)
+	}
+	if c := bt.Counts(); c.Held != 3 || c.Free != 5 {
+		t.Fatalf("counts %+v", c)
+	}
+	if err := bt.Unhold([]uint32{1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bt.Unhold([]uint32{1, 2}); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("double free: want ErrNotHeld, got %v", err)
+	}
+	if c := bt.Counts(); c.Held != 2 {
+		t.Fatalf("a failed unhold must change nothing: %+v", c)
+	}
+	if err := bt.BeginWrite([]uint32{4, 5}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bt.BeginWrite([]uint32{5, 6}); !errors.Is(err, ErrBlocksBusy) {
+		t.Fatalf("want ErrBlocksBusy, got %v", err)
+	}
+	bt.EndWrite([]uint32{4, 5})
+	if err := bt.BeginWrite([]uint32{5, 6}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bt.Hold([]uint32{8}); !errors.Is(err, ErrBadBlockIDs) {
+		t.Fatalf("out of range: %v", err)
+	}
+}

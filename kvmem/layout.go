@@ -1,0 +1,151 @@
+package kvmem
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+)
+
+// ErrBadLayout is returned for a layout that cannot describe a KV region.
+var ErrBadLayout = errors.New("kvmem: bad layout")
+
+// ErrIncompatible is returned when two layouts cannot exchange blocks.
+var ErrIncompatible = errors.New("kvmem: incompatible layouts")
+
+// MaxRegionBytes bounds one region (1 TiB) so that arithmetic on offsets can
+// never overflow and a typo in a layout fails loudly.
+const MaxRegionBytes = 1 << 40
+
+// Layout is the geometry of a KV region: layers × planes × blocks × bytes,
+// laid out layer-major. Block b of plane p (0 = K, 1 = V) of layer l starts
+// at ((l*Planes+p)*Blocks+b)*BlockBytes.
+type Layout struct {
+	Layers     uint32 // transformer layers in this region
+	Planes     uint32 // 2 (K and V) for full attention, the only kind supported
+	Blocks     uint32 // blocks per layer and plane
+	BlockBytes uint64 // bytes of one block in one layer and plane
+	BlockSize  uint32 // tokens per block
+	TPSize     uint32 // tensor-parallel size of the owning engine
+}
+
+// Validate reports why l cannot describe a region, or nil.
+func (l Layout) Validate() error {
+	switch {
+	case l.Layers == 0:
+		return fmt.Errorf("%w: num_layers must be > 0", ErrBadLayout)
+	case l.Planes != 2:
+		return fmt.Errorf("%w: kv_planes=%d, only full-attention KV (2 planes) is supported", ErrBadLayout, l.Planes)
+	case l.Blocks == 0:
+		return fmt.Errorf("%w: num_blocks must be > 0", ErrBadLayout)
+	case l.BlockBytes == 0:
+		return fmt.Errorf("%w: block_bytes must be > 0", ErrBadLayout)
+	case l.BlockSize == 0:
+		return fmt.Errorf("%w: block_size must be > 0", ErrBadLayout)
+	case l.TPSize == 0:
+		return fmt.Errorf("%w: tp_size must be > 0", ErrBadLayout)
+	}
+	total := uint64(l.Layers) * uint64(l.Planes)
+	if total > MaxRegionBytes/uint64(l.Blocks) || total*uint64(l.Blocks) > MaxRegionBytes/l.BlockBytes {
+		return fmt.Errorf("%w: region larger than %d bytes", ErrBadLayout, uint64(MaxRegionBytes))
+	}
+	return nil
+}
+
+// Size is the number of bytes of a region with this layout. Only meaningful
+// for a valid layout.
+func (l Layout) Size() uint64 {
+	return uint64(l.Layers) * uint64(l.Planes) * uint64(l.Blocks) * l.BlockBytes
+}
+
+// Offset is the byte offset of block b of plane p of layer layer.
+func (l Layout) Offset(layer, plane, b uint32) uint64 {
+	return ((uint64(layer)*uint64(l.Planes)+uint64(plane))*uint64(l.Blocks) + uint64(b)) * l.BlockBytes
+}
+
+// CompatibleWith reports whether blocks of a region with layout l can be
+// copied into a region with layout dst: equal layers, planes, bytes per
+// block, tokens per block and TP size. Block counts may differ.
+func (l Layout) CompatibleWith(dst Layout) error {
+	switch {
+	case l.TPSize != dst.TPSize:
+		return fmt.Errorf("%w: tp_size %d vs %d (equal TP sizes are required in this version)", ErrIncompatible, l.TPSize, dst.TPSize)
+	case l.BlockSize != dst.BlockSize:
+		return fmt.Errorf("%w: block_size %d vs %d (equal block sizes are required in this version)", ErrIncompatible, l.BlockSize, dst.BlockSize)
+	case l.Layers != dst.Layers || l.Planes != dst.Planes:
+		return fmt.Errorf("%w: %d layers x %d planes vs %d x %d", ErrIncompatible, l.Layers, l.Planes, dst.Layers, dst.Planes)
+	case l.BlockBytes != dst.BlockBytes:
+		return fmt.Errorf("%w: block_bytes %d vs %d", ErrIncompatible, l.BlockBytes, dst.BlockBytes)
+	}
+	return nil
+}
+
+// Run is a maximal range of consecutive block ids: First, First+1, …,
+// First+Count-1, starting at index Index of the list it came from.
+type Run struct {
+	Index int    // position of First in the original id list
+	First uint32 // first block id
+	Count uint32 // number of blocks
+}
+
+// Runs splits ids, in their given order, into runs of consecutive ids.
+func Runs(ids []uint32) []Run {
+	var out []Run
+	for i, id := range ids {
+		if n := len(out); n > 0 && out[n-1].First+out[n-1].Count == id && out[n-1].Index+int(out[n-1].Count) == i {
+			out[n-1].Count++
+			continue
+		}
+		out = append(out, Run{Index: i, First: id, Count: 1})
+	}
+	return out
+}
+
+// Extent is a contiguous byte range of a region.
+type Extent struct {
+	Off uint64
+	Len uint64
+}
+
+// Extents returns the contiguous byte ranges that hold the given blocks in
+// every layer and plane, ordered layer-major, then plane, then run (runs in
+// the order of ids). This order is the wire order of a hold's segments.
+func (l Layout) Extents(ids []uint32) []Extent {
+	runs := Runs(ids)
+	out := make([]Extent, 0, int(l.Layers*l.Planes)*len(runs))
+	for layer := uint32(0); layer < l.Layers; layer++ {
+		for p := uint32(0); p < l.Planes; p++ {
+			for _, r := range runs {
+				out = append(out, Extent{Off: l.Offset(layer, p, r.First), Len: uint64(r.Count) * l.BlockBytes})
+			}
+		}
+	}
+	return out
+}
+
+// ErrBadBlockIDs is returned for an empty, out-of-range or duplicated block id list.
+var ErrBadBlockIDs = errors.New("kvmem: bad block ids")
+
+// MaxBlockIDs bounds a block id list in one request.
+const MaxBlockIDs = 1 << 20
+
+// ValidateBlockIDs checks that ids is non-empty, within [0, blocks) and free
+// of duplicates.
+func ValidateBlockIDs(ids []uint32, blocks uint32) error {
+	if len(ids) == 0 {
+		return fmt.Errorf("%w: empty list", ErrBadBlockIDs)
+	}
+	if len(ids) > MaxBlockIDs || len(ids) > int(blocks) {
+		return fmt.Errorf("%w: %d ids for a region of %d blocks", ErrBadBlockIDs, len(ids), blocks)
+	}
+	sorted := append([]uint32(nil), ids...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+	for i, id := range sorted {
+		if id >= blocks {
+			return fmt.Errorf("%w: id %d out of range [0,%d)", ErrBadBlockIDs, id, blocks)
+		}
+		if i > 0 && sorted[i-1] == id {
+			return fmt.Errorf("%w: id %d listed twice", ErrBadBlockIDs, id)
+		}
+	}
+	return nil
+}

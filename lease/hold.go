@@ -1,0 +1,364 @@
+package lease
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+)
+
+// Errors returned by Step. Callers map them to the API's stable codes.
+var (
+	ErrExpired     = errors.New("lease: transfer expired")
+	ErrReleased    = errors.New("lease: transfer released")
+	ErrEngineGone  = errors.New("lease: engine gone")
+	ErrNotYours    = errors.New("lease: not allowed for this requester")
+	ErrUnknownPull = errors.New("lease: unknown pull")
+	ErrDuplicate   = errors.New("lease: pull id already in use")
+	ErrBadConfig   = errors.New("lease: bad configuration")
+)
+
+// Mode says when a hold gives its blocks back.
+type Mode int
+
+const (
+	// OnFinish keeps the blocks until released or expired, so a failed
+	// decode can pull them again. The default.
+	OnFinish Mode = iota
+	// AfterPull frees the blocks after the first successful pull, as other
+	// connectors do.
+	AfterPull
+)
+
+// ParseMode parses "on_finish" or "after_pull".
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "on_finish":
+		return OnFinish, nil
+	case "after_pull":
+		return AfterPull, nil
+	}
+	return 0, fmt.Errorf("%w: release=%q, allowed: on_finish, after_pull", ErrBadConfig, s)
+}
+
+func (m Mode) String() string {
+	if m == AfterPull {
+		return "after_pull"
+	}
+	return "on_finish"
+}
+
+// State is where a hold is in its lifecycle.
+type State int
+
+// States; the last four are terminal (the blocks were freed).
+const (
+	Held State = iota
+	Releasing
+	Expiring
+	Released
+	Expired
+	Pulled
+	EngineGone
+)
+
+var stateNames = [...]string{"held", "releasing", "expiring", "released", "expired", "pulled", "engine_gone"}
+
+func (s State) String() string { return stateNames[s] }
+
+// Terminal reports whether the blocks were freed.
+func (s State) Terminal() bool { return s >= Released }
+
+// Config fixes a hold at creation.
+type Config struct {
+	Retain   time.Duration // lease length; every renew and pull restarts it
+	Mode     Mode
+	Owner    string // engine that owns the blocks; may always release
+	Consumer string // if set, the only engine allowed to pull, renew or release besides Owner
+}
+
+// Hold is the lease state machine of one transfer. Not safe for concurrent
+// use: one actor owns it.
+type Hold struct {
+	cfg       Config
+	state     State
+	deadline  time.Time            // lease deadline while Held
+	pulls     map[string]time.Time // running pull id -> its deadline
+	pullsDone int
+	freed     bool
+	// releasedByPull is set when an after_pull hold's first successful pull
+	// ended while other pulls still ran: it ends as Pulled, not Released.
+	releasedByPull bool
+}
+
+// New creates a held lease at now.
+func New(now time.Time, cfg Config) (*Hold, error) {
+	if cfg.Retain <= 0 {
+		return nil, fmt.Errorf("%w: retain must be > 0, got %s", ErrBadConfig, cfg.Retain)
+	}
+	return &Hold{cfg: cfg, deadline: now.Add(cfg.Retain), pulls: map[string]time.Time{}}, nil
+}
+
+// Effect is something the caller must do after a Step, in order.
+type Effect interface{ effect() }
+
+// Deregister revokes the data-plane registration of the hold's memory. It
+// always precedes Free.
+type Deregister struct{}
+
+// Free hands the blocks back to the engine. Notify is false when the engine
+// is gone and there is nobody to tell.
+type Free struct {
+	Reason State
+	Notify bool
+}
+
+// PullAbandoned reports a pull dropped because its deadline passed without
+// a PullEnd (the reader died or hung).
+type PullAbandoned struct{ PullID string }
+
+func (Deregister) effect()    {}
+func (Free) effect()          {}
+func (PullAbandoned) effect() {}
+
+// Event is an input to Step.
+type Event interface{ event() }
+
+// Renew extends the lease by Retain from Now.
+type Renew struct {
+	Now time.Time
+	By  string
+}
+
+// PullStart records that a reader starts reading; it renews the lease. The
+// reader promises to end (PullEnd) before Deadline; if it does not, the
+// pull is abandoned at Deadline.
+type PullStart struct {
+	Now      time.Time
+	By       string
+	PullID   string
+	Deadline time.Time
+}
+
+// PullEnd records that a reader stopped reading, successfully or not.
+type PullEnd struct {
+	Now    time.Time
+	PullID string
+	OK     bool
+}
+
+// Release ends the hold at the consumer's or owner's request.
+type Release struct {
+	Now time.Time
+	By  string
+}
+
+// Tick tells the hold the time; it expires the lease and abandons pulls
+// whose deadline passed.
+type Tick struct{ Now time.Time }
+
+// EngineGoneEvent ends the hold because its engine went away.
+type EngineGoneEvent struct{ Now time.Time }
+
+func (Renew) event()           {}
+func (PullStart) event()       {}
+func (PullEnd) event()         {}
+func (Release) event()         {}
+func (Tick) event()            {}
+func (EngineGoneEvent) event() {}
+
+// Step applies ev and returns the effects to perform. On error no state
+// changed except what Tick-style time passage implies (an expired lease is
+// noticed by any event, not only Tick).
+func (h *Hold) Step(ev Event) ([]Effect, error) {
+	var fx []Effect
+	now := eventTime(ev)
+	fx = h.advance(now, fx)
+	switch e := ev.(type) {
+	case Tick:
+		return fx, nil
+	case EngineGoneEvent:
+		if h.state.Terminal() {
+			return fx, h.terminalErr()
+		}
+		h.pulls = map[string]time.Time{}
+		return h.finish(EngineGone, fx), nil
+	case Renew:
+		if err := h.live(e.By, false); err != nil {
+			return fx, err
+		}
+		h.deadline = e.Now.Add(h.cfg.Retain)
+		return fx, nil
+	case PullStart:
+		if err := h.live(e.By, false); err != nil {
+			return fx, err
+		}
+		if _, dup := h.pulls[e.PullID]; dup || e.PullID == "" {
+			return fx, fmt.Errorf("%w: %q", ErrDuplicate, e.PullID)
+		}
+		h.pulls[e.PullID] = e.Deadline
+		h.deadline = e.Now.Add(h.cfg.Retain)
+		return fx, nil
+	case PullEnd:
+		if _, ok := h.pulls[e.PullID]; !ok {
+			return fx, fmt.Errorf("%w: %q", ErrUnknownPull, e.PullID)
+		}
+		delete(h.pulls, e.PullID)
+		if e.OK {
+			h.pullsDone++
+		}
+		if h.state == Held {
+			h.deadline = e.Now.Add(h.cfg.Retain)
+			if e.OK && h.cfg.Mode == AfterPull {
+				h.state = Releasing
+				return h.drain(Pulled, fx), nil
+			}
+			return fx, nil
+		}
+		return h.drain(h.pendingReason(), fx), nil
+	case Release:
+		if err := h.live(e.By, true); err != nil {
+			return fx, err
+		}
+		h.state = Releasing
+		return h.drain(Released, fx), nil
+	}
+	return fx, fmt.Errorf("lease: unknown event %T", ev)
+}
+
+// advance applies the passage of time: abandon overdue pulls, expire the lease.
+func (h *Hold) advance(now time.Time, fx []Effect) []Effect {
+	if h.state.Terminal() {
+		return fx
+	}
+	var overdue []string
+	for id, dl := range h.pulls {
+		if !now.Before(dl) {
+			overdue = append(overdue, id)
+		}
+	}
+	sort.Strings(overdue)
+	for _, id := range overdue {
+		delete(h.pulls, id)
+		fx = append(fx, PullAbandoned{PullID: id})
+	}
+	if h.state == Held && !now.Before(h.deadline) {
+		h.state = Expiring
+	}
+	if h.state != Held {
+		fx = h.drain(h.pendingReason(), fx)
+	}
+	return fx
+}
+
+// pendingReason is the terminal state a draining hold will reach.
+func (h *Hold) pendingReason() State {
+	switch h.state {
+	case Expiring:
+		return Expired
+	case Releasing:
+		if h.releasedByPull {
+			return Pulled
+		}
+		return Released
+	}
+	return h.state
+}
+
+// drain frees the blocks once no pull reads them.
+func (h *Hold) drain(reason State, fx []Effect) []Effect {
+	if reason == Pulled {
+		h.releasedByPull = true
+	}
+	if len(h.pulls) > 0 || h.state.Terminal() {
+		return fx
+	}
+	return h.finish(reason, fx)
+}
+
+func (h *Hold) finish(reason State, fx []Effect) []Effect {
+	h.state = reason
+	if h.freed {
+		return fx
+	}
+	h.freed = true
+	return append(fx, Deregister{}, Free{Reason: reason, Notify: reason != EngineGone})
+}
+
+// live checks that the hold accepts renewals, pulls or a release from by.
+func (h *Hold) live(by string, release bool) error {
+	switch h.state {
+	case Held:
+	case Expiring, Expired:
+		return ErrExpired
+	case EngineGone:
+		return ErrEngineGone
+	default:
+		return ErrReleased
+	}
+	if h.cfg.Consumer != "" && by != h.cfg.Consumer && !(release && by == h.cfg.Owner) {
+		return fmt.Errorf("%w: %q", ErrNotYours, by)
+	}
+	return nil
+}
+
+func (h *Hold) terminalErr() error {
+	switch h.state {
+	case Expired:
+		return ErrExpired
+	case EngineGone:
+		return ErrEngineGone
+	}
+	return ErrReleased
+}
+
+func eventTime(ev Event) time.Time {
+	switch e := ev.(type) {
+	case Renew:
+		return e.Now
+	case PullStart:
+		return e.Now
+	case PullEnd:
+		return e.Now
+	case Release:
+		return e.Now
+	case Tick:
+		return e.Now
+	case EngineGoneEvent:
+		return e.Now
+	}
+	return time.Time{}
+}
+
+// NextWake is when the owner must deliver a Tick: the lease deadline while
+// held, else the earliest running pull's deadline. ok is false once the hold
+// is terminal.
+func (h *Hold) NextWake() (at time.Time, ok bool) {
+	if h.state.Terminal() {
+		return time.Time{}, false
+	}
+	if h.state == Held {
+		at = h.deadline
+	}
+	for _, dl := range h.pulls {
+		if at.IsZero() || dl.Before(at) {
+			at = dl
+		}
+	}
+	return at, !at.IsZero()
+}
+
+// Status is a read-only snapshot of a hold.
+type Status struct {
+	State       State
+	Mode        Mode
+	Deadline    time.Time // lease deadline; meaningful while Held
+	ActivePulls int
+	PullsDone   int
+	Freed       bool
+}
+
+// Status returns a snapshot.
+func (h *Hold) Status() Status {
+	return Status{State: h.state, Mode: h.cfg.Mode, Deadline: h.deadline, ActivePulls: len(h.pulls), PullsDone: h.pullsDone, Freed: h.freed}
+}
