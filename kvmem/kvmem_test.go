@@ -175,3 +175,43 @@ func TestBlockTable(t *testing.T) {
 		t.Fatalf("out of range: %v", err)
 	}
 }
+
+func TestRegionTableRefcounts(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "r")
+	l := testLayout()
+	eng, err := CreateRegion(path, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	rt := NewRegionTable()
+	if _, err := rt.Register("e", "r0", path, l); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.Register("e", "r0", path, l); err != nil {
+		t.Fatalf("idempotent re-register: %v", err)
+	}
+	other := l
+	other.BlockSize = 32
+	if _, err := rt.Register("e", "r0", path, other); !errors.Is(err, ErrRegionExists) {
+		t.Fatalf("conflicting re-register: %v", err)
+	}
+	m, release, err := rt.Acquire("e", "r0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.DropEngine("e"); n != 1 {
+		t.Fatalf("dropped %d", n)
+	}
+	if _, _, err := rt.Acquire("e", "r0"); !errors.Is(err, ErrUnknownRegion) {
+		t.Fatalf("dropped region still acquirable: %v", err)
+	}
+	if m.Region.Bytes() == nil {
+		t.Fatal("region unmapped while a reference is held")
+	}
+	release()
+	release()
+	if m.Region.Bytes() != nil {
+		t.Fatal("region still mapped after the last reference")
+	}
+}

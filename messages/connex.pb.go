@@ -1535,6 +1535,59 @@ func (x *PullEnd) GetOk() bool {
 	return false
 }
 
+// RegionRef names a registered region, for inspecting its block accounting.
+type RegionRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	EngineId      string                 `protobuf:"bytes,1,opt,name=engine_id,json=engineId,proto3" json:"engine_id,omitempty"`
+	RegionId      string                 `protobuf:"bytes,2,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionRef) Reset() {
+	*x = RegionRef{}
+	mi := &file_connex_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionRef) ProtoMessage() {}
+
+func (x *RegionRef) ProtoReflect() protoreflect.Message {
+	mi := &file_connex_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionRef.ProtoReflect.Descriptor instead.
+func (*RegionRef) Descriptor() ([]byte, []int) {
+	return file_connex_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *RegionRef) GetEngineId() string {
+	if x != nil {
+		return x.EngineId
+	}
+	return ""
+}
+
+func (x *RegionRef) GetRegionId() string {
+	if x != nil {
+		return x.RegionId
+	}
+	return ""
+}
+
 var File_connex_proto protoreflect.FileDescriptor
 
 const file_connex_proto_rawDesc = "" +
@@ -1683,7 +1736,10 @@ const file_connex_proto_rawDesc = "" +
 	"transferId\x12\x1c\n" +
 	"\trequester\x18\x02 \x01(\tR\trequester\x12\x17\n" +
 	"\apull_id\x18\x03 \x01(\tR\x06pullId\x12\x0e\n" +
-	"\x02ok\x18\x04 \x01(\bR\x02okB,Z*github.com/connex/connex/messages;messagesb\x06proto3"
+	"\x02ok\x18\x04 \x01(\bR\x02ok\"E\n" +
+	"\tRegionRef\x12\x1b\n" +
+	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
+	"\tregion_id\x18\x02 \x01(\tR\bregionIdB,Z*github.com/connex/connex/messages;messagesb\x06proto3"
 
 var (
 	file_connex_proto_rawDescOnce sync.Once
@@ -1697,7 +1753,7 @@ func file_connex_proto_rawDescGZIP() []byte {
 	return file_connex_proto_rawDescData
 }
 
-var file_connex_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_connex_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_connex_proto_goTypes = []any{
 	(*Layout)(nil),                // 0: connex.v1.Layout
 	(*RegisterRegionRequest)(nil), // 1: connex.v1.RegisterRegionRequest
@@ -1718,6 +1774,7 @@ var file_connex_proto_goTypes = []any{
 	(*DescriptorsRequest)(nil),    // 16: connex.v1.DescriptorsRequest
 	(*Descriptors)(nil),           // 17: connex.v1.Descriptors
 	(*PullEnd)(nil),               // 18: connex.v1.PullEnd
+	(*RegionRef)(nil),             // 19: connex.v1.RegionRef
 }
 var file_connex_proto_depIdxs = []int32{
 	0,  // 0: connex.v1.RegisterRegionRequest.layout:type_name -> connex.v1.Layout
@@ -1747,7 +1804,7 @@ func file_connex_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_connex_proto_rawDesc), len(file_connex_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

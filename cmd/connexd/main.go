@@ -1,15 +1,53 @@
-// Command connexd is the Connex daemon.
+// Command connexd is the Connex daemon: it holds prefill KV blocks under
+// renewable leases and pulls them for decode, driven by engine shims over
+// the NATS subject API (see README.md and ARCHITECTURE.md).
+//
+// With no nats_url it starts an embedded NATS server (JetStream under
+// data_dir) and prints its client URL. Configuration: a YAML file
+// (--config), CONNEX_* environment variables and flags; see --help.
 package main
 
 import (
-	_ "github.com/asynkron/protoactor-go/actor"
-	_ "github.com/asynkron/protoactor-go/cluster"
-	_ "github.com/asynkron/protoactor-go/remote"
-	_ "github.com/nats-io/nats-server/v2/server"
-	_ "github.com/nats-io/nats.go"
-	_ "github.com/nats-io/nats.go/micro"
-	_ "github.com/spf13/viper"
-	_ "google.golang.org/protobuf/proto"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/connex/connex/config"
+	"github.com/connex/connex/daemon"
+	"github.com/spf13/pflag"
 )
 
-func main() {}
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	cfg, err := config.Load(args, os.Environ())
+	if errors.Is(err, pflag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "connexd: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	slog.SetDefault(log)
+	d, err := daemon.New(cfg, log)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "connexd: start: %v\n", err)
+		return 1
+	}
+	// One line on stdout that scripts and tests can wait for.
+	fmt.Printf("connexd ready member=%s nats=%s backend=%s data=%s role=%s\n",
+		d.MemberID(), d.Bus.URL, d.Backend.Name(), d.Backend.Address(), cfg.Role)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	s := <-sig
+	log.Info("shutting down", "signal", s.String())
+	d.Close()
+	fmt.Printf("connexd stopped member=%s\n", d.MemberID())
+	return 0
+}

@@ -1,0 +1,107 @@
+package actors
+
+import (
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/connex/connex/lease"
+)
+
+// Directory maps transfer ids to live hold actors, and remembers ended
+// transfers (tombstones) for a while so late callers learn "expired" or
+// "released" instead of "unknown transfer". Safe for concurrent use.
+type Directory struct {
+	mu    sync.RWMutex
+	live  map[string]*HoldEntry
+	ended map[string]tombstone
+	ttl   time.Duration
+	now   func() time.Time
+}
+
+// HoldEntry is a live hold.
+type HoldEntry struct {
+	PID    *actor.PID
+	Engine string
+	Region string
+}
+
+type tombstone struct {
+	state lease.State
+	at    time.Time
+}
+
+// NewDirectory returns an empty directory keeping tombstones for ttl.
+func NewDirectory(ttl time.Duration, now func() time.Time) *Directory {
+	return &Directory{live: map[string]*HoldEntry{}, ended: map[string]tombstone{}, ttl: ttl, now: now}
+}
+
+func (d *Directory) put(id string, e *HoldEntry) {
+	d.mu.Lock()
+	d.live[id] = e
+	d.mu.Unlock()
+}
+
+func (d *Directory) end(id string, st lease.State) {
+	d.mu.Lock()
+	delete(d.live, id)
+	d.ended[id] = tombstone{state: st, at: d.now()}
+	d.mu.Unlock()
+}
+
+// Lookup returns the live hold, or the terminal state of an ended one
+// (ended is true), or neither for an unknown transfer.
+func (d *Directory) Lookup(id string) (e *HoldEntry, st lease.State, ended bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if e, ok := d.live[id]; ok {
+		return e, 0, false
+	}
+	if t, ok := d.ended[id]; ok && d.now().Sub(t.at) < d.ttl {
+		return nil, t.state, true
+	}
+	return nil, 0, false
+}
+
+// ByEngine lists the live holds of an engine.
+func (d *Directory) ByEngine(engine string) map[string]*HoldEntry {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := map[string]*HoldEntry{}
+	for id, e := range d.live {
+		if e.Engine == engine {
+			out[id] = e
+		}
+	}
+	return out
+}
+
+// Live is the number of live holds.
+func (d *Directory) Live() int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return len(d.live)
+}
+
+// All lists every live hold.
+func (d *Directory) All() map[string]*HoldEntry {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := make(map[string]*HoldEntry, len(d.live))
+	for id, e := range d.live {
+		out[id] = e
+	}
+	return out
+}
+
+// Sweep forgets tombstones older than the ttl.
+func (d *Directory) Sweep() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := d.now()
+	for id, t := range d.ended {
+		if now.Sub(t.at) >= d.ttl {
+			delete(d.ended, id)
+		}
+	}
+}

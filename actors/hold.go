@@ -1,0 +1,329 @@
+package actors
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/lease"
+	"github.com/connex/connex/messages"
+	"github.com/connex/connex/transport"
+)
+
+// HoldDeps is what hold actors need from their daemon.
+type HoldDeps struct {
+	Backend transport.Backend
+	Ctrl    *messages.RemoteCtrl // this member's control and data-plane address
+	Dir     *Directory
+	Notify  func(*messages.BlocksFreed) // publishes on the engine's freed subject
+	Now     func() time.Time
+	Log     *slog.Logger
+	Metrics *Metrics
+	// ReadSlack is added to a reader's own timeout before the holder
+	// abandons its pull: the reader gives up first.
+	ReadSlack time.Duration
+}
+
+// NewTransferID returns 128 random bits in hex.
+func NewTransferID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("crypto/rand failed: %v", err))
+	}
+	return hex.EncodeToString(b[:])
+}
+
+type holdActor struct {
+	deps    *HoldDeps
+	spec    *CreateHold
+	h       *lease.Hold
+	regs    []transport.Registration
+	rkeys   [][]byte
+	segs    []*messages.Segment
+	held    bool // accounting Hold succeeded
+	freed   bool
+	timer   *time.Timer
+	readers map[string][]uint32 // pull id -> blocks marked BeginRead
+	self    *actor.PID
+	system  *actor.ActorSystem
+}
+
+func newHoldActor(deps *HoldDeps) actor.Actor {
+	return &holdActor{deps: deps, readers: map[string][]uint32{}}
+}
+
+func (a *holdActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *CreateHold:
+		a.create(ctx, m)
+	case *RenewHold:
+		a.step(ctx, lease.Renew{Now: a.deps.Now(), By: m.By}, func() Reply { return Reply{Status: a.status()} })
+	case *StartRead:
+		a.startRead(ctx, m)
+	case *EndRead:
+		a.endRead(m.PullID)
+		a.step(ctx, lease.PullEnd{Now: a.deps.Now(), PullID: m.PullID, OK: m.OK}, func() Reply { return Reply{Status: a.status()} })
+	case *ReleaseHold:
+		a.step(ctx, lease.Release{Now: a.deps.Now(), By: m.By}, func() Reply { return Reply{Status: a.status()} })
+	case *InspectHold:
+		ctx.Respond(Reply{Status: a.status()})
+	case *EngineGone:
+		a.step(ctx, lease.EngineGoneEvent{Now: a.deps.Now()}, func() Reply { return Reply{Status: a.status()} })
+	case *Shutdown:
+		a.free(ctx, lease.Released, "shutdown")
+		ctx.Respond(Reply{Status: a.status()})
+	case tick:
+		a.step(nil, lease.Tick{Now: a.deps.Now()}, nil)
+	case *actor.Stopping:
+		// A hold that stops for any reason other than its own Free (a
+		// panic, the system shutting down) still gives everything back.
+		if a.h != nil && !a.freed {
+			a.deps.Log.Warn("hold stopped before it was freed; freeing now", "transfer", a.id())
+			a.free(nil, lease.Released, "aborted")
+		}
+		a.deregister()
+		if a.timer != nil {
+			a.timer.Stop()
+		}
+	case *actor.Stopped:
+		if a.spec != nil && a.spec.ReleaseRegion != nil {
+			a.spec.ReleaseRegion()
+		}
+	}
+}
+
+func (a *holdActor) id() string {
+	if a.spec == nil {
+		return ""
+	}
+	return a.spec.ID
+}
+
+func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
+	a.spec = m
+	fail := func(err error) {
+		a.deregister()
+		ctx.Respond(Reply{Err: err})
+		ctx.Stop(ctx.Self())
+	}
+	r := m.Region
+	if err := r.Blocks.Hold(m.Req.BlockIds); err != nil {
+		fail(fmt.Errorf("hold %s: %w", m.ID, err))
+		return
+	}
+	a.held = true
+	for _, e := range r.Region.Layout.Extents(m.Req.BlockIds) {
+		reg, err := a.deps.Backend.Register(r.Region.Slice(e))
+		if err != nil {
+			_ = r.Blocks.Unhold(m.Req.BlockIds)
+			a.held = false
+			fail(fmt.Errorf("hold %s: register %d bytes at %d: %w", m.ID, e.Len, e.Off, err))
+			return
+		}
+		a.regs = append(a.regs, reg)
+		a.rkeys = append(a.rkeys, reg.RemoteKey())
+		a.segs = append(a.segs, &messages.Segment{RemoteAddr: reg.RemoteAddr(), Length: e.Len, Rkey: uint32(len(a.rkeys) - 1)})
+	}
+	h, err := lease.New(a.deps.Now(), m.Lease)
+	if err != nil {
+		_ = r.Blocks.Unhold(m.Req.BlockIds)
+		a.held = false
+		fail(fmt.Errorf("hold %s: %w", m.ID, err))
+		return
+	}
+	a.h = h
+	a.deps.Dir.put(m.ID, &HoldEntry{PID: ctx.Self(), Engine: r.Engine, Region: r.ID})
+	a.deps.Metrics.HoldsCreated.Add(1)
+	a.rearm(ctx)
+	l := r.Region.Layout
+	ctx.Respond(Reply{Create: &messages.CreateHoldReply{
+		Params: &messages.KVTransferParams{
+			DoRemoteDecode:  true,
+			TransferId:      m.ID,
+			RemoteCtrl:      a.deps.Ctrl,
+			RemoteEngineId:  r.Engine,
+			RemoteBlockIds:  m.Req.BlockIds,
+			RemoteNumTokens: m.Req.NumTokens,
+			TpSize:          l.TPSize,
+			BlockSize:       l.BlockSize,
+			RetainS:         uint32(m.Lease.Retain / time.Second),
+		},
+		ExpiresUnixMs: h.Status().Deadline.UnixMilli(),
+	}})
+}
+
+func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
+	l := a.spec.Region.Region.Layout
+	if err := l.CompatibleWith(m.Layout); err != nil {
+		ctx.Respond(Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), err)})
+		return
+	}
+	now := a.deps.Now()
+	a.step(ctx, lease.PullStart{Now: now, By: m.By, PullID: m.PullID, Deadline: now.Add(m.Timeout + a.deps.ReadSlack)}, func() Reply {
+		if err := a.spec.Region.Blocks.BeginRead(a.spec.Req.BlockIds); err == nil {
+			a.readers[m.PullID] = a.spec.Req.BlockIds
+		}
+		return Reply{Desc: &messages.Descriptors{
+			TransferId:    a.id(),
+			RemoteCtrl:    a.deps.Ctrl,
+			Layout:        LayoutToProto(l),
+			BlockIds:      a.spec.Req.BlockIds,
+			Rkeys:         a.rkeys,
+			Segments:      a.segs,
+			ExpiresUnixMs: a.h.Status().Deadline.UnixMilli(),
+		}}
+	})
+}
+
+func (a *holdActor) endRead(pullID string) {
+	if ids, ok := a.readers[pullID]; ok {
+		a.spec.Region.Blocks.EndRead(ids)
+		delete(a.readers, pullID)
+	}
+}
+
+// step feeds ev to the state machine, performs the effects, re-arms the
+// timer and, if ctx is set, responds with ok() or the error.
+func (a *holdActor) step(ctx actor.Context, ev lease.Event, ok func() Reply) {
+	if a.h == nil {
+		if ctx != nil {
+			ctx.Respond(Reply{Err: errors.New("hold not initialised")})
+		}
+		return
+	}
+	fx, err := a.h.Step(ev)
+	var rep Reply
+	if err == nil && ok != nil {
+		rep = ok()
+	}
+	for _, e := range fx {
+		switch e := e.(type) {
+		case lease.Deregister:
+			a.deregister()
+		case lease.Free:
+			reason := e.Reason.String()
+			if !e.Notify {
+				reason = ""
+			}
+			a.free(ctx, e.Reason, reason)
+		case lease.PullAbandoned:
+			a.endRead(e.PullID)
+			a.deps.Metrics.PullsAbandoned.Add(1)
+			a.deps.Log.Warn("pull abandoned: reader passed its deadline without reporting", "transfer", a.id(), "pull", e.PullID)
+		}
+	}
+	if ctx != nil && ok != nil {
+		if err != nil {
+			rep = Reply{Err: fmt.Errorf("transfer %s: %w", a.id(), err)}
+		}
+		if rep.Status == nil && rep.Desc == nil && rep.Err == nil {
+			rep.Status = a.status()
+		}
+		ctx.Respond(rep)
+	}
+	if ctx != nil {
+		a.rearm(ctx)
+	} else {
+		a.rearmSelf()
+	}
+}
+
+func (a *holdActor) deregister() {
+	for _, r := range a.regs {
+		if err := r.Deregister(); err != nil {
+			a.deps.Log.Warn("deregister failed", "transfer", a.id(), "err", err)
+		}
+	}
+	a.regs = nil
+}
+
+// free gives the blocks back exactly once. notifyReason empty means no notice.
+func (a *holdActor) free(ctx actor.Context, st lease.State, notifyReason string) {
+	if a.freed {
+		return
+	}
+	a.freed = true
+	a.deregister()
+	for id := range a.readers {
+		a.endRead(id)
+	}
+	if a.held {
+		if err := a.spec.Region.Blocks.Unhold(a.spec.Req.BlockIds); err != nil {
+			a.deps.Metrics.DoubleFrees.Add(1)
+			a.deps.Log.Error("block accounting refused a free: double free prevented", "transfer", a.id(), "err", err)
+		}
+		a.held = false
+	}
+	a.deps.Metrics.HoldsFreed.Add(1)
+	if notifyReason != "" {
+		a.deps.Notify(&messages.BlocksFreed{
+			TransferId: a.id(), EngineId: a.spec.Region.Engine, RegionId: a.spec.Region.ID,
+			BlockIds: a.spec.Req.BlockIds, Reason: notifyReason,
+		})
+	}
+	a.deps.Dir.end(a.id(), st)
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	if ctx != nil {
+		ctx.Stop(ctx.Self())
+	} else if a.self != nil {
+		a.system.Root.Stop(a.self)
+	}
+}
+
+func (a *holdActor) rearm(ctx actor.Context) {
+	a.self, a.system = ctx.Self(), ctx.ActorSystem()
+	a.rearmSelf()
+}
+
+func (a *holdActor) rearmSelf() {
+	if a.timer != nil {
+		a.timer.Stop()
+		a.timer = nil
+	}
+	if a.h == nil || a.freed || a.self == nil {
+		return
+	}
+	at, ok := a.h.NextWake()
+	if !ok {
+		return
+	}
+	self, sys := a.self, a.system
+	a.timer = time.AfterFunc(at.Sub(a.deps.Now()), func() { sys.Root.Send(self, tick{}) })
+}
+
+func (a *holdActor) status() *messages.HoldStatus {
+	st := a.h.Status()
+	return &messages.HoldStatus{
+		TransferId:    a.id(),
+		State:         st.State.String(),
+		EngineId:      a.spec.Region.Engine,
+		RegionId:      a.spec.Region.ID,
+		BlockIds:      a.spec.Req.BlockIds,
+		ActivePulls:   uint32(st.ActivePulls),
+		PullsDone:     uint32(st.PullsDone),
+		ExpiresUnixMs: st.Deadline.UnixMilli(),
+		Release:       st.Mode.String(),
+		Freed:         st.Freed || a.freed,
+	}
+}
+
+// LayoutToProto converts a layout to its wire form.
+func LayoutToProto(l kvmem.Layout) *messages.Layout {
+	return &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize}
+}
+
+// LayoutFromProto converts a wire layout; a nil one is the zero layout
+// (which Validate rejects).
+func LayoutFromProto(m *messages.Layout) kvmem.Layout {
+	if m == nil {
+		return kvmem.Layout{}
+	}
+	return kvmem.Layout{Layers: m.NumLayers, Planes: m.KvPlanes, Blocks: m.NumBlocks, BlockBytes: m.BlockBytes, BlockSize: m.BlockSize, TPSize: m.TpSize}
+}

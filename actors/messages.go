@@ -1,0 +1,63 @@
+package actors
+
+import (
+	"time"
+
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/lease"
+	"github.com/connex/connex/messages"
+)
+
+// In-process messages. Everything that crosses a process boundary is a
+// protobuf message from package messages; these only travel between
+// goroutines of one connexd.
+
+// CreateHold asks the HoldTable for a new hold actor. The reply is a Reply
+// with Create set, or Err.
+type CreateHold struct {
+	ID            string
+	Req           *messages.CreateHoldRequest
+	Region        *kvmem.Mapped
+	ReleaseRegion func() // called once when the hold stops touching the region
+	Lease         lease.Config
+}
+
+// RenewHold extends the lease. Reply: Status or Err.
+type RenewHold struct{ By string }
+
+// StartRead begins a pull of the hold. Reply: Desc or Err.
+type StartRead struct {
+	By      string
+	PullID  string
+	Timeout time.Duration
+	Layout  kvmem.Layout
+}
+
+// EndRead ends a pull. Reply: Status or Err.
+type EndRead struct {
+	PullID string
+	OK     bool
+}
+
+// ReleaseHold ends the hold. Reply: Status or Err.
+type ReleaseHold struct{ By string }
+
+// InspectHold asks for the status. Reply: Status.
+type InspectHold struct{}
+
+// EngineGone ends the hold because its engine went away. Reply: Status.
+type EngineGone struct{}
+
+// Shutdown ends the hold because connexd stops: blocks are freed and the
+// engine told. Reply: Status.
+type Shutdown struct{}
+
+type tick struct{}
+
+// Reply is the answer of a hold actor.
+type Reply struct {
+	Create *messages.CreateHoldReply
+	Status *messages.HoldStatus
+	Desc   *messages.Descriptors
+	Err    error
+}

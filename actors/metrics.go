@@ -1,0 +1,26 @@
+package actors
+
+import "sync/atomic"
+
+// Metrics are connexd's counters. They are exported in the micro service's
+// $SRV.STATS reply and logged at shutdown.
+type Metrics struct {
+	HoldsCreated   atomic.Int64 // holds created
+	HoldsFreed     atomic.Int64 // holds whose blocks went back to the engine
+	DoubleFrees    atomic.Int64 // frees refused by block accounting (must stay 0)
+	PullsStarted   atomic.Int64 // pulls started on this member (decode side)
+	PullsOK        atomic.Int64 // pulls that completed
+	PullsFailed    atomic.Int64 // pulls that failed
+	PullsAbandoned atomic.Int64 // pulls of our holds whose reader never reported back
+	BytesPulled    atomic.Int64 // bytes read by completed pulls
+}
+
+// Snapshot returns the counters by name.
+func (m *Metrics) Snapshot() map[string]int64 {
+	return map[string]int64{
+		"holds_created": m.HoldsCreated.Load(), "holds_freed": m.HoldsFreed.Load(),
+		"double_frees": m.DoubleFrees.Load(), "pulls_started": m.PullsStarted.Load(),
+		"pulls_ok": m.PullsOK.Load(), "pulls_failed": m.PullsFailed.Load(),
+		"pulls_abandoned": m.PullsAbandoned.Load(), "bytes_pulled": m.BytesPulled.Load(),
+	}
+}

@@ -1,0 +1,236 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/messages"
+	"github.com/connex/connex/transport"
+	"github.com/nats-io/nats.go"
+)
+
+// PullDeps is what puller actors need from their daemon.
+type PullDeps struct {
+	Backend transport.Backend
+	NC      *nats.Conn
+	Notify  func(*messages.PullDone) // publishes on the engine's pull.done subject
+	Now     func() time.Time
+	Log     *slog.Logger
+	Metrics *Metrics
+}
+
+// Pull is one pull's order. The daemon has validated it, claimed the
+// destination blocks (BeginWrite) and acquired the region; the puller gives
+// both back when the reads are over.
+type Pull struct {
+	ID            string
+	Params        *messages.KVTransferParams
+	Dst           *kvmem.Mapped
+	DstBlocks     []uint32
+	Timeout       time.Duration
+	ReleaseRegion func()
+}
+
+type pullResult struct {
+	bytes uint64
+	err   error
+}
+
+type pullerActor struct {
+	deps   *PullDeps
+	p      *Pull
+	start  time.Time
+	cancel context.CancelFunc
+}
+
+// PullerProps returns props for a puller actor running p.
+func PullerProps(deps *PullDeps, p *Pull) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor { return &pullerActor{deps: deps, p: p} })
+}
+
+func (a *pullerActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		a.start = a.deps.Now()
+		a.deps.Metrics.PullsStarted.Add(1)
+		rctx, cancel := context.WithTimeout(context.Background(), a.p.Timeout)
+		a.cancel = cancel
+		self, sys := ctx.Self(), ctx.ActorSystem()
+		go func() {
+			n, err := a.run(rctx)
+			sys.Root.Send(self, &pullResult{bytes: n, err: err})
+		}()
+	case *pullResult:
+		a.cancel()
+		a.finish(m)
+		ctx.Stop(ctx.Self())
+	case *actor.Stopping:
+		if a.cancel != nil {
+			a.cancel() // daemon shutdown: abort the reads; run() cleans up
+		}
+	}
+}
+
+func (a *pullerActor) finish(r *pullResult) {
+	done := &messages.PullDone{
+		PullId: a.p.ID, TransferId: a.p.Params.TransferId, Ok: r.err == nil,
+		EngineId: a.p.Dst.Engine, RegionId: a.p.Dst.ID,
+		DurationUs: uint64(a.deps.Now().Sub(a.start) / time.Microsecond),
+	}
+	if r.err != nil {
+		e := api.AsError(r.err)
+		done.ErrorCode, done.Error = uint32(e.Code), e.Msg
+		a.deps.Metrics.PullsFailed.Add(1)
+		a.deps.Log.Info("pull failed", "pull", a.p.ID, "transfer", a.p.Params.TransferId, "code", int(e.Code), "err", e.Msg)
+	} else {
+		done.Bytes = r.bytes
+		a.deps.Metrics.PullsOK.Add(1)
+		a.deps.Metrics.BytesPulled.Add(int64(r.bytes))
+	}
+	a.deps.Notify(done)
+}
+
+// run performs the pull and always gives back the destination blocks and
+// the region reference before returning.
+func (a *pullerActor) run(ctx context.Context) (uint64, error) {
+	defer a.p.ReleaseRegion()
+	defer a.p.Dst.Blocks.EndWrite(a.p.DstBlocks)
+	prm := a.p.Params
+	peer := &api.Client{NC: a.deps.NC, Member: prm.RemoteCtrl.GetMember()}
+	requester := a.p.Dst.Engine
+	desc, err := peer.Descriptors(ctx, &messages.DescriptorsRequest{
+		TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID,
+		Layout: LayoutToProto(a.p.Dst.Region.Layout), TimeoutMs: uint32(a.p.Timeout / time.Millisecond),
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pull %s: descriptors from %s: %w", a.p.ID, peer.Member, err)
+	}
+	n, getErr := a.read(ctx, desc, peer, requester)
+	// Tell the holder the reads are over, whatever happened, so it can
+	// free on release/expiry without waiting for our deadline. Use a fresh
+	// short context: ours may have expired.
+	endCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := peer.PullEnd(endCtx, &messages.PullEnd{TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID, Ok: getErr == nil}); err != nil && getErr == nil {
+		a.deps.Log.Warn("pull end not acknowledged by holder", "pull", a.p.ID, "member", peer.Member, "err", err)
+	}
+	return n, getErr
+}
+
+func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, peer *api.Client, requester string) (uint64, error) {
+	prm := a.p.Params
+	ops, total, err := PlanReads(desc, prm.RemoteBlockIds, a.p.Dst, a.p.DstBlocks)
+	if err != nil {
+		return 0, fmt.Errorf("pull %s: %w", a.p.ID, err)
+	}
+	if got, want := desc.GetRemoteCtrl().GetBackend(), a.deps.Backend.Name(); got != want {
+		return 0, api.Errorf(api.CodeIncompatible, "pull %s: holder uses data plane %q, this member %q", a.p.ID, got, want)
+	}
+	ep, err := a.deps.Backend.Connect(ctx, desc.GetRemoteCtrl().GetDataAddr())
+	if err != nil {
+		return 0, fmt.Errorf("pull %s: connect data plane of %s: %w", a.p.ID, peer.Member, transport.CtxErr(err))
+	}
+	defer ep.Close()
+	// Keep the lease alive during long reads.
+	stopRenew := a.renewEvery(ctx, peer, requester, time.Duration(prm.RetainS)*time.Second/3)
+	defer stopRenew()
+	if err := ep.Get(ctx, ops); err != nil {
+		return 0, fmt.Errorf("pull %s: read %d bytes from %s: %w", a.p.ID, total, peer.Member, transport.CtxErr(err))
+	}
+	return total, nil
+}
+
+func (a *pullerActor) renewEvery(ctx context.Context, peer *api.Client, requester string, every time.Duration) func() {
+	if every < 100*time.Millisecond {
+		every = 100 * time.Millisecond
+	}
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				rctx, cancel := context.WithTimeout(ctx, every)
+				_, err := peer.Renew(rctx, &messages.HoldRef{TransferId: a.p.Params.TransferId, Requester: requester})
+				cancel()
+				if err != nil {
+					a.deps.Log.Warn("lease renew during pull failed", "pull", a.p.ID, "err", err)
+				}
+			}
+		}
+	}()
+	return func() { close(stop) }
+}
+
+// ErrBadDescriptors is returned when a holder's descriptors do not match
+// the transfer (a bug or a hostile peer); nothing is read then.
+var ErrBadDescriptors = errors.New("bad descriptors")
+
+// PlanReads turns a hold's descriptors into GetOps that copy source block
+// srcIDs[i] into destination block dstIDs[i] of dst, for every layer and
+// plane, coalescing consecutive blocks on both sides. It checks every
+// descriptor against the layout so a bad peer can never make us write
+// outside the destination blocks.
+func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, dstIDs []uint32) ([]transport.GetOp, uint64, error) {
+	l := dst.Region.Layout
+	if len(srcIDs) != len(dstIDs) {
+		return nil, 0, api.Errorf(api.CodeBadBlockIDs, "%d remote blocks but %d destination blocks", len(srcIDs), len(dstIDs))
+	}
+	if len(desc.BlockIds) != len(srcIDs) {
+		return nil, 0, fmt.Errorf("%w: holder lists %d blocks, params %d", ErrBadDescriptors, len(desc.BlockIds), len(srcIDs))
+	}
+	for i := range srcIDs {
+		if desc.BlockIds[i] != srcIDs[i] {
+			return nil, 0, fmt.Errorf("%w: block %d is %d at the holder, %d in params", ErrBadDescriptors, i, desc.BlockIds[i], srcIDs[i])
+		}
+	}
+	if err := LayoutFromProto(desc.Layout).CompatibleWith(l); err != nil {
+		return nil, 0, err
+	}
+	runs := kvmem.Runs(srcIDs)
+	if want := int(l.Layers*l.Planes) * len(runs); len(desc.Segments) != want {
+		return nil, 0, fmt.Errorf("%w: %d segments, want %d", ErrBadDescriptors, len(desc.Segments), want)
+	}
+	bb := l.BlockBytes
+	ops := make([]transport.GetOp, 0, len(desc.Segments))
+	var total uint64
+	k := 0
+	for layer := uint32(0); layer < l.Layers; layer++ {
+		for p := uint32(0); p < l.Planes; p++ {
+			for _, r := range runs {
+				seg := desc.Segments[k]
+				k++
+				if seg.Length != uint64(r.Count)*bb || int(seg.Rkey) >= len(desc.Rkeys) {
+					return nil, 0, fmt.Errorf("%w: segment %d (len %d, rkey %d)", ErrBadDescriptors, k-1, seg.Length, seg.Rkey)
+				}
+				for j := uint32(0); j < r.Count; {
+					d0 := dstIDs[r.Index+int(j)]
+					n := uint32(1)
+					for j+n < r.Count && dstIDs[r.Index+int(j+n)] == d0+n {
+						n++
+					}
+					off := l.Offset(layer, p, d0)
+					ops = append(ops, transport.GetOp{
+						RemoteKey:  desc.Rkeys[seg.Rkey],
+						RemoteAddr: seg.RemoteAddr + uint64(j)*bb,
+						Dst:        dst.Region.Slice(kvmem.Extent{Off: off, Len: uint64(n) * bb}),
+					})
+					total += uint64(n) * bb
+					j += n
+				}
+			}
+		}
+	}
+	return ops, total, nil
+}

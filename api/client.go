@@ -1,0 +1,114 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+)
+
+// Client calls one member's API over NATS. Engine shims written in Go,
+// connexd's own pullers (member to member) and tests use it.
+type Client struct {
+	NC     *nats.Conn
+	Member string // target member id
+	JSON   bool   // send JSON instead of protobuf
+}
+
+// ErrNoResponders wraps NATS's no-responders error: the member is not running.
+var ErrNoResponders = errors.New("api: member not reachable")
+
+// Call sends in to endpoint ep and decodes the reply into out. API failures
+// come back as *Error.
+func (c *Client) Call(ctx context.Context, ep string, in, out proto.Message) error {
+	data, err := Marshal(in, c.JSON)
+	if err != nil {
+		return fmt.Errorf("api: encode %s: %w", describe(in), err)
+	}
+	msg := nats.NewMsg(Subject(c.Member, ep))
+	msg.Data = data
+	if c.JSON {
+		msg.Header.Set(HeaderContentType, ContentJSON)
+	}
+	reply, err := c.NC.RequestMsgWithContext(ctx, msg)
+	if err != nil {
+		if errors.Is(err, nats.ErrNoResponders) {
+			return Errorf(CodePeerUnavailable, "%s on member %s: %v", ep, c.Member, err)
+		}
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+			return Errorf(CodeTimeout, "%s on member %s: %v", ep, c.Member, err)
+		}
+		return fmt.Errorf("api: %s on member %s: %w", ep, c.Member, err)
+	}
+	if e := decodeErrorHeaders(reply.Header.Get(HeaderErrorCode), reply.Header.Get(HeaderError)); e != nil {
+		return e
+	}
+	isJSON := reply.Header.Get(HeaderContentType) == ContentJSON
+	if e := Unmarshal(reply.Data, isJSON, 64<<20, out); e != nil {
+		return fmt.Errorf("api: %s reply: %w", ep, e)
+	}
+	return nil
+}
+
+// RegisterRegion registers an engine's KV region file.
+func (c *Client) RegisterRegion(ctx context.Context, r *messages.RegisterRegionRequest) (*messages.RegionInfo, error) {
+	out := new(messages.RegionInfo)
+	return out, c.Call(ctx, EpRegionRegister, r, out)
+}
+
+// InspectRegion returns a region's block accounting.
+func (c *Client) InspectRegion(ctx context.Context, r *messages.RegionRef) (*messages.RegionInfo, error) {
+	out := new(messages.RegionInfo)
+	return out, c.Call(ctx, EpRegionInspect, r, out)
+}
+
+// EngineGone tells the member an engine went away.
+func (c *Client) EngineGone(ctx context.Context, r *messages.EngineGoneRequest) (*messages.EngineGoneReply, error) {
+	out := new(messages.EngineGoneReply)
+	return out, c.Call(ctx, EpEngineGone, r, out)
+}
+
+// CreateHold holds blocks after prefill and returns the kv_transfer_params.
+func (c *Client) CreateHold(ctx context.Context, r *messages.CreateHoldRequest) (*messages.CreateHoldReply, error) {
+	out := new(messages.CreateHoldReply)
+	return out, c.Call(ctx, EpHoldCreate, r, out)
+}
+
+// Renew extends a hold's lease.
+func (c *Client) Renew(ctx context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
+	out := new(messages.HoldStatus)
+	return out, c.Call(ctx, EpHoldRenew, r, out)
+}
+
+// Release ends a hold; its blocks are freed once no pull reads them.
+func (c *Client) Release(ctx context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
+	out := new(messages.HoldStatus)
+	return out, c.Call(ctx, EpHoldRelease, r, out)
+}
+
+// Inspect returns a hold's status.
+func (c *Client) Inspect(ctx context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
+	out := new(messages.HoldStatus)
+	return out, c.Call(ctx, EpHoldInspect, r, out)
+}
+
+// StartPull starts a pull into a local region; completion is a PullDone notice.
+func (c *Client) StartPull(ctx context.Context, r *messages.StartPullRequest) (*messages.StartPullReply, error) {
+	out := new(messages.StartPullReply)
+	return out, c.Call(ctx, EpPullStart, r, out)
+}
+
+// Descriptors starts reading a hold on its holding member (member to member).
+func (c *Client) Descriptors(ctx context.Context, r *messages.DescriptorsRequest) (*messages.Descriptors, error) {
+	out := new(messages.Descriptors)
+	return out, c.Call(ctx, EpPeerDescriptors, r, out)
+}
+
+// PullEnd tells the holding member a pull stopped reading.
+func (c *Client) PullEnd(ctx context.Context, r *messages.PullEnd) (*messages.HoldStatus, error) {
+	out := new(messages.HoldStatus)
+	return out, c.Call(ctx, EpPeerPullEnd, r, out)
+}

@@ -1,0 +1,157 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"google.golang.org/protobuf/proto"
+)
+
+// Handler implements the endpoints. Methods are called concurrently, each
+// with a context that ends at the request's deadline. Returning an *Error
+// (or a sentinel CodeOf knows) picks the error code.
+type Handler interface {
+	RegisterRegion(context.Context, *messages.RegisterRegionRequest) (*messages.RegionInfo, error)
+	InspectRegion(context.Context, *messages.RegionRef) (*messages.RegionInfo, error)
+	EngineGone(context.Context, *messages.EngineGoneRequest) (*messages.EngineGoneReply, error)
+	CreateHold(context.Context, *messages.CreateHoldRequest) (*messages.CreateHoldReply, error)
+	Renew(context.Context, *messages.HoldRef) (*messages.HoldStatus, error)
+	Release(context.Context, *messages.HoldRef) (*messages.HoldStatus, error)
+	Inspect(context.Context, *messages.HoldRef) (*messages.HoldStatus, error)
+	StartPull(context.Context, *messages.StartPullRequest) (*messages.StartPullReply, error)
+	Descriptors(context.Context, *messages.DescriptorsRequest) (*messages.Descriptors, error)
+	PullEnd(context.Context, *messages.PullEnd) (*messages.HoldStatus, error)
+}
+
+// ServeOptions tune the service.
+type ServeOptions struct {
+	Member          string        // subject group connex.v1.<Member>
+	Version         string        // service version reported by $SRV.INFO
+	MaxRequestBytes int           // larger payloads get CodeTooLarge
+	MaxInFlight     int           // concurrent handlers; beyond it CodeOverloaded
+	Timeout         time.Duration // per-request handler deadline
+	Logger          *slog.Logger
+}
+
+// Serve registers the "connex" micro service on nc with every endpoint under
+// connex.v1.<member>. Stop the returned service to unsubscribe.
+func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
+	if !ValidToken(o.Member) {
+		return nil, fmt.Errorf("api: member id %q cannot be a subject token", o.Member)
+	}
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = 1024
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	svc, err := micro.AddService(nc, micro.Config{
+		Name:        ServiceName,
+		Version:     o.Version,
+		Description: "Connex KV hold/pull API of member " + o.Member,
+		Metadata:    map[string]string{"member": o.Member, "api": Version},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("api: add service: %w", err)
+	}
+	s := &server{o: o, sem: make(chan struct{}, o.MaxInFlight)}
+	eps := []struct {
+		name string
+		fn   micro.HandlerFunc
+	}{
+		{EpRegionRegister, endpoint(s, h.RegisterRegion)},
+		{EpRegionInspect, endpoint(s, h.InspectRegion)},
+		{EpEngineGone, endpoint(s, h.EngineGone)},
+		{EpHoldCreate, endpoint(s, h.CreateHold)},
+		{EpHoldRenew, endpoint(s, h.Renew)},
+		{EpHoldRelease, endpoint(s, h.Release)},
+		{EpHoldInspect, endpoint(s, h.Inspect)},
+		{EpPullStart, endpoint(s, h.StartPull)},
+		{EpPeerDescriptors, endpoint(s, h.Descriptors)},
+		{EpPeerPullEnd, endpoint(s, h.PullEnd)},
+	}
+	for _, ep := range eps {
+		name := strings.ReplaceAll(ep.name, ".", "_")
+		if err := svc.AddEndpoint(name, ep.fn, micro.WithEndpointSubject(Subject(o.Member, ep.name)), micro.WithEndpointQueueGroupDisabled()); err != nil {
+			_ = svc.Stop()
+			return nil, fmt.Errorf("api: add endpoint %s: %w", ep.name, err)
+		}
+	}
+	return svc, nil
+}
+
+type server struct {
+	o   ServeOptions
+	sem chan struct{}
+}
+
+// endpoint adapts a typed handler: it decodes, bounds concurrency, runs the
+// handler on its own goroutine (so one slow request does not stall the
+// endpoint's subscription) and encodes the reply or error.
+func endpoint[Req any, PReq interface {
+	*Req
+	proto.Message
+}, Rep proto.Message](s *server, fn func(context.Context, PReq) (Rep, error)) micro.HandlerFunc {
+	return func(req micro.Request) {
+		isJSON, cerr := contentType(req.Headers())
+		if cerr != nil {
+			s.fail(req, cerr)
+			return
+		}
+		in := PReq(new(Req))
+		if derr := Unmarshal(req.Data(), isJSON, s.o.MaxRequestBytes, in); derr != nil {
+			s.fail(req, derr)
+			return
+		}
+		select {
+		case s.sem <- struct{}{}:
+		default:
+			s.fail(req, Errorf(CodeOverloaded, "more than %d requests in flight", s.o.MaxInFlight))
+			return
+		}
+		go func() {
+			defer func() { <-s.sem }()
+			defer func() {
+				if r := recover(); r != nil {
+					s.o.Logger.Error("api handler panicked", "subject", req.Subject(), "panic", r)
+					s.fail(req, Errorf(CodeInternal, "handler panicked: %v", r))
+				}
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), s.o.Timeout)
+			defer cancel()
+			out, err := fn(ctx, in)
+			if err != nil {
+				s.fail(req, AsError(err))
+				return
+			}
+			data, err := Marshal(out, isJSON)
+			if err != nil {
+				s.fail(req, Errorf(CodeInternal, "encode %s: %v", describe(out), err))
+				return
+			}
+			ct := ContentProtobuf
+			if isJSON {
+				ct = ContentJSON
+			}
+			if err := req.Respond(data, micro.WithHeaders(micro.Headers{HeaderContentType: {ct}})); err != nil {
+				s.o.Logger.Warn("api respond failed", "subject", req.Subject(), "err", err)
+			}
+		}()
+	}
+}
+
+func (s *server) fail(req micro.Request, e *Error) {
+	s.o.Logger.Debug("api request failed", "subject", req.Subject(), "code", int(e.Code), "err", e.Msg)
+	if err := respondError(req, e); err != nil {
+		s.o.Logger.Warn("api error respond failed", "subject", req.Subject(), "err", err)
+	}
+}

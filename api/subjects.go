@@ -1,0 +1,41 @@
+package api
+
+import "strings"
+
+// Version is the subject API version; it is part of every subject.
+const Version = "v1"
+
+// Prefix starts every Connex subject.
+const Prefix = "connex." + Version
+
+// ServiceName is the NATS micro service name; `nats micro ls` lists it.
+const ServiceName = "connex"
+
+// Endpoint names, relative to a member's subject group connex.v1.<member>.
+const (
+	EpRegionRegister  = "region.register"  // RegisterRegionRequest -> RegionInfo
+	EpRegionInspect   = "region.inspect"   // RegionRef -> RegionInfo
+	EpEngineGone      = "engine.gone"      // EngineGoneRequest -> EngineGoneReply
+	EpHoldCreate      = "hold.create"      // CreateHoldRequest -> CreateHoldReply
+	EpHoldRenew       = "hold.renew"       // HoldRef -> HoldStatus
+	EpHoldRelease     = "hold.release"     // HoldRef -> HoldStatus
+	EpHoldInspect     = "hold.inspect"     // HoldRef -> HoldStatus
+	EpPullStart       = "pull.start"       // StartPullRequest -> StartPullReply, then a PullDone notice
+	EpPeerDescriptors = "peer.descriptors" // DescriptorsRequest -> Descriptors (member to member)
+	EpPeerPullEnd     = "peer.pullend"     // PullEnd -> HoldStatus (member to member)
+)
+
+// Subject is the full subject of endpoint ep on member.
+func Subject(member, ep string) string { return Prefix + "." + member + "." + ep }
+
+// FreedSubject carries BlocksFreed notices for an engine.
+func FreedSubject(engine string) string { return Prefix + ".engine." + engine + ".blocks.freed" }
+
+// PullDoneSubject carries PullDone notices for an engine.
+func PullDoneSubject(engine string) string { return Prefix + ".engine." + engine + ".pull.done" }
+
+// ValidToken reports whether s can be used as one subject token (member
+// and engine ids): non-empty, at most 128 bytes, no whitespace, '.', '*' or '>'.
+func ValidToken(s string) bool {
+	return s != "" && len(s) <= 128 && !strings.ContainsAny(s, " \t\r\n.*>")
+}

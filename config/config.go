@@ -1,0 +1,240 @@
+// Package config loads connexd's configuration from, in increasing order of
+// precedence: built-in defaults, a YAML file, CONNEX_* environment variables
+// and command-line flags. Invalid values fail at start with a message that
+// names the key and the allowed values.
+package config
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// ErrInvalid wraps every validation failure.
+var ErrInvalid = errors.New("config: invalid")
+
+// Config is connexd's validated configuration.
+type Config struct {
+	// Backend is the data plane: "ucx", "tcp" or "auto" (UCX where the
+	// binary has it and libucp loads, else TCP).
+	Backend string
+	// Release is "on_finish" (keep blocks until released or expired) or
+	// "after_pull" (free after the first successful pull).
+	Release string
+	// Retain is the lease length; every pull and keep-alive renews it.
+	Retain time.Duration
+	// KVLoadFailurePolicy is "fail" or "recompute", passed to decode engines.
+	KVLoadFailurePolicy string
+	// NATSURL is the NATS server or cluster to use; empty starts an
+	// embedded server.
+	NATSURL string
+	// NATSListen is the embedded server's client address (host:port; port
+	// 0 picks a free one).
+	NATSListen string
+	// DataDir holds the embedded server's JetStream storage.
+	DataDir string
+	// Role is this member's role: prefill, decode, router or all.
+	Role string
+	// MemberID names this connexd on the subject API and in the cluster.
+	MemberID string
+	// DataListen is where the TCP data plane listens.
+	DataListen string
+	// PullTimeout bounds one pull end to end.
+	PullTimeout time.Duration
+	// MaxRequestBytes bounds one API request payload.
+	MaxRequestBytes int
+	// Tombstone is how long ended transfers are remembered, so late
+	// callers get "expired"/"released" rather than "unknown transfer".
+	Tombstone time.Duration
+	// LogLevel is debug, info, warn or error.
+	LogLevel slog.Level
+}
+
+// keys and their defaults; the flag of key k is --k with '_' as '-'.
+var defaults = []struct {
+	key   string
+	value any
+	usage string
+}{
+	{"backend", "auto", "data plane: ucx, tcp or auto"},
+	{"release", "on_finish", "when holds free their blocks: on_finish or after_pull"},
+	{"retain_s", 60, "lease length in seconds; every pull and keep-alive renews it"},
+	{"kv_load_failure_policy", "fail", "on a failed KV load: fail or recompute"},
+	{"nats_url", "", "NATS server URL(s); empty starts an embedded server"},
+	{"nats_listen", "127.0.0.1:4222", "embedded NATS client address (port 0 = any free port)"},
+	{"data_dir", "connex-data", "directory for embedded NATS JetStream storage"},
+	{"role", "all", "member role: prefill, decode, router or all"},
+	{"member_id", "", "member id on the subject API (default: hostname-random)"},
+	{"data_listen", "127.0.0.1:0", "TCP data-plane listen address"},
+	{"pull_timeout_ms", 30000, "deadline of one pull in milliseconds"},
+	{"max_request_bytes", 256 << 10, "largest accepted API request payload in bytes"},
+	{"tombstone_s", 600, "seconds ended transfers are remembered"},
+	{"log_level", "warn", "log level: debug, info, warn or error"},
+}
+
+// Flags returns the flag set connexd parses: --config plus one flag per key.
+func Flags(name string) *pflag.FlagSet {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs.String("config", "", "YAML configuration file")
+	for _, d := range defaults {
+		flag := strings.ReplaceAll(d.key, "_", "-")
+		switch v := d.value.(type) {
+		case int:
+			fs.Int(flag, v, d.usage)
+		case string:
+			fs.String(flag, v, d.usage)
+		}
+	}
+	return fs
+}
+
+// Load parses args and builds a validated Config. env is the process
+// environment (os.Environ() in connexd), passed in so tests need not mutate it.
+func Load(args []string, env []string) (Config, error) {
+	fs := Flags("connexd")
+	if err := fs.Parse(args); err != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	v := viper.New()
+	for _, d := range defaults {
+		v.SetDefault(d.key, d.value)
+		if f := fs.Lookup(strings.ReplaceAll(d.key, "_", "-")); f != nil && f.Changed {
+			v.Set(d.key, f.Value.String())
+		}
+	}
+	if path, _ := fs.GetString("config"); path != "" {
+		v.SetConfigFile(path)
+		v.SetConfigType("yaml")
+		if err := v.ReadInConfig(); err != nil {
+			return Config{}, fmt.Errorf("%w: read %s: %w", ErrInvalid, path, err)
+		}
+		for _, k := range v.AllKeys() {
+			if !known(k) {
+				return Config{}, fmt.Errorf("%w: %s: unknown key %q", ErrInvalid, path, k)
+			}
+		}
+	}
+	for _, kv := range env {
+		name, val, ok := strings.Cut(kv, "=")
+		if !ok || !strings.HasPrefix(name, "CONNEX_") {
+			continue
+		}
+		key := strings.ToLower(strings.TrimPrefix(name, "CONNEX_"))
+		if !known(key) {
+			continue
+		}
+		if f := fs.Lookup(strings.ReplaceAll(key, "_", "-")); f != nil && f.Changed {
+			continue // flags win over the environment
+		}
+		v.Set(key, val)
+	}
+	return build(v)
+}
+
+func known(key string) bool {
+	for _, d := range defaults {
+		if d.key == key {
+			return true
+		}
+	}
+	return false
+}
+
+func oneOf(v *viper.Viper, key string, allowed ...string) (string, error) {
+	s := strings.TrimSpace(v.GetString(key))
+	for _, a := range allowed {
+		if s == a {
+			return s, nil
+		}
+	}
+	return "", fmt.Errorf("%w: %s=%q, allowed: %s", ErrInvalid, key, s, strings.Join(allowed, ", "))
+}
+
+func positive(v *viper.Viper, key string, max int) (int, error) {
+	raw := strings.TrimSpace(v.GetString(key))
+	var n int
+	if _, err := fmt.Sscan(raw, &n); err != nil || fmt.Sprint(n) != raw || n <= 0 || n > max {
+		return 0, fmt.Errorf("%w: %s=%q, allowed: an integer in 1..%d", ErrInvalid, key, raw, max)
+	}
+	return n, nil
+}
+
+var memberIDRe = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+func build(v *viper.Viper) (Config, error) {
+	var c Config
+	var err error
+	if c.Backend, err = oneOf(v, "backend", "auto", "ucx", "tcp"); err != nil {
+		return c, err
+	}
+	if c.Release, err = oneOf(v, "release", "on_finish", "after_pull"); err != nil {
+		return c, err
+	}
+	if c.KVLoadFailurePolicy, err = oneOf(v, "kv_load_failure_policy", "fail", "recompute"); err != nil {
+		return c, err
+	}
+	if c.Role, err = oneOf(v, "role", "prefill", "decode", "router", "all"); err != nil {
+		return c, err
+	}
+	retain, err := positive(v, "retain_s", 24*3600)
+	if err != nil {
+		return c, err
+	}
+	c.Retain = time.Duration(retain) * time.Second
+	pt, err := positive(v, "pull_timeout_ms", 3600*1000)
+	if err != nil {
+		return c, err
+	}
+	c.PullTimeout = time.Duration(pt) * time.Millisecond
+	if c.MaxRequestBytes, err = positive(v, "max_request_bytes", 64<<20); err != nil {
+		return c, err
+	}
+	ts, err := positive(v, "tombstone_s", 7*24*3600)
+	if err != nil {
+		return c, err
+	}
+	c.Tombstone = time.Duration(ts) * time.Second
+	lvl, err := oneOf(v, "log_level", "debug", "info", "warn", "error")
+	if err != nil {
+		return c, err
+	}
+	_ = c.LogLevel.UnmarshalText([]byte(lvl))
+	c.NATSURL = strings.TrimSpace(v.GetString("nats_url"))
+	c.NATSListen = strings.TrimSpace(v.GetString("nats_listen"))
+	c.DataDir = v.GetString("data_dir")
+	c.DataListen = v.GetString("data_listen")
+	c.MemberID = v.GetString("member_id")
+	if c.MemberID == "" {
+		c.MemberID = defaultMemberID()
+	}
+	if !memberIDRe.MatchString(c.MemberID) {
+		return c, fmt.Errorf("%w: member_id=%q, allowed: 1-64 letters, digits, '-' or '_'", ErrInvalid, c.MemberID)
+	}
+	if c.NATSURL == "" && c.DataDir == "" {
+		return c, fmt.Errorf("%w: data_dir is empty, allowed: a directory for the embedded NATS server", ErrInvalid)
+	}
+	return c, nil
+}
+
+func defaultMemberID() string {
+	host, _ := os.Hostname()
+	host = regexp.MustCompile(`[^A-Za-z0-9_-]`).ReplaceAllString(host, "-")
+	if len(host) > 40 {
+		host = host[:40]
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	if host == "" {
+		host = "connexd"
+	}
+	return host + "-" + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,85 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDefaults(t *testing.T) {
+	c, err := Load(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Backend != "auto" || c.Release != "on_finish" || c.Retain != 60*time.Second || c.KVLoadFailurePolicy != "fail" || c.NATSURL != "" {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if c.MemberID == "" {
+		t.Fatal("member id must default to something")
+	}
+}
+
+func TestPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(file, []byte("retain_s: 10\nrelease: after_pull\nbackend: tcp\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load([]string{"--config", file}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Retain != 10*time.Second || c.Release != "after_pull" {
+		t.Fatalf("file not applied: %+v", c)
+	}
+	c, err = Load([]string{"--config", file}, []string{"CONNEX_RETAIN_S=20", "CONNEX_BACKEND=auto", "PATH=/bin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Retain != 20*time.Second || c.Backend != "auto" || c.Release != "after_pull" {
+		t.Fatalf("env must beat the file: %+v", c)
+	}
+	c, err = Load([]string{"--config", file, "--retain-s", "30"}, []string{"CONNEX_RETAIN_S=20"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Retain != 30*time.Second {
+		t.Fatalf("flags must beat the environment: %+v", c)
+	}
+}
+
+func TestInvalidValuesNameTheKey(t *testing.T) {
+	cases := []struct {
+		args []string
+		env  []string
+		want string
+	}{
+		{[]string{"--backend", "rdma"}, nil, "backend=\"rdma\", allowed: auto, ucx, tcp"},
+		{[]string{"--release", "never"}, nil, "release=\"never\", allowed: on_finish, after_pull"},
+		{nil, []string{"CONNEX_RETAIN_S=-5"}, "retain_s=\"-5\""},
+		{nil, []string{"CONNEX_RETAIN_S=abc"}, "retain_s=\"abc\""},
+		{[]string{"--kv-load-failure-policy", "retry"}, nil, "kv_load_failure_policy=\"retry\", allowed: fail, recompute"},
+		{[]string{"--role", "boss"}, nil, "role=\"boss\""},
+		{[]string{"--member-id", "a b"}, nil, "member_id=\"a b\""},
+		{[]string{"--no-such-flag"}, nil, "unknown flag"},
+	}
+	for _, c := range cases {
+		_, err := Load(c.args, c.env)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v %v: got %v, want it to mention %q", c.args, c.env, err, c.want)
+		}
+	}
+}
+
+func TestUnknownFileKey(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(file, []byte("retian_s: 10\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load([]string{"--config", file}, nil); err == nil || !strings.Contains(err.Error(), "retian_s") {
+		t.Fatalf("a misspelt key must fail loudly, got %v", err)
+	}
+}

@@ -1,0 +1,158 @@
+// Package daemon assembles connexd: NATS, the data plane, the actor system,
+// the region table and the subject API. cmd/connexd and tests start it with
+// New and stop it with Close.
+package daemon
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/connex/connex/actors"
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/bus"
+	"github.com/connex/connex/config"
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/messages"
+	"github.com/connex/connex/transport"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"google.golang.org/protobuf/proto"
+)
+
+// Version is reported by the micro service.
+const Version = "0.1.0"
+
+// Daemon is one running connexd.
+type Daemon struct {
+	cfg     config.Config
+	log     *slog.Logger
+	Bus     *bus.Bus
+	Backend transport.Backend
+	system  *actor.ActorSystem
+	holds   *actor.PID
+	dir     *actors.Directory
+	regions *kvmem.RegionTable
+	svc     micro.Service
+	Metrics *actors.Metrics
+	hdeps   *actors.HoldDeps
+	pdeps   *actors.PullDeps
+	now     func() time.Time
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	closed  sync.Once
+}
+
+// New starts a daemon. On error everything started so far is stopped.
+func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	d = &Daemon{cfg: cfg, log: log, now: time.Now, Metrics: &actors.Metrics{}, stop: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			d.Close()
+		}
+	}()
+	d.Bus, err = bus.Open(bus.Options{URL: cfg.NATSURL, Listen: cfg.NATSListen, DataDir: cfg.DataDir, Name: cfg.MemberID, Logger: log})
+	if err != nil {
+		return d, err
+	}
+	d.Backend, err = OpenBackend(cfg.Backend, transport.Options{ListenAddr: cfg.DataListen, Logger: log})
+	if err != nil {
+		return d, err
+	}
+	d.regions = kvmem.NewRegionTable()
+	d.dir = actors.NewDirectory(cfg.Tombstone, d.now)
+	d.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
+		return log.With("lib", "protoactor")
+	}))
+	ctrl := &messages.RemoteCtrl{Member: cfg.MemberID, Backend: d.Backend.Name(), DataAddr: d.Backend.Address()}
+	d.hdeps = &actors.HoldDeps{
+		Backend: d.Backend, Ctrl: ctrl, Dir: d.dir, Now: d.now, Log: log, Metrics: d.Metrics,
+		ReadSlack: time.Second,
+		Notify:    func(m *messages.BlocksFreed) { d.publish(api.FreedSubject(m.EngineId), m) },
+	}
+	d.pdeps = &actors.PullDeps{
+		Backend: d.Backend, NC: d.Bus.Conn, Now: d.now, Log: log, Metrics: d.Metrics,
+		Notify: func(m *messages.PullDone) { d.publish(api.PullDoneSubject(m.EngineId), m) },
+	}
+	d.holds, err = d.system.Root.SpawnNamed(actors.HoldTableProps(d.hdeps), "holds")
+	if err != nil {
+		return d, fmt.Errorf("spawn hold table: %w", err)
+	}
+	d.svc, err = api.Serve(d.Bus.Conn, d, api.ServeOptions{
+		Member: cfg.MemberID, Version: Version, MaxRequestBytes: cfg.MaxRequestBytes, Logger: log,
+	})
+	if err != nil {
+		return d, err
+	}
+	d.wg.Add(1)
+	go d.sweep()
+	return d, nil
+}
+
+// MemberID is this daemon's member id.
+func (d *Daemon) MemberID() string { return d.cfg.MemberID }
+
+func (d *Daemon) sweep() {
+	defer d.wg.Done()
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-t.C:
+			d.dir.Sweep()
+		}
+	}
+}
+
+func (d *Daemon) publish(subject string, m proto.Message) {
+	data, err := proto.Marshal(m)
+	if err != nil {
+		d.log.Error("encode notice", "subject", subject, "err", err)
+		return
+	}
+	msg := nats.NewMsg(subject)
+	msg.Data = data
+	msg.Header.Set(api.HeaderContentType, api.ContentProtobuf)
+	if err := d.Bus.Conn.PublishMsg(msg); err != nil {
+		d.log.Warn("publish notice", "subject", subject, "err", err)
+	}
+}
+
+// Close stops the API, frees every hold (engines are told), stops pulls,
+// closes the data plane and NATS. Idempotent.
+func (d *Daemon) Close() {
+	d.closed.Do(func() {
+		if d.svc != nil {
+			_ = d.svc.Stop()
+		}
+		close(d.stop)
+		if d.system != nil {
+			for id, e := range d.dir.All() {
+				if _, err := d.system.Root.RequestFuture(e.PID, &actors.Shutdown{}, 5*time.Second).Result(); err != nil {
+					d.log.Warn("hold did not stop cleanly", "transfer", id, "err", err)
+				}
+			}
+			d.system.Shutdown()
+		}
+		d.wg.Wait()
+		if d.Backend != nil {
+			_ = d.Backend.Close()
+		}
+		if d.regions != nil {
+			d.regions.Close()
+		}
+		if d.Bus != nil {
+			d.Bus.Close()
+		}
+		if d.Metrics != nil {
+			d.log.Info("connexd stopped", "metrics", d.Metrics.Snapshot())
+		}
+	})
+}

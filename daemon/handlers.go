@@ -1,0 +1,267 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/connex/connex/actors"
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/lease"
+	"github.com/connex/connex/messages"
+)
+
+// askTimeout bounds one request to a hold actor.
+const askTimeout = 5 * time.Second
+
+var transferIDRe = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+func requireToken(field, v string) error {
+	if !api.ValidToken(v) {
+		return api.Errorf(api.CodeBadRequest, "%s=%q: must be 1-128 characters without spaces, '.', '*' or '>'", field, v)
+	}
+	return nil
+}
+
+func regionInfo(m *kvmem.Mapped) *messages.RegionInfo {
+	c := m.Blocks.Counts()
+	return &messages.RegionInfo{
+		EngineId: m.Engine, RegionId: m.ID, Path: m.Region.Path, Layout: actors.LayoutToProto(m.Region.Layout),
+		Bytes: m.Region.Layout.Size(), BlocksFree: c.Free, BlocksHeld: c.Held, BlocksReading: c.Reading, BlocksWriting: c.Writing,
+	}
+}
+
+// RegisterRegion maps an engine's region file.
+func (d *Daemon) RegisterRegion(_ context.Context, r *messages.RegisterRegionRequest) (*messages.RegionInfo, error) {
+	if err := requireToken("engine_id", r.EngineId); err != nil {
+		return nil, err
+	}
+	if err := requireToken("region_id", r.RegionId); err != nil {
+		return nil, err
+	}
+	if r.Path == "" {
+		return nil, api.Errorf(api.CodeBadRequest, "path is empty: give the region file the engine created")
+	}
+	m, err := d.regions.Register(r.EngineId, r.RegionId, r.Path, actors.LayoutFromProto(r.Layout))
+	if err != nil {
+		if errors.Is(err, kvmem.ErrRegionExists) {
+			return nil, api.Errorf(api.CodeBadRequest, "%v", err)
+		}
+		return nil, err
+	}
+	return regionInfo(m), nil
+}
+
+// InspectRegion returns a region's accounting.
+func (d *Daemon) InspectRegion(_ context.Context, r *messages.RegionRef) (*messages.RegionInfo, error) {
+	m, err := d.regions.Lookup(r.EngineId, r.RegionId)
+	if err != nil {
+		return nil, api.Errorf(api.CodeUnknownRegion, "%v", err)
+	}
+	return regionInfo(m), nil
+}
+
+// EngineGone ends every hold of the engine and unmaps its regions.
+func (d *Daemon) EngineGone(_ context.Context, r *messages.EngineGoneRequest) (*messages.EngineGoneReply, error) {
+	if err := requireToken("engine_id", r.EngineId); err != nil {
+		return nil, err
+	}
+	var out messages.EngineGoneReply
+	for id, e := range d.dir.ByEngine(r.EngineId) {
+		if _, err := d.ask(e.PID, &actors.EngineGone{}); err != nil {
+			d.log.Warn("engine gone: hold did not answer", "transfer", id, "err", err)
+			continue
+		}
+		out.HoldsDropped++
+	}
+	out.RegionsDropped = uint32(d.regions.DropEngine(r.EngineId))
+	return &out, nil
+}
+
+// CreateHold holds blocks of a registered region and returns the params.
+func (d *Daemon) CreateHold(_ context.Context, r *messages.CreateHoldRequest) (*messages.CreateHoldReply, error) {
+	if err := requireToken("engine_id", r.EngineId); err != nil {
+		return nil, err
+	}
+	if r.Consumer != "" {
+		if err := requireToken("consumer", r.Consumer); err != nil {
+			return nil, err
+		}
+	}
+	mode := d.cfg.Release
+	if r.Release != "" {
+		mode = r.Release
+	}
+	m, err := lease.ParseMode(mode)
+	if err != nil {
+		return nil, api.Errorf(api.CodeBadRequest, "%v", err)
+	}
+	retain := d.cfg.Retain
+	if r.RetainS != 0 {
+		if r.RetainS > 24*3600 {
+			return nil, api.Errorf(api.CodeBadRequest, "retain_s=%d: at most 86400", r.RetainS)
+		}
+		retain = time.Duration(r.RetainS) * time.Second
+	}
+	region, release, err := d.regions.Acquire(r.EngineId, r.RegionId)
+	if err != nil {
+		return nil, api.Errorf(api.CodeUnknownRegion, "%v", err)
+	}
+	if err := kvmem.ValidateBlockIDs(r.BlockIds, region.Region.Layout.Blocks); err != nil {
+		release()
+		return nil, err
+	}
+	id := actors.NewTransferID()
+	rep, err := d.ask(d.holds, &actors.CreateHold{
+		ID: id, Req: r, Region: region, ReleaseRegion: release,
+		Lease: lease.Config{Retain: retain, Mode: m, Owner: r.EngineId, Consumer: r.Consumer},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rep.Create, nil
+}
+
+// ask sends a message to an actor and waits for its Reply.
+func (d *Daemon) ask(pid *actor.PID, msg any) (actors.Reply, error) {
+	res, err := d.system.Root.RequestFuture(pid, msg, askTimeout).Result()
+	if err != nil {
+		return actors.Reply{}, err
+	}
+	rep, ok := res.(actors.Reply)
+	if !ok {
+		return actors.Reply{}, api.Errorf(api.CodeInternal, "unexpected reply %T", res)
+	}
+	return rep, rep.Err
+}
+
+// askHold sends msg to the live hold named id, mapping ended and unknown
+// transfers to their codes.
+func (d *Daemon) askHold(id string, msg any) (actors.Reply, error) {
+	if !transferIDRe.MatchString(id) {
+		return actors.Reply{}, api.Errorf(api.CodeBadRequest, "transfer_id=%q: want 32 lowercase hex digits", id)
+	}
+	for attempt := 0; attempt < 2; attempt++ {
+		e, st, ended := d.dir.Lookup(id)
+		switch {
+		case ended:
+			return actors.Reply{}, endedError(id, st)
+		case e == nil:
+			return actors.Reply{}, api.Errorf(api.CodeUnknownTransfer, "transfer %s is not held by member %s", id, d.cfg.MemberID)
+		}
+		rep, err := d.ask(e.PID, msg)
+		if errors.Is(err, actor.ErrDeadLetter) {
+			continue // the hold ended between lookup and ask: look again
+		}
+		return rep, err
+	}
+	return actors.Reply{}, api.Errorf(api.CodeUnknownTransfer, "transfer %s ended", id)
+}
+
+func endedError(id string, st lease.State) error {
+	switch st {
+	case lease.Expired:
+		return api.Errorf(api.CodeExpired, "transfer %s expired; its blocks were freed", id)
+	case lease.EngineGone:
+		return api.Errorf(api.CodeEngineGone, "transfer %s ended: its engine went away", id)
+	}
+	return api.Errorf(api.CodeReleased, "transfer %s was %s; its blocks were freed", id, st)
+}
+
+// Renew extends a hold's lease.
+func (d *Daemon) Renew(_ context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
+	rep, err := d.askHold(r.TransferId, &actors.RenewHold{By: r.Requester})
+	return rep.Status, err
+}
+
+// Release ends a hold.
+func (d *Daemon) Release(_ context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
+	rep, err := d.askHold(r.TransferId, &actors.ReleaseHold{By: r.Requester})
+	return rep.Status, err
+}
+
+// Inspect returns a hold's status; an ended hold reports its final state.
+func (d *Daemon) Inspect(_ context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
+	rep, err := d.askHold(r.TransferId, &actors.InspectHold{})
+	if err != nil {
+		if _, st, ended := d.dir.Lookup(r.TransferId); ended {
+			return &messages.HoldStatus{TransferId: r.TransferId, State: st.String(), Freed: true}, nil
+		}
+	}
+	return rep.Status, err
+}
+
+// Descriptors starts a peer's read of a hold.
+func (d *Daemon) Descriptors(_ context.Context, r *messages.DescriptorsRequest) (*messages.Descriptors, error) {
+	if err := requireToken("pull_id", r.PullId); err != nil {
+		return nil, err
+	}
+	l := actors.LayoutFromProto(r.Layout)
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	timeout := d.cfg.PullTimeout
+	if r.TimeoutMs > 0 {
+		timeout = time.Duration(r.TimeoutMs) * time.Millisecond
+	}
+	rep, err := d.askHold(r.TransferId, &actors.StartRead{By: r.Requester, PullID: r.PullId, Timeout: timeout, Layout: l})
+	return rep.Desc, err
+}
+
+// PullEnd ends a peer's read of a hold.
+func (d *Daemon) PullEnd(_ context.Context, r *messages.PullEnd) (*messages.HoldStatus, error) {
+	rep, err := d.askHold(r.TransferId, &actors.EndRead{PullID: r.PullId, OK: r.Ok})
+	return rep.Status, err
+}
+
+// StartPull validates a pull, claims its destination blocks and starts a
+// puller actor. The outcome arrives as a PullDone notice.
+func (d *Daemon) StartPull(_ context.Context, r *messages.StartPullRequest) (*messages.StartPullReply, error) {
+	p := r.Params
+	if p == nil {
+		return nil, api.Errorf(api.CodeBadRequest, "params (kv_transfer_params) missing")
+	}
+	if !transferIDRe.MatchString(p.TransferId) {
+		return nil, api.Errorf(api.CodeBadRequest, "params.transfer_id=%q: want 32 lowercase hex digits", p.TransferId)
+	}
+	if err := requireToken("params.remote_ctrl.member", p.RemoteCtrl.GetMember()); err != nil {
+		return nil, err
+	}
+	if err := requireToken("engine_id", r.EngineId); err != nil {
+		return nil, err
+	}
+	pullID := r.PullId
+	if pullID == "" {
+		pullID = actors.NewTransferID()[:16]
+	} else if err := requireToken("pull_id", pullID); err != nil {
+		return nil, err
+	}
+	timeout := d.cfg.PullTimeout
+	if r.TimeoutMs > 0 {
+		timeout = time.Duration(r.TimeoutMs) * time.Millisecond
+	}
+	dst, release, err := d.regions.Acquire(r.EngineId, r.RegionId)
+	if err != nil {
+		return nil, api.Errorf(api.CodeUnknownRegion, "%v", err)
+	}
+	l := dst.Region.Layout
+	fail := func(err error) (*messages.StartPullReply, error) { release(); return nil, err }
+	if p.TpSize != l.TPSize || p.BlockSize != l.BlockSize {
+		return fail(api.Errorf(api.CodeIncompatible, "prefill tp_size=%d block_size=%d, this region tp_size=%d block_size=%d: equal TP and block sizes are required in this version", p.TpSize, p.BlockSize, l.TPSize, l.BlockSize))
+	}
+	if len(r.BlockIds) != len(p.RemoteBlockIds) {
+		return fail(api.Errorf(api.CodeBadBlockIDs, "%d destination block ids for %d remote blocks", len(r.BlockIds), len(p.RemoteBlockIds)))
+	}
+	if err := kvmem.ValidateBlockIDs(r.BlockIds, l.Blocks); err != nil {
+		return fail(err)
+	}
+	if err := dst.Blocks.BeginWrite(r.BlockIds); err != nil {
+		return fail(err)
+	}
+	props := actors.PullerProps(d.pdeps, &actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Timeout: timeout, ReleaseRegion: release})
+	d.system.Root.Spawn(props)
+	return &messages.StartPullReply{PullId: pullID}, nil
+}
