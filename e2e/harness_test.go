@@ -1,0 +1,273 @@
+// Package e2e runs connexd as real OS processes on a real NATS server and
+// drives them through the subject API as an engine shim would.
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+)
+
+var connexdBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "connexd-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	connexdBin = filepath.Join(dir, "connexd")
+	args := []string{"build", "-o", connexdBin}
+	if tags := buildTags(); tags != "" {
+		args = append(args, "-tags", tags)
+	}
+	cmd := exec.Command("go", append(args, "../cmd/connexd")...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build connexd:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// checkFor polls fn every `every` until it returns nil or total passes.
+func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	var err error
+	for {
+		if err = fn(); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s: %v", total, err)
+		}
+		time.Sleep(every)
+	}
+}
+
+// proc is one connexd OS process.
+type proc struct {
+	t       testing.TB
+	cmd     *exec.Cmd
+	member  string
+	natsURL string
+	mu      sync.Mutex
+	stderr  strings.Builder
+	exited  chan struct{}
+}
+
+// startConnexd starts connexd with args and waits for its ready line.
+func startConnexd(t testing.TB, member string, args ...string) *proc {
+	t.Helper()
+	all := append([]string{"--member-id", member, "--data-dir", t.TempDir(), "--log-level", "info"}, args...)
+	cmd := exec.Command(connexdBin, all...)
+	cmd.Env = append(os.Environ(), "CONNEX_NATS_LISTEN=127.0.0.1:0")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{t: t, cmd: cmd, member: member, exited: make(chan struct{})}
+	errPipe, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		b, _ := io.ReadAll(errPipe)
+		p.mu.Lock()
+		p.stderr.Write(b)
+		p.mu.Unlock()
+	}()
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if line := sc.Text(); strings.HasPrefix(line, "connexd ready") {
+				ready <- line
+			}
+		}
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() { p.stop() })
+	select {
+	case line := <-ready:
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "nats="); ok {
+				p.natsURL = v
+			}
+		}
+	case <-p.exited:
+		t.Fatalf("connexd %s exited before ready:\n%s", member, p.logs())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("connexd %s not ready within 20s:\n%s", member, p.logs())
+	}
+	return p
+}
+
+func (p *proc) logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.String()
+}
+
+// running reports whether the process is still alive.
+func (p *proc) running() bool {
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+func (p *proc) signal(s syscall.Signal) { _ = p.cmd.Process.Signal(s) }
+
+// stop asks connexd to shut down and kills it if it does not within 10s.
+func (p *proc) stop() {
+	if !p.running() {
+		return
+	}
+	p.signal(syscall.SIGCONT)
+	p.signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(10 * time.Second):
+		p.t.Errorf("connexd %s did not stop on SIGTERM within 10s", p.member)
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+func connect(t testing.TB, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// engine plays an inference engine: it owns a region file and talks to its
+// local connexd.
+type engine struct {
+	id     string
+	region *kvmem.Region
+	rid    string
+	cli    *api.Client
+}
+
+func shmDir(t testing.TB) string {
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		dir, err := os.MkdirTemp("/dev/shm", "connex-test-")
+		if err == nil {
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			return dir
+		}
+	}
+	return t.TempDir()
+}
+
+func newEngine(t testing.TB, nc *nats.Conn, member, id string, l kvmem.Layout, fill bool) *engine {
+	t.Helper()
+	path := filepath.Join(shmDir(t), id+".kv")
+	r, err := kvmem.CreateRegion(path, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	if fill {
+		if _, err := rand.Read(r.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := &engine{id: id, region: r, rid: "r0", cli: &api.Client{NC: nc, Member: member}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := e.cli.RegisterRegion(ctx, &messages.RegisterRegionRequest{
+		EngineId: id, RegionId: e.rid, Path: path,
+		Layout: &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize},
+	}); err != nil {
+		t.Fatalf("register region of %s: %v", id, err)
+	}
+	return e
+}
+
+func ctx5(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// notices collects protobuf notices from a subject.
+type notices[T proto.Message] struct {
+	mu  sync.Mutex
+	got []T
+}
+
+func subscribe[T proto.Message](t testing.TB, nc *nats.Conn, subject string, mk func() T) *notices[T] {
+	t.Helper()
+	n := &notices[T]{}
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		v := mk()
+		if err := proto.Unmarshal(m.Data, v); err != nil {
+			t.Errorf("bad notice on %s: %v", subject, err)
+			return
+		}
+		n.mu.Lock()
+		n.got = append(n.got, v)
+		n.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return n
+}
+
+func (n *notices[T]) all() []T {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]T(nil), n.got...)
+}
+
+// wait polls until pred holds for some notice and returns it.
+func (n *notices[T]) wait(t testing.TB, total time.Duration, pred func(T) bool) T {
+	t.Helper()
+	var found T
+	checkFor(t, total, 5*time.Millisecond, func() error {
+		for _, v := range n.all() {
+			if pred(v) {
+				found = v
+				return nil
+			}
+		}
+		return fmt.Errorf("no matching notice among %d", len(n.all()))
+	})
+	return found
+}

@@ -1,0 +1,177 @@
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/messages"
+)
+
+var testLayout = kvmem.Layout{Layers: 4, Planes: 2, Blocks: 32, BlockBytes: 4096, BlockSize: 16, TPSize: 1}
+
+// cluster2 starts a prefill-side connexd with embedded NATS and a
+// decode-side connexd using it, with one engine each.
+func cluster2(t *testing.T, backend string, extra ...string) (prefill, decode *engine, pn, dn *proc) {
+	pn = startConnexd(t, "prefill", append([]string{"--backend", backend}, extra...)...)
+	dn = startConnexd(t, "decode", append([]string{"--backend", backend, "--nats-url", pn.natsURL}, extra...)...)
+	nc := connect(t, pn.natsURL)
+	prefill = newEngine(t, nc, "prefill", "engP", testLayout, true)
+	decode = newEngine(t, nc, "decode", "engD", testLayout, false)
+	return
+}
+
+// verifyBlocks checks that every layer and plane of dst block dstIDs[i]
+// equals src block srcIDs[i], and that untouched dst blocks stay zero.
+func verifyBlocks(t *testing.T, src, dst *kvmem.Region, srcIDs, dstIDs []uint32, untouched []uint32) {
+	t.Helper()
+	l := src.Layout
+	for layer := uint32(0); layer < l.Layers; layer++ {
+		for p := uint32(0); p < l.Planes; p++ {
+			for i := range srcIDs {
+				if !bytes.Equal(src.Block(layer, p, srcIDs[i]), dst.Block(layer, p, dstIDs[i])) {
+					t.Fatalf("layer %d plane %d: dst block %d differs from src block %d", layer, p, dstIDs[i], srcIDs[i])
+				}
+			}
+			for _, b := range untouched {
+				if !bytes.Equal(dst.Block(layer, p, b), make([]byte, l.BlockBytes)) {
+					t.Fatalf("layer %d plane %d: block %d outside the pull was written", layer, p, b)
+				}
+			}
+		}
+	}
+}
+
+func TestHoldPullReleaseAcrossProcesses(t *testing.T) {
+	pe, de, pn, _ := cluster2(t, "tcp")
+	nc := pe.cli.NC
+	freed := subscribe(t, nc, api.FreedSubject(pe.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
+	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+
+	src := []uint32{3, 4, 5, 9, 1, 31}
+	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: src, NumTokens: 90, Consumer: de.id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prm := hold.Params
+	if len(prm.TransferId) != 32 || prm.RemoteCtrl.GetMember() != "prefill" || !prm.DoRemoteDecode {
+		t.Fatalf("params: %v", prm)
+	}
+	if ri, err := pe.cli.InspectRegion(ctx5(t), &messages.RegionRef{EngineId: pe.id, RegionId: pe.rid}); err != nil || ri.BlocksHeld != uint32(len(src)) {
+		t.Fatalf("prefill accounting after hold: %v %v", ri, err)
+	}
+
+	// Two pulls of the same hold into different blocks: the hold survives
+	// the first pull (on_finish), which is what lets a failed decode resume.
+	pulls := []struct {
+		id  string
+		dst []uint32
+	}{{"first", []uint32{0, 1, 2, 7, 8, 20}}, {"again", []uint32{10, 11, 12, 13, 14, 15}}}
+	for _, pl := range pulls {
+		if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: prm, EngineId: de.id, RegionId: de.rid, BlockIds: pl.dst, PullId: pl.id}); err != nil {
+			t.Fatal(err)
+		}
+		d := done.wait(t, 10*time.Second, func(m *messages.PullDone) bool { return m.PullId == pl.id })
+		if !d.Ok || d.Bytes != uint64(len(src))*testLayout.BlockBytes*8 {
+			t.Fatalf("pull %s: %v", pl.id, d)
+		}
+	}
+	verifyBlocks(t, pe.region, de.region, src, pulls[0].dst, []uint32{3, 4, 5, 6, 9, 16, 31})
+	verifyBlocks(t, pe.region, de.region, src, pulls[1].dst, nil)
+
+	st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: prm.TransferId})
+	if err != nil || st.State != "held" || st.PullsDone != 2 || st.Freed {
+		t.Fatalf("status after pulls: %v %v", st, err)
+	}
+	if len(freed.all()) != 0 {
+		t.Fatal("blocks freed before release")
+	}
+	// Someone else may not release it.
+	if _, err := pe.cli.Release(ctx5(t), &messages.HoldRef{TransferId: prm.TransferId, Requester: "intruder"}); api.CodeOf(err) != api.CodeNotYours {
+		t.Fatalf("release by a stranger: want not_yours, got %v", err)
+	}
+	if _, err := de.cli.Release(ctx5(t), &messages.HoldRef{TransferId: prm.TransferId, Requester: de.id}); api.CodeOf(err) != api.CodeUnknownTransfer {
+		t.Fatalf("release sent to the wrong member: want unknown_transfer, got %v", err)
+	}
+	relCli := &api.Client{NC: nc, Member: prm.RemoteCtrl.Member}
+	if _, err := relCli.Release(ctx5(t), &messages.HoldRef{TransferId: prm.TransferId, Requester: de.id}); err != nil {
+		t.Fatal(err)
+	}
+	f := freed.wait(t, 5*time.Second, func(m *messages.BlocksFreed) bool { return m.TransferId == prm.TransferId })
+	if f.Reason != "released" || fmt.Sprint(f.BlockIds) != fmt.Sprint(src) {
+		t.Fatalf("freed notice: %v", f)
+	}
+	// Releasing twice is an error, frees nothing more, and later pulls are refused.
+	if _, err := relCli.Release(ctx5(t), &messages.HoldRef{TransferId: prm.TransferId, Requester: de.id}); api.CodeOf(err) != api.CodeReleased {
+		t.Fatalf("second release: want released code, got %v", err)
+	}
+	if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: prm, EngineId: de.id, RegionId: de.rid, BlockIds: pulls[0].dst, PullId: "late"}); err != nil {
+		t.Fatal(err)
+	}
+	late := done.wait(t, 5*time.Second, func(m *messages.PullDone) bool { return m.PullId == "late" })
+	if late.Ok || late.ErrorCode != uint32(api.CodeReleased) {
+		t.Fatalf("pull after release: %v", late)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(freed.all()); n != 1 {
+		t.Fatalf("freed notices: %d, want exactly 1", n)
+	}
+	for _, e := range []*engine{pe, de} {
+		ri, err := e.cli.InspectRegion(ctx5(t), &messages.RegionRef{EngineId: e.id, RegionId: e.rid})
+		if err != nil || ri.BlocksFree != testLayout.Blocks {
+			t.Fatalf("%s accounting after release: %v %v", e.id, ri, err)
+		}
+	}
+	if !pn.running() {
+		t.Fatal("prefill connexd died")
+	}
+}
+
+func TestLeaseExpiryRefusesPullAndFrees(t *testing.T) {
+	pe, de, _, _ := cluster2(t, "tcp")
+	nc := pe.cli.NC
+	freed := subscribe(t, nc, api.FreedSubject(pe.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
+	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	created := time.Now()
+	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: []uint32{0, 1, 2}, RetainS: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := freed.wait(t, 10*time.Second, func(m *messages.BlocksFreed) bool { return m.TransferId == hold.Params.TransferId })
+	if f.Reason != "expired" {
+		t.Fatalf("freed reason %q, want expired", f.Reason)
+	}
+	if el := time.Since(created); el < time.Second {
+		t.Fatalf("freed after %s, before retain_s=1 passed", el)
+	}
+	if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: []uint32{5, 6, 7}, PullId: "p1"}); err != nil {
+		t.Fatal(err)
+	}
+	d := done.wait(t, 5*time.Second, func(m *messages.PullDone) bool { return m.PullId == "p1" })
+	if d.Ok || d.ErrorCode != uint32(api.CodeExpired) {
+		t.Fatalf("pull of an expired transfer: %v", d)
+	}
+	_, err = pe.cli.Renew(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Code != api.CodeExpired {
+		t.Fatalf("renew after expiry: %v", err)
+	}
+	ri, err := pe.cli.InspectRegion(ctx5(t), &messages.RegionRef{EngineId: pe.id, RegionId: pe.rid})
+	if err != nil || ri.BlocksFree != testLayout.Blocks {
+		t.Fatalf("accounting after expiry: %v %v", ri, err)
+	}
+	if n := len(freed.all()); n != 1 {
+		t.Fatalf("freed %d times", n)
+	}
+	// The destination blocks of the refused pull are writable again.
+	ri, err = de.cli.InspectRegion(ctx5(t), &messages.RegionRef{EngineId: de.id, RegionId: de.rid})
+	if err != nil || ri.BlocksWriting != 0 {
+		t.Fatalf("decode accounting after refused pull: %v %v", ri, err)
+	}
+}

@@ -1,0 +1,5 @@
+//go:build ucx
+
+package e2e
+
+func buildTags() string { return "ucx" }
