@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Benchmarks; each prints its figures and ends with one summary line.
+#   bench.sh control   control-plane round trip vs bare NATS (CONTROL ...)
+#   bench.sh pull      data-plane pulls vs memcpy, ucx_perftest, TCP (RATIO ...)
+#   bench.sh cluster   failover timings (FAILOVER ...)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin"
+TAGS=()
+if pkg-config --exists ucx 2>/dev/null; then TAGS=(-tags ucx); fi
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+case "${1:-control}" in
+  control)
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkControlRTT$' -benchtime "${BENCH_N:-3000}x" ./e2e/ | tee "$out"
+    grep '^CONTROL ' "$out" | tail -1
+    ;;
+  pull)
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkPull$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"
+    grep '^RATIO ' "$out" | tail -1
+    ;;
+  cluster)
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkFailover$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"
+    grep '^FAILOVER ' "$out" | tail -1
+    ;;
+  *) echo "usage: $0 control|pull|cluster" >&2; exit 2 ;;
+esac
