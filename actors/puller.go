@@ -33,9 +33,16 @@ type Pull struct {
 	Params        *messages.KVTransferParams
 	Dst           *kvmem.Mapped
 	DstBlocks     []uint32
-	Timeout       time.Duration
+	Timeout       time.Duration // the whole pull
+	Stall         time.Duration // each step (descriptors, one batch of reads) must finish within this
 	ReleaseRegion func()
 }
+
+// batchBytes is how many bytes one batch of reads carries. Each batch must
+// complete within Pull.Stall, which is how a frozen holder is detected
+// without bounding the whole pull by the stall time; at the slowest data
+// plane here (~1 GB/s) a batch takes ~32 ms.
+const batchBytes = 32 << 20
 
 type pullResult struct {
 	bytes uint64
@@ -104,7 +111,9 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	prm := a.p.Params
 	peer := &api.Client{NC: a.deps.NC, Member: prm.RemoteCtrl.GetMember()}
 	requester := a.p.Dst.Engine
-	desc, err := peer.Descriptors(ctx, &messages.DescriptorsRequest{
+	dctx, dcancel := context.WithTimeout(ctx, a.p.Stall)
+	defer dcancel()
+	desc, err := peer.Descriptors(dctx, &messages.DescriptorsRequest{
 		TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID,
 		Layout: LayoutToProto(a.p.Dst.Region.Layout), TimeoutMs: uint32(a.p.Timeout / time.Millisecond),
 	})
@@ -112,14 +121,17 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 		return 0, fmt.Errorf("pull %s: descriptors from %s: %w", a.p.ID, peer.Member, err)
 	}
 	n, getErr := a.read(ctx, desc, peer, requester)
-	// Tell the holder the reads are over, whatever happened, so it can
-	// free on release/expiry without waiting for our deadline. Use a fresh
-	// short context: ours may have expired.
-	endCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if _, err := peer.PullEnd(endCtx, &messages.PullEnd{TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID, Ok: getErr == nil}); err != nil && getErr == nil {
-		a.deps.Log.Warn("pull end not acknowledged by holder", "pull", a.p.ID, "member", peer.Member, "err", err)
-	}
+	// Tell the holder the reads are over, whatever happened, so it can free
+	// on release/expiry without waiting for our deadline. Asynchronously and
+	// with its own short deadline: a frozen holder must not delay the
+	// engine's completion notice.
+	go func() {
+		endCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if _, err := peer.PullEnd(endCtx, &messages.PullEnd{TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID, Ok: getErr == nil}); err != nil && getErr == nil {
+			a.deps.Log.Warn("pull end not acknowledged by holder", "pull", a.p.ID, "member", peer.Member, "err", err)
+		}
+	}()
 	return n, getErr
 }
 
@@ -132,7 +144,9 @@ func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, peer
 	if got, want := desc.GetRemoteCtrl().GetBackend(), a.deps.Backend.Name(); got != want {
 		return 0, api.Errorf(api.CodeIncompatible, "pull %s: holder uses data plane %q, this member %q", a.p.ID, got, want)
 	}
-	ep, err := a.deps.Backend.Connect(ctx, desc.GetRemoteCtrl().GetDataAddr())
+	cctx, ccancel := context.WithTimeout(ctx, a.p.Stall)
+	defer ccancel()
+	ep, err := a.deps.Backend.Connect(cctx, desc.GetRemoteCtrl().GetDataAddr())
 	if err != nil {
 		return 0, fmt.Errorf("pull %s: connect data plane of %s: %w", a.p.ID, peer.Member, transport.CtxErr(err))
 	}
@@ -140,8 +154,24 @@ func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, peer
 	// Keep the lease alive during long reads.
 	stopRenew := a.renewEvery(ctx, peer, requester, time.Duration(prm.RetainS)*time.Second/3)
 	defer stopRenew()
-	if err := ep.Get(ctx, ops); err != nil {
-		return 0, fmt.Errorf("pull %s: read %d bytes from %s: %w", a.p.ID, total, peer.Member, transport.CtxErr(err))
+	var done uint64
+	for len(ops) > 0 {
+		n, size := 0, uint64(0)
+		for n < len(ops) && (n == 0 || size+uint64(len(ops[n].Dst)) <= batchBytes) {
+			size += uint64(len(ops[n].Dst))
+			n++
+		}
+		bctx, bcancel := context.WithTimeout(ctx, a.p.Stall)
+		err := ep.Get(bctx, ops[:n])
+		bcancel()
+		if err != nil {
+			if ctx.Err() == nil && errors.Is(transport.CtxErr(err), transport.ErrTimeout) {
+				return 0, fmt.Errorf("pull %s: holder %s made no progress for %s after %d of %d bytes: %w", a.p.ID, peer.Member, a.p.Stall, done, total, transport.CtxErr(err))
+			}
+			return 0, fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, peer.Member, done, transport.CtxErr(err))
+		}
+		done += size
+		ops = ops[n:]
 	}
 	return total, nil
 }

@@ -50,6 +50,10 @@ type Config struct {
 	DataListen string
 	// PullTimeout bounds one pull end to end.
 	PullTimeout time.Duration
+	// PullStall is how long a pull may make no progress (no batch of reads
+	// completes, or the holder does not answer) before it fails: a dead or
+	// frozen holder is detected within this time.
+	PullStall time.Duration
 	// MaxRequestBytes bounds one API request payload.
 	MaxRequestBytes int
 	// Tombstone is how long ended transfers are remembered, so late
@@ -76,6 +80,7 @@ var defaults = []struct {
 	{"member_id", "", "member id on the subject API (default: hostname-random)"},
 	{"data_listen", "127.0.0.1:0", "TCP data-plane listen address"},
 	{"pull_timeout_ms", 30000, "deadline of one pull in milliseconds"},
+	{"pull_stall_ms", 1000, "a pull fails after this many milliseconds without progress"},
 	{"max_request_bytes", 256 << 10, "largest accepted API request payload in bytes"},
 	{"tombstone_s", 600, "seconds ended transfers are remembered"},
 	{"log_level", "warn", "log level: debug, info, warn or error"},
@@ -195,6 +200,11 @@ func build(v *viper.Viper) (Config, error) {
 		return c, err
 	}
 	c.PullTimeout = time.Duration(pt) * time.Millisecond
+	ps, err := positive(v, "pull_stall_ms", 3600*1000)
+	if err != nil {
+		return c, err
+	}
+	c.PullStall = time.Duration(ps) * time.Millisecond
 	if c.MaxRequestBytes, err = positive(v, "max_request_bytes", 64<<20); err != nil {
 		return c, err
 	}

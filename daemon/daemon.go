@@ -89,6 +89,11 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	if err != nil {
 		return d, err
 	}
+	// Make sure the server has our subscriptions before anyone is told we
+	// are ready (a request right after the ready line must find us).
+	if err := d.Bus.Conn.FlushTimeout(10 * time.Second); err != nil {
+		log.Warn("nats flush after start failed; the API may answer late", "err", err)
+	}
 	d.wg.Add(1)
 	go d.sweep()
 	return d, nil

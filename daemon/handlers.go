@@ -261,7 +261,7 @@ func (d *Daemon) StartPull(_ context.Context, r *messages.StartPullRequest) (*me
 	if err := dst.Blocks.BeginWrite(r.BlockIds); err != nil {
 		return fail(err)
 	}
-	props := actors.PullerProps(d.pdeps, &actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Timeout: timeout, ReleaseRegion: release})
+	props := actors.PullerProps(d.pdeps, &actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Timeout: timeout, Stall: min(d.cfg.PullStall, timeout), ReleaseRegion: release})
 	d.system.Root.Spawn(props)
 	return &messages.StartPullReply{PullId: pullID}, nil
 }

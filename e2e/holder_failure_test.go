@@ -1,0 +1,118 @@
+package e2e
+
+import (
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/messages"
+)
+
+// bigLayout is 1 GiB per region: long enough a pull to be interrupted.
+// The regions are never written, so tmpfs keeps them as holes.
+var bigLayout = kvmem.Layout{Layers: 8, Planes: 2, Blocks: 256, BlockBytes: 256 << 10, BlockSize: 16, TPSize: 1}
+
+func backends() []string {
+	if buildTags() == "ucx" {
+		return []string{"tcp", "ucx"}
+	}
+	return []string{"tcp"}
+}
+
+// TestHolderDiesDuringPull SIGKILLs, or SIGSTOPs, the prefill-side connexd
+// while a pull reads from it, and checks that the pull ends with a clear
+// error within the stall deadline (pull_stall_ms, default 1 s) plus slack,
+// that the decode-side connexd keeps running, and that no destination
+// block stays claimed.
+func TestHolderDiesDuringPull(t *testing.T) {
+	for _, backend := range backends() {
+		for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
+			t.Run(fmt.Sprintf("%s/%s", backend, sig), func(t *testing.T) { holderDies(t, backend, sig) })
+		}
+	}
+}
+
+func holderDies(t *testing.T, backend string, sig syscall.Signal) {
+	url := startNATS(t)
+	pn := startConnexd(t, "holder", "--backend", backend, "--nats-url", url)
+	dn := startConnexd(t, "reader", "--backend", backend, "--nats-url", url)
+	nc := connect(t, url)
+	pe := newEngine(t, nc, "holder", "engP", bigLayout, false)
+	de := newEngine(t, nc, "reader", "engD", bigLayout, false)
+	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	ids := make([]uint32, bigLayout.Blocks)
+	for i := range ids {
+		ids[i] = uint32(i)
+	}
+	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: ids})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sent time.Time
+	var pullID string
+	for attempt := 0; ; attempt++ {
+		if attempt == 5 {
+			t.Fatal("every pull finished before the holder could be signalled")
+		}
+		pullID = fmt.Sprintf("p%d", attempt)
+		if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: ids, PullId: pullID}); err != nil {
+			t.Fatal(err)
+		}
+		active := false
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
+			if err == nil && st.ActivePulls > 0 {
+				active = true
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if !active {
+			t.Fatalf("pull never became active on the holder")
+		}
+		pn.signal(sig)
+		sent = time.Now()
+		// If the pull had already finished, try again on a fresh pull.
+		d := done.wait(t, 10*time.Second, func(m *messages.PullDone) bool { return m.PullId == pullID })
+		if !d.Ok {
+			elapsed := time.Since(sent)
+			t.Logf("%s: pull ended %s after the signal: code %d (%s): %s", sig, elapsed.Round(time.Millisecond), d.ErrorCode, api.Code(d.ErrorCode).Name(), d.Error)
+			switch api.Code(d.ErrorCode) {
+			case api.CodePeerUnavailable, api.CodeTimeout, api.CodeTransferFailed:
+			default:
+				t.Fatalf("unexpected error code %d: %s", d.ErrorCode, d.Error)
+			}
+			// The default stall deadline is 1 s; allow generous slack for a
+			// loaded 2-core machine, but a hang would be far longer.
+			if elapsed > 3*time.Second {
+				t.Fatalf("pull took %s to fail after %s", elapsed, sig)
+			}
+			break
+		}
+		if sig == syscall.SIGSTOP {
+			pn.signal(syscall.SIGCONT)
+		} else {
+			t.Fatalf("pull completed although the holder was killed (%s after the signal)", time.Since(sent))
+		}
+	}
+	if !dn.running() {
+		t.Fatalf("decode connexd died:\n%s", dn.logs())
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		ri, err := de.cli.InspectRegion(ctx5(t), &messages.RegionRef{EngineId: de.id, RegionId: de.rid})
+		if err != nil {
+			return err
+		}
+		if ri.BlocksWriting != 0 {
+			return fmt.Errorf("%d destination blocks still claimed", ri.BlocksWriting)
+		}
+		return nil
+	})
+	if sig == syscall.SIGSTOP {
+		pn.signal(syscall.SIGCONT)
+	}
+}
