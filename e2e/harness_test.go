@@ -94,10 +94,14 @@ func startConnexd(t testing.TB, member string, args ...string) *proc {
 		t.Fatal(err)
 	}
 	go func() {
-		b, _ := io.ReadAll(errPipe)
-		p.mu.Lock()
-		p.stderr.Write(b)
-		p.mu.Unlock()
+		sc := bufio.NewScanner(errPipe)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.stderr.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+		}
+		_, _ = io.Copy(io.Discard, errPipe)
 	}()
 	ready := make(chan string, 1)
 	go func() {

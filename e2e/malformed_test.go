@@ -1,8 +1,8 @@
 package e2e
 
 import (
-	"math/rand"
 	"encoding/json"
+	"math/rand"
 	"strconv"
 	"strings"
 	"testing"
