@@ -1,0 +1,144 @@
+package requests
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+func TestPlace(t *testing.T) {
+	cases := []struct {
+		name    string
+		orphans []string
+		cands   []Candidate
+		want    map[string]string
+	}{
+		{"none", []string{"a"}, nil, map[string]string{}},
+		{"least loaded", []string{"a"}, []Candidate{{"m1", 5}, {"m2", 1}}, map[string]string{"a": "m2"}},
+		{"spread", []string{"c", "a", "b"}, []Candidate{{"m1", 0}, {"m2", 1}}, map[string]string{"a": "m1", "b": "m1", "c": "m2"}},
+		{"tie by id", []string{"a"}, []Candidate{{"m9", 2}, {"m3", 2}}, map[string]string{"a": "m3"}},
+	}
+	for _, c := range cases {
+		if got := Place(c.orphans, c.cands); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s: got %v want %v", c.name, got, c.want)
+		}
+	}
+}
+
+func TestCoordinatorAndOrphans(t *testing.T) {
+	if got := Coordinator([]string{"d3", "d1", "d2"}); got != "d1" {
+		t.Fatalf("coordinator %s", got)
+	}
+	if Coordinator(nil) != "" {
+		t.Fatal("no members, no coordinator")
+	}
+	got := Orphans(map[string]string{"r1": "d1", "r2": "dead", "r3": "gone"}, []string{"d1", "d2"})
+	if !reflect.DeepEqual(got, []string{"r2", "r3"}) {
+		t.Fatalf("orphans %v", got)
+	}
+}
+
+func start() *messages.StartRequestMsg {
+	return &messages.StartRequestMsg{RequestId: "req-1", EngineId: "e1", PromptTokenIds: []uint32{1, 2, 3, 4},
+		Params: &messages.KVTransferParams{TransferId: "t", RemoteNumTokens: 4}}
+}
+
+func TestStateTransitions(t *testing.T) {
+	now := time.Unix(100, 0)
+	st, err := New(start(), "d1", now)
+	if err != nil || st.Epoch != 1 || st.Owner != "d1" {
+		t.Fatalf("new: %v %v", st, err)
+	}
+	bad := start()
+	bad.Params.RemoteNumTokens = 9
+	if _, err := New(bad, "d1", now); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("remote_num_tokens > prompt: %v", err)
+	}
+	st2, err := Append(st, 1, []uint32{7, 8}, now)
+	if err != nil || len(st2.GeneratedTokenIds) != 2 || len(st.GeneratedTokenIds) != 0 {
+		t.Fatalf("append: %v %v (input must not change)", st2, err)
+	}
+	st3, err := Adopt(st2, "d1", "d2", "e2", now)
+	if err != nil || st3.Epoch != 2 || st3.Owner != "d2" || !reflect.DeepEqual(st3.PreviousOwners, []string{"d1"}) {
+		t.Fatalf("adopt: %v %v", st3, err)
+	}
+	if _, err := Adopt(st3, "d1", "d3", "e3", now); !errors.Is(err, ErrNotOrphan) {
+		t.Fatalf("second adopt of the same orphan: %v", err)
+	}
+	if _, err := Append(st3, 1, []uint32{9}, now); !errors.Is(err, ErrFenced) {
+		t.Fatalf("stale epoch: %v", err)
+	}
+	all, loaded := ResumeTokens(st3)
+	if !reflect.DeepEqual(all, []uint32{1, 2, 3, 4, 7, 8}) || loaded != 4 {
+		t.Fatalf("resume tokens %v loaded %d", all, loaded)
+	}
+}
+
+func TestKVStoreFencing(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("not ready")
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := OpenKVStore(ctx, nc, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := New(start(), "d1", time.Now())
+	rev, err := s.Create(ctx, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(ctx, st); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate create: %v", err)
+	}
+	// The new owner adopts with compare-and-set...
+	adopted, _ := Adopt(st, "d1", "d2", "e2", time.Now())
+	rev2, err := s.Update(ctx, adopted, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ...and the zombie's write at the old revision is fenced.
+	zombie, _ := Append(st, 1, []uint32{5}, time.Now())
+	if _, err := s.Update(ctx, zombie, rev); !errors.Is(err, ErrFenced) {
+		t.Fatalf("zombie write: want ErrFenced, got %v", err)
+	}
+	got, grev, err := s.Get(ctx, "req-1")
+	if err != nil || grev != rev2 || got.Owner != "d2" || got.Epoch != 2 || len(got.GeneratedTokenIds) != 0 {
+		t.Fatalf("after fencing: %v rev %d %v", got, grev, err)
+	}
+	owners, err := s.Owners(ctx)
+	if err != nil || owners["req-1"] != "d2" {
+		t.Fatalf("owners %v %v", owners, err)
+	}
+	if err := s.Delete(ctx, "req-1", rev); err == nil {
+		t.Fatal("delete at a stale revision must fail")
+	}
+	if err := s.Delete(ctx, "req-1", rev2); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Get(ctx, "req-1"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after delete: %v", err)
+	}
+	owners, err = s.Owners(ctx)
+	if err != nil || len(owners) != 0 {
+		t.Fatalf("owners after delete %v %v", owners, err)
+	}
+}

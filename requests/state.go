@@ -1,0 +1,82 @@
+package requests
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/connex/connex/messages"
+	"google.golang.org/protobuf/proto"
+)
+
+// Errors callers branch on.
+var (
+	// ErrFenced means the caller's epoch is stale: the request moved to
+	// another owner. The caller must stop acting on it.
+	ErrFenced = errors.New("requests: fenced: the request has a newer owner")
+	// ErrExists means a request id is already in use.
+	ErrExists = errors.New("requests: request already exists")
+	// ErrNotFound means no such request (finished or never started).
+	ErrNotFound = errors.New("requests: no such request")
+	// ErrInvalid means a request's fields are unusable.
+	ErrInvalid = errors.New("requests: invalid request")
+	// ErrNotOrphan means an adopt was asked for a request whose owner changed.
+	ErrNotOrphan = errors.New("requests: request is not an orphan of that member")
+)
+
+// MaxTokens bounds prompt plus generated tokens of one request.
+const MaxTokens = 1 << 20
+
+// New builds the initial state of a request started on owner.
+func New(start *messages.StartRequestMsg, owner string, now time.Time) (*messages.RequestState, error) {
+	switch {
+	case start.RequestId == "":
+		return nil, fmt.Errorf("%w: request_id is empty", ErrInvalid)
+	case start.Params == nil || start.Params.TransferId == "":
+		return nil, fmt.Errorf("%w: params.transfer_id is empty", ErrInvalid)
+	case len(start.PromptTokenIds) == 0 || len(start.PromptTokenIds) > MaxTokens:
+		return nil, fmt.Errorf("%w: %d prompt tokens (1..%d allowed)", ErrInvalid, len(start.PromptTokenIds), MaxTokens)
+	case start.Params.RemoteNumTokens > uint32(len(start.PromptTokenIds)):
+		return nil, fmt.Errorf("%w: remote_num_tokens=%d exceeds the %d prompt tokens", ErrInvalid, start.Params.RemoteNumTokens, len(start.PromptTokenIds))
+	}
+	return &messages.RequestState{
+		RequestId: start.RequestId, Params: start.Params, PromptTokenIds: start.PromptTokenIds,
+		Owner: owner, Epoch: 1, EngineId: start.EngineId, UpdatedUnixMs: now.UnixMilli(),
+	}, nil
+}
+
+// Append returns the state with tokens appended, if epoch is current.
+func Append(st *messages.RequestState, epoch uint64, tokens []uint32, now time.Time) (*messages.RequestState, error) {
+	if epoch != st.Epoch {
+		return nil, fmt.Errorf("%w: epoch %d, current %d (owner %s)", ErrFenced, epoch, st.Epoch, st.Owner)
+	}
+	if len(st.PromptTokenIds)+len(st.GeneratedTokenIds)+len(tokens) > MaxTokens {
+		return nil, fmt.Errorf("%w: more than %d tokens", ErrInvalid, MaxTokens)
+	}
+	next := proto.Clone(st).(*messages.RequestState)
+	next.GeneratedTokenIds = append(next.GeneratedTokenIds, tokens...)
+	next.UpdatedUnixMs = now.UnixMilli()
+	return next, nil
+}
+
+// Adopt returns the state moved from deadOwner to newOwner with the next
+// epoch. It fails with ErrNotOrphan if the request is no longer owned by
+// deadOwner (someone adopted it already).
+func Adopt(st *messages.RequestState, deadOwner, newOwner, engine string, now time.Time) (*messages.RequestState, error) {
+	if st.Owner != deadOwner {
+		return nil, fmt.Errorf("%w: owned by %s, not %s", ErrNotOrphan, st.Owner, deadOwner)
+	}
+	next := proto.Clone(st).(*messages.RequestState)
+	next.PreviousOwners = append(next.PreviousOwners, st.Owner)
+	next.Owner, next.EngineId, next.Epoch = newOwner, engine, st.Epoch+1
+	next.UpdatedUnixMs = now.UnixMilli()
+	return next, nil
+}
+
+// ResumeTokens is what a resumed engine must feed: the prompt followed by
+// the tokens generated so far. Only Params.RemoteNumTokens of them have KV
+// in the hold; the rest are recomputed locally.
+func ResumeTokens(st *messages.RequestState) (all []uint32, loaded uint32) {
+	all = append(append([]uint32(nil), st.PromptTokenIds...), st.GeneratedTokenIds...)
+	return all, st.Params.GetRemoteNumTokens()
+}

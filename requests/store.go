@@ -1,0 +1,142 @@
+package requests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+)
+
+// Store keeps request states durably with compare-and-set on revisions.
+type Store interface {
+	// Create stores a new request; ErrExists if the id is taken.
+	Create(ctx context.Context, st *messages.RequestState) (rev uint64, err error)
+	// Update replaces the state if its revision is still rev; otherwise
+	// ErrFenced (someone else wrote it).
+	Update(ctx context.Context, st *messages.RequestState, rev uint64) (uint64, error)
+	// Get returns the state and its revision; ErrNotFound if absent.
+	Get(ctx context.Context, id string) (*messages.RequestState, uint64, error)
+	// Delete removes the request if its revision is still rev.
+	Delete(ctx context.Context, id string, rev uint64) error
+}
+
+// Bucket is the JetStream KV bucket holding request states.
+const Bucket = "connex_requests"
+
+// KVStore is the JetStream KV implementation of Store.
+type KVStore struct {
+	KV jetstream.KeyValue
+}
+
+// OpenKVStore creates or opens the bucket. replicas is the JetStream
+// replication factor (1 for a single server).
+func OpenKVStore(ctx context.Context, nc *nats.Conn, replicas int) (*KVStore, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("requests: jetstream: %w", err)
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: Bucket, Description: "Connex in-flight decode requests", History: 1,
+		Storage: jetstream.FileStorage, Replicas: replicas, MaxValueSize: 8 << 20,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("requests: kv bucket %s: %w", Bucket, err)
+	}
+	return &KVStore{KV: kv}, nil
+}
+
+// Key is the KV key of a request id (ids are hashed-free but must be valid
+// key tokens: letters, digits, '-', '_', '=', '/').
+func Key(id string) string { return "r." + id }
+
+// Create implements Store.
+func (s *KVStore) Create(ctx context.Context, st *messages.RequestState) (uint64, error) {
+	data, err := proto.Marshal(st)
+	if err != nil {
+		return 0, err
+	}
+	rev, err := s.KV.Create(ctx, Key(st.RequestId), data)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, fmt.Errorf("%w: %s", ErrExists, st.RequestId)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("requests: create %s: %w", st.RequestId, err)
+	}
+	return rev, nil
+}
+
+// Update implements Store.
+func (s *KVStore) Update(ctx context.Context, st *messages.RequestState, rev uint64) (uint64, error) {
+	data, err := proto.Marshal(st)
+	if err != nil {
+		return 0, err
+	}
+	next, err := s.KV.Update(ctx, Key(st.RequestId), data, rev)
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+			return 0, fmt.Errorf("%w: %s changed since revision %d", ErrFenced, st.RequestId, rev)
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return 0, fmt.Errorf("%w: %s changed since revision %d", ErrFenced, st.RequestId, rev)
+		}
+		return 0, fmt.Errorf("requests: update %s: %w", st.RequestId, err)
+	}
+	return next, nil
+}
+
+// Get implements Store.
+func (s *KVStore) Get(ctx context.Context, id string) (*messages.RequestState, uint64, error) {
+	e, err := s.KV.Get(ctx, Key(id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return nil, 0, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("requests: get %s: %w", id, err)
+	}
+	st := new(messages.RequestState)
+	if err := proto.Unmarshal(e.Value(), st); err != nil {
+		return nil, 0, fmt.Errorf("requests: decode %s: %w", id, err)
+	}
+	return st, e.Revision(), nil
+}
+
+// Delete implements Store.
+func (s *KVStore) Delete(ctx context.Context, id string, rev uint64) error {
+	if err := s.KV.Delete(ctx, Key(id), jetstream.LastRevision(rev)); err != nil {
+		return fmt.Errorf("requests: delete %s: %w", id, err)
+	}
+	return nil
+}
+
+// Owners reads every live request's owner (for orphan scans).
+func (s *KVStore) Owners(ctx context.Context) (map[string]string, error) {
+	w, err := s.KV.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("requests: watch: %w", err)
+	}
+	defer w.Stop()
+	out := map[string]string{}
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil { // initial values done
+				return out, nil
+			}
+			st := new(messages.RequestState)
+			if proto.Unmarshal(e.Value(), st) == nil {
+				out[st.RequestId] = st.Owner
+			}
+		case <-timeout:
+			return nil, errors.New("requests: owner scan timed out")
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
