@@ -112,3 +112,33 @@ func (c *Client) PullEnd(ctx context.Context, r *messages.PullEnd) (*messages.Ho
 	out := new(messages.HoldStatus)
 	return out, c.Call(ctx, EpPeerPullEnd, r, out)
 }
+
+// StartRequest starts a decode request on the member.
+func (c *Client) StartRequest(ctx context.Context, r *messages.StartRequestMsg) (*messages.RequestStatus, error) {
+	out := new(messages.RequestStatus)
+	return out, c.Call(ctx, EpRequestStart, r, out)
+}
+
+// Progress appends generated tokens to a request (checkpointed durably).
+func (c *Client) Progress(ctx context.Context, r *messages.RequestProgress) (*messages.RequestStatus, error) {
+	out := new(messages.RequestStatus)
+	return out, c.Call(ctx, EpRequestProgress, r, out)
+}
+
+// FinishRequest ends a request and releases its hold.
+func (c *Client) FinishRequest(ctx context.Context, r *messages.FinishRequestMsg) (*messages.RequestStatus, error) {
+	out := new(messages.RequestStatus)
+	return out, c.Call(ctx, EpRequestFinish, r, out)
+}
+
+// InspectRequest returns a request's durable state.
+func (c *Client) InspectRequest(ctx context.Context, r *messages.RequestRef) (*messages.RequestStatus, error) {
+	out := new(messages.RequestStatus)
+	return out, c.Call(ctx, EpRequestInspect, r, out)
+}
+
+// Adopt asks a member to take over an orphaned request (member to member).
+func (c *Client) Adopt(ctx context.Context, r *messages.AdoptRequestMsg) (*messages.RequestStatus, error) {
+	out := new(messages.RequestStatus)
+	return out, c.Call(ctx, EpPeerAdopt, r, out)
+}

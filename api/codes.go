@@ -6,6 +6,7 @@ import (
 
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/lease"
+	"github.com/connex/connex/requests"
 	"github.com/connex/connex/transport"
 )
 
@@ -29,6 +30,9 @@ const (
 	CodeBlocksBusy      Code = 425 // destination blocks are being written by another pull
 	CodeEngineGone      Code = 426 // the engine that owned the transfer went away
 	CodeBadRequest      Code = 427 // a required field is missing or a value is out of range
+	CodeFenced          Code = 428 // the request moved to another owner (stale epoch); stop acting on it
+	CodeUnknownRequest  Code = 430 // no such in-flight request
+	CodeRequestExists   Code = 431 // a request with that id is already running
 	CodeOverloaded      Code = 429 // too many requests in flight; retry later
 	CodeInternal        Code = 500 // a bug; the log says more
 	CodeRegionIO        Code = 507 // the region file could not be opened or mapped
@@ -43,7 +47,8 @@ var codeNames = map[Code]string{
 	CodeUnknownTransfer: "unknown_transfer", CodeUnknownRegion: "unknown_region", CodeReleased: "released",
 	CodeExpired: "expired", CodeTooLarge: "payload_too_large", CodeBadBlockIDs: "bad_block_ids",
 	CodeBadLayout: "bad_layout", CodeIncompatible: "incompatible", CodeBlocksBusy: "blocks_busy",
-	CodeEngineGone: "engine_gone", CodeBadRequest: "bad_request", CodeOverloaded: "overloaded",
+	CodeEngineGone: "engine_gone", CodeBadRequest: "bad_request", CodeFenced: "fenced",
+	CodeUnknownRequest: "unknown_request", CodeRequestExists: "request_exists", CodeOverloaded: "overloaded",
 	CodeInternal: "internal", CodeRegionIO: "region_io", CodePeerUnavailable: "peer_unavailable",
 	CodeTimeout: "timeout", CodeTransferFailed: "transfer_failed",
 }
@@ -88,6 +93,14 @@ func CodeOf(err error) Code {
 	case errors.Is(err, lease.ErrEngineGone):
 		return CodeEngineGone
 	case errors.Is(err, lease.ErrBadConfig), errors.Is(err, lease.ErrDuplicate), errors.Is(err, lease.ErrUnknownPull):
+		return CodeBadRequest
+	case errors.Is(err, requests.ErrFenced), errors.Is(err, requests.ErrNotOrphan):
+		return CodeFenced
+	case errors.Is(err, requests.ErrNotFound):
+		return CodeUnknownRequest
+	case errors.Is(err, requests.ErrExists):
+		return CodeRequestExists
+	case errors.Is(err, requests.ErrInvalid):
 		return CodeBadRequest
 	case errors.Is(err, kvmem.ErrBadBlockIDs):
 		return CodeBadBlockIDs

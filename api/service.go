@@ -27,6 +27,11 @@ type Handler interface {
 	StartPull(context.Context, *messages.StartPullRequest) (*messages.StartPullReply, error)
 	Descriptors(context.Context, *messages.DescriptorsRequest) (*messages.Descriptors, error)
 	PullEnd(context.Context, *messages.PullEnd) (*messages.HoldStatus, error)
+	StartRequest(context.Context, *messages.StartRequestMsg) (*messages.RequestStatus, error)
+	Progress(context.Context, *messages.RequestProgress) (*messages.RequestStatus, error)
+	FinishRequest(context.Context, *messages.FinishRequestMsg) (*messages.RequestStatus, error)
+	InspectRequest(context.Context, *messages.RequestRef) (*messages.RequestStatus, error)
+	Adopt(context.Context, *messages.AdoptRequestMsg) (*messages.RequestStatus, error)
 }
 
 // ServeOptions tune the service.
@@ -78,6 +83,11 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 		{EpPullStart, endpoint(s, h.StartPull)},
 		{EpPeerDescriptors, endpoint(s, h.Descriptors)},
 		{EpPeerPullEnd, endpoint(s, h.PullEnd)},
+		{EpRequestStart, endpoint(s, h.StartRequest)},
+		{EpRequestProgress, endpoint(s, h.Progress)},
+		{EpRequestFinish, endpoint(s, h.FinishRequest)},
+		{EpRequestInspect, endpoint(s, h.InspectRequest)},
+		{EpPeerAdopt, endpoint(s, h.Adopt)},
 	}
 	for _, ep := range eps {
 		name := strings.ReplaceAll(ep.name, ".", "_")

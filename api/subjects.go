@@ -23,7 +23,18 @@ const (
 	EpPullStart       = "pull.start"       // StartPullRequest -> StartPullReply, then a PullDone notice
 	EpPeerDescriptors = "peer.descriptors" // DescriptorsRequest -> Descriptors (member to member)
 	EpPeerPullEnd     = "peer.pullend"     // PullEnd -> HoldStatus (member to member)
+	EpRequestStart    = "request.start"    // StartRequestMsg -> RequestStatus
+	EpRequestProgress = "request.progress" // RequestProgress -> RequestStatus
+	EpRequestFinish   = "request.finish"   // FinishRequestMsg -> RequestStatus
+	EpRequestInspect  = "request.inspect"  // RequestRef -> RequestStatus
+	EpPeerAdopt       = "peer.adopt"       // AdoptRequestMsg -> RequestStatus (member to member)
 )
+
+// ResumeSubject carries ResumeNotice for an engine.
+func ResumeSubject(engine string) string { return Prefix + ".engine." + engine + ".request.resume" }
+
+// FencedSubject carries FencedNotice for an engine.
+func FencedSubject(engine string) string { return Prefix + ".engine." + engine + ".request.fenced" }
 
 // Subject is the full subject of endpoint ep on member.
 func Subject(member, ep string) string { return Prefix + "." + member + "." + ep }

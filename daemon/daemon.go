@@ -4,6 +4,7 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"github.com/connex/connex/config"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/requests"
 	"github.com/connex/connex/transport"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -39,6 +41,12 @@ type Daemon struct {
 	Metrics *actors.Metrics
 	hdeps   *actors.HoldDeps
 	pdeps   *actors.PullDeps
+	// Request actors (decode side).
+	reqTable *actors.RequestTable
+	reqStore *requests.KVStore
+	reqErr   error // why reqStore is nil
+	rdeps    *actors.RequestDeps
+	members  Members
 	now     func() time.Time
 	stop    chan struct{}
 	wg      sync.WaitGroup
@@ -78,6 +86,18 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	d.pdeps = &actors.PullDeps{
 		Backend: d.Backend, NC: d.Bus.Conn, Now: d.now, Log: log, Metrics: d.Metrics,
 		Notify: func(m *messages.PullDone) { d.publish(api.PullDoneSubject(m.EngineId), m) },
+	}
+	d.reqTable = actors.NewRequestTable()
+	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+	d.reqStore, d.reqErr = requests.OpenKVStore(sctx, d.Bus.Conn, 1)
+	scancel()
+	if d.reqErr != nil {
+		d.reqStore = nil
+		log.Warn("JetStream unavailable: the request API (request.*) is disabled", "err", d.reqErr)
+	}
+	d.rdeps = &actors.RequestDeps{
+		Store: d.reqStore, NC: d.Bus.Conn, Self: cfg.MemberID, Now: d.now, Log: log, Table: d.reqTable,
+		Publish: d.publish, StoreTimeout: 5 * time.Second,
 	}
 	d.holds, err = d.system.Root.SpawnNamed(actors.HoldTableProps(d.hdeps), "holds")
 	if err != nil {

@@ -3,6 +3,7 @@ package kvmem
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 )
 
@@ -125,4 +126,20 @@ func (t *RegionTable) Close() {
 	for e := range engines {
 		t.DropEngine(e)
 	}
+}
+
+// Engines lists the engines with registered regions, sorted.
+func (t *RegionTable) Engines() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	seen := map[string]bool{}
+	var out []string
+	for key := range t.regions {
+		if !seen[key[0]] {
+			seen[key[0]] = true
+			out = append(out, key[0])
+		}
+	}
+	sort.Strings(out)
+	return out
 }

@@ -1,0 +1,288 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/messages"
+	"github.com/connex/connex/requests"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+)
+
+// RequestDeps is what request actors need from their daemon.
+type RequestDeps struct {
+	Store   requests.Store
+	NC      *nats.Conn
+	Self    string // this member's id: the owner written into states
+	Now     func() time.Time
+	Log     *slog.Logger
+	Publish func(subject string, m proto.Message)
+	Table   *RequestTable
+	// StoreTimeout bounds one durable write.
+	StoreTimeout time.Duration
+}
+
+// RequestTable maps request ids to the live request actors of this member.
+type RequestTable struct {
+	mu   sync.RWMutex
+	live map[string]*actor.PID
+}
+
+// NewRequestTable returns an empty table.
+func NewRequestTable() *RequestTable { return &RequestTable{live: map[string]*actor.PID{}} }
+
+// Lookup returns the actor of a request hosted here.
+func (t *RequestTable) Lookup(id string) (*actor.PID, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	p, ok := t.live[id]
+	return p, ok
+}
+
+// Len is the number of requests hosted here (the member's load).
+func (t *RequestTable) Len() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.live)
+}
+
+// claim reserves id for pid; false if another actor has it.
+func (t *RequestTable) claim(id string, pid *actor.PID) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.live[id]; ok {
+		return false
+	}
+	t.live[id] = pid
+	return true
+}
+
+func (t *RequestTable) drop(id string, pid *actor.PID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p, ok := t.live[id]; ok && p.Equal(pid) {
+		delete(t.live, id)
+	}
+}
+
+// StartRequest makes a new request actor create its state. Reply: Status or Err.
+type StartRequest struct{ Msg *messages.StartRequestMsg }
+
+// AdoptRequest makes a new request actor take over an orphan. Reply: Status or Err.
+type AdoptRequest struct {
+	ID        string
+	DeadOwner string
+	Engine    string // local decode engine that will resume it
+}
+
+// RequestProgress appends tokens. Reply: Status or Err.
+type RequestProgress struct {
+	Epoch  uint64
+	Tokens []uint32
+}
+
+// FinishRequest ends the request. Reply: Status or Err.
+type FinishRequest struct{ Epoch uint64 }
+
+// InspectRequest asks for the state. Reply: Status.
+type InspectRequest struct{}
+
+type renewTick struct{}
+
+// RequestReply is a request actor's answer.
+type RequestReply struct {
+	Status *messages.RequestStatus
+	Err    error
+}
+
+type requestActor struct {
+	deps   *RequestDeps
+	st     *messages.RequestState
+	rev    uint64
+	timer  *time.Timer
+	self   *actor.PID
+	system *actor.ActorSystem
+}
+
+// RequestProps returns props for one request actor.
+func RequestProps(deps *RequestDeps) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor { return &requestActor{deps: deps} })
+}
+
+func (a *requestActor) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), a.deps.StoreTimeout)
+}
+
+func (a *requestActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *StartRequest:
+		a.start(ctx, m)
+	case *AdoptRequest:
+		a.adopt(ctx, m)
+	case *RequestProgress:
+		next, err := requests.Append(a.st, m.Epoch, m.Tokens, a.deps.Now())
+		if err != nil {
+			ctx.Respond(RequestReply{Err: err})
+			return
+		}
+		a.write(ctx, next)
+	case *FinishRequest:
+		a.finish(ctx, m)
+	case *InspectRequest:
+		ctx.Respond(RequestReply{Status: a.status("running")})
+	case renewTick:
+		a.renewHold()
+		a.arm()
+	case *actor.Stopping:
+		if a.timer != nil {
+			a.timer.Stop()
+		}
+		if a.st != nil {
+			a.deps.Table.drop(a.st.RequestId, ctx.Self())
+		}
+	}
+}
+
+func (a *requestActor) status(s string) *messages.RequestStatus {
+	return &messages.RequestStatus{State: a.st, Status: s}
+}
+
+func (a *requestActor) fail(ctx actor.Context, err error) {
+	ctx.Respond(RequestReply{Err: err})
+	ctx.Stop(ctx.Self())
+}
+
+func (a *requestActor) start(ctx actor.Context, m *StartRequest) {
+	st, err := requests.New(m.Msg, a.deps.Self, a.deps.Now())
+	if err != nil {
+		a.fail(ctx, err)
+		return
+	}
+	if !a.deps.Table.claim(st.RequestId, ctx.Self()) {
+		a.fail(ctx, fmt.Errorf("%w: %s runs here", requests.ErrExists, st.RequestId))
+		return
+	}
+	a.st = st
+	c, cancel := a.ctx()
+	defer cancel()
+	if a.rev, err = a.deps.Store.Create(c, st); err != nil {
+		a.fail(ctx, err)
+		return
+	}
+	a.self, a.system = ctx.Self(), ctx.ActorSystem()
+	a.arm()
+	ctx.Respond(RequestReply{Status: a.status("running")})
+}
+
+func (a *requestActor) adopt(ctx actor.Context, m *AdoptRequest) {
+	if !a.deps.Table.claim(m.ID, ctx.Self()) {
+		a.fail(ctx, fmt.Errorf("%w: %s already runs here", requests.ErrExists, m.ID))
+		return
+	}
+	a.st = &messages.RequestState{RequestId: m.ID}
+	c, cancel := a.ctx()
+	defer cancel()
+	st, rev, err := a.deps.Store.Get(c, m.ID)
+	if err != nil {
+		a.fail(ctx, err)
+		return
+	}
+	next, err := requests.Adopt(st, m.DeadOwner, a.deps.Self, m.Engine, a.deps.Now())
+	if err != nil {
+		a.fail(ctx, err)
+		return
+	}
+	if a.rev, err = a.deps.Store.Update(c, next, rev); err != nil {
+		a.fail(ctx, err)
+		return
+	}
+	a.st = next
+	a.self, a.system = ctx.Self(), ctx.ActorSystem()
+	a.renewHold()
+	a.arm()
+	a.deps.Publish(api.ResumeSubject(next.EngineId), &messages.ResumeNotice{State: next})
+	a.deps.Log.Info("request adopted", "request", m.ID, "from", m.DeadOwner, "epoch", next.Epoch, "engine", next.EngineId)
+	ctx.Respond(RequestReply{Status: a.status("running")})
+}
+
+// write checkpoints next with compare-and-set. A conflict means another
+// member adopted the request while we were unreachable: we are a zombie,
+// fenced, and stop.
+func (a *requestActor) write(ctx actor.Context, next *messages.RequestState) {
+	c, cancel := a.ctx()
+	defer cancel()
+	rev, err := a.deps.Store.Update(c, next, a.rev)
+	if errors.Is(err, requests.ErrFenced) {
+		newOwner := ""
+		if cur, _, gerr := a.deps.Store.Get(c, a.st.RequestId); gerr == nil {
+			newOwner = cur.Owner
+		}
+		a.deps.Log.Warn("request fenced: it moved to another member", "request", a.st.RequestId, "epoch", a.st.Epoch, "new_owner", newOwner)
+		a.deps.Publish(api.FencedSubject(a.st.EngineId), &messages.FencedNotice{RequestId: a.st.RequestId, StaleEpoch: a.st.Epoch, NewOwner: newOwner})
+		a.fail(ctx, fmt.Errorf("request %s: %w (now on %s)", a.st.RequestId, err, newOwner))
+		return
+	}
+	if err != nil {
+		ctx.Respond(RequestReply{Err: err})
+		return
+	}
+	a.st, a.rev = next, rev
+	ctx.Respond(RequestReply{Status: a.status("running")})
+}
+
+func (a *requestActor) finish(ctx actor.Context, m *FinishRequest) {
+	if m.Epoch != a.st.Epoch {
+		ctx.Respond(RequestReply{Err: fmt.Errorf("%w: epoch %d, current %d", requests.ErrFenced, m.Epoch, a.st.Epoch)})
+		return
+	}
+	c, cancel := a.ctx()
+	defer cancel()
+	if err := a.deps.Store.Delete(c, a.st.RequestId, a.rev); err != nil {
+		// A conflict here is a fence too; don't release someone else's hold.
+		a.fail(ctx, fmt.Errorf("%w: %v", requests.ErrFenced, err))
+		return
+	}
+	a.releaseHold()
+	ctx.Respond(RequestReply{Status: a.status("finished")})
+	ctx.Stop(ctx.Self())
+}
+
+func (a *requestActor) holder() *api.Client {
+	return &api.Client{NC: a.deps.NC, Member: a.st.Params.GetRemoteCtrl().GetMember()}
+}
+
+func (a *requestActor) renewHold() {
+	c, cancel := a.ctx()
+	defer cancel()
+	if _, err := a.holder().Renew(c, &messages.HoldRef{TransferId: a.st.Params.GetTransferId(), Requester: a.st.EngineId}); err != nil {
+		a.deps.Log.Warn("keep-alive of the request's hold failed", "request", a.st.RequestId, "transfer", a.st.Params.GetTransferId(), "err", err)
+	}
+}
+
+func (a *requestActor) releaseHold() {
+	c, cancel := a.ctx()
+	defer cancel()
+	if _, err := a.holder().Release(c, &messages.HoldRef{TransferId: a.st.Params.GetTransferId(), Requester: a.st.EngineId}); err != nil {
+		a.deps.Log.Warn("release of the request's hold failed; it will expire", "request", a.st.RequestId, "err", err)
+	}
+}
+
+// arm schedules the next keep-alive at a third of the hold's lease.
+func (a *requestActor) arm() {
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	every := time.Duration(a.st.Params.GetRetainS()) * time.Second / 3
+	if every <= 0 {
+		every = 20 * time.Second
+	}
+	self, sys := a.self, a.system
+	a.timer = time.AfterFunc(every, func() { sys.Root.Send(self, renewTick{}) })
+}

@@ -1,0 +1,193 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/connex/connex/actors"
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/messages"
+	"github.com/connex/connex/requests"
+)
+
+// Members is what the request layer needs from cluster membership: the
+// live decode members (by API member id, suspects excluded) with their
+// load, change notifications, and this member's advertised load.
+type Members interface {
+	LiveDecode() []requests.Candidate
+	OnChange(fn func()) (cancel func())
+	SetLoad(load int64)
+}
+
+func (d *Daemon) askRequest(id string, msg any) (*messages.RequestStatus, error) {
+	if id == "" {
+		return nil, api.Errorf(api.CodeBadRequest, "request_id is empty")
+	}
+	pid, ok := d.reqTable.Lookup(id)
+	if !ok {
+		return nil, api.Errorf(api.CodeUnknownRequest, "request %s does not run on member %s", id, d.cfg.MemberID)
+	}
+	res, err := d.system.Root.RequestFuture(pid, msg, askTimeout).Result()
+	if err != nil {
+		return nil, api.Errorf(api.CodeUnknownRequest, "request %s: %v", id, err)
+	}
+	rep := res.(actors.RequestReply)
+	return rep.Status, rep.Err
+}
+
+func (d *Daemon) requestsReady() error {
+	if d.reqStore == nil {
+		return api.Errorf(api.CodePeerUnavailable, "request actors need JetStream; it is not available: %v", d.reqErr)
+	}
+	return nil
+}
+
+// StartRequest starts a decode request on this member.
+func (d *Daemon) StartRequest(_ context.Context, r *messages.StartRequestMsg) (*messages.RequestStatus, error) {
+	if err := d.requestsReady(); err != nil {
+		return nil, err
+	}
+	if err := requireToken("request_id", r.RequestId); err != nil {
+		return nil, err
+	}
+	if err := requireToken("engine_id", r.EngineId); err != nil {
+		return nil, err
+	}
+	pid := d.system.Root.Spawn(actors.RequestProps(d.rdeps))
+	res, err := d.system.Root.RequestFuture(pid, &actors.StartRequest{Msg: r}, askTimeout).Result()
+	if err != nil {
+		return nil, err
+	}
+	rep := res.(actors.RequestReply)
+	d.updateLoad()
+	return rep.Status, rep.Err
+}
+
+// Progress appends generated tokens.
+func (d *Daemon) Progress(_ context.Context, r *messages.RequestProgress) (*messages.RequestStatus, error) {
+	st, err := d.askRequest(r.RequestId, &actors.RequestProgress{Epoch: r.Epoch, Tokens: r.TokenIds})
+	d.updateLoad()
+	return st, err
+}
+
+// FinishRequest ends a request and releases its hold.
+func (d *Daemon) FinishRequest(_ context.Context, r *messages.FinishRequestMsg) (*messages.RequestStatus, error) {
+	st, err := d.askRequest(r.RequestId, &actors.FinishRequest{Epoch: r.Epoch})
+	d.updateLoad()
+	return st, err
+}
+
+// InspectRequest returns a request's state: from its actor if it runs
+// here, else from the durable store.
+func (d *Daemon) InspectRequest(ctx context.Context, r *messages.RequestRef) (*messages.RequestStatus, error) {
+	if _, ok := d.reqTable.Lookup(r.RequestId); ok {
+		return d.askRequest(r.RequestId, &actors.InspectRequest{})
+	}
+	if err := d.requestsReady(); err != nil {
+		return nil, err
+	}
+	st, _, err := d.reqStore.Get(ctx, r.RequestId)
+	if err != nil {
+		return nil, err
+	}
+	return &messages.RequestStatus{State: st, Status: "stored"}, nil
+}
+
+// Adopt takes over an orphaned request on this member.
+func (d *Daemon) Adopt(_ context.Context, r *messages.AdoptRequestMsg) (*messages.RequestStatus, error) {
+	if err := d.requestsReady(); err != nil {
+		return nil, err
+	}
+	if err := requireToken("request_id", r.RequestId); err != nil {
+		return nil, err
+	}
+	engine := d.decodeEngine()
+	if engine == "" {
+		return nil, api.Errorf(api.CodeUnknownRegion, "member %s has no registered decode engine to resume request %s on", d.cfg.MemberID, r.RequestId)
+	}
+	pid := d.system.Root.Spawn(actors.RequestProps(d.rdeps))
+	res, err := d.system.Root.RequestFuture(pid, &actors.AdoptRequest{ID: r.RequestId, DeadOwner: r.DeadOwner, Engine: engine}, askTimeout).Result()
+	if err != nil {
+		return nil, err
+	}
+	rep := res.(actors.RequestReply)
+	d.updateLoad()
+	return rep.Status, rep.Err
+}
+
+// decodeEngine picks the local engine that resumes adopted requests: the
+// smallest engine id with a registered region.
+func (d *Daemon) decodeEngine() string {
+	engines := d.regions.Engines()
+	if len(engines) == 0 {
+		return ""
+	}
+	return engines[0]
+}
+
+func (d *Daemon) updateLoad() {
+	if d.members != nil {
+		d.members.SetLoad(int64(d.reqTable.Len()))
+	}
+}
+
+// coordinate places orphaned requests whenever membership changes, and
+// rescans every interval in case a coordinator died mid-way.
+func (d *Daemon) coordinate(interval time.Duration) {
+	defer d.wg.Done()
+	kick := make(chan struct{}, 1)
+	cancel := d.members.OnChange(func() {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	})
+	defer cancel()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-kick:
+		case <-t.C:
+		}
+		if err := d.placeOrphans(); err != nil {
+			d.log.Warn("placing orphaned requests failed; will retry", "err", err)
+		}
+	}
+}
+
+func (d *Daemon) placeOrphans() error {
+	live := d.members.LiveDecode()
+	ids := make([]string, len(live))
+	for i, c := range live {
+		ids[i] = c.ID
+	}
+	if requests.Coordinator(ids) != d.cfg.MemberID {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	owners, err := d.reqStore.Owners(ctx)
+	if err != nil {
+		return err
+	}
+	orphans := requests.Orphans(owners, ids)
+	if len(orphans) == 0 {
+		return nil
+	}
+	var errs []error
+	for req, target := range requests.Place(orphans, live) {
+		cli := &api.Client{NC: d.Bus.Conn, Member: target}
+		if _, err := cli.Adopt(ctx, &messages.AdoptRequestMsg{RequestId: req, DeadOwner: owners[req]}); err != nil {
+			if api.CodeOf(err) == api.CodeFenced {
+				continue // someone adopted it already
+			}
+			errs = append(errs, fmt.Errorf("adopt %s on %s: %w", req, target, err))
+		}
+	}
+	return errors.Join(errs...)
+}
