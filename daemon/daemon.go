@@ -47,10 +47,10 @@ type Daemon struct {
 	reqErr   error // why reqStore is nil
 	rdeps    *actors.RequestDeps
 	members  Members
-	now     func() time.Time
-	stop    chan struct{}
-	wg      sync.WaitGroup
-	closed  sync.Once
+	now      func() time.Time
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	closed   sync.Once
 }
 
 // New starts a daemon. On error everything started so far is stopped.
