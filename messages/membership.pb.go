@@ -1,3 +1,6 @@
+// Named membership.proto, not cluster.proto: protoactor-go registers a file
+// "cluster.proto" in the global protobuf registry and a second one panics at init.
+//
 // Connex cluster membership wire, version 1.
 //
 // connexd members announce themselves on NATS subjects under a configurable
@@ -8,7 +11,7 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: cluster.proto
+// source: membership.proto
 
 package messages
 
@@ -57,7 +60,7 @@ type MemberAnnounce struct {
 
 func (x *MemberAnnounce) Reset() {
 	*x = MemberAnnounce{}
-	mi := &file_cluster_proto_msgTypes[0]
+	mi := &file_membership_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -69,7 +72,7 @@ func (x *MemberAnnounce) String() string {
 func (*MemberAnnounce) ProtoMessage() {}
 
 func (x *MemberAnnounce) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[0]
+	mi := &file_membership_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -82,7 +85,7 @@ func (x *MemberAnnounce) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberAnnounce.ProtoReflect.Descriptor instead.
 func (*MemberAnnounce) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{0}
+	return file_membership_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *MemberAnnounce) GetVersion() uint32 {
@@ -170,7 +173,7 @@ type MemberGone struct {
 
 func (x *MemberGone) Reset() {
 	*x = MemberGone{}
-	mi := &file_cluster_proto_msgTypes[1]
+	mi := &file_membership_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -182,7 +185,7 @@ func (x *MemberGone) String() string {
 func (*MemberGone) ProtoMessage() {}
 
 func (x *MemberGone) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[1]
+	mi := &file_membership_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -195,7 +198,7 @@ func (x *MemberGone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberGone.ProtoReflect.Descriptor instead.
 func (*MemberGone) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{1}
+	return file_membership_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *MemberGone) GetVersion() uint32 {
@@ -226,11 +229,11 @@ func (x *MemberGone) GetReason() string {
 	return ""
 }
 
-var File_cluster_proto protoreflect.FileDescriptor
+var File_membership_proto protoreflect.FileDescriptor
 
-const file_cluster_proto_rawDesc = "" +
+const file_membership_proto_rawDesc = "" +
 	"\n" +
-	"\rcluster.proto\x12\tconnex.v1\"\xe1\x01\n" +
+	"\x10membership.proto\x12\tconnex.v1\"\xe1\x01\n" +
 	"\x0eMemberAnnounce\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x12\n" +
@@ -251,23 +254,23 @@ const file_cluster_proto_rawDesc = "" +
 	"\x06reason\x18\x04 \x01(\tR\x06reasonB,Z*github.com/connex/connex/messages;messagesb\x06proto3"
 
 var (
-	file_cluster_proto_rawDescOnce sync.Once
-	file_cluster_proto_rawDescData []byte
+	file_membership_proto_rawDescOnce sync.Once
+	file_membership_proto_rawDescData []byte
 )
 
-func file_cluster_proto_rawDescGZIP() []byte {
-	file_cluster_proto_rawDescOnce.Do(func() {
-		file_cluster_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_cluster_proto_rawDesc), len(file_cluster_proto_rawDesc)))
+func file_membership_proto_rawDescGZIP() []byte {
+	file_membership_proto_rawDescOnce.Do(func() {
+		file_membership_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_membership_proto_rawDesc), len(file_membership_proto_rawDesc)))
 	})
-	return file_cluster_proto_rawDescData
+	return file_membership_proto_rawDescData
 }
 
-var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
-var file_cluster_proto_goTypes = []any{
+var file_membership_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_membership_proto_goTypes = []any{
 	(*MemberAnnounce)(nil), // 0: connex.v1.MemberAnnounce
 	(*MemberGone)(nil),     // 1: connex.v1.MemberGone
 }
-var file_cluster_proto_depIdxs = []int32{
+var file_membership_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for method output_type
 	0, // [0:0] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
@@ -275,26 +278,26 @@ var file_cluster_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for field type_name
 }
 
-func init() { file_cluster_proto_init() }
-func file_cluster_proto_init() {
-	if File_cluster_proto != nil {
+func init() { file_membership_proto_init() }
+func file_membership_proto_init() {
+	if File_membership_proto != nil {
 		return
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_proto_rawDesc), len(file_cluster_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_membership_proto_rawDesc), len(file_membership_proto_rawDesc)),
 			NumEnums:      0,
 			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
-		GoTypes:           file_cluster_proto_goTypes,
-		DependencyIndexes: file_cluster_proto_depIdxs,
-		MessageInfos:      file_cluster_proto_msgTypes,
+		GoTypes:           file_membership_proto_goTypes,
+		DependencyIndexes: file_membership_proto_depIdxs,
+		MessageInfos:      file_membership_proto_msgTypes,
 	}.Build()
-	File_cluster_proto = out.File
-	file_cluster_proto_goTypes = nil
-	file_cluster_proto_depIdxs = nil
+	File_membership_proto = out.File
+	file_membership_proto_goTypes = nil
+	file_membership_proto_depIdxs = nil
 }

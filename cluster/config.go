@@ -1,0 +1,148 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// DefaultSubjectPrefix is the NATS subject prefix membership traffic uses
+// unless Config.SubjectPrefix says otherwise.
+const DefaultSubjectPrefix = "connex.cluster"
+
+// Config is the membership and failure-detection configuration of a
+// Provider. Start from DefaultLocalConfig, DefaultLANConfig or
+// DefaultWANConfig, set Role, and change only what you must.
+//
+// A member that stops heartbeating is suspected after SuspectAfter() and
+// probed; a probe that finds its NATS connection gone removes it at once
+// (a crashed process), a probe that times out leaves it suspected until it
+// has been silent for TTL() (a hung process), and then it is removed.
+type Config struct {
+	// SubjectPrefix is the first tokens of every membership subject.
+	SubjectPrefix string
+	// Role is what this member does: RolePrefill, RoleDecode or RoleRouter.
+	Role Role
+	// HeartbeatInterval is how often a member announces itself.
+	HeartbeatInterval time.Duration
+	// HeartbeatJitter randomises each interval by ± this fraction so that
+	// members do not beat in lockstep. 0 ≤ HeartbeatJitter < 0.5.
+	HeartbeatJitter float64
+	// SuspectMult: a member silent for SuspectMult × HeartbeatInterval is
+	// suspected and probed. Must leave room for one jittered interval.
+	SuspectMult int
+	// ProbeTimeout is how long a liveness probe waits for the answer. A
+	// suspected member is probed again at most once per HeartbeatInterval
+	// after the previous probe ended.
+	ProbeTimeout time.Duration
+	// DeadMult: a member silent for DeadMult × HeartbeatInterval (the TTL)
+	// is removed even though no probe proved it gone.
+	DeadMult int
+	// Logger receives membership changes at Info and protocol noise at
+	// Debug. Nil discards everything.
+	Logger *slog.Logger
+}
+
+// DefaultLocalConfig is for members on one machine (tests, the chaos
+// harness, a single box): a SIGKILLed member is removed within about
+// 100 ms, a hung one after its 1 s TTL.
+func DefaultLocalConfig() Config {
+	return Config{
+		SubjectPrefix:     DefaultSubjectPrefix,
+		HeartbeatInterval: 50 * time.Millisecond, // announce 20 times a second
+		HeartbeatJitter:   0.1,                   // each interval is 45–55 ms
+		SuspectMult:       2,                     // probe after 100 ms of silence
+		ProbeTimeout:      50 * time.Millisecond, // a live local member answers in well under 1 ms
+		DeadMult:          20,                    // TTL: remove after 1 s of silence
+	}
+}
+
+// DefaultLANConfig is for members in one data centre: a crashed member is
+// removed within about 600 ms, a hung one after its 5 s TTL, and a
+// stop-the-world pause of a few seconds is survived.
+func DefaultLANConfig() Config {
+	return Config{
+		SubjectPrefix:     DefaultSubjectPrefix,
+		HeartbeatInterval: 200 * time.Millisecond, // announce 5 times a second
+		HeartbeatJitter:   0.1,                    // each interval is 180–220 ms
+		SuspectMult:       3,                      // probe after 600 ms of silence
+		ProbeTimeout:      200 * time.Millisecond, // generous for a LAN round trip through NATS
+		DeadMult:          25,                     // TTL: remove after 5 s of silence
+	}
+}
+
+// DefaultWANConfig is for members spread across regions that share one
+// NATS super-cluster: slow, tolerant of lossy links and long pauses.
+func DefaultWANConfig() Config {
+	return Config{
+		SubjectPrefix:     DefaultSubjectPrefix,
+		HeartbeatInterval: time.Second, // announce once a second
+		HeartbeatJitter:   0.2,         // each interval is 0.8–1.2 s
+		SuspectMult:       3,           // probe after 3 s of silence
+		ProbeTimeout:      time.Second, // cross-region round trip plus queuing
+		DeadMult:          15,          // TTL: remove after 15 s of silence
+	}
+}
+
+// SuspectAfter is the silence after which a member is suspected and probed.
+func (c Config) SuspectAfter() time.Duration {
+	return suspectAfter(c.HeartbeatInterval, c.SuspectMult)
+}
+
+// TTL is the silence after which a member is removed although no probe
+// proved it gone: the hang-detection time.
+func (c Config) TTL() time.Duration {
+	return deadAfter(c.HeartbeatInterval, c.DeadMult)
+}
+
+// Validate reports the first setting that would make failure detection
+// wrong: a member suspected between two of its own heartbeats, or removed
+// before it could be probed.
+func (c Config) Validate() error {
+	switch {
+	case !validSubjectPrefix(c.SubjectPrefix):
+		return fmt.Errorf("cluster config: subject prefix %q is not a NATS subject", c.SubjectPrefix)
+	case c.HeartbeatInterval <= 0:
+		return errors.New("cluster config: heartbeat interval must be positive")
+	case c.HeartbeatJitter < 0 || c.HeartbeatJitter >= 0.5:
+		return fmt.Errorf("cluster config: heartbeat jitter %v outside [0, 0.5)", c.HeartbeatJitter)
+	case c.SuspectAfter() <= maxHeartbeatGap(c.HeartbeatInterval, c.HeartbeatJitter):
+		return fmt.Errorf("cluster config: suspect after %v is not longer than the longest heartbeat gap %v",
+			c.SuspectAfter(), maxHeartbeatGap(c.HeartbeatInterval, c.HeartbeatJitter))
+	case c.ProbeTimeout <= 0:
+		return errors.New("cluster config: probe timeout must be positive")
+	case c.TTL() < c.SuspectAfter()+c.ProbeTimeout:
+		return fmt.Errorf("cluster config: TTL %v leaves no time to probe (suspect after %v + probe timeout %v)",
+			c.TTL(), c.SuspectAfter(), c.ProbeTimeout)
+	}
+	return nil
+}
+
+func (c Config) logger() *slog.Logger {
+	if c.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return c.Logger
+}
+
+// validSubjectPrefix accepts dot-separated tokens without wildcards or
+// spaces, so that the prefix cannot widen a subscription.
+func validSubjectPrefix(p string) bool {
+	if p == "" {
+		return false
+	}
+	for _, tok := range strings.Split(p, ".") {
+		if !validToken(tok) {
+			return false
+		}
+	}
+	return true
+}
+
+// validToken is true for one non-empty NATS subject token without
+// wildcards or whitespace.
+func validToken(t string) bool {
+	return t != "" && !strings.ContainsAny(t, ".*> \t\r\n")
+}

@@ -1,0 +1,49 @@
+package cluster
+
+import "strconv"
+
+// Role is what a member does in P/D serving. It travels as a string so that
+// members of a newer version may add roles.
+type Role string
+
+// The roles a connexd member can advertise.
+const (
+	// RolePrefill members run prompts and keep the KV holds.
+	RolePrefill Role = "prefill"
+	// RoleDecode members pull KV and host the request actors.
+	RoleDecode Role = "decode"
+	// RoleRouter members are front doors that host no request state.
+	RoleRouter Role = "router"
+)
+
+// Member is one live member as this process sees it.
+type Member struct {
+	// ID is the member's protoactor ActorSystem id, fresh for every
+	// process start.
+	ID string
+	// Host and Port are where its protoactor remote listens.
+	Host string
+	Port int
+	// Role is what it advertised.
+	Role Role
+	// Kinds are the cluster kinds it can host.
+	Kinds []string
+	// Load is the figure it last advertised (e.g. in-flight requests).
+	Load int64
+	// Suspect is true while it is silent and being probed; placement
+	// should avoid a suspect member.
+	Suspect bool
+}
+
+// Address is the member's protoactor remote address, host:port, spelled
+// the way protoactor spells it (PIDs and EndpointTerminatedEvent carry it).
+func (m Member) Address() string {
+	return m.Host + ":" + strconv.Itoa(m.Port)
+}
+
+// clone returns m with its own Kinds slice, so that callers cannot alias
+// the view's state.
+func (m Member) clone() Member {
+	m.Kinds = append([]string(nil), m.Kinds...)
+	return m
+}

@@ -1,0 +1,138 @@
+package cluster
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Membership is what the daemon needs to know about the cluster without
+// reaching into protoactor: who is live, in which role, how loaded, and
+// when that changes. *Provider implements it.
+type Membership interface {
+	// Self is this member as it advertises itself (zero on a client).
+	Self() Member
+	// Members is every live member, this one included, suspects marked.
+	Members() []Member
+	// MembersByRole is the live members that advertise role.
+	MembersByRole(role Role) []Member
+	// Member looks up one live member by id.
+	Member(id string) (Member, bool)
+	// SetLoad sets the load figure the next heartbeat advertises.
+	SetLoad(load int64)
+	// Subscribe calls fn for every membership event, starting with one
+	// EventJoined per member already live, and returns a function that
+	// stops the calls. fn runs on the membership goroutine, one event at a
+	// time and in order: it must return quickly (send to an actor or a
+	// buffered channel) and must not call Subscribe; it may call the other
+	// methods and the returned cancel.
+	Subscribe(fn func(Event)) (cancel func())
+}
+
+var _ Membership = (*Provider)(nil)
+
+// watchers fans events out to subscribers. fire serialises delivery and
+// replays, so that a new subscriber sees each member joined exactly once.
+type watchers struct {
+	fire sync.Mutex // held while delivering events or replaying
+
+	mu       sync.RWMutex // guards the fields below
+	snapshot []Member
+	subs     map[int]*watcher
+	next     int
+}
+
+type watcher struct {
+	fn        func(Event)
+	cancelled atomic.Bool
+}
+
+// publishSnapshot records the view's live set and delivers fx's events.
+func (p *Provider) publishSnapshot(v *view, fx effects) {
+	p.watch.fire.Lock()
+	defer p.watch.fire.Unlock()
+	p.watch.mu.Lock()
+	p.watch.snapshot = v.liveMembers()
+	subs := make([]*watcher, 0, len(p.watch.subs))
+	for _, w := range p.watch.subs {
+		subs = append(subs, w)
+	}
+	p.watch.mu.Unlock()
+	for _, e := range fx.events {
+		for _, w := range subs {
+			if !w.cancelled.Load() {
+				w.fn(e)
+			}
+		}
+	}
+}
+
+// Self implements Membership.
+func (p *Provider) Self() Member {
+	if p.self == nil {
+		return Member{}
+	}
+	m := p.self.clone()
+	m.Load = p.load.Load()
+	return m
+}
+
+// Members implements Membership.
+func (p *Provider) Members() []Member {
+	return p.membersWhere(func(Member) bool { return true })
+}
+
+// MembersByRole implements Membership.
+func (p *Provider) MembersByRole(role Role) []Member {
+	return p.membersWhere(func(m Member) bool { return m.Role == role })
+}
+
+// Member implements Membership.
+func (p *Provider) Member(id string) (Member, bool) {
+	ms := p.membersWhere(func(m Member) bool { return m.ID == id })
+	if len(ms) == 0 {
+		return Member{}, false
+	}
+	return ms[0], true
+}
+
+// SetLoad implements Membership.
+func (p *Provider) SetLoad(load int64) { p.load.Store(load) }
+
+// Subscribe implements Membership.
+func (p *Provider) Subscribe(fn func(Event)) (cancel func()) {
+	w := &watcher{fn: fn}
+	p.watch.fire.Lock()
+	for _, m := range p.Members() {
+		fn(Event{Type: EventJoined, Member: m})
+	}
+	p.watch.mu.Lock()
+	if p.watch.subs == nil {
+		p.watch.subs = map[int]*watcher{}
+	}
+	id := p.watch.next
+	p.watch.next++
+	p.watch.subs[id] = w
+	p.watch.mu.Unlock()
+	p.watch.fire.Unlock()
+	return func() {
+		w.cancelled.Store(true)
+		p.watch.mu.Lock()
+		delete(p.watch.subs, id)
+		p.watch.mu.Unlock()
+	}
+}
+
+func (p *Provider) membersWhere(keep func(Member) bool) []Member {
+	p.watch.mu.RLock()
+	defer p.watch.mu.RUnlock()
+	var out []Member
+	for _, m := range p.watch.snapshot {
+		if p.self != nil && m.ID == p.self.ID {
+			m.Load = p.load.Load() // ours is fresher than the view's copy
+		}
+		if keep(m) {
+			out = append(out, m.clone())
+		}
+	}
+	return out
+}

@@ -1,0 +1,270 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	actorcluster "github.com/asynkron/protoactor-go/cluster"
+	"github.com/asynkron/protoactor-go/eventstream"
+	"github.com/asynkron/protoactor-go/remote"
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+)
+
+// ErrStarted is returned when a Provider is started a second time; a
+// Provider serves one ActorSystem once.
+var ErrStarted = errors.New("cluster: provider already started")
+
+// Provider is a protoactor ClusterProvider backed by NATS: it announces
+// this member, watches the others' heartbeats, probes the silent, and keeps
+// protoactor's MemberList equal to the live set. It also implements
+// Membership for the daemon.
+//
+// One Provider serves one ActorSystem, once. A member that is restarted, or
+// that receives EventSelfEvicted, needs a new ActorSystem (whose id is
+// fresh) and a new Provider: protoactor never readmits a removed id.
+type Provider struct {
+	cfg Config
+	nc  *nats.Conn
+	log *slog.Logger
+
+	started atomic.Bool
+	load    atomic.Int64
+	evicted atomic.Bool // the others removed us: stay silent
+	frozen  atomic.Bool // test hook: behave like a hung (SIGSTOPped) process
+
+	// Set once by start, read-only afterwards.
+	cl       *actorcluster.Cluster
+	subj     subjects
+	self     *Member // nil on a client
+	inbox    chan any
+	done     chan struct{}
+	loopDone chan struct{}
+	pingSub  *nats.Subscription
+	eventSub *nats.Subscription
+	esSub    *eventstream.Subscription
+	stopOnce sync.Once
+
+	watch watchers
+}
+
+var _ actorcluster.ClusterProvider = (*Provider)(nil)
+
+// NewProvider returns a provider that talks over nc, which the caller owns
+// and must keep open until Shutdown returns. The connection must not set
+// nats.NoEcho (probes of self are never sent, but heartbeats are filtered
+// by id, not by echo).
+func NewProvider(nc *nats.Conn, cfg Config) (*Provider, error) {
+	if nc == nil {
+		return nil, errors.New("cluster: nil NATS connection")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Provider{cfg: cfg, nc: nc, log: cfg.logger()}, nil
+}
+
+// StartMember joins c as a member: it subscribes to the membership
+// subjects, answers probes, heartbeats, and updates c.MemberList on every
+// join and leave. protoactor calls it from Cluster.StartMember.
+func (p *Provider) StartMember(c *actorcluster.Cluster) error {
+	host, port, err := c.ActorSystem.GetHostPort()
+	if err != nil {
+		return fmt.Errorf("cluster: member address: %w", err)
+	}
+	kinds := c.GetClusterKinds()
+	slices.Sort(kinds)
+	self := &Member{ID: c.ActorSystem.ID, Host: host, Port: port, Role: p.cfg.Role, Kinds: kinds}
+	return p.start(c, self)
+}
+
+// StartClient follows c's membership without joining it: a client neither
+// heartbeats nor answers probes, and learns the members within one
+// heartbeat interval. protoactor calls it from Cluster.StartClient.
+func (p *Provider) StartClient(c *actorcluster.Cluster) error {
+	return p.start(c, nil)
+}
+
+func (p *Provider) start(c *actorcluster.Cluster, self *Member) error {
+	if !validToken(c.Config.Name) {
+		return fmt.Errorf("cluster: cluster name %q is not a NATS subject token", c.Config.Name)
+	}
+	if !p.started.CompareAndSwap(false, true) {
+		return ErrStarted
+	}
+	if exp := c.Config.HeartbeatExpiration; exp > 0 && exp <= p.cfg.TTL() {
+		p.log.Warn("protoactor gossip heartbeat expiration is not longer than the membership TTL; gossip will block members first",
+			slog.Duration("gossip", exp), slog.Duration("ttl", p.cfg.TTL()))
+	}
+	p.cl, p.self = c, self
+	p.subj = newSubjects(p.cfg.SubjectPrefix, c.Config.Name)
+	p.inbox = make(chan any, 256)
+	p.done = make(chan struct{})
+	p.loopDone = make(chan struct{})
+
+	v := newView(p.cfg, self)
+	var err error
+	if self != nil {
+		// Subscribe to our ping subject before anyone can learn our id, so
+		// that "no responders" always means our connection is gone.
+		if p.pingSub, err = p.nc.Subscribe(p.subj.ping(self.ID), p.answerPing); err != nil {
+			return fmt.Errorf("cluster: subscribe ping: %w", err)
+		}
+	}
+	if p.eventSub, err = p.nc.Subscribe(p.subj.events(), p.onEvent); err != nil {
+		p.unsubscribe()
+		return fmt.Errorf("cluster: subscribe events: %w", err)
+	}
+	if err := p.nc.FlushTimeout(5 * time.Second); err != nil {
+		p.unsubscribe()
+		return fmt.Errorf("cluster: flush subscriptions: %w", err)
+	}
+	p.esSub = c.ActorSystem.EventStream.Subscribe(p.onActorEvent)
+	p.publishSnapshot(v, effects{changed: true})
+	c.MemberList.UpdateClusterTopology(toActorMembers(v.liveMembers()))
+	go p.run(v)
+	p.log.Info("cluster membership started", slog.String("cluster", c.Config.Name),
+		slog.String("member", p.selfID()), slog.String("role", string(p.cfg.Role)))
+	return nil
+}
+
+// Shutdown stops heartbeating and answering probes. With graceful set, a
+// member first announces its leave so that the others remove it at once;
+// without, they find it gone by probe or TTL. Shutdown is idempotent.
+//
+// protoactor's Cluster.Shutdown calls it only when graceful (and after it
+// has stopped the ActorSystem), and panics on a client: the daemon should
+// call Shutdown itself first — see doc.go.
+func (p *Provider) Shutdown(graceful bool) error {
+	if !p.started.Load() {
+		return nil
+	}
+	var err error
+	p.stopOnce.Do(func() {
+		close(p.done)
+		select {
+		case <-p.loopDone:
+		case <-time.After(5 * time.Second):
+			p.log.Warn("cluster membership loop did not stop within 5s")
+		}
+		p.cl.ActorSystem.EventStream.Unsubscribe(p.esSub)
+		if p.pingSub != nil {
+			_ = p.pingSub.Unsubscribe()
+		}
+		if graceful && p.self != nil && !p.evicted.Load() {
+			err = p.publish(p.subj.leave(p.self.ID), goneOf(p.self.ID, p.self.ID, ReasonLeave))
+			if ferr := p.nc.FlushTimeout(time.Second); err == nil && ferr != nil {
+				err = fmt.Errorf("cluster: flush leave: %w", ferr)
+			}
+		}
+		p.unsubscribe()
+		p.log.Info("cluster membership stopped", slog.String("member", p.selfID()), slog.Bool("graceful", graceful))
+	})
+	return err
+}
+
+func (p *Provider) unsubscribe() {
+	for _, s := range []*nats.Subscription{p.pingSub, p.eventSub} {
+		if s != nil {
+			_ = s.Unsubscribe()
+		}
+	}
+}
+
+func (p *Provider) selfID() string {
+	if p.self == nil {
+		return ""
+	}
+	return p.self.ID
+}
+
+// answerPing replies to a liveness probe with our current announce.
+func (p *Provider) answerPing(msg *nats.Msg) {
+	if p.frozen.Load() || p.evicted.Load() {
+		return
+	}
+	b, err := proto.Marshal(announceOf(p.Self(), 0, time.Now()))
+	if err == nil {
+		err = msg.Respond(b)
+	}
+	if err != nil {
+		p.log.Debug("answer probe", slog.Any("error", err))
+	}
+}
+
+// onEvent decodes a membership message and hands it to the loop.
+func (p *Provider) onEvent(msg *nats.Msg) {
+	kind, id, ok := p.subj.parseEvent(msg.Subject)
+	if !ok {
+		return
+	}
+	switch kind {
+	case kindHeartbeat:
+		var a messages.MemberAnnounce
+		if err := proto.Unmarshal(msg.Data, &a); err != nil {
+			p.log.Debug("bad heartbeat", slog.String("subject", msg.Subject), slog.Any("error", err))
+			return
+		}
+		m, err := memberOf(&a)
+		if err != nil || m.ID != id {
+			p.log.Debug("bad heartbeat", slog.String("subject", msg.Subject), slog.Any("error", err))
+			return
+		}
+		p.send(inHeartbeat{m: m})
+	case kindLeave:
+		p.send(inGone{id: id, reporter: id})
+	case kindDead:
+		var g messages.MemberGone
+		if err := proto.Unmarshal(msg.Data, &g); err != nil {
+			p.log.Debug("bad dead notice", slog.String("subject", msg.Subject), slog.Any("error", err))
+			return
+		}
+		reporter := g.GetReporterId()
+		if reporter == id {
+			reporter = "" // a member cannot report itself dead; that is not a leave
+		}
+		p.send(inGone{id: id, reporter: reporter})
+	}
+}
+
+// onActorEvent turns protoactor's "lost the gRPC stream to X" into a hint
+// to probe X now. It runs on the publisher's goroutine, possibly inside
+// MemberList.UpdateClusterTopology called by our loop, so it never blocks.
+func (p *Provider) onActorEvent(evt any) {
+	if t, ok := evt.(*remote.EndpointTerminatedEvent); ok {
+		select {
+		case p.inbox <- inHint{addr: t.Address}:
+		default: // the loop is busy; silence and the TTL still catch it
+		}
+	}
+}
+
+// send hands in to the loop unless the provider is stopping.
+func (p *Provider) send(in any) {
+	select {
+	case p.inbox <- in:
+	case <-p.done:
+	}
+}
+
+func (p *Provider) publish(subject string, m proto.Message) error {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return p.nc.Publish(subject, b)
+}
+
+func toActorMembers(ms []Member) []*actorcluster.Member {
+	out := make([]*actorcluster.Member, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, &actorcluster.Member{Id: m.ID, Host: m.Host, Port: int32(m.Port), Kinds: m.Kinds})
+	}
+	return out
+}

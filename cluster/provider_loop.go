@@ -1,0 +1,199 @@
+package cluster
+
+import (
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+)
+
+// slowTopologyUpdate is when a MemberList.UpdateClusterTopology call is
+// worth a warning.
+const slowTopologyUpdate = 50 * time.Millisecond
+
+// Inputs to the loop, each turned into one view step.
+type (
+	inHeartbeat struct {
+		m      Member
+		probed bool // the answer to our probe, not a broadcast
+	}
+	inGone struct {
+		id       string
+		reporter string // == id for a graceful leave
+	}
+	inProbeFailed struct {
+		id          string
+		unreachable bool // NATS had no subscriber for its ping subject
+	}
+	inHint struct{ addr string } // protoactor lost its stream to addr
+)
+
+// run is the provider's only goroutine that touches the view: it feeds the
+// view NATS input and the clock, and carries out the effects.
+func (p *Provider) run(v *view) {
+	defer close(p.loopDone)
+	var seq uint64
+	beat := func(now time.Time) {
+		if p.self == nil || p.evicted.Load() || p.frozen.Load() {
+			return
+		}
+		if err := p.publish(p.subj.heartbeat(p.self.ID), announceOf(p.Self(), seq, now)); err != nil {
+			p.log.Debug("heartbeat", slog.Any("error", err))
+		}
+		seq++
+	}
+	now := time.Now()
+	beat(now)
+	nextBeat := now.Add(p.heartbeatInterval())
+	linkUp := true
+	timer := time.NewTimer(time.Until(nextBeat))
+	defer timer.Stop()
+	for {
+		var fx effects
+		select {
+		case <-p.done:
+			return
+		case in := <-p.inbox:
+			fx = p.apply(v, in, time.Now())
+		case <-timer.C:
+		}
+		now := time.Now()
+		if !now.Before(nextBeat) {
+			beat(now)
+			nextBeat = now.Add(p.heartbeatInterval())
+			fx.merge(p.checkBlocked(v))
+		}
+		linkUp = p.checkLink(v, linkUp, now)
+		if linkUp {
+			// While our own NATS link is down, silence proves nothing.
+			fx.merge(v.tick(now))
+		}
+		if fx.announce {
+			beat(now)
+		}
+		p.carryOut(v, fx)
+
+		wake := nextBeat
+		if d := v.nextDeadline(); !d.IsZero() && d.Before(wake) {
+			wake = d
+		}
+		timer.Reset(time.Until(wake))
+	}
+}
+
+func (p *Provider) apply(v *view, in any, now time.Time) effects {
+	switch in := in.(type) {
+	case inHeartbeat:
+		if in.probed {
+			return v.probeAnswered(in.m, now)
+		}
+		return v.heartbeat(in.m, now)
+	case inGone:
+		return v.left(in.id, in.reporter, now)
+	case inProbeFailed:
+		return v.probeFailed(in.id, in.unreachable, now)
+	case inHint:
+		if id := v.idByAddress(in.addr); id != "" {
+			p.log.Debug("protoactor lost its stream to a member; probing", slog.String("member", id))
+			return v.hint(id, now)
+		}
+	}
+	return effects{}
+}
+
+// carryOut does what a view step asked for: probes, notices, protoactor's
+// topology, then subscribers.
+func (p *Provider) carryOut(v *view, fx effects) {
+	for _, id := range fx.probe {
+		go p.probe(id)
+	}
+	reporter := p.cl.ActorSystem.ID
+	for _, e := range fx.report {
+		if err := p.publish(p.subj.dead(e.Member.ID), goneOf(e.Member.ID, reporter, e.Reason)); err != nil {
+			p.log.Debug("dead notice", slog.Any("error", err))
+		}
+	}
+	for _, id := range fx.refute {
+		if err := p.publish(p.subj.dead(id), goneOf(id, reporter, ReasonReported)); err != nil {
+			p.log.Debug("refute", slog.Any("error", err))
+		}
+	}
+	if fx.topologyChanged() {
+		start := time.Now()
+		p.cl.MemberList.UpdateClusterTopology(toActorMembers(v.liveMembers()))
+		if d := time.Since(start); d > slowTopologyUpdate {
+			// protoactor runs its event-stream handlers inline; a slow one
+			// delays failure detection for everyone.
+			p.log.Warn("protoactor topology update was slow", slog.Duration("took", d))
+		}
+	}
+	for _, e := range fx.events {
+		switch e.Type {
+		case EventJoined, EventLeft:
+			p.log.Info("member "+e.Type.String(), slog.String("member", e.Member.ID),
+				slog.String("role", string(e.Member.Role)), slog.String("address", e.Member.Address()),
+				slog.String("reason", string(e.Reason)))
+		case EventSelfEvicted:
+			p.evicted.Store(true)
+			p.log.Warn("evicted by the other members; this ActorSystem must be restarted with a new id",
+				slog.String("member", e.Member.ID))
+		default:
+			p.log.Debug("member "+e.Type.String(), slog.String("member", e.Member.ID))
+		}
+	}
+	if fx.changed {
+		p.publishSnapshot(v, fx)
+	}
+}
+
+// probe asks id whether it lives and reports the outcome to the loop.
+func (p *Provider) probe(id string) {
+	msg, err := p.nc.Request(p.subj.ping(id), nil, p.cfg.ProbeTimeout)
+	var in any = inProbeFailed{id: id}
+	switch {
+	case err == nil:
+		var a messages.MemberAnnounce
+		if proto.Unmarshal(msg.Data, &a) == nil {
+			if m, merr := memberOf(&a); merr == nil && m.ID == id {
+				in = inHeartbeat{m: m, probed: true}
+			}
+		}
+	case errors.Is(err, nats.ErrNoResponders):
+		in = inProbeFailed{id: id, unreachable: true}
+	}
+	p.send(in)
+}
+
+// checkLink watches our own NATS connection: when it comes back, everyone
+// is forgiven the silence we could not hear.
+func (p *Provider) checkLink(v *view, wasUp bool, now time.Time) bool {
+	up := p.nc.Status() == nats.CONNECTED
+	switch {
+	case up && !wasUp:
+		p.log.Info("NATS link back; restarting silence timers")
+		v.reconnected(now)
+	case !up && wasUp:
+		p.log.Warn("NATS link down; membership frozen until it returns")
+	}
+	return up
+}
+
+// checkBlocked removes members that protoactor blocked on its own.
+func (p *Provider) checkBlocked(v *view) effects {
+	var fx effects
+	bl := p.cl.Remote.BlockList()
+	for _, id := range v.ids() {
+		if bl.IsBlocked(id) {
+			fx.merge(v.blocked(id))
+		}
+	}
+	return fx
+}
+
+func (p *Provider) heartbeatInterval() time.Duration {
+	return jittered(p.cfg.HeartbeatInterval, p.cfg.HeartbeatJitter, rand.Float64())
+}

@@ -1,0 +1,216 @@
+package cluster
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	actorcluster "github.com/asynkron/protoactor-go/cluster"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// Slack added to the timing goals for a loaded 2-core test machine.
+const testSlack = 300 * time.Millisecond
+
+func TestProviderJoinLoadAndGracefulLeave(t *testing.T) {
+	skipUnderRace(t)
+	s := runNATS(t)
+	ms := startMembers(t, s.ClientURL(), RolePrefill, RoleDecode, RoleDecode)
+	a, b, c := ms[0], ms[1], ms[2]
+	all := []string{a.id(), b.id(), c.id()}
+	for _, m := range ms {
+		checkFor(t, 2*time.Second, 10*time.Millisecond, func() error { return m.sees(all...) })
+	}
+
+	// Roles and kinds travel; load updates reach the others.
+	decode := a.p.MembersByRole(RoleDecode)
+	if ids := memberIDs(decode); !slices.Equal(ids, sorted(b.id(), c.id())) {
+		t.Fatalf("a sees decode members %v, want %v", ids, sorted(b.id(), c.id()))
+	}
+	if !slices.Contains(decode[0].Kinds, echoKind) {
+		t.Fatalf("kinds %v lack %q", decode[0].Kinds, echoKind)
+	}
+	b.p.SetLoad(7)
+	checkFor(t, time.Second, 10*time.Millisecond, func() error {
+		if m, ok := a.p.Member(b.id()); !ok || m.Load != 7 {
+			return fmt.Errorf("a sees b as %+v, want load 7", m)
+		}
+		return nil
+	})
+
+	// protoactor's topology is usable: a grain call is placed and answered.
+	res, err := a.cl.Request("hello", echoKind, wrapperspb.String("hi"))
+	if err != nil {
+		t.Fatalf("grain request: %v", err)
+	}
+	if got := res.(*wrapperspb.StringValue).GetValue(); !strings.HasPrefix(got, "hi@") {
+		t.Fatalf("grain answered %q", got)
+	}
+
+	// A client follows without being a member.
+	cl := newTestMember(t, s.ClientURL(), RoleRouter, true)
+	checkFor(t, 2*time.Second, 10*time.Millisecond, func() error { return cl.sees(all...) })
+	if got := len(a.p.Members()); got != 3 {
+		t.Fatalf("the client was counted as a member: %d members", got)
+	}
+
+	// Subscribe replays the live set first.
+	var replay []string
+	cancel := a.p.Subscribe(func(e Event) {
+		if e.Type == EventJoined {
+			replay = append(replay, e.Member.ID)
+		}
+	})
+	cancel()
+	if !slices.Equal(sorted(replay...), sorted(all...)) {
+		t.Fatalf("replay %v, want %v", replay, all)
+	}
+
+	// A graceful leave is seen at once, well before any timer.
+	left := time.Now()
+	if err := c.p.Shutdown(true); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []*testMember{a, b, cl} {
+		checkFor(t, a.p.cfg.SuspectAfter(), 5*time.Millisecond, func() error { return m.sees(a.id(), b.id()) })
+		e, _ := m.firstEvent(EventLeft, c.id())
+		if e.Reason != ReasonLeave {
+			t.Fatalf("%s saw c leave with reason %q, want %q", m.id(), e.Reason, ReasonLeave)
+		}
+		t.Logf("graceful leave seen by %s after %v", m.id(), e.at.Sub(left))
+	}
+	if !a.cl.Remote.BlockList().IsBlocked(c.id()) {
+		t.Fatal("protoactor did not block the departed id")
+	}
+}
+
+func TestProviderCrashedMemberIsRemovedFast(t *testing.T) {
+	skipUnderRace(t)
+	s := runNATS(t)
+	ms := startMembers(t, s.ClientURL(), RoleDecode, RoleDecode, RoleDecode)
+	a, b, c := ms[0], ms[1], ms[2]
+	for _, m := range ms {
+		checkFor(t, 2*time.Second, 10*time.Millisecond, func() error { return m.sees(a.id(), b.id(), c.id()) })
+	}
+	// Let gossip open gRPC streams between all members, as in a running cluster.
+	checkFor(t, 2*time.Second, 20*time.Millisecond, func() error { return gossipConnected(a, b, c) })
+
+	// What SIGKILL does to c: its NATS connection and its gRPC server vanish.
+	killed := time.Now()
+	c.nc.Close()
+	c.cl.Remote.Shutdown(false)
+
+	goal := a.p.cfg.SuspectAfter() + a.p.cfg.ProbeTimeout + testSlack
+	for _, m := range []*testMember{a, b} {
+		checkFor(t, goal, 5*time.Millisecond, func() error { return m.sees(a.id(), b.id()) })
+		e, _ := m.firstEvent(EventLeft, c.id())
+		if e.Reason != ReasonUnreachable && e.Reason != ReasonReported {
+			t.Fatalf("%s saw c leave with reason %q", m.id(), e.Reason)
+		}
+		t.Logf("kill detected by %s after %v (%s)", m.id(), e.at.Sub(killed), e.Reason)
+	}
+}
+
+func TestProviderMemberWithoutNATSIsRemovedByProbe(t *testing.T) {
+	skipUnderRace(t)
+	s := runNATS(t)
+	ms := startMembers(t, s.ClientURL(), RoleDecode, RoleDecode, RoleDecode)
+	a, b, c := ms[0], ms[1], ms[2]
+	for _, m := range ms {
+		checkFor(t, 2*time.Second, 10*time.Millisecond, func() error { return m.sees(a.id(), b.id(), c.id()) })
+	}
+
+	// c loses NATS but its protoactor remote stays up, so no gRPC hint:
+	// only silence and the "no responders" probe find it.
+	silenced := time.Now()
+	c.nc.Close()
+
+	goal := maxHeartbeatGap(a.p.cfg.HeartbeatInterval, a.p.cfg.HeartbeatJitter) + a.p.cfg.SuspectAfter() + testSlack
+	for _, m := range []*testMember{a, b} {
+		checkFor(t, goal, 5*time.Millisecond, func() error { return m.sees(a.id(), b.id()) })
+		e, _ := m.firstEvent(EventLeft, c.id())
+		if e.Reason != ReasonUnreachable && e.Reason != ReasonReported {
+			t.Fatalf("%s saw c leave with reason %q", m.id(), e.Reason)
+		}
+		t.Logf("lost NATS link detected by %s after %v (%s)", m.id(), e.at.Sub(silenced), e.Reason)
+	}
+}
+
+func TestProviderHungMemberIsRemovedAtTTLAndEvicted(t *testing.T) {
+	skipUnderRace(t)
+	s := runNATS(t)
+	ms := startMembers(t, s.ClientURL(), RoleDecode, RoleDecode, RoleDecode)
+	a, b, c := ms[0], ms[1], ms[2]
+	for _, m := range ms {
+		checkFor(t, 2*time.Second, 10*time.Millisecond, func() error { return m.sees(a.id(), b.id(), c.id()) })
+	}
+
+	// What SIGSTOP does to c, as the others see it: silence, probes time
+	// out, but its NATS subscriptions stay.
+	hung := time.Now()
+	c.p.frozen.Store(true)
+
+	ttl := a.p.cfg.TTL()
+	for _, m := range []*testMember{a, b} {
+		checkFor(t, ttl+testSlack, 5*time.Millisecond, func() error { return m.sees(a.id(), b.id()) })
+		sus, _ := m.lastEvent(EventSuspect, c.id())
+		e, _ := m.firstEvent(EventLeft, c.id())
+		if e.Reason != ReasonTimeout && e.Reason != ReasonReported {
+			t.Fatalf("%s saw c leave with reason %q", m.id(), e.Reason)
+		}
+		// A probe timeout must not remove it; only the TTL, counted from
+		// its last heartbeat (at most a suspicion period before the hang
+		// on a loaded machine).
+		if d := e.at.Sub(hung); d < ttl-a.p.cfg.SuspectAfter() {
+			t.Fatalf("%s removed a hung member after %v, before its TTL %v", m.id(), d, ttl)
+		}
+		t.Logf("hang suspected by %s after %v, removed after %v (%s)", m.id(), sus.at.Sub(hung), e.at.Sub(hung), e.Reason)
+	}
+
+	// The zombie comes back: it is told it is dead and stays out.
+	c.p.frozen.Store(false)
+	checkFor(t, time.Second, 5*time.Millisecond, func() error {
+		if _, ok := c.firstEvent(EventSelfEvicted, c.id()); !ok {
+			return fmt.Errorf("c was not told of its eviction")
+		}
+		return nil
+	})
+	for _, m := range []*testMember{a, b} {
+		if err := m.sees(a.id(), b.id()); err != nil {
+			t.Fatalf("zombie readmitted: %v", err)
+		}
+	}
+}
+
+// gossipConnected reports whether protoactor has exchanged gossip among
+// all of ms, which means their gRPC streams are open.
+func gossipConnected(ms ...*testMember) error {
+	for _, m := range ms {
+		hb, err := m.cl.Gossip.GetState(actorcluster.HeartbeatKey)
+		if err != nil {
+			return err
+		}
+		for _, o := range ms {
+			if _, ok := hb[o.id()]; !ok {
+				return fmt.Errorf("%s has no gossip from %s", m.id(), o.id())
+			}
+		}
+	}
+	return nil
+}
+
+func memberIDs(ms []Member) []string {
+	ids := make([]string, 0, len(ms))
+	for _, m := range ms {
+		ids = append(ids, m.ID)
+	}
+	return ids
+}
+
+func sorted(ids ...string) []string {
+	s := slices.Clone(ids)
+	slices.Sort(s)
+	return s
+}

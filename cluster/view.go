@@ -1,0 +1,340 @@
+package cluster
+
+import (
+	"slices"
+	"strings"
+	"time"
+)
+
+// view is the membership state machine: who is live, who is suspect, who
+// is gone for good. It does no I/O and reads no clock; the provider feeds
+// it events stamped with now and carries out the effects it returns
+// (publish, probe, update protoactor's topology, notify subscribers).
+type view struct {
+	suspectAfter time.Duration // silence before a member is probed
+	deadAfter    time.Duration // silence before a member is removed (TTL)
+	probeEvery   time.Duration // pause between two probes of one suspect
+
+	self    *Member // nil on a client, which is not a member
+	evicted bool    // the others removed self
+	members map[string]*memberEntry
+	gone    map[string]*tombstone // removed ids; protoactor blocks them for good, so do we
+}
+
+type memberEntry struct {
+	m          Member
+	lastSeen   time.Time // last heartbeat or probe answer
+	probing    bool      // a probe is in flight
+	probeEnded time.Time // when the last probe ended; zero if none yet
+}
+
+type tombstone struct {
+	reason      Reason
+	lastRefuted time.Time // last time we told it that it is dead
+}
+
+func newView(cfg Config, self *Member) *view {
+	v := &view{
+		suspectAfter: cfg.SuspectAfter(),
+		deadAfter:    cfg.TTL(),
+		probeEvery:   cfg.HeartbeatInterval,
+		members:      map[string]*memberEntry{},
+		gone:         map[string]*tombstone{},
+	}
+	if self != nil {
+		s := self.clone()
+		v.self = &s
+	}
+	return v
+}
+
+// heartbeat records that m announced itself at now.
+func (v *view) heartbeat(m Member, now time.Time) effects {
+	var fx effects
+	if v.isSelf(m.ID) {
+		return fx
+	}
+	if t, dead := v.gone[m.ID]; dead {
+		// A zombie (hung, partitioned, or too slow) is still talking. Tell
+		// it, at most once per suspicion period, so that it can rejoin
+		// under a new id.
+		if t.lastRefuted.IsZero() || now.Sub(t.lastRefuted) >= v.suspectAfter {
+			t.lastRefuted = now
+			fx.refute = append(fx.refute, m.ID)
+		}
+		return fx
+	}
+	m.Suspect = false
+	e, known := v.members[m.ID]
+	if !known {
+		v.members[m.ID] = &memberEntry{m: m.clone(), lastSeen: now}
+		fx.event(EventJoined, m, "")
+		fx.announce = true // let the newcomer learn us without waiting a period
+		return fx
+	}
+	e.lastSeen = now
+	if e.m.Suspect {
+		e.m.Suspect = false
+		fx.event(EventAlive, e.m, "")
+	}
+	if !sameMember(e.m, m) {
+		e.m = m.clone()
+		fx.changed = true
+	}
+	return fx
+}
+
+// probeAnswered records a probe of m that got an answer at now.
+func (v *view) probeAnswered(m Member, now time.Time) effects {
+	if e, ok := v.members[m.ID]; ok {
+		e.probing = false
+		e.probeEnded = now
+	}
+	return v.heartbeat(m, now)
+}
+
+// probeFailed records a probe of id that got no answer: unreachable means
+// NATS had no subscriber for it (its connection is gone: it crashed);
+// otherwise the probe timed out (it may be hung) and the TTL decides.
+func (v *view) probeFailed(id string, unreachable bool, now time.Time) effects {
+	var fx effects
+	e, ok := v.members[id]
+	if !ok {
+		return fx
+	}
+	e.probing = false
+	e.probeEnded = now
+	if unreachable {
+		v.remove(&fx, e, ReasonUnreachable, true)
+	}
+	return fx
+}
+
+// hint says that something other than heartbeats (protoactor lost its
+// gRPC stream to the member) suggests id may be dead: suspect and probe it
+// now instead of waiting for the silence.
+func (v *view) hint(id string, now time.Time) effects {
+	var fx effects
+	e, ok := v.members[id]
+	if !ok {
+		return fx
+	}
+	v.suspect(&fx, e)
+	v.maybeProbe(&fx, e, now, true)
+	return fx
+}
+
+// left records that id is gone: its own graceful leave (reporter == id)
+// or a dead notice from reporter.
+func (v *view) left(id, reporter string, now time.Time) effects {
+	var fx effects
+	reason := ReasonReported
+	if reporter == id {
+		reason = ReasonLeave
+	}
+	if v.isSelf(id) {
+		if reason != ReasonLeave && !v.evicted {
+			v.evicted = true
+			fx.event(EventSelfEvicted, *v.self, reason)
+		}
+		return fx
+	}
+	if e, ok := v.members[id]; ok {
+		v.remove(&fx, e, reason, false)
+		return fx
+	}
+	if _, ok := v.gone[id]; !ok {
+		// Never seen (we joined after it, or the notice overtook its
+		// heartbeat): remember it so that a late heartbeat cannot add it.
+		v.gone[id] = &tombstone{reason: reason}
+	}
+	return fx
+}
+
+// blocked records that protoactor blocked id on its own (gossip heartbeat
+// expiry); keep our view equal to its topology.
+func (v *view) blocked(id string) effects {
+	var fx effects
+	if e, ok := v.members[id]; ok {
+		v.remove(&fx, e, ReasonBlocked, false)
+	}
+	return fx
+}
+
+// reconnected forgives the silence of everyone: our own NATS link was down,
+// so missing heartbeats prove nothing about the others.
+func (v *view) reconnected(now time.Time) {
+	for _, e := range v.members {
+		e.lastSeen = now
+	}
+}
+
+// tick applies the passage of time: suspect and probe the silent, remove
+// those silent for the TTL.
+func (v *view) tick(now time.Time) effects {
+	var fx effects
+	for _, id := range v.ids() {
+		e := v.members[id]
+		silence := now.Sub(e.lastSeen)
+		switch {
+		case silence >= v.deadAfter:
+			v.remove(&fx, e, ReasonTimeout, true)
+		case silence >= v.suspectAfter || e.m.Suspect:
+			v.suspect(&fx, e)
+			v.maybeProbe(&fx, e, now, false)
+		}
+	}
+	return fx
+}
+
+// nextDeadline is when tick next has something to do; zero if never.
+func (v *view) nextDeadline() time.Time {
+	var next time.Time
+	earlier := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
+		}
+	}
+	for _, e := range v.members {
+		if !e.m.Suspect {
+			earlier(e.lastSeen.Add(v.suspectAfter))
+			continue
+		}
+		earlier(e.lastSeen.Add(v.deadAfter))
+		if !e.probing {
+			earlier(e.probeEnded.Add(v.probeEvery))
+		}
+	}
+	return next
+}
+
+// liveMembers is everyone in the topology, self first if a member (even
+// once evicted: protoactor must not block itself), then the others by id.
+func (v *view) liveMembers() []Member {
+	out := make([]Member, 0, len(v.members)+1)
+	if v.self != nil {
+		out = append(out, v.self.clone())
+	}
+	for _, id := range v.ids() {
+		out = append(out, v.members[id].m.clone())
+	}
+	return out
+}
+
+// idByAddress finds the live member listening on addr ("" if none).
+func (v *view) idByAddress(addr string) string {
+	for id, e := range v.members {
+		if e.m.Address() == addr {
+			return id
+		}
+	}
+	return ""
+}
+
+func (v *view) isSelf(id string) bool { return v.self != nil && v.self.ID == id }
+
+func (v *view) ids() []string {
+	ids := make([]string, 0, len(v.members))
+	for id := range v.members {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func (v *view) suspect(fx *effects, e *memberEntry) {
+	if !e.m.Suspect {
+		e.m.Suspect = true
+		fx.event(EventSuspect, e.m, "")
+	}
+}
+
+// maybeProbe starts a probe of e unless one is in flight or, when not
+// urgent, the last one ended less than probeEvery ago.
+func (v *view) maybeProbe(fx *effects, e *memberEntry, now time.Time, urgent bool) {
+	if e.probing {
+		return
+	}
+	if !urgent && !e.probeEnded.IsZero() && now.Sub(e.probeEnded) < v.probeEvery {
+		return
+	}
+	e.probing = true
+	fx.probe = append(fx.probe, e.m.ID)
+}
+
+// remove takes e out of the view for good; report says that this is our
+// own finding, to be told to the others.
+func (v *view) remove(fx *effects, e *memberEntry, reason Reason, report bool) {
+	delete(v.members, e.m.ID)
+	v.gone[e.m.ID] = &tombstone{reason: reason}
+	fx.event(EventLeft, e.m, reason)
+	if report {
+		fx.report = append(fx.report, Event{Type: EventLeft, Member: e.m.clone(), Reason: reason})
+	}
+}
+
+func sameMember(a, b Member) bool {
+	return a.Host == b.Host && a.Port == b.Port && a.Role == b.Role && a.Load == b.Load &&
+		slices.Equal(a.Kinds, b.Kinds)
+}
+
+// effects is what one view step asks the provider to do, in order.
+type effects struct {
+	events   []Event  // for subscribers, in the order they happened
+	probe    []string // probe these members now
+	report   []Event  // publish a dead notice for each (our own findings)
+	refute   []string // tell these removed members that they are dead
+	announce bool     // publish our heartbeat now
+	changed  bool     // the live set or a member's record changed
+}
+
+func (fx *effects) event(t EventType, m Member, r Reason) {
+	fx.events = append(fx.events, Event{Type: t, Member: m.clone(), Reason: r})
+	fx.changed = true
+}
+
+// topologyChanged is true when protoactor's member list must be updated.
+func (fx effects) topologyChanged() bool {
+	for _, e := range fx.events {
+		if e.Type == EventJoined || e.Type == EventLeft {
+			return true
+		}
+	}
+	return false
+}
+
+func (fx *effects) merge(o effects) {
+	fx.events = append(fx.events, o.events...)
+	fx.probe = append(fx.probe, o.probe...)
+	fx.report = append(fx.report, o.report...)
+	fx.refute = append(fx.refute, o.refute...)
+	fx.announce = fx.announce || o.announce
+	fx.changed = fx.changed || o.changed
+}
+
+// String renders fx for scripted tests: "joined b; probe c; announce".
+func (fx effects) String() string {
+	var parts []string
+	for _, e := range fx.events {
+		parts = append(parts, e.String())
+	}
+	for _, id := range fx.probe {
+		parts = append(parts, "probe "+id)
+	}
+	for _, e := range fx.report {
+		parts = append(parts, "report "+e.Member.ID+" ("+string(e.Reason)+")")
+	}
+	for _, id := range fx.refute {
+		parts = append(parts, "refute "+id)
+	}
+	if fx.announce {
+		parts = append(parts, "announce")
+	}
+	if fx.changed && len(fx.events) == 0 {
+		parts = append(parts, "changed")
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, "; ")
+}

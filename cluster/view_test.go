@@ -1,0 +1,349 @@
+package cluster
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// runViewScript drives a view of member "a" (DefaultLocalConfig: suspect
+// after 100ms, TTL 1s, re-probe every 50ms) through a script. Each command
+// line may be followed by "=> <effects>"; a command without one must have
+// no effects. Commands:
+//
+//	hb <id> [load=N] [role=R]   heartbeat from id
+//	advance <duration>          move the fake clock
+//	tick                        let time act
+//	probe-ok <id> [load=N]      a probe of id was answered
+//	probe-timeout <id>          a probe of id timed out
+//	probe-unreachable <id>      a probe of id found no subscriber
+//	hint <id>                   protoactor lost its stream to id
+//	leave <id>                  id left gracefully
+//	dead <id> by=<reporter>     a dead notice about id
+//	blocked <id>                protoactor blocked id itself
+//	reconnected                 our NATS link came back
+//	members                     => live members, suspects marked with ?
+//	deadline                    => next deadline relative to the start
+func runViewScript(t *testing.T, script string) {
+	t.Helper()
+	start := time.Unix(1_700_000_000, 0)
+	now := start
+	self := Member{ID: "a", Host: "127.0.0.1", Port: 1000, Role: RoleDecode}
+	v := newView(DefaultLocalConfig(), &self)
+
+	lines := scriptLines(script)
+	for i := 0; i < len(lines); i++ {
+		line := lines[i]
+		want := "none"
+		if i+1 < len(lines) && strings.HasPrefix(lines[i+1], "=>") {
+			want = strings.TrimSpace(strings.TrimPrefix(lines[i+1], "=>"))
+			i++
+		}
+		f := strings.Fields(line)
+		args := map[string]string{}
+		for _, a := range f[1:] {
+			if k, val, ok := strings.Cut(a, "="); ok {
+				args[k] = val
+			}
+		}
+		member := func() Member {
+			m := Member{ID: f[1], Host: "127.0.0.1", Port: 2000 + int(f[1][0]), Role: RoleDecode}
+			if r, ok := args["role"]; ok {
+				m.Role = Role(r)
+			}
+			if l, ok := args["load"]; ok {
+				n, err := strconv.ParseInt(l, 10, 64)
+				if err != nil {
+					t.Fatalf("line %q: %v", line, err)
+				}
+				m.Load = n
+			}
+			return m
+		}
+		var got string
+		switch f[0] {
+		case "hb":
+			got = v.heartbeat(member(), now).String()
+		case "advance":
+			d, err := time.ParseDuration(f[1])
+			if err != nil {
+				t.Fatalf("line %q: %v", line, err)
+			}
+			now = now.Add(d)
+			got = "none"
+		case "tick":
+			got = v.tick(now).String()
+		case "probe-ok":
+			got = v.probeAnswered(member(), now).String()
+		case "probe-timeout":
+			got = v.probeFailed(f[1], false, now).String()
+		case "probe-unreachable":
+			got = v.probeFailed(f[1], true, now).String()
+		case "hint":
+			got = v.hint(f[1], now).String()
+		case "leave":
+			got = v.left(f[1], f[1], now).String()
+		case "dead":
+			got = v.left(f[1], args["by"], now).String()
+		case "blocked":
+			got = v.blocked(f[1]).String()
+		case "reconnected":
+			v.reconnected(now)
+			got = "none"
+		case "members":
+			var ms []string
+			for _, m := range v.liveMembers() {
+				s := m.ID
+				if m.Suspect {
+					s += "?"
+				}
+				if m.Load != 0 {
+					s += fmt.Sprintf("(%d)", m.Load)
+				}
+				ms = append(ms, s)
+			}
+			got = strings.Join(ms, " ")
+		case "deadline":
+			d := v.nextDeadline()
+			if d.IsZero() {
+				got = "never"
+			} else {
+				got = "+" + d.Sub(start).String()
+			}
+		default:
+			t.Fatalf("unknown command %q", line)
+		}
+		if got != want {
+			t.Errorf("at %v, %q:\n got  %s\n want %s", now.Sub(start), line, got, want)
+		}
+	}
+}
+
+func scriptLines(s string) []string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		l = strings.TrimSpace(l)
+		if l != "" && !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func TestViewJoinAndLoad(t *testing.T) {
+	runViewScript(t, `
+		members
+		=> a
+		deadline
+		=> never
+		hb b load=1
+		=> joined b; announce
+		hb c role=prefill
+		=> joined c; announce
+		# the same record again changes nothing
+		hb b load=1
+		hb b load=4
+		=> changed
+		members
+		=> a b(4) c
+		deadline
+		=> +100ms
+	`)
+}
+
+func TestViewCrashIsFoundByProbe(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		advance 60ms
+		tick
+		advance 40ms
+		tick
+		=> suspect b; probe b
+		# a probe in flight is not repeated
+		advance 10ms
+		tick
+		members
+		=> a b?
+		probe-unreachable b
+		=> left b (unreachable); report b (unreachable)
+		members
+		=> a
+		# its id stays dead: a late heartbeat is refuted, not re-added
+		hb b
+		=> refute b
+		hb b
+		advance 100ms
+		hb b
+		=> refute b
+	`)
+}
+
+func TestViewHangIsRemovedAtTTL(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		advance 100ms
+		tick
+		=> suspect b; probe b
+		advance 50ms
+		probe-timeout b
+		deadline
+		=> +200ms
+		# re-probed once per heartbeat interval after the previous probe ended
+		advance 49ms
+		tick
+		advance 1ms
+		tick
+		=> probe b
+		advance 50ms
+		probe-timeout b
+		advance 749ms
+		tick
+		=> probe b
+		deadline
+		=> +1s
+		advance 1ms
+		tick
+		=> left b (timeout); report b (timeout)
+		deadline
+		=> never
+	`)
+}
+
+func TestViewSuspectRecovers(t *testing.T) {
+	runViewScript(t, `
+		hb b load=2
+		=> joined b; announce
+		advance 120ms
+		tick
+		=> suspect b; probe b
+		probe-ok b load=3
+		=> alive b
+		members
+		=> a b(3)
+		advance 99ms
+		tick
+		deadline
+		=> +220ms
+	`)
+}
+
+func TestViewHintProbesAtOnce(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		advance 5ms
+		hint b
+		=> suspect b; probe b
+		hint b
+		probe-unreachable b
+		=> left b (unreachable); report b (unreachable)
+		hint b
+		hint nobody
+	`)
+}
+
+func TestViewHintThenHeartbeatClearsSuspicion(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		hint b
+		=> suspect b; probe b
+		advance 20ms
+		hb b
+		=> alive b
+		probe-ok b
+		tick
+	`)
+}
+
+func TestViewGracefulLeave(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		hb c
+		=> joined c; announce
+		leave b
+		=> left b (leave)
+		leave b
+		members
+		=> a c
+		# a notice about an id never seen still blocks it
+		dead z by=c
+		hb z
+		=> refute z
+	`)
+}
+
+func TestViewDeadNoticeAboutOthersAndSelf(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		dead b by=c
+		=> left b (reported)
+		dead a by=c
+		=> self-evicted a (reported)
+		dead a by=b
+		members
+		=> a
+		# our own leave echoed back is not an eviction
+	`)
+	runViewScript(t, `
+		leave a
+		members
+		=> a
+	`)
+}
+
+func TestViewBlockedByProtoactor(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		blocked b
+		=> left b (blocked)
+		blocked b
+		hb b
+		=> refute b
+	`)
+}
+
+func TestViewReconnectForgivesSilence(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		# our NATS link was down for 900ms: the provider does not tick then
+		advance 900ms
+		reconnected
+		advance 99ms
+		tick
+		advance 1ms
+		tick
+		=> suspect b; probe b
+	`)
+}
+
+func TestViewClientHasNoSelf(t *testing.T) {
+	v := newView(DefaultLocalConfig(), nil)
+	now := time.Unix(0, 0)
+	if got := v.heartbeat(Member{ID: "b"}, now).String(); got != "joined b; announce" {
+		t.Fatalf("heartbeat: %s", got)
+	}
+	if got := v.left("a", "b", now).String(); got != "none" {
+		t.Fatalf("notice about an unknown id: %s", got)
+	}
+	if ms := v.liveMembers(); len(ms) != 1 || ms[0].ID != "b" {
+		t.Fatalf("members = %v", ms)
+	}
+}
+
+func TestViewMembersAreCopies(t *testing.T) {
+	v := newView(DefaultLocalConfig(), nil)
+	v.heartbeat(Member{ID: "b", Kinds: []string{"request"}}, time.Unix(0, 0))
+	v.liveMembers()[0].Kinds[0] = "mutated"
+	if got := v.liveMembers()[0].Kinds[0]; got != "request" {
+		t.Fatalf("view aliased its kinds: %q", got)
+	}
+}

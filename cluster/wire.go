@@ -1,0 +1,52 @@
+package cluster
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/connex/connex/messages"
+)
+
+// wireVersion is the membership protocol version this code speaks.
+const wireVersion = 1
+
+func announceOf(m Member, seq uint64, now time.Time) *messages.MemberAnnounce {
+	return &messages.MemberAnnounce{
+		Version:    wireVersion,
+		MemberId:   m.ID,
+		Host:       m.Host,
+		Port:       int32(m.Port),
+		Role:       string(m.Role),
+		Kinds:      m.Kinds,
+		Load:       m.Load,
+		Seq:        seq,
+		SentUnixMs: now.UnixMilli(),
+	}
+}
+
+// memberOf checks an announce and turns it into a Member.
+func memberOf(a *messages.MemberAnnounce) (Member, error) {
+	switch {
+	case a.GetVersion() != wireVersion:
+		return Member{}, fmt.Errorf("announce version %d, want %d", a.GetVersion(), wireVersion)
+	case !validToken(a.GetMemberId()):
+		return Member{}, fmt.Errorf("announce member id %q", a.GetMemberId())
+	case a.GetHost() == "" || a.GetPort() <= 0 || a.GetPort() > 65535:
+		return Member{}, fmt.Errorf("announce of %s: address %q:%d", a.GetMemberId(), a.GetHost(), a.GetPort())
+	}
+	kinds := slices.Clone(a.GetKinds())
+	slices.Sort(kinds)
+	return Member{
+		ID:    a.GetMemberId(),
+		Host:  a.GetHost(),
+		Port:  int(a.GetPort()),
+		Role:  Role(a.GetRole()),
+		Kinds: kinds,
+		Load:  a.GetLoad(),
+	}, nil
+}
+
+func goneOf(id, reporter string, reason Reason) *messages.MemberGone {
+	return &messages.MemberGone{Version: wireVersion, MemberId: id, ReporterId: reporter, Reason: string(reason)}
+}
