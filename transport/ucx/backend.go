@@ -1,0 +1,566 @@
+//go:build ucx && cgo
+
+package ucx
+
+/*
+#cgo pkg-config: ucx
+#include <stdlib.h>
+#include "cx.h"
+*/
+import "C"
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/connex/connex/transport"
+)
+
+// Backend is the UCX data plane: one UCP context and worker, owned by one
+// goroutine (see the package documentation). It implements
+// transport.Backend; all methods are safe for concurrent use.
+type Backend struct {
+	cfg   Config
+	w     *worker
+	addr  []byte
+	chunk uint64
+
+	mu     sync.Mutex
+	closed bool
+	regs   map[*Registration]struct{}
+	eps    map[string]*endpoint
+}
+
+var _ transport.Backend = (*Backend)(nil)
+
+var (
+	availOnce sync.Once
+	avail     bool
+)
+
+// Available reports whether libucp initialises on this machine (checked once
+// per process by opening and closing a Backend).
+func Available() bool {
+	availOnce.Do(func() {
+		b, err := Open(transport.Options{})
+		if err == nil {
+			avail = true
+			b.Close()
+		}
+	})
+	return avail
+}
+
+// Open starts a UCX backend with UCX's transports chosen by the environment
+// (UCX_TLS) or UCX's defaults.
+func Open(opts transport.Options) (*Backend, error) {
+	return OpenConfig(Config{Options: opts})
+}
+
+// OpenConfig starts a UCX backend configured by cfg.
+func OpenConfig(cfg Config) (*Backend, error) {
+	tls := cfg.TLS
+	if tls == "" {
+		tls = os.Getenv("UCX_TLS")
+	}
+	set := cfg.TLS
+	if tls == "" {
+		// UCX 1.13 aborts the whole process (ucs_fatal) when a CMA copy
+		// finds its peer gone and the endpoint has no peer error handling,
+		// which shared-memory endpoints cannot have. Leave CMA out unless
+		// someone asks for it.
+		tls, set = SafeDefaultTLS, SafeDefaultTLS
+	}
+	log := cfg.Log()
+	w, err := startWorker(set, peerErrMode(tls), log.Warn)
+	if err != nil {
+		return nil, err
+	}
+	b := &Backend{
+		cfg:   cfg,
+		w:     w,
+		chunk: uint64(cfg.chunk()),
+		regs:  map[*Registration]struct{}{},
+		eps:   map[string]*endpoint{},
+	}
+	var st C.ucs_status_t
+	if err := w.call(func() {
+		var p unsafe.Pointer
+		var n C.size_t
+		st = C.cx_address(w.c, &p, &n)
+		if st == C.UCS_OK {
+			b.addr = packAddr(C.GoBytes(p, C.int(n)))
+			C.cx_address_release(w.c, p)
+		}
+	}); err != nil {
+		return nil, err
+	}
+	if st != C.UCS_OK {
+		b.Close()
+		return nil, statusErr("worker_get_address", st)
+	}
+	log.Debug("ucx backend open", "tls", tls, "peer_error_handling", w.errPeer)
+	return b, nil
+}
+
+// Name is "ucx".
+func (b *Backend) Name() string { return "ucx" }
+
+// Caps: GETs on registered memory are emulated by the holder's CPU over
+// shared memory and TCP (OneSided false); ranges are split and pipelined
+// internally, so callers pass whole pulls to one Get.
+func (b *Backend) Caps() transport.Caps {
+	return transport.Caps{OneSided: false, MaxInFlight: 0, MaxGetBytes: 0}
+}
+
+// Address is the packed UCP worker address.
+func (b *Backend) Address() []byte { return bytes.Clone(b.addr) }
+
+// Registration is memory mapped with ucp_mem_map. Its remote key covers
+// exactly [RemoteAddr, RemoteAddr+Len).
+type Registration struct {
+	b     *Backend
+	memh  C.ucp_mem_h
+	ptr   unsafe.Pointer // first registered byte
+	base  uintptr
+	n     int
+	key   []byte
+	alloc bool
+	creg  *C.cx_reg // checked registrations: the holder's table entry
+	pin   runtime.Pinner
+	gone  bool // under b.mu
+}
+
+var _ transport.Registration = (*Registration)(nil)
+
+// Register maps mem (Go or mmap'd memory) with ucp_mem_map and packs its
+// rkey. mem stays pinned until Deregister or Close.
+func (b *Backend) Register(mem []byte) (transport.Registration, error) {
+	if len(mem) == 0 {
+		return nil, fmt.Errorf("ucx: register: empty memory")
+	}
+	r := &Registration{b: b, n: len(mem)}
+	r.pin.Pin(&mem[0])
+	if err := b.mapMem(r, unsafe.Pointer(&mem[0])); err != nil {
+		r.pin.Unpin()
+		return nil, err
+	}
+	return r, nil
+}
+
+// Alloc has UCX allocate n bytes (UCP_MEM_MAP_ALLOCATE) and registers them
+// with a raw RMA key: readers use ucp_get_nbx, which on shared memory is
+// truly one-sided (no holder CPU). Bytes returns the memory.
+//
+// Experimental: an RMA key is not revocable and UCX does not check it on
+// emulated transports (TCP), so after Deregister the memory stays mapped,
+// and readable by peers that kept the key, until the Backend closes.
+// Registrations made with Register do not have this problem.
+func (b *Backend) Alloc(n int) (*Registration, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("ucx: alloc: bad size %d", n)
+	}
+	r := &Registration{b: b, n: n, alloc: true}
+	if err := b.mapMem(r, nil); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (b *Backend) mapMem(r *Registration, p unsafe.Pointer) error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return transport.ErrClosed
+	}
+	b.mu.Unlock()
+	var st C.ucs_status_t
+	alloc := C.int(0)
+	if r.alloc {
+		alloc = 1
+	}
+	var token uint64
+	if !r.alloc {
+		var t [8]byte
+		if _, err := rand.Read(t[:]); err != nil {
+			return err
+		}
+		token = binary.LittleEndian.Uint64(t[:])
+	}
+	err := b.w.call(func() {
+		var addr, rkey unsafe.Pointer
+		var rkeyLen C.size_t
+		if r.alloc {
+			st = C.cx_mem_map(b.w.c, p, C.size_t(r.n), alloc, &r.memh, &addr, &rkey, &rkeyLen)
+		} else {
+			st = C.cx_mem_map(b.w.c, p, C.size_t(r.n), alloc, &r.memh, &addr, nil, nil)
+		}
+		if st != C.UCS_OK {
+			return
+		}
+		r.ptr = addr
+		r.base = uintptr(addr)
+		if r.alloc {
+			r.key = packRMAKey(uint64(r.base), r.n, C.GoBytes(rkey, C.int(rkeyLen)))
+			C.cx_rkey_buffer_release(rkey)
+			return
+		}
+		r.creg = C.cx_reg_add(b.w.c, C.uint64_t(r.base), C.uint64_t(r.n), C.uint64_t(token), r.memh)
+		if r.creg == nil {
+			C.cx_mem_unmap(b.w.c, r.memh)
+			st = C.UCS_ERR_NO_MEMORY
+			return
+		}
+		r.key = packCheckedKey(uint64(r.base), r.n, uint64(r.creg.id), token)
+	})
+	if err != nil {
+		return err
+	}
+	if st != C.UCS_OK {
+		return statusErr("mem_map", st)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed { // Close ran meanwhile and did not see r
+		b.w.call(func() { b.w.unmap(r) })
+		return transport.ErrClosed
+	}
+	b.regs[r] = struct{}{}
+	return nil
+}
+
+// RemoteKey is the packed key: the registered extent followed by UCX's rkey.
+func (r *Registration) RemoteKey() []byte { return bytes.Clone(r.key) }
+
+// RemoteAddr is the virtual address of the first registered byte.
+func (r *Registration) RemoteAddr() uint64 { return uint64(r.base) }
+
+// Len is the number of registered bytes.
+func (r *Registration) Len() int { return r.n }
+
+// Bytes is the registered memory (for Alloc'd registrations, the only way to
+// reach it). Alloc'd memory is valid until the Backend closes.
+func (r *Registration) Bytes() []byte {
+	return unsafe.Slice((*byte)(r.ptr), r.n)
+}
+
+// Deregister revokes the registration and unmaps it (ucp_mem_unmap);
+// Alloc'd memory is freed. For checked registrations the holder refuses
+// every request from then on, and Deregister waits until replies already
+// being sent from this memory have completed (force-closing the endpoints
+// they are on after DeregisterGrace), so the caller may reuse the memory
+// when it returns nil. Idempotent.
+func (r *Registration) Deregister() error {
+	b := r.b
+	b.mu.Lock()
+	if r.gone {
+		b.mu.Unlock()
+		return nil
+	}
+	r.gone = true
+	delete(b.regs, r)
+	b.mu.Unlock()
+	done := make(chan error, 1)
+	if err := b.w.call(func() { b.w.deregister(r, done) }); err != nil {
+		return nil // the worker is gone, and with it the mapping
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			r.pin.Unpin()
+		}
+		return err
+	case <-b.w.done:
+		return nil
+	}
+}
+
+// endpoint is the shared, refcounted state behind Endpoint handles to one
+// address. u is loop-owned.
+type endpoint struct {
+	b    *Backend
+	key  string
+	addr []byte // ucx worker address
+	refs int    // under b.mu
+	u    *uep
+}
+
+// current returns the live UCP endpoint, creating one if the last was
+// closed. Runs on the owner thread.
+func (e *endpoint) current() (*uep, error) {
+	if e.u != nil && !e.u.closed {
+		return e.u, nil
+	}
+	u, err := e.b.w.connect(e.addr)
+	if err != nil {
+		return nil, err
+	}
+	e.u = u
+	return u, nil
+}
+
+// Endpoint is one caller's reference to a (shared) UCP endpoint.
+type Endpoint struct {
+	e      *endpoint
+	closed atomic.Bool
+}
+
+var _ transport.Endpoint = (*Endpoint)(nil)
+
+// Connect returns an endpoint to the backend at addr (another Backend's
+// Address). Endpoints to one address share a UCP endpoint and its rkey
+// cache; each Endpoint must be closed.
+func (b *Backend) Connect(ctx context.Context, addr []byte) (transport.Endpoint, error) {
+	ua, err := parseAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, transport.CtxErr(err)
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, transport.ErrClosed
+	}
+	e := b.eps[string(addr)]
+	if e == nil {
+		e = &endpoint{b: b, key: string(addr), addr: bytes.Clone(ua)}
+		b.eps[e.key] = e
+	}
+	e.refs++
+	b.mu.Unlock()
+	h := &Endpoint{e: e}
+	if err2 := b.w.call(func() { _, err = e.current() }); err2 != nil {
+		err = err2
+	}
+	if err != nil {
+		h.Close()
+		return nil, fmt.Errorf("ucx: connect: %w", err)
+	}
+	return h, nil
+}
+
+// Close releases this reference; the last one force-closes the UCP
+// endpoint. Idempotent.
+func (h *Endpoint) Close() error {
+	if !h.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	e, b := h.e, h.e.b
+	b.mu.Lock()
+	e.refs--
+	last := e.refs == 0
+	if last && b.eps[e.key] == e {
+		delete(b.eps, e.key)
+	}
+	b.mu.Unlock()
+	if last {
+		b.w.call(func() {
+			if e.u != nil {
+				b.w.closeEP(e.u, transport.ErrClosed)
+			}
+		})
+	}
+	return nil
+}
+
+// Get performs ops with as few UCX requests as possible: adjacent ops
+// (same key, contiguous remote and destination) are coalesced, ranges
+// larger than Config.ChunkBytes are split, and all of them are posted with
+// one cgo call and kept in flight together.
+func (h *Endpoint) Get(ctx context.Context, ops []transport.GetOp) error {
+	if h.closed.Load() {
+		return transport.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return transport.CtxErr(err)
+	}
+	e, w := h.e, h.e.b.w
+	bt, err := h.e.b.plan(ops)
+	if err != nil || bt == nil {
+		return err
+	}
+	if !w.submit(func() {
+		u, err := e.current()
+		if err != nil {
+			w.finish(bt, err)
+			return
+		}
+		w.post(bt, u)
+	}) {
+		C.free(unsafe.Pointer(bt.c))
+		C.free(unsafe.Pointer(bt.ops))
+		bt.pin.Unpin()
+		return transport.ErrClosed
+	}
+	select {
+	case err := <-bt.result:
+		return wrapGet(err)
+	case <-ctx.Done():
+	}
+	why := transport.CtxErr(ctx.Err())
+	w.submit(func() { w.cancel(bt, why) })
+	t := time.NewTimer(cancelGrace)
+	defer t.Stop()
+	select {
+	case err := <-bt.result:
+		if err == nil { // completed just before the cancel
+			return nil
+		}
+		return wrapGet(err)
+	case <-t.C:
+		// UCX still holds the destination buffers; they stay pinned.
+		return fmt.Errorf("ucx: get: %w (UCX did not release the buffers within %v)", why, cancelGrace)
+	}
+}
+
+func wrapGet(err error) error { return err }
+
+type run struct {
+	local, remote, n uint64
+	key              int
+}
+
+// plan validates ops against the extents their keys carry, coalesces and
+// splits them, and builds the C batch. Returns nil when there is nothing
+// to read.
+func (b *Backend) plan(ops []transport.GetOp) (*batch, error) {
+	type keyInfo struct {
+		packed []byte
+		rk     remoteKey
+	}
+	var keys []keyInfo
+	runs := make([]run, 0, len(ops))
+	last := -1
+	for i := range ops {
+		op := &ops[i]
+		if len(op.Dst) == 0 {
+			continue
+		}
+		ki := -1
+		if last >= 0 && bytes.Equal(keys[last].packed, op.RemoteKey) {
+			ki = last
+		} else {
+			for j := range keys {
+				if bytes.Equal(keys[j].packed, op.RemoteKey) {
+					ki = j
+					break
+				}
+			}
+			if ki < 0 {
+				rk, err := parseKey(op.RemoteKey)
+				if err != nil {
+					return nil, err
+				}
+				keys = append(keys, keyInfo{packed: op.RemoteKey, rk: rk})
+				ki = len(keys) - 1
+			}
+		}
+		last = ki
+		k := &keys[ki].rk
+		n := uint64(len(op.Dst))
+		if op.RemoteAddr < k.base || op.RemoteAddr-k.base > k.n || n > k.n-(op.RemoteAddr-k.base) {
+			return nil, fmt.Errorf("%w: [%#x, +%d) is outside the key's extent [%#x, +%d)",
+				transport.ErrNotRegistered, op.RemoteAddr, n, k.base, k.n)
+		}
+		local := uint64(uintptr(unsafe.Pointer(&op.Dst[0])))
+		if m := len(runs) - 1; m >= 0 {
+			r := &runs[m]
+			if r.key == ki && r.remote+r.n == op.RemoteAddr && r.local+r.n == local {
+				r.n += n
+				continue
+			}
+		}
+		runs = append(runs, run{local: local, remote: op.RemoteAddr, n: n, key: ki})
+	}
+	if len(runs) == 0 {
+		return nil, nil
+	}
+	total := 0
+	for _, r := range runs {
+		total += chunks(r.n, b.chunk)
+	}
+	bt := &batch{n: total, result: make(chan error, 1)}
+	for _, k := range keys {
+		bt.keys = append(bt.keys, k.rk.rkey) // nil for checked keys
+	}
+	bt.c = (*C.cx_batch)(C.calloc(1, C.sizeof_cx_batch))
+	bt.ops = (*C.cx_get)(C.calloc(C.size_t(total), C.sizeof_cx_get))
+	cops := bt.opsSlice()
+	j := 0
+	for _, r := range runs {
+		for off := uint64(0); off < r.n; {
+			n := r.n - off
+			if b.chunk > 0 && n > b.chunk {
+				n = b.chunk
+			}
+			k := &keys[r.key].rk
+			cops[j] = C.cx_get{
+				local:  C.uint64_t(r.local + off),
+				remote: C.uint64_t(r.remote + off),
+				len:    C.uint64_t(n),
+				rkey:   C.uint64_t(r.key),
+				reg:    C.uint64_t(k.reg),
+				token:  C.uint64_t(k.token),
+			}
+			j++
+			off += n
+		}
+	}
+	// UCX writes into the destinations after this goroutine moved on; pin
+	// them (a no-op for mmap'd memory) so they stay put and alive.
+	for i := range ops {
+		if len(ops[i].Dst) > 0 {
+			bt.pin.Pin(&ops[i].Dst[0])
+		}
+	}
+	return bt, nil
+}
+
+func chunks(n, chunk uint64) int {
+	if chunk == 0 {
+		return 1
+	}
+	return int((n + chunk - 1) / chunk)
+}
+
+// Close cancels in-flight Gets, closes endpoints, unmaps every registration
+// and stops the owner goroutine. Idempotent.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		<-b.w.done
+		return nil
+	}
+	b.closed = true
+	regs := b.regs
+	b.regs = nil
+	for r := range regs {
+		r.gone = true
+	}
+	b.mu.Unlock()
+	w := b.w
+	w.submit(func() {
+		w.stop = func() {
+			for r := range regs {
+				w.unmap(r)
+			}
+		}
+	})
+	<-w.done
+	for r := range regs {
+		r.pin.Unpin()
+	}
+	return nil
+}

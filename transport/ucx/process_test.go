@@ -1,0 +1,204 @@
+//go:build ucx && cgo
+
+package ucx
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/transport"
+)
+
+// Peer-death tests run the holder in a child process (this test binary,
+// re-executed with holderEnv set) and freeze or kill it mid-pull.
+
+const (
+	holderEnv  = "CONNEX_UCX_TEST_HOLDER"
+	holderSize = 64 << 20
+	holderSeed = 42
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(holderEnv) != "" {
+		os.Exit(runHolder())
+	}
+	os.Exit(m.Run())
+}
+
+// runHolder registers holderSize random bytes, prints "addr key base", and
+// serves until its stdin closes.
+func runHolder() int {
+	b, err := Open(transport.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer b.Close()
+	reg, err := b.Register(randBytes(holderSize, holderSeed))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("%x %x %d\n", b.Address(), reg.RemoteKey(), reg.RemoteAddr())
+	io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+type holderProc struct {
+	cmd        *exec.Cmd
+	addr, key  []byte
+	base       uint64
+	stdinClose func()
+}
+
+func startHolder(t *testing.T, tls string) *holderProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	env := []string{holderEnv + "=1"}
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "UCX_TLS=") {
+			env = append(env, e)
+		}
+	}
+	if tls != "" {
+		env = append(env, "UCX_TLS="+tls)
+	}
+	cmd.Env = env
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h := &holderProc{cmd: cmd, stdinClose: func() { stdin.Close() }}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGCONT)
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(stdout).ReadString('\n')
+		line <- s
+	}()
+	var s string
+	select {
+	case s = <-line:
+	case <-time.After(20 * time.Second):
+		t.Fatal("holder process did not start")
+	}
+	f := strings.Fields(s)
+	if len(f) != 3 {
+		t.Fatalf("holder printed %q", s)
+	}
+	h.addr, _ = hex.DecodeString(f[0])
+	h.key, _ = hex.DecodeString(f[1])
+	h.base, _ = strconv.ParseUint(f[2], 10, 64)
+	return h
+}
+
+// connectHolder connects r to h and checks one GET byte by byte.
+func connectHolder(t *testing.T, r *Backend, h *holderProc) (transport.Endpoint, []transport.GetOp) {
+	t.Helper()
+	ep, err := r.Connect(context.Background(), h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ep.Close() })
+	want := randBytes(holderSize, holderSeed)
+	dst := make([]byte, holderSize)
+	ops := []transport.GetOp{{RemoteKey: h.key, RemoteAddr: h.base, Dst: dst}}
+	if err := getT(ep, 10*time.Second, ops); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst, want) {
+		t.Fatal("bytes from the holder process differ")
+	}
+	return ep, ops
+}
+
+func TestHolderProcessStopped(t *testing.T) {
+	for _, tls := range tlsCases {
+		t.Run(tlsName(tls), func(t *testing.T) {
+			h := startHolder(t, tls)
+			r := openT(t, tls)
+			ep, ops := connectHolder(t, r, h)
+			if err := h.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			const deadline = 500 * time.Millisecond
+			t0 := time.Now()
+			err := getT(ep, deadline, ops)
+			took := time.Since(t0)
+			t.Logf("SIGSTOPped holder (tls %s): %v after %v", tlsName(tls), err, took)
+			if !errors.Is(err, transport.ErrTimeout) {
+				t.Fatalf("got %v, want ErrTimeout", err)
+			}
+			if took > deadline+300*time.Millisecond {
+				t.Fatalf("returned after %v, deadline %v", took, deadline)
+			}
+		})
+	}
+}
+
+func TestHolderProcessKilled(t *testing.T) {
+	for _, tls := range tlsCases {
+		t.Run(tlsName(tls), func(t *testing.T) {
+			h := startHolder(t, tls)
+			r := openT(t, tls)
+			ep, ops := connectHolder(t, r, h)
+			// Pull repeatedly; kill the holder while a pull is running.
+			const deadline = time.Second
+			started := make(chan struct{}, 1)
+			go func() {
+				<-started
+				time.Sleep(2 * time.Millisecond)
+				h.cmd.Process.Signal(syscall.SIGKILL)
+			}()
+			var err error
+			var took time.Duration
+			for i := 0; i < 100 && err == nil; i++ {
+				select {
+				case started <- struct{}{}:
+				default:
+				}
+				t0 := time.Now()
+				err = getT(ep, deadline, ops)
+				took = time.Since(t0)
+			}
+			t.Logf("SIGKILLed holder (tls %s): %v after %v", tlsName(tls), err, took)
+			if !errors.Is(err, transport.ErrPeerGone) && !errors.Is(err, transport.ErrTimeout) {
+				t.Fatalf("got %v, want ErrPeerGone or ErrTimeout", err)
+			}
+			if took > deadline+300*time.Millisecond {
+				t.Fatalf("returned after %v, deadline %v", took, deadline)
+			}
+			// The endpoint stays usable as an object: later pulls fail
+			// within their deadline too, and Close does not hang.
+			t0 := time.Now()
+			err = getT(ep, 300*time.Millisecond, ops)
+			t.Logf("next pull: %v after %v", err, time.Since(t0))
+			if err == nil || time.Since(t0) > time.Second {
+				t.Fatalf("pull from a dead holder: %v after %v", err, time.Since(t0))
+			}
+		})
+	}
+}

@@ -1,0 +1,43 @@
+//go:build !ucx || !cgo
+
+package ucx
+
+import (
+	"context"
+
+	"github.com/connex/connex/transport"
+)
+
+// Available reports whether libucp can be used; without UCX it is false.
+func Available() bool { return false }
+
+// Open fails with an error wrapping transport.ErrUnavailable: this binary was
+// built without UCX.
+func Open(opts transport.Options) (*Backend, error) { return nil, errNoUCX }
+
+// OpenConfig fails like Open.
+func OpenConfig(cfg Config) (*Backend, error) { return nil, errNoUCX }
+
+// Backend is the UCX backend; without UCX none can be opened.
+type Backend struct{}
+
+var _ transport.Backend = (*Backend)(nil)
+
+func (*Backend) Name() string                                                { return "ucx" }
+func (*Backend) Caps() transport.Caps                                        { return transport.Caps{} }
+func (*Backend) Address() []byte                                             { return nil }
+func (*Backend) Register([]byte) (transport.Registration, error)             { return nil, errNoUCX }
+func (*Backend) Alloc(int) (*Registration, error)                            { return nil, errNoUCX }
+func (*Backend) Connect(context.Context, []byte) (transport.Endpoint, error) { return nil, errNoUCX }
+func (*Backend) Close() error                                                { return nil }
+
+// Registration is memory registered with UCX; without UCX there is none.
+type Registration struct{}
+
+var _ transport.Registration = (*Registration)(nil)
+
+func (*Registration) RemoteKey() []byte  { return nil }
+func (*Registration) RemoteAddr() uint64 { return 0 }
+func (*Registration) Len() int           { return 0 }
+func (*Registration) Bytes() []byte      { return nil }
+func (*Registration) Deregister() error  { return nil }

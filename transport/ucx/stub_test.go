@@ -1,0 +1,19 @@
+//go:build !ucx || !cgo
+
+package ucx
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/connex/connex/transport"
+)
+
+func TestStubUnavailable(t *testing.T) {
+	if Available() {
+		t.Fatal("stub reports UCX available")
+	}
+	if _, err := Open(transport.Options{}); !errors.Is(err, transport.ErrUnavailable) {
+		t.Fatalf("Open: %v, want ErrUnavailable", err)
+	}
+}
