@@ -25,6 +25,9 @@ type Config struct {
 	SubjectPrefix string
 	// Role is what this member does: RolePrefill, RoleDecode or RoleRouter.
 	Role Role
+	// Name is this member's connexd name (the member_id config key), sent
+	// in every announce so peers can address its subject API.
+	Name string
 	// HeartbeatInterval is how often a member announces itself.
 	HeartbeatInterval time.Duration
 	// HeartbeatJitter randomises each interval by ± this fraction so that

@@ -30,6 +30,10 @@ type Member struct {
 	Kinds []string
 	// Load is the figure it last advertised (e.g. in-flight requests).
 	Load int64
+	// Name is the connexd member name (config member_id) used on the
+	// subject API; stable across restarts, unlike ID. May be empty for
+	// members that are not connexd daemons.
+	Name string
 	// Suspect is true while it is silent and being probed; placement
 	// should avoid a suspect member.
 	Suspect bool

@@ -80,7 +80,7 @@ func (p *Provider) StartMember(c *actorcluster.Cluster) error {
 	}
 	kinds := c.GetClusterKinds()
 	slices.Sort(kinds)
-	self := &Member{ID: c.ActorSystem.ID, Host: host, Port: port, Role: p.cfg.Role, Kinds: kinds}
+	self := &Member{ID: c.ActorSystem.ID, Host: host, Port: port, Role: p.cfg.Role, Kinds: kinds, Name: p.cfg.Name}
 	return p.start(c, self)
 }
 

@@ -19,6 +19,10 @@ type view struct {
 	evicted bool    // the others removed self
 	members map[string]*memberEntry
 	gone    map[string]*tombstone // removed ids; protoactor blocks them for good, so do we
+	// lastTick is when tick last ran. A gap much longer than the tick
+	// cadence means this process was paused (SIGSTOP, a long GC, a VM
+	// freeze): the others' silence was ours, so it proves nothing.
+	lastTick time.Time
 }
 
 type memberEntry struct {
@@ -173,6 +177,10 @@ func (v *view) reconnected(now time.Time) {
 // those silent for the TTL.
 func (v *view) tick(now time.Time) effects {
 	var fx effects
+	if !v.lastTick.IsZero() && now.Sub(v.lastTick) > pausedAfter(v.suspectAfter, v.deadAfter) {
+		v.reconnected(now)
+	}
+	v.lastTick = now
 	for _, id := range v.ids() {
 		e := v.members[id]
 		silence := now.Sub(e.lastSeen)
@@ -274,7 +282,7 @@ func (v *view) remove(fx *effects, e *memberEntry, reason Reason, report bool) {
 }
 
 func sameMember(a, b Member) bool {
-	return a.Host == b.Host && a.Port == b.Port && a.Role == b.Role && a.Load == b.Load &&
+	return a.Host == b.Host && a.Port == b.Port && a.Role == b.Role && a.Load == b.Load && a.Name == b.Name &&
 		slices.Equal(a.Kinds, b.Kinds)
 }
 
@@ -337,4 +345,13 @@ func (fx effects) String() string {
 		return "none"
 	}
 	return strings.Join(parts, "; ")
+}
+
+// pausedAfter is the gap between two ticks that means this process itself
+// was paused rather than everyone else falling silent. The provider ticks
+// at least every suspectAfter while it has members, so half the TTL (and
+// never less than twice suspectAfter) is far beyond a normal gap yet
+// shorter than the TTL, so a paused member never times out the others.
+func pausedAfter(suspectAfter, deadAfter time.Duration) time.Duration {
+	return max(deadAfter/2, 2*suspectAfter)
 }

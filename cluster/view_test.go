@@ -200,9 +200,12 @@ func TestViewHangIsRemovedAtTTL(t *testing.T) {
 		=> probe b
 		advance 50ms
 		probe-timeout b
-		advance 749ms
+		advance 400ms
 		tick
 		=> probe b
+		# the probe is still in flight: nothing new to do
+		advance 349ms
+		tick
 		deadline
 		=> +1s
 		advance 1ms
@@ -323,6 +326,36 @@ func TestViewReconnectForgivesSilence(t *testing.T) {
 		tick
 		=> suspect b; probe b
 	`)
+}
+
+func TestViewOwnPauseForgivesSilence(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		advance 50ms
+		tick
+		# this process was frozen (SIGSTOP) for 2s: far past b's TTL, but the
+		# silence was ours, so b is not timed out; it gets a fresh grace
+		advance 2s
+		tick
+		advance 99ms
+		tick
+		advance 1ms
+		tick
+		=> suspect b; probe b
+	`)
+}
+
+func TestPausedAfter(t *testing.T) {
+	for _, c := range []struct{ suspect, ttl, want time.Duration }{
+		{100 * time.Millisecond, time.Second, 500 * time.Millisecond},
+		{600 * time.Millisecond, 5 * time.Second, 2500 * time.Millisecond},
+		{400 * time.Millisecond, time.Second, 800 * time.Millisecond},
+	} {
+		if got := pausedAfter(c.suspect, c.ttl); got != c.want {
+			t.Errorf("pausedAfter(%s, %s) = %s, want %s", c.suspect, c.ttl, got, c.want)
+		}
+	}
 }
 
 func TestViewClientHasNoSelf(t *testing.T) {

@@ -19,6 +19,7 @@ func announceOf(m Member, seq uint64, now time.Time) *messages.MemberAnnounce {
 		Port:       int32(m.Port),
 		Role:       string(m.Role),
 		Kinds:      m.Kinds,
+		Name:       m.Name,
 		Load:       m.Load,
 		Seq:        seq,
 		SentUnixMs: now.UnixMilli(),
@@ -44,6 +45,7 @@ func memberOf(a *messages.MemberAnnounce) (Member, error) {
 		Role:  Role(a.GetRole()),
 		Kinds: kinds,
 		Load:  a.GetLoad(),
+		Name:  a.GetName(),
 	}, nil
 }
 

@@ -59,6 +59,18 @@ type Config struct {
 	// Tombstone is how long ended transfers are remembered, so late
 	// callers get "expired"/"released" rather than "unknown transfer".
 	Tombstone time.Duration
+	// ClusterPreset picks failure-detection timings: local (one machine:
+	// crash seen in ~0.1 s, hang after 1 s), lan (crash ~0.6 s, hang 5 s)
+	// or wan.
+	ClusterPreset string
+	// ClusterName is the protoactor cluster name (one NATS token).
+	ClusterName string
+	// ClusterHost is the address protoactor's remote listens on and
+	// advertises; the port is picked at start.
+	ClusterHost string
+	// OrphanScan is how often the coordinator rescans for requests whose
+	// owner left, besides reacting to membership changes at once.
+	OrphanScan time.Duration
 	// LogLevel is debug, info, warn or error.
 	LogLevel slog.Level
 }
@@ -83,6 +95,10 @@ var defaults = []struct {
 	{"pull_stall_ms", 1000, "a pull fails after this many milliseconds without progress"},
 	{"max_request_bytes", 256 << 10, "largest accepted API request payload in bytes"},
 	{"tombstone_s", 600, "seconds ended transfers are remembered"},
+	{"cluster_preset", "lan", "failure-detection timings: local, lan or wan"},
+	{"cluster_name", "connex", "protoactor cluster name"},
+	{"cluster_host", "127.0.0.1", "address the cluster's remote listens on and advertises"},
+	{"orphan_scan_ms", 1000, "how often orphaned requests are rescanned, in milliseconds"},
 	{"log_level", "warn", "log level: debug, info, warn or error"},
 }
 
@@ -213,6 +229,19 @@ func build(v *viper.Viper) (Config, error) {
 		return c, err
 	}
 	c.Tombstone = time.Duration(ts) * time.Second
+	if c.ClusterPreset, err = oneOf(v, "cluster_preset", "local", "lan", "wan"); err != nil {
+		return c, err
+	}
+	c.ClusterName = strings.TrimSpace(v.GetString("cluster_name"))
+	if !memberIDRe.MatchString(c.ClusterName) {
+		return c, fmt.Errorf("%w: cluster_name=%q, allowed: 1-64 letters, digits, '-' or '_'", ErrInvalid, c.ClusterName)
+	}
+	c.ClusterHost = strings.TrimSpace(v.GetString("cluster_host"))
+	scan, err := positive(v, "orphan_scan_ms", 3600*1000)
+	if err != nil {
+		return c, err
+	}
+	c.OrphanScan = time.Duration(scan) * time.Millisecond
 	lvl, err := oneOf(v, "log_level", "debug", "info", "warn", "error")
 	if err != nil {
 		return c, err

@@ -47,6 +47,7 @@ type Daemon struct {
 	reqErr   error // why reqStore is nil
 	rdeps    *actors.RequestDeps
 	members  Members
+	cluster  *clusterMembers
 	now      func() time.Time
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -109,6 +110,15 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	if err != nil {
 		return d, err
 	}
+	if d.reqStore != nil {
+		cm, err := joinCluster(d.Bus.Conn, cfg, log)
+		if err != nil {
+			return d, err
+		}
+		d.cluster, d.members = cm, cm
+		d.wg.Add(1)
+		go d.coordinate(cfg.OrphanScan)
+	}
 	// Make sure the server has our subscriptions before anyone is told we
 	// are ready (a request right after the ready line must find us).
 	if err := d.Bus.Conn.FlushTimeout(10 * time.Second); err != nil {
@@ -158,6 +168,9 @@ func (d *Daemon) Close() {
 			_ = d.svc.Stop()
 		}
 		close(d.stop)
+		if d.cluster != nil {
+			d.cluster.Close()
+		}
 		if d.system != nil {
 			for id, e := range d.dir.All() {
 				if _, err := d.system.Root.RequestFuture(e.PID, &actors.Shutdown{}, 5*time.Second).Result(); err != nil {

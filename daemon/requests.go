@@ -17,6 +17,9 @@ import (
 // load, change notifications, and this member's advertised load.
 type Members interface {
 	LiveDecode() []requests.Candidate
+	// Present lists every member name still in the view, suspects
+	// included: only requests of members that left are orphans.
+	Present() []string
 	OnChange(fn func()) (cancel func())
 	SetLoad(load int64)
 }
@@ -147,7 +150,15 @@ func (d *Daemon) coordinate(interval time.Duration) {
 	defer cancel()
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	leftovers := true
 	for {
+		if leftovers {
+			if err := d.adoptLeftovers(); err != nil {
+				d.log.Warn("adopting requests of this member's previous run failed; will retry", "err", err)
+			} else {
+				leftovers = false
+			}
+		}
 		select {
 		case <-d.stop:
 			return
@@ -175,7 +186,7 @@ func (d *Daemon) placeOrphans() error {
 	if err != nil {
 		return err
 	}
-	orphans := requests.Orphans(owners, ids)
+	orphans := requests.Orphans(owners, d.members.Present())
 	if len(orphans) == 0 {
 		return nil
 	}
@@ -187,6 +198,31 @@ func (d *Daemon) placeOrphans() error {
 				continue // someone adopted it already
 			}
 			errs = append(errs, fmt.Errorf("adopt %s on %s: %w", req, target, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// adoptLeftovers resumes requests that a previous run of this member (same
+// member id) owned: at start no request actor runs here, so any request the
+// store says we own is an orphan of that run.
+func (d *Daemon) adoptLeftovers() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	owners, err := d.reqStore.Owners(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for req, owner := range owners {
+		if owner != d.cfg.MemberID {
+			continue
+		}
+		if _, ok := d.reqTable.Lookup(req); ok {
+			continue
+		}
+		if _, err := d.Adopt(ctx, &messages.AdoptRequestMsg{RequestId: req, DeadOwner: owner}); err != nil && api.CodeOf(err) != api.CodeFenced {
+			errs = append(errs, fmt.Errorf("adopt %s: %w", req, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -53,7 +53,11 @@ type MemberAnnounce struct {
 	// Counts heartbeats from this member start; 0 is the first announce.
 	Seq uint64 `protobuf:"varint,8,opt,name=seq,proto3" json:"seq,omitempty"`
 	// Sender's wall clock in Unix milliseconds, for humans and diagnostics only.
-	SentUnixMs    int64 `protobuf:"varint,9,opt,name=sent_unix_ms,json=sentUnixMs,proto3" json:"sent_unix_ms,omitempty"`
+	SentUnixMs int64 `protobuf:"varint,9,opt,name=sent_unix_ms,json=sentUnixMs,proto3" json:"sent_unix_ms,omitempty"`
+	// The connexd member name (its member_id config key): the token engines
+	// and peers use in subject API subjects connex.v1.<name>.*. Stable across
+	// restarts, unlike member_id.
+	Name          string `protobuf:"bytes,10,opt,name=name,proto3" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -151,6 +155,13 @@ func (x *MemberAnnounce) GetSentUnixMs() int64 {
 	return 0
 }
 
+func (x *MemberAnnounce) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 // MemberGone says a member is out of the cluster: published on
 // <prefix>.<cluster>.leave.<member_id> by the member itself on a graceful
 // leave, or on <prefix>.<cluster>.dead.<member_id> by a member that found it
@@ -233,7 +244,7 @@ var File_membership_proto protoreflect.FileDescriptor
 
 const file_membership_proto_rawDesc = "" +
 	"\n" +
-	"\x10membership.proto\x12\tconnex.v1\"\xe1\x01\n" +
+	"\x10membership.proto\x12\tconnex.v1\"\xf5\x01\n" +
 	"\x0eMemberAnnounce\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x12\n" +
@@ -244,7 +255,9 @@ const file_membership_proto_rawDesc = "" +
 	"\x04load\x18\a \x01(\x03R\x04load\x12\x10\n" +
 	"\x03seq\x18\b \x01(\x04R\x03seq\x12 \n" +
 	"\fsent_unix_ms\x18\t \x01(\x03R\n" +
-	"sentUnixMs\"|\n" +
+	"sentUnixMs\x12\x12\n" +
+	"\x04name\x18\n" +
+	" \x01(\tR\x04name\"|\n" +
 	"\n" +
 	"MemberGone\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x1b\n" +

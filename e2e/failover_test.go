@@ -1,0 +1,198 @@
+package e2e
+
+import (
+	"fmt"
+	"reflect"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+)
+
+// decodeCluster is a prefill member and decode members, each a connexd
+// process, on one real NATS server, with the local failure-detection preset.
+type decodeCluster struct {
+	t       *testing.T
+	url     string
+	nc      *nats.Conn
+	prefill *engine
+	procs   map[string]*proc
+	engines map[string]*engine
+}
+
+func newDecodeCluster(t *testing.T, decoders ...string) *decodeCluster {
+	c := &decodeCluster{t: t, url: startNATS(t), procs: map[string]*proc{}, engines: map[string]*engine{}}
+	c.procs["prefill"] = startConnexd(t, "prefill", "--backend", "tcp", "--nats-url", c.url, "--role", "prefill", "--cluster-preset", "local", "--orphan-scan-ms", "200")
+	c.nc = connect(t, c.url)
+	c.prefill = newEngine(t, c.nc, "prefill", "engP", testLayout, true)
+	for _, d := range decoders {
+		c.addDecoder(d)
+	}
+	c.waitMembers(len(decoders) + 1)
+	return c
+}
+
+func (c *decodeCluster) addDecoder(name string) {
+	c.procs[name] = startConnexd(c.t, name, "--backend", "tcp", "--nats-url", c.url, "--role", "decode", "--cluster-preset", "local", "--orphan-scan-ms", "200")
+	c.engines[name] = newEngine(c.t, c.nc, name, "eng-"+name, testLayout, false)
+}
+
+// waitMembers polls the membership heartbeats until n distinct members announce.
+func (c *decodeCluster) waitMembers(n int) {
+	seen := map[string]bool{}
+	sub, err := c.nc.Subscribe("connex.cluster.>", func(m *nats.Msg) { seen[m.Subject] = true })
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	checkFor(c.t, 10*time.Second, 20*time.Millisecond, func() error {
+		_ = c.nc.Flush()
+		beats := 0
+		for s := range seen {
+			if len(s) > 0 && contains(s, ".events.heartbeat.") {
+				beats++
+			}
+		}
+		if beats < n {
+			return fmt.Errorf("%d of %d members heartbeating", beats, n)
+		}
+		return nil
+	})
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *decodeCluster) hold(t *testing.T, blocks []uint32, tokens uint32) *messages.KVTransferParams {
+	h, err := c.prefill.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: c.prefill.id, RegionId: c.prefill.rid, BlockIds: blocks, NumTokens: tokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h.Params
+}
+
+func (c *decodeCluster) startRequest(t *testing.T, on, id string, prm *messages.KVTransferParams, prompt []uint32) {
+	e := c.engines[on]
+	if _, err := e.cli.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: id, Params: prm, PromptTokenIds: prompt, EngineId: e.id}); err != nil {
+		t.Fatalf("start %s on %s: %v", id, on, err)
+	}
+}
+
+func (c *decodeCluster) progress(t *testing.T, on, id string, epoch uint64, toks ...uint32) error {
+	_, err := c.engines[on].cli.Progress(ctx5(t), &messages.RequestProgress{RequestId: id, Epoch: epoch, TokenIds: toks})
+	return err
+}
+
+// resumes subscribes to every decode engine's resume notices.
+func (c *decodeCluster) resumes(t *testing.T) *notices[*messages.ResumeNotice] {
+	return subscribe(t, c.nc, "connex.v1.engine.*.request.resume", func() *messages.ResumeNotice { return new(messages.ResumeNotice) })
+}
+
+func prompt(n int) []uint32 {
+	p := make([]uint32, n)
+	for i := range p {
+		p[i] = uint32(1000 + i)
+	}
+	return p
+}
+
+// TestRequestSurvivesDecodeMemberDeath starts requests on decode members,
+// SIGKILLs one member and SIGSTOPs another, and checks that each request
+// actor is respawned on a live member with its state intact, that the new
+// engine can pull the same hold again, that a member joining moves nothing,
+// and that the frozen member, once resumed, is fenced.
+func TestRequestSurvivesDecodeMemberDeath(t *testing.T) {
+	c := newDecodeCluster(t, "d1", "d2", "d3")
+	res := c.resumes(t)
+	src := []uint32{2, 3, 4, 5}
+	prm := c.hold(t, src, 64)
+	p := prompt(64)
+
+	c.startRequest(t, "d1", "r-kill", prm, p)
+	if err := c.progress(t, "d1", "r-kill", 1, 7, 8, 9); err != nil {
+		t.Fatal(err)
+	}
+	c.startRequest(t, "d2", "r-hang", prm, p)
+	if err := c.progress(t, "d2", "r-hang", 1, 11, 12); err != nil {
+		t.Fatal(err)
+	}
+
+	// A member joining while requests run moves none of them.
+	c.addDecoder("d4")
+	c.waitMembers(5)
+	for id, owner := range map[string]string{"r-kill": "d1", "r-hang": "d2"} {
+		st, err := c.engines["d3"].cli.InspectRequest(ctx5(t), &messages.RequestRef{RequestId: id})
+		if err != nil || st.State.Owner != owner || st.State.Epoch != 1 {
+			t.Fatalf("%s after a join: %v %v", id, st, err)
+		}
+	}
+
+	// SIGKILL d1: r-kill resumes elsewhere with prompt and tokens intact.
+	killed := time.Now()
+	c.procs["d1"].signal(syscall.SIGKILL)
+	n := res.wait(t, 10*time.Second, func(m *messages.ResumeNotice) bool { return m.State.RequestId == "r-kill" })
+	t.Logf("kill -> resume notice: %s, now on %s", time.Since(killed).Round(time.Millisecond), n.State.Owner)
+	st := n.State
+	if st.Owner == "d1" || st.Epoch != 2 || !reflect.DeepEqual(st.PromptTokenIds, p) || !reflect.DeepEqual(st.GeneratedTokenIds, []uint32{7, 8, 9}) || st.Params.TransferId != prm.TransferId {
+		t.Fatalf("resumed state: %v", st)
+	}
+	// The new owner's engine pulls the same hold again (no second prefill)
+	// and gets the prompt's KV.
+	newOwner := c.engines[st.Owner]
+	done := subscribe(t, c.nc, api.PullDoneSubject(newOwner.id), func() *messages.PullDone { return new(messages.PullDone) })
+	dst := []uint32{10, 11, 12, 13}
+	if _, err := newOwner.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: st.Params, EngineId: newOwner.id, RegionId: newOwner.rid, BlockIds: dst, PullId: "resume"}); err != nil {
+		t.Fatal(err)
+	}
+	if d := done.wait(t, 10*time.Second, func(m *messages.PullDone) bool { return m.PullId == "resume" }); !d.Ok {
+		t.Fatalf("re-pull after failover: %v", d)
+	}
+	verifyBlocks(t, c.prefill.region, newOwner.region, src, dst, nil)
+	if err := c.progress(t, st.Owner, "r-kill", 2, 10); err != nil {
+		t.Fatalf("progress on the new owner: %v", err)
+	}
+
+	// SIGSTOP d2: after the TTL r-hang resumes elsewhere.
+	c.procs["d2"].signal(syscall.SIGSTOP)
+	stopped := time.Now()
+	n = res.wait(t, 10*time.Second, func(m *messages.ResumeNotice) bool { return m.State.RequestId == "r-hang" })
+	t.Logf("hang -> resume notice: %s, now on %s", time.Since(stopped).Round(time.Millisecond), n.State.Owner)
+	if n.State.Owner == "d2" || n.State.Epoch != 2 || !reflect.DeepEqual(n.State.GeneratedTokenIds, []uint32{11, 12}) {
+		t.Fatalf("resumed state: %v", n.State)
+	}
+	// The zombie comes back: its write is fenced, its engine told to stop,
+	// and the durable state is untouched.
+	fenced := subscribe(t, c.nc, api.FencedSubject(c.engines["d2"].id), func() *messages.FencedNotice { return new(messages.FencedNotice) })
+	c.procs["d2"].signal(syscall.SIGCONT)
+	err := c.progress(t, "d2", "r-hang", 1, 99)
+	if api.CodeOf(err) != api.CodeFenced {
+		t.Fatalf("zombie progress: want fenced, got %v", err)
+	}
+	f := fenced.wait(t, 5*time.Second, func(m *messages.FencedNotice) bool { return m.RequestId == "r-hang" })
+	if f.NewOwner != n.State.Owner || f.StaleEpoch != 1 {
+		t.Fatalf("fenced notice %v", f)
+	}
+	cur, err := c.engines["d3"].cli.InspectRequest(ctx5(t), &messages.RequestRef{RequestId: "r-hang"})
+	if err != nil || cur.State.Owner != n.State.Owner || !reflect.DeepEqual(cur.State.GeneratedTokenIds, []uint32{11, 12}) {
+		t.Fatalf("state after zombie write: %v %v", cur, err)
+	}
+	// Finishing releases the hold exactly once (both requests share it in
+	// this test; the second release finds it already released).
+	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
+	if _, err := c.engines[st.Owner].cli.FinishRequest(ctx5(t), &messages.FinishRequestMsg{RequestId: "r-kill", Epoch: 2}); err != nil {
+		t.Fatal(err)
+	}
+	freed.wait(t, 5*time.Second, func(m *messages.BlocksFreed) bool { return m.TransferId == prm.TransferId })
+	if _, err := c.engines["d3"].cli.InspectRequest(ctx5(t), &messages.RequestRef{RequestId: "r-kill"}); api.CodeOf(err) != api.CodeUnknownRequest {
+		t.Fatalf("finished request still stored: %v", err)
+	}
+}
