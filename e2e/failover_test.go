@@ -15,7 +15,7 @@ import (
 // decodeCluster is a prefill member and decode members, each a connexd
 // process, on one real NATS server, with the local failure-detection preset.
 type decodeCluster struct {
-	t       *testing.T
+	t       testing.TB
 	url     string
 	nc      *nats.Conn
 	prefill *engine
@@ -23,7 +23,7 @@ type decodeCluster struct {
 	engines map[string]*engine
 }
 
-func newDecodeCluster(t *testing.T, decoders ...string) *decodeCluster {
+func newDecodeCluster(t testing.TB, decoders ...string) *decodeCluster {
 	c := &decodeCluster{t: t, url: startNATS(t), procs: map[string]*proc{}, engines: map[string]*engine{}}
 	c.procs["prefill"] = startConnexd(t, "prefill", "--backend", "tcp", "--nats-url", c.url, "--role", "prefill", "--cluster-preset", "local", "--orphan-scan-ms", "200")
 	c.nc = connect(t, c.url)
@@ -72,7 +72,7 @@ func contains(s, sub string) bool {
 	return false
 }
 
-func (c *decodeCluster) hold(t *testing.T, blocks []uint32, tokens uint32) *messages.KVTransferParams {
+func (c *decodeCluster) hold(t testing.TB, blocks []uint32, tokens uint32) *messages.KVTransferParams {
 	h, err := c.prefill.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: c.prefill.id, RegionId: c.prefill.rid, BlockIds: blocks, NumTokens: tokens})
 	if err != nil {
 		t.Fatal(err)
@@ -80,20 +80,20 @@ func (c *decodeCluster) hold(t *testing.T, blocks []uint32, tokens uint32) *mess
 	return h.Params
 }
 
-func (c *decodeCluster) startRequest(t *testing.T, on, id string, prm *messages.KVTransferParams, prompt []uint32) {
+func (c *decodeCluster) startRequest(t testing.TB, on, id string, prm *messages.KVTransferParams, prompt []uint32) {
 	e := c.engines[on]
 	if _, err := e.cli.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: id, Params: prm, PromptTokenIds: prompt, EngineId: e.id}); err != nil {
 		t.Fatalf("start %s on %s: %v", id, on, err)
 	}
 }
 
-func (c *decodeCluster) progress(t *testing.T, on, id string, epoch uint64, toks ...uint32) error {
+func (c *decodeCluster) progress(t testing.TB, on, id string, epoch uint64, toks ...uint32) error {
 	_, err := c.engines[on].cli.Progress(ctx5(t), &messages.RequestProgress{RequestId: id, Epoch: epoch, TokenIds: toks})
 	return err
 }
 
 // resumes subscribes to every decode engine's resume notices.
-func (c *decodeCluster) resumes(t *testing.T) *notices[*messages.ResumeNotice] {
+func (c *decodeCluster) resumes(t testing.TB) *notices[*messages.ResumeNotice] {
 	return subscribe(t, c.nc, "connex.v1.engine.*.request.resume", func() *messages.ResumeNotice { return new(messages.ResumeNotice) })
 }
 
