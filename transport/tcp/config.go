@@ -1,0 +1,100 @@
+package tcp
+
+import (
+	"fmt"
+	"time"
+)
+
+// Config tunes the TCP backend beyond transport.Options. The zero value of
+// any field means its default (DefaultConfig).
+type Config struct {
+	// ConnsPerEndpoint is how many TCP connections a reader opens to one
+	// holder; chunks of a Get are spread over them. One or two saturate a
+	// small machine; more help on long fat networks.
+	ConnsPerEndpoint int
+	// ChunkBytes is the largest request a reader sends; bigger GetOps are
+	// split. At most MaxRequestBytes.
+	ChunkBytes int
+	// WindowBytes bounds the payload bytes one Get call keeps in flight.
+	WindowBytes int
+	// WindowOps bounds the requests one Get call keeps in flight.
+	WindowOps int
+	// SocketBuffer, when positive, sets SO_SNDBUF/SO_RCVBUF on every
+	// connection. Zero keeps the kernel's autotuning, which on Linux grows
+	// further than an explicit setting is allowed to (net.ipv4.tcp_rmem vs
+	// net.core.rmem_max).
+	SocketBuffer int
+	// WriteTimeout is how long the server waits for a reader to accept one
+	// batch of response bytes before it gives up on that connection.
+	WriteTimeout time.Duration
+	// HandshakeTimeout bounds how long an accepted connection may take to
+	// send its hello.
+	HandshakeTimeout time.Duration
+	// DeregisterGrace is how long Deregister lets in-progress writes from the
+	// memory finish before it closes the connections carrying them.
+	DeregisterGrace time.Duration
+	// MaxConns caps concurrently served connections; more are closed on
+	// accept.
+	MaxConns int
+}
+
+// DefaultConfig returns the configuration Open uses.
+func DefaultConfig() Config {
+	return Config{
+		ConnsPerEndpoint: 2,                // one per core on the 2-core reference box
+		ChunkBytes:       4 << 20,          // 4 MiB: a few ms per chunk even at 1 GB/s
+		WindowBytes:      32 << 20,         // 8 chunks in flight per Get
+		WindowOps:        128,              // enough to hide RTT for 32 KiB pieces
+		SocketBuffer:     0,                // kernel autotuning
+		WriteTimeout:     10 * time.Second, // a reader stalled this long is dead
+		HandshakeTimeout: 10 * time.Second, // drop silent connections
+		DeregisterGrace:  time.Second,      // then cut readers that do not drain
+		MaxConns:         1024,             // bounds server goroutines and buffers
+	}
+}
+
+// withDefaults fills zero fields from DefaultConfig and checks the result.
+func (c Config) withDefaults() (Config, error) {
+	d := DefaultConfig()
+	if c.ConnsPerEndpoint == 0 {
+		c.ConnsPerEndpoint = d.ConnsPerEndpoint
+	}
+	if c.ChunkBytes == 0 {
+		c.ChunkBytes = d.ChunkBytes
+	}
+	if c.WindowBytes == 0 {
+		c.WindowBytes = d.WindowBytes
+	}
+	if c.WindowOps == 0 {
+		c.WindowOps = d.WindowOps
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = d.WriteTimeout
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
+	}
+	if c.DeregisterGrace == 0 {
+		c.DeregisterGrace = d.DeregisterGrace
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = d.MaxConns
+	}
+	switch {
+	case c.ConnsPerEndpoint < 0 || c.ConnsPerEndpoint > 64:
+		return c, fmt.Errorf("tcp config: ConnsPerEndpoint %d out of range 1..64", c.ConnsPerEndpoint)
+	case c.ChunkBytes < 0 || c.ChunkBytes > MaxRequestBytes:
+		return c, fmt.Errorf("tcp config: ChunkBytes %d out of range 1..%d", c.ChunkBytes, MaxRequestBytes)
+	case c.WindowBytes < 0:
+		return c, fmt.Errorf("tcp config: negative WindowBytes %d", c.WindowBytes)
+	case c.WindowOps < 0:
+		return c, fmt.Errorf("tcp config: negative WindowOps %d", c.WindowOps)
+	case c.SocketBuffer < 0:
+		return c, fmt.Errorf("tcp config: negative SocketBuffer %d", c.SocketBuffer)
+	case c.WriteTimeout < 0 || c.HandshakeTimeout < 0 || c.DeregisterGrace < 0:
+		return c, fmt.Errorf("tcp config: negative timeout")
+	case c.MaxConns < 0:
+		return c, fmt.Errorf("tcp config: negative MaxConns %d", c.MaxConns)
+	}
+	return c, nil
+}

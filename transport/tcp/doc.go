@@ -1,0 +1,87 @@
+// Package tcp is Connex's pure-Go data plane: one-sided GETs served over
+// plain TCP for machines without libucx.
+//
+// A Backend both serves its registered memory (a listener on
+// transport.Options.ListenAddr) and reads from other backends (Endpoints,
+// cached per address and shared by reference count). The holder's CPU sends
+// the bytes (Caps().OneSided is false), but no user-space copy is made on
+// either side: the server hands registered memory straight to writev, and
+// the reader's read(2) lands each payload in the caller's GetOp.Dst (only the
+// few bytes that arrive together with a response header pass through a
+// 4 KiB buffer).
+//
+// # Remote keys
+//
+// A remote key is 16 bytes: an 8-byte big-endian registration id followed by
+// 8 random secret bytes from crypto/rand. RemoteAddr is 0, so byte i of a
+// registration is at offset i. A GET is served only when the id names a live
+// registration, the secret matches (compared in constant time) and
+// [offset, offset+length) lies inside the registration; otherwise the reader
+// gets transport.ErrNotRegistered and no byte of memory is sent.
+//
+// # Wire protocol (version 1)
+//
+// All integers are big-endian. A connection starts with an 8-byte hello in
+// each direction; the reader sends its hello and may pipeline requests right
+// behind it without waiting for the server's:
+//
+//	hello:    "CNXT" | version u8 (=1) | flags u8 (=0) | reserved u16 (=0)
+//
+// After the hello the reader sends fixed-size request frames and the server
+// answers every GET, in order, with a response header followed by the
+// payload when the status is OK:
+//
+//	request  (40 bytes): magic u8 (=0xC7) | op u8 | reserved u16 (=0)
+//	                     | length u32 | request id u64 | key [16]byte | offset u64
+//	response (16 bytes): magic u8 (=0xC7) | status u8 | reserved u16 (=0)
+//	                     | payload length u32 | request id u64
+//	                     then payload length bytes
+//
+//	op 1 GET:    read length bytes at offset of the registration named by key
+//	op 2 CANCEL: the reader no longer wants GET "request id"; length, key
+//	             and offset are zero. Ignored if that GET is not queued.
+//	status 0 OK:             exactly the requested length follows
+//	status 1 not registered: no payload (unknown id, wrong secret, out of range)
+//	status 2 canceled:       no payload (answer to a canceled GET)
+//
+// Request ids are chosen by the reader and must be unique among its
+// outstanding GETs. A request longer than MaxRequestBytes (16 MiB); a bad
+// magic, version, op or reserved field; a reused id; or a response whose id is
+// not outstanding or whose length disagrees with its request is a protocol
+// error: the side that sees it logs a warning and closes that one connection.
+// Frames are fixed-size and the server reads at most 256 requests ahead, so
+// neither side allocates on the peer's say-so.
+//
+// Readers split large GETs into Config.ChunkBytes requests, spread them over
+// Config.ConnsPerEndpoint connections and keep at most Config.WindowBytes /
+// Config.WindowOps in flight per Get call, refilling the window in batches.
+// The server answers requests already queued with one writev straight from
+// registered memory.
+//
+// # Failure semantics
+//
+// Get returns when every op completed, one failed, or its context (or the
+// Endpoint) ended. When it gives up early it abandons its requests: it
+// CANCELs those the server has not answered yet, and the reader discards
+// the payloads that still arrive. If the reader is decoding a payload into
+// the caller's memory at that moment, the Get kicks it (a read deadline in
+// the past), and the reader acknowledges before Get returns; so Get returns
+// within microseconds even if the peer is frozen, no byte lands in Dst after
+// it returned, and the connection stays usable for the other Gets sharing it.
+// A Get that ends by its context also cuts a connection that looks frozen
+// (nothing received for a second, or thousands of abandoned requests), so a
+// peer that wakes up does not stream a backlog nobody wants.
+//
+// A connection that fails by EOF or reset fails its requests with
+// transport.ErrPeerGone; Gets resend those requests once more on a fresh
+// connection (GETs are idempotent, and an idle connection may have been
+// dropped by the holder), so a dead holder surfaces as ErrPeerGone from the
+// redial. A connection cut on behalf of another Get is retried the same
+// way.
+//
+// Deregister waits until no server goroutine is writing from the memory. A
+// write to a reader that does not drain its socket is aborted after
+// Config.DeregisterGrace by closing that connection, so Deregister never waits
+// on a frozen reader for long. Server writes to any reader are bounded by
+// Config.WriteTimeout.
+package tcp

@@ -1,0 +1,119 @@
+package tcp
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/connex/connex/transport"
+)
+
+// endpoint is the shared state of every Endpoint to one address: a few
+// connections, redialed on demand after a failure.
+type endpoint struct {
+	b    *Backend
+	addr string
+	refs int // guarded by b.mu
+
+	mu    sync.Mutex
+	slots []*clientConn
+	err   error // set by shutdown; no more dials
+
+	rr atomic.Uint32 // spreads Gets' first chunks over the slots
+}
+
+func newEndpoint(b *Backend, addr string) *endpoint {
+	return &endpoint{b: b, addr: addr, slots: make([]*clientConn, b.cfg.ConnsPerEndpoint)}
+}
+
+// conn returns a usable connection for slot i, dialing one (with ctx's
+// deadline) if the slot is empty or its connection failed.
+func (e *endpoint) conn(ctx context.Context, i int) (*clientConn, error) {
+	e.mu.Lock()
+	if e.err != nil {
+		e.mu.Unlock()
+		return nil, e.err
+	}
+	if c := e.slots[i]; c != nil && c.usable() {
+		e.mu.Unlock()
+		return c, nil
+	}
+	e.mu.Unlock()
+
+	nc, err := dialConn(ctx, e.b, e.addr)
+	if err != nil {
+		return nil, err
+	}
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.err != nil {
+		_ = nc.Close()
+		return nil, e.err
+	}
+	if c := e.slots[i]; c != nil && c.usable() {
+		_ = nc.Close() // a concurrent Get redialed first
+		return c, nil
+	}
+	c := newClientConn(e, nc)
+	e.slots[i] = c
+	// Add happens under e.mu before shutdown (which Backend.Close runs
+	// before waiting) can see e.err == nil, so Close waits for this reader.
+	e.b.wg.Add(1)
+	go c.readLoop(&e.b.wg)
+	e.b.log.Debug("tcp: connected to holder", "peer", e.addr, "slot", i)
+	return c, nil
+}
+
+// shutdown fails every connection with reason and waits for their readers.
+func (e *endpoint) shutdown(reason error) {
+	e.mu.Lock()
+	if e.err == nil {
+		e.err = reason
+	}
+	conns := make([]*clientConn, 0, len(e.slots))
+	for _, c := range e.slots {
+		if c != nil {
+			conns = append(conns, c)
+		}
+	}
+	e.mu.Unlock()
+	for _, c := range conns {
+		c.abort(reason)
+	}
+	for _, c := range conns {
+		<-c.done
+	}
+}
+
+// endpointRef is one caller's reference to a shared endpoint.
+type endpointRef struct {
+	e    *endpoint
+	once sync.Once
+	done chan struct{} // closed by Close: fails this caller's Gets
+}
+
+var _ transport.Endpoint = (*endpointRef)(nil)
+
+// Get reads every op; see transport.Endpoint. Ops may name different
+// registrations of the same holder and are split into Config.ChunkBytes
+// requests.
+func (r *endpointRef) Get(ctx context.Context, ops []transport.GetOp) error {
+	select {
+	case <-r.done:
+		return fmt.Errorf("tcp get %s: %w", r.e.addr, transport.ErrClosed)
+	default:
+	}
+	return r.e.get(ctx, r.done, ops)
+}
+
+// Close releases this reference; the connections close with the last one.
+// Gets still running on this reference fail with ErrClosed. Idempotent.
+func (r *endpointRef) Close() error {
+	r.once.Do(func() {
+		close(r.done)
+		r.e.b.release(r.e)
+	})
+	return nil
+}

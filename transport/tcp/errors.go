@@ -1,0 +1,32 @@
+package tcp
+
+import (
+	"errors"
+	"io"
+	"syscall"
+)
+
+// errConnAborted fails the requests of a connection that this side closed
+// to unblock a canceled Get. Those requests did nothing wrong, so their Gets
+// resend them on a fresh connection.
+var errConnAborted = errors.New("tcp: connection closed to abandon a canceled get")
+
+// errConnLost marks a connection that failed under the requests (EOF,
+// reset, write error) as opposed to one that delivered garbage. Requests
+// lost with it are resent once more on a fresh connection, as HTTP clients
+// do for idempotent requests: the holder may have closed an idle connection
+// just as the Get reused it. A dead holder refuses the redial, so the Get
+// still fails with ErrPeerGone.
+var errConnLost = errors.New("connection lost")
+
+// maxTries bounds how often one chunk is resent after errConnAborted.
+const maxTries = 5
+
+func isEOF(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+func isReset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, syscall.ECONNABORTED)
+}

@@ -1,0 +1,298 @@
+package tcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/connex/connex/transport"
+)
+
+// chunk is one request's worth of a GetOp.
+type chunk struct {
+	op    int // index into the caller's ops, for error context
+	key   remoteKey
+	off   uint64
+	dst   []byte
+	tries int
+}
+
+// planChunks validates ops and splits them into requests of at most max
+// bytes. A zero-length op still becomes one request, so its key and offset
+// are checked by the holder like any other.
+func planChunks(ops []transport.GetOp, max int) ([]chunk, error) {
+	n := 0
+	for i := range ops {
+		n += 1 + len(ops[i].Dst)/max
+	}
+	chunks := make([]chunk, 0, n)
+	var lastKey []byte
+	var key remoteKey
+	for i, op := range ops {
+		if lastKey == nil || string(op.RemoteKey) != string(lastKey) {
+			k, err := decodeKey(op.RemoteKey)
+			if err != nil {
+				return nil, fmt.Errorf("op %d: %w", i, err)
+			}
+			key, lastKey = k, op.RemoteKey
+		}
+		if end := op.RemoteAddr + uint64(len(op.Dst)); end < op.RemoteAddr {
+			return nil, fmt.Errorf("op %d: range %d+%d overflows: %w", i, op.RemoteAddr, len(op.Dst), transport.ErrNotRegistered)
+		}
+		dst, off := op.Dst, op.RemoteAddr
+		for {
+			m := min(len(dst), max)
+			chunks = append(chunks, chunk{op: i, key: key, off: off, dst: dst[:m:m]})
+			dst, off = dst[m:], off+uint64(m)
+			if len(dst) == 0 {
+				break
+			}
+		}
+	}
+	return chunks, nil
+}
+
+// getCall is the state one Get shares with the connection readers.
+type getCall struct {
+	// done receives every sent request exactly once. Its capacity is the
+	// call's request window, so readers never block on it, even after the
+	// Get has returned and stopped receiving.
+	done  chan *pendingReq
+	start int64 // monoNow when the Get started
+}
+
+// abandonMode says why a Get stops early.
+type abandonMode int
+
+const (
+	abandonFailed abandonMode = iota // an op failed
+	abandonCtx                       // ctx ended: also cut connections that look frozen
+	abandonClosed                    // the Endpoint was closed
+)
+
+// get runs one Get: it keeps up to the window of chunks in flight, spread
+// over the endpoint's connections, and resends chunks whose connection was
+// cut on behalf of another Get.
+func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transport.GetOp) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("tcp get %s: %w", e.addr, transport.CtxErr(err))
+	}
+	cfg := &e.b.cfg
+	chunks, err := planChunks(ops, cfg.ChunkBytes)
+	if err != nil {
+		return fmt.Errorf("tcp get %s: %w", e.addr, err)
+	}
+	if len(chunks) == 0 {
+		return nil
+	}
+	maxOps := min(cfg.WindowOps, len(chunks))
+	call := &getCall{done: make(chan *pendingReq, maxOps), start: monoNow()}
+	nslots := len(e.slots)
+
+	var (
+		inflight      = make([]*pendingReq, 0, maxOps)
+		inflightBytes int
+		next          int   // next chunk never sent
+		resend        []int // chunks to send again
+		remaining     = len(chunks)
+		perSlot       = make([][]*pendingReq, nslots)
+		slot          = int(e.rr.Add(1)) % nslots
+	)
+	fail := func(mode abandonMode, err error) error {
+		e.abandon(call, inflight, mode)
+		return err
+	}
+	// handle accounts for one completion; it returns a non-nil error when
+	// the Get must stop.
+	handle := func(r *pendingReq) error {
+		inflight, inflightBytes = dropInflight(inflight, r), inflightBytes-len(r.dst)
+		if r.err == nil {
+			remaining--
+			return nil
+		}
+		ch := &chunks[r.chunk]
+		if (errors.Is(r.err, errConnAborted) || errors.Is(r.err, errConnLost)) && ch.tries < maxTries {
+			ch.tries++
+			resend = append(resend, r.chunk)
+			return nil
+		}
+		err := r.err
+		if errors.Is(err, errConnAborted) {
+			err = fmt.Errorf("%w: %w", transport.ErrPeerGone, err)
+		}
+		return fail(abandonFailed, fmt.Errorf("tcp get %s: op %d (key %d, offset %d, %d bytes): %w",
+			e.addr, ch.op, ch.key.id, ch.off, len(ch.dst), err))
+	}
+	for remaining > 0 {
+		// Refill the window once it is half empty, so requests go out in
+		// batches (one write per connection) rather than one per answer.
+		if len(inflight) <= maxOps/2 && inflightBytes <= cfg.WindowBytes/2 {
+			for len(inflight) < maxOps && (next < len(chunks) || len(resend) > 0) {
+				i := next
+				if len(resend) > 0 {
+					i = resend[len(resend)-1]
+				}
+				n := len(chunks[i].dst)
+				if inflightBytes > 0 && inflightBytes+n > cfg.WindowBytes {
+					break
+				}
+				if len(resend) > 0 {
+					resend = resend[:len(resend)-1]
+				} else {
+					next++
+				}
+				ch := &chunks[i]
+				r := &pendingReq{call: call, chunk: i, key: ch.key, off: ch.off, dst: ch.dst, slot: len(inflight)}
+				inflight = append(inflight, r)
+				inflightBytes += n
+				perSlot[slot] = append(perSlot[slot], r)
+				slot = (slot + 1) % nslots
+			}
+			for s := range perSlot {
+				if len(perSlot[s]) == 0 {
+					continue
+				}
+				err := e.sendSlot(ctx, s, perSlot[s])
+				if err != nil {
+					// Nothing of this slot's batch was sent: forget it.
+					for _, r := range perSlot[s] {
+						inflight, inflightBytes = dropInflight(inflight, r), inflightBytes-len(r.dst)
+					}
+				}
+				clear(perSlot[s])
+				perSlot[s] = perSlot[s][:0]
+				if err != nil {
+					mode := abandonFailed
+					if ctx.Err() != nil {
+						mode = abandonCtx
+					}
+					return fail(mode, fmt.Errorf("tcp get %s: %w", e.addr, err))
+				}
+			}
+		}
+
+		select {
+		case r := <-call.done:
+			if err := handle(r); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return fail(abandonCtx, fmt.Errorf("tcp get %s: %d of %d requests outstanding: %w",
+				e.addr, remaining, len(chunks), transport.CtxErr(ctx.Err())))
+		case <-closed:
+			return fail(abandonClosed, fmt.Errorf("tcp get %s: %w", e.addr, transport.ErrClosed))
+		}
+		// Take every completion that is already there before refilling.
+	drain:
+		for remaining > 0 {
+			select {
+			case r := <-call.done:
+				if err := handle(r); err != nil {
+					return err
+				}
+			default:
+				break drain
+			}
+		}
+	}
+	return nil
+}
+
+// dropInflight removes r from the in-flight list in O(1).
+func dropInflight(inflight []*pendingReq, r *pendingReq) []*pendingReq {
+	last := len(inflight) - 1
+	moved := inflight[last]
+	inflight[r.slot] = moved
+	moved.slot = r.slot
+	inflight[last] = nil
+	return inflight[:last]
+}
+
+// sendSlot sends reqs on slot s's connection, redialing once if the
+// connection turned out to be dead.
+func (e *endpoint) sendSlot(ctx context.Context, s int, reqs []*pendingReq) error {
+	for attempt := 0; ; attempt++ {
+		c, err := e.conn(ctx, s)
+		if err != nil {
+			return err
+		}
+		err = c.send(ctx, reqs)
+		if err != errConnDead {
+			return err
+		}
+		if attempt == 2 {
+			return fmt.Errorf("%w: connections keep failing", transport.ErrPeerGone)
+		}
+	}
+}
+
+// A Get that ends by its context cuts a connection that looks frozen: it has
+// received nothing for stallAfter, not even since the Get started, or it has
+// piled up more than maxAbandoned unanswered requests of Gets that gave up.
+// Cutting drops the backlog a frozen peer would stream (and the reader
+// discard) once it wakes up, and bounds the pending table. The cost of a
+// wrong guess is small: the other Gets on the connection resend their
+// requests on a fresh one.
+const (
+	stallAfter   = time.Second
+	maxAbandoned = 4096
+)
+
+// abandon makes sure no connection writes into the Dst of any request in
+// inflight once it returns. Requests are marked abandoned (their payloads are
+// discarded on arrival); a reader decoding one of them right now is kicked
+// out of its read (see rideKick) and acknowledges by completing the request,
+// which abandon awaits. That takes microseconds even against a frozen peer,
+// and leaves the connection to the other Gets sharing it. A Get that ends
+// by its context also cuts connections that look frozen (stallAfter).
+func (e *endpoint) abandon(call *getCall, inflight []*pendingReq, mode abandonMode) {
+	var (
+		seen = make(map[*clientConn]bool)
+		wait = make(map[*pendingReq]bool)
+		cut  []*clientConn
+		now  = monoNow()
+	)
+	var cancels []uint64
+	for _, r := range inflight {
+		c := r.conn
+		if c == nil || seen[c] {
+			continue
+		}
+		seen[c] = true
+		c.mu.Lock()
+		cancels = cancels[:0]
+		for _, q := range inflight {
+			if q.conn == c {
+				// Those whose header the reader has yet to see are
+				// counted (the reader uncounts them) and canceled.
+				if !q.abandoned && c.pending[q.id] == q && c.current != q {
+					cancels = append(cancels, q.id)
+				}
+				q.abandoned = true
+			}
+		}
+		ours := len(cancels)
+		if cur := c.current; cur != nil && cur.call == call {
+			wait[cur] = true
+			c.kicked = true
+			_ = c.nc.SetReadDeadline(aLongTimeAgo)
+		}
+		c.abandoned += ours
+		last := c.lastRecv.Load()
+		stalled := mode == abandonCtx &&
+			(last < call.start && time.Duration(now-last) > stallAfter || c.abandoned > maxAbandoned)
+		c.mu.Unlock()
+		if stalled {
+			cut = append(cut, c)
+		} else if len(cancels) > 0 {
+			c.cancel(cancels)
+		}
+	}
+	for len(wait) > 0 {
+		delete(wait, <-call.done)
+	}
+	for _, c := range cut {
+		c.abort(errConnAborted)
+	}
+}

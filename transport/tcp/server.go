@@ -1,0 +1,310 @@
+package tcp
+
+import (
+	"bufio"
+	"crypto/subtle"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Server limits: requests already queued are answered with one writev of at
+// most maxBatchOps responses / maxBatchBytes payload (a single larger
+// response is sent alone); at most maxQueued requests are read ahead, which
+// is what a CANCEL can still reach and bounds the memory a reader can make
+// the server hold.
+const (
+	maxBatchOps   = 64
+	maxBatchBytes = 1 << 20
+	maxQueued     = 256
+	serverReadBuf = 16 << 10 // request frames only: 400 of them
+)
+
+// serverConn is one accepted reader connection. One goroutine reads its
+// requests ahead (readRequests), the connection's own goroutine answers them
+// in order (answer).
+type serverConn struct {
+	b  *Backend
+	nc net.Conn
+
+	queue  chan request  // read ahead, not answered yet
+	stop   chan struct{} // closed when answer returns
+	qmu    sync.Mutex
+	queued map[uint64]bool // ids in queue (or being answered) -> canceled
+
+	// writing is the registration whose lock this connection holds while a
+	// batch is being written; Deregister uses it to cut stalled readers.
+	writing atomic.Pointer[registration]
+
+	locked *registration // read-locked by the pending batch, or nil
+	iov    [][]byte      // pending batch: headers and payload slices
+	hdrs   []byte        // backing store for the batch's headers
+	nOps   int
+	nBytes int
+}
+
+func (b *Backend) acceptLoop() {
+	defer b.wg.Done()
+	backoff := time.Duration(0)
+	for {
+		nc, err := b.ln.Accept()
+		if err != nil {
+			if b.isClosed() {
+				return
+			}
+			// Out of file descriptors and similar: back off like net/http.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			b.log.Warn("tcp accept failed; retrying", "err", err, "backoff", backoff)
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-b.quit:
+				t.Stop()
+				return
+			}
+			continue
+		}
+		backoff = 0
+		b.mu.Lock()
+		if b.closed || len(b.conns) >= b.cfg.MaxConns {
+			full := !b.closed
+			b.mu.Unlock()
+			_ = nc.Close()
+			if full {
+				b.log.Warn("tcp: too many connections; refusing one", "peer", nc.RemoteAddr().String(), "max", b.cfg.MaxConns)
+			}
+			continue
+		}
+		sc := &serverConn{b: b, nc: nc}
+		b.conns[sc] = struct{}{}
+		b.wg.Add(1)
+		b.mu.Unlock()
+		go sc.run()
+	}
+}
+
+func (sc *serverConn) run() {
+	b := sc.b
+	defer b.wg.Done()
+	defer func() {
+		b.mu.Lock()
+		delete(b.conns, sc)
+		b.mu.Unlock()
+	}()
+	b.tuneConn(sc.nc)
+	peer := sc.nc.RemoteAddr().String()
+	b.log.Debug("tcp: reader connected", "peer", peer)
+	err := sc.serve()
+	_ = sc.nc.Close()
+	switch {
+	case errors.Is(err, errProtocol):
+		b.log.Warn("tcp: closing connection after bad input", "peer", peer, "err", err)
+	case err == nil || isClosedErr(err) || b.isClosed():
+		b.log.Debug("tcp: reader disconnected", "peer", peer, "err", err)
+	default:
+		b.log.Warn("tcp: reader connection failed", "peer", peer, "err", err)
+	}
+}
+
+// serve runs the handshake and then answers requests until the connection
+// fails. It returns nil on a clean EOF between frames.
+func (sc *serverConn) serve() error {
+	defer sc.release()
+	b := sc.b
+	var hello [helloLen]byte
+	_ = sc.nc.SetReadDeadline(time.Now().Add(b.cfg.HandshakeTimeout))
+	if _, err := io.ReadFull(sc.nc, hello[:]); err != nil {
+		return err
+	}
+	if err := decodeHello(hello[:]); err != nil {
+		return err
+	}
+	_ = sc.nc.SetReadDeadline(time.Time{})
+	_ = sc.nc.SetWriteDeadline(time.Now().Add(b.cfg.WriteTimeout))
+	if _, err := sc.nc.Write(appendHello(hello[:0])); err != nil {
+		return err
+	}
+
+	sc.iov = make([][]byte, 0, 2*maxBatchOps)
+	sc.hdrs = make([]byte, maxBatchOps*responseLen)
+	sc.queue = make(chan request, maxQueued)
+	sc.qmu.Lock()
+	sc.queued = make(map[uint64]bool, maxQueued)
+	sc.qmu.Unlock()
+	sc.stop = make(chan struct{})
+	readDone := make(chan error, 1)
+	go func() { readDone <- sc.readRequests() }()
+
+	err := sc.answer()
+	close(sc.stop)
+	if err != nil {
+		_ = sc.nc.Close() // unblocks readRequests
+	}
+	rerr := <-readDone
+	if err == nil && !errors.Is(rerr, io.EOF) {
+		err = rerr
+	}
+	return err
+}
+
+// readRequests decodes frames into sc.queue until the connection fails or
+// answer stops; it closes the queue when it returns. CANCELs mark queued
+// requests, which are then answered without a payload.
+func (sc *serverConn) readRequests() error {
+	defer close(sc.queue)
+	br := bufio.NewReaderSize(sc.nc, serverReadBuf)
+	for {
+		req, err := readRequest(br)
+		if err != nil {
+			return err
+		}
+		sc.qmu.Lock()
+		_, isQueued := sc.queued[req.id]
+		switch {
+		case req.op == opCancel:
+			if isQueued {
+				sc.queued[req.id] = true
+			}
+			sc.qmu.Unlock()
+			continue
+		case isQueued:
+			sc.qmu.Unlock()
+			return protoErr("request id %d reused while outstanding", req.id)
+		}
+		sc.queued[req.id] = false
+		sc.qmu.Unlock()
+		select {
+		case sc.queue <- req:
+		case <-sc.stop:
+			return nil
+		}
+	}
+}
+
+// answer serves queued requests in order, batching those already queued
+// into one writev. It returns nil once the queue is closed and drained.
+func (sc *serverConn) answer() error {
+	for {
+		req, ok := <-sc.queue
+		if !ok {
+			return nil
+		}
+		if err := sc.add(req); err != nil {
+			return err
+		}
+	batch:
+		for sc.nOps < maxBatchOps && sc.nBytes < maxBatchBytes {
+			select {
+			case req, ok := <-sc.queue:
+				if !ok {
+					break batch
+				}
+				if err := sc.add(req); err != nil {
+					return err
+				}
+			default:
+				break batch
+			}
+		}
+		if err := sc.flush(); err != nil {
+			return err
+		}
+	}
+}
+
+// readRequest reads and decodes one request frame from br.
+func readRequest(br *bufio.Reader) (request, error) {
+	p, err := br.Peek(requestLen)
+	if err != nil {
+		if errors.Is(err, io.EOF) && len(p) > 0 {
+			err = io.ErrUnexpectedEOF
+		}
+		return request{}, err
+	}
+	req, err := decodeRequest(p)
+	if err != nil {
+		return request{}, err
+	}
+	_, _ = br.Discard(requestLen)
+	return req, nil
+}
+
+// add appends the answer to req to the pending batch. It takes the read lock
+// of req's registration, flushing first if the batch holds another one.
+func (sc *serverConn) add(req request) error {
+	sc.qmu.Lock()
+	canceled := sc.queued[req.id]
+	delete(sc.queued, req.id)
+	sc.qmu.Unlock()
+	if canceled {
+		hdr := sc.hdrs[sc.nOps*responseLen : (sc.nOps+1)*responseLen]
+		sc.nOps++
+		putResponse(hdr, response{id: req.id, status: statusCanceled})
+		sc.iov = append(sc.iov, hdr)
+		return nil
+	}
+	r := sc.b.lookup(req.key.id)
+	ok := r != nil &&
+		subtle.ConstantTimeCompare(r.secret[:], req.key.secret[:]) == 1 &&
+		req.offset <= r.n && uint64(req.length) <= r.n-req.offset
+	if ok && sc.locked == r && r.dead.Load() {
+		ok = false // Deregister is waiting for this batch; serve no more from it
+	}
+	if ok && sc.locked != r {
+		if sc.locked != nil {
+			if err := sc.flush(); err != nil {
+				return err
+			}
+		}
+		r.mu.RLock()
+		if r.dead.Load() {
+			r.mu.RUnlock()
+			ok = false
+		} else {
+			sc.locked = r
+			sc.writing.Store(r)
+		}
+	}
+	hdr := sc.hdrs[sc.nOps*responseLen : (sc.nOps+1)*responseLen]
+	sc.nOps++
+	if !ok {
+		putResponse(hdr, response{id: req.id, status: statusNotRegistered})
+		sc.iov = append(sc.iov, hdr)
+		return nil
+	}
+	putResponse(hdr, response{id: req.id, status: statusOK, length: req.length})
+	sc.iov = append(sc.iov, hdr)
+	if req.length > 0 {
+		sc.iov = append(sc.iov, r.mem[req.offset:req.offset+uint64(req.length)])
+		sc.nBytes += int(req.length)
+	}
+	return nil
+}
+
+// flush writes the pending batch straight from registered memory and then
+// releases the registration's lock.
+func (sc *serverConn) flush() error {
+	if sc.nOps == 0 {
+		return nil
+	}
+	_ = sc.nc.SetWriteDeadline(time.Now().Add(sc.b.cfg.WriteTimeout))
+	bufs := net.Buffers(sc.iov)
+	_, err := bufs.WriteTo(sc.nc)
+	sc.release()
+	return err
+}
+
+// release forgets the pending batch and unlocks its registration.
+func (sc *serverConn) release() {
+	clear(sc.iov) // drop references to registered memory
+	sc.iov = sc.iov[:0]
+	sc.nOps, sc.nBytes = 0, 0
+	if sc.locked != nil {
+		sc.writing.Store(nil)
+		sc.locked.mu.RUnlock()
+		sc.locked = nil
+	}
+}
