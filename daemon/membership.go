@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	actorcluster "github.com/asynkron/protoactor-go/cluster"
@@ -24,16 +25,21 @@ type clusterMembers struct {
 	cfg config.Config
 	log *slog.Logger
 
-	mu       sync.Mutex
-	sys      *actor.ActorSystem
-	cl       *actorcluster.Cluster
-	prov     *cluster.Provider
-	watchers []func()
-	cancels  []func()
-	load     int64
-	closed   bool
-	rejoins  chan struct{}
-	done     chan struct{}
+	mu        sync.Mutex
+	sys       *actor.ActorSystem
+	cl        *actorcluster.Cluster
+	prov      *cluster.Provider
+	watchers  []func()
+	cancels   []func()
+	load      int64
+	closed    bool
+	departed  map[string]bool      // member names seen leaving, not back since
+	firstSeen map[string]time.Time // when each present member entered our view
+	joinedAt  time.Time            // when the current provider started watching
+	grace     time.Duration        // TTL + 2 heartbeats: how long before "absent" means "gone"
+
+	rejoins chan struct{}
+	done    chan struct{}
 }
 
 func presetConfig(name string) cluster.Config {
@@ -58,7 +64,7 @@ func clusterRole(role string) cluster.Role {
 
 // joinCluster starts membership and keeps it: on self-eviction it rejoins.
 func joinCluster(nc *nats.Conn, cfg config.Config, log *slog.Logger) (*clusterMembers, error) {
-	m := &clusterMembers{nc: nc, cfg: cfg, log: log, rejoins: make(chan struct{}, 1), done: make(chan struct{})}
+	m := &clusterMembers{nc: nc, cfg: cfg, log: log, rejoins: make(chan struct{}, 1), done: make(chan struct{}), departed: map[string]bool{}, firstSeen: map[string]time.Time{}}
 	if err := m.start(); err != nil {
 		return nil, err
 	}
@@ -80,12 +86,26 @@ func (m *clusterMembers) start() error {
 	}))
 	cl := actorcluster.New(sys, actorcluster.Configure(m.cfg.ClusterName, prov, disthash.New(), cluster.NewRemoteConfig(m.cfg.ClusterHost, 0)))
 	cl.StartMember()
+	// A (re)join starts from a clean slate: what a paused member believed
+	// about departures and ages is stale.
+	m.mu.Lock()
+	m.departed, m.firstSeen = map[string]bool{}, map[string]time.Time{}
+	m.joinedAt = time.Now()
+	m.mu.Unlock()
+	// Subscribe outside m.mu: Subscribe replays the live members to the
+	// callback at once, and track takes m.mu.
+	cancels := []func(){prov.Subscribe(m.track)}
 	m.mu.Lock()
 	m.sys, m.cl, m.prov = sys, cl, prov
+	m.grace = ccfg.TTL() + 2*ccfg.HeartbeatInterval
 	prov.SetLoad(m.load)
-	for _, fn := range m.watchers {
-		m.cancels = append(m.cancels, m.subscribe(prov, fn))
+	watchers := append([]func(){}, m.watchers...)
+	m.mu.Unlock()
+	for _, fn := range watchers {
+		cancels = append(cancels, m.subscribe(prov, fn))
 	}
+	m.mu.Lock()
+	m.cancels = append(m.cancels, cancels...)
 	m.mu.Unlock()
 	return nil
 }
@@ -165,19 +185,61 @@ func (m *clusterMembers) live() (cands []requests.Candidate, names []string) {
 	return cands, names
 }
 
-// Present implements Members: every member name still in the view.
-func (m *clusterMembers) Present() []string {
+// View implements Members.
+func (m *clusterMembers) View() requests.View {
 	_, names := m.live()
-	return names
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	v := requests.View{Present: map[string]bool{}, Departed: map[string]bool{}, Settled: map[string]bool{}, Watched: now.Sub(m.joinedAt), Grace: m.grace}
+	for _, n := range names {
+		v.Present[n] = true
+		seen, ok := m.firstSeen[n]
+		if n == m.cfg.MemberID {
+			seen, ok = m.joinedAt, true
+		}
+		if ok && now.Sub(seen) >= m.grace {
+			v.Settled[n] = true
+		}
+	}
+	for n := range m.departed {
+		if !v.Present[n] {
+			v.Departed[n] = true
+		}
+	}
+	return v
+}
+
+// track records departures by name, from the membership events.
+func (m *clusterMembers) track(e cluster.Event) {
+	if e.Member.Name == "" {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch e.Type {
+	case cluster.EventLeft:
+		m.departed[e.Member.Name] = true
+		delete(m.firstSeen, e.Member.Name)
+	case cluster.EventJoined:
+		delete(m.departed, e.Member.Name)
+		if _, ok := m.firstSeen[e.Member.Name]; !ok {
+			m.firstSeen[e.Member.Name] = time.Now()
+		}
+	}
 }
 
 // OnChange implements Members.
 func (m *clusterMembers) OnChange(fn func()) func() {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.watchers = append(m.watchers, fn)
-	if m.prov != nil {
-		m.cancels = append(m.cancels, m.subscribe(m.prov, fn))
+	prov := m.prov
+	m.mu.Unlock()
+	if prov != nil {
+		c := m.subscribe(prov, fn)
+		m.mu.Lock()
+		m.cancels = append(m.cancels, c)
+		m.mu.Unlock()
 	}
 	return func() {}
 }

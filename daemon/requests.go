@@ -17,9 +17,9 @@ import (
 // load, change notifications, and this member's advertised load.
 type Members interface {
 	LiveDecode() []requests.Candidate
-	// Present lists every member name still in the view, suspects
-	// included: only requests of members that left are orphans.
-	Present() []string
+	// View says which owners are present, which were seen leaving, and how
+	// long this member has watched (see requests.View).
+	View() requests.View
 	OnChange(fn func()) (cancel func())
 	SetLoad(load int64)
 }
@@ -173,11 +173,8 @@ func (d *Daemon) coordinate(interval time.Duration) {
 
 func (d *Daemon) placeOrphans() error {
 	live := d.members.LiveDecode()
-	ids := make([]string, len(live))
-	for i, c := range live {
-		ids[i] = c.ID
-	}
-	if requests.Coordinator(ids) != d.cfg.MemberID {
+	view := d.members.View()
+	if requests.CoordinatorIn(live, view) != d.cfg.MemberID {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -186,7 +183,7 @@ func (d *Daemon) placeOrphans() error {
 	if err != nil {
 		return err
 	}
-	orphans := requests.Orphans(owners, d.members.Present())
+	orphans := requests.OrphansIn(owners, view)
 	if len(orphans) == 0 {
 		return nil
 	}

@@ -185,6 +185,19 @@ func TestRequestSurvivesDecodeMemberDeath(t *testing.T) {
 	if err != nil || cur.State.Owner != n.State.Owner || !reflect.DeepEqual(cur.State.GeneratedTokenIds, []uint32{11, 12}) {
 		t.Fatalf("state after zombie write: %v %v", cur, err)
 	}
+	// The zombie rejoins with a fresh cluster id; it must not steal requests
+	// back while its view is partial. Watch the owners for longer than the
+	// zombie needs to rejoin and settle (TTL + 2 heartbeats ≈ 1.1 s).
+	watchUntil := time.Now().Add(1500 * time.Millisecond)
+	for time.Now().Before(watchUntil) {
+		for id, owner := range map[string]string{"r-hang": n.State.Owner, "r-kill": st.Owner} {
+			cur, err := c.engines["d3"].cli.InspectRequest(ctx5(t), &messages.RequestRef{RequestId: id})
+			if err != nil || cur.State.Owner != owner {
+				t.Fatalf("%s moved after the zombie came back: %v %v", id, cur, err)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	// Finishing releases the hold exactly once (both requests share it in
 	// this test; the second release finds it already released).
 	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })

@@ -114,7 +114,16 @@ func startConnexd(t testing.TB, member string, args ...string) *proc {
 		_ = cmd.Wait()
 		close(p.exited)
 	}()
-	t.Cleanup(func() { p.stop() })
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			logs := p.logs()
+			if len(logs) > 6000 {
+				logs = "…" + logs[len(logs)-6000:]
+			}
+			t.Logf("connexd %s log:\n%s", member, logs)
+		}
+	})
 	select {
 	case line := <-ready:
 		for _, f := range strings.Fields(line) {

@@ -1,6 +1,9 @@
 package requests
 
-import "sort"
+import (
+	"sort"
+	"time"
+)
 
 // Candidate is a live decode member that can adopt requests.
 type Candidate struct {
@@ -33,31 +36,52 @@ func Place(orphans []string, candidates []Candidate) map[string]string {
 	return out
 }
 
-// Coordinator is the member that places orphans: the smallest live decode
-// member id. Every member can tell whether it is the one; if it dies the
-// next smallest takes over at the next membership change or scan.
-func Coordinator(live []string) string {
-	if len(live) == 0 {
-		return ""
-	}
-	min := live[0]
-	for _, id := range live[1:] {
-		if id < min {
-			min = id
-		}
-	}
-	return min
+// View is what one member knows about which owners are alive, for deciding
+// orphans conservatively: an owner is orphaned only if this member saw it
+// leave, or has watched the cluster long enough (Grace, at least one
+// failure-detection TTL) to know that an absent owner is not merely unheard
+// of yet. A member that just (re)joined and has a partial view therefore
+// never steals requests from live members.
+type View struct {
+	Present  map[string]bool // members in the current view, suspects included
+	Departed map[string]bool // members seen leaving and not back since
+	Watched  time.Duration   // how long this member has been watching
+	Grace    time.Duration   // how long an absent owner must go unheard of
+	// Settled lists members that have been in this member's view for at
+	// least Grace (this member itself once Watched ≥ Grace): only they
+	// may coordinate, since a member that just (re)joined — a zombie back
+	// from a pause among them — has a partial view.
+	Settled map[string]bool
 }
 
-// Orphans lists requests whose owner is not among the live members.
-func Orphans(owners map[string]string, live []string) []string {
-	alive := make(map[string]bool, len(live))
-	for _, id := range live {
-		alive[id] = true
+// CoordinatorIn is the settled candidate with the smallest id, or "" if
+// none is settled yet (the periodic rescan then tries again).
+func CoordinatorIn(cands []Candidate, v View) string {
+	best := ""
+	for _, c := range cands {
+		if v.Settled[c.ID] && (best == "" || c.ID < best) {
+			best = c.ID
+		}
 	}
+	return best
+}
+
+// Orphaned reports whether owner's requests must move.
+func (v View) Orphaned(owner string) bool {
+	switch {
+	case v.Present[owner]:
+		return false
+	case v.Departed[owner]:
+		return true
+	}
+	return v.Watched >= v.Grace
+}
+
+// OrphansIn lists, sorted, the requests whose owner v says is orphaned.
+func OrphansIn(owners map[string]string, v View) []string {
 	var out []string
 	for req, owner := range owners {
-		if !alive[owner] {
+		if v.Orphaned(owner) {
 			out = append(out, req)
 		}
 	}

@@ -31,16 +31,31 @@ func TestPlace(t *testing.T) {
 	}
 }
 
-func TestCoordinatorAndOrphans(t *testing.T) {
-	if got := Coordinator([]string{"d3", "d1", "d2"}); got != "d1" {
-		t.Fatalf("coordinator %s", got)
+func TestViewOrphans(t *testing.T) {
+	owners := map[string]string{"r1": "live", "r2": "left", "r3": "unheard"}
+	fresh := View{Present: map[string]bool{"live": true}, Departed: map[string]bool{"left": true}, Watched: 100 * time.Millisecond, Grace: time.Second}
+	if got := OrphansIn(owners, fresh); !reflect.DeepEqual(got, []string{"r2"}) {
+		t.Fatalf("a freshly joined member may only move requests of members it saw leave: %v", got)
 	}
-	if Coordinator(nil) != "" {
-		t.Fatal("no members, no coordinator")
+	settled := fresh
+	settled.Watched = 2 * time.Second
+	if got := OrphansIn(owners, settled); !reflect.DeepEqual(got, []string{"r2", "r3"}) {
+		t.Fatalf("after the grace an unheard-of owner is orphaned: %v", got)
 	}
-	got := Orphans(map[string]string{"r1": "d1", "r2": "dead", "r3": "gone"}, []string{"d1", "d2"})
-	if !reflect.DeepEqual(got, []string{"r2", "r3"}) {
-		t.Fatalf("orphans %v", got)
+	back := settled
+	back.Present = map[string]bool{"live": true, "left": true}
+	if got := OrphansIn(owners, back); !reflect.DeepEqual(got, []string{"r3"}) {
+		t.Fatalf("a member present again owns its requests: %v", got)
+	}
+}
+
+func TestCoordinatorIsSettled(t *testing.T) {
+	cands := []Candidate{{ID: "a"}, {ID: "b"}, {ID: "c"}}
+	if got := CoordinatorIn(cands, View{Settled: map[string]bool{"b": true, "c": true}}); got != "b" {
+		t.Fatalf("a just joined (or came back from a pause): b must coordinate, got %q", got)
+	}
+	if got := CoordinatorIn(cands, View{}); got != "" {
+		t.Fatalf("nobody settled: nobody coordinates, got %q", got)
 	}
 }
 

@@ -1,0 +1,513 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+)
+
+// BenchmarkPull measures the data plane end to end, in one process tree and
+// one run (`make bench-pull`, i.e. -benchtime 1x):
+//
+//   - memcpy of the same bytes in the same geometry, single-threaded, from a
+//     cold source (two source buffers alternate, each larger than any cache,
+//     so a source is never cache-hot);
+//   - ucx_perftest -t ucp_get at the same message size, with the UCX_TLS the
+//     connex UCX backend uses, and with UCX_TLS=tcp (ucx_perftest re-reads
+//     one buffer; at 32 KiB that buffer is cache-hot, so compare with care);
+//   - connex pulls between two connexd OS processes (holder and reader, one
+//     NATS server in this process) over --backend ucx and --backend tcp:
+//     CreateHold, then StartPull, timed from the StartPull request to the
+//     PullDone notice arriving here; the reader's PullDone.duration_us is
+//     reported too. One untimed first pull (it pays the page-table faults of
+//     both daemons' fresh mappings; shown as "first"), then pullReps timed
+//     pulls; the table shows their median and best, ratios use the median.
+//     Every pull is verified byte for byte (outside the timing) against the
+//     holder's region, into a destination pre-filled with 0xEE.
+//
+// Layouts:
+//
+//   - contig: 1 layer x 2 planes x 1 block of 128 MiB (256 MiB). A hold is
+//     registered per layer and plane, so this is the most contiguous a hold
+//     can be: two adjacent 128 MiB extents, two GetOps.
+//   - kv: 32 layers x K,V x 32 KiB blocks; the hold is the 64 even-numbered
+//     blocks of a 128-block region, in shuffled order, pulled into a shuffled
+//     permutation of the reader's blocks 0..63: 4096 pieces of 32 KiB
+//     (128 MiB) that nothing can coalesce.
+//
+// The last line printed is
+// RATIO ucx/memcpy=<x> ucx/perftest=<y> tcp/ucxtcp=<z> kvlayout/contiguous=<w>.
+func BenchmarkPull(b *testing.B) {
+	layouts := benchPullLayouts()
+	res := &pullResults{m: map[string]pullStat{}}
+	tls := os.Getenv("UCX_TLS")
+	if tls == "" {
+		tls = "^cma" // ucx.SafeDefaultTLS, what connexd uses when UCX_TLS is unset
+	}
+	ucxBuilt := buildTags() == "ucx"
+	_, perfErr := exec.LookPath("ucx_perftest")
+
+	b.Run("memcpy", func(b *testing.B) { benchPullMemcpy(b, layouts, res) })
+	if perfErr == nil {
+		b.Run("perftest", func(b *testing.B) { benchPullPerftest(b, layouts, res, "perftest", tls) })
+		b.Run("perftest-tcp", func(b *testing.B) { benchPullPerftest(b, layouts, res, "perftest-tcp", "tcp") })
+	}
+	url := startNATS(b)
+	if ucxBuilt {
+		b.Run("ucx", func(b *testing.B) { benchPullConnex(b, layouts, res, url, "ucx") })
+	}
+	b.Run("tcp", func(b *testing.B) { benchPullConnex(b, layouts, res, url, "tcp") })
+
+	fmt.Printf("\nPull throughput, GB/s = 1e9 bytes/s (connex: %d timed pulls after one untimed first pull; median and best of them)\n", pullReps)
+	fmt.Printf("connex UCX backend and ucx_perftest use UCX_TLS=%q; ucx rows %s; ucx_perftest %s\n", tls,
+		map[bool]string{true: "built (-tags ucx)", false: "skipped (built without -tags ucx)"}[ucxBuilt],
+		map[bool]string{true: "found", false: "not found: perftest rows skipped"}[perfErr == nil])
+	fmt.Printf("first = the untimed first pull after RegisterRegion (the daemons fault in their fresh region mappings)\n")
+	fmt.Printf("%-20s %-7s %9s %9s %9s  %s\n", "case", "layout", "median", "best", "first", "notes")
+	for _, c := range []string{"memcpy", "perftest", "ucx", "ucx/duration_us", "tcp", "tcp/duration_us", "perftest-tcp"} {
+		for _, l := range layouts {
+			s, ok := res.get(c, l.name)
+			if !ok {
+				continue
+			}
+			fmt.Printf("%-20s %-7s %9s %9s %9s  %s\n", c, l.name, gbps(s.median), gbps(s.best), gbps(s.first), s.note)
+		}
+	}
+	ratio := func(a, ac, bc, bl string) string {
+		x, ok1 := res.get(ac, a)
+		y, ok2 := res.get(bc, bl)
+		if !ok1 || !ok2 || y.median <= 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.2f", x.median/y.median)
+	}
+	kvCase := "tcp"
+	if ucxBuilt {
+		kvCase = "ucx"
+	}
+	fmt.Printf("RATIO ucx/memcpy=%s ucx/perftest=%s tcp/ucxtcp=%s kvlayout/contiguous=%s\n",
+		ratio("contig", "ucx", "memcpy", "contig"),
+		ratio("contig", "ucx", "perftest", "contig"),
+		ratio("contig", "tcp", "perftest-tcp", "contig"),
+		ratio("kv", kvCase, kvCase, "contig"))
+}
+
+const pullReps = 5
+
+// benchPullLayout is a region geometry plus the blocks held at the holder
+// (src) and the blocks they are pulled into at the reader (dst).
+type benchPullLayout struct {
+	name     string
+	l        kvmem.Layout
+	src, dst []uint32
+}
+
+func benchPullLayouts() []benchPullLayout {
+	contig := benchPullLayout{name: "contig",
+		l:   kvmem.Layout{Layers: 1, Planes: 2, Blocks: 1, BlockBytes: 128 << 20, BlockSize: 16, TPSize: 1},
+		src: []uint32{0}, dst: []uint32{0}}
+	kv := benchPullLayout{name: "kv",
+		l: kvmem.Layout{Layers: 32, Planes: 2, Blocks: 128, BlockBytes: 32 << 10, BlockSize: 16, TPSize: 1}}
+	for _, p := range benchShuffle(64, 1) {
+		kv.src = append(kv.src, uint32(2*p))
+	}
+	for _, p := range benchShuffle(64, 2) {
+		kv.dst = append(kv.dst, uint32(p))
+	}
+	return []benchPullLayout{contig, kv}
+}
+
+// bytes is the number of bytes one pull moves.
+func (p benchPullLayout) bytes() int64 {
+	return int64(p.l.Layers) * int64(p.l.Planes) * int64(len(p.src)) * int64(p.l.BlockBytes)
+}
+
+// pieces lists (src offset, dst offset) of every block copy, in the
+// puller's order (layer, plane, block).
+func (p benchPullLayout) pieces() [][2]uint64 {
+	var out [][2]uint64
+	for layer := uint32(0); layer < p.l.Layers; layer++ {
+		for pl := uint32(0); pl < p.l.Planes; pl++ {
+			for i := range p.src {
+				out = append(out, [2]uint64{p.l.Offset(layer, pl, p.src[i]), p.l.Offset(layer, pl, p.dst[i])})
+			}
+		}
+	}
+	return out
+}
+
+func benchShuffle(n int, seed uint64) []int {
+	p := make([]int, n)
+	for i := range p {
+		p[i] = i
+	}
+	x := seed*0x9E3779B97F4A7C15 + 1
+	for i := n - 1; i > 0; i-- {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		j := int(x % uint64(i+1))
+		p[i], p[j] = p[j], p[i]
+	}
+	return p
+}
+
+// fillPattern writes a position-dependent pseudo-random pattern, so a
+// misplaced block fails verification.
+func fillPattern(buf []byte, seed uint64) {
+	for i := 0; i+8 <= len(buf); i += 8 {
+		z := seed + uint64(i)*0x9E3779B97F4A7C15
+		z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+		z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+		binary.LittleEndian.PutUint64(buf[i:], z^(z>>31))
+	}
+}
+
+func fillByte(buf []byte, v byte) {
+	if len(buf) == 0 {
+		return
+	}
+	buf[0] = v
+	for n := 1; n < len(buf); n *= 2 {
+		copy(buf[n:], buf[:n])
+	}
+}
+
+type pullStat struct {
+	median, best, first float64 // bytes/s; first 0 when not applicable
+	note                string
+}
+
+type pullResults struct {
+	mu sync.Mutex
+	m  map[string]pullStat
+}
+
+func (r *pullResults) put(c, l string, s pullStat) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.m[c+" "+l] = s
+}
+
+func (r *pullResults) get(c, l string) (pullStat, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.m[c+" "+l]
+	return s, ok
+}
+
+func gbps(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", v/1e9)
+}
+
+// statOf turns durations of n-byte moves into a pullStat.
+func statOf(n int64, ds []time.Duration) pullStat {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return pullStat{median: float64(n) / s[len(s)/2].Seconds(), best: float64(n) / s[0].Seconds()}
+}
+
+// benchPullMemcpy copies each layout's pieces with Go's copy (memmove),
+// single-threaded, alternating between two pre-faulted source buffers so the
+// source is cold (each is 256 MiB, far beyond the caches); the destination is
+// pre-faulted too, as an engine's KV region is.
+func benchPullMemcpy(b *testing.B, layouts []benchPullLayout, res *pullResults) {
+	b.StopTimer()
+	const reps = 5
+	var total int64
+	for _, l := range layouts {
+		size := int(l.l.Size())
+		srcs := [2][]byte{make([]byte, size), make([]byte, size)}
+		fillPattern(srcs[0], 1)
+		fillPattern(srcs[1], 2)
+		dst := make([]byte, size)
+		fillByte(dst, 0xEE)
+		pieces := l.pieces()
+		bb := l.l.BlockBytes
+		if len(l.src) == 1 { // contig: the two extents are adjacent, one copy
+			bb = uint64(size)
+			pieces = pieces[:1]
+		}
+		var ds []time.Duration
+		for i := 0; i < max(reps, b.N); i++ {
+			src := srcs[i%2]
+			b.StartTimer()
+			t0 := time.Now()
+			for _, p := range pieces {
+				copy(dst[p[1]:p[1]+bb], src[p[0]:p[0]+bb])
+			}
+			ds = append(ds, time.Since(t0))
+			b.StopTimer()
+			total += l.bytes()
+		}
+		s := statOf(l.bytes(), ds)
+		s.note = fmt.Sprintf("Go copy, 1 thread, cold source (2 alternating 256 MiB buffers), %d runs", len(ds))
+		if len(l.src) > 1 {
+			s.note = fmt.Sprintf("%d copies of %d KiB, same geometry as the pull; ", len(l.pieces()), l.l.BlockBytes>>10) + s.note
+		}
+		res.put("memcpy", l.name, s)
+	}
+	b.SetBytes(total / int64(b.N))
+}
+
+// benchPullPerftest runs ucx_perftest -t ucp_get, server and client on
+// 127.0.0.1, for each layout at the layout's piece size.
+func benchPullPerftest(b *testing.B, layouts []benchPullLayout, res *pullResults, name, tls string) {
+	for _, l := range layouts {
+		// contig: the whole 256 MiB as one GET; kv: 4096 GETs of 32 KiB with
+		// up to 16 outstanding (the default, one at a time, is latency-bound
+		// over tcp: ~0.03 GB/s).
+		size, iters, extra := int(l.bytes()), 8, []string(nil)
+		if len(l.src) > 1 {
+			size, iters, extra = int(l.l.BlockBytes), len(l.pieces()), []string{"-O", "16"}
+		}
+		if tls == "tcp" && len(l.src) == 1 {
+			iters = 4
+		}
+		bw, err := runPerftest(tls, size, iters, extra...)
+		if err != nil {
+			b.Fatalf("ucx_perftest %s %s: %v", tls, l.name, err)
+		}
+		res.put(name, l.name, pullStat{median: bw, best: bw,
+			note: fmt.Sprintf("ucx_perftest -t ucp_get -s %d -n %d %s UCX_TLS=%s, overall bw; re-reads one buffer (cache-hot when small)", size, iters, strings.Join(extra, " "), tls)})
+	}
+}
+
+func runPerftest(tls string, size, iters int, extra ...string) (float64, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	env := append(os.Environ(), "UCX_TLS="+tls)
+	var srvOut bytes.Buffer
+	srv := exec.Command("ucx_perftest", "-p", strconv.Itoa(port))
+	srv.Env, srv.Stdout, srv.Stderr = env, &srvOut, &srvOut
+	if err := srv.Start(); err != nil {
+		return 0, err
+	}
+	srvDone := make(chan struct{})
+	go func() { _ = srv.Wait(); close(srvDone) }()
+	defer func() {
+		select {
+		case <-srvDone:
+		case <-time.After(10 * time.Second):
+			_ = srv.Process.Kill()
+			<-srvDone
+		}
+	}()
+	// Wait until the server listens; probing it with a connection would be
+	// taken for the client, so read the kernel's socket table instead.
+	deadline := time.Now().Add(10 * time.Second)
+	for !tcpListening(port) {
+		select {
+		case <-srvDone:
+			return 0, fmt.Errorf("server exited: %s", srvOut.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			_ = srv.Process.Kill()
+			return 0, fmt.Errorf("server not listening on %d within 10s", port)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	args := append([]string{"127.0.0.1", "-p", strconv.Itoa(port), "-t", "ucp_get",
+		"-s", strconv.Itoa(size), "-n", strconv.Itoa(iters)}, extra...)
+	cli := exec.CommandContext(ctx, "ucx_perftest", args...)
+	cli.Env = env
+	out, err := cli.CombinedOutput()
+	if err != nil {
+		_ = srv.Process.Kill()
+		return 0, fmt.Errorf("client: %v\n%s\nserver:\n%s", err, out, srvOut.String())
+	}
+	// "Final:  iters  lat50 lat-avg lat-overall  bw-avg bw-overall  rate-avg rate-overall",
+	// bandwidth in MB/s with UCX's MB = 2^20 bytes.
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) >= 7 && f[0] == "Final:" {
+			v, err := strconv.ParseFloat(f[6], 64)
+			if err != nil {
+				return 0, fmt.Errorf("bad Final line %q", sc.Text())
+			}
+			return v * (1 << 20), nil
+		}
+	}
+	return 0, fmt.Errorf("no Final line in:\n%s", out)
+}
+
+// tcpListening reports whether something listens on TCP port (IPv4 or v6).
+func tcpListening(port int) bool {
+	want := fmt.Sprintf(":%04X", port)
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n")[1:] {
+			fs := strings.Fields(line)
+			if len(fs) > 3 && fs[3] == "0A" && strings.HasSuffix(fs[1], want) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// procCPU is the CPU time all threads of pid have used so far.
+func procCPU(pid int) time.Duration {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var ns int64
+	for _, t := range tasks {
+		data, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		if f := strings.Fields(string(data)); len(f) > 0 {
+			v, _ := strconv.ParseInt(f[0], 10, 64)
+			ns += v
+		}
+	}
+	return time.Duration(ns)
+}
+
+type pullNotice struct {
+	d  *messages.PullDone
+	at time.Time
+}
+
+// benchPullConnex starts a holder and a reader connexd with --backend
+// backend and pulls each layout once untimed, then pullReps times timed.
+func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, url, backend string) {
+	b.StopTimer()
+	// pull_stall_ms is raised from its 1 s default because the untimed first
+	// pull into freshly mapped regions pays a page fault per 4 KiB page in
+	// both daemons, and the stall deadline covers a whole Get batch, which for
+	// the contiguous layout is one 128 MiB extent. It never fires in a
+	// healthy pull, so it does not change the timed figures.
+	hn := startConnexd(b, "holder-"+backend, "--backend", backend, "--nats-url", url, "--log-level", "warn", "--pull-stall-ms", "10000")
+	rn := startConnexd(b, "reader-"+backend, "--backend", backend, "--nats-url", url, "--log-level", "warn", "--pull-stall-ms", "10000")
+	nc := connect(b, url)
+	var total int64
+	for _, l := range layouts {
+		pe := newEngine(b, nc, hn.member, "P"+backend+l.name, l.l, false)
+		de := newEngine(b, nc, rn.member, "D"+backend+l.name, l.l, false)
+		fillPattern(pe.region.Bytes(), uint64(len(l.name)))
+		notes := make(chan pullNotice, 64)
+		sub, err := nc.Subscribe(api.PullDoneSubject(de.id), func(m *nats.Msg) {
+			at := time.Now()
+			v := new(messages.PullDone)
+			if proto.Unmarshal(m.Data, v) == nil {
+				notes <- pullNotice{v, at}
+			}
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			b.Fatal(err)
+		}
+		hold, err := pe.cli.CreateHold(ctx5(b), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: l.src, NumTokens: uint32(len(l.src)) * l.l.BlockSize, Consumer: de.id})
+		if err != nil {
+			b.Fatalf("%s %s: create hold: %v", backend, l.name, err)
+		}
+		var walls, durs []time.Duration
+		var first time.Duration
+		var hcpu, rcpu time.Duration
+		for i := 0; i <= max(pullReps, b.N); i++ {
+			for j := range l.dst {
+				for layer := uint32(0); layer < l.l.Layers; layer++ {
+					for p := uint32(0); p < l.l.Planes; p++ {
+						fillByte(de.region.Block(layer, p, l.dst[j]), 0xEE)
+					}
+				}
+			}
+			id := fmt.Sprintf("%s-%s-%d", backend, l.name, i)
+			h0, r0 := procCPU(hn.cmd.Process.Pid), procCPU(rn.cmd.Process.Pid)
+			if i > 0 {
+				b.StartTimer()
+			}
+			t0 := time.Now()
+			if _, err := de.cli.StartPull(ctx5(b), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: l.dst, PullId: id}); err != nil {
+				b.Fatalf("start pull %s: %v", id, err)
+			}
+			var n pullNotice
+			timeout := time.NewTimer(60 * time.Second)
+			for n.d == nil {
+				select {
+				case x := <-notes:
+					if x.d.PullId == id {
+						n = x
+					}
+				case <-timeout.C:
+					b.Fatalf("pull %s: no PullDone within 60s\nholder:\n%s\nreader:\n%s", id, hn.logs(), rn.logs())
+				}
+			}
+			timeout.Stop()
+			wall := n.at.Sub(t0)
+			b.StopTimer()
+			if !n.d.Ok || int64(n.d.Bytes) != l.bytes() {
+				b.Fatalf("pull %s: %v", id, n.d)
+			}
+			if i == 0 {
+				first = wall
+			} else {
+				walls = append(walls, wall)
+				durs = append(durs, time.Duration(n.d.DurationUs)*time.Microsecond)
+				hcpu += procCPU(hn.cmd.Process.Pid) - h0
+				rcpu += procCPU(rn.cmd.Process.Pid) - r0
+				total += l.bytes()
+			}
+			for layer := uint32(0); layer < l.l.Layers; layer++ {
+				for p := uint32(0); p < l.l.Planes; p++ {
+					for j := range l.src {
+						if !bytes.Equal(pe.region.Block(layer, p, l.src[j]), de.region.Block(layer, p, l.dst[j])) {
+							b.Fatalf("pull %s: layer %d plane %d: dst block %d differs from src block %d", id, layer, p, l.dst[j], l.src[j])
+						}
+					}
+				}
+			}
+		}
+		_ = sub.Unsubscribe()
+		rel := &api.Client{NC: nc, Member: hold.Params.RemoteCtrl.GetMember()}
+		if _, err := rel.Release(ctx5(b), &messages.HoldRef{TransferId: hold.Params.TransferId, Requester: de.id}); err != nil {
+			b.Fatalf("release: %v", err)
+		}
+		s := statOf(l.bytes(), walls)
+		s.first = float64(l.bytes()) / first.Seconds()
+		gb := float64(l.bytes()*int64(len(walls))) / 1e9
+		s.note = fmt.Sprintf("StartPull→PullDone, %d GetOps; CPU per GB: holder %.0f ms, reader %.0f ms; verified",
+			len(l.pieces()), float64(hcpu.Milliseconds())/gb, float64(rcpu.Milliseconds())/gb)
+		res.put(backend, l.name, s)
+		ds := statOf(l.bytes(), durs)
+		ds.note = "reader-side PullDone.duration_us (descriptors + connect + GETs)"
+		res.put(backend+"/duration_us", l.name, ds)
+	}
+	b.SetBytes(total / int64(b.N))
+	hn.stop()
+	rn.stop()
+}
