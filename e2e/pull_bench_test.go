@@ -31,8 +31,9 @@ import (
 //     cold source (two source buffers alternate, each larger than any cache,
 //     so a source is never cache-hot);
 //   - ucx_perftest -t ucp_get at the same message size, with the UCX_TLS the
-//     connex UCX backend uses, and with UCX_TLS=tcp (ucx_perftest re-reads
-//     one buffer; at 32 KiB that buffer is cache-hot, so compare with care);
+//     connex UCX backend uses, and with UCX_TLS=tcp: one 256 MiB GET, or
+//     4096 GETs of 32 KiB with 16 outstanding (ucx_perftest re-reads one
+//     buffer; at 32 KiB that buffer is cache-hot, so compare with care);
 //   - connex pulls between two connexd OS processes (holder and reader, one
 //     NATS server in this process) over --backend ucx and --backend tcp:
 //     CreateHold, then StartPull, timed from the StartPull request to the
@@ -290,7 +291,8 @@ func benchPullPerftest(b *testing.B, layouts []benchPullLayout, res *pullResults
 			b.Fatalf("ucx_perftest %s %s: %v", tls, l.name, err)
 		}
 		res.put(name, l.name, pullStat{median: bw, best: bw,
-			note: fmt.Sprintf("ucx_perftest -t ucp_get -s %d -n %d %s UCX_TLS=%s, overall bw; re-reads one buffer (cache-hot when small)", size, iters, strings.Join(extra, " "), tls)})
+			note: strings.Join(append(append([]string{"ucx_perftest -t ucp_get -s", strconv.Itoa(size), "-n", strconv.Itoa(iters)}, extra...),
+				"UCX_TLS="+tls+", overall bw; re-reads one buffer (cache-hot when small)"), " ")})
 	}
 }
 
@@ -500,7 +502,7 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 		s := statOf(l.bytes(), walls)
 		s.first = float64(l.bytes()) / first.Seconds()
 		gb := float64(l.bytes()*int64(len(walls))) / 1e9
-		s.note = fmt.Sprintf("StartPull→PullDone, %d GetOps; CPU per GB: holder %.0f ms, reader %.0f ms; verified",
+		s.note = fmt.Sprintf("StartPull→PullDone, %d GetOps; CPU (incl. polling) per GB: holder %.0f ms, reader %.0f ms; verified",
 			len(l.pieces()), float64(hcpu.Milliseconds())/gb, float64(rcpu.Milliseconds())/gb)
 		res.put(backend, l.name, s)
 		ds := statOf(l.bytes(), durs)
