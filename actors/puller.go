@@ -154,6 +154,7 @@ func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, peer
 	// Keep the lease alive during long reads.
 	stopRenew := a.renewEvery(ctx, peer, requester, time.Duration(prm.RetainS)*time.Second/3)
 	defer stopRenew()
+	ops = splitOps(ops, batchBytes)
 	var done uint64
 	for len(ops) > 0 {
 		n, size := 0, uint64(0)
@@ -263,4 +264,20 @@ func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, d
 		}
 	}
 	return ops, total, nil
+}
+
+// splitOps cuts ops larger than max into pieces of at most max bytes, so
+// that every batch of reads is bounded and the stall deadline measures
+// progress rather than the size of one extent.
+func splitOps(ops []transport.GetOp, max int) []transport.GetOp {
+	out := make([]transport.GetOp, 0, len(ops))
+	for _, op := range ops {
+		for len(op.Dst) > max {
+			out = append(out, transport.GetOp{RemoteKey: op.RemoteKey, RemoteAddr: op.RemoteAddr, Dst: op.Dst[:max:max]})
+			op.RemoteAddr += uint64(max)
+			op.Dst = op.Dst[max:]
+		}
+		out = append(out, op)
+	}
+	return out
 }

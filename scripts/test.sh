@@ -24,7 +24,7 @@ CGO_ENABLED=0 go build ./...
 
 # Packages that start no protoactor actor system run under the race
 # detector (protoactor-go's own code trips it; see ARCHITECTURE.md).
-RACE_PKGS=(./lease/ ./kvmem/ ./config/ ./api/ ./bus/ ./transport/...)
+RACE_PKGS=(./lease/ ./kvmem/ ./config/ ./api/ ./bus/ ./requests/ ./actors/ ./transport/...)
 echo "== race detector: ${RACE_PKGS[*]}"
 go test "${TAGS[@]}" -race -count=1 "${RACE_PKGS[@]}"
 

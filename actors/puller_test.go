@@ -1,0 +1,105 @@
+package actors
+
+import (
+	"bytes"
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/messages"
+	"github.com/connex/connex/transport"
+)
+
+func TestSplitOps(t *testing.T) {
+	dst := make([]byte, 10)
+	ops := splitOps([]transport.GetOp{{RemoteAddr: 100, Dst: dst}, {RemoteAddr: 7, Dst: make([]byte, 3)}}, 4)
+	if len(ops) != 4 {
+		t.Fatalf("%d ops", len(ops))
+	}
+	wantAddr := []uint64{100, 104, 108, 7}
+	wantLen := []int{4, 4, 2, 3}
+	for i, op := range ops {
+		if op.RemoteAddr != wantAddr[i] || len(op.Dst) != wantLen[i] || cap(op.Dst) != len(op.Dst) {
+			t.Fatalf("op %d: addr %d len %d cap %d", i, op.RemoteAddr, len(op.Dst), cap(op.Dst))
+		}
+	}
+	ops[1].Dst[0] = 9
+	if dst[4] != 9 {
+		t.Fatal("split ops must alias the destination")
+	}
+}
+
+func mapped(t *testing.T, l kvmem.Layout) *kvmem.Mapped {
+	t.Helper()
+	r, err := kvmem.CreateRegion(filepath.Join(t.TempDir(), "r"), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return &kvmem.Mapped{Engine: "e", ID: "r", Region: r, Blocks: kvmem.NewBlockTable(l.Blocks)}
+}
+
+// TestPlanReads checks the mapping of source blocks to destination blocks
+// in every layer and plane, and that hostile descriptors are refused.
+func TestPlanReads(t *testing.T) {
+	l := kvmem.Layout{Layers: 2, Planes: 2, Blocks: 8, BlockBytes: 16, BlockSize: 4, TPSize: 1}
+	src := mapped(t, l)
+	dst := mapped(t, l)
+	for i := range src.Region.Bytes() {
+		src.Region.Bytes()[i] = byte(i)
+	}
+	srcIDs := []uint32{1, 2, 3, 6}
+	dstIDs := []uint32{4, 5, 0, 7}
+	var segs []*messages.Segment
+	var rkeys [][]byte
+	for _, e := range l.Extents(srcIDs) {
+		rkeys = append(rkeys, []byte{byte(len(rkeys))})
+		segs = append(segs, &messages.Segment{RemoteAddr: e.Off, Length: e.Len, Rkey: uint32(len(rkeys) - 1)})
+	}
+	desc := &messages.Descriptors{Layout: LayoutToProto(l), BlockIds: srcIDs, Rkeys: rkeys, Segments: segs}
+	ops, total, err := PlanReads(desc, srcIDs, dst, dstIDs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total != uint64(len(srcIDs))*16*4 {
+		t.Fatalf("total %d", total)
+	}
+	// Execute the plan against the source region (RemoteAddr is the offset).
+	for _, op := range ops {
+		copy(op.Dst, src.Region.Bytes()[op.RemoteAddr:op.RemoteAddr+uint64(len(op.Dst))])
+	}
+	for layer := uint32(0); layer < 2; layer++ {
+		for p := uint32(0); p < 2; p++ {
+			for i := range srcIDs {
+				if !bytes.Equal(src.Region.Block(layer, p, srcIDs[i]), dst.Region.Block(layer, p, dstIDs[i])) {
+					t.Fatalf("layer %d plane %d block %d->%d differs", layer, p, srcIDs[i], dstIDs[i])
+				}
+			}
+		}
+	}
+	// Hostile or mismatched descriptors.
+	bad := []func(d *messages.Descriptors){
+		func(d *messages.Descriptors) { d.Segments = d.Segments[1:] },
+		func(d *messages.Descriptors) { d.Segments[0] = &messages.Segment{RemoteAddr: 0, Length: 1 << 30, Rkey: 0} },
+		func(d *messages.Descriptors) { d.Segments[0] = &messages.Segment{Length: segs[0].Length, Rkey: 99} },
+		func(d *messages.Descriptors) { d.BlockIds = []uint32{1, 2, 3, 5} },
+	}
+	for i, mut := range bad {
+		d := &messages.Descriptors{Layout: desc.Layout, BlockIds: append([]uint32(nil), srcIDs...), Rkeys: rkeys, Segments: append([]*messages.Segment(nil), segs...)}
+		mut(d)
+		if _, _, err := PlanReads(d, srcIDs, dst, dstIDs); !errors.Is(err, ErrBadDescriptors) {
+			t.Errorf("case %d: want ErrBadDescriptors, got %v", i, err)
+		}
+	}
+	if _, _, err := PlanReads(desc, srcIDs, dst, dstIDs[:3]); api.CodeOf(err) != api.CodeBadBlockIDs {
+		t.Errorf("count mismatch: %v", err)
+	}
+	other := l
+	other.BlockBytes = 32
+	d2 := &messages.Descriptors{Layout: LayoutToProto(other), BlockIds: srcIDs, Rkeys: rkeys, Segments: segs}
+	if _, _, err := PlanReads(d2, srcIDs, dst, dstIDs); !errors.Is(err, kvmem.ErrIncompatible) {
+		t.Errorf("layout mismatch: %v", err)
+	}
+}
