@@ -82,7 +82,9 @@ func TestPlanReads(t *testing.T) {
 	// Hostile or mismatched descriptors.
 	bad := []func(d *messages.Descriptors){
 		func(d *messages.Descriptors) { d.Segments = d.Segments[1:] },
-		func(d *messages.Descriptors) { d.Segments[0] = &messages.Segment{RemoteAddr: 0, Length: 1 << 30, Rkey: 0} },
+		func(d *messages.Descriptors) {
+			d.Segments[0] = &messages.Segment{RemoteAddr: 0, Length: 1 << 30, Rkey: 0}
+		},
 		func(d *messages.Descriptors) { d.Segments[0] = &messages.Segment{Length: segs[0].Length, Rkey: 99} },
 		func(d *messages.Descriptors) { d.BlockIds = []uint32{1, 2, 3, 5} },
 	}
