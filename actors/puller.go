@@ -23,6 +23,8 @@ type PullDeps struct {
 	Now     func() time.Time
 	Log     *slog.Logger
 	Metrics *Metrics
+	// LoadFailurePolicy is copied into every PullDone ("fail" or "recompute").
+	LoadFailurePolicy string
 }
 
 // Pull is one pull's order. The daemon has validated it, claimed the
@@ -87,7 +89,7 @@ func (a *pullerActor) Receive(ctx actor.Context) {
 func (a *pullerActor) finish(r *pullResult) {
 	done := &messages.PullDone{
 		PullId: a.p.ID, TransferId: a.p.Params.TransferId, Ok: r.err == nil,
-		EngineId: a.p.Dst.Engine, RegionId: a.p.Dst.ID,
+		EngineId: a.p.Dst.Engine, RegionId: a.p.Dst.ID, KvLoadFailurePolicy: a.deps.LoadFailurePolicy,
 		DurationUs: uint64(a.deps.Now().Sub(a.start) / time.Microsecond),
 	}
 	if r.err != nil {

@@ -86,7 +86,8 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	}
 	d.pdeps = &actors.PullDeps{
 		Backend: d.Backend, NC: d.Bus.Conn, Now: d.now, Log: log, Metrics: d.Metrics,
-		Notify: func(m *messages.PullDone) { d.publish(api.PullDoneSubject(m.EngineId), m) },
+		LoadFailurePolicy: cfg.KVLoadFailurePolicy,
+		Notify:            func(m *messages.PullDone) { d.publish(api.PullDoneSubject(m.EngineId), m) },
 	}
 	d.reqTable = actors.NewRequestTable()
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)

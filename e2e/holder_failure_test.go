@@ -81,6 +81,9 @@ func holderDies(t *testing.T, backend string, sig syscall.Signal) {
 		if !d.Ok {
 			elapsed := time.Since(sent)
 			t.Logf("%s: pull ended %s after the signal: code %d (%s): %s", sig, elapsed.Round(time.Millisecond), d.ErrorCode, api.Code(d.ErrorCode).Name(), d.Error)
+			if d.KvLoadFailurePolicy != "fail" {
+				t.Fatalf("PullDone must carry the daemon's kv_load_failure_policy, got %q", d.KvLoadFailurePolicy)
+			}
 			switch api.Code(d.ErrorCode) {
 			case api.CodePeerUnavailable, api.CodeTimeout, api.CodeTransferFailed:
 			default:

@@ -1046,14 +1046,18 @@ type PullDone struct {
 	TransferId string                 `protobuf:"bytes,2,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
 	Ok         bool                   `protobuf:"varint,3,opt,name=ok,proto3" json:"ok,omitempty"`
 	// Stable error code (api error table) when !ok.
-	ErrorCode     uint32 `protobuf:"varint,4,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
-	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
-	Bytes         uint64 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	DurationUs    uint64 `protobuf:"varint,7,opt,name=duration_us,json=durationUs,proto3" json:"duration_us,omitempty"`
-	EngineId      string `protobuf:"bytes,8,opt,name=engine_id,json=engineId,proto3" json:"engine_id,omitempty"`
-	RegionId      string `protobuf:"bytes,9,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ErrorCode  uint32 `protobuf:"varint,4,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	Error      string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	Bytes      uint64 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	DurationUs uint64 `protobuf:"varint,7,opt,name=duration_us,json=durationUs,proto3" json:"duration_us,omitempty"`
+	EngineId   string `protobuf:"bytes,8,opt,name=engine_id,json=engineId,proto3" json:"engine_id,omitempty"`
+	RegionId   string `protobuf:"bytes,9,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	// The daemon's kv_load_failure_policy ("fail" or "recompute"): what the
+	// engine should do with the request when !ok — fail it with a clear
+	// error, or recompute the missing KV locally.
+	KvLoadFailurePolicy string `protobuf:"bytes,10,opt,name=kv_load_failure_policy,json=kvLoadFailurePolicy,proto3" json:"kv_load_failure_policy,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *PullDone) Reset() {
@@ -1145,6 +1149,13 @@ func (x *PullDone) GetEngineId() string {
 func (x *PullDone) GetRegionId() string {
 	if x != nil {
 		return x.RegionId
+	}
+	return ""
+}
+
+func (x *PullDone) GetKvLoadFailurePolicy() string {
+	if x != nil {
+		return x.KvLoadFailurePolicy
 	}
 	return ""
 }
@@ -1687,7 +1698,7 @@ const file_connex_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\")\n" +
 	"\x0eStartPullReply\x12\x17\n" +
-	"\apull_id\x18\x01 \x01(\tR\x06pullId\"\xfa\x01\n" +
+	"\apull_id\x18\x01 \x01(\tR\x06pullId\"\xaf\x02\n" +
 	"\bPullDone\x12\x17\n" +
 	"\apull_id\x18\x01 \x01(\tR\x06pullId\x12\x1f\n" +
 	"\vtransfer_id\x18\x02 \x01(\tR\n" +
@@ -1700,7 +1711,9 @@ const file_connex_proto_rawDesc = "" +
 	"\vduration_us\x18\a \x01(\x04R\n" +
 	"durationUs\x12\x1b\n" +
 	"\tengine_id\x18\b \x01(\tR\bengineId\x12\x1b\n" +
-	"\tregion_id\x18\t \x01(\tR\bregionId\"\x9d\x01\n" +
+	"\tregion_id\x18\t \x01(\tR\bregionId\x123\n" +
+	"\x16kv_load_failure_policy\x18\n" +
+	" \x01(\tR\x13kvLoadFailurePolicy\"\x9d\x01\n" +
 	"\vBlocksFreed\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x12\x1b\n" +
