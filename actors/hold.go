@@ -82,9 +82,13 @@ func (a *holdActor) Receive(ctx actor.Context) {
 	case *actor.Stopping:
 		// A hold that stops for any reason other than its own Free (a
 		// panic, the system shutting down) still gives everything back.
-		if a.h != nil && !a.freed {
+		if a.spec != nil && !a.freed && (a.h != nil || a.held) {
 			a.deps.Log.Warn("hold stopped before it was freed; freeing now", "transfer", a.id())
-			a.free(nil, lease.Released, "aborted")
+			reason := "aborted"
+			if a.h == nil {
+				reason = "" // creation failed: the engine never got params, nothing to tell
+			}
+			a.free(nil, lease.Released, reason)
 		}
 		a.deregister()
 		if a.timer != nil {
