@@ -42,6 +42,9 @@ type ServeOptions struct {
 	MaxInFlight     int           // concurrent handlers; beyond it CodeOverloaded
 	Timeout         time.Duration // per-request handler deadline
 	Logger          *slog.Logger
+	// Stats, if set, is reported as every endpoint's "data" in
+	// $SRV.STATS.connex (`nats micro stats connex`): the daemon's counters.
+	Stats func() any
 }
 
 // Serve registers the "connex" micro service on nc with every endpoint under
@@ -64,6 +67,12 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 		Version:     o.Version,
 		Description: "Connex KV hold/pull API of member " + o.Member,
 		Metadata:    map[string]string{"member": o.Member, "api": Version},
+		StatsHandler: func(*micro.Endpoint) any {
+			if o.Stats == nil {
+				return nil
+			}
+			return o.Stats()
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("api: add service: %w", err)

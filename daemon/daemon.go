@@ -107,6 +107,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	}
 	d.svc, err = api.Serve(d.Bus.Conn, d, api.ServeOptions{
 		Member: cfg.MemberID, Version: Version, MaxRequestBytes: cfg.MaxRequestBytes, Logger: log,
+		Stats: d.stats,
 	})
 	if err != nil {
 		return d, err
@@ -194,4 +195,12 @@ func (d *Daemon) Close() {
 			d.log.Info("connexd stopped", "metrics", d.Metrics.Snapshot())
 		}
 	})
+}
+
+// stats is the daemon's counters and gauges, served in $SRV.STATS.connex.
+func (d *Daemon) stats() any {
+	m := d.Metrics.Snapshot()
+	m["holds_live"] = int64(d.dir.Live())
+	m["requests_live"] = int64(d.reqTable.Len())
+	return m
 }

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
 )
 
 var testLayout = kvmem.Layout{Layers: 4, Planes: 2, Blocks: 32, BlockBytes: 4096, BlockSize: 16, TPSize: 1}
@@ -130,6 +132,31 @@ func TestHoldPullReleaseAcrossProcesses(t *testing.T) {
 	}
 	if !pn.running() {
 		t.Fatal("prefill connexd died")
+	}
+	// The counters are served in the micro service's STATS replies (one
+	// per member); the prefill member's shows the hold.
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest("$SRV.STATS.connex", inbox, nil); err != nil {
+		t.Fatal(err)
+	}
+	var replies []string
+	for {
+		m, err := sub.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("no STATS reply shows the hold: %v %q", err, replies)
+		}
+		replies = append(replies, string(m.Data))
+		if strings.Contains(string(m.Data), `"member":"prefill"`) {
+			if !strings.Contains(string(m.Data), `"holds_created":1`) || !strings.Contains(string(m.Data), `"double_frees":0`) {
+				t.Fatalf("prefill stats: %s", m.Data)
+			}
+			break
+		}
 	}
 }
 
