@@ -17,6 +17,22 @@ import (
 // askTimeout bounds one request to a hold actor.
 const askTimeout = 5 * time.Second
 
+// maxPullTimeout bounds a caller-chosen pull deadline: a holder never keeps
+// blocks pinned for a reader longer than this after it stops reporting.
+const maxPullTimeout = time.Hour
+
+// pullTimeout is the caller's timeout_ms, or the default, within bounds.
+func (d *Daemon) pullTimeout(ms uint32) (time.Duration, error) {
+	if ms == 0 {
+		return d.cfg.PullTimeout, nil
+	}
+	t := time.Duration(ms) * time.Millisecond
+	if t > maxPullTimeout {
+		return 0, api.Errorf(api.CodeBadRequest, "timeout_ms=%d: at most %d", ms, maxPullTimeout.Milliseconds())
+	}
+	return t, nil
+}
+
 var transferIDRe = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 func requireToken(field, v string) error {
@@ -203,9 +219,9 @@ func (d *Daemon) Descriptors(_ context.Context, r *messages.DescriptorsRequest) 
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
-	timeout := d.cfg.PullTimeout
-	if r.TimeoutMs > 0 {
-		timeout = time.Duration(r.TimeoutMs) * time.Millisecond
+	timeout, err := d.pullTimeout(r.TimeoutMs)
+	if err != nil {
+		return nil, err
 	}
 	rep, err := d.askHold(r.TransferId, &actors.StartRead{By: r.Requester, PullID: r.PullId, Timeout: timeout, Layout: l})
 	return rep.Desc, err
@@ -239,9 +255,9 @@ func (d *Daemon) StartPull(_ context.Context, r *messages.StartPullRequest) (*me
 	} else if err := requireToken("pull_id", pullID); err != nil {
 		return nil, err
 	}
-	timeout := d.cfg.PullTimeout
-	if r.TimeoutMs > 0 {
-		timeout = time.Duration(r.TimeoutMs) * time.Millisecond
+	timeout, err := d.pullTimeout(r.TimeoutMs)
+	if err != nil {
+		return nil, err
 	}
 	dst, release, err := d.regions.Acquire(r.EngineId, r.RegionId)
 	if err != nil {
