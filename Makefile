@@ -6,12 +6,17 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build run test test-race fuzz bench bench-pull bench-cluster proto tidy clean
+.PHONY: all build chaos run test test-race fuzz bench bench-pull bench-cluster proto tidy clean
 
 all: build
 
 build:
 	$(GO) build $(GOTAGS) -o bin/connexd ./cmd/connexd
+
+# The chaos-test harness against real connexd processes (see chaos/).
+chaos: build
+	$(GO) build -o bin/connex-chaos ./cmd/connex-chaos
+	./bin/connex-chaos --connexd ./bin/connexd $(CHAOS_ARGS)
 
 # Run connexd's main job on the embedded default (in-process NATS).
 run: build
