@@ -207,14 +207,25 @@ func (h *harness) start(ctx context.Context, name, role, engineID string) (*memb
 		"--cluster-preset", "local", "--orphan-scan-ms", "200", "--retain-s", "5", "--pull-timeout-ms", "10000",
 		"--data-dir", h.dir + "/" + name, "--log-level", "warn"}
 	cmd := exec.Command(h.cfg.Binary, args...)
-	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	// connexd's stderr goes to our log (or nowhere), never straight to our
+	// own stderr: a child must not hold the caller's pipes open.
+	errOut, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("chaos: start %s: %w", name, err)
 	}
+	go func() {
+		sc := bufio.NewScanner(errOut)
+		for sc.Scan() {
+			h.log("[%s] %s", name, sc.Text())
+		}
+	}()
 	m := &member{name: name, cmd: cmd, exited: make(chan struct{})}
 	ready := make(chan struct{})
 	go func() {
@@ -228,17 +239,19 @@ func (h *harness) start(ctx context.Context, name, role, engineID string) (*memb
 		_ = cmd.Wait()
 		close(m.exited)
 	}()
+	kill := func() { _ = cmd.Process.Kill(); <-m.exited }
 	select {
 	case <-ready:
 	case <-m.exited:
 		return nil, fmt.Errorf("chaos: %s exited before ready", name)
 	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
+		kill()
 		return nil, fmt.Errorf("chaos: %s not ready in 30s", name)
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if m.eng, err = newEngine(rctx, h.nc, h.dir, name, engineID, layout); err != nil {
+		kill()
 		return nil, err
 	}
 	return m, nil

@@ -221,4 +221,6 @@ func (h *harness) checkLeaks(ctx context.Context) {
 	}
 }
 
-func sameTokens(a, b []uint32) bool { return len(a) == len(b) && (len(a) == 0 || reflect.DeepEqual(a, b)) }
+func sameTokens(a, b []uint32) bool {
+	return len(a) == len(b) && (len(a) == 0 || reflect.DeepEqual(a, b))
+}
