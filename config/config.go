@@ -27,6 +27,12 @@ type Config struct {
 	// Backend is the data plane: "ucx", "tcp" or "auto" (UCX where the
 	// binary has it and libucp loads, else TCP).
 	Backend string
+	// UCXReads is how peers read memory registered with the UCX backend:
+	// "checked" (the holder's CPU checks every request and copies the
+	// bytes; revocable) or "onesided" (readers on the same host copy with
+	// process_vm_readv, elsewhere with ucp_get_nbx; faster, not revocable,
+	// safe only under the lease protocol). See transport/ucx's doc.
+	UCXReads string
 	// Release is "on_finish" (keep blocks until released or expired) or
 	// "after_pull" (free after the first successful pull).
 	Release string
@@ -82,6 +88,7 @@ var defaults = []struct {
 	usage string
 }{
 	{"backend", "auto", "data plane: ucx, tcp or auto"},
+	{"ucx_reads", "checked", "how peers read UCX-registered memory: checked or onesided"},
 	{"release", "on_finish", "when holds free their blocks: on_finish or after_pull"},
 	{"retain_s", 60, "lease length in seconds; every pull and keep-alive renews it"},
 	{"kv_load_failure_policy", "fail", "on a failed KV load: fail or recompute"},
@@ -195,6 +202,9 @@ func build(v *viper.Viper) (Config, error) {
 	var c Config
 	var err error
 	if c.Backend, err = oneOf(v, "backend", "auto", "ucx", "tcp"); err != nil {
+		return c, err
+	}
+	if c.UCXReads, err = oneOf(v, "ucx_reads", "checked", "onesided"); err != nil {
 		return c, err
 	}
 	if c.Release, err = oneOf(v, "release", "on_finish", "after_pull"); err != nil {

@@ -20,6 +20,20 @@ func TestDefaults(t *testing.T) {
 	if c.MemberID == "" {
 		t.Fatal("member id must default to something")
 	}
+	if c.UCXReads != "checked" {
+		t.Fatalf("ucx_reads defaults to %q, want checked", c.UCXReads)
+	}
+}
+
+func TestUCXReads(t *testing.T) {
+	c, err := Load([]string{"--ucx-reads", "onesided"}, nil)
+	if err != nil || c.UCXReads != "onesided" {
+		t.Fatalf("--ucx-reads onesided: %q, %v", c.UCXReads, err)
+	}
+	_, err = Load([]string{"--ucx-reads", "raw"}, nil)
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `ucx_reads="raw", allowed: checked, onesided`) {
+		t.Fatalf("--ucx-reads raw: %v", err)
+	}
 }
 
 func TestPrecedence(t *testing.T) {

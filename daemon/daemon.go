@@ -69,7 +69,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	if err != nil {
 		return d, err
 	}
-	d.Backend, err = OpenBackend(cfg.Backend, transport.Options{ListenAddr: cfg.DataListen, Logger: log})
+	d.Backend, err = OpenBackend(cfg.Backend, cfg.UCXReads, transport.Options{ListenAddr: cfg.DataListen, Logger: log})
 	if err != nil {
 		return d, err
 	}

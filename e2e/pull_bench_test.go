@@ -35,7 +35,9 @@ import (
 //     4096 GETs of 32 KiB with 16 outstanding (ucx_perftest re-reads one
 //     buffer; at 32 KiB that buffer is cache-hot, so compare with care);
 //   - connex pulls between two connexd OS processes (holder and reader, one
-//     NATS server in this process) over --backend ucx and --backend tcp:
+//     NATS server in this process) over --backend ucx with --ucx-reads
+//     checked (ucx-checked) and onesided (ucx-onesided; the RATIO line's ucx
+//     figures and kvlayout use it), and over --backend tcp:
 //     CreateHold, then StartPull, timed from the StartPull request to the
 //     PullDone notice arriving here; the reader's PullDone.duration_us is
 //     reported too. One untimed first pull (it pays the page-table faults of
@@ -73,17 +75,26 @@ func BenchmarkPull(b *testing.B) {
 	}
 	url := startNATS(b)
 	if ucxBuilt {
-		b.Run("ucx", func(b *testing.B) { benchPullConnex(b, layouts, res, url, "ucx") })
+		b.Run("ucx-checked", func(b *testing.B) {
+			benchPullConnex(b, layouts, res, url, "ucx-checked", "ucx", "--ucx-reads", "checked")
+		})
+		b.Run("ucx-onesided", func(b *testing.B) {
+			benchPullConnex(b, layouts, res, url, "ucx-onesided", "ucx", "--ucx-reads", "onesided")
+		})
 	}
-	b.Run("tcp", func(b *testing.B) { benchPullConnex(b, layouts, res, url, "tcp") })
+	b.Run("tcp", func(b *testing.B) { benchPullConnex(b, layouts, res, url, "tcp", "tcp") })
 
 	fmt.Printf("\nPull throughput, GB/s = 1e9 bytes/s (connex: %d timed pulls after one untimed first pull; median and best of them)\n", pullReps)
-	fmt.Printf("connex UCX backend and ucx_perftest use UCX_TLS=%q; ucx rows %s; ucx_perftest %s\n", tls,
+	fmt.Printf("connex UCX checked backend and ucx_perftest use UCX_TLS=%q; ucx rows %s; ucx_perftest %s\n", tls,
 		map[bool]string{true: "built (-tags ucx)", false: "skipped (built without -tags ucx)"}[ucxBuilt],
 		map[bool]string{true: "found", false: "not found: perftest rows skipped"}[perfErr == nil])
+	fmt.Printf("ucx-checked = --ucx-reads checked (the default: the holder checks and copies every read); ucx-onesided = --ucx-reads onesided\n")
+	fmt.Printf("(the reader copies the holder's pages with process_vm_readv, no holder CPU; UCX, on UCX_TLS or tcp,self, only wires up).\n")
+	fmt.Printf("RATIO's ucx figures and kvlayout use ucx-onesided.\n")
 	fmt.Printf("first = the untimed first pull after RegisterRegion (the daemons fault in their fresh region mappings)\n")
 	fmt.Printf("%-20s %-7s %9s %9s %9s  %s\n", "case", "layout", "median", "best", "first", "notes")
-	for _, c := range []string{"memcpy", "perftest", "ucx", "ucx/duration_us", "tcp", "tcp/duration_us", "perftest-tcp"} {
+	for _, c := range []string{"memcpy", "perftest", "ucx-checked", "ucx-checked/duration_us", "ucx-onesided", "ucx-onesided/duration_us",
+		"tcp", "tcp/duration_us", "perftest-tcp"} {
 		for _, l := range layouts {
 			s, ok := res.get(c, l.name)
 			if !ok {
@@ -102,11 +113,11 @@ func BenchmarkPull(b *testing.B) {
 	}
 	kvCase := "tcp"
 	if ucxBuilt {
-		kvCase = "ucx"
+		kvCase = "ucx-onesided"
 	}
 	fmt.Printf("RATIO ucx/memcpy=%s ucx/perftest=%s tcp/ucxtcp=%s kvlayout/contiguous=%s\n",
-		ratio("contig", "ucx", "memcpy", "contig"),
-		ratio("contig", "ucx", "perftest", "contig"),
+		ratio("contig", "ucx-onesided", "memcpy", "contig"),
+		ratio("contig", "ucx-onesided", "perftest", "contig"),
 		ratio("contig", "tcp", "perftest-tcp", "contig"),
 		ratio("kv", kvCase, kvCase, "contig"))
 }
@@ -403,21 +414,23 @@ type pullNotice struct {
 }
 
 // benchPullConnex starts a holder and a reader connexd with --backend
-// backend and pulls each layout once untimed, then pullReps times timed.
-func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, url, backend string) {
+// backend (plus extra flags) and pulls each layout once untimed, then
+// pullReps times timed; results are stored under name.
+func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, url, name, backend string, extra ...string) {
 	b.StopTimer()
 	// pull_stall_ms is raised from its 1 s default because the untimed first
 	// pull into freshly mapped regions pays a page fault per 4 KiB page in
 	// both daemons, and the stall deadline covers a whole Get batch, which for
 	// the contiguous layout is one 128 MiB extent. It never fires in a
 	// healthy pull, so it does not change the timed figures.
-	hn := startConnexd(b, "holder-"+backend, "--backend", backend, "--nats-url", url, "--log-level", "warn", "--pull-stall-ms", "10000")
-	rn := startConnexd(b, "reader-"+backend, "--backend", backend, "--nats-url", url, "--log-level", "warn", "--pull-stall-ms", "10000")
+	args := append([]string{"--backend", backend, "--nats-url", url, "--log-level", "warn", "--pull-stall-ms", "10000"}, extra...)
+	hn := startConnexd(b, "holder-"+name, args...)
+	rn := startConnexd(b, "reader-"+name, args...)
 	nc := connect(b, url)
 	var total int64
 	for _, l := range layouts {
-		pe := newEngine(b, nc, hn.member, "P"+backend+l.name, l.l, false)
-		de := newEngine(b, nc, rn.member, "D"+backend+l.name, l.l, false)
+		pe := newEngine(b, nc, hn.member, "P"+name+l.name, l.l, false)
+		de := newEngine(b, nc, rn.member, "D"+name+l.name, l.l, false)
 		fillPattern(pe.region.Bytes(), uint64(len(l.name)))
 		notes := make(chan pullNotice, 64)
 		sub, err := nc.Subscribe(api.PullDoneSubject(de.id), func(m *nats.Msg) {
@@ -435,7 +448,7 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 		}
 		hold, err := pe.cli.CreateHold(ctx5(b), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: l.src, NumTokens: uint32(len(l.src)) * l.l.BlockSize, Consumer: de.id})
 		if err != nil {
-			b.Fatalf("%s %s: create hold: %v", backend, l.name, err)
+			b.Fatalf("%s %s: create hold: %v", name, l.name, err)
 		}
 		var walls, durs []time.Duration
 		var first time.Duration
@@ -448,7 +461,7 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 					}
 				}
 			}
-			id := fmt.Sprintf("%s-%s-%d", backend, l.name, i)
+			id := fmt.Sprintf("%s-%s-%d", name, l.name, i)
 			h0, r0 := procCPU(hn.cmd.Process.Pid), procCPU(rn.cmd.Process.Pid)
 			if i > 0 {
 				b.StartTimer()
@@ -504,10 +517,10 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 		gb := float64(l.bytes()*int64(len(walls))) / 1e9
 		s.note = fmt.Sprintf("StartPull→PullDone, %d GetOps; CPU (incl. polling) per GB: holder %.0f ms, reader %.0f ms; verified",
 			len(l.pieces()), float64(hcpu.Milliseconds())/gb, float64(rcpu.Milliseconds())/gb)
-		res.put(backend, l.name, s)
+		res.put(name, l.name, s)
 		ds := statOf(l.bytes(), durs)
 		ds.note = "reader-side PullDone.duration_us (descriptors + connect + GETs)"
-		res.put(backend+"/duration_us", l.name, ds)
+		res.put(name+"/duration_us", l.name, ds)
 	}
 	b.SetBytes(total / int64(b.N))
 	hn.stop()

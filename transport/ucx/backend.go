@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -33,6 +34,7 @@ type Backend struct {
 	w     *worker
 	addr  []byte
 	chunk uint64
+	tls   string // the transport list in effect
 
 	mu     sync.Mutex
 	closed bool
@@ -68,12 +70,23 @@ func Open(opts transport.Options) (*Backend, error) {
 
 // OpenConfig starts a UCX backend configured by cfg.
 func OpenConfig(cfg Config) (*Backend, error) {
+	reads, err := cfg.reads()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Reads = reads
 	tls := cfg.TLS
 	if tls == "" {
 		tls = os.Getenv("UCX_TLS")
 	}
 	set := cfg.TLS
-	if tls == "" {
+	switch {
+	case tls != "":
+	case reads == ReadsOneSided:
+		// CMA for the GETs, with peer error handling (see
+		// OneSidedDefaultTLS).
+		tls, set = OneSidedDefaultTLS, OneSidedDefaultTLS
+	default:
 		// UCX 1.13 aborts the whole process (ucs_fatal) when a CMA copy
 		// finds its peer gone and the endpoint has no peer error handling,
 		// which shared-memory endpoints cannot have. Leave CMA out unless
@@ -108,19 +121,29 @@ func OpenConfig(cfg Config) (*Backend, error) {
 		b.Close()
 		return nil, statusErr("worker_get_address", st)
 	}
-	log.Debug("ucx backend open", "tls", tls, "peer_error_handling", w.errPeer)
+	b.tls = tls
+	log.Debug("ucx backend open", "tls", tls, "reads", reads, "peer_error_handling", w.errPeer)
 	return b, nil
 }
 
 // Name is "ucx".
 func (b *Backend) Name() string { return "ucx" }
 
-// Caps: GETs on registered memory are emulated by the holder's CPU over
-// shared memory and TCP (OneSided false); ranges are split and pipelined
-// internally, so callers pass whole pulls to one Get.
+// Caps: in checked mode GETs on registered memory are served by the
+// holder's CPU (OneSided false); in onesided mode a reader on the same host
+// copies them with process_vm_readv (OneSided true). Ranges are split and
+// pipelined internally, so callers pass whole pulls to one Get.
 func (b *Backend) Caps() transport.Caps {
-	return transport.Caps{OneSided: false, MaxInFlight: 0, MaxGetBytes: 0}
+	return transport.Caps{OneSided: b.cfg.Reads == ReadsOneSided, MaxInFlight: 0, MaxGetBytes: 0}
 }
+
+// Reads is the read mode of memory this Backend registers (ReadsChecked or
+// ReadsOneSided).
+func (b *Backend) Reads() string { return b.cfg.Reads }
+
+// TLS is the UCX transport list in effect (Config.TLS, UCX_TLS, or the
+// mode's default).
+func (b *Backend) TLS() string { return b.tls }
 
 // Address is the packed UCP worker address.
 func (b *Backend) Address() []byte { return bytes.Clone(b.addr) }
@@ -134,7 +157,8 @@ type Registration struct {
 	base  uintptr
 	n     int
 	key   []byte
-	alloc bool
+	alloc bool      // UCX allocated the memory (Alloc)
+	rma   bool      // raw RMA key: Alloc, or Register in onesided mode
 	creg  *C.cx_reg // checked registrations: the holder's table entry
 	pin   runtime.Pinner
 	gone  bool // under b.mu
@@ -142,13 +166,15 @@ type Registration struct {
 
 var _ transport.Registration = (*Registration)(nil)
 
-// Register maps mem (Go or mmap'd memory) with ucp_mem_map and packs its
-// rkey. mem stays pinned until Deregister or Close.
+// Register maps mem (Go or mmap'd memory) with ucp_mem_map. In checked mode
+// it enters mem in the holder's registration table and hands out a checked
+// key; in onesided mode it packs UCX's rkey into the key, and readers GET
+// with ucp_get_nbx. mem stays pinned until Deregister or Close.
 func (b *Backend) Register(mem []byte) (transport.Registration, error) {
 	if len(mem) == 0 {
 		return nil, fmt.Errorf("ucx: register: empty memory")
 	}
-	r := &Registration{b: b, n: len(mem)}
+	r := &Registration{b: b, n: len(mem), rma: b.cfg.Reads == ReadsOneSided}
 	r.pin.Pin(&mem[0])
 	if err := b.mapMem(r, unsafe.Pointer(&mem[0])); err != nil {
 		r.pin.Unpin()
@@ -169,7 +195,7 @@ func (b *Backend) Alloc(n int) (*Registration, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("ucx: alloc: bad size %d", n)
 	}
-	r := &Registration{b: b, n: n, alloc: true}
+	r := &Registration{b: b, n: n, alloc: true, rma: true}
 	if err := b.mapMem(r, nil); err != nil {
 		return nil, err
 	}
@@ -189,17 +215,24 @@ func (b *Backend) mapMem(r *Registration, p unsafe.Pointer) error {
 		alloc = 1
 	}
 	var token uint64
-	if !r.alloc {
+	if !r.rma {
 		var t [8]byte
 		if _, err := rand.Read(t[:]); err != nil {
 			return err
 		}
 		token = binary.LittleEndian.Uint64(t[:])
 	}
+	// Onesided keys name this process, so that a reader on the same host
+	// can copy with process_vm_readv; without /proc the key is a plain
+	// RMA key and readers use ucp_get_nbx.
+	proc, procErr := selfProc()
+	if r.rma && !r.alloc && procErr != nil {
+		b.cfg.Log().Warn("ucx: onesided register: cannot identify this process; readers will use ucp_get_nbx", "err", procErr)
+	}
 	err := b.w.call(func() {
 		var addr, rkey unsafe.Pointer
 		var rkeyLen C.size_t
-		if r.alloc {
+		if r.rma {
 			st = C.cx_mem_map(b.w.c, p, C.size_t(r.n), alloc, &r.memh, &addr, &rkey, &rkeyLen)
 		} else {
 			st = C.cx_mem_map(b.w.c, p, C.size_t(r.n), alloc, &r.memh, &addr, nil, nil)
@@ -209,8 +242,12 @@ func (b *Backend) mapMem(r *Registration, p unsafe.Pointer) error {
 		}
 		r.ptr = addr
 		r.base = uintptr(addr)
-		if r.alloc {
-			r.key = packRMAKey(uint64(r.base), r.n, C.GoBytes(rkey, C.int(rkeyLen)))
+		if r.rma {
+			if r.alloc || procErr != nil {
+				r.key = packRMAKey(uint64(r.base), r.n, C.GoBytes(rkey, C.int(rkeyLen)))
+			} else {
+				r.key = packOneSidedKey(uint64(r.base), r.n, proc, C.GoBytes(rkey, C.int(rkeyLen)))
+			}
 			C.cx_rkey_buffer_release(rkey)
 			return
 		}
@@ -254,7 +291,9 @@ func (r *Registration) Bytes() []byte {
 }
 
 // Deregister revokes the registration and unmaps it (ucp_mem_unmap);
-// Alloc'd memory is freed. For checked registrations the holder refuses
+// Alloc'd memory is kept mapped until Close. A onesided registration cannot
+// be revoked: a reader that kept the key can still read the memory while the
+// caller keeps it mapped (see the package documentation). For checked registrations the holder refuses
 // every request from then on, and Deregister waits until replies already
 // being sent from this memory have completed (force-closing the endpoints
 // they are on after DeregisterGrace), so the caller may reuse the memory
@@ -287,11 +326,12 @@ func (r *Registration) Deregister() error {
 // endpoint is the shared, refcounted state behind Endpoint handles to one
 // address. u is loop-owned.
 type endpoint struct {
-	b    *Backend
-	key  string
-	addr []byte // ucx worker address
-	refs int    // under b.mu
-	u    *uep
+	b     *Backend
+	key   string
+	addr  []byte // ucx worker address
+	refs  int    // under b.mu
+	u     *uep
+	noCMA atomic.Bool // process_vm_readv was refused: use UCX
 }
 
 // current returns the live UCP endpoint, creating one if the last was
@@ -386,10 +426,28 @@ func (h *Endpoint) Get(ctx context.Context, ops []transport.GetOp) error {
 		return transport.CtxErr(err)
 	}
 	e, w := h.e, h.e.b.w
-	bt, err := h.e.b.plan(ops)
-	if err != nil || bt == nil {
+	keys, runs, err := planRuns(ops)
+	if err != nil || len(runs) == 0 {
 		return err
 	}
+	if p, ok := cmaTarget(keys); ok && !e.noCMA.Load() {
+		var pin runtime.Pinner
+		for i := range ops {
+			if len(ops[i].Dst) > 0 {
+				pin.Pin(&ops[i].Dst[0])
+			}
+		}
+		err := cmaGet(ctx, p, runs)
+		pin.Unpin()
+		if !errors.Is(err, errCMADenied) {
+			return err
+		}
+		// No ptrace access to the holder: use UCX from now on.
+		if e.noCMA.CompareAndSwap(false, true) {
+			e.b.cfg.Log().Warn("ucx: one-sided CMA reads not permitted; falling back to ucp_get_nbx", "err", err)
+		}
+	}
+	bt := h.e.b.buildBatch(ops, keys, runs)
 	if !w.submit(func() {
 		u, err := e.current()
 		if err != nil {
@@ -431,14 +489,30 @@ type run struct {
 	key              int
 }
 
-// plan validates ops against the extents their keys carry, coalesces and
-// splits them, and builds the C batch. Returns nil when there is nothing
-// to read.
-func (b *Backend) plan(ops []transport.GetOp) (*batch, error) {
-	type keyInfo struct {
-		packed []byte
-		rk     remoteKey
+type keyInfo struct {
+	packed []byte
+	rk     remoteKey
+}
+
+// cmaTarget reports whether every key is a one-sided key of one process on
+// this host, so that the Get can be served with process_vm_readv.
+func cmaTarget(keys []keyInfo) (procID, bool) {
+	self, err := selfProc()
+	if err != nil || len(keys) == 0 {
+		return procID{}, false
 	}
+	p := keys[0].rk.proc
+	for _, k := range keys {
+		if k.rk.kind != keyOneSided || k.rk.proc != p {
+			return procID{}, false
+		}
+	}
+	return p, p.host == self.host
+}
+
+// planRuns validates ops against the extents their keys carry and
+// coalesces adjacent ones into runs. No runs means nothing to read.
+func planRuns(ops []transport.GetOp) ([]keyInfo, []run, error) {
 	var keys []keyInfo
 	runs := make([]run, 0, len(ops))
 	last := -1
@@ -460,7 +534,7 @@ func (b *Backend) plan(ops []transport.GetOp) (*batch, error) {
 			if ki < 0 {
 				rk, err := parseKey(op.RemoteKey)
 				if err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 				keys = append(keys, keyInfo{packed: op.RemoteKey, rk: rk})
 				ki = len(keys) - 1
@@ -470,7 +544,7 @@ func (b *Backend) plan(ops []transport.GetOp) (*batch, error) {
 		k := &keys[ki].rk
 		n := uint64(len(op.Dst))
 		if op.RemoteAddr < k.base || op.RemoteAddr-k.base > k.n || n > k.n-(op.RemoteAddr-k.base) {
-			return nil, fmt.Errorf("%w: [%#x, +%d) is outside the key's extent [%#x, +%d)",
+			return nil, nil, fmt.Errorf("%w: [%#x, +%d) is outside the key's extent [%#x, +%d)",
 				transport.ErrNotRegistered, op.RemoteAddr, n, k.base, k.n)
 		}
 		local := uint64(uintptr(unsafe.Pointer(&op.Dst[0])))
@@ -483,9 +557,12 @@ func (b *Backend) plan(ops []transport.GetOp) (*batch, error) {
 		}
 		runs = append(runs, run{local: local, remote: op.RemoteAddr, n: n, key: ki})
 	}
-	if len(runs) == 0 {
-		return nil, nil
-	}
+	return keys, runs, nil
+}
+
+// buildBatch splits runs into GETs of at most Config.ChunkBytes and builds
+// the C batch.
+func (b *Backend) buildBatch(ops []transport.GetOp, keys []keyInfo, runs []run) *batch {
 	total := 0
 	for _, r := range runs {
 		total += chunks(r.n, b.chunk)
@@ -524,7 +601,7 @@ func (b *Backend) plan(ops []transport.GetOp) (*batch, error) {
 			bt.pin.Pin(&ops[i].Dst[0])
 		}
 	}
-	return bt, nil
+	return bt
 }
 
 func chunks(n, chunk uint64) int {

@@ -34,10 +34,13 @@ var layouts = []layout{
 func BenchmarkPull(b *testing.B) {
 	for _, l := range layouts {
 		b.Run(l.name+"/memcpy", func(b *testing.B) { benchMemcpy(b, l) })
-		b.Run(l.name+"/ucx", func(b *testing.B) { benchUCX(b, l, "", false) })
-		b.Run(l.name+"/ucx-alloc", func(b *testing.B) { benchUCX(b, l, "", true) })
-		b.Run(l.name+"/ucx-tcp", func(b *testing.B) { benchUCX(b, l, "tcp", false) })
-		b.Run(l.name+"/ucx-env", func(b *testing.B) { benchUCX(b, l, os.Getenv("CX_TLS"), false) })
+		b.Run(l.name+"/ucx", func(b *testing.B) { benchUCX(b, l, Config{}, false) })
+		b.Run(l.name+"/ucx-onesided", func(b *testing.B) { benchUCX(b, l, Config{Reads: ReadsOneSided}, false) })
+		b.Run(l.name+"/ucx-alloc", func(b *testing.B) { benchUCX(b, l, Config{}, true) })
+		b.Run(l.name+"/ucx-tcp", func(b *testing.B) { benchUCX(b, l, Config{TLS: "tcp"}, false) })
+		b.Run(l.name+"/ucx-env", func(b *testing.B) {
+			benchUCX(b, l, Config{TLS: os.Getenv("CX_TLS"), Reads: os.Getenv("CX_READS")}, false)
+		})
 	}
 }
 
@@ -88,14 +91,14 @@ func benchMemcpy(b *testing.B, l layout) {
 	}
 }
 
-func benchUCX(b *testing.B, l layout, tls string, alloc bool) {
-	chunk, _ := strconv.Atoi(os.Getenv("CX_CHUNK"))
-	h, err := OpenConfig(Config{TLS: tls, ChunkBytes: chunk})
+func benchUCX(b *testing.B, l layout, cfg Config, alloc bool) {
+	cfg.ChunkBytes, _ = strconv.Atoi(os.Getenv("CX_CHUNK"))
+	h, err := OpenConfig(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer h.Close()
-	r, err := OpenConfig(Config{TLS: tls, ChunkBytes: chunk})
+	r, err := OpenConfig(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}

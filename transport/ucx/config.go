@@ -18,6 +18,45 @@ type Config struct {
 	// ChunkBytes splits every GET larger than this into several; 0 means
 	// DefaultChunkBytes, negative means never split.
 	ChunkBytes int
+	// Reads is how peers read memory this Backend Registers: ReadsChecked
+	// (the default, also for "") or ReadsOneSided. It decides the kind of
+	// remote key Register hands out; a reader follows the key, so Backends
+	// in different modes interoperate. See the package documentation for
+	// the tradeoff.
+	Reads string
+}
+
+// Read modes (Config.Reads).
+const (
+	// ReadsChecked serves every GET of Register'ed memory through the
+	// holder's checked request/reply protocol: revocable, bounds-checked by
+	// the holder, two CPU copies.
+	ReadsChecked = "checked"
+	// ReadsOneSided maps Register'ed memory with ucp_mem_map and hands out
+	// a real UCX rkey; readers post raw ucp_get_nbx, which on one host
+	// goes over CMA (process_vm_readv by the reader, no holder CPU). Not
+	// revocable: see the package documentation.
+	ReadsOneSided = "onesided"
+)
+
+// OneSidedDefaultTLS is the transport list of a ReadsOneSided Backend when
+// neither Config.TLS nor UCX_TLS is set. On one host the one-sided reads do
+// not go through UCX at all (process_vm_readv, see the package
+// documentation); UCX carries wire-up, GETs from checked holders, and the
+// fallback when CMA is not permitted. TCP is the transport that allows
+// UCP_ERR_HANDLING_MODE_PEER in UCX 1.13, so a dead peer fails the endpoint
+// instead of hanging it. (cma would be allowed too, but UCX 1.13 uses it
+// neither for ucp_get_nbx nor, with peer error handling, for anything else.)
+const OneSidedDefaultTLS = "tcp,self"
+
+func (c Config) reads() (string, error) {
+	switch strings.TrimSpace(c.Reads) {
+	case "", ReadsChecked:
+		return ReadsChecked, nil
+	case ReadsOneSided:
+		return ReadsOneSided, nil
+	}
+	return "", fmt.Errorf("ucx: reads=%q, allowed: %s, %s", c.Reads, ReadsChecked, ReadsOneSided)
 }
 
 // SafeDefaultTLS is used when neither Config.TLS nor UCX_TLS is set: every
@@ -66,29 +105,59 @@ func peerErrMode(tls string) bool {
 	return sawTCP
 }
 
+// tlsHas reports whether the transport list tls names transport t
+// explicitly (a "^" list excludes what it names).
+func tlsHas(tls, t string) bool {
+	tls = strings.TrimSpace(tls)
+	if strings.HasPrefix(tls, "^") {
+		return false
+	}
+	for _, x := range strings.Split(tls, ",") {
+		if strings.TrimSpace(x) == t {
+			return true
+		}
+	}
+	return false
+}
+
 // Packed formats. Both carry a magic so that bytes meant for another backend
 // (a TCP host:port, a truncated key) are rejected before UCX parses them:
 // UCX trusts its own packed formats and would read past garbage.
 //
 //	key:  "cxk1" | base u64 | len u64 | kind u8 | kind-specific
 //	      kind 1 (checked): registration id u64 | token u64
-//	      kind 2 (rma):     UCX packed rkey
+//	      kind 2 (rma):     UCX packed rkey (Alloc)
+//	      kind 3 (onesided): pid u32 | start time u64 | host id [16] | UCX packed rkey
 //	addr: "cxa1" | UCX packed worker address
 const (
 	keyMagic  = "cxk1"
 	addrMagic = "cxa1"
 	keyHdr    = 4 + 8 + 8 + 1
 
-	keyChecked = 1 // GET by request/reply; the holder checks every request
-	keyRMA     = 2 // ucp_get_nbx on UCX-allocated memory; not revocable
+	keyChecked  = 1 // GET by request/reply; the holder checks every request
+	keyRMA      = 2 // raw ucp_get_nbx on UCX-allocated memory; not revocable
+	keyOneSided = 3 // Register in onesided mode: CMA on one host, else raw ucp_get_nbx; not revocable
+
+	oneSidedHdr = 4 + 8 + 16
 )
+
+// procID names a process for CMA: its pid, its start time (clock ticks since
+// boot, /proc/<pid>/stat field 22, so a reused pid is told apart) and a host
+// id (hash of the kernel boot id and the pid namespace): CMA is used only
+// when the reader's host id is the same.
+type procID struct {
+	pid   uint32
+	start uint64
+	host  [16]byte
+}
 
 // remoteKey is a parsed packed key.
 type remoteKey struct {
 	base, n    uint64
 	kind       byte
 	reg, token uint64 // keyChecked
-	rkey       []byte // keyRMA
+	rkey       []byte // keyRMA, keyOneSided
+	proc       procID // keyOneSided
 }
 
 func packCheckedKey(base uint64, n int, reg, token uint64) []byte {
@@ -101,6 +170,15 @@ func packCheckedKey(base uint64, n int, reg, token uint64) []byte {
 func packRMAKey(base uint64, n int, rkey []byte) []byte {
 	b := keyHeader(base, n, keyRMA, len(rkey))
 	copy(b[keyHdr:], rkey)
+	return b
+}
+
+func packOneSidedKey(base uint64, n int, p procID, rkey []byte) []byte {
+	b := keyHeader(base, n, keyOneSided, oneSidedHdr+len(rkey))
+	binary.LittleEndian.PutUint32(b[keyHdr:], p.pid)
+	binary.LittleEndian.PutUint64(b[keyHdr+4:], p.start)
+	copy(b[keyHdr+12:], p.host[:])
+	copy(b[keyHdr+oneSidedHdr:], rkey)
 	return b
 }
 
@@ -135,6 +213,14 @@ func parseKey(k []byte) (remoteKey, error) {
 		}
 	case rk.kind == keyRMA && len(rest) > 0:
 		rk.rkey = rest
+	case rk.kind == keyOneSided && len(rest) > oneSidedHdr:
+		rk.proc.pid = binary.LittleEndian.Uint32(rest)
+		rk.proc.start = binary.LittleEndian.Uint64(rest[4:])
+		copy(rk.proc.host[:], rest[12:oneSidedHdr])
+		rk.rkey = rest[oneSidedHdr:]
+		if rk.proc.pid == 0 {
+			return rk, fmt.Errorf("%w: zero pid", transport.ErrBadKey)
+		}
 	default:
 		return rk, fmt.Errorf("%w: bad kind %d or length %d", transport.ErrBadKey, rk.kind, len(k))
 	}

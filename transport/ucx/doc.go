@@ -86,13 +86,88 @@
 // truly one-sided on shared memory but cannot be revoked; it is experimental
 // and its memory stays mapped until Close.
 //
+// # Read modes: checked (default) and onesided
+//
+// Config.Reads (connexd: ucx_reads) picks what kind of key Register hands
+// out; a reader follows the key, so Backends in different modes
+// interoperate.
+//
+//   - "checked" (the default): the protocol above. Revocable and checked by
+//     the holder, but every byte costs the holder's CPU a copy into UCX's
+//     eager buffer and the reader's CPU a copy out of it.
+//   - "onesided": Register does ucp_mem_map of the caller's memory (no
+//     ALLOCATE), packs UCX's rkey and puts it in a key that also carries the
+//     registered extent and the holder's identity (pid, process start time,
+//     a hash of the boot id and pid namespace). The reader rejects any op
+//     outside the extent with ErrNotRegistered before reading anything. A
+//     reader on the same host then copies with process_vm_readv(2) (Linux
+//     CMA) from the calling goroutine, up to 4 MiB and 1024 iovecs per call,
+//     spread over up to GOMAXPROCS (at most 4) goroutines, checking the
+//     context between calls: no holder CPU, no UCX request, one kernel copy.
+//     Elsewhere, or when the kernel refuses (EPERM: Yama ptrace_scope >= 1,
+//     another user; logged once per endpoint), the reader posts raw
+//     ucp_get_nbx batches with the unpacked rkey (cached per endpoint), the
+//     Alloc path: one-sided on RDMA hardware, emulated by the holder's CPU on
+//     TCP and shared memory.
+//
+// Why not UCX's own cma transport: UCX 1.13 never uses it for ucp_get_nbx of
+// host memory. Its protocol table (UCX_PROTO_INFO=y) says "software
+// emulation" for ucp_get* with cma,tcp,self, cma,posix,self and cma,sm,self,
+// with UCX_PROTO_ENABLE=n or y; cma only ever serves AM rendezvous, and with
+// peer error handling it is not even selected as a lane. Measured here:
+// ucx_perftest -t ucp_get with UCX_TLS=cma,tcp,self moves 0.99 GB/s (TCP
+// emulation), and raw ucp_get_nbx of registered memory with cma,tcp,self ran
+// at 0.65-0.87 GB/s, slower than checked reads. So the onesided mode does the
+// CMA copy itself; the default transport list of a onesided Backend is
+// OneSidedDefaultTLS ("tcp,self"), which lets UCX use peer error handling
+// for the endpoint it still needs (wire-up, checked keys, the fallback).
+//
+// Measured (make bench-pull, connexd pair, 2 cores; GB/s = 1e9 B/s, median
+// of 5): contiguous 256 MiB checked 3.9, onesided 6.5, memcpy 16.3
+// (ucx/memcpy 0.40); KV layout 4096 x 32 KiB checked 1.8, onesided 3.4.
+// The ceiling is the kernel: process_vm_readv pins and copies page by page,
+// 5-7.5 GB/s on one thread here and ~8.5 GB/s on two, about half of a
+// user-space memcpy, so CMA cannot reach 0.9x memcpy on this machine. Only
+// mapping the holder's pages into the reader (XPMEM, or mapping the shared
+// region file) would.
+//
+// Tradeoffs of onesided mode:
+//
+//   - Not revocable. ucp_mem_unmap (Deregister) does not stop a reader that
+//     kept the key: process_vm_readv needs no rkey, and UCX 1.13 does not
+//     revoke unpacked rkeys either. Tested (TestOneSidedDeregisterThenGet):
+//     after Deregister a GET still returns the bytes while the caller keeps
+//     them mapped; once the memory is unmapped a CMA GET fails with
+//     ErrNotRegistered (EFAULT or a short read), and neither process
+//     crashes. Over the ucp_get_nbx fallback on TCP or shared memory, the
+//     holder's CPU copies whatever address is asked, and a GET of unmapped
+//     memory would crash the holder (SIGSEGV). Safety therefore rests on the
+//     lease protocol: connexd never frees blocks while a pull is within its
+//     deadline, keeps the region mapped until its engine is gone, and a
+//     puller stops reading at its deadline, before the holder abandons it.
+//   - Bounds are checked by the reader only. A reader that forges a key can
+//     read any memory of the holder process that its own uid could read
+//     with ptrace anyway (CMA's permission is ptrace's).
+//   - Liveness: a SIGKILLed holder fails the Get with ErrPeerGone (ESRCH, or
+//     the pid no longer names the process with the key's start time; the
+//     start time is checked before and after each Get, so a reused pid is
+//     never read from unnoticed); measured 0.3 ms. A SIGSTOPped holder's
+//     memory stays readable, so the Get completes with the right bytes
+//     (measured 7 ms for 64 MiB): a frozen holder is the lease's and the
+//     cluster's to detect, as with RDMA. Over the ucp_get_nbx fallback a
+//     killed holder shows up as UCS_ERR_ENDPOINT_TIMEOUT (12 ms with peer
+//     error handling) and a stopped one as ErrTimeout at the deadline.
+//
 // # Known UCX 1.13 hazards
 //
 //   - CMA: when a holder dies during a process_vm_readv, UCX calls ucs_fatal
 //     and aborts the reader's process, unless the endpoint has peer error
-//     handling (lists of only tcp, cma and self). The default transport list is therefore
-//     SafeDefaultTLS ("^cma"); naming cma in Config.TLS or UCX_TLS opts in.
-//   - Raw RMA GETs (Alloc'd memory only) are UCX requests too; if a forced
+//     handling (lists of only tcp, cma and self). The default transport list
+//     of checked mode is therefore SafeDefaultTLS ("^cma"); naming cma in
+//     Config.TLS or UCX_TLS opts in. (Onesided mode's own CMA reads are not
+//     UCX's and just return ESRCH.)
+//   - Raw RMA GETs (Alloc'd memory, and onesided keys read through the
+//     ucp_get_nbx fallback) are UCX requests too; if a forced
 //     close does not complete them, Get returns cancelGrace after its
 //     deadline and leaves the destination buffers pinned.
 package ucx

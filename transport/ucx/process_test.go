@@ -26,6 +26,7 @@ import (
 
 const (
 	holderEnv  = "CONNEX_UCX_TEST_HOLDER"
+	readsEnv   = "CONNEX_UCX_TEST_READS"
 	holderSize = 64 << 20
 	holderSeed = 42
 )
@@ -40,7 +41,7 @@ func TestMain(m *testing.M) {
 // runHolder registers holderSize random bytes, prints "addr key base", and
 // serves until its stdin closes.
 func runHolder() int {
-	b, err := Open(transport.Options{})
+	b, err := OpenConfig(Config{Reads: os.Getenv(readsEnv)})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -65,8 +66,15 @@ type holderProc struct {
 
 func startHolder(t *testing.T, tls string) *holderProc {
 	t.Helper()
+	return startHolderReads(t, tls, "")
+}
+
+// startHolderReads starts a holder process whose Backend has Config.Reads
+// reads.
+func startHolderReads(t *testing.T, tls, reads string) *holderProc {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	env := []string{holderEnv + "=1"}
+	env := []string{holderEnv + "=1", readsEnv + "=" + reads}
 	for _, e := range os.Environ() {
 		if !strings.HasPrefix(e, "UCX_TLS=") {
 			env = append(env, e)
@@ -198,6 +206,92 @@ func TestHolderProcessKilled(t *testing.T) {
 			t.Logf("next pull: %v after %v", err, time.Since(t0))
 			if err == nil || time.Since(t0) > time.Second {
 				t.Fatalf("pull from a dead holder: %v after %v", err, time.Since(t0))
+			}
+		})
+	}
+}
+
+// Peer death in onesided mode. The reader copies with process_vm_readv, so:
+// a SIGKILLed holder fails the Get with ErrPeerGone (ESRCH, or a pid that
+// no longer names the holder) as soon as the kernel tears it down; a
+// SIGSTOPped holder's memory stays readable, so the Get completes with the
+// right bytes without its CPU (liveness of a frozen holder is the lease's
+// and the cluster's business, not the data plane's).
+
+func TestOneSidedHolderProcessKilled(t *testing.T) {
+	for _, viaUCX := range []bool{false, true} {
+		t.Run(map[bool]string{false: "cma", true: "ucp_get_nbx"}[viaUCX], func(t *testing.T) {
+			h := startHolderReads(t, "", ReadsOneSided)
+			r := openOneSided(t)
+			ep, ops := connectHolder(t, r, h)
+			ep.(*Endpoint).e.noCMA.Store(viaUCX)
+			const deadline = time.Second
+			started := make(chan struct{}, 1)
+			go func() {
+				<-started
+				time.Sleep(2 * time.Millisecond)
+				h.cmd.Process.Signal(syscall.SIGKILL)
+			}()
+			var err error
+			var took time.Duration
+			for i := 0; i < 200 && err == nil; i++ {
+				select {
+				case started <- struct{}{}:
+				default:
+				}
+				t0 := time.Now()
+				err = getT(ep, deadline, ops)
+				took = time.Since(t0)
+			}
+			t.Logf("SIGKILLed onesided holder (%s): %v after %v", map[bool]string{false: "cma", true: "ucp_get_nbx"}[viaUCX], err, took)
+			if !errors.Is(err, transport.ErrPeerGone) && !errors.Is(err, transport.ErrTimeout) {
+				t.Fatalf("got %v, want ErrPeerGone or ErrTimeout", err)
+			}
+			if took > deadline+300*time.Millisecond {
+				t.Fatalf("returned after %v, deadline %v", took, deadline)
+			}
+			t0 := time.Now()
+			err = getT(ep, 300*time.Millisecond, ops)
+			t.Logf("next pull: %v after %v", err, time.Since(t0))
+			if err == nil || time.Since(t0) > time.Second {
+				t.Fatalf("pull from a dead holder: %v after %v", err, time.Since(t0))
+			}
+		})
+	}
+}
+
+func TestOneSidedHolderProcessStopped(t *testing.T) {
+	for _, viaUCX := range []bool{false, true} {
+		name := map[bool]string{false: "cma", true: "ucp_get_nbx"}[viaUCX]
+		t.Run(name, func(t *testing.T) {
+			h := startHolderReads(t, "", ReadsOneSided)
+			r := openOneSided(t)
+			ep, ops := connectHolder(t, r, h)
+			ep.(*Endpoint).e.noCMA.Store(viaUCX)
+			if err := h.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			clear(ops[0].Dst)
+			const deadline = 500 * time.Millisecond
+			t0 := time.Now()
+			err := getT(ep, deadline, ops)
+			took := time.Since(t0)
+			t.Logf("SIGSTOPped onesided holder (%s): %v after %v", name, err, took)
+			if took > deadline+300*time.Millisecond {
+				t.Fatalf("returned after %v, deadline %v", took, deadline)
+			}
+			if viaUCX {
+				// Emulated GETs need the holder's CPU.
+				if !errors.Is(err, transport.ErrTimeout) {
+					t.Fatalf("got %v, want ErrTimeout", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("CMA read of a stopped holder: %v", err)
+			}
+			if !bytes.Equal(ops[0].Dst, randBytes(holderSize, holderSeed)) {
+				t.Fatal("bytes from the stopped holder differ")
 			}
 		})
 	}

@@ -436,6 +436,14 @@ func (w *worker) deregister(r *Registration, done chan<- error) {
 		done <- nil
 		return
 	}
+	if r.rma {
+		// Onesided Register: the memory is the caller's. ucp_mem_unmap
+		// drops UCX's mapping, but UCX 1.13 cannot revoke an rkey a peer
+		// already unpacked: over CMA a late GET still reads the bytes while
+		// the caller keeps them mapped (see doc.go, "One-sided reads").
+		done <- w.unmap(r)
+		return
+	}
 	if r.creg != nil && C.cx_reg_disable(w.c, r.creg) > 0 {
 		w.deregs = append(w.deregs, &pendingDereg{r: r, deadline: time.Now().Add(DeregisterGrace), done: done})
 		return
