@@ -60,11 +60,19 @@ func (c Config) reads() (string, error) {
 }
 
 // SafeDefaultTLS is used when neither Config.TLS nor UCX_TLS is set: every
-// transport except CMA. With CMA, UCX 1.13 moves large messages with
-// process_vm_readv (several times faster here) but calls ucs_fatal, aborting
-// the reader's process, when the holder dies mid-copy. Set TLS (or UCX_TLS)
-// to include cma to trade that for speed.
-const SafeDefaultTLS = "^cma"
+// transport except CMA and TCP, i.e. shared memory on one host and RDMA
+// between hosts where the hardware exists. Both exclusions avoid UCX 1.13
+// aborting the reader's process when its peer dies:
+//   - with CMA, UCX moves large messages with process_vm_readv but calls
+//     ucs_fatal when the holder dies mid-copy;
+//   - with TCP lanes, a peer that dies while the endpoint's wire-up
+//     messages are pending trips an assertion (ucp_request.c:684,
+//     "req->send.wireup.type == ...") in ucp_ep_set_failed's pending purge;
+//     seen in about 1 of 6 holder-SIGKILL e2e runs.
+//
+// Between hosts without RDMA, use connexd's TCP backend (backend=tcp), which
+// is also faster than UCX over TCP here. Set TLS (or UCX_TLS) to opt back in.
+const SafeDefaultTLS = "^cma,tcp"
 
 // DefaultChunkBytes is the largest single GET the backend posts by default.
 // Splitting a large range gives UCX several requests to pipeline (1 MiB

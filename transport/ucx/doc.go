@@ -163,7 +163,8 @@
 //   - CMA: when a holder dies during a process_vm_readv, UCX calls ucs_fatal
 //     and aborts the reader's process, unless the endpoint has peer error
 //     handling (lists of only tcp, cma and self). The default transport list
-//     of checked mode is therefore SafeDefaultTLS ("^cma"); naming cma in
+//     of checked mode is therefore SafeDefaultTLS ("^cma,tcp": TCP lanes can trip a
+//     wire-up assertion when a peer dies, see SafeDefaultTLS); naming cma in
 //     Config.TLS or UCX_TLS opts in. (Onesided mode's own CMA reads are not
 //     UCX's and just return ESRCH.)
 //   - Raw RMA GETs (Alloc'd memory, and onesided keys read through the
