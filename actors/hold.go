@@ -274,12 +274,23 @@ func (a *holdActor) free(ctx actor.Context, st lease.State, notifyReason string)
 	if a.timer != nil {
 		a.timer.Stop()
 	}
+	// Linger before stopping: a request that looked the hold up just before
+	// it ended is already on its way to this mailbox, and protoactor drops
+	// messages queued behind a stop without answering. While lingering the
+	// terminal state machine answers them with expired/released codes; new
+	// lookups find the directory's tombstone instead.
+	self, sys := a.self, a.system
 	if ctx != nil {
-		ctx.Stop(ctx.Self())
-	} else if a.self != nil {
-		a.system.Root.Stop(a.self)
+		self, sys = ctx.Self(), ctx.ActorSystem()
+	}
+	if self != nil {
+		time.AfterFunc(lingerAfterFree, func() { sys.Root.Stop(self) })
 	}
 }
+
+// lingerAfterFree is how long an ended hold actor keeps answering before it
+// stops; longer than any in-flight ask to it can take to arrive.
+const lingerAfterFree = 2 * time.Second
 
 func (a *holdActor) rearm(ctx actor.Context) {
 	a.self, a.system = ctx.Self(), ctx.ActorSystem()

@@ -124,16 +124,23 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	}
 	n, getErr := a.read(ctx, desc, peer, requester)
 	// Tell the holder the reads are over, whatever happened, so it can free
-	// on release/expiry without waiting for our deadline. Asynchronously and
-	// with its own short deadline: a frozen holder must not delay the
-	// engine's completion notice.
-	go func() {
-		endCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	// on release/expiry without waiting for our deadline. After a success
+	// the holder is alive: wait for its answer (bounded by the stall
+	// deadline) so that an engine seeing PullDone knows the holder counted
+	// the pull (release=after_pull has freed by then). After a failure do it
+	// in the background: a frozen holder must not delay the notice.
+	end := func() {
+		endCtx, cancel := context.WithTimeout(context.Background(), a.p.Stall)
 		defer cancel()
 		if _, err := peer.PullEnd(endCtx, &messages.PullEnd{TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID, Ok: getErr == nil}); err != nil && getErr == nil {
 			a.deps.Log.Warn("pull end not acknowledged by holder", "pull", a.p.ID, "member", peer.Member, "err", err)
 		}
-	}()
+	}
+	if getErr == nil {
+		end()
+	} else {
+		go end()
+	}
 	return n, getErr
 }
 
