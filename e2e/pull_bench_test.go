@@ -63,7 +63,7 @@ func BenchmarkPull(b *testing.B) {
 	res := &pullResults{m: map[string]pullStat{}}
 	tls := os.Getenv("UCX_TLS")
 	if tls == "" {
-		tls = "^cma" // ucx.SafeDefaultTLS, what connexd uses when UCX_TLS is unset
+		tls = "^cma,tcp" // ucx.SafeDefaultTLS, what connexd uses when UCX_TLS is unset
 	}
 	ucxBuilt := buildTags() == "ucx"
 	_, perfErr := exec.LookPath("ucx_perftest")
