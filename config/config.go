@@ -54,6 +54,12 @@ type Config struct {
 	MemberID string
 	// DataListen is where the TCP data plane listens.
 	DataListen string
+	// DataAdvertise, if set, is the host:port peers use to reach the TCP
+	// data plane (when data_listen is a wildcard or behind NAT).
+	DataAdvertise string
+	// JSReplicas is the JetStream replication factor of the request bucket
+	// (1 for a single NATS server, 3 for a NATS cluster).
+	JSReplicas int
 	// PullTimeout bounds one pull end to end.
 	PullTimeout time.Duration
 	// PullStall is how long a pull may make no progress (no batch of reads
@@ -98,6 +104,8 @@ var defaults = []struct {
 	{"role", "all", "member role: prefill, decode, router or all"},
 	{"member_id", "", "member id on the subject API (default: hostname-random)"},
 	{"data_listen", "127.0.0.1:0", "TCP data-plane listen address"},
+	{"data_advertise", "", "host:port peers dial for the TCP data plane (default: the listen address)"},
+	{"js_replicas", 1, "JetStream replicas of the request-state bucket (3 on a NATS cluster)"},
 	{"pull_timeout_ms", 30000, "deadline of one pull in milliseconds"},
 	{"pull_stall_ms", 1000, "a pull fails after this many milliseconds without progress"},
 	{"max_request_bytes", 256 << 10, "largest accepted API request payload in bytes"},
@@ -261,6 +269,10 @@ func build(v *viper.Viper) (Config, error) {
 	c.NATSListen = strings.TrimSpace(v.GetString("nats_listen"))
 	c.DataDir = v.GetString("data_dir")
 	c.DataListen = v.GetString("data_listen")
+	c.DataAdvertise = strings.TrimSpace(v.GetString("data_advertise"))
+	if c.JSReplicas, err = positive(v, "js_replicas", 5); err != nil {
+		return c, err
+	}
 	c.MemberID = v.GetString("member_id")
 	if c.MemberID == "" {
 		c.MemberID = defaultMemberID()

@@ -78,6 +78,7 @@ func TestInvalidValuesNameTheKey(t *testing.T) {
 		{[]string{"--kv-load-failure-policy", "retry"}, nil, "kv_load_failure_policy=\"retry\", allowed: fail, recompute"},
 		{[]string{"--role", "boss"}, nil, "role=\"boss\""},
 		{[]string{"--member-id", "a b"}, nil, "member_id=\"a b\""},
+		{[]string{"--js-replicas", "0"}, nil, "js_replicas=\"0\""},
 		{[]string{"--no-such-flag"}, nil, "unknown flag"},
 	}
 	for _, c := range cases {

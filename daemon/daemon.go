@@ -79,6 +79,9 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		return log.With("lib", "protoactor")
 	}))
 	ctrl := &messages.RemoteCtrl{Member: cfg.MemberID, Backend: d.Backend.Name(), DataAddr: d.Backend.Address()}
+	if cfg.DataAdvertise != "" && d.Backend.Name() == "tcp" {
+		ctrl.DataAddr = []byte(cfg.DataAdvertise)
+	}
 	d.hdeps = &actors.HoldDeps{
 		Backend: d.Backend, Ctrl: ctrl, Dir: d.dir, Now: d.now, Log: log, Metrics: d.Metrics,
 		ReadSlack: time.Second,
@@ -91,7 +94,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	}
 	d.reqTable = actors.NewRequestTable()
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-	d.reqStore, d.reqErr = requests.OpenKVStore(sctx, d.Bus.Conn, 1)
+	d.reqStore, d.reqErr = requests.OpenKVStore(sctx, d.Bus.Conn, cfg.JSReplicas)
 	scancel()
 	if d.reqErr != nil {
 		d.reqStore = nil
