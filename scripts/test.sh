@@ -24,6 +24,9 @@ if ! command -v nats >/dev/null; then
   GOFLAGS= go install github.com/nats-io/natscli/nats@v0.5.0 || echo "natscli install failed; its test will be skipped"
 fi
 
+echo "== go.mod is tidy"
+go mod tidy -diff
+
 echo "== go vet"
 go vet "${TAGS[@]}" ./...
 echo "== build without cgo (only transport/ucx may need it)"
