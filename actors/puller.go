@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -163,27 +164,79 @@ func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, peer
 	// Keep the lease alive during long reads.
 	stopRenew := a.renewEvery(ctx, peer, requester, time.Duration(prm.RetainS)*time.Second/3)
 	defer stopRenew()
-	ops = splitOps(ops, batchBytes)
-	var done uint64
+	if err := a.readBatches(ctx, ep, splitOps(ops, batchBytes), total, peer.Member); err != nil {
+		return 0, err
+	}
+	return total, nil
+}
+
+// batchesInFlight is how many read batches run at once, so that the data
+// plane never drains between two batches.
+const batchesInFlight = 2
+
+// readBatches reads ops in batches of at most batchBytes, batchesInFlight
+// at a time; each batch must complete within the stall deadline. The first
+// error cancels the rest.
+func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, ops []transport.GetOp, total uint64, member string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var batches [][]transport.GetOp
 	for len(ops) > 0 {
 		n, size := 0, uint64(0)
 		for n < len(ops) && (n == 0 || size+uint64(len(ops[n].Dst)) <= batchBytes) {
 			size += uint64(len(ops[n].Dst))
 			n++
 		}
-		bctx, bcancel := context.WithTimeout(ctx, a.p.Stall)
-		err := ep.Get(bctx, ops[:n])
-		bcancel()
-		if err != nil {
-			if ctx.Err() == nil && errors.Is(transport.CtxErr(err), transport.ErrTimeout) {
-				return 0, fmt.Errorf("pull %s: holder %s made no progress for %s after %d of %d bytes: %w", a.p.ID, peer.Member, a.p.Stall, done, total, transport.CtxErr(err))
-			}
-			return 0, fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, peer.Member, done, transport.CtxErr(err))
-		}
-		done += size
+		batches = append(batches, ops[:n])
 		ops = ops[n:]
 	}
-	return total, nil
+	var (
+		mu      sync.Mutex
+		done    uint64
+		firstEr error
+		wg      sync.WaitGroup
+	)
+	sem := make(chan struct{}, batchesInFlight)
+	for _, b := range batches {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func(b []transport.GetOp) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			var size uint64
+			for _, op := range b {
+				size += uint64(len(op.Dst))
+			}
+			bctx, bcancel := context.WithTimeout(ctx, a.p.Stall)
+			err := ep.Get(bctx, b)
+			bcancel()
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if firstEr == nil {
+					if ctx.Err() == nil && errors.Is(transport.CtxErr(err), transport.ErrTimeout) {
+						firstEr = fmt.Errorf("pull %s: holder %s made no progress for %s after %d of %d bytes: %w", a.p.ID, member, a.p.Stall, done, total, transport.CtxErr(err))
+					} else {
+						firstEr = fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, member, done, transport.CtxErr(err))
+					}
+				}
+				cancel()
+				return
+			}
+			done += size
+		}(b)
+	}
+	wg.Wait()
+	if firstEr == nil && ctx.Err() != nil {
+		firstEr = fmt.Errorf("pull %s: %w", a.p.ID, transport.CtxErr(ctx.Err()))
+	}
+	return firstEr
 }
 
 func (a *pullerActor) renewEvery(ctx context.Context, peer *api.Client, requester string, every time.Duration) func() {

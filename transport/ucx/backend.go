@@ -514,6 +514,10 @@ func cmaTarget(keys []keyInfo) (procID, bool) {
 // coalesces adjacent ones into runs. No runs means nothing to read.
 func planRuns(ops []transport.GetOp) ([]keyInfo, []run, error) {
 	var keys []keyInfo
+	// A hold registers one extent per layer, plane and run of blocks, so a
+	// scattered KV layout brings thousands of distinct keys: index them by
+	// their bytes (m[string(b)] does not allocate) instead of scanning.
+	index := map[string]int{}
 	runs := make([]run, 0, len(ops))
 	last := -1
 	for i := range ops {
@@ -525,11 +529,8 @@ func planRuns(ops []transport.GetOp) ([]keyInfo, []run, error) {
 		if last >= 0 && bytes.Equal(keys[last].packed, op.RemoteKey) {
 			ki = last
 		} else {
-			for j := range keys {
-				if bytes.Equal(keys[j].packed, op.RemoteKey) {
-					ki = j
-					break
-				}
+			if j, ok := index[string(op.RemoteKey)]; ok {
+				ki = j
 			}
 			if ki < 0 {
 				rk, err := parseKey(op.RemoteKey)
@@ -538,6 +539,7 @@ func planRuns(ops []transport.GetOp) ([]keyInfo, []run, error) {
 				}
 				keys = append(keys, keyInfo{packed: op.RemoteKey, rk: rk})
 				ki = len(keys) - 1
+				index[string(op.RemoteKey)] = ki
 			}
 		}
 		last = ki
