@@ -121,6 +121,14 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 		Layout: LayoutToProto(a.p.Dst.Region.Layout), TimeoutMs: uint32(a.p.Timeout / time.Millisecond),
 	})
 	if err != nil {
+		// The holder may have started the pull before its reply failed
+		// (a reply too large to send, a timeout on the way back): end it,
+		// best effort, so a release need not wait for the pull's deadline.
+		go func() {
+			endCtx, cancel := context.WithTimeout(context.Background(), a.p.Stall)
+			defer cancel()
+			_, _ = peer.PullEnd(endCtx, &messages.PullEnd{TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID})
+		}()
 		return 0, fmt.Errorf("pull %s: descriptors from %s: %w", a.p.ID, peer.Member, err)
 	}
 	n, getErr := a.read(ctx, desc, peer, requester)

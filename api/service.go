@@ -77,7 +77,7 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("api: add service: %w", err)
 	}
-	s := &server{o: o, sem: make(chan struct{}, o.MaxInFlight)}
+	s := &server{o: o, sem: make(chan struct{}, o.MaxInFlight), maxPayload: int(nc.MaxPayload())}
 	eps := []struct {
 		name string
 		fn   micro.HandlerFunc
@@ -109,8 +109,9 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 }
 
 type server struct {
-	o   ServeOptions
-	sem chan struct{}
+	o          ServeOptions
+	sem        chan struct{}
+	maxPayload int // the server's max_payload; a larger reply cannot be sent
 }
 
 // endpoint adapts a typed handler: it decodes, bounds concurrency, runs the
@@ -155,6 +156,12 @@ func endpoint[Req any, PReq interface {
 			data, err := Marshal(out, isJSON)
 			if err != nil {
 				s.fail(req, Errorf(CodeInternal, "encode %s: %v", describe(out), err))
+				return
+			}
+			if s.maxPayload > 0 && len(data)+1024 > s.maxPayload {
+				// NATS would refuse to publish it and the caller would only
+				// see a timeout; say why instead.
+				s.fail(req, Errorf(CodeTooLarge, "reply %s of %d bytes exceeds the NATS server's max_payload (%d); for descriptors: the hold has too many separate extents (use fewer, more contiguous blocks, or raise max_payload)", describe(out), len(data), s.maxPayload))
 				return
 			}
 			ct := ContentProtobuf

@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
 )
 
@@ -75,4 +78,49 @@ func TestEngineGoneEndsHolds(t *testing.T) {
 	if n := len(freed.all()); n != 0 {
 		t.Fatalf("%d freed notices to an engine that is gone", n)
 	}
+}
+
+// TestTooManyExtentsFailsClearly: a hold of scattered blocks in a deep
+// layout has more extents than one NATS message can describe. The pull
+// must fail at once with payload_too_large and a reason, not time out.
+func TestTooManyExtentsFailsClearly(t *testing.T) {
+	deep := kvmem.Layout{Layers: 64, Planes: 2, Blocks: 4096, BlockBytes: 64, BlockSize: 16, TPSize: 1}
+	pn := startConnexd(t, "deep-p", "--backend", "tcp")
+	startConnexd(t, "deep-d", "--backend", "tcp", "--nats-url", pn.natsURL)
+	nc := connect(t, pn.natsURL)
+	pe := newEngine(t, nc, "deep-p", "engP", deep, false)
+	de := newEngine(t, nc, "deep-d", "engD", deep, false)
+	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	var src, dst []uint32
+	for b := uint32(0); b < 4096; b += 2 { // every other block: nothing coalesces
+		src = append(src, b)
+		dst = append(dst, b+1)
+	}
+	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: dst, PullId: "deep"}); err != nil {
+		t.Fatal(err)
+	}
+	d := done.wait(t, 10*time.Second, func(m *messages.PullDone) bool { return m.PullId == "deep" })
+	if d.Ok || d.ErrorCode != uint32(api.CodeTooLarge) || !strings.Contains(d.Error, "extents") {
+		t.Fatalf("pull of a hold with %d extents: %v", len(src)*128, d)
+	}
+	t.Logf("refused after %s: %s", time.Since(start).Round(time.Millisecond), d.Error)
+	// The refused pull was ended on the holder too: a release frees at
+	// once instead of waiting for the pull's 30 s deadline.
+	freed := subscribe(t, nc, api.FreedSubject(pe.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
+		if err != nil || st.ActivePulls != 0 {
+			return fmt.Errorf("holder still counts the refused pull: %v %v", st, err)
+		}
+		return nil
+	})
+	if _, err := pe.cli.Release(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId, Requester: pe.id}); err != nil {
+		t.Fatal(err)
+	}
+	freed.wait(t, 5*time.Second, func(m *messages.BlocksFreed) bool { return m.TransferId == hold.Params.TransferId })
 }
