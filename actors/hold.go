@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -51,6 +52,10 @@ type holdActor struct {
 	readers map[string][]uint32 // pull id -> blocks marked BeginRead
 	self    *actor.PID
 	system  *actor.ActorSystem
+	// implied: one registration covers every extent (ExtentRegistrar);
+	// descriptors then carry regionAddr instead of a segment list.
+	implied    bool
+	regionAddr uint64
 }
 
 func newHoldActor(deps *HoldDeps) actor.Actor {
@@ -121,7 +126,30 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 		return
 	}
 	a.held = true
+	if xr, ok := a.deps.Backend.(transport.ExtentRegistrar); ok {
+		// One key for every extent of the hold: descriptors stay small
+		// however scattered the blocks are.
+		exts := r.Region.Layout.Extents(m.Req.BlockIds)
+		sorted := make([]transport.Extent, len(exts))
+		for i, e := range exts {
+			sorted[i] = transport.Extent{Off: e.Off, Len: e.Len}
+		}
+		sort.Slice(sorted, func(i, j int) bool { return sorted[i].Off < sorted[j].Off })
+		reg, err := xr.RegisterExtents(r.Region.Bytes(), sorted)
+		if err != nil {
+			_ = r.Blocks.Unhold(m.Req.BlockIds)
+			a.held = false
+			fail(fmt.Errorf("hold %s: register %d extents: %w", m.ID, len(sorted), err))
+			return
+		}
+		a.regs = []transport.Registration{reg}
+		a.rkeys = [][]byte{reg.RemoteKey()}
+		a.implied, a.regionAddr = true, reg.RemoteAddr()
+	}
 	for _, e := range r.Region.Layout.Extents(m.Req.BlockIds) {
+		if a.implied {
+			break
+		}
 		reg, err := a.deps.Backend.Register(r.Region.Slice(e))
 		if err != nil {
 			_ = r.Blocks.Unhold(m.Req.BlockIds)
@@ -173,13 +201,15 @@ func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 			a.readers[m.PullID] = a.spec.Req.BlockIds
 		}
 		return Reply{Desc: &messages.Descriptors{
-			TransferId:    a.id(),
-			RemoteCtrl:    a.deps.Ctrl,
-			Layout:        LayoutToProto(l),
-			BlockIds:      a.spec.Req.BlockIds,
-			Rkeys:         a.rkeys,
-			Segments:      a.segs,
-			ExpiresUnixMs: a.h.Status().Deadline.UnixMilli(),
+			TransferId:      a.id(),
+			RemoteCtrl:      a.deps.Ctrl,
+			Layout:          LayoutToProto(l),
+			BlockIds:        a.spec.Req.BlockIds,
+			Rkeys:           a.rkeys,
+			Segments:        a.segs,
+			ExpiresUnixMs:   a.h.Status().Deadline.UnixMilli(),
+			ImpliedSegments: a.implied,
+			RegionAddr:      a.regionAddr,
 		}}
 	})
 }

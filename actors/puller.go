@@ -296,8 +296,30 @@ func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, d
 			return nil, 0, fmt.Errorf("%w: block %d is %d at the holder, %d in params", ErrBadDescriptors, i, desc.BlockIds[i], srcIDs[i])
 		}
 	}
-	if err := LayoutFromProto(desc.Layout).CompatibleWith(l); err != nil {
+	holderLayout := LayoutFromProto(desc.Layout)
+	if err := holderLayout.CompatibleWith(l); err != nil {
 		return nil, 0, err
+	}
+	if desc.ImpliedSegments {
+		// One key covers the hold: derive the segments from the holder's
+		// layout (validated above) instead of receiving them.
+		if len(desc.Rkeys) != 1 || len(desc.Segments) != 0 {
+			return nil, 0, fmt.Errorf("%w: implied segments with %d keys and %d segments", ErrBadDescriptors, len(desc.Rkeys), len(desc.Segments))
+		}
+		if holderLayout.Validate() != nil {
+			return nil, 0, fmt.Errorf("%w: holder layout invalid", ErrBadDescriptors)
+		}
+		for _, id := range srcIDs {
+			if id >= holderLayout.Blocks {
+				return nil, 0, fmt.Errorf("%w: block %d outside the holder's %d blocks", ErrBadDescriptors, id, holderLayout.Blocks)
+			}
+		}
+		exts := holderLayout.Extents(srcIDs)
+		segs := make([]*messages.Segment, len(exts))
+		for i, e := range exts {
+			segs[i] = &messages.Segment{RemoteAddr: desc.RegionAddr + e.Off, Length: e.Len}
+		}
+		desc = &messages.Descriptors{BlockIds: desc.BlockIds, Rkeys: desc.Rkeys, Segments: segs, Layout: desc.Layout}
 	}
 	runs := kvmem.Runs(srcIDs)
 	if want := int(l.Layers*l.Planes) * len(runs); len(desc.Segments) != want {

@@ -105,3 +105,47 @@ func TestPlanReads(t *testing.T) {
 		t.Errorf("layout mismatch: %v", err)
 	}
 }
+
+// TestPlanReadsImpliedSegments: with one key for the whole hold the
+// puller derives the segments from the holder's layout, which may have a
+// different block count than the destination.
+func TestPlanReadsImpliedSegments(t *testing.T) {
+	hl := kvmem.Layout{Layers: 2, Planes: 2, Blocks: 16, BlockBytes: 16, BlockSize: 4, TPSize: 1}
+	dl := hl
+	dl.Blocks = 8
+	src := mapped(t, hl)
+	dst := mapped(t, dl)
+	for i := range src.Region.Bytes() {
+		src.Region.Bytes()[i] = byte(i * 7)
+	}
+	srcIDs := []uint32{15, 3, 4, 9}
+	dstIDs := []uint32{0, 6, 7, 2}
+	desc := &messages.Descriptors{Layout: LayoutToProto(hl), BlockIds: srcIDs, Rkeys: [][]byte{{1}}, ImpliedSegments: true, RegionAddr: 1000}
+	ops, _, err := PlanReads(desc, srcIDs, dst, dstIDs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range ops {
+		off := op.RemoteAddr - 1000
+		copy(op.Dst, src.Region.Bytes()[off:off+uint64(len(op.Dst))])
+	}
+	for layer := uint32(0); layer < 2; layer++ {
+		for p := uint32(0); p < 2; p++ {
+			for i := range srcIDs {
+				if !bytes.Equal(src.Region.Block(layer, p, srcIDs[i]), dst.Region.Block(layer, p, dstIDs[i])) {
+					t.Fatalf("layer %d plane %d block %d->%d differs", layer, p, srcIDs[i], dstIDs[i])
+				}
+			}
+		}
+	}
+	bad := *desc
+	bad.Rkeys = [][]byte{{1}, {2}}
+	if _, _, err := PlanReads(&bad, srcIDs, dst, dstIDs); !errors.Is(err, ErrBadDescriptors) {
+		t.Fatalf("two keys with implied segments: %v", err)
+	}
+	small := *desc
+	small.Layout = LayoutToProto(dl) // the holder claims 8 blocks but names block 15
+	if _, _, err := PlanReads(&small, srcIDs, dst, dstIDs); !errors.Is(err, ErrBadDescriptors) {
+		t.Fatalf("block outside the holder's layout: %v", err)
+	}
+}

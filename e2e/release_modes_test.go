@@ -80,19 +80,33 @@ func TestEngineGoneEndsHolds(t *testing.T) {
 	}
 }
 
-// TestTooManyExtentsFailsClearly: a hold of scattered blocks in a deep
-// layout has more extents than one NATS message can describe. The pull
-// must fail at once with payload_too_large and a reason, not time out.
-func TestTooManyExtentsFailsClearly(t *testing.T) {
+// TestScatteredHold: a hold of scattered blocks in a deep layout has
+// 262k extents. The TCP backend registers them under one key, so the pull
+// works and every byte arrives. A backend without multi-extent keys (UCX)
+// cannot describe them in one NATS message: the pull must fail at once
+// with payload_too_large and a reason, not time out, and the holder must
+// not keep counting it.
+func TestScatteredHold(t *testing.T) {
+	for _, backend := range backends() {
+		t.Run(backend, func(t *testing.T) { scatteredHold(t, backend) })
+	}
+}
+
+func scatteredHold(t *testing.T, backend string) {
 	deep := kvmem.Layout{Layers: 64, Planes: 2, Blocks: 4096, BlockBytes: 64, BlockSize: 16, TPSize: 1}
-	pn := startConnexd(t, "deep-p", "--backend", "tcp")
-	startConnexd(t, "deep-d", "--backend", "tcp", "--nats-url", pn.natsURL)
+	if backend != "tcp" {
+		// UCX registers extent by extent (through its worker goroutine), so
+		// keep the hold smaller: 65k extents still overflow one message.
+		deep.Blocks = 1024
+	}
+	pn := startConnexd(t, "deep-p", "--backend", backend)
+	startConnexd(t, "deep-d", "--backend", backend, "--nats-url", pn.natsURL)
 	nc := connect(t, pn.natsURL)
-	pe := newEngine(t, nc, "deep-p", "engP", deep, false)
+	pe := newEngine(t, nc, "deep-p", "engP", deep, true)
 	de := newEngine(t, nc, "deep-d", "engD", deep, false)
 	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
 	var src, dst []uint32
-	for b := uint32(0); b < 4096; b += 2 { // every other block: nothing coalesces
+	for b := uint32(0); b < deep.Blocks; b += 2 { // every other block: nothing coalesces
 		src = append(src, b)
 		dst = append(dst, b+1)
 	}
@@ -104,18 +118,26 @@ func TestTooManyExtentsFailsClearly(t *testing.T) {
 	if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: dst, PullId: "deep"}); err != nil {
 		t.Fatal(err)
 	}
-	d := done.wait(t, 10*time.Second, func(m *messages.PullDone) bool { return m.PullId == "deep" })
-	if d.Ok || d.ErrorCode != uint32(api.CodeTooLarge) || !strings.Contains(d.Error, "extents") {
-		t.Fatalf("pull of a hold with %d extents: %v", len(src)*128, d)
+	d := done.wait(t, 20*time.Second, func(m *messages.PullDone) bool { return m.PullId == "deep" })
+	if backend == "tcp" {
+		if !d.Ok {
+			t.Fatalf("pull of a hold with %d extents over TCP: %v", len(src)*128, d)
+		}
+		verifyBlocks(t, pe.region, de.region, src, dst, nil)
+		t.Logf("tcp: %d extents pulled in %s", len(src)*128, time.Since(start).Round(time.Millisecond))
+	} else {
+		if d.Ok || d.ErrorCode != uint32(api.CodeTooLarge) || !strings.Contains(d.Error, "extents") {
+			t.Fatalf("pull of a hold with %d extents: %v", len(src)*128, d)
+		}
+		t.Logf("%s: refused after %s: %s", backend, time.Since(start).Round(time.Millisecond), d.Error)
 	}
-	t.Logf("refused after %s: %s", time.Since(start).Round(time.Millisecond), d.Error)
-	// The refused pull was ended on the holder too: a release frees at
-	// once instead of waiting for the pull's 30 s deadline.
+	// The pull is over on the holder too: a release frees at once instead
+	// of waiting for the pull's 30 s deadline.
 	freed := subscribe(t, nc, api.FreedSubject(pe.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
 	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
 		if err != nil || st.ActivePulls != 0 {
-			return fmt.Errorf("holder still counts the refused pull: %v %v", st, err)
+			return fmt.Errorf("holder still counts the pull: %v %v", st, err)
 		}
 		return nil
 	})

@@ -1394,8 +1394,13 @@ type Descriptors struct {
 	Rkeys         [][]byte               `protobuf:"bytes,5,rep,name=rkeys,proto3" json:"rkeys,omitempty"`
 	Segments      []*Segment             `protobuf:"bytes,6,rep,name=segments,proto3" json:"segments,omitempty"`
 	ExpiresUnixMs int64                  `protobuf:"varint,7,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// When true, segments is empty and one key (rkeys[0]) covers every
+	// extent of the hold: segment i lies at region_addr + the offset of
+	// extent i in the holder's layout (same order as above).
+	ImpliedSegments bool   `protobuf:"varint,8,opt,name=implied_segments,json=impliedSegments,proto3" json:"implied_segments,omitempty"`
+	RegionAddr      uint64 `protobuf:"varint,9,opt,name=region_addr,json=regionAddr,proto3" json:"region_addr,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Descriptors) Reset() {
@@ -1473,6 +1478,20 @@ func (x *Descriptors) GetSegments() []*Segment {
 func (x *Descriptors) GetExpiresUnixMs() int64 {
 	if x != nil {
 		return x.ExpiresUnixMs
+	}
+	return 0
+}
+
+func (x *Descriptors) GetImpliedSegments() bool {
+	if x != nil {
+		return x.ImpliedSegments
+	}
+	return false
+}
+
+func (x *Descriptors) GetRegionAddr() uint64 {
+	if x != nil {
+		return x.RegionAddr
 	}
 	return 0
 }
@@ -1733,7 +1752,7 @@ const file_connex_proto_rawDesc = "" +
 	"\apull_id\x18\x03 \x01(\tR\x06pullId\x12)\n" +
 	"\x06layout\x18\x04 \x01(\v2\x11.connex.v1.LayoutR\x06layout\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMs\"\x9c\x02\n" +
+	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMs\"\xe8\x02\n" +
 	"\vDescriptors\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x126\n" +
@@ -1743,7 +1762,10 @@ const file_connex_proto_rawDesc = "" +
 	"\tblock_ids\x18\x04 \x03(\rR\bblockIds\x12\x14\n" +
 	"\x05rkeys\x18\x05 \x03(\fR\x05rkeys\x12.\n" +
 	"\bsegments\x18\x06 \x03(\v2\x12.connex.v1.SegmentR\bsegments\x12&\n" +
-	"\x0fexpires_unix_ms\x18\a \x01(\x03R\rexpiresUnixMs\"q\n" +
+	"\x0fexpires_unix_ms\x18\a \x01(\x03R\rexpiresUnixMs\x12)\n" +
+	"\x10implied_segments\x18\b \x01(\bR\x0fimpliedSegments\x12\x1f\n" +
+	"\vregion_addr\x18\t \x01(\x04R\n" +
+	"regionAddr\"q\n" +
 	"\aPullEnd\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x12\x1c\n" +

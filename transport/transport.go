@@ -129,3 +129,21 @@ func CtxErr(err error) error {
 		return err
 	}
 }
+
+// Extent is the byte range [Off, Off+Len) of a registered buffer.
+type Extent struct {
+	Off uint64
+	Len uint64
+}
+
+// ExtentRegistrar is implemented by backends that can expose only some
+// extents of one buffer under a single key. A hold of scattered KV blocks
+// has thousands of extents (layer × plane × run of blocks); one key for all
+// of them keeps its descriptors small. Reads must lie within one extent,
+// else they fail with ErrNotRegistered; byte Off of the buffer is at
+// RemoteAddr()+Off.
+type ExtentRegistrar interface {
+	// RegisterExtents exposes the extents of mem (sorted by Off, not
+	// overlapping, inside mem) until Deregister.
+	RegisterExtents(mem []byte, extents []Extent) (Registration, error)
+}

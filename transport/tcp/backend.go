@@ -93,7 +93,28 @@ func (b *Backend) Address() []byte { return append([]byte(nil), b.addr...) }
 // Register exposes mem to remote readers. The key's id is unique within this
 // Backend and its secret is 8 random bytes; RemoteAddr is 0.
 func (b *Backend) Register(mem []byte) (transport.Registration, error) {
-	r := &registration{b: b, mem: mem, n: uint64(len(mem))}
+	return b.register(mem, nil)
+}
+
+// RegisterExtents exposes only the given extents of mem under one key (see
+// transport.ExtentRegistrar). Extents must be sorted by Off, disjoint,
+// non-empty and inside mem.
+func (b *Backend) RegisterExtents(mem []byte, extents []transport.Extent) (transport.Registration, error) {
+	var prevEnd uint64
+	for i, e := range extents {
+		if e.Len == 0 || e.Off > uint64(len(mem)) || e.Len > uint64(len(mem))-e.Off || (i > 0 && e.Off < prevEnd) {
+			return nil, fmt.Errorf("tcp register: extent %d [%d,+%d) is empty, outside %d bytes, or out of order", i, e.Off, e.Len, len(mem))
+		}
+		prevEnd = e.Off + e.Len
+	}
+	if extents == nil {
+		extents = []transport.Extent{}
+	}
+	return b.register(mem, append([]transport.Extent(nil), extents...))
+}
+
+func (b *Backend) register(mem []byte, extents []transport.Extent) (transport.Registration, error) {
+	r := &registration{b: b, mem: mem, n: uint64(len(mem)), extents: extents}
 	if _, err := rand.Read(r.secret[:]); err != nil {
 		return nil, fmt.Errorf("tcp register: secret: %w", err)
 	}

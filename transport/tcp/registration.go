@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,9 @@ type registration struct {
 	secret [8]byte
 	key    []byte
 	n      uint64 // len(mem), immutable so range checks need no lock
+	// extents, if set, are the only readable ranges (sorted, disjoint);
+	// immutable.
+	extents []transport.Extent
 
 	mu   sync.RWMutex
 	mem  []byte      // nil after Deregister; guarded by mu
@@ -71,4 +75,22 @@ func (b *Backend) abortWriters(r *registration) {
 			_ = sc.nc.Close()
 		}
 	}
+}
+
+// allows reports whether [off, off+n) lies inside the registration and, if
+// it has extents, inside one of them.
+func (r *registration) allows(off, n uint64) bool {
+	if off > r.n || n > r.n-off {
+		return false
+	}
+	if r.extents == nil {
+		return true
+	}
+	// The last extent starting at or before off.
+	i := sort.Search(len(r.extents), func(i int) bool { return r.extents[i].Off > off }) - 1
+	if i < 0 {
+		return false
+	}
+	e := r.extents[i]
+	return off-e.Off <= e.Len && n <= e.Len-(off-e.Off)
 }

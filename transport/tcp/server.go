@@ -249,7 +249,7 @@ func (sc *serverConn) add(req request) error {
 	r := sc.b.lookup(req.key.id)
 	ok := r != nil &&
 		subtle.ConstantTimeCompare(r.secret[:], req.key.secret[:]) == 1 &&
-		req.offset <= r.n && uint64(req.length) <= r.n-req.offset
+		r.allows(req.offset, uint64(req.length))
 	if ok && sc.locked == r && r.dead.Load() {
 		ok = false // Deregister is waiting for this batch; serve no more from it
 	}

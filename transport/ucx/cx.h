@@ -70,6 +70,8 @@ typedef struct cx_worker {
 	cx_reg **regs;
 	uint32_t *reg_gen;
 	uint32_t nregs, capregs;
+	uint32_t reg_scan;  // no free index below this one (add scans from here)
+	uint32_t pad3;
 	// reader: request slots
 	cx_slot *slots;
 	uint32_t *free_slots;
