@@ -10,6 +10,7 @@ import (
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/transport"
+	"google.golang.org/protobuf/proto"
 )
 
 func TestSplitOps(t *testing.T) {
@@ -138,14 +139,14 @@ func TestPlanReadsImpliedSegments(t *testing.T) {
 			}
 		}
 	}
-	bad := *desc
+	bad := proto.Clone(desc).(*messages.Descriptors)
 	bad.Rkeys = [][]byte{{1}, {2}}
-	if _, _, err := PlanReads(&bad, srcIDs, dst, dstIDs); !errors.Is(err, ErrBadDescriptors) {
+	if _, _, err := PlanReads(bad, srcIDs, dst, dstIDs); !errors.Is(err, ErrBadDescriptors) {
 		t.Fatalf("two keys with implied segments: %v", err)
 	}
-	small := *desc
+	small := proto.Clone(desc).(*messages.Descriptors)
 	small.Layout = LayoutToProto(dl) // the holder claims 8 blocks but names block 15
-	if _, _, err := PlanReads(&small, srcIDs, dst, dstIDs); !errors.Is(err, ErrBadDescriptors) {
+	if _, _, err := PlanReads(small, srcIDs, dst, dstIDs); !errors.Is(err, ErrBadDescriptors) {
 		t.Fatalf("block outside the holder's layout: %v", err)
 	}
 }
