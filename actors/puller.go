@@ -47,6 +47,11 @@ type Pull struct {
 // plane here (~1 GB/s) a batch takes ~32 ms.
 const batchBytes = 32 << 20
 
+// batchOps bounds the reads in one batch too: a scattered hold of tiny
+// blocks has hundreds of thousands of reads, and per-read costs, not bytes,
+// then decide how long a batch takes.
+const batchOps = 4096
+
 type pullResult struct {
 	bytes uint64
 	err   error
@@ -191,7 +196,7 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 	var batches [][]transport.GetOp
 	for len(ops) > 0 {
 		n, size := 0, uint64(0)
-		for n < len(ops) && (n == 0 || size+uint64(len(ops[n].Dst)) <= batchBytes) {
+		for n < len(ops) && (n == 0 || (n < batchOps && size+uint64(len(ops[n].Dst)) <= batchBytes)) {
 			size += uint64(len(ops[n].Dst))
 			n++
 		}
