@@ -136,15 +136,20 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 		}
 		sort.Slice(sorted, func(i, j int) bool { return sorted[i].Off < sorted[j].Off })
 		reg, err := xr.RegisterExtents(r.Region.Bytes(), sorted)
-		if err != nil {
+		switch {
+		case errors.Is(err, errors.ErrUnsupported):
+			// This configuration cannot restrict one key to extents
+			// (UCX onesided reads): register extent by extent below.
+		case err != nil:
 			_ = r.Blocks.Unhold(m.Req.BlockIds)
 			a.held = false
 			fail(fmt.Errorf("hold %s: register %d extents: %w", m.ID, len(sorted), err))
 			return
+		default:
+			a.regs = []transport.Registration{reg}
+			a.rkeys = [][]byte{reg.RemoteKey()}
+			a.implied, a.regionAddr = true, reg.RemoteAddr()
 		}
-		a.regs = []transport.Registration{reg}
-		a.rkeys = [][]byte{reg.RemoteKey()}
-		a.implied, a.regionAddr = true, reg.RemoteAddr()
 	}
 	for _, e := range r.Region.Layout.Extents(m.Req.BlockIds) {
 		if a.implied {

@@ -81,26 +81,32 @@ func TestEngineGoneEndsHolds(t *testing.T) {
 }
 
 // TestScatteredHold: a hold of scattered blocks in a deep layout has
-// 262k extents. The TCP backend registers them under one key, so the pull
-// works and every byte arrives. A backend without multi-extent keys (UCX)
-// cannot describe them in one NATS message: the pull must fail at once
-// with payload_too_large and a reason, not time out, and the holder must
-// not keep counting it.
+// 262k extents. TCP and UCX (checked reads) register them under one key,
+// so the pull works and every byte arrives. UCX onesided keys cannot be
+// restricted to extents, so each extent has its own key and they do not
+// fit one NATS message: that pull must fail at once with
+// payload_too_large and a reason, not time out, and the holder must not
+// keep counting it.
 func TestScatteredHold(t *testing.T) {
-	for _, backend := range backends() {
-		t.Run(backend, func(t *testing.T) { scatteredHold(t, backend) })
+	cases := map[string][]string{"tcp": {"--backend", "tcp"}}
+	if buildTags() == "ucx" {
+		cases["ucx"] = []string{"--backend", "ucx"}
+		cases["ucx-onesided"] = []string{"--backend", "ucx", "--ucx-reads", "onesided"}
+	}
+	for name, args := range cases {
+		t.Run(name, func(t *testing.T) { scatteredHold(t, name, args) })
 	}
 }
 
-func scatteredHold(t *testing.T, backend string) {
+func scatteredHold(t *testing.T, backend string, args []string) {
 	deep := kvmem.Layout{Layers: 64, Planes: 2, Blocks: 4096, BlockBytes: 64, BlockSize: 16, TPSize: 1}
-	if backend != "tcp" {
-		// UCX registers extent by extent (through its worker goroutine), so
-		// keep the hold smaller: 65k extents still overflow one message.
+	if backend == "ucx-onesided" {
+		// One registration per extent: keep the hold smaller; 65k extents
+		// still overflow one message.
 		deep.Blocks = 1024
 	}
-	pn := startConnexd(t, "deep-p", "--backend", backend)
-	startConnexd(t, "deep-d", "--backend", backend, "--nats-url", pn.natsURL)
+	pn := startConnexd(t, "deep-p", args...)
+	startConnexd(t, "deep-d", append(args, "--nats-url", pn.natsURL)...)
 	nc := connect(t, pn.natsURL)
 	pe := newEngine(t, nc, "deep-p", "engP", deep, true)
 	de := newEngine(t, nc, "deep-d", "engD", deep, false)
@@ -119,12 +125,12 @@ func scatteredHold(t *testing.T, backend string) {
 		t.Fatal(err)
 	}
 	d := done.wait(t, 20*time.Second, func(m *messages.PullDone) bool { return m.PullId == "deep" })
-	if backend == "tcp" {
+	if backend != "ucx-onesided" {
 		if !d.Ok {
-			t.Fatalf("pull of a hold with %d extents over TCP: %v", len(src)*128, d)
+			t.Fatalf("pull of a hold with %d extents over %s: %v", len(src)*128, backend, d)
 		}
 		verifyBlocks(t, pe.region, de.region, src, dst, nil)
-		t.Logf("tcp: %d extents pulled in %s", len(src)*128, time.Since(start).Round(time.Millisecond))
+		t.Logf("%s: %d extents pulled in %s", backend, len(src)*128, time.Since(start).Round(time.Millisecond))
 	} else {
 		if d.Ok || d.ErrorCode != uint32(api.CodeTooLarge) || !strings.Contains(d.Error, "extents") {
 			t.Fatalf("pull of a hold with %d extents: %v", len(src)*128, d)

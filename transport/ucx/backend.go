@@ -176,7 +176,38 @@ func (b *Backend) Register(mem []byte) (transport.Registration, error) {
 	}
 	r := &Registration{b: b, n: len(mem), rma: b.cfg.Reads == ReadsOneSided}
 	r.pin.Pin(&mem[0])
-	if err := b.mapMem(r, unsafe.Pointer(&mem[0])); err != nil {
+	if err := b.mapMem(r, unsafe.Pointer(&mem[0]), nil); err != nil {
+		r.pin.Unpin()
+		return nil, err
+	}
+	return r, nil
+}
+
+// RegisterExtents exposes only the given extents of mem under one key
+// (transport.ExtentRegistrar): the holder's request handler checks every
+// read against the sorted extent list. Checked mode only: a onesided key is
+// read without the holder, so it cannot restrict reads to extents, and
+// RegisterExtents then fails with errors.ErrUnsupported (callers register
+// extent by extent instead).
+func (b *Backend) RegisterExtents(mem []byte, extents []transport.Extent) (transport.Registration, error) {
+	if b.cfg.Reads == ReadsOneSided {
+		return nil, fmt.Errorf("ucx: extents under one key need checked reads: %w", errors.ErrUnsupported)
+	}
+	if len(mem) == 0 || len(extents) == 0 {
+		return nil, fmt.Errorf("ucx: register extents: empty memory or extent list")
+	}
+	pairs := make([]uint64, 0, 2*len(extents))
+	var prevEnd uint64
+	for i, e := range extents {
+		if e.Len == 0 || e.Off > uint64(len(mem)) || e.Len > uint64(len(mem))-e.Off || (i > 0 && e.Off < prevEnd) {
+			return nil, fmt.Errorf("ucx: register: extent %d [%d,+%d) is empty, outside %d bytes, or out of order", i, e.Off, e.Len, len(mem))
+		}
+		prevEnd = e.Off + e.Len
+		pairs = append(pairs, e.Off, e.Len)
+	}
+	r := &Registration{b: b, n: len(mem)}
+	r.pin.Pin(&mem[0])
+	if err := b.mapMem(r, unsafe.Pointer(&mem[0]), pairs); err != nil {
 		r.pin.Unpin()
 		return nil, err
 	}
@@ -196,13 +227,13 @@ func (b *Backend) Alloc(n int) (*Registration, error) {
 		return nil, fmt.Errorf("ucx: alloc: bad size %d", n)
 	}
 	r := &Registration{b: b, n: n, alloc: true, rma: true}
-	if err := b.mapMem(r, nil); err != nil {
+	if err := b.mapMem(r, nil, nil); err != nil {
 		return nil, err
 	}
 	return r, nil
 }
 
-func (b *Backend) mapMem(r *Registration, p unsafe.Pointer) error {
+func (b *Backend) mapMem(r *Registration, p unsafe.Pointer, extents []uint64) error {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -256,6 +287,18 @@ func (b *Backend) mapMem(r *Registration, p unsafe.Pointer) error {
 			C.cx_mem_unmap(b.w.c, r.memh)
 			st = C.UCS_ERR_NO_MEMORY
 			return
+		}
+		if len(extents) > 0 {
+			// Before the key exists no request can name the registration,
+			// so restricting it here leaves no window.
+			if C.cx_reg_set_extents(r.creg, (*C.uint64_t)(unsafe.Pointer(&extents[0])), C.uint64_t(len(extents)/2)) != 0 {
+				C.cx_reg_disable(b.w.c, r.creg)
+				C.cx_reg_free(r.creg)
+				r.creg = nil
+				C.cx_mem_unmap(b.w.c, r.memh)
+				st = C.UCS_ERR_NO_MEMORY
+				return
+			}
 		}
 		r.key = packCheckedKey(uint64(r.base), r.n, uint64(r.creg.id), token)
 	})

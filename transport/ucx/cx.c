@@ -33,6 +33,40 @@ static void cx_reply_sent(void *req, ucs_status_t status, void *user_data) {
 	ucp_request_free(req);
 }
 
+// cx_reg_allows checks [off, off+n) against r's extents, if it has any:
+// it must lie inside one of them.
+static int cx_reg_allows(const cx_reg *r, uint64_t off, uint64_t n) {
+	if (r->next == 0) {
+		return 1;
+	}
+	// The last extent starting at or before off.
+	uint64_t lo = 0, hi = r->next;
+	while (lo < hi) {
+		uint64_t mid = lo + (hi - lo) / 2;
+		if (r->ext[2 * mid] <= off) {
+			lo = mid + 1;
+		} else {
+			hi = mid;
+		}
+	}
+	if (lo == 0) {
+		return 0;
+	}
+	uint64_t eo = r->ext[2 * (lo - 1)], el = r->ext[2 * (lo - 1) + 1];
+	return off - eo <= el && n <= el - (off - eo);
+}
+
+int cx_reg_set_extents(cx_reg *r, const uint64_t *pairs, uint64_t n) {
+	uint64_t *e = malloc(n * 2 * sizeof(uint64_t));
+	if (e == NULL) {
+		return -1;
+	}
+	memcpy(e, pairs, n * 2 * sizeof(uint64_t));
+	r->ext = e;
+	r->next = n;
+	return 0;
+}
+
 static cx_reg *cx_reg_lookup(cx_worker *w, uint64_t id, uint64_t token) {
 	uint32_t idx = (uint32_t)(id >> 32), gen = (uint32_t)id;
 	if (idx >= w->nregs || w->regs[idx] == NULL || w->reg_gen[idx] != gen) {
@@ -69,7 +103,7 @@ static ucs_status_t cx_on_get_req(void *arg, const void *header, size_t header_l
 	const void *src = NULL;
 	size_t n = 0;
 	if (r == NULL || h->addr < r->base || h->addr - r->base > r->len ||
-	    h->len > r->len - (h->addr - r->base)) {
+	    h->len > r->len - (h->addr - r->base) || !cx_reg_allows(r, h->addr - r->base, h->len)) {
 		rp->hdr.status = UCS_ERR_NO_ELEM;
 		w->refused++;
 		r = NULL;
@@ -346,6 +380,7 @@ void cx_reg_free(cx_reg *r) {
 		r->replies = rp->next;
 		free(rp);
 	}
+	free(r->ext);
 	free(r);
 }
 

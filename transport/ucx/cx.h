@@ -48,6 +48,10 @@ typedef struct cx_reg {
 	cx_reply *replies;  // those replies
 	int32_t active;
 	int32_t pad;
+	// ext, if next > 0, lists the only readable ranges as next sorted,
+	// disjoint (offset from base, length) pairs.
+	uint64_t *ext;
+	uint64_t next;
 } cx_reg;
 
 // cx_slot is a reader-side GET waiting for its reply (state 1) or
@@ -135,6 +139,8 @@ int64_t cx_reg_disable(cx_worker *w, cx_reg *r);
 // cx_reg_kill_replies force-closes the endpoints r's replies are on.
 void cx_reg_kill_replies(cx_reg *r);
 void cx_reg_free(cx_reg *r);
+// cx_reg_set_extents restricts r to n (offset, length) pairs (copied).
+int cx_reg_set_extents(cx_reg *r, const uint64_t *pairs, uint64_t n);
 
 // cx_batch_abort completes every GET of ops still waiting for a reply with
 // status st (used after the endpoint they were sent on was closed).
