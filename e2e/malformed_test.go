@@ -36,10 +36,11 @@ func TestMalformedPayloadsFromOutside(t *testing.T) {
 	endpoints := []string{
 		api.EpRegionRegister, api.EpRegionInspect, api.EpEngineGone, api.EpHoldCreate, api.EpHoldRenew,
 		api.EpHoldRelease, api.EpHoldInspect, api.EpPullStart, api.EpPeerDescriptors, api.EpPeerPullEnd,
+		api.EpRequestStart, api.EpRequestProgress, api.EpRequestFinish, api.EpRequestInspect, api.EpPeerAdopt,
 	}
 	known := map[int]bool{}
 	for _, c := range []api.Code{api.CodeMalformed, api.CodeTooLarge, api.CodeBadRequest, api.CodeUnknownRegion,
-		api.CodeBadBlockIDs, api.CodeBadLayout, api.CodeUnknownTransfer, api.CodeBadContentType} {
+		api.CodeBadBlockIDs, api.CodeBadLayout, api.CodeUnknownTransfer, api.CodeBadContentType, api.CodeUnknownRequest} {
 		known[int(c)] = true
 	}
 	for _, ep := range endpoints {
