@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -151,4 +152,36 @@ func scatteredHold(t *testing.T, backend string, args []string) {
 		t.Fatal(err)
 	}
 	freed.wait(t, 5*time.Second, func(m *messages.BlocksFreed) bool { return m.TransferId == hold.Params.TransferId })
+}
+
+// TestDataAdvertise: a holder listening on a wildcard address advertises
+// the address peers must dial (data_advertise), and pulls use it.
+func TestDataAdvertise(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	adv := fmt.Sprintf("127.0.0.1:%d", port)
+	pn := startConnexd(t, "adv-p", "--backend", "tcp", "--data-listen", fmt.Sprintf("0.0.0.0:%d", port), "--data-advertise", adv)
+	startConnexd(t, "adv-d", "--backend", "tcp", "--nats-url", pn.natsURL)
+	nc := connect(t, pn.natsURL)
+	pe := newEngine(t, nc, "adv-p", "engP", testLayout, true)
+	de := newEngine(t, nc, "adv-d", "engD", testLayout, false)
+	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: []uint32{4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(hold.Params.RemoteCtrl.GetDataAddr()); got != adv {
+		t.Fatalf("advertised data address %q, want %q", got, adv)
+	}
+	if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: []uint32{9}, PullId: "adv"}); err != nil {
+		t.Fatal(err)
+	}
+	if d := done.wait(t, 10*time.Second, func(m *messages.PullDone) bool { return m.PullId == "adv" }); !d.Ok {
+		t.Fatalf("pull via the advertised address: %v", d)
+	}
+	verifyBlocks(t, pe.region, de.region, []uint32{4}, []uint32{9}, nil)
 }
