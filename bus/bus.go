@@ -33,6 +33,7 @@ type Bus struct {
 	URL     string         // client URL of the server in use
 	log     *slog.Logger
 	closing atomic.Bool
+	closed  chan struct{} // closed by the connection's ClosedHandler
 }
 
 // Open starts or connects to NATS.
@@ -41,7 +42,7 @@ func Open(o Options) (*Bus, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	b := &Bus{URL: o.URL, log: log}
+	b := &Bus{URL: o.URL, log: log, closed: make(chan struct{})}
 	if o.URL == "" {
 		srv, err := startEmbedded(o)
 		if err != nil {
@@ -61,6 +62,7 @@ func Open(o Options) (*Bus, error) {
 			}
 			log.Warn("nats connection lost; reconnecting", "url", b.URL, "err", err)
 		}),
+		nats.ClosedHandler(func(*nats.Conn) { close(b.closed) }),
 		nats.ReconnectHandler(func(c *nats.Conn) {
 			log.Warn("nats connection recovered", "url", c.ConnectedUrl())
 		}),
@@ -117,10 +119,11 @@ func startEmbedded(o Options) (*server.Server, error) {
 func (b *Bus) Close() {
 	b.closing.Store(true)
 	if b.Conn != nil {
-		_ = b.Conn.Drain()
-		deadline := time.Now().Add(2 * time.Second)
-		for !b.Conn.IsClosed() && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
+		if b.Conn.Drain() == nil {
+			select { // draining ends by closing the connection
+			case <-b.closed:
+			case <-time.After(2 * time.Second):
+			}
 		}
 		b.Conn.Close()
 	}

@@ -175,8 +175,9 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 			return rep, err
 		}
 	}
-	// Let membership settle (local preset: TTL 1 s + 2 heartbeats).
-	time.Sleep(1500 * time.Millisecond)
+	if err := h.waitMembers(ctx, cfg.Decoders+1); err != nil {
+		return rep, err
+	}
 
 	faultsDone := make(chan struct{})
 	loadCtx, stopFaults := context.WithCancel(ctx)
@@ -422,4 +423,33 @@ func (h *harness) subscribe() error {
 		}
 	}
 	return h.nc.Flush()
+}
+
+// waitMembers waits until n members announce themselves on the cluster's
+// heartbeat subjects, so that faults start on a formed cluster.
+func (h *harness) waitMembers(ctx context.Context, n int) error {
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	sub, err := h.nc.Subscribe("connex.cluster.*.events.heartbeat.*", func(m *nats.Msg) {
+		mu.Lock()
+		seen[m.Subject] = true
+		mu.Unlock()
+	})
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		got := len(seen)
+		mu.Unlock()
+		if got >= n {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("chaos: %d of %d members heartbeating after 30s", got, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

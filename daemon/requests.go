@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/asynkron/protoactor-go/actor"
 	"time"
 
 	"github.com/connex/connex/actors"
@@ -32,12 +33,32 @@ func (d *Daemon) askRequest(id string, msg any) (*messages.RequestStatus, error)
 	if !ok {
 		return nil, api.Errorf(api.CodeUnknownRequest, "request %s does not run on member %s", id, d.cfg.MemberID)
 	}
-	res, err := d.system.Root.RequestFuture(pid, msg, askTimeout).Result()
-	if err != nil {
+	st, err := d.askRequestActor(pid, msg)
+	if errors.Is(err, actor.ErrDeadLetter) || errors.Is(err, actor.ErrTimeout) {
 		return nil, api.Errorf(api.CodeUnknownRequest, "request %s: %v", id, err)
 	}
-	rep := res.(actors.RequestReply)
+	return st, err
+}
+
+// askRequestActor sends msg to a request actor and waits for its reply.
+func (d *Daemon) askRequestActor(pid *actor.PID, msg any) (*messages.RequestStatus, error) {
+	res, err := d.system.Root.RequestFuture(pid, msg, askTimeout).Result()
+	if err != nil {
+		return nil, err
+	}
+	rep, ok := res.(actors.RequestReply)
+	if !ok {
+		return nil, api.Errorf(api.CodeInternal, "unexpected reply %T from a request actor", res)
+	}
 	return rep.Status, rep.Err
+}
+
+// spawnRequest starts a request actor with its first message (start or
+// adopt); the actor stops itself if that fails.
+func (d *Daemon) spawnRequest(first any) (*messages.RequestStatus, error) {
+	st, err := d.askRequestActor(d.system.Root.Spawn(actors.RequestProps(d.rdeps)), first)
+	d.updateLoad()
+	return st, err
 }
 
 func (d *Daemon) requestsReady() error {
@@ -58,14 +79,7 @@ func (d *Daemon) StartRequest(_ context.Context, r *messages.StartRequestMsg) (*
 	if err := requireToken("engine_id", r.EngineId); err != nil {
 		return nil, err
 	}
-	pid := d.system.Root.Spawn(actors.RequestProps(d.rdeps))
-	res, err := d.system.Root.RequestFuture(pid, &actors.StartRequest{Msg: r}, askTimeout).Result()
-	if err != nil {
-		return nil, err
-	}
-	rep := res.(actors.RequestReply)
-	d.updateLoad()
-	return rep.Status, rep.Err
+	return d.spawnRequest(&actors.StartRequest{Msg: r})
 }
 
 // Progress appends generated tokens.
@@ -110,14 +124,7 @@ func (d *Daemon) Adopt(_ context.Context, r *messages.AdoptRequestMsg) (*message
 	if engine == "" {
 		return nil, api.Errorf(api.CodeUnknownRegion, "member %s has no registered decode engine to resume request %s on", d.cfg.MemberID, r.RequestId)
 	}
-	pid := d.system.Root.Spawn(actors.RequestProps(d.rdeps))
-	res, err := d.system.Root.RequestFuture(pid, &actors.AdoptRequest{ID: r.RequestId, DeadOwner: r.DeadOwner, Engine: engine}, askTimeout).Result()
-	if err != nil {
-		return nil, err
-	}
-	rep := res.(actors.RequestReply)
-	d.updateLoad()
-	return rep.Status, rep.Err
+	return d.spawnRequest(&actors.AdoptRequest{ID: r.RequestId, DeadOwner: r.DeadOwner, Engine: engine})
 }
 
 // decodeEngine picks the local engine that resumes adopted requests: the

@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"reflect"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -42,34 +43,27 @@ func (c *decodeCluster) addDecoder(name string) {
 
 // waitMembers polls the membership heartbeats until n distinct members announce.
 func (c *decodeCluster) waitMembers(n int) {
+	var mu sync.Mutex
 	seen := map[string]bool{}
-	sub, err := c.nc.Subscribe("connex.cluster.>", func(m *nats.Msg) { seen[m.Subject] = true })
+	sub, err := c.nc.Subscribe("connex.cluster.*.events.heartbeat.*", func(m *nats.Msg) {
+		mu.Lock()
+		seen[m.Subject] = true
+		mu.Unlock()
+	})
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
 	checkFor(c.t, 10*time.Second, 20*time.Millisecond, func() error {
 		_ = c.nc.Flush()
-		beats := 0
-		for s := range seen {
-			if len(s) > 0 && contains(s, ".events.heartbeat.") {
-				beats++
-			}
-		}
+		mu.Lock()
+		beats := len(seen)
+		mu.Unlock()
 		if beats < n {
 			return fmt.Errorf("%d of %d members heartbeating", beats, n)
 		}
 		return nil
 	})
-}
-
-func contains(s, sub string) bool {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return true
-		}
-	}
-	return false
 }
 
 func (c *decodeCluster) hold(t testing.TB, blocks []uint32, tokens uint32) *messages.KVTransferParams {

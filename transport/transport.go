@@ -22,6 +22,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // Sentinel errors a caller can branch on with errors.Is. Backends wrap them
@@ -146,4 +147,17 @@ type ExtentRegistrar interface {
 	// RegisterExtents exposes the extents of mem (sorted by Off, not
 	// overlapping, inside mem) until Deregister.
 	RegisterExtents(mem []byte, extents []Extent) (Registration, error)
+}
+
+// ValidateExtents checks that extents are non-empty, inside a buffer of n
+// bytes, sorted by Off and disjoint, as ExtentRegistrar requires.
+func ValidateExtents(extents []Extent, n uint64) error {
+	var prevEnd uint64
+	for i, e := range extents {
+		if e.Len == 0 || e.Off > n || e.Len > n-e.Off || (i > 0 && e.Off < prevEnd) {
+			return fmt.Errorf("extent %d [%d,+%d) is empty, outside %d bytes, or out of order", i, e.Off, e.Len, n)
+		}
+		prevEnd = e.Off + e.Len
+	}
+	return nil
 }

@@ -100,12 +100,8 @@ func (b *Backend) Register(mem []byte) (transport.Registration, error) {
 // transport.ExtentRegistrar). Extents must be sorted by Off, disjoint,
 // non-empty and inside mem.
 func (b *Backend) RegisterExtents(mem []byte, extents []transport.Extent) (transport.Registration, error) {
-	var prevEnd uint64
-	for i, e := range extents {
-		if e.Len == 0 || e.Off > uint64(len(mem)) || e.Len > uint64(len(mem))-e.Off || (i > 0 && e.Off < prevEnd) {
-			return nil, fmt.Errorf("tcp register: extent %d [%d,+%d) is empty, outside %d bytes, or out of order", i, e.Off, e.Len, len(mem))
-		}
-		prevEnd = e.Off + e.Len
+	if err := transport.ValidateExtents(extents, uint64(len(mem))); err != nil {
+		return nil, fmt.Errorf("tcp register: %w", err)
 	}
 	if extents == nil {
 		extents = []transport.Extent{}

@@ -196,13 +196,11 @@ func (b *Backend) RegisterExtents(mem []byte, extents []transport.Extent) (trans
 	if len(mem) == 0 || len(extents) == 0 {
 		return nil, fmt.Errorf("ucx: register extents: empty memory or extent list")
 	}
+	if err := transport.ValidateExtents(extents, uint64(len(mem))); err != nil {
+		return nil, fmt.Errorf("ucx: register: %w", err)
+	}
 	pairs := make([]uint64, 0, 2*len(extents))
-	var prevEnd uint64
-	for i, e := range extents {
-		if e.Len == 0 || e.Off > uint64(len(mem)) || e.Len > uint64(len(mem))-e.Off || (i > 0 && e.Off < prevEnd) {
-			return nil, fmt.Errorf("ucx: register: extent %d [%d,+%d) is empty, outside %d bytes, or out of order", i, e.Off, e.Len, len(mem))
-		}
-		prevEnd = e.Off + e.Len
+	for _, e := range extents {
 		pairs = append(pairs, e.Off, e.Len)
 	}
 	r := &Registration{b: b, n: len(mem)}
