@@ -161,3 +161,29 @@ func ValidateExtents(extents []Extent, n uint64) error {
 	}
 	return nil
 }
+
+// Allocator is implemented by backends that can allocate memory which peers
+// on the same host read one-sided, at memory-copy speed and without the
+// holder's CPU (UCX on shared memory: the reader maps the allocation and
+// copies from it). connexd uses it for regions it creates for an engine
+// (region.create): the engine maps Allocation.Path, and holds on that
+// memory get keys that carry the one-sided path besides the backend's usual
+// one.
+type Allocator interface {
+	// Allocate returns at least n bytes of shareable memory, zeroed.
+	Allocate(n int) (Allocation, error)
+}
+
+// Allocation is memory from an Allocator.
+type Allocation interface {
+	// Bytes is the memory, valid until Free.
+	Bytes() []byte
+	// Path is a file that other processes of this host (same user) open
+	// and mmap to share the memory, e.g. /proc/<pid>/fd/<n>. It stays
+	// valid until Free or until this process exits; a process that mapped
+	// it keeps its mapping after either.
+	Path() string
+	// Free releases the memory. Every Registration made on it must have
+	// been deregistered. Idempotent.
+	Free() error
+}

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,7 @@ type Backend struct {
 	closed bool
 	regs   map[*Registration]struct{}
 	eps    map[string]*endpoint
+	allocs []*Allocation // live shared allocations (Allocate)
 }
 
 var _ transport.Backend = (*Backend)(nil)
@@ -160,6 +162,9 @@ type Registration struct {
 	alloc bool      // UCX allocated the memory (Alloc)
 	rma   bool      // raw RMA key: Alloc, or Register in onesided mode
 	creg  *C.cx_reg // checked registrations: the holder's table entry
+	// shared is the allocation a checked registration lies in (its key is
+	// a shared key); nil otherwise.
+	shared *Allocation
 	pin   runtime.Pinner
 	gone  bool // under b.mu
 }
@@ -174,25 +179,17 @@ func (b *Backend) Register(mem []byte) (transport.Registration, error) {
 	if len(mem) == 0 {
 		return nil, fmt.Errorf("ucx: register: empty memory")
 	}
-	r := &Registration{b: b, n: len(mem), rma: b.cfg.Reads == ReadsOneSided}
-	r.pin.Pin(&mem[0])
-	if err := b.mapMem(r, unsafe.Pointer(&mem[0]), nil); err != nil {
-		r.pin.Unpin()
-		return nil, err
-	}
-	return r, nil
+	return b.register(mem, nil, b.cfg.Reads == ReadsOneSided)
 }
 
 // RegisterExtents exposes only the given extents of mem under one key
 // (transport.ExtentRegistrar): the holder's request handler checks every
-// read against the sorted extent list. Checked mode only: a onesided key is
-// read without the holder, so it cannot restrict reads to extents, and
-// RegisterExtents then fails with errors.ErrUnsupported (callers register
-// extent by extent instead).
+// read against the sorted extent list. A onesided key is read without the
+// holder, so it cannot restrict reads to extents: in onesided mode
+// RegisterExtents fails with errors.ErrUnsupported (callers register extent
+// by extent instead), except on memory from Allocate, which always gets a
+// shared key.
 func (b *Backend) RegisterExtents(mem []byte, extents []transport.Extent) (transport.Registration, error) {
-	if b.cfg.Reads == ReadsOneSided {
-		return nil, fmt.Errorf("ucx: extents under one key need checked reads: %w", errors.ErrUnsupported)
-	}
 	if len(mem) == 0 || len(extents) == 0 {
 		return nil, fmt.Errorf("ucx: register extents: empty memory or extent list")
 	}
@@ -203,13 +200,38 @@ func (b *Backend) RegisterExtents(mem []byte, extents []transport.Extent) (trans
 	for _, e := range extents {
 		pairs = append(pairs, e.Off, e.Len)
 	}
-	r := &Registration{b: b, n: len(mem)}
+	return b.register(mem, pairs, b.cfg.Reads == ReadsOneSided)
+}
+
+// register maps mem: with a shared key when it lies in an allocation from
+// Allocate, else with a onesided key (onesided, no extents) or a checked
+// key restricted to extents.
+func (b *Backend) register(mem []byte, extents []uint64, onesided bool) (transport.Registration, error) {
+	b.mu.Lock()
+	a := b.allocFor(mem)
+	b.mu.Unlock()
+	if a == nil && onesided && extents != nil {
+		return nil, fmt.Errorf("ucx: extents under one key need checked reads: %w", errors.ErrUnsupported)
+	}
+	r := &Registration{b: b, n: len(mem), rma: a == nil && onesided, shared: a}
 	r.pin.Pin(&mem[0])
-	if err := b.mapMem(r, unsafe.Pointer(&mem[0]), pairs); err != nil {
+	if err := b.mapMem(r, unsafe.Pointer(&mem[0]), extents); err != nil {
 		r.pin.Unpin()
+		r.dropView()
 		return nil, err
 	}
 	return r, nil
+}
+
+// dropView releases r's view on its allocation, once.
+func (r *Registration) dropView() {
+	if r.shared == nil {
+		return
+	}
+	r.b.mu.Lock()
+	r.shared.views--
+	r.b.mu.Unlock()
+	r.shared = nil
 }
 
 // Alloc has UCX allocate n bytes (UCP_MEM_MAP_ALLOCATE) and registers them
@@ -299,6 +321,9 @@ func (b *Backend) mapMem(r *Registration, p unsafe.Pointer, extents []uint64) er
 			}
 		}
 		r.key = packCheckedKey(uint64(r.base), r.n, uint64(r.creg.id), token)
+		if r.shared != nil {
+			r.key = packSharedKey(uint64(r.base), r.n, uint64(r.creg.id), token, r.shared.id, proc, r.shared.rkey)
+		}
 	})
 	if err != nil {
 		return err
@@ -357,6 +382,7 @@ func (r *Registration) Deregister() error {
 	case err := <-done:
 		if err == nil {
 			r.pin.Unpin()
+			r.dropView()
 		}
 		return err
 	case <-b.w.done:
@@ -372,7 +398,9 @@ type endpoint struct {
 	addr  []byte // ucx worker address
 	refs  int    // under b.mu
 	u     *uep
-	noCMA atomic.Bool // process_vm_readv was refused: use UCX
+	noCMA  atomic.Bool // process_vm_readv was refused: use UCX
+	shared atomic.Bool // a Get used shared keys: linger after the last Close
+	idle   uint64      // under b.mu: Close count, tells expire it was reused
 }
 
 // current returns the live UCP endpoint, creating one if the last was
@@ -431,8 +459,18 @@ func (b *Backend) Connect(ctx context.Context, addr []byte) (transport.Endpoint,
 	return h, nil
 }
 
-// Close releases this reference; the last one force-closes the UCP
-// endpoint. Idempotent.
+// EndpointLinger is how long an endpoint that has read shared memory
+// (Allocate'd by its peer) stays open after its last Endpoint closed. Its
+// cached rkeys keep the peer's segments mapped here, so the next pull from
+// the same holder neither unpacks nor page-faults them again; a Connect to
+// the same address within the period reuses it. The cost is that a freed
+// allocation of the peer stays mapped here (its memory is not returned to
+// the system) until the period ends.
+const EndpointLinger = 30 * time.Second
+
+// Close releases this reference. The last one force-closes the UCP
+// endpoint, or, if it has read shared memory, keeps it for EndpointLinger
+// (dropping its other cached rkeys). Idempotent.
 func (h *Endpoint) Close() error {
 	if !h.closed.CompareAndSwap(false, true) {
 		return nil
@@ -441,11 +479,23 @@ func (h *Endpoint) Close() error {
 	b.mu.Lock()
 	e.refs--
 	last := e.refs == 0
-	if last && b.eps[e.key] == e {
+	mine := b.eps[e.key] == e
+	linger := last && mine && !b.closed && e.shared.Load()
+	if last && mine && !linger {
 		delete(b.eps, e.key)
 	}
+	e.idle++
+	gen := e.idle
 	b.mu.Unlock()
-	if last {
+	switch {
+	case linger:
+		b.w.call(func() {
+			if e.u != nil && !e.u.closed && !b.w.busy(e.u) {
+				b.w.dropRkeys(e.u)
+			}
+		})
+		time.AfterFunc(EndpointLinger, func() { e.expire(gen) })
+	case last:
 		b.w.call(func() {
 			if e.u != nil {
 				b.w.closeEP(e.u, transport.ErrClosed)
@@ -453,6 +503,24 @@ func (h *Endpoint) Close() error {
 		})
 	}
 	return nil
+}
+
+// expire closes a lingering endpoint unless it was reused since Close
+// number gen.
+func (e *endpoint) expire(gen uint64) {
+	b := e.b
+	b.mu.Lock()
+	if e.refs != 0 || e.idle != gen || b.eps[e.key] != e {
+		b.mu.Unlock()
+		return
+	}
+	delete(b.eps, e.key)
+	b.mu.Unlock()
+	b.w.call(func() {
+		if e.u != nil {
+			b.w.closeEP(e.u, transport.ErrClosed)
+		}
+	})
 }
 
 // Get performs ops with as few UCX requests as possible: adjacent ops
@@ -488,7 +556,19 @@ func (h *Endpoint) Get(ctx context.Context, ops []transport.GetOp) error {
 			e.b.cfg.Log().Warn("ucx: one-sided CMA reads not permitted; falling back to ucp_get_nbx", "err", err)
 		}
 	}
+	// A shared key's memory stays readable after its holder died (the
+	// segment is mapped here), but the hold died with it: check the holder
+	// before and after reading, as for CMA.
+	holders := sharedHolders(keys)
+	for _, p := range holders {
+		if err := checkAlive(p); err != nil {
+			return err
+		}
+	}
 	bt := h.e.b.buildBatch(ops, keys, runs)
+	if len(holders) > 0 {
+		h.e.shared.Store(true)
+	}
 	if !w.submit(func() {
 		u, err := e.current()
 		if err != nil {
@@ -504,6 +584,13 @@ func (h *Endpoint) Get(ctx context.Context, ops []transport.GetOp) error {
 	}
 	select {
 	case err := <-bt.result:
+		if err == nil && bt.local {
+			for _, p := range holders {
+				if err := checkAlive(p); err != nil {
+					return err
+				}
+			}
+		}
 		return wrapGet(err)
 	case <-ctx.Done():
 	}
@@ -533,6 +620,22 @@ type run struct {
 type keyInfo struct {
 	packed []byte
 	rk     remoteKey
+}
+
+// sharedHolders lists the distinct holder processes of shared keys that
+// live on this host.
+func sharedHolders(keys []keyInfo) []procID {
+	self, err := selfProc()
+	if err != nil {
+		return nil
+	}
+	var out []procID
+	for _, k := range keys {
+		if k.rk.kind == keyShared && k.rk.proc.host == self.host && !slices.Contains(out, k.rk.proc) {
+			out = append(out, k.rk.proc)
+		}
+	}
+	return out
 }
 
 // cmaTarget reports whether every key is a one-sided key of one process on
@@ -612,7 +715,11 @@ func (b *Backend) buildBatch(ops []transport.GetOp, keys []keyInfo, runs []run) 
 	}
 	bt := &batch{n: total, result: make(chan error, 1)}
 	for _, k := range keys {
-		bt.keys = append(bt.keys, k.rk.rkey) // nil for checked keys
+		bk := batchKey{rkey: k.rk.rkey, base: k.rk.base} // rkey nil for checked keys
+		if k.rk.kind == keyShared {
+			bk.shared = k.rk.sharedCacheKey()
+		}
+		bt.keys = append(bt.keys, bk)
 	}
 	bt.c = (*C.cx_batch)(C.calloc(1, C.sizeof_cx_batch))
 	bt.ops = (*C.cx_get)(C.calloc(C.size_t(total), C.sizeof_cx_get))

@@ -136,6 +136,8 @@ func tlsHas(tls, t string) bool {
 //	      kind 1 (checked): registration id u64 | token u64
 //	      kind 2 (rma):     UCX packed rkey (Alloc)
 //	      kind 3 (onesided): pid u32 | start time u64 | host id [16] | UCX packed rkey
+//	      kind 4 (shared):  registration id u64 | token u64 | allocation id u64 |
+//	                        pid u32 | start time u64 | host id [16] | UCX packed rkey
 //	addr: "cxa1" | UCX packed worker address
 const (
 	keyMagic  = "cxk1"
@@ -145,8 +147,10 @@ const (
 	keyChecked  = 1 // GET by request/reply; the holder checks every request
 	keyRMA      = 2 // raw ucp_get_nbx on UCX-allocated memory; not revocable
 	keyOneSided = 3 // Register in onesided mode: CMA on one host, else raw ucp_get_nbx; not revocable
+	keyShared   = 4 // memory from Allocate: raw GET where mapped (one host), else checked
 
 	oneSidedHdr = 4 + 8 + 16
+	sharedHdr   = 8 + 8 + 8 + oneSidedHdr
 )
 
 // procID names a process for CMA: its pid, its start time (clock ticks since
@@ -163,9 +167,20 @@ type procID struct {
 type remoteKey struct {
 	base, n    uint64
 	kind       byte
-	reg, token uint64 // keyChecked
-	rkey       []byte // keyRMA, keyOneSided
-	proc       procID // keyOneSided
+	reg, token uint64 // keyChecked, keyShared
+	rkey       []byte // keyRMA, keyOneSided, keyShared
+	proc       procID // keyOneSided, keyShared
+	alloc      uint64 // keyShared: the allocation's id
+}
+
+// sharedCacheKey is what a reader caches a shared key's unpacked rkey
+// under: the allocation id and the rkey. The id matters: a freed
+// allocation's address and file descriptor are soon reused, and UCX's rkey
+// bytes for the new one can be identical while the old mapping is stale.
+func (k *remoteKey) sharedCacheKey() string {
+	var id [8]byte
+	binary.LittleEndian.PutUint64(id[:], k.alloc)
+	return string(id[:]) + string(k.rkey)
 }
 
 func packCheckedKey(base uint64, n int, reg, token uint64) []byte {
@@ -187,6 +202,18 @@ func packOneSidedKey(base uint64, n int, p procID, rkey []byte) []byte {
 	binary.LittleEndian.PutUint64(b[keyHdr+4:], p.start)
 	copy(b[keyHdr+12:], p.host[:])
 	copy(b[keyHdr+oneSidedHdr:], rkey)
+	return b
+}
+
+func packSharedKey(base uint64, n int, reg, token, alloc uint64, p procID, rkey []byte) []byte {
+	b := keyHeader(base, n, keyShared, sharedHdr+len(rkey))
+	binary.LittleEndian.PutUint64(b[keyHdr:], reg)
+	binary.LittleEndian.PutUint64(b[keyHdr+8:], token)
+	binary.LittleEndian.PutUint64(b[keyHdr+16:], alloc)
+	binary.LittleEndian.PutUint32(b[keyHdr+24:], p.pid)
+	binary.LittleEndian.PutUint64(b[keyHdr+28:], p.start)
+	copy(b[keyHdr+36:], p.host[:])
+	copy(b[keyHdr+sharedHdr:], rkey)
 	return b
 }
 
@@ -228,6 +255,17 @@ func parseKey(k []byte) (remoteKey, error) {
 		rk.rkey = rest[oneSidedHdr:]
 		if rk.proc.pid == 0 {
 			return rk, fmt.Errorf("%w: zero pid", transport.ErrBadKey)
+		}
+	case rk.kind == keyShared && len(rest) > sharedHdr:
+		rk.reg = binary.LittleEndian.Uint64(rest)
+		rk.token = binary.LittleEndian.Uint64(rest[8:])
+		rk.alloc = binary.LittleEndian.Uint64(rest[16:])
+		rk.proc.pid = binary.LittleEndian.Uint32(rest[24:])
+		rk.proc.start = binary.LittleEndian.Uint64(rest[28:])
+		copy(rk.proc.host[:], rest[36:sharedHdr])
+		rk.rkey = rest[sharedHdr:]
+		if rk.reg == 0 || rk.proc.pid == 0 {
+			return rk, fmt.Errorf("%w: zero registration id or pid", transport.ErrBadKey)
 		}
 	default:
 		return rk, fmt.Errorf("%w: bad kind %d or length %d", transport.ErrBadKey, rk.kind, len(k))

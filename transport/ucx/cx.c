@@ -410,6 +410,14 @@ ucs_status_t cx_open(const char *tls, cx_worker **out) {
 			return st;
 		}
 	}
+	// Memory shared with engines (Backend.Allocate) must be a POSIX
+	// shared-memory file, which other processes can open and map and which
+	// UCX's posix transport exposes for one-sided GETs. UCX's default order
+	// tries System V segments first; put posix first and keep the rest of
+	// the default list, which UCX's internal buffer pools also use (a list
+	// without fallbacks starves them where posix is not loaded: TCP-only
+	// contexts hang).
+	(void)ucp_config_modify(cfg, "ALLOC_PRIO", "md:posix,md:sysv,huge,thp,mmap,heap");
 	cx_worker *w = calloc(1, sizeof(*w));
 	if (w == NULL) {
 		ucp_config_release(cfg);
@@ -583,7 +591,10 @@ ucs_status_t cx_mem_map(cx_worker *w, void *addr, size_t len, int allocate,
 		ucp_mem_unmap(w->ctx, *memh);
 		return st;
 	}
-	*addr_out = a.address;
+	// For memory we pass in, the registration is that memory: UCX may
+	// report a larger region containing it (memory inside a
+	// UCP_MEM_MAP_ALLOCATE allocation reports the allocation's start).
+	*addr_out = allocate ? a.address : addr;
 	if (rkey == NULL) {
 		return UCS_OK;
 	}
@@ -606,6 +617,10 @@ ucs_status_t cx_rkey_unpack(cx_ep *e, const void *buf, ucp_rkey_h *out) {
 }
 
 void cx_rkey_destroy(ucp_rkey_h rkey) { ucp_rkey_destroy(rkey); }
+
+int cx_rkey_local(ucp_rkey_h rkey, uint64_t raddr, void **ptr) {
+	return ucp_rkey_ptr(rkey, raddr, ptr) == UCS_OK;
+}
 
 static void cx_get_cb(void *req, ucs_status_t status, void *user_data) {
 	cx_batch *b = user_data;

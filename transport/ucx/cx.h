@@ -148,6 +148,10 @@ void cx_batch_abort(cx_worker *w, cx_get *ops, int n, ucs_status_t st);
 void cx_rkey_buffer_release(void *rkey);
 ucs_status_t cx_rkey_unpack(cx_ep *e, const void *buf, ucp_rkey_h *out);
 void cx_rkey_destroy(ucp_rkey_h rkey);
+// cx_rkey_local reports whether rkey's memory is mapped into this process
+// (a shared-memory segment UCX attached), i.e. whether GETs with it are
+// copies by this process's CPU with no work for the holder.
+int cx_rkey_local(ucp_rkey_h rkey, uint64_t raddr, void **ptr);
 
 // cx_post posts n GETs on e, all counted in b. Returns how many were posted;
 // on failure b->status holds the reason.

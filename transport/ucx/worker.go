@@ -199,6 +199,10 @@ func (w *worker) runCmds() {
 type uep struct {
 	c      *C.cx_ep
 	rkeys  map[string]C.ucp_rkey_h
+	// shared caches the rkeys of shared keys by allocation id and rkey
+	// bytes; nil means the memory is not mapped here (use the checked
+	// path). They outlive single Gets, see Endpoint.Close.
+	shared map[string]C.ucp_rkey_h
 	dead   error // set once the endpoint failed or was closed
 	closed bool  // close started
 }
@@ -216,7 +220,7 @@ func (w *worker) connect(addr []byte) (*uep, error) {
 		C.free(unsafe.Pointer(cep))
 		return nil, statusErr("ep_create", st)
 	}
-	u := &uep{c: cep, rkeys: map[string]C.ucp_rkey_h{}}
+	u := &uep{c: cep, rkeys: map[string]C.ucp_rkey_h{}, shared: map[string]C.ucp_rkey_h{}}
 	w.eps[cep] = u
 	return u, nil
 }
@@ -265,11 +269,34 @@ func (w *worker) closeEP(u *uep, why error) {
 }
 
 func (w *worker) releaseEP(u *uep, cep *C.cx_ep) {
+	w.dropRkeys(u)
+	for k, rk := range u.shared {
+		if rk != nil {
+			C.cx_rkey_destroy(rk)
+		}
+		delete(u.shared, k)
+	}
+	C.free(unsafe.Pointer(cep))
+}
+
+// dropRkeys destroys u's cached rkeys of non-shared keys (one per
+// registration, so they would pile up on an endpoint kept for reuse).
+// Loop-owned; no batch on u may be in flight.
+func (w *worker) dropRkeys(u *uep) {
 	for k, rk := range u.rkeys {
 		C.cx_rkey_destroy(rk)
 		delete(u.rkeys, k)
 	}
-	C.free(unsafe.Pointer(cep))
+}
+
+// busy reports whether a batch on u is in flight. Loop-owned.
+func (w *worker) busy(u *uep) bool {
+	for _, b := range w.active {
+		if b.u == u {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *worker) pollCloses() {
@@ -300,7 +327,8 @@ type batch struct {
 	c      *C.cx_batch
 	ops    *C.cx_get
 	n      int
-	keys   [][]byte // distinct ucx rkeys; ops[i].rkey holds an index until post
+	keys   []batchKey // distinct keys; ops[i].rkey holds an index until post
+	local  bool       // some GETs read a shared key's memory one-sided
 	u      *uep
 	pin    runtime.Pinner
 	why    error // set when the batch was canceled on purpose
@@ -308,17 +336,32 @@ type batch struct {
 	posted bool
 }
 
+// batchKey is what post needs of one distinct key of a batch.
+type batchKey struct {
+	rkey   []byte // UCX's packed rkey; nil for checked keys
+	shared string // shared keys: the rkey cache key (allocation id + rkey)
+	base   uint64 // an address inside the key's memory
+}
+
 func (b *batch) opsSlice() []C.cx_get { return unsafe.Slice(b.ops, b.n) }
 
 // post resolves rkeys and posts every GET of b on u with one cgo call.
+// A shared key's GETs are raw (one-sided) when its memory is mapped here,
+// else they keep the key's checked registration.
 func (w *worker) post(b *batch, u *uep) {
 	b.u = u
 	rks := make([]C.ucp_rkey_h, len(b.keys))
+	local := make([]bool, len(b.keys))
 	for i, k := range b.keys {
-		if k == nil {
+		switch {
+		case k.rkey == nil:
 			continue // checked key: no UCX rkey
+		case k.shared != "":
+			rks[i], local[i] = w.sharedRkey(u, k.shared, k.rkey, k.base)
+			b.local = b.local || local[i]
+			continue
 		}
-		rk, err := w.rkey(u, k)
+		rk, err := w.rkey(u, k.rkey)
 		if err != nil {
 			w.finish(b, err)
 			return
@@ -327,8 +370,12 @@ func (w *worker) post(b *batch, u *uep) {
 	}
 	ops := b.opsSlice()
 	for i := range ops {
+		k := ops[i].rkey
+		if local[k] {
+			ops[i].reg = 0
+		}
 		if ops[i].reg == 0 {
-			ops[i].rkey = C.uint64_t(uintptr(unsafe.Pointer(rks[ops[i].rkey])))
+			ops[i].rkey = C.uint64_t(uintptr(unsafe.Pointer(rks[k])))
 		}
 	}
 	C.cx_post(u.c, b.ops, C.int(b.n), b.c)

@@ -1,0 +1,201 @@
+//go:build ucx && cgo
+
+package ucx
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/transport"
+)
+
+// allocT allocates n bytes on h, freed at cleanup.
+func allocT(t *testing.T, h *Backend, n int) transport.Allocation {
+	t.Helper()
+	a, err := h.Allocate(n)
+	if err != nil {
+		t.Fatalf("allocate: %v", err)
+	}
+	t.Cleanup(func() { a.Free() })
+	return a
+}
+
+// mapPath maps path as an engine would.
+func mapPath(t *testing.T, path string, n int) []byte {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatalf("open %s: %v", path, err)
+	}
+	defer f.Close()
+	m, err := syscall.Mmap(int(f.Fd()), 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		t.Fatalf("mmap %s: %v", path, err)
+	}
+	t.Cleanup(func() { syscall.Munmap(m) })
+	return m
+}
+
+func TestAllocateSharedWithEngine(t *testing.T) {
+	h := openT(t, "")
+	const n = 8 << 20
+	a := allocT(t, h, n)
+	mem := a.Bytes()
+	if len(mem) != n {
+		t.Fatalf("Bytes is %d bytes, want %d", len(mem), n)
+	}
+	// An engine maps the path and writes; connexd's view sees it, and back.
+	eng := mapPath(t, a.Path(), n)
+	src := randBytes(n, 3)
+	copy(eng, src)
+	if !bytes.Equal(mem, src) {
+		t.Fatal("the allocation does not show what the engine wrote through Path")
+	}
+	mem[0] ^= 0xFF
+	if eng[0] != src[0]^0xFF {
+		t.Fatal("the engine's mapping does not show connexd's write")
+	}
+}
+
+func TestSharedKeyReadsOneSided(t *testing.T) {
+	h, r := openT(t, ""), openT(t, "")
+	const n = 8 << 20
+	a := allocT(t, h, n)
+	src := randBytes(n, 4)
+	copy(a.Bytes(), src)
+	// A hold-like registration: two extents of the second half.
+	half := a.Bytes()[n/2:]
+	reg, err := h.RegisterExtents(half, []transport.Extent{{Off: 0, Len: 1 << 20}, {Off: 2 << 20, Len: 2 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Deregister()
+	ep := connectT(t, r, h)
+	dst := make([]byte, 3<<20)
+	ops := []transport.GetOp{
+		{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr(), Dst: dst[:1<<20]},
+		{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr() + 2<<20, Dst: dst[1<<20:]},
+	}
+	want := append(bytes.Clone(src[n/2:n/2+1<<20]), src[n/2+2<<20:n/2+4<<20]...)
+	if err := getT(ep, 5*time.Second, ops); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst, want) {
+		t.Fatal("bytes differ")
+	}
+	// One-sided: it works while the holder's progress loop is stalled,
+	// which a checked GET cannot (TestGetDeadlineStalledHolder).
+	resume := pauseHolder(t, h)
+	defer resume()
+	clear(dst)
+	if err := getT(ep, 5*time.Second, ops); err != nil {
+		t.Fatalf("GET with the holder stalled: %v", err)
+	}
+	if !bytes.Equal(dst, want) {
+		t.Fatal("bytes differ with the holder stalled")
+	}
+	// Reads outside the registration are refused before anything is read.
+	err = getT(ep, 5*time.Second, []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr() - 4096, Dst: dst[:4096]}})
+	if !errors.Is(err, transport.ErrNotRegistered) {
+		t.Fatalf("read before the registration: %v, want ErrNotRegistered", err)
+	}
+}
+
+// A reader that cannot map the holder's segment (no shared-memory
+// transport) reads the same key through the checked protocol, which the
+// holder enforces: extents hold, and Deregister revokes.
+func TestSharedKeyCheckedFallback(t *testing.T) {
+	h, r := openT(t, "posix,tcp,self"), openT(t, "tcp,self")
+	const n = 4 << 20
+	a := allocT(t, h, n)
+	src := randBytes(n, 5)
+	copy(a.Bytes(), src)
+	reg, err := h.RegisterExtents(a.Bytes(), []transport.Extent{{Off: 0, Len: 1 << 20}, {Off: 2 << 20, Len: 1 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := connectT(t, r, h)
+	dst := make([]byte, 1<<20)
+	if err := getT(ep, 5*time.Second, []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr() + 2<<20, Dst: dst}}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst, src[2<<20:3<<20]) {
+		t.Fatal("bytes differ")
+	}
+	// Between the extents: the holder refuses.
+	err = getT(ep, 5*time.Second, []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr() + 1<<20, Dst: dst[:4096]}})
+	if !errors.Is(err, transport.ErrNotRegistered) {
+		t.Fatalf("read between extents over the checked path: %v, want ErrNotRegistered", err)
+	}
+	if err := a.Free(); err == nil {
+		t.Fatal("Free with a live registration succeeded")
+	}
+	if err := reg.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	err = getT(ep, 5*time.Second, []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr(), Dst: dst[:4096]}})
+	if !errors.Is(err, transport.ErrNotRegistered) {
+		t.Fatalf("read after Deregister over the checked path: %v, want ErrNotRegistered", err)
+	}
+	if err := a.Free(); err != nil {
+		t.Fatalf("Free after Deregister: %v", err)
+	}
+}
+
+// A lingering endpoint caches the segments it mapped. A new allocation
+// that reuses a freed one's address (and likely its file descriptor, so
+// UCX's rkey bytes repeat) must be read from the new memory.
+func TestSharedReusedAddressReadsNewMemory(t *testing.T) {
+	h, r := openT(t, ""), openT(t, "")
+	const n = 4 << 20
+	read := func(reg transport.Registration) []byte {
+		t.Helper()
+		ep, err := r.Connect(t.Context(), h.Address())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ep.Close() // lingers: the endpoint read shared memory
+		dst := make([]byte, n)
+		if err := getT(ep, 5*time.Second, []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr(), Dst: dst}}); err != nil {
+			t.Fatal(err)
+		}
+		return dst
+	}
+	var prevBase uintptr
+	reused := false
+	for i := range 4 {
+		a, err := h.Allocate(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src := randBytes(n, uint64(10+i))
+		copy(a.Bytes(), src)
+		reg, err := h.Register(a.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(read(reg), src) {
+			t.Fatalf("allocation %d: read stale or wrong bytes", i)
+		}
+		base := a.(*Allocation).reg.base
+		reused = reused || base == prevBase
+		prevBase = base
+		if err := reg.Deregister(); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Free(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("an address was reused: %v", reused)
+	r.mu.Lock()
+	eps := len(r.eps)
+	r.mu.Unlock()
+	if eps != 1 {
+		t.Fatalf("%d endpoints kept, want the one lingering endpoint", eps)
+	}
+}
