@@ -59,6 +59,13 @@ func (c *Client) RegisterRegion(ctx context.Context, r *messages.RegisterRegionR
 	return out, c.Call(ctx, EpRegionRegister, r, out)
 }
 
+// CreateRegion has the member allocate a KV region for an engine; the
+// engine maps the reply's path (kvmem.AttachRegion).
+func (c *Client) CreateRegion(ctx context.Context, r *messages.CreateRegionRequest) (*messages.RegionInfo, error) {
+	out := new(messages.RegionInfo)
+	return out, c.Call(ctx, EpRegionCreate, r, out)
+}
+
 // InspectRegion returns a region's block accounting.
 func (c *Client) InspectRegion(ctx context.Context, r *messages.RegionRef) (*messages.RegionInfo, error) {
 	out := new(messages.RegionInfo)

@@ -11,6 +11,7 @@ import (
 func requestTypes() []func() proto.Message {
 	return []func() proto.Message{
 		func() proto.Message { return new(messages.RegisterRegionRequest) },
+		func() proto.Message { return new(messages.CreateRegionRequest) },
 		func() proto.Message { return new(messages.RegionRef) },
 		func() proto.Message { return new(messages.EngineGoneRequest) },
 		func() proto.Message { return new(messages.CreateHoldRequest) },

@@ -18,6 +18,7 @@ import (
 // (or a sentinel CodeOf knows) picks the error code.
 type Handler interface {
 	RegisterRegion(context.Context, *messages.RegisterRegionRequest) (*messages.RegionInfo, error)
+	CreateRegion(context.Context, *messages.CreateRegionRequest) (*messages.RegionInfo, error)
 	InspectRegion(context.Context, *messages.RegionRef) (*messages.RegionInfo, error)
 	EngineGone(context.Context, *messages.EngineGoneRequest) (*messages.EngineGoneReply, error)
 	CreateHold(context.Context, *messages.CreateHoldRequest) (*messages.CreateHoldReply, error)
@@ -83,6 +84,7 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 		fn   micro.HandlerFunc
 	}{
 		{EpRegionRegister, endpoint(s, h.RegisterRegion)},
+		{EpRegionCreate, endpoint(s, h.CreateRegion)},
 		{EpRegionInspect, endpoint(s, h.InspectRegion)},
 		{EpEngineGone, endpoint(s, h.EngineGone)},
 		{EpHoldCreate, endpoint(s, h.CreateHold)},

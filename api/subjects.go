@@ -14,6 +14,7 @@ const ServiceName = "connex"
 // Endpoint names, relative to a member's subject group connex.v1.<member>.
 const (
 	EpRegionRegister  = "region.register"  // RegisterRegionRequest -> RegionInfo
+	EpRegionCreate    = "region.create"    // CreateRegionRequest -> RegionInfo
 	EpRegionInspect   = "region.inspect"   // RegionRef -> RegionInfo
 	EpEngineGone      = "engine.gone"      // EngineGoneRequest -> EngineGoneReply
 	EpHoldCreate      = "hold.create"      // CreateHoldRequest -> CreateHoldReply

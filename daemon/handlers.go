@@ -12,6 +12,7 @@ import (
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/lease"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/transport"
 )
 
 // askTimeout bounds one request to a hold actor.
@@ -47,7 +48,61 @@ func regionInfo(m *kvmem.Mapped) *messages.RegionInfo {
 	return &messages.RegionInfo{
 		EngineId: m.Engine, RegionId: m.ID, Path: m.Region.Path, Layout: actors.LayoutToProto(m.Region.Layout),
 		Bytes: m.Region.Layout.Size(), BlocksFree: c.Free, BlocksHeld: c.Held, BlocksReading: c.Reading, BlocksWriting: c.Writing,
+		Memory: m.Region.Memory,
 	}
+}
+
+// CreateRegion allocates a region for an engine, which maps the returned
+// path: the data plane's shared memory when it can allocate some (UCX:
+// one-sided reads on this host), else a memfd. Creating the same engine,
+// id and layout again returns the existing region.
+func (d *Daemon) CreateRegion(_ context.Context, r *messages.CreateRegionRequest) (*messages.RegionInfo, error) {
+	if err := requireToken("engine_id", r.EngineId); err != nil {
+		return nil, err
+	}
+	if err := requireToken("region_id", r.RegionId); err != nil {
+		return nil, err
+	}
+	l := actors.LayoutFromProto(r.Layout)
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	if m, err := d.regions.Lookup(r.EngineId, r.RegionId); err == nil {
+		if m.Region.Memory != kvmem.MemoryFile && m.Region.Layout == l {
+			return regionInfo(m), nil
+		}
+		return nil, api.Errorf(api.CodeBadRequest, "region %s/%s already exists (%s, %s) with another layout or memory",
+			r.EngineId, r.RegionId, m.Region.Memory, m.Region.Path)
+	}
+	reg, err := d.newRegion(r.EngineId+"-"+r.RegionId, l)
+	if err != nil {
+		return nil, err
+	}
+	m, err := d.regions.Add(r.EngineId, r.RegionId, reg)
+	if err != nil {
+		_ = reg.Close()
+		return nil, api.Errorf(api.CodeBadRequest, "%v", err)
+	}
+	d.log.Info("region created", "engine", r.EngineId, "region", r.RegionId, "bytes", l.Size(), "memory", reg.Memory, "path", reg.Path)
+	return regionInfo(m), nil
+}
+
+// newRegion allocates memory for a created region.
+func (d *Daemon) newRegion(name string, l kvmem.Layout) (*kvmem.Region, error) {
+	if al, ok := d.Backend.(transport.Allocator); ok {
+		mem, err := al.Allocate(int(l.Size()))
+		if err == nil {
+			reg, rerr := kvmem.NewRegion(mem.Path(), l, d.Backend.Name()+"-shared", mem.Bytes(), mem.Free)
+			if rerr == nil {
+				return reg, nil
+			}
+			_ = mem.Free()
+			err = rerr
+		}
+		d.log.Warn("data plane cannot allocate shared memory; using a memfd, which peers read through the holder",
+			"backend", d.Backend.Name(), "err", err)
+	}
+	return kvmem.CreateMemfdRegion(name, l)
 }
 
 // RegisterRegion maps an engine's region file.

@@ -5,16 +5,32 @@ import (
 	"fmt"
 	"os"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // ErrRegion is returned when a region file cannot be created, opened or mapped.
 var ErrRegion = errors.New("kvmem: region")
 
-// Region is a KV region file mapped shared into this process.
+// Memory kinds of a Region (RegionInfo.memory).
+const (
+	// MemoryFile is an engine's region file (region.register).
+	MemoryFile = "file"
+	// MemoryMemfd is a memfd connexd created (region.create without an
+	// allocating data plane).
+	MemoryMemfd = "memfd"
+)
+
+// Region is KV memory mapped shared into this process: an engine's region
+// file, or memory connexd allocated for an engine, which maps Path.
 type Region struct {
 	Path   string
 	Layout Layout
+	// Memory says where the memory comes from: MemoryFile, MemoryMemfd, or
+	// what NewRegion was given (connexd: "<backend>-shared").
+	Memory string
 	mem    []byte
+	free   func() error // releases mem; nil: munmap
 }
 
 // CreateRegion creates (or truncates) a region file at path sized for
@@ -65,7 +81,76 @@ func mapFile(f *os.File, path string, layout Layout) (*Region, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: mmap %s: %w", ErrRegion, path, err)
 	}
-	return &Region{Path: path, Layout: layout, mem: mem}, nil
+	return &Region{Path: path, Layout: layout, Memory: MemoryFile, mem: mem}, nil
+}
+
+// NewRegion wraps memory allocated elsewhere (a data plane's Allocator) as
+// a region: mem must be at least layout.Size() bytes and stay valid until
+// Close, which calls free. path is what the engine maps.
+func NewRegion(path string, layout Layout, memory string, mem []byte, free func() error) (*Region, error) {
+	if err := layout.Validate(); err != nil {
+		return nil, err
+	}
+	if uint64(len(mem)) < layout.Size() {
+		return nil, fmt.Errorf("%w: %d bytes of memory for a %d-byte layout", ErrRegion, len(mem), layout.Size())
+	}
+	return &Region{Path: path, Layout: layout, Memory: memory, mem: mem[:layout.Size():layout.Size()], free: free}, nil
+}
+
+// CreateMemfdRegion creates an anonymous shared-memory region (memfd) for
+// layout, named name (shown in /proc/<pid>/fd). Its Path,
+// /proc/<pid>/fd/<n>, is what an engine of this host maps; the memory lives
+// until Close and the last mapping are gone, and nothing is left behind in
+// the file system if this process dies.
+func CreateMemfdRegion(name string, layout Layout) (*Region, error) {
+	if err := layout.Validate(); err != nil {
+		return nil, err
+	}
+	fd, err := unix.MemfdCreate("connex-"+name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("%w: memfd_create: %w", ErrRegion, err)
+	}
+	f := os.NewFile(uintptr(fd), "memfd:connex-"+name)
+	if err := f.Truncate(int64(layout.Size())); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%w: size memfd to %d bytes: %w", ErrRegion, layout.Size(), err)
+	}
+	path := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd())
+	r, err := mapFile(f, path, layout)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	mem := r.mem
+	r.Memory = MemoryMemfd
+	r.free = func() error {
+		err := syscall.Munmap(mem)
+		return errors.Join(err, f.Close())
+	}
+	return r, nil
+}
+
+// AttachRegion maps a region connexd created (RegionInfo.path of
+// region.create), as an engine does. The file may be larger than the
+// layout (allocators round up to pages); only layout.Size() bytes are
+// mapped.
+func AttachRegion(path string, layout Layout) (*Region, error) {
+	if err := layout.Validate(); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: open %s: %w", ErrRegion, path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%w: stat %s: %w", ErrRegion, path, err)
+	}
+	if uint64(st.Size()) < layout.Size() {
+		return nil, fmt.Errorf("%w: %s is %d bytes but the layout needs %d", ErrBadLayout, path, st.Size(), layout.Size())
+	}
+	return mapFile(f, path, layout)
 }
 
 // Bytes is the whole mapped region. It is valid until Close.
@@ -80,13 +165,18 @@ func (r *Region) Block(layer, plane, b uint32) []byte {
 	return r.mem[off : off+r.Layout.BlockBytes : off+r.Layout.BlockBytes]
 }
 
-// Close unmaps the region. It is idempotent. The file stays: it belongs to
-// the engine.
+// Close unmaps the region, or frees memory connexd allocated for it. It
+// is idempotent. An engine's file stays: it belongs to the engine.
 func (r *Region) Close() error {
 	if r.mem == nil {
 		return nil
 	}
-	err := syscall.Munmap(r.mem)
+	var err error
+	if r.free != nil {
+		err = r.free()
+	} else {
+		err = syscall.Munmap(r.mem)
+	}
 	r.mem = nil
 	if err != nil {
 		return fmt.Errorf("%w: munmap %s: %w", ErrRegion, r.Path, err)

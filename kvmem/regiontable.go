@@ -61,6 +61,21 @@ func (t *RegionTable) Register(engine, id, path string, l Layout) (*Mapped, erro
 	return m, nil
 }
 
+// Add enters a region connexd created (region.create) under engine and id.
+// It fails with ErrRegionExists if the id is taken; the caller then still
+// owns r.
+func (t *RegionTable) Add(engine, id string, r *Region) (*Mapped, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	key := [2]string{engine, id}
+	if m, ok := t.regions[key]; ok {
+		return nil, fmt.Errorf("%w: %s/%s is %s", ErrRegionExists, engine, id, m.Region.Path)
+	}
+	m := &Mapped{Engine: engine, ID: id, Region: r, Blocks: NewBlockTable(r.Layout.Blocks)}
+	t.regions[key] = m
+	return m, nil
+}
+
 // Acquire returns the region and a release func that must be called exactly
 // once when the caller stops using its memory.
 func (t *RegionTable) Acquire(engine, id string) (*Mapped, func(), error) {

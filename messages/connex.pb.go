@@ -189,25 +189,98 @@ func (x *RegisterRegionRequest) GetLayout() *Layout {
 	return nil
 }
 
-// RegionInfo describes a registered region and its block accounting.
-type RegionInfo struct {
+// CreateRegionRequest asks connexd to allocate a KV region for the engine.
+// The reply's path is the file the engine maps (read-write, shared) and
+// uses as its KV memory; connexd owns the memory and frees it on
+// engine.gone or shutdown. With the UCX data plane the memory is UCX's
+// POSIX shared memory, which readers on the same host GET one-sided (no
+// copy by the holder's CPU, memory-copy speed); otherwise it is a memfd.
+type CreateRegionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	EngineId      string                 `protobuf:"bytes,1,opt,name=engine_id,json=engineId,proto3" json:"engine_id,omitempty"`
 	RegionId      string                 `protobuf:"bytes,2,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
-	Path          string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
-	Layout        *Layout                `protobuf:"bytes,4,opt,name=layout,proto3" json:"layout,omitempty"`
-	Bytes         uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	BlocksFree    uint32                 `protobuf:"varint,6,opt,name=blocks_free,json=blocksFree,proto3" json:"blocks_free,omitempty"`
-	BlocksHeld    uint32                 `protobuf:"varint,7,opt,name=blocks_held,json=blocksHeld,proto3" json:"blocks_held,omitempty"`
-	BlocksReading uint32                 `protobuf:"varint,8,opt,name=blocks_reading,json=blocksReading,proto3" json:"blocks_reading,omitempty"`
-	BlocksWriting uint32                 `protobuf:"varint,9,opt,name=blocks_writing,json=blocksWriting,proto3" json:"blocks_writing,omitempty"`
+	Layout        *Layout                `protobuf:"bytes,3,opt,name=layout,proto3" json:"layout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateRegionRequest) Reset() {
+	*x = CreateRegionRequest{}
+	mi := &file_connex_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateRegionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateRegionRequest) ProtoMessage() {}
+
+func (x *CreateRegionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_connex_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateRegionRequest.ProtoReflect.Descriptor instead.
+func (*CreateRegionRequest) Descriptor() ([]byte, []int) {
+	return file_connex_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CreateRegionRequest) GetEngineId() string {
+	if x != nil {
+		return x.EngineId
+	}
+	return ""
+}
+
+func (x *CreateRegionRequest) GetRegionId() string {
+	if x != nil {
+		return x.RegionId
+	}
+	return ""
+}
+
+func (x *CreateRegionRequest) GetLayout() *Layout {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+// RegionInfo describes a registered region and its block accounting.
+type RegionInfo struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	EngineId string                 `protobuf:"bytes,1,opt,name=engine_id,json=engineId,proto3" json:"engine_id,omitempty"`
+	RegionId string                 `protobuf:"bytes,2,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	// The region file. For a created region: the path to map, e.g.
+	// /proc/<connexd pid>/fd/<n>; map it right away (it names connexd's
+	// descriptor), and keep the mapping (it stays valid after connexd exits).
+	Path          string  `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	Layout        *Layout `protobuf:"bytes,4,opt,name=layout,proto3" json:"layout,omitempty"`
+	Bytes         uint64  `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	BlocksFree    uint32  `protobuf:"varint,6,opt,name=blocks_free,json=blocksFree,proto3" json:"blocks_free,omitempty"`
+	BlocksHeld    uint32  `protobuf:"varint,7,opt,name=blocks_held,json=blocksHeld,proto3" json:"blocks_held,omitempty"`
+	BlocksReading uint32  `protobuf:"varint,8,opt,name=blocks_reading,json=blocksReading,proto3" json:"blocks_reading,omitempty"`
+	BlocksWriting uint32  `protobuf:"varint,9,opt,name=blocks_writing,json=blocksWriting,proto3" json:"blocks_writing,omitempty"`
+	// Where the memory comes from: "file" (region.register: the engine's
+	// file), "ucx-shared" (region.create on UCX: one-sided reads on this
+	// host) or "memfd" (region.create otherwise).
+	Memory        string `protobuf:"bytes,10,opt,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegionInfo) Reset() {
 	*x = RegionInfo{}
-	mi := &file_connex_proto_msgTypes[2]
+	mi := &file_connex_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -219,7 +292,7 @@ func (x *RegionInfo) String() string {
 func (*RegionInfo) ProtoMessage() {}
 
 func (x *RegionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[2]
+	mi := &file_connex_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -232,7 +305,7 @@ func (x *RegionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionInfo.ProtoReflect.Descriptor instead.
 func (*RegionInfo) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{2}
+	return file_connex_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RegionInfo) GetEngineId() string {
@@ -298,6 +371,13 @@ func (x *RegionInfo) GetBlocksWriting() uint32 {
 	return 0
 }
 
+func (x *RegionInfo) GetMemory() string {
+	if x != nil {
+		return x.Memory
+	}
+	return ""
+}
+
 // EngineGoneRequest says an engine went away: its holds end, its regions are
 // unmapped and no notices are sent for them.
 type EngineGoneRequest struct {
@@ -309,7 +389,7 @@ type EngineGoneRequest struct {
 
 func (x *EngineGoneRequest) Reset() {
 	*x = EngineGoneRequest{}
-	mi := &file_connex_proto_msgTypes[3]
+	mi := &file_connex_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -321,7 +401,7 @@ func (x *EngineGoneRequest) String() string {
 func (*EngineGoneRequest) ProtoMessage() {}
 
 func (x *EngineGoneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[3]
+	mi := &file_connex_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -334,7 +414,7 @@ func (x *EngineGoneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineGoneRequest.ProtoReflect.Descriptor instead.
 func (*EngineGoneRequest) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{3}
+	return file_connex_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *EngineGoneRequest) GetEngineId() string {
@@ -355,7 +435,7 @@ type EngineGoneReply struct {
 
 func (x *EngineGoneReply) Reset() {
 	*x = EngineGoneReply{}
-	mi := &file_connex_proto_msgTypes[4]
+	mi := &file_connex_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +447,7 @@ func (x *EngineGoneReply) String() string {
 func (*EngineGoneReply) ProtoMessage() {}
 
 func (x *EngineGoneReply) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[4]
+	mi := &file_connex_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +460,7 @@ func (x *EngineGoneReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineGoneReply.ProtoReflect.Descriptor instead.
 func (*EngineGoneReply) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{4}
+	return file_connex_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *EngineGoneReply) GetHoldsDropped() uint32 {
@@ -412,7 +492,7 @@ type RemoteCtrl struct {
 
 func (x *RemoteCtrl) Reset() {
 	*x = RemoteCtrl{}
-	mi := &file_connex_proto_msgTypes[5]
+	mi := &file_connex_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -424,7 +504,7 @@ func (x *RemoteCtrl) String() string {
 func (*RemoteCtrl) ProtoMessage() {}
 
 func (x *RemoteCtrl) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[5]
+	mi := &file_connex_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -437,7 +517,7 @@ func (x *RemoteCtrl) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoteCtrl.ProtoReflect.Descriptor instead.
 func (*RemoteCtrl) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{5}
+	return file_connex_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RemoteCtrl) GetMember() string {
@@ -483,7 +563,7 @@ type KVTransferParams struct {
 
 func (x *KVTransferParams) Reset() {
 	*x = KVTransferParams{}
-	mi := &file_connex_proto_msgTypes[6]
+	mi := &file_connex_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -495,7 +575,7 @@ func (x *KVTransferParams) String() string {
 func (*KVTransferParams) ProtoMessage() {}
 
 func (x *KVTransferParams) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[6]
+	mi := &file_connex_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -508,7 +588,7 @@ func (x *KVTransferParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVTransferParams.ProtoReflect.Descriptor instead.
 func (*KVTransferParams) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{6}
+	return file_connex_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *KVTransferParams) GetDoRemotePrefill() bool {
@@ -601,7 +681,7 @@ type CreateHoldRequest struct {
 
 func (x *CreateHoldRequest) Reset() {
 	*x = CreateHoldRequest{}
-	mi := &file_connex_proto_msgTypes[7]
+	mi := &file_connex_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -613,7 +693,7 @@ func (x *CreateHoldRequest) String() string {
 func (*CreateHoldRequest) ProtoMessage() {}
 
 func (x *CreateHoldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[7]
+	mi := &file_connex_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -626,7 +706,7 @@ func (x *CreateHoldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateHoldRequest.ProtoReflect.Descriptor instead.
 func (*CreateHoldRequest) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{7}
+	return file_connex_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateHoldRequest) GetEngineId() string {
@@ -689,7 +769,7 @@ type CreateHoldReply struct {
 
 func (x *CreateHoldReply) Reset() {
 	*x = CreateHoldReply{}
-	mi := &file_connex_proto_msgTypes[8]
+	mi := &file_connex_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -701,7 +781,7 @@ func (x *CreateHoldReply) String() string {
 func (*CreateHoldReply) ProtoMessage() {}
 
 func (x *CreateHoldReply) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[8]
+	mi := &file_connex_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -714,7 +794,7 @@ func (x *CreateHoldReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateHoldReply.ProtoReflect.Descriptor instead.
 func (*CreateHoldReply) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{8}
+	return file_connex_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateHoldReply) GetParams() *KVTransferParams {
@@ -742,7 +822,7 @@ type HoldRef struct {
 
 func (x *HoldRef) Reset() {
 	*x = HoldRef{}
-	mi := &file_connex_proto_msgTypes[9]
+	mi := &file_connex_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +834,7 @@ func (x *HoldRef) String() string {
 func (*HoldRef) ProtoMessage() {}
 
 func (x *HoldRef) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[9]
+	mi := &file_connex_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,7 +847,7 @@ func (x *HoldRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRef.ProtoReflect.Descriptor instead.
 func (*HoldRef) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{9}
+	return file_connex_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HoldRef) GetTransferId() string {
@@ -805,7 +885,7 @@ type HoldStatus struct {
 
 func (x *HoldStatus) Reset() {
 	*x = HoldStatus{}
-	mi := &file_connex_proto_msgTypes[10]
+	mi := &file_connex_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -817,7 +897,7 @@ func (x *HoldStatus) String() string {
 func (*HoldStatus) ProtoMessage() {}
 
 func (x *HoldStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[10]
+	mi := &file_connex_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -830,7 +910,7 @@ func (x *HoldStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldStatus.ProtoReflect.Descriptor instead.
 func (*HoldStatus) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{10}
+	return file_connex_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HoldStatus) GetTransferId() string {
@@ -923,7 +1003,7 @@ type StartPullRequest struct {
 
 func (x *StartPullRequest) Reset() {
 	*x = StartPullRequest{}
-	mi := &file_connex_proto_msgTypes[11]
+	mi := &file_connex_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1015,7 @@ func (x *StartPullRequest) String() string {
 func (*StartPullRequest) ProtoMessage() {}
 
 func (x *StartPullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[11]
+	mi := &file_connex_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1028,7 @@ func (x *StartPullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartPullRequest.ProtoReflect.Descriptor instead.
 func (*StartPullRequest) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{11}
+	return file_connex_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StartPullRequest) GetParams() *KVTransferParams {
@@ -1004,7 +1084,7 @@ type StartPullReply struct {
 
 func (x *StartPullReply) Reset() {
 	*x = StartPullReply{}
-	mi := &file_connex_proto_msgTypes[12]
+	mi := &file_connex_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1016,7 +1096,7 @@ func (x *StartPullReply) String() string {
 func (*StartPullReply) ProtoMessage() {}
 
 func (x *StartPullReply) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[12]
+	mi := &file_connex_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1029,7 +1109,7 @@ func (x *StartPullReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartPullReply.ProtoReflect.Descriptor instead.
 func (*StartPullReply) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{12}
+	return file_connex_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StartPullReply) GetPullId() string {
@@ -1062,7 +1142,7 @@ type PullDone struct {
 
 func (x *PullDone) Reset() {
 	*x = PullDone{}
-	mi := &file_connex_proto_msgTypes[13]
+	mi := &file_connex_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1154,7 @@ func (x *PullDone) String() string {
 func (*PullDone) ProtoMessage() {}
 
 func (x *PullDone) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[13]
+	mi := &file_connex_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1167,7 @@ func (x *PullDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullDone.ProtoReflect.Descriptor instead.
 func (*PullDone) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{13}
+	return file_connex_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PullDone) GetPullId() string {
@@ -1176,7 +1256,7 @@ type BlocksFreed struct {
 
 func (x *BlocksFreed) Reset() {
 	*x = BlocksFreed{}
-	mi := &file_connex_proto_msgTypes[14]
+	mi := &file_connex_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1268,7 @@ func (x *BlocksFreed) String() string {
 func (*BlocksFreed) ProtoMessage() {}
 
 func (x *BlocksFreed) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[14]
+	mi := &file_connex_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1281,7 @@ func (x *BlocksFreed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlocksFreed.ProtoReflect.Descriptor instead.
 func (*BlocksFreed) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{14}
+	return file_connex_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BlocksFreed) GetTransferId() string {
@@ -1252,7 +1332,7 @@ type Segment struct {
 
 func (x *Segment) Reset() {
 	*x = Segment{}
-	mi := &file_connex_proto_msgTypes[15]
+	mi := &file_connex_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1264,7 +1344,7 @@ func (x *Segment) String() string {
 func (*Segment) ProtoMessage() {}
 
 func (x *Segment) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[15]
+	mi := &file_connex_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1277,7 +1357,7 @@ func (x *Segment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Segment.ProtoReflect.Descriptor instead.
 func (*Segment) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{15}
+	return file_connex_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Segment) GetRemoteAddr() uint64 {
@@ -1319,7 +1399,7 @@ type DescriptorsRequest struct {
 
 func (x *DescriptorsRequest) Reset() {
 	*x = DescriptorsRequest{}
-	mi := &file_connex_proto_msgTypes[16]
+	mi := &file_connex_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1411,7 @@ func (x *DescriptorsRequest) String() string {
 func (*DescriptorsRequest) ProtoMessage() {}
 
 func (x *DescriptorsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[16]
+	mi := &file_connex_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1424,7 @@ func (x *DescriptorsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorsRequest.ProtoReflect.Descriptor instead.
 func (*DescriptorsRequest) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{16}
+	return file_connex_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DescriptorsRequest) GetTransferId() string {
@@ -1405,7 +1485,7 @@ type Descriptors struct {
 
 func (x *Descriptors) Reset() {
 	*x = Descriptors{}
-	mi := &file_connex_proto_msgTypes[17]
+	mi := &file_connex_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1497,7 @@ func (x *Descriptors) String() string {
 func (*Descriptors) ProtoMessage() {}
 
 func (x *Descriptors) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[17]
+	mi := &file_connex_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1510,7 @@ func (x *Descriptors) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Descriptors.ProtoReflect.Descriptor instead.
 func (*Descriptors) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{17}
+	return file_connex_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Descriptors) GetTransferId() string {
@@ -1509,7 +1589,7 @@ type PullEnd struct {
 
 func (x *PullEnd) Reset() {
 	*x = PullEnd{}
-	mi := &file_connex_proto_msgTypes[18]
+	mi := &file_connex_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1521,7 +1601,7 @@ func (x *PullEnd) String() string {
 func (*PullEnd) ProtoMessage() {}
 
 func (x *PullEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[18]
+	mi := &file_connex_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1534,7 +1614,7 @@ func (x *PullEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullEnd.ProtoReflect.Descriptor instead.
 func (*PullEnd) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{18}
+	return file_connex_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PullEnd) GetTransferId() string {
@@ -1576,7 +1656,7 @@ type RegionRef struct {
 
 func (x *RegionRef) Reset() {
 	*x = RegionRef{}
-	mi := &file_connex_proto_msgTypes[19]
+	mi := &file_connex_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1588,7 +1668,7 @@ func (x *RegionRef) String() string {
 func (*RegionRef) ProtoMessage() {}
 
 func (x *RegionRef) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[19]
+	mi := &file_connex_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1601,7 +1681,7 @@ func (x *RegionRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionRef.ProtoReflect.Descriptor instead.
 func (*RegionRef) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{19}
+	return file_connex_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RegionRef) GetEngineId() string {
@@ -1638,7 +1718,11 @@ const file_connex_proto_rawDesc = "" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
 	"\tregion_id\x18\x02 \x01(\tR\bregionId\x12\x12\n" +
 	"\x04path\x18\x03 \x01(\tR\x04path\x12)\n" +
-	"\x06layout\x18\x04 \x01(\v2\x11.connex.v1.LayoutR\x06layout\"\xab\x02\n" +
+	"\x06layout\x18\x04 \x01(\v2\x11.connex.v1.LayoutR\x06layout\"z\n" +
+	"\x13CreateRegionRequest\x12\x1b\n" +
+	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
+	"\tregion_id\x18\x02 \x01(\tR\bregionId\x12)\n" +
+	"\x06layout\x18\x03 \x01(\v2\x11.connex.v1.LayoutR\x06layout\"\xc3\x02\n" +
 	"\n" +
 	"RegionInfo\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
@@ -1651,7 +1735,9 @@ const file_connex_proto_rawDesc = "" +
 	"\vblocks_held\x18\a \x01(\rR\n" +
 	"blocksHeld\x12%\n" +
 	"\x0eblocks_reading\x18\b \x01(\rR\rblocksReading\x12%\n" +
-	"\x0eblocks_writing\x18\t \x01(\rR\rblocksWriting\"0\n" +
+	"\x0eblocks_writing\x18\t \x01(\rR\rblocksWriting\x12\x16\n" +
+	"\x06memory\x18\n" +
+	" \x01(\tR\x06memory\"0\n" +
 	"\x11EngineGoneRequest\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\"_\n" +
 	"\x0fEngineGoneReply\x12#\n" +
@@ -1788,44 +1874,46 @@ func file_connex_proto_rawDescGZIP() []byte {
 	return file_connex_proto_rawDescData
 }
 
-var file_connex_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_connex_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_connex_proto_goTypes = []any{
 	(*Layout)(nil),                // 0: connex.v1.Layout
 	(*RegisterRegionRequest)(nil), // 1: connex.v1.RegisterRegionRequest
-	(*RegionInfo)(nil),            // 2: connex.v1.RegionInfo
-	(*EngineGoneRequest)(nil),     // 3: connex.v1.EngineGoneRequest
-	(*EngineGoneReply)(nil),       // 4: connex.v1.EngineGoneReply
-	(*RemoteCtrl)(nil),            // 5: connex.v1.RemoteCtrl
-	(*KVTransferParams)(nil),      // 6: connex.v1.KVTransferParams
-	(*CreateHoldRequest)(nil),     // 7: connex.v1.CreateHoldRequest
-	(*CreateHoldReply)(nil),       // 8: connex.v1.CreateHoldReply
-	(*HoldRef)(nil),               // 9: connex.v1.HoldRef
-	(*HoldStatus)(nil),            // 10: connex.v1.HoldStatus
-	(*StartPullRequest)(nil),      // 11: connex.v1.StartPullRequest
-	(*StartPullReply)(nil),        // 12: connex.v1.StartPullReply
-	(*PullDone)(nil),              // 13: connex.v1.PullDone
-	(*BlocksFreed)(nil),           // 14: connex.v1.BlocksFreed
-	(*Segment)(nil),               // 15: connex.v1.Segment
-	(*DescriptorsRequest)(nil),    // 16: connex.v1.DescriptorsRequest
-	(*Descriptors)(nil),           // 17: connex.v1.Descriptors
-	(*PullEnd)(nil),               // 18: connex.v1.PullEnd
-	(*RegionRef)(nil),             // 19: connex.v1.RegionRef
+	(*CreateRegionRequest)(nil),   // 2: connex.v1.CreateRegionRequest
+	(*RegionInfo)(nil),            // 3: connex.v1.RegionInfo
+	(*EngineGoneRequest)(nil),     // 4: connex.v1.EngineGoneRequest
+	(*EngineGoneReply)(nil),       // 5: connex.v1.EngineGoneReply
+	(*RemoteCtrl)(nil),            // 6: connex.v1.RemoteCtrl
+	(*KVTransferParams)(nil),      // 7: connex.v1.KVTransferParams
+	(*CreateHoldRequest)(nil),     // 8: connex.v1.CreateHoldRequest
+	(*CreateHoldReply)(nil),       // 9: connex.v1.CreateHoldReply
+	(*HoldRef)(nil),               // 10: connex.v1.HoldRef
+	(*HoldStatus)(nil),            // 11: connex.v1.HoldStatus
+	(*StartPullRequest)(nil),      // 12: connex.v1.StartPullRequest
+	(*StartPullReply)(nil),        // 13: connex.v1.StartPullReply
+	(*PullDone)(nil),              // 14: connex.v1.PullDone
+	(*BlocksFreed)(nil),           // 15: connex.v1.BlocksFreed
+	(*Segment)(nil),               // 16: connex.v1.Segment
+	(*DescriptorsRequest)(nil),    // 17: connex.v1.DescriptorsRequest
+	(*Descriptors)(nil),           // 18: connex.v1.Descriptors
+	(*PullEnd)(nil),               // 19: connex.v1.PullEnd
+	(*RegionRef)(nil),             // 20: connex.v1.RegionRef
 }
 var file_connex_proto_depIdxs = []int32{
 	0,  // 0: connex.v1.RegisterRegionRequest.layout:type_name -> connex.v1.Layout
-	0,  // 1: connex.v1.RegionInfo.layout:type_name -> connex.v1.Layout
-	5,  // 2: connex.v1.KVTransferParams.remote_ctrl:type_name -> connex.v1.RemoteCtrl
-	6,  // 3: connex.v1.CreateHoldReply.params:type_name -> connex.v1.KVTransferParams
-	6,  // 4: connex.v1.StartPullRequest.params:type_name -> connex.v1.KVTransferParams
-	0,  // 5: connex.v1.DescriptorsRequest.layout:type_name -> connex.v1.Layout
-	5,  // 6: connex.v1.Descriptors.remote_ctrl:type_name -> connex.v1.RemoteCtrl
-	0,  // 7: connex.v1.Descriptors.layout:type_name -> connex.v1.Layout
-	15, // 8: connex.v1.Descriptors.segments:type_name -> connex.v1.Segment
-	9,  // [9:9] is the sub-list for method output_type
-	9,  // [9:9] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	0,  // 1: connex.v1.CreateRegionRequest.layout:type_name -> connex.v1.Layout
+	0,  // 2: connex.v1.RegionInfo.layout:type_name -> connex.v1.Layout
+	6,  // 3: connex.v1.KVTransferParams.remote_ctrl:type_name -> connex.v1.RemoteCtrl
+	7,  // 4: connex.v1.CreateHoldReply.params:type_name -> connex.v1.KVTransferParams
+	7,  // 5: connex.v1.StartPullRequest.params:type_name -> connex.v1.KVTransferParams
+	0,  // 6: connex.v1.DescriptorsRequest.layout:type_name -> connex.v1.Layout
+	6,  // 7: connex.v1.Descriptors.remote_ctrl:type_name -> connex.v1.RemoteCtrl
+	0,  // 8: connex.v1.Descriptors.layout:type_name -> connex.v1.Layout
+	16, // 9: connex.v1.Descriptors.segments:type_name -> connex.v1.Segment
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_connex_proto_init() }
@@ -1839,7 +1927,7 @@ func file_connex_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_connex_proto_rawDesc), len(file_connex_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -165,8 +165,8 @@ type Registration struct {
 	// shared is the allocation a checked registration lies in (its key is
 	// a shared key); nil otherwise.
 	shared *Allocation
-	pin   runtime.Pinner
-	gone  bool // under b.mu
+	pin    runtime.Pinner
+	gone   bool // under b.mu
 }
 
 var _ transport.Registration = (*Registration)(nil)
@@ -393,11 +393,11 @@ func (r *Registration) Deregister() error {
 // endpoint is the shared, refcounted state behind Endpoint handles to one
 // address. u is loop-owned.
 type endpoint struct {
-	b     *Backend
-	key   string
-	addr  []byte // ucx worker address
-	refs  int    // under b.mu
-	u     *uep
+	b      *Backend
+	key    string
+	addr   []byte // ucx worker address
+	refs   int    // under b.mu
+	u      *uep
 	noCMA  atomic.Bool // process_vm_readv was refused: use UCX
 	shared atomic.Bool // a Get used shared keys: linger after the last Close
 	idle   uint64      // under b.mu: Close count, tells expire it was reused

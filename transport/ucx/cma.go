@@ -109,13 +109,30 @@ func procStart(pid int) (uint64, error) {
 }
 
 // checkAlive fails with ErrPeerGone unless p is still the process that
-// handed out the key.
+// handed out the key, and still running (a killed process stays in /proc
+// as a zombie until its parent reaps it).
 func checkAlive(p procID) error {
 	start, err := procStart(int(p.pid))
 	if err != nil || start != p.start {
 		return fmt.Errorf("%w: holder process %d is gone", transport.ErrPeerGone, p.pid)
 	}
+	if st, err := procState(int(p.pid)); err == nil && (st == 'Z' || st == 'X') {
+		return fmt.Errorf("%w: holder process %d has exited", transport.ErrPeerGone, p.pid)
+	}
 	return nil
+}
+
+// procState is field 3 of /proc/<pid>/stat (R, S, D, T, Z, X, ...).
+func procState(pid int) (byte, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return 0, fmt.Errorf("ucx: bad /proc/%d/stat", pid)
+	}
+	return b[i+2], nil
 }
 
 type iovec struct {

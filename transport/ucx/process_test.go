@@ -40,14 +40,27 @@ func TestMain(m *testing.M) {
 
 // runHolder registers holderSize random bytes, prints "addr key base", and
 // serves until its stdin closes.
+// With readsEnv=shared the bytes live in memory from Allocate (a shared
+// key).
 func runHolder() int {
-	b, err := OpenConfig(Config{Reads: os.Getenv(readsEnv)})
+	reads := os.Getenv(readsEnv)
+	b, err := OpenConfig(Config{Reads: strings.TrimPrefix(reads, "shared")})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer b.Close()
-	reg, err := b.Register(randBytes(holderSize, holderSeed))
+	mem := randBytes(holderSize, holderSeed)
+	if reads == "shared" {
+		a, err := b.Allocate(holderSize)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		copy(a.Bytes(), mem)
+		mem = a.Bytes()
+	}
+	reg, err := b.Register(mem)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -294,5 +307,65 @@ func TestOneSidedHolderProcessStopped(t *testing.T) {
 				t.Fatal("bytes from the stopped holder differ")
 			}
 		})
+	}
+}
+
+// Peer death with shared keys (memory from Allocate, read one-sided through
+// the segment UCX mapped into the reader). The segment stays readable after
+// the holder died, so the reader checks the holder process before and after
+// each Get: a SIGKILLed holder fails the Get with ErrPeerGone instead of
+// returning bytes whose hold died with it. A SIGSTOPped holder's memory is
+// read without its CPU.
+
+func TestSharedHolderProcessKilled(t *testing.T) {
+	h := startHolderReads(t, "", "shared")
+	r := openT(t, "")
+	ep, ops := connectHolder(t, r, h)
+	if !ep.(*Endpoint).e.shared.Load() {
+		t.Fatal("the holder's key is not a shared key")
+	}
+	if err := h.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// Not reaped yet: the holder is a zombie, which must count as gone.
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if st, err := procState(h.cmd.Process.Pid); err == nil && st == 'Z' {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the killed holder never became a zombie")
+		}
+	}
+	const deadline = time.Second
+	t0 := time.Now()
+	err := getT(ep, deadline, ops)
+	took := time.Since(t0)
+	t.Logf("SIGKILLed shared holder: %v after %v", err, took)
+	if !errors.Is(err, transport.ErrPeerGone) {
+		t.Fatalf("got %v, want ErrPeerGone", err)
+	}
+	h.cmd.Wait()
+	if err := getT(ep, deadline, ops); !errors.Is(err, transport.ErrPeerGone) {
+		t.Fatalf("after the holder was reaped: %v, want ErrPeerGone", err)
+	}
+}
+
+func TestSharedHolderProcessStopped(t *testing.T) {
+	h := startHolderReads(t, "", "shared")
+	r := openT(t, "")
+	ep, ops := connectHolder(t, r, h)
+	if err := h.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	clear(ops[0].Dst)
+	const deadline = 500 * time.Millisecond
+	t0 := time.Now()
+	err := getT(ep, deadline, ops)
+	t.Logf("SIGSTOPped shared holder: %v after %v", err, time.Since(t0))
+	if err != nil {
+		t.Fatalf("one-sided read of a stopped holder: %v", err)
+	}
+	if !bytes.Equal(ops[0].Dst, randBytes(holderSize, holderSeed)) {
+		t.Fatal("bytes from the stopped holder differ")
 	}
 }

@@ -197,8 +197,8 @@ func (w *worker) runCmds() {
 
 // uep is one UCP endpoint with its unpacked rkeys. Loop-owned.
 type uep struct {
-	c      *C.cx_ep
-	rkeys  map[string]C.ucp_rkey_h
+	c     *C.cx_ep
+	rkeys map[string]C.ucp_rkey_h
 	// shared caches the rkeys of shared keys by allocation id and rkey
 	// bytes; nil means the memory is not mapped here (use the checked
 	// path). They outlive single Gets, see Endpoint.Close.
