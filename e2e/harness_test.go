@@ -228,6 +228,34 @@ func newEngine(t testing.TB, nc *nats.Conn, member, id string, l kvmem.Layout, f
 	return e
 }
 
+// newCreatedEngine plays an engine whose region connexd creates
+// (region.create): it maps the returned path, as an engine shim would.
+func newCreatedEngine(t testing.TB, nc *nats.Conn, member, id string, l kvmem.Layout, fill bool) (*engine, *messages.RegionInfo) {
+	t.Helper()
+	e := &engine{id: id, rid: "r0", cli: &api.Client{NC: nc, Member: member}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := e.cli.CreateRegion(ctx, &messages.CreateRegionRequest{
+		EngineId: id, RegionId: e.rid,
+		Layout: &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize},
+	})
+	if err != nil {
+		t.Fatalf("create region of %s: %v", id, err)
+	}
+	r, err := kvmem.AttachRegion(info.Path, l)
+	if err != nil {
+		t.Fatalf("map the created region %s: %v", info.Path, err)
+	}
+	t.Cleanup(func() { r.Close() })
+	if fill {
+		if _, err := rand.Read(r.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.region = r
+	return e, info
+}
+
 func ctx5(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	t.Cleanup(cancel)

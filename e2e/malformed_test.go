@@ -34,7 +34,7 @@ func TestMalformedPayloadsFromOutside(t *testing.T) {
 		"truncated_varint": {0x08, 0xff, 0xff},
 	}
 	endpoints := []string{
-		api.EpRegionRegister, api.EpRegionInspect, api.EpEngineGone, api.EpHoldCreate, api.EpHoldRenew,
+		api.EpRegionRegister, api.EpRegionCreate, api.EpRegionInspect, api.EpEngineGone, api.EpHoldCreate, api.EpHoldRenew,
 		api.EpHoldRelease, api.EpHoldInspect, api.EpPullStart, api.EpPeerDescriptors, api.EpPeerPullEnd,
 		api.EpRequestStart, api.EpRequestProgress, api.EpRequestFinish, api.EpRequestInspect, api.EpPeerAdopt,
 	}

@@ -35,16 +35,24 @@ import (
 //     4096 GETs of 32 KiB with 16 outstanding (ucx_perftest re-reads one
 //     buffer; at 32 KiB that buffer is cache-hot, so compare with care);
 //   - connex pulls between two connexd OS processes (holder and reader, one
-//     NATS server in this process) over --backend ucx with --ucx-reads
-//     checked (ucx-checked) and onesided (ucx-onesided; the RATIO line's ucx
-//     figures and kvlayout use it), and over --backend tcp:
-//     CreateHold, then StartPull, timed from the StartPull request to the
-//     PullDone notice arriving here; the reader's PullDone.duration_us is
-//     reported too. One untimed first pull (it pays the page-table faults of
-//     both daemons' fresh mappings; shown as "first"), then pullReps timed
-//     pulls; the table shows their median and best, ratios use the median.
-//     Every pull is verified byte for byte (outside the timing) against the
-//     holder's region, into a destination pre-filled with 0xEE.
+//     NATS server in this process):
+//   - ucx: --backend ucx with its defaults, the holder engine's region
+//     created by connexd (region.create: UCX POSIX shared memory), so the
+//     reader GETs one-sided with ucp_get_nbx through the segment UCX maps;
+//     the RATIO line's ucx figures and kvlayout use this row;
+//   - ucx-checked: --backend ucx, the engine's own region file
+//     (region.register): the holder-checked protocol, the default for
+//     memory UCX did not allocate;
+//   - ucx-onesided: the same with --ucx-reads onesided (process_vm_readv);
+//   - tcp: --backend tcp, the engine's own region file.
+//     Each: CreateHold, then StartPull, timed from the StartPull request to
+//     the PullDone notice arriving here; the reader's PullDone.duration_us
+//     is reported too. One untimed first pull (it pays the page-table
+//     faults of both daemons' fresh mappings; shown as "first"), then
+//     pullReps timed pulls; the table shows their median and best, ratios
+//     use the median. Every pull is verified byte for byte (outside the
+//     timing) against the holder's region, into a destination pre-filled
+//     with 0xEE.
 //
 // Layouts:
 //
@@ -75,25 +83,27 @@ func BenchmarkPull(b *testing.B) {
 	}
 	url := startNATS(b)
 	if ucxBuilt {
+		b.Run("ucx", func(b *testing.B) { benchPullConnex(b, layouts, res, url, "ucx", "ucx", true) })
 		b.Run("ucx-checked", func(b *testing.B) {
-			benchPullConnex(b, layouts, res, url, "ucx-checked", "ucx", "--ucx-reads", "checked")
+			benchPullConnex(b, layouts, res, url, "ucx-checked", "ucx", false, "--ucx-reads", "checked")
 		})
 		b.Run("ucx-onesided", func(b *testing.B) {
-			benchPullConnex(b, layouts, res, url, "ucx-onesided", "ucx", "--ucx-reads", "onesided")
+			benchPullConnex(b, layouts, res, url, "ucx-onesided", "ucx", false, "--ucx-reads", "onesided")
 		})
 	}
-	b.Run("tcp", func(b *testing.B) { benchPullConnex(b, layouts, res, url, "tcp", "tcp") })
+	b.Run("tcp", func(b *testing.B) { benchPullConnex(b, layouts, res, url, "tcp", "tcp", false) })
 
 	fmt.Printf("\nPull throughput, GB/s = 1e9 bytes/s (connex: %d timed pulls after one untimed first pull; median and best of them)\n", pullReps)
-	fmt.Printf("connex UCX checked backend and ucx_perftest use UCX_TLS=%q; ucx rows %s; ucx_perftest %s\n", tls,
+	fmt.Printf("connex UCX rows and ucx_perftest use UCX_TLS=%q; ucx rows %s; ucx_perftest %s\n", tls,
 		map[bool]string{true: "built (-tags ucx)", false: "skipped (built without -tags ucx)"}[ucxBuilt],
 		map[bool]string{true: "found", false: "not found: perftest rows skipped"}[perfErr == nil])
-	fmt.Printf("ucx-checked = --ucx-reads checked (the default: the holder checks and copies every read); ucx-onesided = --ucx-reads onesided\n")
-	fmt.Printf("(the reader copies the holder's pages with process_vm_readv, no holder CPU; UCX, on UCX_TLS or tcp,self, only wires up).\n")
-	fmt.Printf("RATIO's ucx figures and kvlayout use ucx-onesided.\n")
-	fmt.Printf("first = the untimed first pull after RegisterRegion (the daemons fault in their fresh region mappings)\n")
+	fmt.Printf("ucx = holder region created by connexd (region.create, UCX shared memory): one-sided ucp_get_nbx, no holder CPU;\n")
+	fmt.Printf("ucx-checked = engine's own region file: the holder checks and copies every read (UCX active messages);\n")
+	fmt.Printf("ucx-onesided = engine's own region file, --ucx-reads onesided: the reader copies with process_vm_readv.\n")
+	fmt.Printf("RATIO's ucx figures and kvlayout use the ucx row.\n")
+	fmt.Printf("first = the untimed first pull (the daemons fault in their fresh mappings of the regions)\n")
 	fmt.Printf("%-20s %-7s %9s %9s %9s  %s\n", "case", "layout", "median", "best", "first", "notes")
-	for _, c := range []string{"memcpy", "perftest", "ucx-checked", "ucx-checked/duration_us", "ucx-onesided", "ucx-onesided/duration_us",
+	for _, c := range []string{"memcpy", "perftest", "ucx", "ucx/duration_us", "ucx-checked", "ucx-checked/duration_us", "ucx-onesided", "ucx-onesided/duration_us",
 		"tcp", "tcp/duration_us", "perftest-tcp"} {
 		for _, l := range layouts {
 			s, ok := res.get(c, l.name)
@@ -113,11 +123,11 @@ func BenchmarkPull(b *testing.B) {
 	}
 	kvCase := "tcp"
 	if ucxBuilt {
-		kvCase = "ucx-onesided"
+		kvCase = "ucx"
 	}
 	fmt.Printf("RATIO ucx/memcpy=%s ucx/perftest=%s tcp/ucxtcp=%s kvlayout/contiguous=%s\n",
-		ratio("contig", "ucx-onesided", "memcpy", "contig"),
-		ratio("contig", "ucx-onesided", "perftest", "contig"),
+		ratio("contig", "ucx", "memcpy", "contig"),
+		ratio("contig", "ucx", "perftest", "contig"),
 		ratio("contig", "tcp", "perftest-tcp", "contig"),
 		ratio("kv", kvCase, kvCase, "contig"))
 }
@@ -415,8 +425,10 @@ type pullNotice struct {
 
 // benchPullConnex starts a holder and a reader connexd with --backend
 // backend (plus extra flags) and pulls each layout once untimed, then
-// pullReps times timed; results are stored under name.
-func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, url, name, backend string, extra ...string) {
+// pullReps times timed; results are stored under name. With created, the
+// holder engine's region is created by connexd (region.create), else it is
+// the engine's own file (region.register).
+func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, url, name, backend string, created bool, extra ...string) {
 	b.StopTimer()
 	// pull_stall_ms is raised from its 1 s default because the untimed first
 	// pull into freshly mapped regions pays a page fault per 4 KiB page in
@@ -429,7 +441,12 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 	nc := connect(b, url)
 	var total int64
 	for _, l := range layouts {
-		pe := newEngine(b, nc, hn.member, "P"+name+l.name, l.l, false)
+		var pe *engine
+		if created {
+			pe, _ = newCreatedEngine(b, nc, hn.member, "P"+name+l.name, l.l, false)
+		} else {
+			pe = newEngine(b, nc, hn.member, "P"+name+l.name, l.l, false)
+		}
 		de := newEngine(b, nc, rn.member, "D"+name+l.name, l.l, false)
 		fillPattern(pe.region.Bytes(), uint64(len(l.name)))
 		notes := make(chan pullNotice, 64)
