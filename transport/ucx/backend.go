@@ -42,6 +42,8 @@ type Backend struct {
 	regs   map[*Registration]struct{}
 	eps    map[string]*endpoint
 	allocs []*Allocation // live shared allocations (Allocate)
+
+	mappedGets atomic.Int64 // Gets served by mapGet (tests)
 }
 
 var _ transport.Backend = (*Backend)(nil)
@@ -77,6 +79,9 @@ func OpenConfig(cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	cfg.Reads = reads
+	if cfg.SharedReads, err = cfg.sharedReads(); err != nil {
+		return nil, err
+	}
 	tls := cfg.TLS
 	if tls == "" {
 		tls = os.Getenv("UCX_TLS")
@@ -565,6 +570,11 @@ func (h *Endpoint) Get(ctx context.Context, ops []transport.GetOp) error {
 			return err
 		}
 	}
+	if len(holders) > 0 && allShared(keys) && h.e.b.cfg.SharedReads != SharedReadsGet {
+		if handled, err := h.mapGet(ctx, ops, keys, holders); handled {
+			return err
+		}
+	}
 	bt := h.e.b.buildBatch(ops, keys, runs)
 	if len(holders) > 0 {
 		h.e.shared.Store(true)
@@ -636,6 +646,16 @@ func sharedHolders(keys []keyInfo) []procID {
 		}
 	}
 	return out
+}
+
+// allShared reports whether every key is a shared key.
+func allShared(keys []keyInfo) bool {
+	for _, k := range keys {
+		if k.rk.kind != keyShared {
+			return false
+		}
+	}
+	return true
 }
 
 // cmaTarget reports whether every key is a one-sided key of one process on

@@ -24,7 +24,22 @@ type Config struct {
 	// in different modes interoperate. See the package documentation for
 	// the tradeoff.
 	Reads string
+	// SharedReads is how this Backend, as a reader, reads shared keys
+	// (memory a holder on this host got from Allocate) whose segment UCX
+	// mapped here: SharedReadsMap (the default, also for "") or
+	// SharedReadsGet.
+	SharedReads string
 }
+
+// Shared-key read methods (Config.SharedReads).
+const (
+	// SharedReadsMap copies from UCX's mapping of the holder's segment
+	// (ucp_rkey_ptr) on the calling goroutine and helpers, in parallel.
+	SharedReadsMap = "map"
+	// SharedReadsGet posts ucp_get_nbx on the owner thread, which UCX
+	// serves with a memcpy from the same mapping, one GET at a time.
+	SharedReadsGet = "get"
+)
 
 // Read modes (Config.Reads).
 const (
@@ -48,6 +63,16 @@ const (
 // instead of hanging it. (cma would be allowed too, but UCX 1.13 uses it
 // neither for ucp_get_nbx nor, with peer error handling, for anything else.)
 const OneSidedDefaultTLS = "tcp,self"
+
+func (c Config) sharedReads() (string, error) {
+	switch strings.TrimSpace(c.SharedReads) {
+	case "", SharedReadsMap:
+		return SharedReadsMap, nil
+	case SharedReadsGet:
+		return SharedReadsGet, nil
+	}
+	return "", fmt.Errorf("ucx: shared_reads=%q, allowed: %s, %s", c.SharedReads, SharedReadsMap, SharedReadsGet)
+}
 
 func (c Config) reads() (string, error) {
 	switch strings.TrimSpace(c.Reads) {

@@ -62,7 +62,23 @@ func TestAllocateSharedWithEngine(t *testing.T) {
 }
 
 func TestSharedKeyReadsOneSided(t *testing.T) {
-	h, r := openT(t, ""), openT(t, "")
+	for _, how := range []string{SharedReadsMap, SharedReadsGet} {
+		t.Run(how, func(t *testing.T) { sharedKeyReadsOneSided(t, how) })
+	}
+}
+
+func openShared(t *testing.T, how string) *Backend {
+	t.Helper()
+	b, err := OpenConfig(Config{SharedReads: how})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func sharedKeyReadsOneSided(t *testing.T, how string) {
+	h, r := openT(t, ""), openShared(t, how)
 	const n = 8 << 20
 	a := allocT(t, h, n)
 	src := randBytes(n, 4)
@@ -97,6 +113,9 @@ func TestSharedKeyReadsOneSided(t *testing.T) {
 	}
 	if !bytes.Equal(dst, want) {
 		t.Fatal("bytes differ with the holder stalled")
+	}
+	if mapped := r.mappedGets.Load(); (how == SharedReadsMap) != (mapped == 2) {
+		t.Fatalf("%d Gets copied from the mapping with shared_reads=%s", mapped, how)
 	}
 	// Reads outside the registration are refused before anything is read.
 	err = getT(ep, 5*time.Second, []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr() - 4096, Dst: dst[:4096]}})
@@ -197,5 +216,54 @@ func TestSharedReusedAddressReadsNewMemory(t *testing.T) {
 	r.mu.Unlock()
 	if eps != 1 {
 		t.Fatalf("%d endpoints kept, want the one lingering endpoint", eps)
+	}
+}
+
+// A mapped copy reads through UCX's mapping of the holder's segment; an
+// endpoint closed meanwhile (another Get's deadline force-closes it) must
+// not unmap it under the copy.
+func TestMappedCopySurvivesEndpointClose(t *testing.T) {
+	h, r := openT(t, ""), openT(t, "")
+	const n = 128 << 20
+	a := allocT(t, h, n)
+	src := randBytes(n, 6)
+	copy(a.Bytes(), src)
+	reg, err := h.Register(a.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Deregister()
+	ep := connectT(t, r, h)
+	dst := make([]byte, n)
+	ops := []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr(), Dst: dst}}
+	for round := range 5 {
+		clear(dst)
+		done := make(chan error, 1)
+		go func() { done <- getT(ep, 10*time.Second, ops) }()
+		closes := 0
+	loop:
+		for {
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+				break loop
+			default:
+			}
+			r.w.call(func() {
+				if u := ep.(*Endpoint).e.u; u != nil && !u.closed {
+					r.w.closeEP(u, transport.ErrClosed)
+					closes++
+				}
+			})
+		}
+		if !bytes.Equal(dst, src) {
+			t.Fatalf("round %d: bytes differ", round)
+		}
+		t.Logf("round %d: %d endpoint closes during the copy", round, closes)
+	}
+	if r.mappedGets.Load() == 0 {
+		t.Fatal("no Get was a mapped copy")
 	}
 }

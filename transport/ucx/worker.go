@@ -203,8 +203,12 @@ type uep struct {
 	// bytes; nil means the memory is not mapped here (use the checked
 	// path). They outlive single Gets, see Endpoint.Close.
 	shared map[string]C.ucp_rkey_h
-	dead   error // set once the endpoint failed or was closed
-	closed bool  // close started
+	// copying counts mapped copies (mapGet) reading through shared
+	// rkeys; released is set once the endpoint is gone.
+	copying  int
+	released bool
+	dead     error // set once the endpoint failed or was closed
+	closed   bool  // close started
 }
 
 func (w *worker) connect(addr []byte) (*uep, error) {
@@ -270,13 +274,24 @@ func (w *worker) closeEP(u *uep, why error) {
 
 func (w *worker) releaseEP(u *uep, cep *C.cx_ep) {
 	w.dropRkeys(u)
+	u.released = true
+	if u.copying == 0 {
+		// Else mapped copies still read through the shared rkeys'
+		// mappings; the last one's copyDone destroys them.
+		w.dropShared(u)
+	}
+	C.free(unsafe.Pointer(cep))
+}
+
+// dropShared destroys u's shared rkeys, unmapping the peer segments UCX
+// attached for them. Loop-owned.
+func (w *worker) dropShared(u *uep) {
 	for k, rk := range u.shared {
 		if rk != nil {
 			C.cx_rkey_destroy(rk)
 		}
 		delete(u.shared, k)
 	}
-	C.free(unsafe.Pointer(cep))
 }
 
 // dropRkeys destroys u's cached rkeys of non-shared keys (one per

@@ -1,0 +1,152 @@
+//go:build ucx && cgo
+
+package ucx
+
+/*
+#include "cx.h"
+*/
+import "C"
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/connex/connex/transport"
+)
+
+// Mapped reads: a Get whose keys are all shared keys of holders on this
+// host, and whose segments UCX has mapped into this process, copies
+// straight from the mappings (ucp_rkey_ptr) on the calling goroutine and up
+// to GOMAXPROCS-1 helpers, instead of posting ucp_get_nbx on the owner
+// thread. Both are one-sided loads from the same UCX mapping; this way the
+// copy is not serialised on one thread, runs Go's memmove, and costs no UCX
+// request per piece. Config.SharedReads = SharedReadsGet keeps ucp_get_nbx.
+
+const (
+	// mapPieceBytes splits long ranges so that several goroutines share
+	// them and a canceled Get stops within one piece.
+	mapPieceBytes = 1 << 20
+	// mapMaxCopiers bounds the goroutines one Get copies with.
+	mapMaxCopiers = 4
+)
+
+// mapGet serves ops from mapped segments. handled is false when some key's
+// memory is not mapped here (the caller then posts a batch, which reads
+// such keys through their checked registration).
+func (h *Endpoint) mapGet(ctx context.Context, ops []transport.GetOp, keys []keyInfo, holders []procID) (handled bool, err error) {
+	e, w := h.e, h.e.b.w
+	ptrs := make([]unsafe.Pointer, len(keys))
+	var u *uep
+	var rerr error
+	local := true
+	if cerr := w.call(func() {
+		u, rerr = e.current()
+		if rerr != nil {
+			return
+		}
+		for i, k := range keys {
+			rk, ok := w.sharedRkey(u, k.rk.sharedCacheKey(), k.rk.rkey, k.rk.base)
+			var p unsafe.Pointer
+			if !ok || C.cx_rkey_local(rk, C.uint64_t(k.rk.base), &p) == 0 {
+				local = false
+				return
+			}
+			ptrs[i] = p // where the key's first byte is mapped here
+		}
+		u.copying++ // keeps the mappings until copyDone
+	}); cerr != nil {
+		return true, cerr
+	}
+	if rerr != nil {
+		return true, rerr
+	}
+	if !local {
+		return false, nil
+	}
+	e.shared.Store(true)
+	e.b.mappedGets.Add(1)
+	err = copyMapped(ctx, ops, keys, ptrs)
+	w.submit(func() { w.copyDone(u) })
+	if err != nil {
+		return true, err
+	}
+	for _, p := range holders {
+		if err := checkAlive(p); err != nil {
+			return true, err
+		}
+	}
+	return true, nil
+}
+
+type mapPiece struct {
+	dst []byte
+	src unsafe.Pointer
+}
+
+// copyMapped copies every op from its key's mapping (ptrs[i] is where key
+// i's first byte is mapped), checking ctx between pieces.
+func copyMapped(ctx context.Context, ops []transport.GetOp, keys []keyInfo, ptrs []unsafe.Pointer) error {
+	index := make(map[string]int, len(keys))
+	for i, k := range keys {
+		index[string(k.packed)] = i
+	}
+	var pieces []mapPiece
+	for _, op := range ops {
+		if len(op.Dst) == 0 {
+			continue
+		}
+		i := index[string(op.RemoteKey)]
+		base := unsafe.Add(ptrs[i], op.RemoteAddr-keys[i].rk.base) // inside the key's extent (planRuns)
+		for off := 0; off < len(op.Dst); off += mapPieceBytes {
+			n := min(len(op.Dst)-off, mapPieceBytes)
+			pieces = append(pieces, mapPiece{dst: op.Dst[off : off+n], src: unsafe.Add(base, off)})
+		}
+	}
+	copiers := min(len(pieces), runtime.GOMAXPROCS(0), mapMaxCopiers)
+	var next atomic.Int64
+	var failed atomic.Bool
+	errs := make([]error, copiers)
+	work := func(g int) {
+		for !failed.Load() {
+			i := int(next.Add(1) - 1)
+			if i >= len(pieces) {
+				return
+			}
+			if err := ctx.Err(); err != nil {
+				errs[g] = transport.CtxErr(err)
+				failed.Store(true)
+				return
+			}
+			p := pieces[i]
+			copy(p.dst, unsafe.Slice((*byte)(p.src), len(p.dst)))
+		}
+	}
+	var wg sync.WaitGroup
+	for g := 1; g < copiers; g++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); work(g) }()
+	}
+	if copiers > 0 {
+		work(0)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// copyDone ends one mapped copy on u; the last one after u was released
+// destroys the shared rkeys (and with them UCX's mappings) that
+// releaseEP had to leave. Loop-owned.
+func (w *worker) copyDone(u *uep) {
+	u.copying--
+	if u.copying == 0 && u.released {
+		w.dropShared(u)
+	}
+}
