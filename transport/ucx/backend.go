@@ -405,6 +405,7 @@ type endpoint struct {
 	u      *uep
 	noCMA  atomic.Bool // process_vm_readv was refused: use UCX
 	shared atomic.Bool // a Get used shared keys: linger after the last Close
+	maps   mapState    // segments mapped for shared keys (mapGet)
 	idle   uint64      // under b.mu: Close count, tells expire it was reused
 }
 
@@ -418,6 +419,7 @@ func (e *endpoint) current() (*uep, error) {
 	if err != nil {
 		return nil, err
 	}
+	u.maps = &e.maps
 	e.u = u
 	return u, nil
 }

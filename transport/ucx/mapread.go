@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"context"
+	"maps"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -33,43 +34,101 @@ const (
 	mapMaxCopiers = 4
 )
 
+// mapState is an endpoint's view of the segments its current UCP endpoint
+// mapped, for mapped copies that run off the owner thread. Guarded by mu;
+// the owner thread takes mu only briefly.
+type mapState struct {
+	mu   sync.Mutex
+	u    *uep                      // the UCP endpoint ptrs belong to; nil once released
+	ptrs map[string]unsafe.Pointer // shared cache key -> where the key's base is mapped
+}
+
+// lookup returns the mapped address of every key and takes a copy
+// reference on their endpoint, or ok=false when one is not cached.
+func (m *mapState) lookup(keys []keyInfo, ptrs []unsafe.Pointer) (*uep, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.u == nil {
+		return nil, false
+	}
+	for i, k := range keys {
+		p, ok := m.ptrs[k.rk.sharedCacheKey()]
+		if !ok {
+			return nil, false
+		}
+		ptrs[i] = p
+	}
+	m.u.copying++
+	return m.u, true
+}
+
+// done drops a copy reference taken on u; it reports whether u was
+// released meanwhile and this was its last copy, so that the caller must
+// have the owner thread destroy u's shared rkeys.
+func (m *mapState) done(u *uep) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	u.copying--
+	return u.copying == 0 && u.released
+}
+
 // mapGet serves ops from mapped segments. handled is false when some key's
 // memory is not mapped here (the caller then posts a batch, which reads
 // such keys through their checked registration).
 func (h *Endpoint) mapGet(ctx context.Context, ops []transport.GetOp, keys []keyInfo, holders []procID) (handled bool, err error) {
 	e, w := h.e, h.e.b.w
+	ms := &e.maps
 	ptrs := make([]unsafe.Pointer, len(keys))
-	var u *uep
-	var rerr error
-	local := true
-	if cerr := w.call(func() {
-		u, rerr = e.current()
-		if rerr != nil {
-			return
-		}
-		for i, k := range keys {
-			rk, ok := w.sharedRkey(u, k.rk.sharedCacheKey(), k.rk.rkey, k.rk.base)
-			var p unsafe.Pointer
-			if !ok || C.cx_rkey_local(rk, C.uint64_t(k.rk.base), &p) == 0 {
-				local = false
+	u, ok := ms.lookup(keys, ptrs)
+	if !ok {
+		// Unpack the rkeys on the owner thread (UCX maps the segments
+		// then) and publish where they are mapped.
+		var rerr error
+		local := true
+		if cerr := w.call(func() {
+			var cu *uep
+			cu, rerr = e.current()
+			if rerr != nil {
 				return
 			}
-			ptrs[i] = p // where the key's first byte is mapped here
+			found := make(map[string]unsafe.Pointer, len(keys))
+			for _, k := range keys {
+				ck := k.rk.sharedCacheKey()
+				rk, ok := w.sharedRkey(cu, ck, k.rk.rkey, k.rk.base)
+				var p unsafe.Pointer
+				if !ok || C.cx_rkey_local(rk, C.uint64_t(k.rk.base), &p) == 0 {
+					local = false
+					return
+				}
+				found[ck] = p
+			}
+			ms.mu.Lock()
+			if ms.u != cu {
+				ms.u, ms.ptrs = cu, map[string]unsafe.Pointer{}
+			}
+			for i, k := range keys {
+				ptrs[i] = found[k.rk.sharedCacheKey()]
+			}
+			maps.Copy(ms.ptrs, found)
+			cu.copying++
+			u = cu
+			ms.mu.Unlock()
+		}); cerr != nil {
+			return true, cerr
 		}
-		u.copying++ // keeps the mappings until copyDone
-	}); cerr != nil {
-		return true, cerr
-	}
-	if rerr != nil {
-		return true, rerr
-	}
-	if !local {
-		return false, nil
+		if rerr != nil {
+			return true, rerr
+		}
+		if !local {
+			return false, nil
+		}
 	}
 	e.shared.Store(true)
 	e.b.mappedGets.Add(1)
 	err = copyMapped(ctx, ops, keys, ptrs)
-	w.submit(func() { w.copyDone(u) })
+	if ms.done(u) {
+		w.submit(func() { w.dropShared(u) })
+	}
 	if err != nil {
 		return true, err
 	}
@@ -139,14 +198,4 @@ func copyMapped(ctx context.Context, ops []transport.GetOp, keys []keyInfo, ptrs
 		}
 	}
 	return nil
-}
-
-// copyDone ends one mapped copy on u; the last one after u was released
-// destroys the shared rkeys (and with them UCX's mappings) that
-// releaseEP had to leave. Loop-owned.
-func (w *worker) copyDone(u *uep) {
-	u.copying--
-	if u.copying == 0 && u.released {
-		w.dropShared(u)
-	}
 }

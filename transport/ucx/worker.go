@@ -203,8 +203,10 @@ type uep struct {
 	// bytes; nil means the memory is not mapped here (use the checked
 	// path). They outlive single Gets, see Endpoint.Close.
 	shared map[string]C.ucp_rkey_h
-	// copying counts mapped copies (mapGet) reading through shared
-	// rkeys; released is set once the endpoint is gone.
+	// maps is its endpoint's mapped-copy state; copying counts mapped
+	// copies (mapGet) reading through the shared rkeys and released is set
+	// once the UCP endpoint is gone. Both under maps.mu.
+	maps     *mapState
 	copying  int
 	released bool
 	dead     error // set once the endpoint failed or was closed
@@ -274,10 +276,19 @@ func (w *worker) closeEP(u *uep, why error) {
 
 func (w *worker) releaseEP(u *uep, cep *C.cx_ep) {
 	w.dropRkeys(u)
-	u.released = true
-	if u.copying == 0 {
-		// Else mapped copies still read through the shared rkeys'
-		// mappings; the last one's copyDone destroys them.
+	drop := true
+	if ms := u.maps; ms != nil {
+		ms.mu.Lock()
+		if ms.u == u {
+			ms.u, ms.ptrs = nil, nil
+		}
+		u.released = true
+		// Mapped copies may still read through the shared rkeys'
+		// mappings; then the last one has them destroyed (mapGet).
+		drop = u.copying == 0
+		ms.mu.Unlock()
+	}
+	if drop {
 		w.dropShared(u)
 	}
 	C.free(unsafe.Pointer(cep))
