@@ -305,6 +305,11 @@ func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, d
 	if err := holderLayout.CompatibleWith(l); err != nil {
 		return nil, 0, err
 	}
+	type segment struct {
+		addr, length uint64
+		rkey         uint32
+	}
+	var segs []segment
 	if desc.ImpliedSegments {
 		// One key covers the hold: derive the segments from the holder's
 		// layout (validated above) instead of receiving them.
@@ -320,27 +325,31 @@ func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, d
 			}
 		}
 		exts := holderLayout.Extents(srcIDs)
-		segs := make([]*messages.Segment, len(exts))
+		segs = make([]segment, len(exts))
 		for i, e := range exts {
-			segs[i] = &messages.Segment{RemoteAddr: desc.RegionAddr + e.Off, Length: e.Len}
+			segs[i] = segment{addr: desc.RegionAddr + e.Off, length: e.Len}
 		}
-		desc = &messages.Descriptors{BlockIds: desc.BlockIds, Rkeys: desc.Rkeys, Segments: segs, Layout: desc.Layout}
+	} else {
+		segs = make([]segment, len(desc.Segments))
+		for i, sg := range desc.Segments {
+			segs[i] = segment{addr: sg.GetRemoteAddr(), length: sg.GetLength(), rkey: sg.GetRkey()}
+		}
 	}
 	runs := kvmem.Runs(srcIDs)
-	if want := int(l.Layers*l.Planes) * len(runs); len(desc.Segments) != want {
-		return nil, 0, fmt.Errorf("%w: %d segments, want %d", ErrBadDescriptors, len(desc.Segments), want)
+	if want := int(l.Layers*l.Planes) * len(runs); len(segs) != want {
+		return nil, 0, fmt.Errorf("%w: %d segments, want %d", ErrBadDescriptors, len(segs), want)
 	}
 	bb := l.BlockBytes
-	ops := make([]transport.GetOp, 0, len(desc.Segments))
+	ops := make([]transport.GetOp, 0, len(segs))
 	var total uint64
 	k := 0
 	for layer := uint32(0); layer < l.Layers; layer++ {
 		for p := uint32(0); p < l.Planes; p++ {
 			for _, r := range runs {
-				seg := desc.Segments[k]
+				seg := segs[k]
 				k++
-				if seg.Length != uint64(r.Count)*bb || int(seg.Rkey) >= len(desc.Rkeys) {
-					return nil, 0, fmt.Errorf("%w: segment %d (len %d, rkey %d)", ErrBadDescriptors, k-1, seg.Length, seg.Rkey)
+				if seg.length != uint64(r.Count)*bb || int(seg.rkey) >= len(desc.Rkeys) {
+					return nil, 0, fmt.Errorf("%w: segment %d (len %d, rkey %d)", ErrBadDescriptors, k-1, seg.length, seg.rkey)
 				}
 				for j := uint32(0); j < r.Count; {
 					d0 := dstIDs[r.Index+int(j)]
@@ -350,8 +359,8 @@ func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, d
 					}
 					off := l.Offset(layer, p, d0)
 					ops = append(ops, transport.GetOp{
-						RemoteKey:  desc.Rkeys[seg.Rkey],
-						RemoteAddr: seg.RemoteAddr + uint64(j)*bb,
+						RemoteKey:  desc.Rkeys[seg.rkey],
+						RemoteAddr: seg.addr + uint64(j)*bb,
 						Dst:        dst.Region.Slice(kvmem.Extent{Off: off, Len: uint64(n) * bb}),
 					})
 					total += uint64(n) * bb

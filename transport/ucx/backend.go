@@ -566,14 +566,16 @@ func (h *Endpoint) Get(ctx context.Context, ops []transport.GetOp) error {
 	// A shared key's memory stays readable after its holder died (the
 	// segment is mapped here), but the hold died with it: check the holder
 	// before and after reading, as for CMA.
+	// (A mapped copy checks only after reading: a holder dead before
+	// is dead after, and the copy is harmless.)
 	holders := sharedHolders(keys)
-	for _, p := range holders {
-		if err := checkAlive(p); err != nil {
+	if len(holders) > 0 && allShared(keys) && h.e.b.cfg.SharedReads != SharedReadsGet {
+		if handled, err := h.mapGet(ctx, ops, keys, holders); handled {
 			return err
 		}
 	}
-	if len(holders) > 0 && allShared(keys) && h.e.b.cfg.SharedReads != SharedReadsGet {
-		if handled, err := h.mapGet(ctx, ops, keys, holders); handled {
+	for _, p := range holders {
+		if err := checkAlive(p); err != nil {
 			return err
 		}
 	}

@@ -93,46 +93,55 @@ func hostID() ([16]byte, error) {
 // procStart is field 22 of /proc/<pid>/stat: when the process started, in
 // clock ticks since boot.
 func procStart(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	start, _, err := procStat(pid)
+	return start, err
+}
+
+// procStat reads a process's start time (field 22 of /proc/<pid>/stat, in
+// clock ticks since boot) and state (field 3: R, S, D, T, Z, X, ...) with
+// one read.
+func procStat(pid int) (start uint64, state byte, err error) {
+	var buf [512]byte
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
+	n, err := f.Read(buf[:])
+	f.Close()
+	if err != nil {
+		return 0, 0, err
+	}
+	b := buf[:n]
 	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("ucx: cma: bad /proc/%d/stat", pid)
+	if i < 0 || i+2 >= len(b) {
+		return 0, 0, fmt.Errorf("ucx: bad /proc/%d/stat", pid)
 	}
-	f := bytes.Fields(b[i+1:]) // f[0] is field 3 (state)
-	if len(f) < 20 {
-		return 0, fmt.Errorf("ucx: cma: short /proc/%d/stat", pid)
+	f2 := bytes.Fields(b[i+1:]) // f2[0] is field 3 (state)
+	if len(f2) < 20 {
+		return 0, 0, fmt.Errorf("ucx: short /proc/%d/stat", pid)
 	}
-	return strconv.ParseUint(string(f[19]), 10, 64)
+	start, err = strconv.ParseUint(string(f2[19]), 10, 64)
+	return start, f2[0][0], err
 }
 
 // checkAlive fails with ErrPeerGone unless p is still the process that
 // handed out the key, and still running (a killed process stays in /proc
 // as a zombie until its parent reaps it).
 func checkAlive(p procID) error {
-	start, err := procStart(int(p.pid))
+	start, state, err := procStat(int(p.pid))
 	if err != nil || start != p.start {
 		return fmt.Errorf("%w: holder process %d is gone", transport.ErrPeerGone, p.pid)
 	}
-	if st, err := procState(int(p.pid)); err == nil && (st == 'Z' || st == 'X') {
+	if state == 'Z' || state == 'X' {
 		return fmt.Errorf("%w: holder process %d has exited", transport.ErrPeerGone, p.pid)
 	}
 	return nil
 }
 
-// procState is field 3 of /proc/<pid>/stat (R, S, D, T, Z, X, ...).
+// procState is field 3 of /proc/<pid>/stat.
 func procState(pid int) (byte, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return 0, fmt.Errorf("ucx: bad /proc/%d/stat", pid)
-	}
-	return b[i+2], nil
+	_, state, err := procStat(pid)
+	return state, err
 }
 
 type iovec struct {

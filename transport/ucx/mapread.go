@@ -8,6 +8,7 @@ package ucx
 import "C"
 
 import (
+	"bytes"
 	"context"
 	"maps"
 	"runtime"
@@ -146,56 +147,73 @@ type mapPiece struct {
 }
 
 // copyMapped copies every op from its key's mapping (ptrs[i] is where key
-// i's first byte is mapped), checking ctx between pieces.
+// i's first byte is mapped). Pieces are grouped into grains of about
+// mapPieceBytes that the copiers take in turn, so that small ops (32 KiB
+// KV blocks) cost no synchronisation each; ctx is checked between grains.
 func copyMapped(ctx context.Context, ops []transport.GetOp, keys []keyInfo, ptrs []unsafe.Pointer) error {
 	index := make(map[string]int, len(keys))
 	for i, k := range keys {
 		index[string(k.packed)] = i
 	}
-	var pieces []mapPiece
+	last := -1
+	pieces := make([]mapPiece, 0, len(ops))
+	grains := []int{0} // grain g is pieces[grains[g]:grains[g+1]]
+	acc := 0
 	for _, op := range ops {
 		if len(op.Dst) == 0 {
 			continue
 		}
-		i := index[string(op.RemoteKey)]
+		i := last
+		if i < 0 || !bytes.Equal(keys[i].packed, op.RemoteKey) {
+			i = index[string(op.RemoteKey)]
+			last = i
+		}
 		base := unsafe.Add(ptrs[i], op.RemoteAddr-keys[i].rk.base) // inside the key's extent (planRuns)
 		for off := 0; off < len(op.Dst); off += mapPieceBytes {
 			n := min(len(op.Dst)-off, mapPieceBytes)
 			pieces = append(pieces, mapPiece{dst: op.Dst[off : off+n], src: unsafe.Add(base, off)})
+			if acc += n; acc >= mapPieceBytes {
+				grains = append(grains, len(pieces))
+				acc = 0
+			}
 		}
 	}
-	copiers := min(len(pieces), runtime.GOMAXPROCS(0), mapMaxCopiers)
+	if grains[len(grains)-1] != len(pieces) {
+		grains = append(grains, len(pieces))
+	}
+	ngrains := len(grains) - 1
+	copiers := min(ngrains, runtime.GOMAXPROCS(0), mapMaxCopiers)
 	var next atomic.Int64
-	var failed atomic.Bool
-	errs := make([]error, copiers)
-	work := func(g int) {
-		for !failed.Load() {
-			i := int(next.Add(1) - 1)
-			if i >= len(pieces) {
+	done := ctx.Done()
+	var canceled atomic.Bool
+	work := func() {
+		for {
+			g := int(next.Add(1) - 1)
+			if g >= ngrains || canceled.Load() {
 				return
 			}
-			if err := ctx.Err(); err != nil {
-				errs[g] = transport.CtxErr(err)
-				failed.Store(true)
+			select {
+			case <-done:
+				canceled.Store(true)
 				return
+			default:
 			}
-			p := pieces[i]
-			copy(p.dst, unsafe.Slice((*byte)(p.src), len(p.dst)))
+			for _, p := range pieces[grains[g]:grains[g+1]] {
+				copy(p.dst, unsafe.Slice((*byte)(p.src), len(p.dst)))
+			}
 		}
 	}
 	var wg sync.WaitGroup
-	for g := 1; g < copiers; g++ {
+	for range copiers - 1 {
 		wg.Add(1)
-		go func() { defer wg.Done(); work(g) }()
+		go func() { defer wg.Done(); work() }()
 	}
 	if copiers > 0 {
-		work(0)
+		work()
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
+	if canceled.Load() {
+		return transport.CtxErr(ctx.Err())
 	}
 	return nil
 }
