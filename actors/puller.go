@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -305,14 +306,15 @@ func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, d
 	if err := holderLayout.CompatibleWith(l); err != nil {
 		return nil, 0, err
 	}
-	type segment struct {
-		addr, length uint64
-		rkey         uint32
-	}
-	var segs []segment
+	// seg returns segment k of the hold (layer-major, then plane, then
+	// run): from the descriptors, or, with implied segments, from the
+	// holder's layout (validated below) and region address.
+	runs := kvmem.Runs(srcIDs)
+	nseg := int(l.Layers*l.Planes) * len(runs)
+	var seg func(k int) (addr, length uint64, rkey uint32)
 	if desc.ImpliedSegments {
 		// One key covers the hold: derive the segments from the holder's
-		// layout (validated above) instead of receiving them.
+		// layout instead of receiving them.
 		if len(desc.Rkeys) != 1 || len(desc.Segments) != 0 {
 			return nil, 0, fmt.Errorf("%w: implied segments with %d keys and %d segments", ErrBadDescriptors, len(desc.Rkeys), len(desc.Segments))
 		}
@@ -324,32 +326,32 @@ func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, d
 				return nil, 0, fmt.Errorf("%w: block %d outside the holder's %d blocks", ErrBadDescriptors, id, holderLayout.Blocks)
 			}
 		}
-		exts := holderLayout.Extents(srcIDs)
-		segs = make([]segment, len(exts))
-		for i, e := range exts {
-			segs[i] = segment{addr: desc.RegionAddr + e.Off, length: e.Len}
+		perLayerPlane := len(runs)
+		seg = func(k int) (uint64, uint64, uint32) {
+			lp, r := uint32(k/perLayerPlane), runs[k%perLayerPlane]
+			off := holderLayout.Offset(lp/holderLayout.Planes, lp%holderLayout.Planes, r.First)
+			return desc.RegionAddr + off, uint64(r.Count) * holderLayout.BlockBytes, 0
 		}
 	} else {
-		segs = make([]segment, len(desc.Segments))
-		for i, sg := range desc.Segments {
-			segs[i] = segment{addr: sg.GetRemoteAddr(), length: sg.GetLength(), rkey: sg.GetRkey()}
+		if len(desc.Segments) != nseg {
+			return nil, 0, fmt.Errorf("%w: %d segments, want %d", ErrBadDescriptors, len(desc.Segments), nseg)
+		}
+		seg = func(k int) (uint64, uint64, uint32) {
+			sg := desc.Segments[k]
+			return sg.GetRemoteAddr(), sg.GetLength(), sg.GetRkey()
 		}
 	}
-	runs := kvmem.Runs(srcIDs)
-	if want := int(l.Layers*l.Planes) * len(runs); len(segs) != want {
-		return nil, 0, fmt.Errorf("%w: %d segments, want %d", ErrBadDescriptors, len(segs), want)
-	}
 	bb := l.BlockBytes
-	ops := make([]transport.GetOp, 0, len(segs))
+	ops := make([]transport.GetOp, 0, nseg)
 	var total uint64
 	k := 0
 	for layer := uint32(0); layer < l.Layers; layer++ {
 		for p := uint32(0); p < l.Planes; p++ {
 			for _, r := range runs {
-				seg := segs[k]
+				addr, length, rkey := seg(k)
 				k++
-				if seg.length != uint64(r.Count)*bb || int(seg.rkey) >= len(desc.Rkeys) {
-					return nil, 0, fmt.Errorf("%w: segment %d (len %d, rkey %d)", ErrBadDescriptors, k-1, seg.length, seg.rkey)
+				if length != uint64(r.Count)*bb || int(rkey) >= len(desc.Rkeys) {
+					return nil, 0, fmt.Errorf("%w: segment %d (len %d, rkey %d)", ErrBadDescriptors, k-1, length, rkey)
 				}
 				for j := uint32(0); j < r.Count; {
 					d0 := dstIDs[r.Index+int(j)]
@@ -359,8 +361,8 @@ func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, d
 					}
 					off := l.Offset(layer, p, d0)
 					ops = append(ops, transport.GetOp{
-						RemoteKey:  desc.Rkeys[seg.rkey],
-						RemoteAddr: seg.addr + uint64(j)*bb,
+						RemoteKey:  desc.Rkeys[rkey],
+						RemoteAddr: addr + uint64(j)*bb,
 						Dst:        dst.Region.Slice(kvmem.Extent{Off: off, Len: uint64(n) * bb}),
 					})
 					total += uint64(n) * bb
@@ -376,6 +378,9 @@ func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, d
 // that every batch of reads is bounded and the stall deadline measures
 // progress rather than the size of one extent.
 func splitOps(ops []transport.GetOp, max int) []transport.GetOp {
+	if !slices.ContainsFunc(ops, func(op transport.GetOp) bool { return len(op.Dst) > max }) {
+		return ops
+	}
 	out := make([]transport.GetOp, 0, len(ops))
 	for _, op := range ops {
 		for len(op.Dst) > max {

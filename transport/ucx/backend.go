@@ -542,10 +542,22 @@ func (h *Endpoint) Get(ctx context.Context, ops []transport.GetOp) error {
 		return transport.CtxErr(err)
 	}
 	e, w := h.e, h.e.b.w
-	keys, runs, err := planRuns(ops)
-	if err != nil || len(runs) == 0 {
+	keys, opKey, err := planKeys(ops)
+	if err != nil || len(keys) == 0 {
 		return err
 	}
+	// A shared key's memory stays readable after its holder died (the
+	// segment is mapped here), but the hold died with it: check the holder
+	// before and after reading, as for CMA. (A mapped copy checks only
+	// after reading: a holder dead before is dead after, and the copy is
+	// harmless.)
+	holders := sharedHolders(keys)
+	if len(holders) > 0 && allShared(keys) && h.e.b.cfg.SharedReads != SharedReadsGet {
+		if handled, err := h.mapGet(ctx, ops, opKey, keys, holders); handled {
+			return err
+		}
+	}
+	runs := runsOf(ops, opKey)
 	if p, ok := cmaTarget(keys); ok && !e.noCMA.Load() {
 		var pin runtime.Pinner
 		for i := range ops {
@@ -561,17 +573,6 @@ func (h *Endpoint) Get(ctx context.Context, ops []transport.GetOp) error {
 		// No ptrace access to the holder: use UCX from now on.
 		if e.noCMA.CompareAndSwap(false, true) {
 			e.b.cfg.Log().Warn("ucx: one-sided CMA reads not permitted; falling back to ucp_get_nbx", "err", err)
-		}
-	}
-	// A shared key's memory stays readable after its holder died (the
-	// segment is mapped here), but the hold died with it: check the holder
-	// before and after reading, as for CMA.
-	// (A mapped copy checks only after reading: a holder dead before
-	// is dead after, and the copy is harmless.)
-	holders := sharedHolders(keys)
-	if len(holders) > 0 && allShared(keys) && h.e.b.cfg.SharedReads != SharedReadsGet {
-		if handled, err := h.mapGet(ctx, ops, keys, holders); handled {
-			return err
 		}
 	}
 	for _, p := range holders {
@@ -678,19 +679,20 @@ func cmaTarget(keys []keyInfo) (procID, bool) {
 	return p, p.host == self.host
 }
 
-// planRuns validates ops against the extents their keys carry and
-// coalesces adjacent ones into runs. No runs means nothing to read.
-func planRuns(ops []transport.GetOp) ([]keyInfo, []run, error) {
-	var keys []keyInfo
+// planKeys parses the distinct keys of ops and validates every op against
+// the extent its key carries. opKey[i] is op i's key index, -1 for an empty
+// op; no keys means nothing to read.
+func planKeys(ops []transport.GetOp) (keys []keyInfo, opKey []int32, err error) {
 	// A hold registers one extent per layer, plane and run of blocks, so a
 	// scattered KV layout brings thousands of distinct keys: index them by
 	// their bytes (m[string(b)] does not allocate) instead of scanning.
 	index := map[string]int{}
-	runs := make([]run, 0, len(ops))
+	opKey = make([]int32, len(ops))
 	last := -1
 	for i := range ops {
 		op := &ops[i]
 		if len(op.Dst) == 0 {
+			opKey[i] = -1
 			continue
 		}
 		ki := -1
@@ -711,12 +713,28 @@ func planRuns(ops []transport.GetOp) ([]keyInfo, []run, error) {
 			}
 		}
 		last = ki
+		opKey[i] = int32(ki)
 		k := &keys[ki].rk
 		n := uint64(len(op.Dst))
 		if op.RemoteAddr < k.base || op.RemoteAddr-k.base > k.n || n > k.n-(op.RemoteAddr-k.base) {
 			return nil, nil, fmt.Errorf("%w: [%#x, +%d) is outside the key's extent [%#x, +%d)",
 				transport.ErrNotRegistered, op.RemoteAddr, n, k.base, k.n)
 		}
+	}
+	return keys, opKey, nil
+}
+
+// runsOf coalesces adjacent ops (same key, contiguous remote and
+// destination) into runs.
+func runsOf(ops []transport.GetOp, opKey []int32) []run {
+	runs := make([]run, 0, len(ops))
+	for i := range ops {
+		op := &ops[i]
+		ki := int(opKey[i])
+		if ki < 0 {
+			continue
+		}
+		n := uint64(len(op.Dst))
 		local := uint64(uintptr(unsafe.Pointer(&op.Dst[0])))
 		if m := len(runs) - 1; m >= 0 {
 			r := &runs[m]
@@ -727,7 +745,7 @@ func planRuns(ops []transport.GetOp) ([]keyInfo, []run, error) {
 		}
 		runs = append(runs, run{local: local, remote: op.RemoteAddr, n: n, key: ki})
 	}
-	return keys, runs, nil
+	return runs
 }
 
 // buildBatch splits runs into GETs of at most Config.ChunkBytes and builds

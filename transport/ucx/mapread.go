@@ -8,7 +8,6 @@ package ucx
 import "C"
 
 import (
-	"bytes"
 	"context"
 	"maps"
 	"runtime"
@@ -76,7 +75,7 @@ func (m *mapState) done(u *uep) bool {
 // mapGet serves ops from mapped segments. handled is false when some key's
 // memory is not mapped here (the caller then posts a batch, which reads
 // such keys through their checked registration).
-func (h *Endpoint) mapGet(ctx context.Context, ops []transport.GetOp, keys []keyInfo, holders []procID) (handled bool, err error) {
+func (h *Endpoint) mapGet(ctx context.Context, ops []transport.GetOp, opKey []int32, keys []keyInfo, holders []procID) (handled bool, err error) {
 	e, w := h.e, h.e.b.w
 	ms := &e.maps
 	ptrs := make([]unsafe.Pointer, len(keys))
@@ -126,7 +125,7 @@ func (h *Endpoint) mapGet(ctx context.Context, ops []transport.GetOp, keys []key
 	}
 	e.shared.Store(true)
 	e.b.mappedGets.Add(1)
-	err = copyMapped(ctx, ops, keys, ptrs)
+	err = copyMapped(ctx, ops, opKey, keys, ptrs)
 	if ms.done(u) {
 		w.submit(func() { w.dropShared(u) })
 	}
@@ -146,29 +145,31 @@ type mapPiece struct {
 	src unsafe.Pointer
 }
 
+// piecePool recycles copyMapped's piece lists: a KV pull is thousands of
+// pieces per Get, and fresh memory costs page faults.
+var piecePool = sync.Pool{New: func() any { return new([]mapPiece) }}
+
 // copyMapped copies every op from its key's mapping (ptrs[i] is where key
-// i's first byte is mapped). Pieces are grouped into grains of about
+// i's first byte is mapped; opKey from planKeys, which checked that every
+// op lies in its key's extent). Pieces are grouped into grains of about
 // mapPieceBytes that the copiers take in turn, so that small ops (32 KiB
 // KV blocks) cost no synchronisation each; ctx is checked between grains.
-func copyMapped(ctx context.Context, ops []transport.GetOp, keys []keyInfo, ptrs []unsafe.Pointer) error {
-	index := make(map[string]int, len(keys))
-	for i, k := range keys {
-		index[string(k.packed)] = i
-	}
-	last := -1
-	pieces := make([]mapPiece, 0, len(ops))
+func copyMapped(ctx context.Context, ops []transport.GetOp, opKey []int32, keys []keyInfo, ptrs []unsafe.Pointer) error {
+	pp := piecePool.Get().(*[]mapPiece)
+	pieces := (*pp)[:0]
+	defer func() {
+		clear(pieces) // drop the references to the destinations
+		*pp = pieces[:0]
+		piecePool.Put(pp)
+	}()
 	grains := []int{0} // grain g is pieces[grains[g]:grains[g+1]]
 	acc := 0
-	for _, op := range ops {
-		if len(op.Dst) == 0 {
+	for j, op := range ops {
+		i := opKey[j]
+		if i < 0 {
 			continue
 		}
-		i := last
-		if i < 0 || !bytes.Equal(keys[i].packed, op.RemoteKey) {
-			i = index[string(op.RemoteKey)]
-			last = i
-		}
-		base := unsafe.Add(ptrs[i], op.RemoteAddr-keys[i].rk.base) // inside the key's extent (planRuns)
+		base := unsafe.Add(ptrs[i], op.RemoteAddr-keys[i].rk.base)
 		for off := 0; off < len(op.Dst); off += mapPieceBytes {
 			n := min(len(op.Dst)-off, mapPieceBytes)
 			pieces = append(pieces, mapPiece{dst: op.Dst[off : off+n], src: unsafe.Add(base, off)})
