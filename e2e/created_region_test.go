@@ -70,8 +70,7 @@ func createdRegion(t *testing.T, backend string) {
 			pe.region.Block(layer, p, 31)[7] ^= 0x5A
 		}
 	}
-	if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: []uint32{16}, PullId: "rewritten",
-	}); err == nil {
+	if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: []uint32{16}, PullId: "rewritten"}); err == nil {
 		// A pull names as many destination blocks as the hold has: one
 		// block is refused before anything is read.
 		t.Fatal("a pull into fewer blocks than the hold was accepted")

@@ -84,7 +84,68 @@
 //
 // Alloc (UCP_MEM_MAP_ALLOCATE) keeps the raw ucp_get_nbx path, which is
 // truly one-sided on shared memory but cannot be revoked; it is experimental
-// and its memory stays mapped until Close.
+// and its memory stays mapped until Close. Allocate (below) is the
+// supported way to share UCX-allocated memory.
+//
+// # Shared regions: one-sided reads at memory speed
+//
+// For memory UCX allocates itself, its shared-memory transports serve GETs
+// truly one-sided: the reader's UCX maps the holder's segment when it
+// unpacks the rkey, and a GET is a copy by the reader's CPU. connexd
+// therefore offers engines KV memory it allocates (region.create):
+//
+//   - Allocate has UCX allocate POSIX shared memory (UCP_MEM_MAP_ALLOCATE;
+//     the context's ALLOC_PRIO puts the posix transport first) and finds the
+//     file behind it in /proc/self/maps: UCX unlinks it at once and keeps the
+//     descriptor, so the engine maps /proc/<pid>/fd/<n>. Nothing is left in
+//     /dev/shm if a process dies; the memory lives until the last mapping
+//     goes. Without the posix transport Allocate fails and connexd uses a
+//     memfd, which peers read through the checked protocol.
+//   - Register and RegisterExtents on such memory hand out shared keys: a
+//     checked registration (extents, token, revocable) plus the allocation's
+//     UCX rkey, a random allocation id and the holder's process identity.
+//   - A reader on the same host unpacks the rkey once per endpoint and asks
+//     ucp_rkey_ptr where the segment is mapped; if it is (same host, shared
+//     memory transport in the reader's list), the Get copies from that
+//     mapping on the calling goroutine plus GOMAXPROCS-1 helpers, 1 MiB
+//     grains at a time, with no UCX request per piece and no holder CPU
+//     (Config.SharedReads "map", the default). SharedReads "get" posts
+//     ucp_get_nbx on the owner thread instead, which UCX serves with a
+//     memcpy from the same mapping, one GET after another. A reader that
+//     cannot map the segment (another host, no shared-memory transport)
+//     reads the same key through its checked registration, so every key
+//     works everywhere and no GET is ever emulated by the holder's CPU
+//     on memory it might unmap.
+//   - Liveness: the mapping stays readable after the holder died, so the
+//     reader checks the holder process (pid, start time, not a zombie)
+//     after every mapped copy; a dead holder fails the Get with ErrPeerGone
+//     (TestSharedHolderProcessKilled). A SIGSTOPped holder's memory is
+//     read without its CPU (TestSharedHolderProcessStopped).
+//   - Revocation: the one-sided path cannot be revoked; Deregister revokes
+//     the checked path only. Safety rests on the lease protocol, as for
+//     RDMA: connexd never frees blocks while a pull is within its deadline,
+//     and a puller stops reading at its deadline. Reads are bounded by the
+//     reader to the registration's span; the puller checks every read
+//     against the hold's segments before reading.
+//   - Endpoint reuse: the mapping lives as long as the rkey, which lives as
+//     long as the UCP endpoint. An endpoint that read shared keys therefore
+//     stays open for EndpointLinger (30 s) after its last Endpoint closed, so
+//     the next pull neither unpacks nor first-touches the segment again; a
+//     freed allocation of the holder stays mapped here until then. Where
+//     each segment is mapped is cached on the endpoint (under a mutex) so a
+//     Get needs no round trip to the owner thread; releasing the endpoint
+//     (close, linger expiry, a forced close after another Get's deadline)
+//     leaves the shared rkeys to the last mapped copy still reading
+//     (TestMappedCopySurvivesEndpointClose).
+//   - Address reuse: a freed allocation's address and descriptor number are
+//     soon reused, and UCX's rkey bytes for the new one can be identical;
+//     the rkey cache is keyed by the allocation id as well, or a reader
+//     would read the stale mapping (TestSharedReusedAddressReadsNewMemory).
+//
+// Measured (make bench-pull, 2 cores): 256 MiB from a created region
+// 12-18.5 GB/s end to end (StartPull to PullDone) against 11.7-17 GB/s for
+// a single-threaded memcpy of the same bytes; the holder spends 3-5 ms of
+// CPU per GB (polling), against ~180 ms for checked reads.
 //
 // # Read modes: checked (default) and onesided
 //
