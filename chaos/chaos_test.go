@@ -32,11 +32,19 @@ func TestChaosShortRun(t *testing.T) {
 		t.Skip("starts 4+ connexd processes")
 	}
 	bin := filepath.Join(t.TempDir(), "connexd")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/connexd").CombinedOutput(); err != nil {
+	args := []string{"build", "-o", bin}
+	if buildTags() != "" {
+		args = append(args, "-tags", buildTags())
+	}
+	if out, err := exec.Command("go", append(args, "../cmd/connexd")...).CombinedOutput(); err != nil {
 		t.Fatalf("build connexd: %v\n%s", err, out)
 	}
 	cfg := DefaultConfig()
 	cfg.Binary = bin
+	if buildTags() == "ucx" {
+		// Created regions on UCX: every pull is a one-sided mapped read.
+		cfg.Backend = "ucx"
+	}
 	cfg.Requests = 40
 	cfg.Chaos = 1200 * time.Millisecond
 	cfg.Seed = 3 // faults still land at run-dependent moments; a failure names the seed

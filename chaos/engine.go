@@ -14,12 +14,12 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// engine plays one inference engine next to one connexd member: a region
-// file, a block allocator, and the API client of its member.
+// engine plays one inference engine next to one connexd member: a KV
+// region, a block allocator, and the API client of its member.
 type engine struct {
 	id     string
 	member string
-	path   string
+	path   string // the region file to remove at close; "" for created regions
 	region *kvmem.Region
 	cli    *api.Client
 
@@ -28,23 +28,38 @@ type engine struct {
 	avail *sync.Cond
 }
 
-func newEngine(ctx context.Context, nc *nats.Conn, dir, member, id string, l kvmem.Layout) (*engine, error) {
-	path := filepath.Join(dir, id+".kv")
-	r, err := kvmem.CreateRegion(path, l)
-	if err != nil {
-		return nil, err
-	}
-	e := &engine{id: id, member: member, path: path, region: r, cli: &api.Client{NC: nc, Member: member}}
+// newEngine sets up the engine's region: with regions "create" its member
+// allocates it (region.create) and the engine maps the returned path, with
+// "file" the engine creates a file in dir and registers it.
+func newEngine(ctx context.Context, nc *nats.Conn, dir, member, id, regions string, l kvmem.Layout) (*engine, error) {
+	e := &engine{id: id, member: member, cli: &api.Client{NC: nc, Member: member}}
 	e.avail = sync.NewCond(&e.mu)
 	for b := uint32(0); b < l.Blocks; b++ {
 		e.free = append(e.free, b)
 	}
-	if _, err := e.cli.RegisterRegion(ctx, &messages.RegisterRegionRequest{
-		EngineId: id, RegionId: "r0", Path: path,
-		Layout: &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize},
-	}); err != nil {
-		r.Close()
-		return nil, fmt.Errorf("register region of %s on %s: %w", id, member, err)
+	pl := &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize}
+	switch regions {
+	case RegionsCreate:
+		info, err := e.cli.CreateRegion(ctx, &messages.CreateRegionRequest{EngineId: id, RegionId: "r0", Layout: pl})
+		if err != nil {
+			return nil, fmt.Errorf("create region of %s on %s: %w", id, member, err)
+		}
+		if e.region, err = kvmem.AttachRegion(info.Path, l); err != nil {
+			return nil, fmt.Errorf("map region of %s created by %s: %w", id, member, err)
+		}
+	case RegionsFile:
+		path := filepath.Join(dir, id+".kv")
+		r, err := kvmem.CreateRegion(path, l)
+		if err != nil {
+			return nil, err
+		}
+		e.path, e.region = path, r
+		if _, err := e.cli.RegisterRegion(ctx, &messages.RegisterRegionRequest{EngineId: id, RegionId: "r0", Path: path, Layout: pl}); err != nil {
+			e.close()
+			return nil, fmt.Errorf("register region of %s on %s: %w", id, member, err)
+		}
+	default:
+		return nil, fmt.Errorf("chaos: regions=%q, allowed: %s, %s", regions, RegionsCreate, RegionsFile)
 	}
 	return e, nil
 }
@@ -83,5 +98,7 @@ func (e *engine) freeCount() int {
 
 func (e *engine) close() {
 	_ = e.region.Close()
-	_ = os.Remove(e.path)
+	if e.path != "" {
+		_ = os.Remove(e.path)
+	}
 }

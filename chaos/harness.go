@@ -41,6 +41,7 @@ import (
 type Config struct {
 	Binary      string        // connexd binary
 	Backend     string        // data plane for every member: tcp or ucx
+	Regions     string        // engines' KV regions: RegionsCreate (default) or RegionsFile
 	Decoders    int           // decode members kept alive (≥ 2)
 	Requests    int           // requests to drive
 	Concurrency int           // requests in flight at once
@@ -53,10 +54,20 @@ type Config struct {
 	Log         io.Writer     // progress lines; nil discards
 }
 
+// How engines get their KV regions (Config.Regions).
+const (
+	// RegionsCreate: each engine's member allocates it (region.create);
+	// with UCX, pulls from it are one-sided mapped reads.
+	RegionsCreate = "create"
+	// RegionsFile: each engine creates a /dev/shm file and registers it
+	// (region.register).
+	RegionsFile = "file"
+)
+
 // DefaultConfig is a short run: 3 decode members, 48 requests of 64
 // tokens at 5 ms a token, a fault every 1.5 s.
 func DefaultConfig() Config {
-	return Config{Backend: "tcp", Decoders: 3, Requests: 48, Concurrency: 6, Tokens: 64, Every: 8, TokenTime: 5 * time.Millisecond, Chaos: 1500 * time.Millisecond, Seed: 1}
+	return Config{Backend: "tcp", Regions: RegionsCreate, Decoders: 3, Requests: 48, Concurrency: 6, Tokens: 64, Every: 8, TokenTime: 5 * time.Millisecond, Chaos: 1500 * time.Millisecond, Seed: 1}
 }
 
 // layout of every engine region: small enough for many processes on one box.
@@ -124,6 +135,13 @@ type harness struct {
 func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	if cfg.Decoders < 2 || cfg.Requests < 1 || cfg.Concurrency < 1 || cfg.Tokens < 1 || cfg.Every < 1 {
 		return rep, errors.New("chaos: need decoders ≥ 2 and positive requests, concurrency, tokens, every")
+	}
+	switch cfg.Regions {
+	case "":
+		cfg.Regions = RegionsCreate
+	case RegionsCreate, RegionsFile:
+	default:
+		return rep, fmt.Errorf("chaos: regions=%q, allowed: %s, %s", cfg.Regions, RegionsCreate, RegionsFile)
 	}
 	h := &harness{cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), members: map[string]*member{},
 		pullDone: map[string]chan *messages.PullDone{}, resumes: map[string]chan *messages.RequestState{},
@@ -251,7 +269,7 @@ func (h *harness) start(ctx context.Context, name, role, engineID string) (*memb
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if m.eng, err = newEngine(rctx, h.nc, h.dir, name, engineID, layout); err != nil {
+	if m.eng, err = newEngine(rctx, h.nc, h.dir, name, engineID, h.cfg.Regions, layout); err != nil {
 		kill()
 		return nil, err
 	}

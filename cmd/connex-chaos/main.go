@@ -23,6 +23,7 @@ func main() {
 	cfg := chaos.DefaultConfig()
 	flag.StringVar(&cfg.Binary, "connexd", "./bin/connexd", "connexd binary to run")
 	flag.StringVar(&cfg.Backend, "backend", cfg.Backend, "data plane of every member: tcp or ucx")
+	flag.StringVar(&cfg.Regions, "regions", cfg.Regions, "engines' KV regions: create (region.create) or file (region.register)")
 	flag.IntVar(&cfg.Decoders, "decoders", cfg.Decoders, "decode members kept alive (≥ 2)")
 	flag.IntVar(&cfg.Requests, "requests", cfg.Requests, "requests to drive")
 	flag.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "requests in flight")

@@ -1,0 +1,5 @@
+//go:build ucx
+
+package chaos
+
+func buildTags() string { return "ucx" }
