@@ -161,7 +161,14 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 
 func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, peer *api.Client, requester string) (uint64, error) {
 	prm := a.p.Params
-	ops, total, err := PlanReads(desc, prm.RemoteBlockIds, a.p.Dst, a.p.DstBlocks)
+	pooled := opsPool.Get().(*[]transport.GetOp)
+	ops, total, err := planReads(*pooled, desc, prm.RemoteBlockIds, a.p.Dst, a.p.DstBlocks)
+	defer func() {
+		// Every Get has returned: nothing refers to ops any more.
+		clear(ops)
+		*pooled = ops[:0]
+		opsPool.Put(pooled)
+	}()
 	if err != nil {
 		return 0, fmt.Errorf("pull %s: %w", a.p.ID, err)
 	}
@@ -290,6 +297,15 @@ var ErrBadDescriptors = errors.New("bad descriptors")
 // descriptor against the layout so a bad peer can never make us write
 // outside the destination blocks.
 func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, dstIDs []uint32) ([]transport.GetOp, uint64, error) {
+	return planReads(nil, desc, srcIDs, dst, dstIDs)
+}
+
+// opsPool recycles GetOp lists between pulls: a KV pull plans thousands of
+// reads, and fresh memory costs a page fault per page.
+var opsPool = sync.Pool{New: func() any { return new([]transport.GetOp) }}
+
+// planReads is PlanReads appending to buf[:0].
+func planReads(buf []transport.GetOp, desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, dstIDs []uint32) ([]transport.GetOp, uint64, error) {
 	l := dst.Region.Layout
 	if len(srcIDs) != len(dstIDs) {
 		return nil, 0, api.Errorf(api.CodeBadBlockIDs, "%d remote blocks but %d destination blocks", len(srcIDs), len(dstIDs))
@@ -342,7 +358,7 @@ func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, d
 		}
 	}
 	bb := l.BlockBytes
-	ops := make([]transport.GetOp, 0, nseg)
+	ops := slices.Grow(buf[:0], nseg)
 	var total uint64
 	k := 0
 	for layer := uint32(0); layer < l.Layers; layer++ {
