@@ -92,7 +92,12 @@ func (d *Daemon) newRegion(name string, l kvmem.Layout) (*kvmem.Region, error) {
 	if al, ok := d.Backend.(transport.Allocator); ok {
 		mem, err := al.Allocate(int(l.Size()))
 		if err == nil {
+			// UCX's file lives in /dev/shm, which containers often keep
+			// small (Docker: 64 MiB); a memfd is not bound by it.
 			reg, rerr := kvmem.NewRegion(mem.Path(), l, d.Backend.Name()+"-shared", mem.Bytes(), mem.Free)
+			if rerr == nil {
+				rerr = kvmem.Reserve(mem.Path(), l.Size())
+			}
 			if rerr == nil {
 				return reg, nil
 			}

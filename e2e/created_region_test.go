@@ -47,6 +47,13 @@ func createdRegion(t *testing.T, backend string) {
 		t.Fatalf("create with another layout: %v, want code %d", err, api.CodeBadRequest)
 	}
 
+	// More memory than the machine has: a clear error, nothing allocated.
+	huge := &messages.Layout{NumLayers: 1024, KvPlanes: 2, NumBlocks: 1 << 10, BlockBytes: 1 << 19, BlockSize: 16, TpSize: 1} // 1 TiB
+	_, err = pe.cli.CreateRegion(ctx5(t), &messages.CreateRegionRequest{EngineId: pe.id, RegionId: "huge", Layout: huge})
+	if !errors.As(err, &ae) || ae.Code != api.CodeRegionIO || !strings.Contains(ae.Msg, "not enough shared memory") {
+		t.Fatalf("create a 1 TiB region: %v, want code %d", err, api.CodeRegionIO)
+	}
+
 	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
 	src := []uint32{3, 4, 5, 9, 1, 31}
 	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: src, NumTokens: 90})

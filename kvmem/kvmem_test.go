@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -213,5 +214,59 @@ func TestRegionTableRefcounts(t *testing.T) {
 	release()
 	if m.Region.Bytes() != nil {
 		t.Fatal("region still mapped after the last reference")
+	}
+}
+
+// A memfd region is mapped by another "engine" through its path, both
+// mappings see each other's writes, and nothing is left in the file system.
+func TestMemfdRegionSharedThroughPath(t *testing.T) {
+	l := Layout{Layers: 2, Planes: 2, Blocks: 8, BlockBytes: 4096, BlockSize: 16, TPSize: 1}
+	r, err := CreateMemfdRegion("test", l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Memory != MemoryMemfd || !strings.HasPrefix(r.Path, "/proc/") {
+		t.Fatalf("memory %q path %q", r.Memory, r.Path)
+	}
+	eng, err := AttachRegion(r.Path, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	eng.Block(1, 1, 7)[5] = 0xAB
+	if r.Block(1, 1, 7)[5] != 0xAB {
+		t.Fatal("connexd's mapping does not see the engine's write")
+	}
+	r.Block(0, 0, 0)[0] = 0xCD
+	if eng.Block(0, 0, 0)[0] != 0xCD {
+		t.Fatal("the engine's mapping does not see connexd's write")
+	}
+	// A layout larger than the file is refused; a smaller one maps.
+	big := l
+	big.Blocks *= 2
+	if _, err := AttachRegion(r.Path, big); !errors.Is(err, ErrBadLayout) {
+		t.Fatalf("attach with a larger layout: %v, want ErrBadLayout", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The engine's mapping outlives connexd's.
+	if eng.Block(1, 1, 7)[5] != 0xAB {
+		t.Fatal("the engine lost its memory when connexd closed the region")
+	}
+}
+
+// Reserving more shared memory than the machine has fails up front with a
+// clear error, instead of SIGBUS at first touch (and without taking the
+// memory first: the check happens before fallocate).
+func TestMemfdRegionTooLargeFailsClearly(t *testing.T) {
+	l := Layout{Layers: 1024, Planes: 2, Blocks: 1 << 10, BlockBytes: 1 << 19, BlockSize: 16, TPSize: 1} // 1 TiB
+	if err := l.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := CreateMemfdRegion("huge", l)
+	if !errors.Is(err, ErrRegion) || !strings.Contains(err.Error(), "not enough shared memory") {
+		t.Fatalf("1 TiB memfd region: %v", err)
 	}
 }

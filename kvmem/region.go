@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -111,9 +113,9 @@ func CreateMemfdRegion(name string, layout Layout) (*Region, error) {
 		return nil, fmt.Errorf("%w: memfd_create: %w", ErrRegion, err)
 	}
 	f := os.NewFile(uintptr(fd), "memfd:connex-"+name)
-	if err := f.Truncate(int64(layout.Size())); err != nil {
+	if err := reserve(f, layout.Size()); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("%w: size memfd to %d bytes: %w", ErrRegion, layout.Size(), err)
+		return nil, err
 	}
 	path := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd())
 	r, err := mapFile(f, path, layout)
@@ -128,6 +130,61 @@ func CreateMemfdRegion(name string, layout Layout) (*Region, error) {
 		return errors.Join(err, f.Close())
 	}
 	return r, nil
+}
+
+// Reserve allocates n bytes of the shared-memory file at path up front
+// (fallocate), so that a region larger than the memory left fails here with
+// a clear error instead of with SIGBUS in the engine that first touches a
+// page it cannot get.
+func Reserve(path string, n uint64) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("%w: open %s: %w", ErrRegion, path, err)
+	}
+	defer f.Close()
+	return reserve(f, n)
+}
+
+func reserve(f *os.File, n uint64) error {
+	// fallocate on a file system without a size limit (memfd's) takes
+	// pages until memory runs out, so check the room first.
+	if room, err := roomFor(f); err == nil && n > room {
+		return fmt.Errorf("%w: not enough shared memory for %d bytes (%s): %d available", ErrRegion, n, f.Name(), room)
+	}
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(n)); err != nil {
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.ENOMEM) {
+			return fmt.Errorf("%w: not enough shared memory for %d bytes (%s): %w", ErrRegion, n, f.Name(), err)
+		}
+		return fmt.Errorf("%w: reserve %d bytes of %s: %w", ErrRegion, n, f.Name(), err)
+	}
+	return nil
+}
+
+// roomFor is how many bytes f's file system can still give: its free
+// space, or, when it has no size limit (memfd), the memory the kernel
+// reports available.
+func roomFor(f *os.File) (uint64, error) {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		return 0, err
+	}
+	if st.Blocks > 0 {
+		return st.Bavail * uint64(st.Bsize), nil
+	}
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				return 0, err
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("no MemAvailable in /proc/meminfo")
 }
 
 // AttachRegion maps a region connexd created (RegionInfo.path of

@@ -61,6 +61,16 @@ func (b *Backend) Allocate(n int) (transport.Allocation, error) {
 	if _, err := selfProc(); err != nil {
 		return nil, fmt.Errorf("ucx: allocate: cannot identify this process: %w", err)
 	}
+	// UCX's posix transport puts the file in UCX_POSIX_DIR (/dev/shm);
+	// asking for more than it holds would only fail later, and slowly.
+	dir := os.Getenv("UCX_POSIX_DIR")
+	if dir == "" {
+		dir = "/dev/shm"
+	}
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(dir, &fs); err == nil && fs.Blocks > 0 && uint64(n) > fs.Bavail*uint64(fs.Bsize) {
+		return nil, fmt.Errorf("ucx: allocate %d bytes: %s has %d bytes free", n, dir, fs.Bavail*uint64(fs.Bsize))
+	}
 	var idb [8]byte
 	if _, err := rand.Read(idb[:]); err != nil {
 		return nil, err
