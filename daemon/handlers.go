@@ -81,6 +81,11 @@ func (d *Daemon) CreateRegion(_ context.Context, r *messages.CreateRegionRequest
 	m, err := d.regions.Add(r.EngineId, r.RegionId, reg)
 	if err != nil {
 		_ = reg.Close()
+		// A concurrent create (a client retrying) may have won: same
+		// answer as above.
+		if m, lerr := d.regions.Lookup(r.EngineId, r.RegionId); lerr == nil && m.Region.Memory != kvmem.MemoryFile && m.Region.Layout == l {
+			return regionInfo(m), nil
+		}
 		return nil, api.Errorf(api.CodeBadRequest, "%v", err)
 	}
 	d.log.Info("region created", "engine", r.EngineId, "region", r.RegionId, "bytes", l.Size(), "memory", reg.Memory, "path", reg.Path)
@@ -92,12 +97,10 @@ func (d *Daemon) newRegion(name string, l kvmem.Layout) (*kvmem.Region, error) {
 	if al, ok := d.Backend.(transport.Allocator); ok {
 		mem, err := al.Allocate(int(l.Size()))
 		if err == nil {
-			// UCX's file lives in /dev/shm, which containers often keep
-			// small (Docker: 64 MiB); a memfd is not bound by it.
+			// UCX commits the memory when it allocates (Allocate checks
+			// the room in /dev/shm, which containers often keep small;
+			// a memfd is not bound by it).
 			reg, rerr := kvmem.NewRegion(mem.Path(), l, d.Backend.Name()+"-shared", mem.Bytes(), mem.Free)
-			if rerr == nil {
-				rerr = kvmem.Reserve(mem.Path(), l.Size())
-			}
 			if rerr == nil {
 				return reg, nil
 			}

@@ -499,6 +499,7 @@ func (h *Endpoint) Close() error {
 		b.w.call(func() {
 			if e.u != nil && !e.u.closed && !b.w.busy(e.u) {
 				b.w.dropRkeys(e.u)
+				b.w.dropIdleShared(e.u, EndpointLinger)
 			}
 		})
 		time.AfterFunc(EndpointLinger, func() { e.expire(gen) })

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/connex/connex/transport"
@@ -39,11 +40,24 @@ const (
 // the owner thread takes mu only briefly.
 type mapState struct {
 	mu   sync.Mutex
-	u    *uep                      // the UCP endpoint ptrs belong to; nil once released
-	ptrs map[string]unsafe.Pointer // shared cache key -> where the key's base is mapped
+	u    *uep               // the UCP endpoint segs belong to; nil once released
+	segs map[string]segment // by shared cache key (allocation id + rkey)
 }
 
-// lookup returns the mapped address of every key and takes a copy
+// segment is where one holder allocation is mapped here: remote address
+// base is at ptr. Every registration in the allocation shares it.
+type segment struct {
+	ptr     unsafe.Pointer
+	base    uint64
+	lastUse time.Time // for evictIdle
+}
+
+// at is where remote address addr of the segment is mapped here.
+func (s segment) at(addr uint64) unsafe.Pointer {
+	return unsafe.Add(s.ptr, int64(addr-s.base)) // may be negative: addr below the base key's
+}
+
+// lookup returns where every key's base is mapped and takes a copy
 // reference on their endpoint, or ok=false when one is not cached.
 func (m *mapState) lookup(keys []keyInfo, ptrs []unsafe.Pointer) (*uep, bool) {
 	m.mu.Lock()
@@ -51,15 +65,40 @@ func (m *mapState) lookup(keys []keyInfo, ptrs []unsafe.Pointer) (*uep, bool) {
 	if m.u == nil {
 		return nil, false
 	}
+	now := time.Now()
 	for i, k := range keys {
-		p, ok := m.ptrs[k.rk.sharedCacheKey()]
+		ck := k.rk.sharedCacheKey()
+		sg, ok := m.segs[ck]
 		if !ok {
 			return nil, false
 		}
-		ptrs[i] = p
+		ptrs[i] = sg.at(k.rk.base)
+		sg.lastUse = now
+		m.segs[ck] = sg
 	}
 	m.u.copying++
 	return m.u, true
+}
+
+// evictIdle forgets the segments of u not used for idle, unless a mapped
+// copy is running, and returns their cache keys: the owner thread then
+// destroys their rkeys, unmapping a holder allocation that may long be
+// freed (a busy endpoint never lingers out). Called on the owner thread.
+func (m *mapState) evictIdle(u *uep, idle time.Duration) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.u != u || u.copying > 0 {
+		return nil
+	}
+	var out []string
+	now := time.Now()
+	for ck, sg := range m.segs {
+		if now.Sub(sg.lastUse) >= idle {
+			delete(m.segs, ck)
+			out = append(out, ck)
+		}
+	}
+	return out
 }
 
 // done drops a copy reference taken on u; it reports whether u was
@@ -91,25 +130,28 @@ func (h *Endpoint) mapGet(ctx context.Context, ops []transport.GetOp, opKey []in
 			if rerr != nil {
 				return
 			}
-			found := make(map[string]unsafe.Pointer, len(keys))
-			for _, k := range keys {
+			found := make(map[string]segment, len(keys))
+			now := time.Now()
+			for i, k := range keys {
 				ck := k.rk.sharedCacheKey()
-				rk, ok := w.sharedRkey(cu, ck, k.rk.rkey, k.rk.base)
-				var p unsafe.Pointer
-				if !ok || C.cx_rkey_local(rk, C.uint64_t(k.rk.base), &p) == 0 {
-					local = false
-					return
+				sg, ok := found[ck]
+				if !ok {
+					rk, ok := w.sharedRkey(cu, ck, k.rk.rkey, k.rk.base)
+					var p unsafe.Pointer
+					if !ok || C.cx_rkey_local(rk, C.uint64_t(k.rk.base), &p) == 0 {
+						local = false
+						return
+					}
+					sg = segment{ptr: p, base: k.rk.base, lastUse: now}
+					found[ck] = sg
 				}
-				found[ck] = p
+				ptrs[i] = sg.at(k.rk.base)
 			}
 			ms.mu.Lock()
 			if ms.u != cu {
-				ms.u, ms.ptrs = cu, map[string]unsafe.Pointer{}
+				ms.u, ms.segs = cu, map[string]segment{}
 			}
-			for i, k := range keys {
-				ptrs[i] = found[k.rk.sharedCacheKey()]
-			}
-			maps.Copy(ms.ptrs, found)
+			maps.Copy(ms.segs, found)
 			cu.copying++
 			u = cu
 			ms.mu.Unlock()

@@ -133,6 +133,11 @@ func (a *Allocation) Free() error {
 
 func (b *Backend) freeAlloc(r *Registration) error {
 	b.mu.Lock()
+	if r.gone { // Close took it (and unmaps it)
+		b.mu.Unlock()
+		return nil
+	}
+	r.gone = true
 	delete(b.regs, r)
 	b.mu.Unlock()
 	var err error

@@ -213,9 +213,24 @@ func TestSharedReusedAddressReadsNewMemory(t *testing.T) {
 	t.Logf("an address was reused: %v", reused)
 	r.mu.Lock()
 	eps := len(r.eps)
+	var e *endpoint
+	for _, x := range r.eps {
+		e = x
+	}
 	r.mu.Unlock()
 	if eps != 1 {
 		t.Fatalf("%d endpoints kept, want the one lingering endpoint", eps)
+	}
+	// The lingering endpoint still maps the four freed allocations; idle
+	// eviction (run at each lingering Close) unmaps them.
+	var before, after int
+	r.w.call(func() {
+		before = len(e.u.shared)
+		r.w.dropIdleShared(e.u, 0)
+		after = len(e.u.shared)
+	})
+	if before != 4 || after != 0 {
+		t.Fatalf("shared rkeys before/after idle eviction: %d/%d, want 4/0", before, after)
 	}
 }
 
@@ -265,5 +280,50 @@ func TestMappedCopySurvivesEndpointClose(t *testing.T) {
 	}
 	if r.mappedGets.Load() == 0 {
 		t.Fatal("no Get was a mapped copy")
+	}
+}
+
+// Registrations of one allocation at different offsets share the segment
+// mapping; each must read its own bytes, in one Get and across Gets.
+func TestSharedKeysAtDifferentOffsets(t *testing.T) {
+	for _, how := range []string{SharedReadsMap, SharedReadsGet} {
+		t.Run(how, func(t *testing.T) {
+			h, r := openT(t, ""), openShared(t, how)
+			const n = 4 << 20
+			a := allocT(t, h, n)
+			src := randBytes(n, 8)
+			copy(a.Bytes(), src)
+			k1, err := h.Register(a.Bytes()[:1<<20])
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer k1.Deregister()
+			k2, err := h.Register(a.Bytes()[2<<20:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer k2.Deregister()
+			ep := connectT(t, r, h)
+			d1, d2 := make([]byte, 4096), make([]byte, 4096)
+			get := func(ops ...transport.GetOp) {
+				t.Helper()
+				clear(d1)
+				clear(d2)
+				if err := getT(ep, 5*time.Second, ops); err != nil {
+					t.Fatal(err)
+				}
+			}
+			op1 := transport.GetOp{RemoteKey: k1.RemoteKey(), RemoteAddr: k1.RemoteAddr() + 8192, Dst: d1}
+			op2 := transport.GetOp{RemoteKey: k2.RemoteKey(), RemoteAddr: k2.RemoteAddr() + 8192, Dst: d2}
+			get(op1)
+			get(op2) // a second Get through the other key: the cached mapping must not be the first key's
+			if !bytes.Equal(d2, src[2<<20+8192:2<<20+8192+4096]) {
+				t.Fatal("second key read the wrong bytes")
+			}
+			get(op2, op1) // both keys in one Get
+			if !bytes.Equal(d1, src[8192:8192+4096]) || !bytes.Equal(d2, src[2<<20+8192:2<<20+8192+4096]) {
+				t.Fatal("a Get with both keys read the wrong bytes")
+			}
+		})
 	}
 }

@@ -280,7 +280,7 @@ func (w *worker) releaseEP(u *uep, cep *C.cx_ep) {
 	if ms := u.maps; ms != nil {
 		ms.mu.Lock()
 		if ms.u == u {
-			ms.u, ms.ptrs = nil, nil
+			ms.u, ms.segs = nil, nil
 		}
 		u.released = true
 		// Mapped copies may still read through the shared rkeys'
@@ -292,6 +292,27 @@ func (w *worker) releaseEP(u *uep, cep *C.cx_ep) {
 		w.dropShared(u)
 	}
 	C.free(unsafe.Pointer(cep))
+}
+
+// dropIdleShared destroys u's shared rkeys that mapped copies have not
+// used for idle (and forgets the allocations it could not map), so that a
+// busy endpoint does not keep freed holder allocations mapped forever.
+// Loop-owned.
+func (w *worker) dropIdleShared(u *uep, idle time.Duration) {
+	for ck, rk := range u.shared {
+		if rk == nil {
+			delete(u.shared, ck) // retry the unpack next time
+		}
+	}
+	if u.maps == nil {
+		return
+	}
+	for _, ck := range u.maps.evictIdle(u, idle) {
+		if rk := u.shared[ck]; rk != nil {
+			C.cx_rkey_destroy(rk)
+		}
+		delete(u.shared, ck)
+	}
 }
 
 // dropShared destroys u's shared rkeys, unmapping the peer segments UCX
