@@ -39,7 +39,8 @@ import (
 //     NATS server in this process):
 //   - ucx: --backend ucx with its defaults, the holder engine's region
 //     created by connexd (region.create: UCX POSIX shared memory), so the
-//     reader GETs one-sided with ucp_get_nbx through the segment UCX maps;
+//     reader reads one-sided from the holder's segment that UCX maps
+//     (ucp_rkey_ptr), copying on every core;
 //     the RATIO line's ucx figures and kvlayout use this row;
 //   - ucx-checked: --backend ucx, the engine's own region file
 //     (region.register): the holder-checked protocol, the default for
@@ -101,7 +102,8 @@ func BenchmarkPull(b *testing.B) {
 	fmt.Printf("connex UCX rows and ucx_perftest use UCX_TLS=%q; ucx rows %s; ucx_perftest %s\n", tls,
 		map[bool]string{true: "built (-tags ucx)", false: "skipped (built without -tags ucx)"}[ucxBuilt],
 		map[bool]string{true: "found", false: "not found: perftest rows skipped"}[perfErr == nil])
-	fmt.Printf("ucx = holder region created by connexd (region.create, UCX shared memory): one-sided ucp_get_nbx, no holder CPU;\n")
+	fmt.Printf("ucx = holder region created by connexd (region.create, UCX shared memory): one-sided copies from UCX's mapping\n")
+	fmt.Printf("      of the holder's segment (ucp_rkey_ptr) on every core, no holder CPU;\n")
 	fmt.Printf("ucx-checked = engine's own region file: the holder checks and copies every read (UCX active messages);\n")
 	fmt.Printf("ucx-onesided = engine's own region file, --ucx-reads onesided: the reader copies with process_vm_readv.\n")
 	fmt.Printf("RATIO's ucx figures and kvlayout use the ucx row.\n")
