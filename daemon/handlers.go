@@ -67,8 +67,10 @@ func (d *Daemon) CreateRegion(_ context.Context, r *messages.CreateRegionRequest
 	if err := l.Validate(); err != nil {
 		return nil, err
 	}
+	// createdAs reports whether m is a region created with layout l.
+	createdAs := func(m *kvmem.Mapped) bool { return m.Region.Memory != kvmem.MemoryFile && m.Region.Layout == l }
 	if m, err := d.regions.Lookup(r.EngineId, r.RegionId); err == nil {
-		if m.Region.Memory != kvmem.MemoryFile && m.Region.Layout == l {
+		if createdAs(m) {
 			return regionInfo(m), nil
 		}
 		return nil, api.Errorf(api.CodeBadRequest, "region %s/%s already exists (%s, %s) with another layout or memory",
@@ -83,7 +85,7 @@ func (d *Daemon) CreateRegion(_ context.Context, r *messages.CreateRegionRequest
 		_ = reg.Close()
 		// A concurrent create (a client retrying) may have won: same
 		// answer as above.
-		if m, lerr := d.regions.Lookup(r.EngineId, r.RegionId); lerr == nil && m.Region.Memory != kvmem.MemoryFile && m.Region.Layout == l {
+		if m, lerr := d.regions.Lookup(r.EngineId, r.RegionId); lerr == nil && createdAs(m) {
 			return regionInfo(m), nil
 		}
 		return nil, api.Errorf(api.CodeBadRequest, "%v", err)

@@ -138,12 +138,6 @@ func checkAlive(p procID) error {
 	return nil
 }
 
-// procState is field 3 of /proc/<pid>/stat.
-func procState(pid int) (byte, error) {
-	_, state, err := procStat(pid)
-	return state, err
-}
-
 type iovec struct {
 	base uintptr
 	len  uint64

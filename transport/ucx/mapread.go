@@ -42,6 +42,10 @@ type mapState struct {
 	mu   sync.Mutex
 	u    *uep               // the UCP endpoint segs belong to; nil once released
 	segs map[string]segment // by shared cache key (allocation id + rkey)
+	// unmapped lists the allocations u could not map (another host, no
+	// shared-memory transport): their Gets go straight to the checked
+	// path, without a round trip to the owner thread first.
+	unmapped map[string]bool
 }
 
 // segment is where one holder allocation is mapped here: remote address
@@ -58,26 +62,30 @@ func (s segment) at(addr uint64) unsafe.Pointer {
 }
 
 // lookup returns where every key's base is mapped and takes a copy
-// reference on their endpoint, or ok=false when one is not cached.
-func (m *mapState) lookup(keys []keyInfo, ptrs []unsafe.Pointer) (*uep, bool) {
+// reference on their endpoint, or ok=false when one is not cached; unmapped
+// reports that some key is known not to be mappable here.
+func (m *mapState) lookup(keys []keyInfo, ptrs []unsafe.Pointer) (u *uep, ok, unmapped bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.u == nil {
-		return nil, false
+		return nil, false, false
 	}
 	now := time.Now()
 	for i, k := range keys {
 		ck := k.rk.sharedCacheKey()
+		if m.unmapped[ck] {
+			return nil, false, true
+		}
 		sg, ok := m.segs[ck]
 		if !ok {
-			return nil, false
+			return nil, false, false
 		}
 		ptrs[i] = sg.at(k.rk.base)
 		sg.lastUse = now
 		m.segs[ck] = sg
 	}
 	m.u.copying++
-	return m.u, true
+	return m.u, true, false
 }
 
 // evictIdle forgets the segments of u not used for idle, unless a mapped
@@ -90,6 +98,7 @@ func (m *mapState) evictIdle(u *uep, idle time.Duration) []string {
 	if m.u != u || u.copying > 0 {
 		return nil
 	}
+	clear(m.unmapped) // the owner thread retries them
 	var out []string
 	now := time.Now()
 	for ck, sg := range m.segs {
@@ -118,7 +127,10 @@ func (h *Endpoint) mapGet(ctx context.Context, ops []transport.GetOp, opKey []in
 	e, w := h.e, h.e.b.w
 	ms := &e.maps
 	ptrs := make([]unsafe.Pointer, len(keys))
-	u, ok := ms.lookup(keys, ptrs)
+	u, ok, unmapped := ms.lookup(keys, ptrs)
+	if unmapped {
+		return false, nil
+	}
 	if !ok {
 		// Unpack the rkeys on the owner thread (UCX maps the segments
 		// then) and publish where they are mapped.
@@ -130,16 +142,25 @@ func (h *Endpoint) mapGet(ctx context.Context, ops []transport.GetOp, opKey []in
 			if rerr != nil {
 				return
 			}
+			ms.mu.Lock()
+			if ms.u != cu {
+				ms.u, ms.segs, ms.unmapped = cu, map[string]segment{}, map[string]bool{}
+			}
+			ms.mu.Unlock()
 			found := make(map[string]segment, len(keys))
 			now := time.Now()
 			for i, k := range keys {
 				ck := k.rk.sharedCacheKey()
 				sg, ok := found[ck]
 				if !ok {
-					rk, ok := w.sharedRkey(cu, ck, k.rk.rkey, k.rk.base)
-					var p unsafe.Pointer
-					if !ok || C.cx_rkey_local(rk, C.uint64_t(k.rk.base), &p) == 0 {
+					_, p, ok := w.sharedRkey(cu, ck, k.rk.rkey, k.rk.base)
+					if !ok {
 						local = false
+						ms.mu.Lock()
+						if ms.u == cu {
+							ms.unmapped[ck] = true
+						}
+						ms.mu.Unlock()
 						return
 					}
 					sg = segment{ptr: p, base: k.rk.base, lastUse: now}
@@ -148,9 +169,6 @@ func (h *Endpoint) mapGet(ctx context.Context, ops []transport.GetOp, opKey []in
 				ptrs[i] = sg.at(k.rk.base)
 			}
 			ms.mu.Lock()
-			if ms.u != cu {
-				ms.u, ms.segs = cu, map[string]segment{}
-			}
 			maps.Copy(ms.segs, found)
 			cu.copying++
 			u = cu

@@ -329,7 +329,7 @@ func TestSharedHolderProcessKilled(t *testing.T) {
 	}
 	// Not reaped yet: the holder is a zombie, which must count as gone.
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		if st, err := procState(h.cmd.Process.Pid); err == nil && st == 'Z' {
+		if _, st, err := procStat(h.cmd.Process.Pid); err == nil && st == 'Z' {
 			break
 		}
 		if time.Now().After(end) {

@@ -224,29 +224,31 @@ func fdPath(name string, ino uint64) (string, error) {
 	return "", fmt.Errorf("no open descriptor for %s (inode %d)", name, ino)
 }
 
-// sharedRkey returns u's unpacked rkey for a shared key if, and only if,
-// the memory is mapped into this process (a same-host shared-memory
-// segment): then GETs with it are one-sided copies. Otherwise it reports
-// false and the caller uses the key's checked path. Both outcomes are
-// cached per endpoint. Loop-owned.
-func (w *worker) sharedRkey(u *uep, cacheKey string, packed []byte, addr uint64) (C.ucp_rkey_h, bool) {
-	if rk, ok := u.shared[cacheKey]; ok {
-		return rk, rk != nil
+// sharedRkey returns u's unpacked rkey for a shared key, and where the
+// key's address addr is mapped here, if, and only if, the memory is mapped
+// into this process (a same-host shared-memory segment): then reads with it
+// are one-sided copies. Otherwise it reports false and the caller uses the
+// key's checked path. Both outcomes are cached per endpoint. Loop-owned.
+func (w *worker) sharedRkey(u *uep, cacheKey string, packed []byte, addr uint64) (C.ucp_rkey_h, unsafe.Pointer, bool) {
+	rk, cached := u.shared[cacheKey]
+	if cached && rk == nil {
+		return nil, nil, false
 	}
-	var rk C.ucp_rkey_h
-	p := C.CBytes(packed)
-	st := C.cx_rkey_unpack(u.c, p, &rk)
-	C.free(p)
-	if st != C.UCS_OK {
-		u.shared[cacheKey] = nil
-		return nil, false
+	if !cached {
+		p := C.CBytes(packed)
+		st := C.cx_rkey_unpack(u.c, p, &rk)
+		C.free(p)
+		if st != C.UCS_OK {
+			u.shared[cacheKey] = nil
+			return nil, nil, false
+		}
 	}
 	var ptr unsafe.Pointer
 	if C.cx_rkey_local(rk, C.uint64_t(addr), &ptr) == 0 {
 		C.cx_rkey_destroy(rk)
 		u.shared[cacheKey] = nil
-		return nil, false
+		return nil, nil, false
 	}
 	u.shared[cacheKey] = rk
-	return rk, true
+	return rk, ptr, true
 }

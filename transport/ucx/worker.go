@@ -280,7 +280,7 @@ func (w *worker) releaseEP(u *uep, cep *C.cx_ep) {
 	if ms := u.maps; ms != nil {
 		ms.mu.Lock()
 		if ms.u == u {
-			ms.u, ms.segs = nil, nil
+			ms.u, ms.segs, ms.unmapped = nil, nil, nil
 		}
 		u.released = true
 		// Mapped copies may still read through the shared rkeys'
@@ -404,7 +404,7 @@ func (w *worker) post(b *batch, u *uep) {
 		case k.rkey == nil:
 			continue // checked key: no UCX rkey
 		case k.shared != "":
-			rks[i], local[i] = w.sharedRkey(u, k.shared, k.rkey, k.base)
+			rks[i], _, local[i] = w.sharedRkey(u, k.shared, k.rkey, k.base)
 			b.local = b.local || local[i]
 			continue
 		}
