@@ -17,6 +17,7 @@ import (
 	"unsafe"
 
 	"github.com/connex/connex/transport"
+	"github.com/connex/connex/transport/memcopy"
 )
 
 // Mapped reads: a Get whose keys are all shared keys of holders on this
@@ -260,7 +261,7 @@ func copyMapped(ctx context.Context, ops []transport.GetOp, opKey []int32, keys 
 			default:
 			}
 			for _, p := range pieces[grains[g]:grains[g+1]] {
-				copy(p.dst, unsafe.Slice((*byte)(p.src), len(p.dst)))
+				memcopy.Stream(p.dst, unsafe.Slice((*byte)(p.src), len(p.dst)))
 			}
 		}
 	}

@@ -1,0 +1,9 @@
+//go:build !amd64
+
+package memcopy
+
+const haveStream = false
+
+func streamLines(dst, src *byte, n uintptr) { panic("memcopy: streamLines without stream support") }
+
+func uintptrOf(b []byte) uintptr { return 0 }
