@@ -205,16 +205,18 @@ func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 		if err := a.spec.Region.Blocks.BeginRead(a.spec.Req.BlockIds); err == nil {
 			a.readers[m.PullID] = a.spec.Req.BlockIds
 		}
+		st := a.h.Status()
 		return Reply{Desc: &messages.Descriptors{
-			TransferId:      a.id(),
-			RemoteCtrl:      a.deps.Ctrl,
-			Layout:          LayoutToProto(l),
-			BlockIds:        a.spec.Req.BlockIds,
-			Rkeys:           a.rkeys,
-			Segments:        a.segs,
-			ExpiresUnixMs:   a.h.Status().Deadline.UnixMilli(),
-			ImpliedSegments: a.implied,
-			RegionAddr:      a.regionAddr,
+			TransferId:       a.id(),
+			RemoteCtrl:       a.deps.Ctrl,
+			Layout:           LayoutToProto(l),
+			BlockIds:         a.spec.Req.BlockIds,
+			Rkeys:            a.rkeys,
+			Segments:         a.segs,
+			ExpiresUnixMs:    st.Deadline.UnixMilli(),
+			ImpliedSegments:  a.implied,
+			RegionAddr:       a.regionAddr,
+			ReleaseAfterPull: st.Mode == lease.AfterPull,
 		}}
 	})
 }

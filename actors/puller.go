@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,18 @@ type PullDeps struct {
 	Metrics *Metrics
 	// LoadFailurePolicy is copied into every PullDone ("fail" or "recompute").
 	LoadFailurePolicy string
+	// Go runs f in the background (the PullEnd a puller does not wait
+	// for), so that the daemon can wait for it on shutdown before it
+	// closes the NATS connection; nil runs it on a plain goroutine.
+	Go func(f func())
+}
+
+func (d *PullDeps) goBackground(f func()) {
+	if d.Go != nil {
+		d.Go(f)
+		return
+	}
+	go f()
 }
 
 // Pull is one pull's order. The daemon has validated it, claimed the
@@ -130,20 +143,22 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 		// The holder may have started the pull before its reply failed
 		// (a reply too large to send, a timeout on the way back): end it,
 		// best effort, so a release need not wait for the pull's deadline.
-		go func() {
+		a.deps.goBackground(func() {
 			endCtx, cancel := context.WithTimeout(context.Background(), a.p.Stall)
 			defer cancel()
 			_, _ = peer.PullEnd(endCtx, &messages.PullEnd{TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID})
-		}()
+		})
 		return 0, fmt.Errorf("pull %s: descriptors from %s: %w", a.p.ID, peer.Member, err)
 	}
 	n, getErr := a.read(ctx, desc, peer, requester)
 	// Tell the holder the reads are over, whatever happened, so it can free
 	// on release/expiry without waiting for our deadline. After a success
-	// the holder is alive: wait for its answer (bounded by the stall
-	// deadline) so that an engine seeing PullDone knows the holder counted
-	// the pull (release=after_pull has freed by then). After a failure do it
-	// in the background: a frozen holder must not delay the notice.
+	// on an after_pull hold, wait for its answer (bounded by the stall
+	// deadline) so that an engine seeing PullDone knows the holder has
+	// freed the blocks. Otherwise do it in the background: it is a round
+	// trip the engine need not wait for (a Release that overtakes it is
+	// held by the lease until the pull ends), and after a failure a frozen
+	// holder must not delay the notice.
 	end := func() {
 		endCtx, cancel := context.WithTimeout(context.Background(), a.p.Stall)
 		defer cancel()
@@ -151,10 +166,10 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 			a.deps.Log.Warn("pull end not acknowledged by holder", "pull", a.p.ID, "member", peer.Member, "err", err)
 		}
 	}
-	if getErr == nil {
+	if getErr == nil && desc.ReleaseAfterPull {
 		end()
 	} else {
-		go end()
+		a.deps.goBackground(end)
 	}
 	return n, getErr
 }
@@ -357,17 +372,28 @@ func planReads(buf []transport.GetOp, desc *messages.Descriptors, srcIDs []uint3
 			return sg.GetRemoteAddr(), sg.GetLength(), sg.GetRkey()
 		}
 	}
+	// Read each layer and plane's runs in ascending source order, not in
+	// the hold's order: the source is then streamed forward, which the
+	// CPU's prefetchers (mapped reads) and the holder's disk-like reads
+	// (checked, tcp) both reward; measured 0.85 → 0.95 of a contiguous
+	// pull's speed for the shuffled KV layout of bench-pull.
+	order := make([]int, len(runs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(runs[a].First, runs[b].First) })
 	bb := l.BlockBytes
 	ops := slices.Grow(buf[:0], nseg)
 	var total uint64
-	k := 0
 	for layer := uint32(0); layer < l.Layers; layer++ {
 		for p := uint32(0); p < l.Planes; p++ {
-			for _, r := range runs {
+			lp := int(layer*l.Planes + p)
+			for _, ri := range order {
+				r := runs[ri]
+				k := lp*len(runs) + ri
 				addr, length, rkey := seg(k)
-				k++
 				if length != uint64(r.Count)*bb || int(rkey) >= len(desc.Rkeys) {
-					return nil, 0, fmt.Errorf("%w: segment %d (len %d, rkey %d)", ErrBadDescriptors, k-1, length, rkey)
+					return nil, 0, fmt.Errorf("%w: segment %d (len %d, rkey %d)", ErrBadDescriptors, k, length, rkey)
 				}
 				for j := uint32(0); j < r.Count; {
 					d0 := dstIDs[r.Index+int(j)]

@@ -150,3 +150,45 @@ func TestPlanReadsImpliedSegments(t *testing.T) {
 		t.Fatalf("block outside the holder's layout: %v", err)
 	}
 }
+
+// TestPlanReadsSourceOrder: a hold listed in shuffled block order is read
+// in ascending source order (the source streams forward), and every block
+// still lands where the pull asked for it.
+func TestPlanReadsSourceOrder(t *testing.T) {
+	l := kvmem.Layout{Layers: 3, Planes: 2, Blocks: 16, BlockBytes: 16, BlockSize: 4, TPSize: 1}
+	src := mapped(t, l)
+	dst := mapped(t, l)
+	for i := range src.Region.Bytes() {
+		src.Region.Bytes()[i] = byte(i * 7)
+	}
+	srcIDs := []uint32{9, 2, 14, 3, 4, 0, 11}
+	dstIDs := []uint32{1, 8, 3, 9, 10, 15, 6}
+	var segs []*messages.Segment
+	var rkeys [][]byte
+	for _, e := range l.Extents(srcIDs) {
+		rkeys = append(rkeys, []byte{byte(len(rkeys))})
+		segs = append(segs, &messages.Segment{RemoteAddr: e.Off, Length: e.Len, Rkey: uint32(len(rkeys) - 1)})
+	}
+	desc := &messages.Descriptors{Layout: LayoutToProto(l), BlockIds: srcIDs, Rkeys: rkeys, Segments: segs}
+	ops, _, err := PlanReads(desc, srcIDs, dst, dstIDs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(ops); i++ {
+		if ops[i].RemoteAddr <= ops[i-1].RemoteAddr {
+			t.Fatalf("op %d reads %d after op %d read %d: not in ascending source order", i, ops[i].RemoteAddr, i-1, ops[i-1].RemoteAddr)
+		}
+	}
+	for _, op := range ops {
+		copy(op.Dst, src.Region.Bytes()[op.RemoteAddr:op.RemoteAddr+uint64(len(op.Dst))])
+	}
+	for layer := uint32(0); layer < l.Layers; layer++ {
+		for p := uint32(0); p < l.Planes; p++ {
+			for i := range srcIDs {
+				if !bytes.Equal(src.Region.Block(layer, p, srcIDs[i]), dst.Region.Block(layer, p, dstIDs[i])) {
+					t.Fatalf("layer %d plane %d block %d->%d differs", layer, p, srcIDs[i], dstIDs[i])
+				}
+			}
+		}
+	}
+}

@@ -52,6 +52,11 @@ type Daemon struct {
 	stop     chan struct{}
 	wg       sync.WaitGroup
 	closed   sync.Once
+	// bg tracks pullers' background PullEnds; Close waits for them
+	// (each bounded by pull_stall_ms) before the NATS connection closes.
+	bgMu     sync.Mutex
+	bgClosed bool
+	bg       sync.WaitGroup
 }
 
 // New starts a daemon. On error everything started so far is stopped.
@@ -91,6 +96,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		Backend: d.Backend, NC: d.Bus.Conn, Now: d.now, Log: log, Metrics: d.Metrics,
 		LoadFailurePolicy: cfg.KVLoadFailurePolicy,
 		Notify:            func(m *messages.PullDone) { d.publish(api.PullDoneSubject(m.EngineId), m) },
+		Go:                d.goBackground,
 	}
 	d.reqTable = actors.NewRequestTable()
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -184,6 +190,10 @@ func (d *Daemon) Close() {
 			}
 			d.system.Shutdown()
 		}
+		d.bgMu.Lock()
+		d.bgClosed = true
+		d.bgMu.Unlock()
+		d.bg.Wait()
 		d.wg.Wait()
 		if d.Backend != nil {
 			_ = d.Backend.Close()
@@ -198,6 +208,23 @@ func (d *Daemon) Close() {
 			d.log.Info("connexd stopped", "metrics", d.Metrics.Snapshot())
 		}
 	})
+}
+
+// goBackground runs f on a goroutine that Close waits for; once Close has
+// begun waiting, f runs on the caller's goroutine instead.
+func (d *Daemon) goBackground(f func()) {
+	d.bgMu.Lock()
+	if d.bgClosed {
+		d.bgMu.Unlock()
+		f()
+		return
+	}
+	d.bg.Add(1)
+	d.bgMu.Unlock()
+	go func() {
+		defer d.bg.Done()
+		f()
+	}()
 }
 
 // stats is the daemon's counters and gauges, served in $SRV.STATS.connex.

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/transport/memcopy"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 )
@@ -78,10 +80,13 @@ func BenchmarkPull(b *testing.B) {
 	ucxBuilt := buildTags() == "ucx"
 	_, perfErr := exec.LookPath("ucx_perftest")
 
-	b.Run("memcpy", func(b *testing.B) { benchPullMemcpy(b, layouts, res, "memcpy", 1) })
+	b.Run("memcpy", func(b *testing.B) { benchPullMemcpy(b, layouts, res, "memcpy", 1, false) })
 	if n := runtime.GOMAXPROCS(0); n > 1 {
-		b.Run("memcpy-all-cores", func(b *testing.B) { benchPullMemcpy(b, layouts, res, "memcpy-all-cores", n) })
+		b.Run("memcpy-all-cores", func(b *testing.B) { benchPullMemcpy(b, layouts, res, "memcpy-all-cores", n, false) })
 	}
+	b.Run("stream-all-cores", func(b *testing.B) {
+		benchPullMemcpy(b, layouts, res, "stream-all-cores", runtime.GOMAXPROCS(0), true)
+	})
 	if perfErr == nil {
 		b.Run("perftest", func(b *testing.B) { benchPullPerftest(b, layouts, res, "perftest", tls) })
 		b.Run("perftest-tcp", func(b *testing.B) { benchPullPerftest(b, layouts, res, "perftest-tcp", "tcp") })
@@ -109,7 +114,7 @@ func BenchmarkPull(b *testing.B) {
 	fmt.Printf("RATIO's ucx figures and kvlayout use the ucx row.\n")
 	fmt.Printf("first = the untimed first pull (the daemons fault in their fresh mappings of the regions)\n")
 	fmt.Printf("%-20s %-7s %9s %9s %9s  %s\n", "case", "layout", "median", "best", "first", "notes")
-	for _, c := range []string{"memcpy", "memcpy-all-cores", "perftest", "ucx", "ucx/duration_us", "ucx-checked", "ucx-checked/duration_us", "ucx-onesided", "ucx-onesided/duration_us",
+	for _, c := range []string{"memcpy", "memcpy-all-cores", "stream-all-cores", "perftest", "ucx", "ucx/duration_us", "ucx-checked", "ucx-checked/duration_us", "ucx-onesided", "ucx-onesided/duration_us",
 		"tcp", "tcp/duration_us", "perftest-tcp"} {
 		for _, l := range layouts {
 			s, ok := res.get(c, l.name)
@@ -132,12 +137,15 @@ func BenchmarkPull(b *testing.B) {
 		kvCase = "ucx"
 	}
 	// Context for the RATIO line: the ucx row copies on every core (mapped
-	// reads), and a pull carries a fixed control-plane cost (StartPull,
-	// descriptors, PullEnd, PullDone) that weighs more on the 128 MiB KV
-	// pull than on the 256 MiB contiguous one.
-	fmt.Printf("CONTEXT ucx/memcpy-all-cores=%s kvlayout-ucx/kvlayout-memcpy=%s memcpy-kvlayout/memcpy-contiguous=%s\n",
+	// reads) with non-temporal stores, so stream-all-cores is its physical
+	// limit in each layout; and a pull carries a fixed control-plane cost
+	// (StartPull, descriptors, PullEnd, PullDone) that weighs more on the
+	// 128 MiB KV pull than on the 256 MiB contiguous one.
+	fmt.Printf("CONTEXT ucx/memcpy-all-cores=%s ucx/stream-all-cores=%s|%s (contig|kv) stream-kvlayout/stream-contiguous=%s memcpy-kvlayout/memcpy-contiguous=%s\n",
 		ratio("contig", "ucx", "memcpy-all-cores", "contig"),
-		ratio("kv", kvCase, "memcpy", "kv"),
+		ratio("contig", "ucx", "stream-all-cores", "contig"),
+		ratio("kv", "ucx", "stream-all-cores", "kv"),
+		ratio("kv", "stream-all-cores", "stream-all-cores", "contig"),
 		ratio("kv", "memcpy", "memcpy", "contig"))
 	fmt.Printf("RATIO ucx/memcpy=%s ucx/perftest=%s tcp/ucxtcp=%s kvlayout/contiguous=%s\n",
 		ratio("contig", "ucx", "memcpy", "contig"),
@@ -177,14 +185,16 @@ func (p benchPullLayout) bytes() int64 {
 }
 
 // pieces lists (src offset, dst offset) of every block copy, in the
-// puller's order (layer, plane, block).
+// puller's order (layer, plane, then source block ascending).
 func (p benchPullLayout) pieces() [][2]uint64 {
 	var out [][2]uint64
 	for layer := uint32(0); layer < p.l.Layers; layer++ {
 		for pl := uint32(0); pl < p.l.Planes; pl++ {
+			n := len(out)
 			for i := range p.src {
 				out = append(out, [2]uint64{p.l.Offset(layer, pl, p.src[i]), p.l.Offset(layer, pl, p.dst[i])})
 			}
+			slices.SortFunc(out[n:], func(a, b [2]uint64) int { return cmp.Compare(a[0], b[0]) })
 		}
 	}
 	return out
@@ -215,6 +225,36 @@ func fillPattern(buf []byte, seed uint64) {
 		z = (z ^ (z >> 27)) * 0x94D049BB133111EB
 		binary.LittleEndian.PutUint64(buf[i:], z^(z>>31))
 	}
+}
+
+// scrubBytes is twice the largest last-level cache of the machines this
+// bench runs on (32 MiB here).
+const scrubBytes = 128 << 20
+
+var (
+	scrubBuf  []byte
+	scrubSink uint64
+)
+
+// scrubCaches reads a scratch buffer larger than the last-level cache, one
+// load per cache line, so that every timed copy or pull starts from caches
+// that hold none of its bytes and no dirty lines: without it the 0xEE
+// pre-fill of the destination (and the previous verification) leave up to
+// an L3 of dirty or hot lines, whose write-back or hits weigh twice as much
+// on the 128 MiB KV pull as on the 256 MiB contiguous one. An engine's KV
+// blocks are not in the CPU cache when a pull starts either.
+func scrubCaches() {
+	if scrubBuf == nil {
+		scrubBuf = make([]byte, scrubBytes)
+		for i := range scrubBuf {
+			scrubBuf[i] = byte(i)
+		}
+	}
+	var s uint64
+	for i := 0; i < len(scrubBuf); i += 64 {
+		s += uint64(scrubBuf[i])
+	}
+	scrubSink += s
 }
 
 func fillByte(buf []byte, v byte) {
@@ -264,13 +304,19 @@ func statOf(n int64, ds []time.Duration) pullStat {
 	return pullStat{median: float64(n) / s[len(s)/2].Seconds(), best: float64(n) / s[0].Seconds()}
 }
 
-// benchPullMemcpy copies each layout's pieces with Go's copy (memmove), on
+// benchPullMemcpy copies each layout's pieces with Go's copy (memmove), or
+// with memcopy.Stream (non-temporal stores, what mapped UCX reads copy
+// with) when stream is set, on
 // threads goroutines (each a contiguous share of the pieces), alternating
 // between two pre-faulted source buffers so the source is cold (each is
 // 256 MiB, far beyond the caches); the destination is pre-faulted too, as an
 // engine's KV region is. threads=1 is the RATIO line's reference; the
 // mapped UCX reads copy on every core, so threads=GOMAXPROCS is shown too.
-func benchPullMemcpy(b *testing.B, layouts []benchPullLayout, res *pullResults, name string, threads int) {
+func benchPullMemcpy(b *testing.B, layouts []benchPullLayout, res *pullResults, name string, threads int, stream bool) {
+	cp, how := func(d, s []byte) { copy(d, s) }, "Go copy"
+	if stream {
+		cp, how = func(d, s []byte) { memcopy.Stream(d, s) }, "memcopy.Stream"
+	}
 	b.StopTimer()
 	const reps = 9
 	var total int64
@@ -297,6 +343,7 @@ func benchPullMemcpy(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 		var ds []time.Duration
 		for i := 0; i < max(reps, b.N); i++ {
 			src := srcs[i%2]
+			scrubCaches()
 			b.StartTimer()
 			t0 := time.Now()
 			var wg sync.WaitGroup
@@ -305,7 +352,7 @@ func benchPullMemcpy(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 				go func(share [][2]uint64) {
 					defer wg.Done()
 					for _, p := range share {
-						copy(dst[p[1]:p[1]+bb], src[p[0]:p[0]+bb])
+						cp(dst[p[1]:p[1]+bb], src[p[0]:p[0]+bb])
 					}
 				}(pieces[len(pieces)*t/threads : len(pieces)*(t+1)/threads])
 			}
@@ -315,7 +362,7 @@ func benchPullMemcpy(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 			total += l.bytes()
 		}
 		s := statOf(l.bytes(), ds)
-		s.note = fmt.Sprintf("Go copy, %d thread(s), cold source (2 alternating 256 MiB buffers), %d runs", threads, len(ds))
+		s.note = fmt.Sprintf("%s, %d thread(s), cold source (2 alternating 256 MiB buffers), %d runs", how, threads, len(ds))
 		if len(l.src) > 1 {
 			s.note = fmt.Sprintf("%d copies of %d KiB, same geometry as the pull; ", len(l.pieces()), l.l.BlockBytes>>10) + s.note
 		}
@@ -470,38 +517,54 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 	hn := startConnexd(b, "holder-"+name, args...)
 	rn := startConnexd(b, "reader-"+name, args...)
 	nc := connect(b, url)
-	var total int64
+	// One case per layout, set up first; the pulls then alternate between
+	// the layouts rep by rep, so that the machine's drift (this kind of VM
+	// changes speed by tens of percent within a minute) weighs on every
+	// layout alike and the kvlayout ratio compares like with like.
+	type pullCase struct {
+		l          benchPullLayout
+		pe, de     *engine
+		hold       *messages.CreateHoldReply
+		notes      chan pullNotice
+		walls      []time.Duration
+		durs       []time.Duration
+		first      time.Duration
+		hcpu, rcpu time.Duration
+	}
+	var cases []*pullCase
 	for _, l := range layouts {
-		var pe *engine
+		c := &pullCase{l: l, notes: make(chan pullNotice, 64)}
 		if created {
-			pe, _ = newCreatedEngine(b, nc, hn.member, "P"+name+l.name, l.l, false)
+			c.pe, _ = newCreatedEngine(b, nc, hn.member, "P"+name+l.name, l.l, false)
 		} else {
-			pe = newEngine(b, nc, hn.member, "P"+name+l.name, l.l, false)
+			c.pe = newEngine(b, nc, hn.member, "P"+name+l.name, l.l, false)
 		}
-		de := newEngine(b, nc, rn.member, "D"+name+l.name, l.l, false)
-		fillPattern(pe.region.Bytes(), uint64(len(l.name)))
-		notes := make(chan pullNotice, 64)
-		sub, err := nc.Subscribe(api.PullDoneSubject(de.id), func(m *nats.Msg) {
+		c.de = newEngine(b, nc, rn.member, "D"+name+l.name, l.l, false)
+		fillPattern(c.pe.region.Bytes(), uint64(len(l.name)))
+		sub, err := nc.Subscribe(api.PullDoneSubject(c.de.id), func(m *nats.Msg) {
 			at := time.Now()
 			v := new(messages.PullDone)
 			if proto.Unmarshal(m.Data, v) == nil {
-				notes <- pullNotice{v, at}
+				c.notes <- pullNotice{v, at}
 			}
 		})
 		if err != nil {
 			b.Fatal(err)
 		}
+		defer func() { _ = sub.Unsubscribe() }()
 		if err := nc.Flush(); err != nil {
 			b.Fatal(err)
 		}
-		hold, err := pe.cli.CreateHold(ctx5(b), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: l.src, NumTokens: uint32(len(l.src)) * l.l.BlockSize, Consumer: de.id})
+		c.hold, err = c.pe.cli.CreateHold(ctx5(b), &messages.CreateHoldRequest{EngineId: c.pe.id, RegionId: c.pe.rid, BlockIds: l.src, NumTokens: uint32(len(l.src)) * l.l.BlockSize, Consumer: c.de.id})
 		if err != nil {
 			b.Fatalf("%s %s: create hold: %v", name, l.name, err)
 		}
-		var walls, durs []time.Duration
-		var first time.Duration
-		var hcpu, rcpu time.Duration
-		for i := 0; i <= max(pullReps, b.N); i++ {
+		cases = append(cases, c)
+	}
+	var total int64
+	for i := 0; i <= max(pullReps, b.N); i++ {
+		for _, c := range cases {
+			l, pe, de := c.l, c.pe, c.de
 			for j := range l.dst {
 				for layer := uint32(0); layer < l.l.Layers; layer++ {
 					for p := uint32(0); p < l.l.Planes; p++ {
@@ -509,20 +572,21 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 					}
 				}
 			}
+			scrubCaches()
 			id := fmt.Sprintf("%s-%s-%d", name, l.name, i)
 			h0, r0 := procCPU(hn.cmd.Process.Pid), procCPU(rn.cmd.Process.Pid)
 			if i > 0 {
 				b.StartTimer()
 			}
 			t0 := time.Now()
-			if _, err := de.cli.StartPull(ctx5(b), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: l.dst, PullId: id}); err != nil {
+			if _, err := de.cli.StartPull(ctx5(b), &messages.StartPullRequest{Params: c.hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: l.dst, PullId: id}); err != nil {
 				b.Fatalf("start pull %s: %v", id, err)
 			}
 			var n pullNotice
 			timeout := time.NewTimer(60 * time.Second)
 			for n.d == nil {
 				select {
-				case x := <-notes:
+				case x := <-c.notes:
 					if x.d.PullId == id {
 						n = x
 					}
@@ -537,12 +601,12 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 				b.Fatalf("pull %s: %v", id, n.d)
 			}
 			if i == 0 {
-				first = wall
+				c.first = wall
 			} else {
-				walls = append(walls, wall)
-				durs = append(durs, time.Duration(n.d.DurationUs)*time.Microsecond)
-				hcpu += procCPU(hn.cmd.Process.Pid) - h0
-				rcpu += procCPU(rn.cmd.Process.Pid) - r0
+				c.walls = append(c.walls, wall)
+				c.durs = append(c.durs, time.Duration(n.d.DurationUs)*time.Microsecond)
+				c.hcpu += procCPU(hn.cmd.Process.Pid) - h0
+				c.rcpu += procCPU(rn.cmd.Process.Pid) - r0
 				total += l.bytes()
 			}
 			for layer := uint32(0); layer < l.l.Layers; layer++ {
@@ -555,18 +619,20 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 				}
 			}
 		}
-		_ = sub.Unsubscribe()
-		rel := &api.Client{NC: nc, Member: hold.Params.RemoteCtrl.GetMember()}
-		if _, err := rel.Release(ctx5(b), &messages.HoldRef{TransferId: hold.Params.TransferId, Requester: de.id}); err != nil {
+	}
+	for _, c := range cases {
+		l := c.l
+		rel := &api.Client{NC: nc, Member: c.hold.Params.RemoteCtrl.GetMember()}
+		if _, err := rel.Release(ctx5(b), &messages.HoldRef{TransferId: c.hold.Params.TransferId, Requester: c.de.id}); err != nil {
 			b.Fatalf("release: %v", err)
 		}
-		s := statOf(l.bytes(), walls)
-		s.first = float64(l.bytes()) / first.Seconds()
-		gb := float64(l.bytes()*int64(len(walls))) / 1e9
+		s := statOf(l.bytes(), c.walls)
+		s.first = float64(l.bytes()) / c.first.Seconds()
+		gb := float64(l.bytes()*int64(len(c.walls))) / 1e9
 		s.note = fmt.Sprintf("StartPull→PullDone, %d GetOps; CPU (incl. polling) per GB: holder %.0f ms, reader %.0f ms; verified",
-			len(l.pieces()), float64(hcpu.Milliseconds())/gb, float64(rcpu.Milliseconds())/gb)
+			len(l.pieces()), float64(c.hcpu.Milliseconds())/gb, float64(c.rcpu.Milliseconds())/gb)
 		res.put(name, l.name, s)
-		ds := statOf(l.bytes(), durs)
+		ds := statOf(l.bytes(), c.durs)
 		ds.note = "reader-side PullDone.duration_us (descriptors + connect + GETs)"
 		res.put(name+"/duration_us", l.name, ds)
 	}

@@ -33,6 +33,15 @@ func TestAfterPullFreesAfterFirstPull(t *testing.T) {
 		if i == 0 && !d.Ok {
 			t.Fatalf("first pull: %v", d)
 		}
+		if i == 0 {
+			// The puller of an after_pull hold waits for the holder's
+			// PullEnd acknowledgement before PullDone: the hold is freed
+			// by the time the engine hears of the pull (no polling here).
+			st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
+			if err != nil || !st.Freed || st.State != "pulled" {
+				t.Fatalf("hold right after the after_pull PullDone: %v %v", st, err)
+			}
+		}
 		if i == 1 && (d.Ok || d.ErrorCode != uint32(api.CodeReleased)) {
 			t.Fatalf("second pull after an after_pull hold was consumed: %v", d)
 		}
