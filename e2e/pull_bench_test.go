@@ -32,7 +32,9 @@ import (
 //
 //   - memcpy of the same bytes in the same geometry, single-threaded, from a
 //     cold source (two source buffers alternate, each larger than any cache,
-//     so a source is never cache-hot);
+//     so a source is never cache-hot); the same on every core, and
+//     stream-all-cores: memcopy.Stream (non-temporal stores, what mapped
+//     UCX reads copy with) on every core, the ucx row's physical limit;
 //   - ucx_perftest -t ucp_get at the same message size, with the UCX_TLS the
 //     connex UCX backend uses, and with UCX_TLS=tcp: one 256 MiB GET, or
 //     4096 GETs of 32 KiB with 16 outstanding (ucx_perftest re-reads one
@@ -54,9 +56,11 @@ import (
 //     is reported too. One untimed first pull (it pays the page-table
 //     faults of both daemons' fresh mappings; shown as "first"), then
 //     pullReps timed pulls; the table shows their median and best, ratios
-//     use the median. Every pull is verified byte for byte (outside the
-//     timing) against the holder's region, into a destination pre-filled
-//     with 0xEE.
+//     use the median. The layouts alternate pull by pull, so that the
+//     machine's drift weighs on each alike. Every pull is verified byte for
+//     byte (outside the timing) against the holder's region, into a
+//     destination pre-filled with 0xEE, and starts from scrubbed caches
+//     (scrubCaches), as every timed memcpy does.
 //
 // Layouts:
 //
@@ -66,7 +70,11 @@ import (
 //   - kv: 32 layers x K,V x 32 KiB blocks; the hold is the 64 even-numbered
 //     blocks of a 128-block region, in shuffled order, pulled into a shuffled
 //     permutation of the reader's blocks 0..63: 4096 pieces of 32 KiB
-//     (128 MiB) that nothing can coalesce.
+//     (128 MiB) that nothing can coalesce. The puller reads each layer and
+//     plane in ascending source order.
+//   - contig128: like contig with the KV layout's 128 MiB, for the CONTEXT
+//     line's kvlayout/contiguous-same-bytes (piece count alone, without the
+//     per-pull fixed cost weighing twice on the smaller pull).
 //
 // The last line printed is
 // RATIO ucx/memcpy=<x> ucx/perftest=<y> tcp/ucxtcp=<z> kvlayout/contiguous=<w>.
@@ -113,7 +121,7 @@ func BenchmarkPull(b *testing.B) {
 	fmt.Printf("ucx-onesided = engine's own region file, --ucx-reads onesided: the reader copies with process_vm_readv.\n")
 	fmt.Printf("RATIO's ucx figures and kvlayout use the ucx row.\n")
 	fmt.Printf("first = the untimed first pull (the daemons fault in their fresh mappings of the regions)\n")
-	fmt.Printf("%-20s %-7s %9s %9s %9s  %s\n", "case", "layout", "median", "best", "first", "notes")
+	fmt.Printf("%-20s %-9s %9s %9s %9s  %s\n", "case", "layout", "median", "best", "first", "notes")
 	for _, c := range []string{"memcpy", "memcpy-all-cores", "stream-all-cores", "perftest", "ucx", "ucx/duration_us", "ucx-checked", "ucx-checked/duration_us", "ucx-onesided", "ucx-onesided/duration_us",
 		"tcp", "tcp/duration_us", "perftest-tcp"} {
 		for _, l := range layouts {
@@ -121,7 +129,7 @@ func BenchmarkPull(b *testing.B) {
 			if !ok {
 				continue
 			}
-			fmt.Printf("%-20s %-7s %9s %9s %9s  %s\n", c, l.name, gbps(s.median), gbps(s.best), gbps(s.first), s.note)
+			fmt.Printf("%-20s %-9s %9s %9s %9s  %s\n", c, l.name, gbps(s.median), gbps(s.best), gbps(s.first), s.note)
 		}
 	}
 	ratio := func(a, ac, bc, bl string) string {
@@ -141,10 +149,11 @@ func BenchmarkPull(b *testing.B) {
 	// limit in each layout; and a pull carries a fixed control-plane cost
 	// (StartPull, descriptors, PullEnd, PullDone) that weighs more on the
 	// 128 MiB KV pull than on the 256 MiB contiguous one.
-	fmt.Printf("CONTEXT ucx/memcpy-all-cores=%s ucx/stream-all-cores=%s|%s (contig|kv) stream-kvlayout/stream-contiguous=%s memcpy-kvlayout/memcpy-contiguous=%s\n",
+	fmt.Printf("CONTEXT ucx/memcpy-all-cores=%s ucx/stream-all-cores=%s|%s (contig|kv) kvlayout/contiguous-same-bytes=%s stream-kvlayout/stream-contiguous=%s memcpy-kvlayout/memcpy-contiguous=%s\n",
 		ratio("contig", "ucx", "memcpy-all-cores", "contig"),
 		ratio("contig", "ucx", "stream-all-cores", "contig"),
 		ratio("kv", "ucx", "stream-all-cores", "kv"),
+		ratio("kv", kvCase, kvCase, "contig128"),
 		ratio("kv", "stream-all-cores", "stream-all-cores", "contig"),
 		ratio("kv", "memcpy", "memcpy", "contig"))
 	fmt.Printf("RATIO ucx/memcpy=%s ucx/perftest=%s tcp/ucxtcp=%s kvlayout/contiguous=%s\n",
@@ -162,6 +171,7 @@ type benchPullLayout struct {
 	name     string
 	l        kvmem.Layout
 	src, dst []uint32
+	context  bool // for the CONTEXT line only: no ucx_perftest run
 }
 
 func benchPullLayouts() []benchPullLayout {
@@ -176,7 +186,13 @@ func benchPullLayouts() []benchPullLayout {
 	for _, p := range benchShuffle(64, 2) {
 		kv.dst = append(kv.dst, uint32(p))
 	}
-	return []benchPullLayout{contig, kv}
+	// contig128 has the KV layout's byte count in two extents: kv against
+	// it isolates the piece count from the per-pull fixed cost (which
+	// weighs twice as much on 128 MiB as on 256 MiB). Context only.
+	contig128 := benchPullLayout{name: "contig128", context: true,
+		l:   kvmem.Layout{Layers: 1, Planes: 2, Blocks: 1, BlockBytes: 64 << 20, BlockSize: 16, TPSize: 1},
+		src: []uint32{0}, dst: []uint32{0}}
+	return []benchPullLayout{contig, kv, contig128}
 }
 
 // bytes is the number of bytes one pull moves.
@@ -375,6 +391,9 @@ func benchPullMemcpy(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 // 127.0.0.1, for each layout at the layout's piece size.
 func benchPullPerftest(b *testing.B, layouts []benchPullLayout, res *pullResults, name, tls string) {
 	for _, l := range layouts {
+		if l.context {
+			continue
+		}
 		// contig: the whole 256 MiB as one GET; kv: 4096 GETs of 32 KiB with
 		// up to 16 outstanding (the default, one at a time, is latency-bound
 		// over tcp: ~0.03 GB/s).
