@@ -1,7 +1,7 @@
 package actors
 
 import (
-	"cmp"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -32,6 +32,12 @@ type PullDeps struct {
 	// for), so that the daemon can wait for it on shutdown before it
 	// closes the NATS connection; nil runs it on a plain goroutine.
 	Go func(f func())
+
+	// dataAddrs holds the data addresses members have advertised in their
+	// descriptors: a puller connects early (before the descriptors come)
+	// only to one of these, never to an address the transfer params alone
+	// name, since params come from engines and routers.
+	dataAddrs sync.Map
 }
 
 func (d *PullDeps) goBackground(f func()) {
@@ -133,13 +139,30 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	prm := a.p.Params
 	peer := &api.Client{NC: a.deps.NC, Member: prm.RemoteCtrl.GetMember()}
 	requester := a.p.Dst.Engine
+	// Ask for the descriptors (the holder registers the pull) and, while
+	// they travel, plan the destination side of the reads and connect to
+	// the data address the transfer params advertise: neither depends on
+	// the answer, and together they are most of a pull's fixed cost.
+	type descResult struct {
+		d   *messages.Descriptors
+		err error
+	}
 	dctx, dcancel := context.WithTimeout(ctx, a.p.Stall)
 	defer dcancel()
-	desc, err := peer.Descriptors(dctx, &messages.DescriptorsRequest{
-		TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID,
-		Layout: LayoutToProto(a.p.Dst.Region.Layout), TimeoutMs: uint32(a.p.Timeout / time.Millisecond),
-	})
-	if err != nil {
+	dch := make(chan descResult, 1)
+	go func() {
+		d, err := peer.Descriptors(dctx, &messages.DescriptorsRequest{
+			TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID,
+			Layout: LayoutToProto(a.p.Dst.Region.Layout), TimeoutMs: uint32(a.p.Timeout / time.Millisecond),
+		})
+		dch <- descResult{d, err}
+	}()
+	early := a.connectEarly(ctx, prm.RemoteCtrl)
+	plan, planErr := planDst(a.p.Dst, prm.RemoteBlockIds, a.p.DstBlocks)
+	defer plan.release() // after read: every Get has returned by then
+	r := <-dch
+	if r.err != nil {
+		early.drop()
 		// The holder may have started the pull before its reply failed
 		// (a reply too large to send, a timeout on the way back): end it,
 		// best effort, so a release need not wait for the pull's deadline.
@@ -148,9 +171,17 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 			defer cancel()
 			_, _ = peer.PullEnd(endCtx, &messages.PullEnd{TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID})
 		})
-		return 0, fmt.Errorf("pull %s: descriptors from %s: %w", a.p.ID, peer.Member, err)
+		return 0, fmt.Errorf("pull %s: descriptors from %s: %w", a.p.ID, peer.Member, r.err)
 	}
-	n, getErr := a.read(ctx, desc, peer, requester)
+	desc := r.d
+	var n uint64
+	getErr := planErr
+	if getErr == nil {
+		n, getErr = a.read(ctx, desc, plan, early, peer, requester)
+	} else {
+		early.drop()
+		getErr = fmt.Errorf("pull %s: %w", a.p.ID, getErr)
+	}
 	// Tell the holder the reads are over, whatever happened, so it can free
 	// on release/expiry without waiting for our deadline. After a success
 	// on an after_pull hold, wait for its answer (bounded by the stall
@@ -174,36 +205,92 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	return n, getErr
 }
 
-func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, peer *api.Client, requester string) (uint64, error) {
-	prm := a.p.Params
-	pooled := opsPool.Get().(*[]transport.GetOp)
-	ops, total, err := planReads(*pooled, desc, prm.RemoteBlockIds, a.p.Dst, a.p.DstBlocks)
-	defer func() {
-		// Every Get has returned: nothing refers to ops any more.
-		clear(ops)
-		*pooled = ops[:0]
-		opsPool.Put(pooled)
+// earlyEndpoint is a connection to the data address the transfer params
+// advertise, made while the descriptors travel.
+type earlyEndpoint struct {
+	addr   []byte
+	cancel context.CancelFunc
+	ch     chan transport.Endpoint // nil endpoint: the connect failed
+}
+
+// connectEarly starts connecting to rc's data address if it is on this
+// member's data plane and a member advertised it before; nil if not.
+func (a *pullerActor) connectEarly(ctx context.Context, rc *messages.RemoteCtrl) *earlyEndpoint {
+	if rc.GetBackend() != a.deps.Backend.Name() || len(rc.GetDataAddr()) == 0 {
+		return nil
+	}
+	if _, known := a.deps.dataAddrs.Load(string(rc.GetDataAddr())); !known {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.p.Stall)
+	e := &earlyEndpoint{addr: rc.GetDataAddr(), cancel: cancel, ch: make(chan transport.Endpoint, 1)}
+	go func() {
+		ep, err := a.deps.Backend.Connect(cctx, e.addr)
+		if err != nil {
+			ep = nil // connect again after the descriptors, which report why
+		}
+		e.ch <- ep
 	}()
-	if err != nil {
+	return e
+}
+
+// take waits for the early connection and returns it if it is to addr.
+func (e *earlyEndpoint) take(addr []byte) transport.Endpoint {
+	if e == nil {
+		return nil
+	}
+	ep := <-e.ch
+	e.cancel()
+	if ep != nil && !bytes.Equal(e.addr, addr) {
+		_ = ep.Close()
+		ep = nil
+	}
+	return ep
+}
+
+// drop abandons the early connection without waiting for it.
+func (e *earlyEndpoint) drop() {
+	if e == nil {
+		return
+	}
+	e.cancel()
+	go func() {
+		if ep := <-e.ch; ep != nil {
+			_ = ep.Close()
+		}
+	}()
+}
+
+func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan *readPlan, early *earlyEndpoint, peer *api.Client, requester string) (uint64, error) {
+	prm := a.p.Params
+	if err := plan.bind(desc, prm.RemoteBlockIds); err != nil {
+		early.drop()
 		return 0, fmt.Errorf("pull %s: %w", a.p.ID, err)
 	}
 	if got, want := desc.GetRemoteCtrl().GetBackend(), a.deps.Backend.Name(); got != want {
+		early.drop()
 		return 0, api.Errorf(api.CodeIncompatible, "pull %s: holder uses data plane %q, this member %q", a.p.ID, got, want)
 	}
-	cctx, ccancel := context.WithTimeout(ctx, a.p.Stall)
-	defer ccancel()
-	ep, err := a.deps.Backend.Connect(cctx, desc.GetRemoteCtrl().GetDataAddr())
-	if err != nil {
-		return 0, fmt.Errorf("pull %s: connect data plane of %s: %w", a.p.ID, peer.Member, transport.CtxErr(err))
+	addr := desc.GetRemoteCtrl().GetDataAddr()
+	a.deps.dataAddrs.Store(string(addr), struct{}{})
+	ep := early.take(addr)
+	if ep == nil {
+		cctx, ccancel := context.WithTimeout(ctx, a.p.Stall)
+		var err error
+		ep, err = a.deps.Backend.Connect(cctx, addr)
+		ccancel()
+		if err != nil {
+			return 0, fmt.Errorf("pull %s: connect data plane of %s: %w", a.p.ID, peer.Member, transport.CtxErr(err))
+		}
 	}
 	defer ep.Close()
 	// Keep the lease alive during long reads.
 	stopRenew := a.renewEvery(ctx, peer, requester, time.Duration(prm.RetainS)*time.Second/3)
 	defer stopRenew()
-	if err := a.readBatches(ctx, ep, splitOps(ops, batchBytes), total, peer.Member); err != nil {
+	if err := a.readBatches(ctx, ep, splitOps(plan.ops, batchBytes), plan.total, peer.Member); err != nil {
 		return 0, err
 	}
-	return total, nil
+	return plan.total, nil
 }
 
 // batchesInFlight is how many read batches run at once, so that the data
@@ -300,120 +387,6 @@ func (a *pullerActor) renewEvery(ctx context.Context, peer *api.Client, requeste
 		}
 	}()
 	return func() { close(stop) }
-}
-
-// ErrBadDescriptors is returned when a holder's descriptors do not match
-// the transfer (a bug or a hostile peer); nothing is read then.
-var ErrBadDescriptors = errors.New("bad descriptors")
-
-// PlanReads turns a hold's descriptors into GetOps that copy source block
-// srcIDs[i] into destination block dstIDs[i] of dst, for every layer and
-// plane, coalescing consecutive blocks on both sides. It checks every
-// descriptor against the layout so a bad peer can never make us write
-// outside the destination blocks.
-func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, dstIDs []uint32) ([]transport.GetOp, uint64, error) {
-	return planReads(nil, desc, srcIDs, dst, dstIDs)
-}
-
-// opsPool recycles GetOp lists between pulls: a KV pull plans thousands of
-// reads, and fresh memory costs a page fault per page.
-var opsPool = sync.Pool{New: func() any { return new([]transport.GetOp) }}
-
-// planReads is PlanReads appending to buf[:0].
-func planReads(buf []transport.GetOp, desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, dstIDs []uint32) ([]transport.GetOp, uint64, error) {
-	l := dst.Region.Layout
-	if len(srcIDs) != len(dstIDs) {
-		return nil, 0, api.Errorf(api.CodeBadBlockIDs, "%d remote blocks but %d destination blocks", len(srcIDs), len(dstIDs))
-	}
-	if len(desc.BlockIds) != len(srcIDs) {
-		return nil, 0, fmt.Errorf("%w: holder lists %d blocks, params %d", ErrBadDescriptors, len(desc.BlockIds), len(srcIDs))
-	}
-	for i := range srcIDs {
-		if desc.BlockIds[i] != srcIDs[i] {
-			return nil, 0, fmt.Errorf("%w: block %d is %d at the holder, %d in params", ErrBadDescriptors, i, desc.BlockIds[i], srcIDs[i])
-		}
-	}
-	holderLayout := LayoutFromProto(desc.Layout)
-	if err := holderLayout.CompatibleWith(l); err != nil {
-		return nil, 0, err
-	}
-	// seg returns segment k of the hold (layer-major, then plane, then
-	// run): from the descriptors, or, with implied segments, from the
-	// holder's layout (validated below) and region address.
-	runs := kvmem.Runs(srcIDs)
-	nseg := int(l.Layers*l.Planes) * len(runs)
-	var seg func(k int) (addr, length uint64, rkey uint32)
-	if desc.ImpliedSegments {
-		// One key covers the hold: derive the segments from the holder's
-		// layout instead of receiving them.
-		if len(desc.Rkeys) != 1 || len(desc.Segments) != 0 {
-			return nil, 0, fmt.Errorf("%w: implied segments with %d keys and %d segments", ErrBadDescriptors, len(desc.Rkeys), len(desc.Segments))
-		}
-		if holderLayout.Validate() != nil {
-			return nil, 0, fmt.Errorf("%w: holder layout invalid", ErrBadDescriptors)
-		}
-		for _, id := range srcIDs {
-			if id >= holderLayout.Blocks {
-				return nil, 0, fmt.Errorf("%w: block %d outside the holder's %d blocks", ErrBadDescriptors, id, holderLayout.Blocks)
-			}
-		}
-		perLayerPlane := len(runs)
-		seg = func(k int) (uint64, uint64, uint32) {
-			lp, r := uint32(k/perLayerPlane), runs[k%perLayerPlane]
-			off := holderLayout.Offset(lp/holderLayout.Planes, lp%holderLayout.Planes, r.First)
-			return desc.RegionAddr + off, uint64(r.Count) * holderLayout.BlockBytes, 0
-		}
-	} else {
-		if len(desc.Segments) != nseg {
-			return nil, 0, fmt.Errorf("%w: %d segments, want %d", ErrBadDescriptors, len(desc.Segments), nseg)
-		}
-		seg = func(k int) (uint64, uint64, uint32) {
-			sg := desc.Segments[k]
-			return sg.GetRemoteAddr(), sg.GetLength(), sg.GetRkey()
-		}
-	}
-	// Read each layer and plane's runs in ascending source order, not in
-	// the hold's order: the source is then streamed forward, which the
-	// CPU's prefetchers (mapped reads) and the holder's disk-like reads
-	// (checked, tcp) both reward; measured 0.85 → 0.95 of a contiguous
-	// pull's speed for the shuffled KV layout of bench-pull.
-	order := make([]int, len(runs))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(runs[a].First, runs[b].First) })
-	bb := l.BlockBytes
-	ops := slices.Grow(buf[:0], nseg)
-	var total uint64
-	for layer := uint32(0); layer < l.Layers; layer++ {
-		for p := uint32(0); p < l.Planes; p++ {
-			lp := int(layer*l.Planes + p)
-			for _, ri := range order {
-				r := runs[ri]
-				k := lp*len(runs) + ri
-				addr, length, rkey := seg(k)
-				if length != uint64(r.Count)*bb || int(rkey) >= len(desc.Rkeys) {
-					return nil, 0, fmt.Errorf("%w: segment %d (len %d, rkey %d)", ErrBadDescriptors, k, length, rkey)
-				}
-				for j := uint32(0); j < r.Count; {
-					d0 := dstIDs[r.Index+int(j)]
-					n := uint32(1)
-					for j+n < r.Count && dstIDs[r.Index+int(j+n)] == d0+n {
-						n++
-					}
-					off := l.Offset(layer, p, d0)
-					ops = append(ops, transport.GetOp{
-						RemoteKey:  desc.Rkeys[rkey],
-						RemoteAddr: addr + uint64(j)*bb,
-						Dst:        dst.Region.Slice(kvmem.Extent{Off: off, Len: uint64(n) * bb}),
-					})
-					total += uint64(n) * bb
-					j += n
-				}
-			}
-		}
-	}
-	return ops, total, nil
 }
 
 // splitOps cuts ops larger than max into pieces of at most max bytes, so

@@ -192,3 +192,60 @@ func TestPlanReadsSourceOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanBuffersReused: a released plan's storage serves the next plan,
+// which reads exactly its own blocks (nothing left over from the first).
+func TestPlanBuffersReused(t *testing.T) {
+	l := kvmem.Layout{Layers: 2, Planes: 2, Blocks: 16, BlockBytes: 32, BlockSize: 4, TPSize: 1}
+	src := mapped(t, l)
+	for i := range src.Region.Bytes() {
+		src.Region.Bytes()[i] = byte(i * 13)
+	}
+	descFor := func(ids []uint32) *messages.Descriptors {
+		var segs []*messages.Segment
+		for _, e := range l.Extents(ids) {
+			segs = append(segs, &messages.Segment{RemoteAddr: e.Off, Length: e.Len})
+		}
+		return &messages.Descriptors{Layout: LayoutToProto(l), BlockIds: ids, Rkeys: [][]byte{{1}}, Segments: segs}
+	}
+	run := func(srcIDs, dstIDs []uint32) (*readPlan, *kvmem.Mapped) {
+		dst := mapped(t, l)
+		p, err := planDst(dst, srcIDs, dstIDs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.bind(descFor(srcIDs), srcIDs); err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range p.ops {
+			copy(op.Dst, src.Region.Bytes()[op.RemoteAddr:op.RemoteAddr+uint64(len(op.Dst))])
+		}
+		for layer := uint32(0); layer < l.Layers; layer++ {
+			for pl := uint32(0); pl < l.Planes; pl++ {
+				for i := range srcIDs {
+					if !bytes.Equal(src.Region.Block(layer, pl, srcIDs[i]), dst.Region.Block(layer, pl, dstIDs[i])) {
+						t.Fatalf("layer %d plane %d block %d->%d differs", layer, pl, srcIDs[i], dstIDs[i])
+					}
+				}
+			}
+		}
+		return p, dst
+	}
+	for len(planBufs) > 0 { // start from an empty free list
+		<-planBufs
+	}
+	first, _ := run([]uint32{15, 1, 7, 3, 11, 9, 5, 13}, []uint32{0, 2, 4, 6, 8, 10, 12, 14})
+	firstOps := &first.ops[:1][0]
+	first.release()
+	if len(planBufs) != 1 {
+		t.Fatalf("released plan not kept: %d buffers", len(planBufs))
+	}
+	second, _ := run([]uint32{4, 5}, []uint32{9, 10})
+	defer second.release()
+	if &second.ops[:1][0] != firstOps {
+		t.Fatal("second plan did not reuse the released storage")
+	}
+	if len(second.ops) != 4 { // 2 layers x 2 planes x one coalesced run
+		t.Fatalf("second plan has %d ops, want 4", len(second.ops))
+	}
+}

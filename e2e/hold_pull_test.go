@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
 )
 
 var testLayout = kvmem.Layout{Layers: 4, Planes: 2, Blocks: 32, BlockBytes: 4096, BlockSize: 16, TPSize: 1}
@@ -205,5 +208,59 @@ func TestLeaseExpiryRefusesPullAndFrees(t *testing.T) {
 	ri, err = de.cli.InspectRegion(ctx5(t), &messages.RegionRef{EngineId: de.id, RegionId: de.rid})
 	if err != nil || ri.BlocksWriting != 0 {
 		t.Fatalf("decode accounting after refused pull: %v %v", ri, err)
+	}
+}
+
+// TestPullDialsOnlyAdvertisedDataAddresses: a puller connects to the
+// holder's data plane while the descriptors travel, but only to an address
+// a member advertised in earlier descriptors: transfer params come from
+// engines and routers, and a data_addr forged into them is never dialled
+// (the pull reads from the address the holder's descriptors give).
+func TestPullDialsOnlyAdvertisedDataAddresses(t *testing.T) {
+	pe, de, _, _ := cluster2(t, "tcp")
+	nc := pe.cli.NC
+	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	trap, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer trap.Close()
+	var dialled atomic.Int32
+	go func() {
+		for {
+			c, err := trap.Accept()
+			if err != nil {
+				return
+			}
+			dialled.Add(1)
+			c.Close()
+		}
+	}()
+	src := []uint32{2, 5, 9}
+	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := proto.Clone(hold.Params).(*messages.KVTransferParams)
+	forged.RemoteCtrl.DataAddr = []byte(trap.Addr().String())
+	// First with the true params (the address becomes known), then twice
+	// with the forged one: the first forged pull has nothing to dial early,
+	// the second must not dial an address only params named either.
+	for i, prm := range []*messages.KVTransferParams{hold.Params, forged, forged} {
+		id := fmt.Sprintf("p%d", i)
+		dst := []uint32{uint32(3 * i), uint32(3*i + 1), uint32(3*i + 2)}
+		if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: prm, EngineId: de.id, RegionId: de.rid, BlockIds: dst, PullId: id}); err != nil {
+			t.Fatal(err)
+		}
+		d := done.wait(t, 10*time.Second, func(m *messages.PullDone) bool { return m.PullId == id })
+		if !d.Ok {
+			t.Fatalf("pull %s: %v", id, d)
+		}
+		verifyBlocks(t, pe.region, de.region, src, dst, nil)
+	}
+	// A dial would have been accepted by now (each pull waited for its
+	// descriptors, which take longer than a local connect).
+	if n := dialled.Load(); n != 0 {
+		t.Fatalf("the puller dialled the data address forged into the params %d times", n)
 	}
 }

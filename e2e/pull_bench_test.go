@@ -163,7 +163,7 @@ func BenchmarkPull(b *testing.B) {
 		ratio("kv", kvCase, kvCase, "contig"))
 }
 
-const pullReps = 9
+const pullReps = 15
 
 // benchPullLayout is a region geometry plus the blocks held at the holder
 // (src) and the blocks they are pulled into at the reader (dst).

@@ -7,7 +7,8 @@ import (
 	"testing"
 )
 
-// TestStreamCopiesEveryByte copies every length around the streaming
+// TestStreamCopiesEveryByte copies, with Stream and StreamUnfenced in
+// turn, every length around the streaming
 // threshold and around cache-line multiples, at every destination and source
 // misalignment within a line, and checks every byte of the destination,
 // including the guard bytes on both sides that must stay untouched.
@@ -25,12 +26,17 @@ func TestStreamCopiesEveryByte(t *testing.T) {
 				for i := range dst {
 					dst[i] = 0xEE
 				}
-				got := Stream(dst[64+doff:64+doff+n], src[soff:soff+n])
+				f, name := Stream, "Stream"
+				if (n+doff+soff)%2 == 1 {
+					f, name = StreamUnfenced, "StreamUnfenced"
+				}
+				got := f(dst[64+doff:64+doff+n], src[soff:soff+n])
+				Fence()
 				if got != n {
-					t.Fatalf("n=%d doff=%d soff=%d: Stream returned %d", n, doff, soff, got)
+					t.Fatalf("%s n=%d doff=%d soff=%d: returned %d", name, n, doff, soff, got)
 				}
 				if !bytes.Equal(dst[64+doff:64+doff+n], src[soff:soff+n]) {
-					t.Fatalf("n=%d doff=%d soff=%d: bytes differ", n, doff, soff)
+					t.Fatalf("%s n=%d doff=%d soff=%d: bytes differ", name, n, doff, soff)
 				}
 				for i, b := range dst[:64+doff] {
 					if b != 0xEE {
@@ -78,7 +84,7 @@ func BenchmarkPieces(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		f    func(d, s []byte) int
-	}{{"copy", func(d, s []byte) int { return copy(d, s) }}, {"stream", Stream}} {
+	}{{"copy", func(d, s []byte) int { return copy(d, s) }}, {"stream", Stream}, {"unfenced", StreamUnfenced}} {
 		b.Run(c.name, func(b *testing.B) {
 			b.SetBytes(piece * pieces)
 			for b.Loop() {
@@ -86,11 +92,13 @@ func BenchmarkPieces(b *testing.B) {
 					s, d := perm[i]*piece, perm[pieces+i]*piece
 					c.f(dst[d:d+piece], src[s:s+piece])
 				}
+				Fence()
 			}
 			results[c.name] = float64(piece*pieces) * float64(b.N) / b.Elapsed().Seconds() / 1e9
 		})
 	}
 	if results["copy"] > 0 {
-		b.Logf("%s", fmt.Sprintf("pieces GB/s copy=%.2f stream=%.2f stream/copy=%.2f", results["copy"], results["stream"], results["stream"]/results["copy"]))
+		b.Logf("%s", fmt.Sprintf("pieces GB/s copy=%.2f stream=%.2f unfenced=%.2f stream/copy=%.2f unfenced/stream=%.2f",
+			results["copy"], results["stream"], results["unfenced"], results["stream"]/results["copy"], results["unfenced"]/results["stream"]))
 	}
 }

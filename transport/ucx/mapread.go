@@ -206,9 +206,13 @@ type mapPiece struct {
 	src unsafe.Pointer
 }
 
-// piecePool recycles copyMapped's piece lists: a KV pull is thousands of
-// pieces per Get, and fresh memory costs page faults.
-var piecePool = sync.Pool{New: func() any { return new([]mapPiece) }}
+// pieceLists keeps copyMapped's piece lists between Gets: a KV pull is
+// thousands of pieces per Get, and fresh memory costs a page fault per
+// 4 KiB. A channel rather than a sync.Pool, which the garbage collector
+// empties; lists longer than maxKeptPieces are not kept.
+var pieceLists = make(chan []mapPiece, 8)
+
+const maxKeptPieces = 1 << 16
 
 // copyMapped copies every op from its key's mapping (ptrs[i] is where key
 // i's first byte is mapped; opKey from planKeys, which checked that every
@@ -216,12 +220,19 @@ var piecePool = sync.Pool{New: func() any { return new([]mapPiece) }}
 // mapPieceBytes that the copiers take in turn, so that small ops (32 KiB
 // KV blocks) cost no synchronisation each; ctx is checked between grains.
 func copyMapped(ctx context.Context, ops []transport.GetOp, opKey []int32, keys []keyInfo, ptrs []unsafe.Pointer) error {
-	pp := piecePool.Get().(*[]mapPiece)
-	pieces := (*pp)[:0]
+	var pieces []mapPiece
+	select {
+	case pieces = <-pieceLists:
+	default:
+	}
 	defer func() {
 		clear(pieces) // drop the references to the destinations
-		*pp = pieces[:0]
-		piecePool.Put(pp)
+		if cap(pieces) <= maxKeptPieces {
+			select {
+			case pieceLists <- pieces[:0]:
+			default:
+			}
+		}
 	}()
 	grains := []int{0} // grain g is pieces[grains[g]:grains[g+1]]
 	acc := 0
@@ -260,9 +271,12 @@ func copyMapped(ctx context.Context, ops []transport.GetOp, opKey []int32, keys 
 				return
 			default:
 			}
+			// Streaming (non-temporal) stores: pulled bytes are for the
+			// engine, not this CPU; one fence per grain, not per piece.
 			for _, p := range pieces[grains[g]:grains[g+1]] {
-				memcopy.Stream(p.dst, unsafe.Slice((*byte)(p.src), len(p.dst)))
+				memcopy.StreamUnfenced(p.dst, unsafe.Slice((*byte)(p.src), len(p.dst)))
 			}
+			memcopy.Fence()
 		}
 	}
 	var wg sync.WaitGroup
