@@ -33,6 +33,12 @@ type Config struct {
 	// process_vm_readv, elsewhere with ucp_get_nbx; faster, not revocable,
 	// safe only under the lease protocol). See transport/ucx's doc.
 	UCXReads string
+	// UCXSharedReads is how this member, as a reader, reads holds in
+	// regions a connexd on this host created (UCX shared memory): "map"
+	// (copy from UCX's mapping of the holder's segment on every core; the
+	// default) or "get" (ucp_get_nbx on the UCX owner thread: the same
+	// copy, one GET at a time, for comparison or if mapped copies misbehave).
+	UCXSharedReads string
 	// Release is "on_finish" (keep blocks until released or expired) or
 	// "after_pull" (free after the first successful pull).
 	Release string
@@ -95,6 +101,7 @@ var defaults = []struct {
 }{
 	{"backend", "auto", "data plane: ucx, tcp or auto"},
 	{"ucx_reads", "checked", "how peers read UCX-registered memory: checked or onesided"},
+	{"ucx_shared_reads", "map", "how this member reads holds in created regions on its host: map or get"},
 	{"release", "on_finish", "when holds free their blocks: on_finish or after_pull"},
 	{"retain_s", 60, "lease length in seconds; every pull and keep-alive renews it"},
 	{"kv_load_failure_policy", "fail", "on a failed KV load: fail or recompute"},
@@ -213,6 +220,9 @@ func build(v *viper.Viper) (Config, error) {
 		return c, err
 	}
 	if c.UCXReads, err = oneOf(v, "ucx_reads", "checked", "onesided"); err != nil {
+		return c, err
+	}
+	if c.UCXSharedReads, err = oneOf(v, "ucx_shared_reads", "map", "get"); err != nil {
 		return c, err
 	}
 	if c.Release, err = oneOf(v, "release", "on_finish", "after_pull"); err != nil {

@@ -30,6 +30,16 @@ func TestUCXReads(t *testing.T) {
 	if err != nil || c.UCXReads != "onesided" {
 		t.Fatalf("--ucx-reads onesided: %q, %v", c.UCXReads, err)
 	}
+	if c.UCXSharedReads != "map" {
+		t.Fatalf("ucx_shared_reads defaults to %q, want map", c.UCXSharedReads)
+	}
+	c, err = Load([]string{"--ucx-shared-reads", "get"}, nil)
+	if err != nil || c.UCXSharedReads != "get" {
+		t.Fatalf("--ucx-shared-reads get: %q, %v", c.UCXSharedReads, err)
+	}
+	if _, err := Load([]string{"--ucx-shared-reads", "mmap"}, nil); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `ucx_shared_reads="mmap", allowed: map, get`) {
+		t.Fatalf("--ucx-shared-reads mmap: %v", err)
+	}
 	_, err = Load([]string{"--ucx-reads", "raw"}, nil)
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `ucx_reads="raw", allowed: checked, onesided`) {
 		t.Fatalf("--ucx-reads raw: %v", err)

@@ -10,10 +10,11 @@ import (
 
 // OpenBackend opens the data plane named by the backend config key: "tcp",
 // "ucx" (fails if the binary lacks UCX or libucp does not load) or "auto"
-// (UCX when available, else TCP). ucxReads is the ucx_reads config key
-// ("checked" or "onesided"; empty means checked), used when UCX is opened.
-func OpenBackend(name, ucxReads string, opts transport.Options) (transport.Backend, error) {
-	cfg := ucx.Config{Options: opts, Reads: ucxReads}
+// (UCX when available, else TCP). cfg carries the ucx_reads and
+// ucx_shared_reads config keys, used when UCX is opened, and the options
+// of either backend.
+func OpenBackend(name string, cfg ucx.Config) (transport.Backend, error) {
+	opts := cfg.Options
 	switch name {
 	case "tcp":
 		return openTCP(opts)

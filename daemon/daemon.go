@@ -19,6 +19,7 @@ import (
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/requests"
 	"github.com/connex/connex/transport"
+	"github.com/connex/connex/transport/ucx"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/proto"
@@ -74,7 +75,11 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	if err != nil {
 		return d, err
 	}
-	d.Backend, err = OpenBackend(cfg.Backend, cfg.UCXReads, transport.Options{ListenAddr: cfg.DataListen, Logger: log})
+	d.Backend, err = OpenBackend(cfg.Backend, ucx.Config{
+		Options:     transport.Options{ListenAddr: cfg.DataListen, Logger: log},
+		Reads:       cfg.UCXReads,
+		SharedReads: cfg.UCXSharedReads,
+	})
 	if err != nil {
 		return d, err
 	}

@@ -19,12 +19,19 @@ import (
 func TestCreatedRegion(t *testing.T) {
 	for _, backend := range backends() {
 		t.Run(backend, func(t *testing.T) { createdRegion(t, backend) })
+		if backend == "ucx" {
+			// The reader posts ucp_get_nbx on its owner thread instead of
+			// copying from the mapping itself.
+			t.Run("ucx-shared-reads-get", func(t *testing.T) { createdRegion(t, backend, "--ucx-shared-reads", "get") })
+		}
 	}
 }
 
-func createdRegion(t *testing.T, backend string) {
+// createdRegion runs the test on backend; readerArgs go to the decode-side
+// connexd.
+func createdRegion(t *testing.T, backend string, readerArgs ...string) {
 	pn := startConnexd(t, "prefill", "--backend", backend)
-	startConnexd(t, "decode", "--backend", backend, "--nats-url", pn.natsURL)
+	startConnexd(t, "decode", append([]string{"--backend", backend, "--nats-url", pn.natsURL}, readerArgs...)...)
 	nc := connect(t, pn.natsURL)
 	pe, info := newCreatedEngine(t, nc, "prefill", "engP", testLayout, true)
 	de := newEngine(t, nc, "decode", "engD", testLayout, false)
