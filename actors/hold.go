@@ -207,16 +207,16 @@ func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 		}
 		st := a.h.Status()
 		return Reply{Desc: &messages.Descriptors{
-			TransferId:       a.id(),
-			RemoteCtrl:       a.deps.Ctrl,
-			Layout:           LayoutToProto(l),
-			BlockIds:         a.spec.Req.BlockIds,
-			Rkeys:            a.rkeys,
-			Segments:         a.segs,
-			ExpiresUnixMs:    st.Deadline.UnixMilli(),
-			ImpliedSegments:  a.implied,
-			RegionAddr:       a.regionAddr,
-			ReleaseAfterPull: st.Mode == lease.AfterPull,
+			TransferId:      a.id(),
+			RemoteCtrl:      a.deps.Ctrl,
+			Layout:          LayoutToProto(l),
+			BlockIds:        a.spec.Req.BlockIds,
+			Rkeys:           a.rkeys,
+			Segments:        a.segs,
+			ExpiresUnixMs:   st.Deadline.UnixMilli(),
+			ImpliedSegments: a.implied,
+			RegionAddr:      a.regionAddr,
+			PullEndAsync:    st.Mode != lease.AfterPull,
 		}}
 	})
 }

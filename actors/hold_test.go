@@ -80,11 +80,15 @@ func newHoldRig(t *testing.T) *holdRig {
 }
 
 func (r *holdRig) create(blocks []uint32) (Reply, error) {
+	return r.createMode(blocks, lease.OnFinish)
+}
+
+func (r *holdRig) createMode(blocks []uint32, mode lease.Mode) (Reply, error) {
 	r.regRefs.Add(1)
 	res, err := r.sys.Root.RequestFuture(r.table, &CreateHold{
 		ID: NewTransferID(), Req: &messages.CreateHoldRequest{EngineId: "e", RegionId: "r", BlockIds: blocks},
 		Region: r.region, ReleaseRegion: func() { r.regRefs.Add(-1) },
-		Lease: lease.Config{Retain: time.Minute},
+		Lease: lease.Config{Retain: time.Minute, Mode: mode},
 	}, 500*time.Millisecond).Result()
 	if err != nil {
 		return Reply{}, err
@@ -169,5 +173,30 @@ func TestHoldActorPanicGivesEverythingBack(t *testing.T) {
 	// The table survives its child's failure and keeps serving.
 	if _, err := rig.create([]uint32{0, 1}); err != nil {
 		t.Fatalf("create after a child's panic: %v", err)
+	}
+}
+
+// TestDescriptorsSayWhetherPullEndMayBeAsync: an on_finish hold lets the
+// puller publish PullDone without waiting for its PullEnd to be
+// acknowledged; an after_pull hold does not (its PullDone promises that the
+// hold counted the pull and freed the blocks).
+func TestDescriptorsSayWhetherPullEndMayBeAsync(t *testing.T) {
+	rig := newHoldRig(t)
+	for _, c := range []struct {
+		mode  lease.Mode
+		async bool
+	}{{lease.OnFinish, true}, {lease.AfterPull, false}} {
+		rep, err := rig.createMode([]uint32{1, 2}, c.mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, _, _ := rig.dir.Lookup(rep.Create.Params.TransferId)
+		res, err := rig.sys.Root.RequestFuture(e.PID, &StartRead{By: "d", PullID: "p-" + c.mode.String(), Timeout: time.Second, Layout: rig.region.Region.Layout}, time.Second).Result()
+		if err != nil || res.(Reply).Err != nil {
+			t.Fatalf("%s: start read: %v %v", c.mode, err, res)
+		}
+		if got := res.(Reply).Desc.GetPullEndAsync(); got != c.async {
+			t.Fatalf("%s hold: descriptors pull_end_async=%v, want %v", c.mode, got, c.async)
+		}
 	}
 }

@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -33,11 +32,11 @@ type PullDeps struct {
 	// closes the NATS connection; nil runs it on a plain goroutine.
 	Go func(f func())
 
-	// dataAddrs holds the data addresses members have advertised in their
+	// addrs holds the data address each member last advertised in its
 	// descriptors: a puller connects early (before the descriptors come)
 	// only to one of these, never to an address the transfer params alone
 	// name, since params come from engines and routers.
-	dataAddrs sync.Map
+	addrs dataAddrBook
 }
 
 func (d *PullDeps) goBackground(f func()) {
@@ -140,9 +139,10 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	peer := &api.Client{NC: a.deps.NC, Member: prm.RemoteCtrl.GetMember()}
 	requester := a.p.Dst.Engine
 	// Ask for the descriptors (the holder registers the pull) and, while
-	// they travel, plan the destination side of the reads and connect to
-	// the data address the transfer params advertise: neither depends on
-	// the answer, and together they are most of a pull's fixed cost.
+	// they travel, plan the destination side of the reads and, when the
+	// holder's member advertised the data address the params name in
+	// earlier descriptors, connect to it: neither depends on the answer,
+	// and together they are most of a pull's fixed cost.
 	type descResult struct {
 		d   *messages.Descriptors
 		err error
@@ -157,7 +157,7 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 		})
 		dch <- descResult{d, err}
 	}()
-	early := a.connectEarly(ctx, prm.RemoteCtrl)
+	early := connectEarly(ctx, a.deps.Backend, &a.deps.addrs, prm.RemoteCtrl, a.p.Stall)
 	plan, planErr := planDst(a.p.Dst, prm.RemoteBlockIds, a.p.DstBlocks)
 	defer plan.release() // after read: every Get has returned by then
 	r := <-dch
@@ -184,12 +184,13 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	}
 	// Tell the holder the reads are over, whatever happened, so it can free
 	// on release/expiry without waiting for our deadline. After a success
-	// on an after_pull hold, wait for its answer (bounded by the stall
-	// deadline) so that an engine seeing PullDone knows the holder has
-	// freed the blocks. Otherwise do it in the background: it is a round
-	// trip the engine need not wait for (a Release that overtakes it is
-	// held by the lease until the pull ends), and after a failure a frozen
-	// holder must not delay the notice.
+	// wait for its answer (bounded by the stall deadline), so that an
+	// engine seeing PullDone knows the holder counted the pull (an
+	// after_pull hold has then normally freed its blocks), unless the
+	// descriptors say PullEnd may be asynchronous (on_finish holds: a
+	// Release that overtakes it is held by the lease until the pull ends).
+	// After a failure always in the background: a frozen holder must not
+	// delay the notice.
 	end := func() {
 		endCtx, cancel := context.WithTimeout(context.Background(), a.p.Stall)
 		defer cancel()
@@ -197,68 +198,12 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 			a.deps.Log.Warn("pull end not acknowledged by holder", "pull", a.p.ID, "member", peer.Member, "err", err)
 		}
 	}
-	if getErr == nil && desc.ReleaseAfterPull {
+	if getErr == nil && !desc.PullEndAsync {
 		end()
 	} else {
 		a.deps.goBackground(end)
 	}
 	return n, getErr
-}
-
-// earlyEndpoint is a connection to the data address the transfer params
-// advertise, made while the descriptors travel.
-type earlyEndpoint struct {
-	addr   []byte
-	cancel context.CancelFunc
-	ch     chan transport.Endpoint // nil endpoint: the connect failed
-}
-
-// connectEarly starts connecting to rc's data address if it is on this
-// member's data plane and a member advertised it before; nil if not.
-func (a *pullerActor) connectEarly(ctx context.Context, rc *messages.RemoteCtrl) *earlyEndpoint {
-	if rc.GetBackend() != a.deps.Backend.Name() || len(rc.GetDataAddr()) == 0 {
-		return nil
-	}
-	if _, known := a.deps.dataAddrs.Load(string(rc.GetDataAddr())); !known {
-		return nil
-	}
-	cctx, cancel := context.WithTimeout(ctx, a.p.Stall)
-	e := &earlyEndpoint{addr: rc.GetDataAddr(), cancel: cancel, ch: make(chan transport.Endpoint, 1)}
-	go func() {
-		ep, err := a.deps.Backend.Connect(cctx, e.addr)
-		if err != nil {
-			ep = nil // connect again after the descriptors, which report why
-		}
-		e.ch <- ep
-	}()
-	return e
-}
-
-// take waits for the early connection and returns it if it is to addr.
-func (e *earlyEndpoint) take(addr []byte) transport.Endpoint {
-	if e == nil {
-		return nil
-	}
-	ep := <-e.ch
-	e.cancel()
-	if ep != nil && !bytes.Equal(e.addr, addr) {
-		_ = ep.Close()
-		ep = nil
-	}
-	return ep
-}
-
-// drop abandons the early connection without waiting for it.
-func (e *earlyEndpoint) drop() {
-	if e == nil {
-		return
-	}
-	e.cancel()
-	go func() {
-		if ep := <-e.ch; ep != nil {
-			_ = ep.Close()
-		}
-	}()
 }
 
 func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan *readPlan, early *earlyEndpoint, peer *api.Client, requester string) (uint64, error) {
@@ -272,16 +217,18 @@ func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan
 		return 0, api.Errorf(api.CodeIncompatible, "pull %s: holder uses data plane %q, this member %q", a.p.ID, got, want)
 	}
 	addr := desc.GetRemoteCtrl().GetDataAddr()
-	a.deps.dataAddrs.Store(string(addr), struct{}{})
-	ep := early.take(addr)
-	if ep == nil {
+	a.deps.addrs.learn(peer.Member, addr)
+	// The early connect, if it went to this address, is the connect: its
+	// failure is this pull's (a second try would double the time a
+	// black-holed data plane takes to fail the pull).
+	ep, err, tried := early.take(addr)
+	if !tried {
 		cctx, ccancel := context.WithTimeout(ctx, a.p.Stall)
-		var err error
 		ep, err = a.deps.Backend.Connect(cctx, addr)
 		ccancel()
-		if err != nil {
-			return 0, fmt.Errorf("pull %s: connect data plane of %s: %w", a.p.ID, peer.Member, transport.CtxErr(err))
-		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("pull %s: connect data plane of %s: %w", a.p.ID, peer.Member, transport.CtxErr(err))
 	}
 	defer ep.Close()
 	// Keep the lease alive during long reads.

@@ -174,6 +174,13 @@ func TestPlanReadsSourceOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for i, op := range ops {
+		// Each read names the key of the segment it lies in.
+		sg := segs[op.RemoteKey[0]]
+		if op.RemoteAddr < sg.RemoteAddr || op.RemoteAddr+uint64(len(op.Dst)) > sg.RemoteAddr+sg.Length {
+			t.Fatalf("op %d reads [%d,+%d) with the key of segment [%d,+%d)", i, op.RemoteAddr, len(op.Dst), sg.RemoteAddr, sg.Length)
+		}
+	}
 	for i := 1; i < len(ops); i++ {
 		if ops[i].RemoteAddr <= ops[i-1].RemoteAddr {
 			t.Fatalf("op %d reads %d after op %d read %d: not in ascending source order", i, ops[i].RemoteAddr, i-1, ops[i-1].RemoteAddr)

@@ -33,8 +33,9 @@ import (
 //   - memcpy of the same bytes in the same geometry, single-threaded, from a
 //     cold source (two source buffers alternate, each larger than any cache,
 //     so a source is never cache-hot); the same on every core, and
-//     stream-all-cores: memcopy.Stream (non-temporal stores, what mapped
-//     UCX reads copy with) on every core, the ucx row's physical limit;
+//     stream-all-cores: memcopy.StreamUnfenced with a Fence per MiB
+//     (non-temporal stores, as mapped UCX reads copy) on every core, the
+//     ucx row's physical limit;
 //   - ucx_perftest -t ucp_get at the same message size, with the UCX_TLS the
 //     connex UCX backend uses, and with UCX_TLS=tcp: one 256 MiB GET, or
 //     4096 GETs of 32 KiB with 16 outstanding (ucx_perftest re-reads one
@@ -243,8 +244,8 @@ func fillPattern(buf []byte, seed uint64) {
 	}
 }
 
-// scrubBytes is twice the largest last-level cache of the machines this
-// bench runs on (32 MiB here).
+// scrubBytes is four times the last-level cache of the machine this bench
+// was tuned on (32 MiB of L3).
 const scrubBytes = 128 << 20
 
 var (
@@ -258,7 +259,9 @@ var (
 // pre-fill of the destination (and the previous verification) leave up to
 // an L3 of dirty or hot lines, whose write-back or hits weigh twice as much
 // on the 128 MiB KV pull as on the 256 MiB contiguous one. An engine's KV
-// blocks are not in the CPU cache when a pull starts either.
+// blocks are not in the CPU cache when a pull starts either. Every core
+// reads (a share of the buffer far larger than its private L2), so dirty
+// lines in a core's own L2 (non-inclusive L3s keep them there) go too.
 func scrubCaches() {
 	if scrubBuf == nil {
 		scrubBuf = make([]byte, scrubBytes)
@@ -266,11 +269,24 @@ func scrubCaches() {
 			scrubBuf[i] = byte(i)
 		}
 	}
-	var s uint64
-	for i := 0; i < len(scrubBuf); i += 64 {
-		s += uint64(scrubBuf[i])
+	n := runtime.GOMAXPROCS(0)
+	sums := make([]uint64, n)
+	var wg sync.WaitGroup
+	for c := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var s uint64
+			for i := c * 64; i < len(scrubBuf); i += 64 * n {
+				s += uint64(scrubBuf[i])
+			}
+			sums[c] = s
+		}()
 	}
-	scrubSink += s
+	wg.Wait()
+	for _, s := range sums {
+		scrubSink += s
+	}
 }
 
 func fillByte(buf []byte, v byte) {
@@ -329,9 +345,11 @@ func statOf(n int64, ds []time.Duration) pullStat {
 // engine's KV region is. threads=1 is the RATIO line's reference; the
 // mapped UCX reads copy on every core, so threads=GOMAXPROCS is shown too.
 func benchPullMemcpy(b *testing.B, layouts []benchPullLayout, res *pullResults, name string, threads int, stream bool) {
-	cp, how := func(d, s []byte) { copy(d, s) }, "Go copy"
+	// stream copies as mapped UCX reads do: StreamUnfenced per piece, one
+	// Fence per 1 MiB grain.
+	cp, fence, how := func(d, s []byte) { copy(d, s) }, func() {}, "Go copy"
 	if stream {
-		cp, how = func(d, s []byte) { memcopy.Stream(d, s) }, "memcopy.Stream"
+		cp, fence, how = func(d, s []byte) { memcopy.StreamUnfenced(d, s) }, memcopy.Fence, "memcopy.StreamUnfenced, Fence per MiB"
 	}
 	b.StopTimer()
 	const reps = 9
@@ -367,9 +385,15 @@ func benchPullMemcpy(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 				wg.Add(1)
 				go func(share [][2]uint64) {
 					defer wg.Done()
+					acc := uint64(0)
 					for _, p := range share {
 						cp(dst[p[1]:p[1]+bb], src[p[0]:p[0]+bb])
+						if acc += bb; acc >= 1<<20 {
+							fence()
+							acc = 0
+						}
 					}
+					fence()
 				}(pieces[len(pieces)*t/threads : len(pieces)*(t+1)/threads])
 			}
 			wg.Wait()

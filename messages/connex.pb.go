@@ -1479,15 +1479,15 @@ type Descriptors struct {
 	// extent i in the holder's layout (same order as above).
 	ImpliedSegments bool   `protobuf:"varint,8,opt,name=implied_segments,json=impliedSegments,proto3" json:"implied_segments,omitempty"`
 	RegionAddr      uint64 `protobuf:"varint,9,opt,name=region_addr,json=regionAddr,proto3" json:"region_addr,omitempty"`
-	// True when the hold frees its blocks after its first successful pull
-	// (release=after_pull). The puller then waits for the holder to
-	// acknowledge its PullEnd before it publishes PullDone, so that an engine
-	// seeing PullDone knows the blocks are freed; for other holds it sends
-	// PullEnd without waiting (a Release that overtakes it is held until the
-	// pull ends).
-	ReleaseAfterPull bool `protobuf:"varint,10,opt,name=release_after_pull,json=releaseAfterPull,proto3" json:"release_after_pull,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// True when the puller need not wait for the holder to acknowledge its
+	// PullEnd before it publishes PullDone: set for on_finish holds, where a
+	// Release that overtakes the PullEnd is held until the pull ends. False
+	// (after_pull holds, and holders older than this field) keeps the wait,
+	// so that an engine seeing PullDone knows the hold has counted the pull
+	// (and, for after_pull, normally freed the blocks).
+	PullEndAsync  bool `protobuf:"varint,10,opt,name=pull_end_async,json=pullEndAsync,proto3" json:"pull_end_async,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Descriptors) Reset() {
@@ -1583,9 +1583,9 @@ func (x *Descriptors) GetRegionAddr() uint64 {
 	return 0
 }
 
-func (x *Descriptors) GetReleaseAfterPull() bool {
+func (x *Descriptors) GetPullEndAsync() bool {
 	if x != nil {
-		return x.ReleaseAfterPull
+		return x.PullEndAsync
 	}
 	return false
 }
@@ -1852,7 +1852,7 @@ const file_connex_proto_rawDesc = "" +
 	"\apull_id\x18\x03 \x01(\tR\x06pullId\x12)\n" +
 	"\x06layout\x18\x04 \x01(\v2\x11.connex.v1.LayoutR\x06layout\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMs\"\x96\x03\n" +
+	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMs\"\x8e\x03\n" +
 	"\vDescriptors\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x126\n" +
@@ -1865,9 +1865,9 @@ const file_connex_proto_rawDesc = "" +
 	"\x0fexpires_unix_ms\x18\a \x01(\x03R\rexpiresUnixMs\x12)\n" +
 	"\x10implied_segments\x18\b \x01(\bR\x0fimpliedSegments\x12\x1f\n" +
 	"\vregion_addr\x18\t \x01(\x04R\n" +
-	"regionAddr\x12,\n" +
-	"\x12release_after_pull\x18\n" +
-	" \x01(\bR\x10releaseAfterPull\"q\n" +
+	"regionAddr\x12$\n" +
+	"\x0epull_end_async\x18\n" +
+	" \x01(\bR\fpullEndAsync\"q\n" +
 	"\aPullEnd\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x12\x1c\n" +

@@ -7,10 +7,12 @@
 // (read for ownership) and later written back, so a copy of many small
 // pieces moves three bytes over the memory bus for each byte copied, where a
 // copy with non-temporal stores moves two. On this project's reference
-// machine a 128 MiB KV pull in 4096 pieces of 32 KiB copied at 0.55–0.75 of
-// the speed of one 256 MiB copy with plain stores, and at the same speed
-// with Stream.
+// machine (2-core VM, bench-pull) 4096 scattered pieces of 32 KiB copied at
+// 0.55–0.66 of the speed of a contiguous 256 MiB copy with plain stores, and
+// at 0.87–0.98 of it with streaming stores.
 //
-// Stream uses non-temporal stores on amd64 (SSE2, present on every amd64
-// CPU) and falls back to copy elsewhere. It is pure Go and assembly: no cgo.
+// Stream and StreamUnfenced use non-temporal stores on amd64 (SSE2, present
+// on every amd64 CPU) and fall back to copy elsewhere; a run of
+// StreamUnfenced copies ends with one Fence. Pure Go and assembly, no cgo;
+// the race detector sees the copies (race.go reports them).
 package memcopy

@@ -34,6 +34,7 @@ func StreamUnfenced(dst, src []byte) int {
 	copy(dst[:head], src[:head])
 	body := (n - head) &^ 63
 	if body > 0 {
+		raceCopy(dst[head:head+body], src[head:head+body])
 		streamLines(&dst[head], &src[head], uintptr(body))
 	}
 	copy(dst[head+body:n], src[head+body:n])
@@ -41,7 +42,10 @@ func StreamUnfenced(dst, src []byte) int {
 }
 
 // Fence makes the stores of every StreamUnfenced call before it on this
-// goroutine's thread globally visible before any later store. Call it on
-// the same goroutine, with no blocking call in between (the goroutine must
-// not have moved to another thread).
+// thread globally visible before any later store. A goroutine may move to
+// another thread between calls; the scheduler's locked instructions on the
+// old thread then order its stores (on amd64 a locked instruction orders
+// non-temporal stores as SFENCE does), so Fence at the end of a run of
+// copies covers the whole run. Other goroutines still see the bytes only
+// after synchronising with this one (a channel, a WaitGroup, a mutex).
 func Fence() { fence() }

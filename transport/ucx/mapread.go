@@ -209,10 +209,11 @@ type mapPiece struct {
 // pieceLists keeps copyMapped's piece lists between Gets: a KV pull is
 // thousands of pieces per Get, and fresh memory costs a page fault per
 // 4 KiB. A channel rather than a sync.Pool, which the garbage collector
-// empties; lists longer than maxKeptPieces are not kept.
+// empties; lists longer than maxKeptPieces (32 bytes a piece: at most
+// 8 × 512 KiB kept) are not kept.
 var pieceLists = make(chan []mapPiece, 8)
 
-const maxKeptPieces = 1 << 16
+const maxKeptPieces = 1 << 14
 
 // copyMapped copies every op from its key's mapping (ptrs[i] is where key
 // i's first byte is mapped; opKey from planKeys, which checked that every
