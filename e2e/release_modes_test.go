@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"strings"
@@ -111,9 +112,10 @@ func TestScatteredHold(t *testing.T) {
 func scatteredHold(t *testing.T, backend string, args []string) {
 	deep := kvmem.Layout{Layers: 64, Planes: 2, Blocks: 4096, BlockBytes: 64, BlockSize: 16, TPSize: 1}
 	if backend == "ucx-onesided" {
-		// One registration per extent: keep the hold smaller; 65k extents
-		// still overflow one message.
-		deep.Blocks = 1024
+		// One registration (ucp_mem_map) per extent: keep the hold
+		// smaller; 32k extents (~2.5 MB of descriptors) still overflow one
+		// message.
+		deep.Blocks = 512
 	}
 	pn := startConnexd(t, "deep-p", args...)
 	startConnexd(t, "deep-d", append(args, "--nats-url", pn.natsURL)...)
@@ -126,7 +128,11 @@ func scatteredHold(t *testing.T, backend string, args []string) {
 		src = append(src, b)
 		dst = append(dst, b+1)
 	}
-	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: src})
+	// Registering tens of thousands of extents is setup, not what this
+	// test measures: it took 2–5 s for onesided keys on a busy 2-core VM.
+	cctx, ccancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer ccancel()
+	hold, err := pe.cli.CreateHold(cctx, &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: src})
 	if err != nil {
 		t.Fatal(err)
 	}
