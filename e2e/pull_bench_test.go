@@ -76,6 +76,8 @@ import (
 //   - contig128: like contig with the KV layout's 128 MiB, for the CONTEXT
 //     line's kvlayout/contiguous-same-bytes (piece count alone, without the
 //     per-pull fixed cost weighing twice on the smaller pull).
+//   - fixed: 2 × 64 KiB, whose pull time (CONTEXT per-pull-fixed-ms) is
+//     what a pull costs beyond moving its bytes.
 //
 // The last line printed is
 // RATIO ucx/memcpy=<x> ucx/perftest=<y> tcp/ucxtcp=<z> kvlayout/contiguous=<w>.
@@ -150,6 +152,14 @@ func BenchmarkPull(b *testing.B) {
 	// limit in each layout; and a pull carries a fixed control-plane cost
 	// (StartPull, descriptors, PullEnd, PullDone) that weighs more on the
 	// 128 MiB KV pull than on the 256 MiB contiguous one.
+	fixedMs := func(c string) string {
+		s, ok := res.get(c, "fixed")
+		if !ok || s.median <= 0 {
+			return "n/a"
+		}
+		return fmt.Sprintf("%.2f", float64(2*64<<10)/s.median*1e3)
+	}
+	fmt.Printf("CONTEXT per-pull-fixed-ms=%s (ucx) %s (tcp)\n", fixedMs("ucx"), fixedMs("tcp"))
 	fmt.Printf("CONTEXT ucx/memcpy-all-cores=%s ucx/stream-all-cores=%s|%s (contig|kv) kvlayout/contiguous-same-bytes=%s stream-kvlayout/stream-contiguous=%s memcpy-kvlayout/memcpy-contiguous=%s\n",
 		ratio("contig", "ucx", "memcpy-all-cores", "contig"),
 		ratio("contig", "ucx", "stream-all-cores", "contig"),
@@ -173,6 +183,7 @@ type benchPullLayout struct {
 	l        kvmem.Layout
 	src, dst []uint32
 	context  bool // for the CONTEXT line only: no ucx_perftest run
+	pullOnly bool // only connex pulls run it (no memcpy reference)
 }
 
 func benchPullLayouts() []benchPullLayout {
@@ -193,7 +204,12 @@ func benchPullLayouts() []benchPullLayout {
 	contig128 := benchPullLayout{name: "contig128", context: true,
 		l:   kvmem.Layout{Layers: 1, Planes: 2, Blocks: 1, BlockBytes: 64 << 20, BlockSize: 16, TPSize: 1},
 		src: []uint32{0}, dst: []uint32{0}}
-	return []benchPullLayout{contig, kv, contig128}
+	// fixed is 2 × 64 KiB: its time is what a pull costs beyond its bytes
+	// (control round trips, planning, connect). Context only.
+	fixed := benchPullLayout{name: "fixed", context: true, pullOnly: true,
+		l:   kvmem.Layout{Layers: 1, Planes: 2, Blocks: 1, BlockBytes: 64 << 10, BlockSize: 16, TPSize: 1},
+		src: []uint32{0}, dst: []uint32{0}}
+	return []benchPullLayout{contig, kv, contig128, fixed}
 }
 
 // bytes is the number of bytes one pull moves.
@@ -355,6 +371,9 @@ func benchPullMemcpy(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 	const reps = 9
 	var total int64
 	for _, l := range layouts {
+		if l.pullOnly {
+			continue
+		}
 		size := int(l.l.Size())
 		srcs := [2][]byte{make([]byte, size), make([]byte, size)}
 		fillPattern(srcs[0], 1)
