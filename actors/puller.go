@@ -27,9 +27,13 @@ type PullDeps struct {
 	Metrics *Metrics
 	// LoadFailurePolicy is copied into every PullDone ("fail" or "recompute").
 	LoadFailurePolicy string
-	// Go runs f in the background (the PullEnd a puller does not wait
-	// for), so that the daemon can wait for it on shutdown before it
-	// closes the NATS connection; nil runs it on a plain goroutine.
+	// Ctx, when cancelled, aborts every pull's reads (daemon shutdown:
+	// protoactor's ActorSystem.Shutdown stops no actor). Nil: never.
+	Ctx context.Context
+	// Go runs f in the background (a puller's reads, and the PullEnd it
+	// does not wait for), so that the daemon can wait for them on shutdown
+	// before it closes the data plane and NATS; nil runs f on a plain
+	// goroutine.
 	Go func(f func())
 
 	// addrs holds the data address each member last advertised in its
@@ -89,20 +93,29 @@ func PullerProps(deps *PullDeps, p *Pull) *actor.Props {
 }
 
 func (a *pullerActor) Receive(ctx actor.Context) {
-	switch m := ctx.Message().(type) {
+	switch ctx.Message().(type) {
 	case *actor.Started:
 		a.start = a.deps.Now()
 		a.deps.Metrics.PullsStarted.Add(1)
-		rctx, cancel := context.WithTimeout(context.Background(), a.p.Timeout)
+		base := a.deps.Ctx
+		if base == nil {
+			base = context.Background()
+		}
+		rctx, cancel := context.WithTimeout(base, a.p.Timeout)
 		a.cancel = cancel
 		self, sys := ctx.Self(), ctx.ActorSystem()
-		go func() {
+		// On the daemon's background group: Close cancels the reads
+		// (Deps.Ctx), then waits for them to wind down, for the PullDone
+		// notice (published here, not by the actor, which shutdown may
+		// never schedule again) and for the PullEnd.
+		a.deps.goBackground(func() {
 			n, err := a.run(rctx)
-			sys.Root.Send(self, &pullResult{bytes: n, err: err})
-		}()
+			r := &pullResult{bytes: n, err: err}
+			a.finish(r)
+			sys.Root.Send(self, r)
+		})
 	case *pullResult:
 		a.cancel()
-		a.finish(m)
 		ctx.Stop(ctx.Self())
 	case *actor.Stopping:
 		if a.cancel != nil {

@@ -53,11 +53,14 @@ type Daemon struct {
 	stop     chan struct{}
 	wg       sync.WaitGroup
 	closed   sync.Once
-	// bg tracks pullers' background PullEnds; Close waits for them
-	// (each bounded by pull_stall_ms) before the NATS connection closes.
+	// bg tracks pullers' reads and background PullEnds; Close waits for
+	// them (cancelled reads end within a grain or the cancel grace, each
+	// PullEnd within pull_stall_ms) before the data plane and NATS close.
 	bgMu     sync.Mutex
 	bgClosed bool
 	bg       sync.WaitGroup
+	// pullCancel aborts every pull's reads on Close.
+	pullCancel context.CancelFunc
 }
 
 // New starts a daemon. On error everything started so far is stopped.
@@ -103,6 +106,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		Notify:            func(m *messages.PullDone) { d.publish(api.PullDoneSubject(m.EngineId), m) },
 		Go:                d.goBackground,
 	}
+	d.pdeps.Ctx, d.pullCancel = context.WithCancel(context.Background())
 	d.reqTable = actors.NewRequestTable()
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
 	d.reqStore, d.reqErr = requests.OpenKVStore(sctx, d.Bus.Conn, cfg.JSReplicas)
@@ -182,6 +186,12 @@ func (d *Daemon) Close() {
 	d.closed.Do(func() {
 		if d.svc != nil {
 			_ = d.svc.Stop()
+		}
+		if d.pullCancel != nil {
+			// Running pulls end now with transfer_failed (canceled): the
+			// engines hear it and the holders get their PullEnd while NATS
+			// is still up; Close waits for both below.
+			d.pullCancel()
 		}
 		close(d.stop)
 		if d.cluster != nil {

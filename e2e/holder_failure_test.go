@@ -119,3 +119,67 @@ func holderDies(t *testing.T, backend string, sig syscall.Signal) {
 		pn.signal(syscall.SIGCONT)
 	}
 }
+
+// TestReaderShutdownDuringPull sends SIGTERM to the decode-side connexd
+// while it pulls: it must cancel the pull, tell the engine (PullDone with
+// an error, before it exits), tell the holder (PullEnd: the holder stops
+// counting the pull at once, not at the pull's deadline 30 s later) and
+// exit promptly.
+func TestReaderShutdownDuringPull(t *testing.T) {
+	url := startNATS(t)
+	startConnexd(t, "holder", "--backend", "tcp", "--nats-url", url)
+	nc := connect(t, url)
+	pe := newEngine(t, nc, "holder", "engP", bigLayout, false)
+	ids := make([]uint32, bigLayout.Blocks)
+	for i := range ids {
+		ids[i] = uint32(i)
+	}
+	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: ids})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for attempt := 0; ; attempt++ {
+		if attempt == 5 {
+			t.Fatal("every pull finished before the reader could be stopped")
+		}
+		dn := startConnexd(t, fmt.Sprintf("reader%d", attempt), "--backend", "tcp", "--nats-url", url)
+		de := newEngine(t, nc, dn.member, fmt.Sprintf("engD%d", attempt), bigLayout, false)
+		done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+		pullID := fmt.Sprintf("p%d", attempt)
+		if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: ids, PullId: pullID}); err != nil {
+			t.Fatal(err)
+		}
+		checkFor(t, 5*time.Second, time.Millisecond, func() error {
+			st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
+			if err != nil || st.ActivePulls == 0 {
+				return fmt.Errorf("pull not active on the holder: %v %v", st, err)
+			}
+			return nil
+		})
+		dn.signal(syscall.SIGTERM)
+		sent := time.Now()
+		d := done.wait(t, 10*time.Second, func(m *messages.PullDone) bool { return m.PullId == pullID })
+		if d.Ok {
+			continue // finished before the signal landed: try again
+		}
+		t.Logf("pull ended %s after SIGTERM: code %d (%s): %s", time.Since(sent).Round(time.Millisecond), d.ErrorCode, api.Code(d.ErrorCode).Name(), d.Error)
+		if api.Code(d.ErrorCode) != api.CodeTransferFailed {
+			t.Fatalf("unexpected error code %d: %s", d.ErrorCode, d.Error)
+		}
+		select {
+		case <-dn.exited:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("reader still running 5 s after SIGTERM")
+		}
+		// The holder heard the PullEnd: it stops counting the pull well
+		// before the pull's own deadline (pull_timeout_ms, 30 s).
+		checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+			st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
+			if err != nil || st.ActivePulls != 0 {
+				return fmt.Errorf("holder still counts the pull: %v %v", st, err)
+			}
+			return nil
+		})
+		return
+	}
+}
