@@ -264,3 +264,31 @@ func TestPullDialsOnlyAdvertisedDataAddresses(t *testing.T) {
 		t.Fatalf("the puller dialled the data address forged into the params %d times", n)
 	}
 }
+
+// TestPullAcrossAdjacentExtents: a hold of the last and the first block of
+// a layer has extents that touch across planes (plane 0's last block ends
+// where plane 1's first begins); pulled into the same positions, the
+// reader joins those reads, and the holder must serve the joined read
+// (it refused it with not_registered before registrations joined
+// adjacent extents).
+func TestPullAcrossAdjacentExtents(t *testing.T) {
+	for _, backend := range backends() {
+		t.Run(backend, func(t *testing.T) {
+			pe, de, _, _ := cluster2(t, backend)
+			done := subscribe(t, pe.cli.NC, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+			last := testLayout.Blocks - 1
+			src := []uint32{last, 0}
+			hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: src})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: src, PullId: "adj"}); err != nil {
+				t.Fatal(err)
+			}
+			if d := done.wait(t, 10*time.Second, func(m *messages.PullDone) bool { return m.PullId == "adj" }); !d.Ok {
+				t.Fatalf("pull across adjacent extents: %v", d)
+			}
+			verifyBlocks(t, pe.region, de.region, src, src, []uint32{1, last - 1})
+		})
+	}
+}

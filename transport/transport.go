@@ -162,6 +162,24 @@ func ValidateExtents(extents []Extent, n uint64) error {
 	return nil
 }
 
+// JoinAdjacent returns sorted, disjoint extents (ValidateExtents) with every
+// run of adjacent extents joined into one. Backends that check reads
+// against a registration's extents join them first: readers may join reads
+// that run on from one extent into the next (a hold's K and V planes of one
+// block are adjacent when a layer holds one block), and such a read is
+// inside the registration's union.
+func JoinAdjacent(extents []Extent) []Extent {
+	out := make([]Extent, 0, len(extents))
+	for _, e := range extents {
+		if n := len(out); n > 0 && out[n-1].Off+out[n-1].Len == e.Off {
+			out[n-1].Len += e.Len
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
 // Allocator is implemented by backends that can allocate memory which peers
 // on the same host read one-sided, at memory-copy speed and without the
 // holder's CPU (UCX on shared memory: the reader maps the allocation and

@@ -106,7 +106,7 @@ func (b *Backend) RegisterExtents(mem []byte, extents []transport.Extent) (trans
 	if extents == nil {
 		extents = []transport.Extent{}
 	}
-	return b.register(mem, append([]transport.Extent(nil), extents...))
+	return b.register(mem, transport.JoinAdjacent(extents))
 }
 
 func (b *Backend) register(mem []byte, extents []transport.Extent) (transport.Registration, error) {

@@ -201,8 +201,11 @@ func (b *Backend) RegisterExtents(mem []byte, extents []transport.Extent) (trans
 	if err := transport.ValidateExtents(extents, uint64(len(mem))); err != nil {
 		return nil, fmt.Errorf("ucx: register: %w", err)
 	}
-	pairs := make([]uint64, 0, 2*len(extents))
-	for _, e := range extents {
+	// The holder checks each read against a single extent, and this
+	// backend's readers join adjacent ops (runsOf): join adjacent extents.
+	joined := transport.JoinAdjacent(extents)
+	pairs := make([]uint64, 0, 2*len(joined))
+	for _, e := range joined {
 		pairs = append(pairs, e.Off, e.Len)
 	}
 	return b.register(mem, pairs, b.cfg.Reads == ReadsOneSided)

@@ -39,6 +39,21 @@ func TestRegisterExtents(t *testing.T) {
 			t.Fatalf("read [%d,+%d) outside the extents: want ErrNotRegistered, got %v", bad[0], bad[1], err)
 		}
 	}
+	// Adjacent extents are one range: a read running from one into the
+	// next (as a reader joins adjacent ops) is served; the bytes just
+	// past them are not.
+	adj, err := h.RegisterExtents(mem, []transport.Extent{{Off: 1024, Len: 1024}, {Off: 2048, Len: 1024}, {Off: 3072, Len: 512}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adj.Deregister()
+	dst := make([]byte, 2560)
+	if err := getT(ep, 5*time.Second, []transport.GetOp{{RemoteKey: adj.RemoteKey(), RemoteAddr: adj.RemoteAddr() + 1024, Dst: dst}}); err != nil || !bytes.Equal(dst, mem[1024:3584]) {
+		t.Fatalf("read across adjacent extents: %v", err)
+	}
+	if err := getT(ep, 5*time.Second, []transport.GetOp{{RemoteKey: adj.RemoteKey(), RemoteAddr: adj.RemoteAddr() + 3000, Dst: make([]byte, 585)}}); !errors.Is(err, transport.ErrNotRegistered) {
+		t.Fatalf("read past adjacent extents: want ErrNotRegistered, got %v", err)
+	}
 	if _, err := h.RegisterExtents(mem, []transport.Extent{{Off: 100, Len: 10}, {Off: 50, Len: 10}}); err == nil {
 		t.Fatal("unsorted extents accepted")
 	}
