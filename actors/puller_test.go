@@ -42,6 +42,17 @@ func mapped(t *testing.T, l kvmem.Layout) *kvmem.Mapped {
 	return &kvmem.Mapped{Engine: "e", ID: "r", Region: r, Blocks: kvmem.NewBlockTable(l.Blocks)}
 }
 
+// segmentDescriptors describes a hold of ids in a region of layout l at
+// address 0, with one key per segment (key i is the byte i).
+func segmentDescriptors(l kvmem.Layout, ids []uint32) *messages.Descriptors {
+	d := &messages.Descriptors{Layout: LayoutToProto(l), BlockIds: ids}
+	for _, e := range l.Extents(ids) {
+		d.Rkeys = append(d.Rkeys, []byte{byte(len(d.Rkeys))})
+		d.Segments = append(d.Segments, &messages.Segment{RemoteAddr: e.Off, Length: e.Len, Rkey: uint32(len(d.Rkeys) - 1)})
+	}
+	return d
+}
+
 // TestPlanReads checks the mapping of source blocks to destination blocks
 // in every layer and plane, and that hostile descriptors are refused.
 func TestPlanReads(t *testing.T) {
@@ -53,13 +64,8 @@ func TestPlanReads(t *testing.T) {
 	}
 	srcIDs := []uint32{1, 2, 3, 6}
 	dstIDs := []uint32{4, 5, 0, 7}
-	var segs []*messages.Segment
-	var rkeys [][]byte
-	for _, e := range l.Extents(srcIDs) {
-		rkeys = append(rkeys, []byte{byte(len(rkeys))})
-		segs = append(segs, &messages.Segment{RemoteAddr: e.Off, Length: e.Len, Rkey: uint32(len(rkeys) - 1)})
-	}
-	desc := &messages.Descriptors{Layout: LayoutToProto(l), BlockIds: srcIDs, Rkeys: rkeys, Segments: segs}
+	desc := segmentDescriptors(l, srcIDs)
+	segs, rkeys := desc.Segments, desc.Rkeys
 	ops, total, err := PlanReads(desc, srcIDs, dst, dstIDs)
 	if err != nil {
 		t.Fatal(err)
@@ -163,13 +169,8 @@ func TestPlanReadsSourceOrder(t *testing.T) {
 	}
 	srcIDs := []uint32{9, 2, 14, 3, 4, 0, 11}
 	dstIDs := []uint32{1, 8, 3, 9, 10, 15, 6}
-	var segs []*messages.Segment
-	var rkeys [][]byte
-	for _, e := range l.Extents(srcIDs) {
-		rkeys = append(rkeys, []byte{byte(len(rkeys))})
-		segs = append(segs, &messages.Segment{RemoteAddr: e.Off, Length: e.Len, Rkey: uint32(len(rkeys) - 1)})
-	}
-	desc := &messages.Descriptors{Layout: LayoutToProto(l), BlockIds: srcIDs, Rkeys: rkeys, Segments: segs}
+	desc := segmentDescriptors(l, srcIDs)
+	segs := desc.Segments
 	ops, _, err := PlanReads(desc, srcIDs, dst, dstIDs)
 	if err != nil {
 		t.Fatal(err)
@@ -208,20 +209,13 @@ func TestPlanBuffersReused(t *testing.T) {
 	for i := range src.Region.Bytes() {
 		src.Region.Bytes()[i] = byte(i * 13)
 	}
-	descFor := func(ids []uint32) *messages.Descriptors {
-		var segs []*messages.Segment
-		for _, e := range l.Extents(ids) {
-			segs = append(segs, &messages.Segment{RemoteAddr: e.Off, Length: e.Len})
-		}
-		return &messages.Descriptors{Layout: LayoutToProto(l), BlockIds: ids, Rkeys: [][]byte{{1}}, Segments: segs}
-	}
 	run := func(srcIDs, dstIDs []uint32) (*readPlan, *kvmem.Mapped) {
 		dst := mapped(t, l)
 		p, err := planDst(dst, srcIDs, dstIDs)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := p.bind(descFor(srcIDs), srcIDs); err != nil {
+		if err := p.bind(segmentDescriptors(l, srcIDs), srcIDs); err != nil {
 			t.Fatal(err)
 		}
 		for _, op := range p.ops {

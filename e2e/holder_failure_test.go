@@ -22,6 +22,20 @@ func backends() []string {
 	return []string{"tcp"}
 }
 
+// holdEveryBlock holds every block of pe's bigLayout region.
+func holdEveryBlock(t *testing.T, pe *engine) ([]uint32, *messages.CreateHoldReply) {
+	t.Helper()
+	ids := make([]uint32, bigLayout.Blocks)
+	for i := range ids {
+		ids[i] = uint32(i)
+	}
+	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: ids})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids, hold
+}
+
 // TestHolderDiesDuringPull SIGKILLs, or SIGSTOPs, the prefill-side connexd
 // while a pull reads from it, and checks that the pull ends with a clear
 // error within the stall deadline (pull_stall_ms, default 1 s) plus slack,
@@ -43,14 +57,7 @@ func holderDies(t *testing.T, backend string, sig syscall.Signal) {
 	pe := newEngine(t, nc, "holder", "engP", bigLayout, false)
 	de := newEngine(t, nc, "reader", "engD", bigLayout, false)
 	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
-	ids := make([]uint32, bigLayout.Blocks)
-	for i := range ids {
-		ids[i] = uint32(i)
-	}
-	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: ids})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ids, hold := holdEveryBlock(t, pe)
 	var sent time.Time
 	var pullID string
 	for attempt := 0; ; attempt++ {
@@ -130,14 +137,7 @@ func TestReaderShutdownDuringPull(t *testing.T) {
 	startConnexd(t, "holder", "--backend", "tcp", "--nats-url", url)
 	nc := connect(t, url)
 	pe := newEngine(t, nc, "holder", "engP", bigLayout, false)
-	ids := make([]uint32, bigLayout.Blocks)
-	for i := range ids {
-		ids[i] = uint32(i)
-	}
-	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: ids})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ids, hold := holdEveryBlock(t, pe)
 	for attempt := 0; ; attempt++ {
 		if attempt == 5 {
 			t.Fatal("every pull finished before the reader could be stopped")
