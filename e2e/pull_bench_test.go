@@ -33,7 +33,7 @@ import (
 //   - memcpy of the same bytes in the same geometry, single-threaded, from a
 //     cold source (two source buffers alternate, each larger than any cache,
 //     so a source is never cache-hot); the same on every core, and
-//     stream-all-cores: memcopy.StreamUnfenced with a Fence per MiB
+//     stream-all-cores: memcopy.StreamUnfenced (KV blocks in pairs: StreamPairUnfenced) with a Fence per MiB
 //     (non-temporal stores, as mapped UCX reads copy) on every core, the
 //     ucx row's physical limit;
 //   - ucx_perftest -t ucp_get at the same message size, with the UCX_TLS the
@@ -365,7 +365,7 @@ func benchPullMemcpy(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 	// Fence per 1 MiB grain.
 	cp, fence, how := func(d, s []byte) { copy(d, s) }, func() {}, "Go copy"
 	if stream {
-		cp, fence, how = func(d, s []byte) { memcopy.StreamUnfenced(d, s) }, memcopy.Fence, "memcopy.StreamUnfenced, Fence per MiB"
+		cp, fence, how = func(d, s []byte) { memcopy.StreamUnfenced(d, s) }, memcopy.Fence, "memcopy.StreamUnfenced (KV blocks: StreamPairUnfenced, in pairs), Fence per MiB"
 	}
 	b.StopTimer()
 	const reps = 9
@@ -405,8 +405,17 @@ func benchPullMemcpy(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 				go func(share [][2]uint64) {
 					defer wg.Done()
 					acc := uint64(0)
-					for _, p := range share {
-						cp(dst[p[1]:p[1]+bb], src[p[0]:p[0]+bb])
+					for k := 0; k < len(share); k++ {
+						p := share[k]
+						if stream && bb < 1<<20 && k+1 < len(share) {
+							// In pairs, as mapped UCX reads copy KV blocks.
+							q := share[k+1]
+							memcopy.StreamPairUnfenced(dst[p[1]:p[1]+bb], src[p[0]:p[0]+bb], dst[q[1]:q[1]+bb], src[q[0]:q[0]+bb])
+							k++
+							acc += bb
+						} else {
+							cp(dst[p[1]:p[1]+bb], src[p[0]:p[0]+bb])
+						}
 						if acc += bb; acc >= 1<<20 {
 							fence()
 							acc = 0

@@ -41,6 +41,41 @@ func StreamUnfenced(dst, src []byte) int {
 	return n
 }
 
+// StreamPairUnfenced copies srcA to dstA and srcB to dstB, as
+// StreamUnfenced(dstA, srcA) and StreamUnfenced(dstB, srcB) would, and
+// returns the two byte counts; where the CPU has AVX2 it interleaves the
+// two copies line by line. A copy of a lone 32 KiB piece spends a
+// measurable share of its time waiting for its first lines from memory;
+// two interleaved pieces overlap those waits, and scattered 32 KiB pieces
+// copied in pairs ran 17–35% faster than one by one on the machines
+// measured here (see doc.go). Neither destination may overlap the other
+// or either source. End a run of copies with Fence.
+func StreamPairUnfenced(dstA, srcA, dstB, srcB []byte) (int, int) {
+	na, nb := min(len(dstA), len(srcA)), min(len(dstB), len(srcB))
+	if na < streamMin || nb < streamMin || !haveStream {
+		return StreamUnfenced(dstA, srcA), StreamUnfenced(dstB, srcB)
+	}
+	ha, hb := int(-uintptrOf(dstA)&63), int(-uintptrOf(dstB)&63)
+	copy(dstA[:ha], srcA[:ha])
+	copy(dstB[:hb], srcB[:hb])
+	bodyA, bodyB := (na-ha)&^63, (nb-hb)&^63
+	both := min(bodyA, bodyB) // > 0: na, nb >= streamMin
+	raceCopy(dstA[ha:ha+both], srcA[ha:ha+both])
+	raceCopy(dstB[hb:hb+both], srcB[hb:hb+both])
+	streamPair(&dstA[ha], &srcA[ha], &dstB[hb], &srcB[hb], uintptr(both))
+	if rest := bodyA - both; rest > 0 {
+		raceCopy(dstA[ha+both:ha+bodyA], srcA[ha+both:ha+bodyA])
+		streamLines(&dstA[ha+both], &srcA[ha+both], uintptr(rest))
+	}
+	if rest := bodyB - both; rest > 0 {
+		raceCopy(dstB[hb+both:hb+bodyB], srcB[hb+both:hb+bodyB])
+		streamLines(&dstB[hb+both], &srcB[hb+both], uintptr(rest))
+	}
+	copy(dstA[ha+bodyA:na], srcA[ha+bodyA:na])
+	copy(dstB[hb+bodyB:nb], srcB[hb+bodyB:nb])
+	return na, nb
+}
+
 // Fence makes the stores of every StreamUnfenced call before it on this
 // thread globally visible before any later store. A goroutine may move to
 // another thread between calls; the scheduler's locked instructions on the

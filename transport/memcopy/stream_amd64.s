@@ -1,9 +1,9 @@
 #include "textflag.h"
 
-// func streamLines(dst, src *byte, n uintptr)
+// func streamLinesSSE2(dst, src *byte, n uintptr)
 // dst 64-byte aligned, n a positive multiple of 64. Unaligned loads (MOVOU),
 // non-temporal stores (MOVNTO = MOVNTDQ). No fence: see fence.
-TEXT ·streamLines(SB), NOSPLIT, $0-24
+TEXT ·streamLinesSSE2(SB), NOSPLIT, $0-24
 	MOVQ	dst+0(FP), DI
 	MOVQ	src+8(FP), SI
 	MOVQ	n+16(FP), CX
@@ -21,6 +21,69 @@ loop:
 	ADDQ	$64, DI
 	DECQ	CX
 	JNZ	loop
+	RET
+
+// func streamLinesAVX2(dst, src *byte, n uintptr)
+// As streamLinesSSE2 with 32-byte loads and non-temporal stores (VMOVNTDQ),
+// two lines per iteration and a last single line when n/64 is odd.
+TEXT ·streamLinesAVX2(SB), NOSPLIT, $0-24
+	MOVQ	dst+0(FP), DI
+	MOVQ	src+8(FP), SI
+	MOVQ	n+16(FP), CX
+	MOVQ	CX, DX
+	SHRQ	$7, CX
+	JZ	tail
+loop2:
+	VMOVDQU	0(SI), Y0
+	VMOVDQU	32(SI), Y1
+	VMOVDQU	64(SI), Y2
+	VMOVDQU	96(SI), Y3
+	VMOVNTDQ	Y0, 0(DI)
+	VMOVNTDQ	Y1, 32(DI)
+	VMOVNTDQ	Y2, 64(DI)
+	VMOVNTDQ	Y3, 96(DI)
+	ADDQ	$128, SI
+	ADDQ	$128, DI
+	DECQ	CX
+	JNZ	loop2
+tail:
+	TESTQ	$64, DX
+	JZ	done
+	VMOVDQU	0(SI), Y0
+	VMOVDQU	32(SI), Y1
+	VMOVNTDQ	Y0, 0(DI)
+	VMOVNTDQ	Y1, 32(DI)
+done:
+	VZEROUPPER
+	RET
+
+// func streamPairAVX2(dstA, srcA, dstB, srcB *byte, n uintptr)
+// Copies n bytes (a positive multiple of 64) from srcA to dstA and from srcB
+// to dstB, one line of each per iteration, with non-temporal stores; dstA
+// and dstB 64-byte aligned. No fence.
+TEXT ·streamPairAVX2(SB), NOSPLIT, $0-40
+	MOVQ	dstA+0(FP), DI
+	MOVQ	srcA+8(FP), SI
+	MOVQ	dstB+16(FP), R8
+	MOVQ	srcB+24(FP), R9
+	MOVQ	n+32(FP), CX
+	SHRQ	$6, CX
+pairloop:
+	VMOVDQU	0(SI), Y0
+	VMOVDQU	32(SI), Y1
+	VMOVDQU	0(R9), Y2
+	VMOVDQU	32(R9), Y3
+	VMOVNTDQ	Y0, 0(DI)
+	VMOVNTDQ	Y1, 32(DI)
+	VMOVNTDQ	Y2, 0(R8)
+	VMOVNTDQ	Y3, 32(R8)
+	ADDQ	$64, SI
+	ADDQ	$64, DI
+	ADDQ	$64, R9
+	ADDQ	$64, R8
+	DECQ	CX
+	JNZ	pairloop
+	VZEROUPPER
 	RET
 
 // func fence()

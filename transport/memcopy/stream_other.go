@@ -6,6 +6,10 @@ const haveStream = false
 
 func streamLines(dst, src *byte, n uintptr) { panic("memcopy: streamLines without stream support") }
 
+func streamPair(dstA, srcA, dstB, srcB *byte, n uintptr) {
+	panic("memcopy: streamPair without stream support")
+}
+
 func fence() {}
 
 func uintptrOf(b []byte) uintptr { return 0 }

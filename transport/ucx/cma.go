@@ -124,10 +124,10 @@ func procStat(pid int) (start uint64, state byte, err error) {
 	return start, f2[0][0], err
 }
 
-// checkAlive fails with ErrPeerGone unless p is still the process that
-// handed out the key, and still running (a killed process stays in /proc
-// as a zombie until its parent reaps it).
-func checkAlive(p procID) error {
+// statAlive is checkAlive's slow path: it fails with ErrPeerGone unless p
+// is still the process that handed out the key, and still running (a
+// killed process stays in /proc as a zombie until its parent reaps it).
+func statAlive(p procID) error {
 	start, state, err := procStat(int(p.pid))
 	if err != nil || start != p.start {
 		return fmt.Errorf("%w: holder process %d is gone", transport.ErrPeerGone, p.pid)
