@@ -184,7 +184,7 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 			defer cancel()
 			_, _ = peer.PullEnd(endCtx, &messages.PullEnd{TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID})
 		})
-		return 0, fmt.Errorf("pull %s: descriptors from %s: %w", a.p.ID, peer.Member, r.err)
+		return 0, descriptorsErr(a.p.ID, peer.Member, r.err)
 	}
 	desc := r.d
 	var n uint64
@@ -366,4 +366,13 @@ func splitOps(ops []transport.GetOp, max int) []transport.GetOp {
 		out = append(out, op)
 	}
 	return out
+}
+
+// descriptorsErr wraps a failed descriptors request. A pull canceled while
+// its descriptors travel (connexd shutting down) is a canceled transfer
+// (transfer_failed), like one canceled during its reads, not an internal
+// error: the NATS client reports the cancellation as a bare
+// context.Canceled.
+func descriptorsErr(pull, member string, err error) error {
+	return fmt.Errorf("pull %s: descriptors from %s: %w", pull, member, transport.CtxErr(err))
 }

@@ -2,8 +2,11 @@ package actors
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/connex/connex/api"
@@ -248,5 +251,30 @@ func TestPlanBuffersReused(t *testing.T) {
 	}
 	if len(second.ops) != 4 { // 2 layers x 2 planes x one coalesced run
 		t.Fatalf("second plan has %d ops, want 4", len(second.ops))
+	}
+}
+
+// TestDescriptorsErrCodes: the code a PullDone carries when the descriptors
+// request fails. A shutdown that cancels the request while the reply
+// travels must read as transfer_failed, not internal (seen in
+// TestReaderShutdownDuringPull).
+func TestDescriptorsErrCodes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want api.Code
+	}{
+		{"canceled", fmt.Errorf("api: peer.descriptors on member h: %w", context.Canceled), api.CodeTransferFailed},
+		{"timeout", api.Errorf(api.CodeTimeout, "peer.descriptors on member h: deadline"), api.CodeTimeout},
+		{"holder said expired", api.Errorf(api.CodeExpired, "expired"), api.CodeExpired},
+		{"no responders", api.Errorf(api.CodePeerUnavailable, "gone"), api.CodePeerUnavailable},
+	} {
+		err := descriptorsErr("p1", "h", tc.err)
+		if got := api.CodeOf(err); got != tc.want {
+			t.Errorf("%s: code %d (%s), want %d: %v", tc.name, got, got.Name(), tc.want, err)
+		}
+		if !strings.Contains(err.Error(), "pull p1: descriptors from h") {
+			t.Errorf("%s: error lacks context: %v", tc.name, err)
+		}
 	}
 }
