@@ -30,6 +30,10 @@ type PullDeps struct {
 	// Ctx, when cancelled, aborts every pull's reads (daemon shutdown:
 	// protoactor's ActorSystem.Shutdown stops no actor). Nil: never.
 	Ctx context.Context
+	// Holders, when set, ends a pull as soon as cluster membership says its
+	// holder left (peer_unavailable) rather than at the stall deadline; the
+	// daemon feeds it membership's departures. Nil: only the deadlines.
+	Holders *HolderWatch
 	// Go runs f in the background (a puller's reads, and the PullEnd it
 	// does not wait for), so that the daemon can wait for them on shutdown
 	// before it closes the data plane and NATS; nil runs f on a plain
@@ -151,6 +155,11 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	prm := a.p.Params
 	peer := &api.Client{NC: a.deps.NC, Member: prm.RemoteCtrl.GetMember()}
 	requester := a.p.Dst.Engine
+	// The holder's departure from the cluster cancels everything below
+	// with a *HolderLeftError (unwatched before the cancel: LIFO).
+	ctx, cancelPull := context.WithCancelCause(ctx)
+	defer cancelPull(nil)
+	defer a.deps.Holders.Watch(peer.Member, cancelPull)()
 	// Ask for the descriptors (the holder registers the pull) and, while
 	// they travel, plan the destination side of the reads and, when the
 	// holder's member advertised the data address the params name in
@@ -184,7 +193,7 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 			defer cancel()
 			_, _ = peer.PullEnd(endCtx, &messages.PullEnd{TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID})
 		})
-		return 0, descriptorsErr(a.p.ID, peer.Member, r.err)
+		return 0, descriptorsErr(ctx, a.p.ID, peer.Member, r.err)
 	}
 	desc := r.d
 	var n uint64
@@ -241,7 +250,7 @@ func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan
 		ccancel()
 	}
 	if err != nil {
-		return 0, fmt.Errorf("pull %s: connect data plane of %s: %w", a.p.ID, peer.Member, transport.CtxErr(err))
+		return 0, fmt.Errorf("pull %s: connect data plane of %s: %w", a.p.ID, peer.Member, readErr(ctx, err))
 	}
 	defer ep.Close()
 	// Keep the lease alive during long reads.
@@ -303,7 +312,9 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 			defer mu.Unlock()
 			if err != nil {
 				if firstEr == nil {
-					if ctx.Err() == nil && errors.Is(transport.CtxErr(err), transport.ErrTimeout) {
+					if gone := holderLeft(ctx); gone != nil {
+						firstEr = fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, member, done, gone)
+					} else if ctx.Err() == nil && errors.Is(transport.CtxErr(err), transport.ErrTimeout) {
 						firstEr = fmt.Errorf("pull %s: holder %s made no progress for %s after %d of %d bytes: %w", a.p.ID, member, a.p.Stall, done, total, transport.CtxErr(err))
 					} else {
 						firstEr = fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, member, done, transport.CtxErr(err))
@@ -317,7 +328,7 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 	}
 	wg.Wait()
 	if firstEr == nil && ctx.Err() != nil {
-		firstEr = fmt.Errorf("pull %s: %w", a.p.ID, transport.CtxErr(ctx.Err()))
+		firstEr = fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, member, done, readErr(ctx, ctx.Err()))
 	}
 	return firstEr
 }
@@ -369,10 +380,20 @@ func splitOps(ops []transport.GetOp, max int) []transport.GetOp {
 }
 
 // descriptorsErr wraps a failed descriptors request. A pull canceled while
-// its descriptors travel (connexd shutting down) is a canceled transfer
-// (transfer_failed), like one canceled during its reads, not an internal
-// error: the NATS client reports the cancellation as a bare
-// context.Canceled.
-func descriptorsErr(pull, member string, err error) error {
-	return fmt.Errorf("pull %s: descriptors from %s: %w", pull, member, transport.CtxErr(err))
+// its descriptors travel is a canceled transfer (transfer_failed: connexd
+// shutting down), or peer_unavailable when its holder left the cluster, like
+// one canceled during its reads, not an internal error: the NATS client
+// reports the cancellation as a bare context.Canceled.
+func descriptorsErr(ctx context.Context, pull, member string, err error) error {
+	return fmt.Errorf("pull %s: descriptors from %s: %w", pull, member, readErr(ctx, err))
+}
+
+// readErr is the error a pull step ends with: the holder's departure when
+// that cancelled ctx, else err with context errors mapped to the transport's
+// sentinels.
+func readErr(ctx context.Context, err error) error {
+	if gone := holderLeft(ctx); gone != nil {
+		return gone
+	}
+	return transport.CtxErr(err)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/bus"
+	"github.com/connex/connex/cluster"
 	"github.com/connex/connex/config"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
@@ -105,6 +106,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		LoadFailurePolicy: cfg.KVLoadFailurePolicy,
 		Notify:            func(m *messages.PullDone) { d.publish(api.PullDoneSubject(m.EngineId), m) },
 		Go:                d.goBackground,
+		Holders:           &actors.HolderWatch{},
 	}
 	d.pdeps.Ctx, d.pullCancel = context.WithCancel(context.Background())
 	d.reqTable = actors.NewRequestTable()
@@ -136,6 +138,14 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 			return d, err
 		}
 		d.cluster, d.members = cm, cm
+		// A holder that leaves the cluster (crashed: its NATS connection
+		// is gone) ends the pulls reading from it now, not at the stall
+		// deadline: UCX's shared-memory lanes report no peer death.
+		cm.OnLeft(func(name string, reason cluster.Reason) {
+			if n := d.pdeps.Holders.Left(name, string(reason)); n > 0 {
+				log.Warn("holder left the cluster during pulls; they end now", "member", name, "reason", reason, "pulls", n)
+			}
+		})
 		d.wg.Add(1)
 		go d.coordinate(cfg.OrphanScan)
 	}

@@ -29,7 +29,7 @@ type clusterMembers struct {
 	sys       *actor.ActorSystem
 	cl        *actorcluster.Cluster
 	prov      *cluster.Provider
-	watchers  []func()
+	watchers  []func(*cluster.Provider, cluster.Event) // re-subscribed to each provider on rejoin
 	cancels   []func()
 	load      int64
 	closed    bool
@@ -99,7 +99,7 @@ func (m *clusterMembers) start() error {
 	m.sys, m.cl, m.prov = sys, cl, prov
 	m.grace = ccfg.TTL() + 2*ccfg.HeartbeatInterval
 	prov.SetLoad(m.load)
-	watchers := append([]func(){}, m.watchers...)
+	watchers := append([]func(*cluster.Provider, cluster.Event){}, m.watchers...)
 	m.mu.Unlock()
 	for _, fn := range watchers {
 		cancels = append(cancels, m.subscribe(prov, fn))
@@ -110,7 +110,7 @@ func (m *clusterMembers) start() error {
 	return nil
 }
 
-func (m *clusterMembers) subscribe(prov *cluster.Provider, fn func()) func() {
+func (m *clusterMembers) subscribe(prov *cluster.Provider, fn func(*cluster.Provider, cluster.Event)) func() {
 	return prov.Subscribe(func(e cluster.Event) {
 		if e.Type == cluster.EventSelfEvicted {
 			select {
@@ -118,7 +118,7 @@ func (m *clusterMembers) subscribe(prov *cluster.Provider, fn func()) func() {
 			default:
 			}
 		}
-		fn()
+		fn(prov, e)
 	})
 }
 
@@ -231,6 +231,31 @@ func (m *clusterMembers) track(e cluster.Event) {
 
 // OnChange implements Members.
 func (m *clusterMembers) OnChange(fn func()) func() {
+	return m.watch(func(*cluster.Provider, cluster.Event) { fn() })
+}
+
+// OnLeft calls fn with a member's name and the reason when it leaves the
+// cluster and no live member carries that name any more (a member evicted
+// after a pause rejoins under its name with a new id: its old id's
+// departure is not its own). fn runs on the membership goroutine and must
+// return quickly.
+func (m *clusterMembers) OnLeft(fn func(name string, reason cluster.Reason)) {
+	m.watch(func(prov *cluster.Provider, e cluster.Event) {
+		if e.Type != cluster.EventLeft || e.Member.Name == "" || e.Member.Name == m.cfg.MemberID {
+			return
+		}
+		for _, live := range prov.Members() {
+			if live.Name == e.Member.Name {
+				return
+			}
+		}
+		fn(e.Member.Name, e.Reason)
+	})
+}
+
+// watch subscribes fn to the current provider's events and to every
+// provider a rejoin starts.
+func (m *clusterMembers) watch(fn func(*cluster.Provider, cluster.Event)) func() {
 	m.mu.Lock()
 	m.watchers = append(m.watchers, fn)
 	prov := m.prov

@@ -38,7 +38,8 @@ func holdEveryBlock(t *testing.T, pe *engine) ([]uint32, *messages.CreateHoldRep
 
 // TestHolderDiesDuringPull SIGKILLs, or SIGSTOPs, the prefill-side connexd
 // while a pull reads from it, and checks that the pull ends with a clear
-// error within the stall deadline (pull_stall_ms, default 1 s) plus slack,
+// error within the stall deadline (pull_stall_ms, default 1 s) plus slack
+// (a killed holder with peer_unavailable),
 // that the decode-side connexd keeps running, and that no destination
 // block stays claimed.
 func TestHolderDiesDuringPull(t *testing.T) {
@@ -95,6 +96,15 @@ func holderDies(t *testing.T, backend string, sig syscall.Signal) {
 			case api.CodePeerUnavailable, api.CodeTimeout, api.CodeTransferFailed:
 			default:
 				t.Fatalf("unexpected error code %d: %s", d.ErrorCode, d.Error)
+			}
+			// A killed holder is a dead peer, not a slow one, on both
+			// backends: TCP sees the connection refused, and over UCX's
+			// shared-memory lanes (no peer error handling) the cluster's
+			// failure detector removes the holder within milliseconds and
+			// ends its pulls (actors.HolderWatch), well before the stall
+			// deadline would say timeout.
+			if sig == syscall.SIGKILL && api.Code(d.ErrorCode) != api.CodePeerUnavailable {
+				t.Fatalf("killed holder: code %d (%s), want peer_unavailable: %s", d.ErrorCode, api.Code(d.ErrorCode).Name(), d.Error)
 			}
 			// The default stall deadline is 1 s; allow generous slack for a
 			// loaded 2-core machine, but a hang would be far longer.
