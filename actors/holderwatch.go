@@ -37,6 +37,7 @@ type HolderLeftError struct {
 	Reason string // why membership removed it (cluster.Reason: unreachable, timeout, leave, …)
 }
 
+// Error says which holder left and why.
 func (e *HolderLeftError) Error() string {
 	return fmt.Sprintf("holder member %s left the cluster (%s)", e.Member, e.Reason)
 }
@@ -106,6 +107,14 @@ func (w *HolderWatch) Running() int {
 		n += len(m)
 	}
 	return n
+}
+
+// watchHolder derives a pull's context from ctx: member's departure
+// cancels it with a *HolderLeftError. end unwatches and cancels it.
+func (d *PullDeps) watchHolder(ctx context.Context, member string) (pctx context.Context, end func()) {
+	pctx, cancel := context.WithCancelCause(ctx)
+	unwatch := d.Holders.Watch(member, cancel)
+	return pctx, func() { unwatch(); cancel(nil) }
 }
 
 // holderLeft returns the *HolderLeftError ctx was cancelled with, or nil.

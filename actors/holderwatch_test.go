@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/transport"
@@ -86,5 +89,92 @@ func TestReadErrPrefersHolderLeft(t *testing.T) {
 	stop()
 	if got := readErr(child, child.Err()); api.CodeOf(got) != api.CodeTransferFailed {
 		t.Fatalf("shutdown: code %d: %v", api.CodeOf(got), got)
+	}
+}
+
+// blockingEndpoint's Get reports that it started, then waits for ctx (a
+// holder that is gone without the data plane noticing, as over UCX's
+// shared-memory lanes).
+type blockingEndpoint struct{ started chan struct{} }
+
+func (e *blockingEndpoint) Get(ctx context.Context, _ []transport.GetOp) error {
+	select {
+	case e.started <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return transport.CtxErr(ctx.Err())
+}
+
+func (e *blockingEndpoint) Close() error { return nil }
+
+// funcEndpoint's Get calls get.
+type funcEndpoint func(ctx context.Context, ops []transport.GetOp) error
+
+func (f funcEndpoint) Get(ctx context.Context, ops []transport.GetOp) error { return f(ctx, ops) }
+func (f funcEndpoint) Close() error                                         { return nil }
+
+func testOps(n int) ([]transport.GetOp, uint64) {
+	ops := make([]transport.GetOp, n)
+	for i := range ops {
+		ops[i] = transport.GetOp{RemoteAddr: uint64(i), Dst: make([]byte, 1)}
+	}
+	return ops, uint64(n)
+}
+
+// TestReadsEndWhenHolderLeaves: reads blocked on a silent data plane end as
+// soon as membership reports the holder gone, long before the stall
+// deadline, with peer_unavailable naming the holder.
+func TestReadsEndWhenHolderLeaves(t *testing.T) {
+	deps := &PullDeps{Holders: &HolderWatch{}}
+	a := &pullerActor{deps: deps, p: &Pull{ID: "p1", Stall: time.Hour}}
+	ctx, end := deps.watchHolder(context.Background(), "h1")
+	defer end()
+	ep := &blockingEndpoint{started: make(chan struct{}, 1)}
+	ops, total := testOps(3)
+	errc := make(chan error, 1)
+	go func() { errc <- a.readBatches(ctx, ep, ops, total, "h1") }()
+	select {
+	case <-ep.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no Get started")
+	}
+	if n := deps.Holders.Left("h1", "unreachable"); n != 1 {
+		t.Fatalf("Left cancelled %d pulls, want 1", n)
+	}
+	select {
+	case err := <-errc:
+		if api.CodeOf(err) != api.CodePeerUnavailable || !strings.Contains(err.Error(), "holder member h1 left the cluster (unreachable)") {
+			t.Fatalf("code %d: %v", api.CodeOf(err), err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("reads still running 10 s after the holder left (stall deadline is 1 h)")
+	}
+	end()
+	if n := deps.Holders.Running(); n != 0 {
+		t.Fatalf("%d pulls still watched after end", n)
+	}
+}
+
+// TestReadsCompleteDespiteLateDeparture: a departure that lands as the last
+// Get returns successfully does not turn a complete pull into a failure.
+func TestReadsCompleteDespiteLateDeparture(t *testing.T) {
+	deps := &PullDeps{Holders: &HolderWatch{}}
+	a := &pullerActor{deps: deps, p: &Pull{ID: "p1", Stall: time.Hour}}
+	ctx, end := deps.watchHolder(context.Background(), "h1")
+	defer end()
+	ops, total := testOps(batchOps + 1) // two batches
+	var calls atomic.Int32
+	ep := funcEndpoint(func(ctx context.Context, ops []transport.GetOp) error {
+		if calls.Add(1) == 2 {
+			deps.Holders.Left("h1", "leave")
+		}
+		return nil
+	})
+	if err := a.readBatches(ctx, ep, ops, total, "h1"); err != nil {
+		t.Fatalf("complete pull failed: %v", err)
+	}
+	if calls.Load() != 2 {
+		t.Fatalf("%d Gets, want 2", calls.Load())
 	}
 }

@@ -156,10 +156,9 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	peer := &api.Client{NC: a.deps.NC, Member: prm.RemoteCtrl.GetMember()}
 	requester := a.p.Dst.Engine
 	// The holder's departure from the cluster cancels everything below
-	// with a *HolderLeftError (unwatched before the cancel: LIFO).
-	ctx, cancelPull := context.WithCancelCause(ctx)
-	defer cancelPull(nil)
-	defer a.deps.Holders.Watch(peer.Member, cancelPull)()
+	// with a *HolderLeftError.
+	ctx, endWatch := a.deps.watchHolder(ctx, peer.Member)
+	defer endWatch()
 	// Ask for the descriptors (the holder registers the pull) and, while
 	// they travel, plan the destination side of the reads and, when the
 	// holder's member advertised the data address the params name in
@@ -289,6 +288,7 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 		wg      sync.WaitGroup
 	)
 	sem := make(chan struct{}, batchesInFlight)
+	launched := 0
 	for _, b := range batches {
 		select {
 		case sem <- struct{}{}:
@@ -298,6 +298,7 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 			break
 		}
 		wg.Add(1)
+		launched++
 		go func(b []transport.GetOp) {
 			defer wg.Done()
 			defer func() { <-sem }()
@@ -327,7 +328,10 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 		}(b)
 	}
 	wg.Wait()
-	if firstEr == nil && ctx.Err() != nil {
+	// Every batch launched and none failed: the pull is complete, even if
+	// ctx ended as the last Get returned (a departure or shutdown that
+	// arrived too late to matter).
+	if firstEr == nil && launched < len(batches) {
 		firstEr = fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, member, done, readErr(ctx, ctx.Err()))
 	}
 	return firstEr
@@ -392,8 +396,14 @@ func descriptorsErr(ctx context.Context, pull, member string, err error) error {
 // that cancelled ctx, else err with context errors mapped to the transport's
 // sentinels.
 func readErr(ctx context.Context, err error) error {
-	if gone := holderLeft(ctx); gone != nil {
-		return gone
+	gone := holderLeft(ctx)
+	switch {
+	case gone == nil:
+		return transport.CtxErr(err)
+	case err == nil, errors.Is(err, context.Canceled), errors.Is(err, transport.ErrCanceled), errors.Is(err, transport.ErrClosed):
+		return gone // the cancellation itself: nothing more to say
+	default:
+		// A failure of its own that raced the departure: keep its text.
+		return fmt.Errorf("%w (%v)", gone, err)
 	}
-	return transport.CtxErr(err)
 }

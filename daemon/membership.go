@@ -235,9 +235,10 @@ func (m *clusterMembers) OnChange(fn func()) func() {
 }
 
 // OnLeft calls fn with a member's name and the reason when it leaves the
-// cluster and no live member carries that name any more (a member evicted
-// after a pause rejoins under its name with a new id: its old id's
-// departure is not its own). fn runs on the membership goroutine and must
+// cluster and no live member carries that name any more: a departure
+// reported late (a dead notice or protoactor's block arriving after the
+// member restarted, or rejoined with a new id after an eviction) is not
+// the live incarnation's. fn runs on the membership goroutine and must
 // return quickly.
 func (m *clusterMembers) OnLeft(fn func(name string, reason cluster.Reason)) {
 	m.watch(func(prov *cluster.Provider, e cluster.Event) {
