@@ -95,7 +95,7 @@ func (w *HolderWatch) Left(member, reason string) int {
 	return len(m)
 }
 
-// Running is how many pulls are watched (for tests and metrics).
+// Running is how many pulls are watched now.
 func (w *HolderWatch) Running() int {
 	if w == nil {
 		return 0

@@ -108,7 +108,7 @@ func (e *blockingEndpoint) Get(ctx context.Context, _ []transport.GetOp) error {
 
 func (e *blockingEndpoint) Close() error { return nil }
 
-// funcEndpoint's Get calls get.
+// funcEndpoint's Get calls the function itself.
 type funcEndpoint func(ctx context.Context, ops []transport.GetOp) error
 
 func (f funcEndpoint) Get(ctx context.Context, ops []transport.GetOp) error { return f(ctx, ops) }

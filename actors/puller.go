@@ -313,12 +313,10 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 			defer mu.Unlock()
 			if err != nil {
 				if firstEr == nil {
-					if gone := holderLeft(ctx); gone != nil {
-						firstEr = fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, member, done, gone)
-					} else if ctx.Err() == nil && errors.Is(transport.CtxErr(err), transport.ErrTimeout) {
+					if ctx.Err() == nil && errors.Is(transport.CtxErr(err), transport.ErrTimeout) {
 						firstEr = fmt.Errorf("pull %s: holder %s made no progress for %s after %d of %d bytes: %w", a.p.ID, member, a.p.Stall, done, total, transport.CtxErr(err))
 					} else {
-						firstEr = fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, member, done, transport.CtxErr(err))
+						firstEr = fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, member, done, readErr(ctx, err))
 					}
 				}
 				cancel()
