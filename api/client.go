@@ -78,6 +78,14 @@ func (c *Client) EngineGone(ctx context.Context, r *messages.EngineGoneRequest) 
 	return out, c.Call(ctx, EpEngineGone, r, out)
 }
 
+// RegisterEngine registers or refreshes an engine (role, model, HTTP base
+// URL, load) with the member; it travels in the member's heartbeats, and
+// lapses unless renewed within the reply's ttl_ms.
+func (c *Client) RegisterEngine(ctx context.Context, r *messages.RegisterEngineRequest) (*messages.RegisterEngineReply, error) {
+	out := new(messages.RegisterEngineReply)
+	return out, c.Call(ctx, EpEngineRegister, r, out)
+}
+
 // CreateHold holds blocks after prefill and returns the kv_transfer_params.
 func (c *Client) CreateHold(ctx context.Context, r *messages.CreateHoldRequest) (*messages.CreateHoldReply, error) {
 	out := new(messages.CreateHoldReply)

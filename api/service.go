@@ -21,6 +21,7 @@ type Handler interface {
 	CreateRegion(context.Context, *messages.CreateRegionRequest) (*messages.RegionInfo, error)
 	InspectRegion(context.Context, *messages.RegionRef) (*messages.RegionInfo, error)
 	EngineGone(context.Context, *messages.EngineGoneRequest) (*messages.EngineGoneReply, error)
+	RegisterEngine(context.Context, *messages.RegisterEngineRequest) (*messages.RegisterEngineReply, error)
 	CreateHold(context.Context, *messages.CreateHoldRequest) (*messages.CreateHoldReply, error)
 	Renew(context.Context, *messages.HoldRef) (*messages.HoldStatus, error)
 	Release(context.Context, *messages.HoldRef) (*messages.HoldStatus, error)
@@ -87,6 +88,7 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 		{EpRegionCreate, endpoint(s, h.CreateRegion)},
 		{EpRegionInspect, endpoint(s, h.InspectRegion)},
 		{EpEngineGone, endpoint(s, h.EngineGone)},
+		{EpEngineRegister, endpoint(s, h.RegisterEngine)},
 		{EpHoldCreate, endpoint(s, h.CreateHold)},
 		{EpHoldRenew, endpoint(s, h.Renew)},
 		{EpHoldRelease, endpoint(s, h.Release)},

@@ -17,6 +17,7 @@ const (
 	EpRegionCreate    = "region.create"    // CreateRegionRequest -> RegionInfo
 	EpRegionInspect   = "region.inspect"   // RegionRef -> RegionInfo
 	EpEngineGone      = "engine.gone"      // EngineGoneRequest -> EngineGoneReply
+	EpEngineRegister  = "engine.register"  // RegisterEngineRequest -> RegisterEngineReply
 	EpHoldCreate      = "hold.create"      // CreateHoldRequest -> CreateHoldReply
 	EpHoldRenew       = "hold.renew"       // HoldRef -> HoldStatus
 	EpHoldRelease     = "hold.release"     // HoldRef -> HoldStatus

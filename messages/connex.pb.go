@@ -557,8 +557,16 @@ type KVTransferParams struct {
 	TpSize          uint32 `protobuf:"varint,8,opt,name=tp_size,json=tpSize,proto3" json:"tp_size,omitempty"`
 	BlockSize       uint32 `protobuf:"varint,9,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
 	RetainS         uint32 `protobuf:"varint,10,opt,name=retain_s,json=retainS,proto3" json:"retain_s,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Set by the router on the decode leg: the request id the decode side's
+	// request actor runs under. It stays the same when the request resumes on
+	// another engine, so the new activation takes the old one's place.
+	ConnexRequestId string `protobuf:"bytes,11,opt,name=connex_request_id,json=connexRequestId,proto3" json:"connex_request_id,omitempty"`
+	// Set by the router when it resumes the request on this engine: the engine
+	// takes the request over (request.start with takeover), which fences the
+	// activation that ran it before.
+	ConnexResume  bool `protobuf:"varint,12,opt,name=connex_resume,json=connexResume,proto3" json:"connex_resume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KVTransferParams) Reset() {
@@ -659,6 +667,20 @@ func (x *KVTransferParams) GetRetainS() uint32 {
 		return x.RetainS
 	}
 	return 0
+}
+
+func (x *KVTransferParams) GetConnexRequestId() string {
+	if x != nil {
+		return x.ConnexRequestId
+	}
+	return ""
+}
+
+func (x *KVTransferParams) GetConnexResume() bool {
+	if x != nil {
+		return x.ConnexResume
+	}
+	return false
 }
 
 // CreateHoldRequest asks connexd to hold blocks of a registered region after
@@ -1712,6 +1734,236 @@ func (x *RegionRef) GetRegionId() string {
 	return ""
 }
 
+// EngineInfo is one engine registered with its connexd: what a router needs to
+// choose it and reach it. It travels in the member's heartbeats, so every
+// member (routers included) sees engines come and go with membership.
+type EngineInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Engine id (one subject token), unique in the cluster.
+	EngineId string `protobuf:"bytes,1,opt,name=engine_id,json=engineId,proto3" json:"engine_id,omitempty"`
+	// "prefill" or "decode".
+	Role string `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	// Served model name (what clients put in "model").
+	Model string `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
+	// Root of the engine's OpenAI-compatible HTTP API, without "/v1"
+	// (e.g. "http://10.0.0.7:8100").
+	BaseUrl string `protobuf:"bytes,4,opt,name=base_url,json=baseUrl,proto3" json:"base_url,omitempty"`
+	// Requests the engine runs now.
+	InFlight uint32 `protobuf:"varint,5,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// Free and total KV blocks of the engine's region.
+	BlocksFree  uint32 `protobuf:"varint,6,opt,name=blocks_free,json=blocksFree,proto3" json:"blocks_free,omitempty"`
+	BlocksTotal uint32 `protobuf:"varint,7,opt,name=blocks_total,json=blocksTotal,proto3" json:"blocks_total,omitempty"`
+	// Tokens per KV block.
+	BlockSize uint32 `protobuf:"varint,8,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// Longest prompt plus completion the engine accepts, in tokens (0: unknown).
+	MaxModelLen   uint32 `protobuf:"varint,9,opt,name=max_model_len,json=maxModelLen,proto3" json:"max_model_len,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EngineInfo) Reset() {
+	*x = EngineInfo{}
+	mi := &file_connex_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineInfo) ProtoMessage() {}
+
+func (x *EngineInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_connex_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineInfo.ProtoReflect.Descriptor instead.
+func (*EngineInfo) Descriptor() ([]byte, []int) {
+	return file_connex_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *EngineInfo) GetEngineId() string {
+	if x != nil {
+		return x.EngineId
+	}
+	return ""
+}
+
+func (x *EngineInfo) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *EngineInfo) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *EngineInfo) GetBaseUrl() string {
+	if x != nil {
+		return x.BaseUrl
+	}
+	return ""
+}
+
+func (x *EngineInfo) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetBlocksFree() uint32 {
+	if x != nil {
+		return x.BlocksFree
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetBlocksTotal() uint32 {
+	if x != nil {
+		return x.BlocksTotal
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
+func (x *EngineInfo) GetMaxModelLen() uint32 {
+	if x != nil {
+		return x.MaxModelLen
+	}
+	return 0
+}
+
+// RegisterEngineRequest registers (or refreshes) an engine with its local
+// connexd. The registration lapses unless renewed within ttl_ms.
+type RegisterEngineRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Engine *EngineInfo            `protobuf:"bytes,1,opt,name=engine,proto3" json:"engine,omitempty"`
+	// How long the registration lives without a renewal; 0 means the
+	// member's default (3000 ms). Between 500 and 60000.
+	TtlMs         uint32 `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterEngineRequest) Reset() {
+	*x = RegisterEngineRequest{}
+	mi := &file_connex_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterEngineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterEngineRequest) ProtoMessage() {}
+
+func (x *RegisterEngineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_connex_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterEngineRequest.ProtoReflect.Descriptor instead.
+func (*RegisterEngineRequest) Descriptor() ([]byte, []int) {
+	return file_connex_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *RegisterEngineRequest) GetEngine() *EngineInfo {
+	if x != nil {
+		return x.Engine
+	}
+	return nil
+}
+
+func (x *RegisterEngineRequest) GetTtlMs() uint32 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+// RegisterEngineReply says how often to renew.
+type RegisterEngineReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	TtlMs uint32                 `protobuf:"varint,1,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	// Renew at least this often (a third of the TTL).
+	RenewMs       uint32 `protobuf:"varint,2,opt,name=renew_ms,json=renewMs,proto3" json:"renew_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterEngineReply) Reset() {
+	*x = RegisterEngineReply{}
+	mi := &file_connex_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterEngineReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterEngineReply) ProtoMessage() {}
+
+func (x *RegisterEngineReply) ProtoReflect() protoreflect.Message {
+	mi := &file_connex_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterEngineReply.ProtoReflect.Descriptor instead.
+func (*RegisterEngineReply) Descriptor() ([]byte, []int) {
+	return file_connex_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RegisterEngineReply) GetTtlMs() uint32 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+func (x *RegisterEngineReply) GetRenewMs() uint32 {
+	if x != nil {
+		return x.RenewMs
+	}
+	return 0
+}
+
 var File_connex_proto protoreflect.FileDescriptor
 
 const file_connex_proto_rawDesc = "" +
@@ -1761,7 +2013,7 @@ const file_connex_proto_rawDesc = "" +
 	"RemoteCtrl\x12\x16\n" +
 	"\x06member\x18\x01 \x01(\tR\x06member\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1b\n" +
-	"\tdata_addr\x18\x03 \x01(\fR\bdataAddr\"\x94\x03\n" +
+	"\tdata_addr\x18\x03 \x01(\fR\bdataAddr\"\xe5\x03\n" +
 	"\x10KVTransferParams\x12*\n" +
 	"\x11do_remote_prefill\x18\x01 \x01(\bR\x0fdoRemotePrefill\x12(\n" +
 	"\x10do_remote_decode\x18\x02 \x01(\bR\x0edoRemoteDecode\x12\x1f\n" +
@@ -1776,7 +2028,9 @@ const file_connex_proto_rawDesc = "" +
 	"\n" +
 	"block_size\x18\t \x01(\rR\tblockSize\x12\x19\n" +
 	"\bretain_s\x18\n" +
-	" \x01(\rR\aretainS\"\xda\x01\n" +
+	" \x01(\rR\aretainS\x12*\n" +
+	"\x11connex_request_id\x18\v \x01(\tR\x0fconnexRequestId\x12#\n" +
+	"\rconnex_resume\x18\f \x01(\bR\fconnexResume\"\xda\x01\n" +
 	"\x11CreateHoldRequest\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
 	"\tregion_id\x18\x02 \x01(\tR\bregionId\x12\x1b\n" +
@@ -1876,7 +2130,26 @@ const file_connex_proto_rawDesc = "" +
 	"\x02ok\x18\x04 \x01(\bR\x02ok\"E\n" +
 	"\tRegionRef\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
-	"\tregion_id\x18\x02 \x01(\tR\bregionIdB,Z*github.com/connex/connex/messages;messagesb\x06proto3"
+	"\tregion_id\x18\x02 \x01(\tR\bregionId\"\x92\x02\n" +
+	"\n" +
+	"EngineInfo\x12\x1b\n" +
+	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12\x14\n" +
+	"\x05model\x18\x03 \x01(\tR\x05model\x12\x19\n" +
+	"\bbase_url\x18\x04 \x01(\tR\abaseUrl\x12\x1b\n" +
+	"\tin_flight\x18\x05 \x01(\rR\binFlight\x12\x1f\n" +
+	"\vblocks_free\x18\x06 \x01(\rR\n" +
+	"blocksFree\x12!\n" +
+	"\fblocks_total\x18\a \x01(\rR\vblocksTotal\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\b \x01(\rR\tblockSize\x12\"\n" +
+	"\rmax_model_len\x18\t \x01(\rR\vmaxModelLen\"]\n" +
+	"\x15RegisterEngineRequest\x12-\n" +
+	"\x06engine\x18\x01 \x01(\v2\x15.connex.v1.EngineInfoR\x06engine\x12\x15\n" +
+	"\x06ttl_ms\x18\x02 \x01(\rR\x05ttlMs\"G\n" +
+	"\x13RegisterEngineReply\x12\x15\n" +
+	"\x06ttl_ms\x18\x01 \x01(\rR\x05ttlMs\x12\x19\n" +
+	"\brenew_ms\x18\x02 \x01(\rR\arenewMsB,Z*github.com/connex/connex/messages;messagesb\x06proto3"
 
 var (
 	file_connex_proto_rawDescOnce sync.Once
@@ -1890,7 +2163,7 @@ func file_connex_proto_rawDescGZIP() []byte {
 	return file_connex_proto_rawDescData
 }
 
-var file_connex_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_connex_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_connex_proto_goTypes = []any{
 	(*Layout)(nil),                // 0: connex.v1.Layout
 	(*RegisterRegionRequest)(nil), // 1: connex.v1.RegisterRegionRequest
@@ -1913,6 +2186,9 @@ var file_connex_proto_goTypes = []any{
 	(*Descriptors)(nil),           // 18: connex.v1.Descriptors
 	(*PullEnd)(nil),               // 19: connex.v1.PullEnd
 	(*RegionRef)(nil),             // 20: connex.v1.RegionRef
+	(*EngineInfo)(nil),            // 21: connex.v1.EngineInfo
+	(*RegisterEngineRequest)(nil), // 22: connex.v1.RegisterEngineRequest
+	(*RegisterEngineReply)(nil),   // 23: connex.v1.RegisterEngineReply
 }
 var file_connex_proto_depIdxs = []int32{
 	0,  // 0: connex.v1.RegisterRegionRequest.layout:type_name -> connex.v1.Layout
@@ -1925,11 +2201,12 @@ var file_connex_proto_depIdxs = []int32{
 	6,  // 7: connex.v1.Descriptors.remote_ctrl:type_name -> connex.v1.RemoteCtrl
 	0,  // 8: connex.v1.Descriptors.layout:type_name -> connex.v1.Layout
 	16, // 9: connex.v1.Descriptors.segments:type_name -> connex.v1.Segment
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	21, // 10: connex.v1.RegisterEngineRequest.engine:type_name -> connex.v1.EngineInfo
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_connex_proto_init() }
@@ -1943,7 +2220,7 @@ func file_connex_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_connex_proto_rawDesc), len(file_connex_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

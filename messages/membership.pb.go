@@ -57,7 +57,9 @@ type MemberAnnounce struct {
 	// The connexd member name (its member_id config key): the token engines
 	// and peers use in subject API subjects connex.v1.<name>.*. Stable across
 	// restarts, unlike member_id.
-	Name          string `protobuf:"bytes,10,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,10,opt,name=name,proto3" json:"name,omitempty"`
+	// Engines registered with this member (engine.register), live ones only.
+	Engines       []*EngineInfo `protobuf:"bytes,11,rep,name=engines,proto3" json:"engines,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -162,6 +164,13 @@ func (x *MemberAnnounce) GetName() string {
 	return ""
 }
 
+func (x *MemberAnnounce) GetEngines() []*EngineInfo {
+	if x != nil {
+		return x.Engines
+	}
+	return nil
+}
+
 // MemberGone says a member is out of the cluster: published on
 // <prefix>.<cluster>.leave.<member_id> by the member itself on a graceful
 // leave, or on <prefix>.<cluster>.dead.<member_id> by a member that found it
@@ -244,7 +253,7 @@ var File_membership_proto protoreflect.FileDescriptor
 
 const file_membership_proto_rawDesc = "" +
 	"\n" +
-	"\x10membership.proto\x12\tconnex.v1\"\xf5\x01\n" +
+	"\x10membership.proto\x12\tconnex.v1\x1a\fconnex.proto\"\xa6\x02\n" +
 	"\x0eMemberAnnounce\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x12\n" +
@@ -257,7 +266,8 @@ const file_membership_proto_rawDesc = "" +
 	"\fsent_unix_ms\x18\t \x01(\x03R\n" +
 	"sentUnixMs\x12\x12\n" +
 	"\x04name\x18\n" +
-	" \x01(\tR\x04name\"|\n" +
+	" \x01(\tR\x04name\x12/\n" +
+	"\aengines\x18\v \x03(\v2\x15.connex.v1.EngineInfoR\aengines\"|\n" +
 	"\n" +
 	"MemberGone\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x1b\n" +
@@ -282,13 +292,15 @@ var file_membership_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_membership_proto_goTypes = []any{
 	(*MemberAnnounce)(nil), // 0: connex.v1.MemberAnnounce
 	(*MemberGone)(nil),     // 1: connex.v1.MemberGone
+	(*EngineInfo)(nil),     // 2: connex.v1.EngineInfo
 }
 var file_membership_proto_depIdxs = []int32{
-	0, // [0:0] is the sub-list for method output_type
-	0, // [0:0] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	2, // 0: connex.v1.MemberAnnounce.engines:type_name -> connex.v1.EngineInfo
+	1, // [1:1] is the sub-list for method output_type
+	1, // [1:1] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_membership_proto_init() }
@@ -296,6 +308,7 @@ func file_membership_proto_init() {
 	if File_membership_proto != nil {
 		return
 	}
+	file_connex_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

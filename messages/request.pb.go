@@ -42,8 +42,13 @@ type RequestState struct {
 	UpdatedUnixMs int64  `protobuf:"varint,8,opt,name=updated_unix_ms,json=updatedUnixMs,proto3" json:"updated_unix_ms,omitempty"`
 	// Members that owned the request before, oldest first.
 	PreviousOwners []string `protobuf:"bytes,9,rep,name=previous_owners,json=previousOwners,proto3" json:"previous_owners,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Who decides where the request resumes if its owner dies: "" (the
+	// cluster: the coordinator adopts it and sends a ResumeNotice) or "router"
+	// (the router streaming it resends it to another engine, which takes it
+	// over; the coordinator leaves it alone).
+	ResumeAuthority string `protobuf:"bytes,10,opt,name=resume_authority,json=resumeAuthority,proto3" json:"resume_authority,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RequestState) Reset() {
@@ -139,6 +144,13 @@ func (x *RequestState) GetPreviousOwners() []string {
 	return nil
 }
 
+func (x *RequestState) GetResumeAuthority() string {
+	if x != nil {
+		return x.ResumeAuthority
+	}
+	return ""
+}
+
 // StartRequestMsg starts a decode request on the member that receives it.
 type StartRequestMsg struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -146,9 +158,15 @@ type StartRequestMsg struct {
 	Params         *KVTransferParams      `protobuf:"bytes,2,opt,name=params,proto3" json:"params,omitempty"`
 	PromptTokenIds []uint32               `protobuf:"varint,3,rep,packed,name=prompt_token_ids,json=promptTokenIds,proto3" json:"prompt_token_ids,omitempty"`
 	// Local decode engine running the request.
-	EngineId      string `protobuf:"bytes,4,opt,name=engine_id,json=engineId,proto3" json:"engine_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	EngineId string `protobuf:"bytes,4,opt,name=engine_id,json=engineId,proto3" json:"engine_id,omitempty"`
+	// Take the request over if it exists (a resume decided by the router): the
+	// state moves to this member and engine with the next epoch, which fences
+	// the activation that ran it before. Without it, an existing id is an error.
+	Takeover bool `protobuf:"varint,5,opt,name=takeover,proto3" json:"takeover,omitempty"`
+	// See RequestState.resume_authority.
+	ResumeAuthority string `protobuf:"bytes,6,opt,name=resume_authority,json=resumeAuthority,proto3" json:"resume_authority,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StartRequestMsg) Reset() {
@@ -205,6 +223,20 @@ func (x *StartRequestMsg) GetPromptTokenIds() []uint32 {
 func (x *StartRequestMsg) GetEngineId() string {
 	if x != nil {
 		return x.EngineId
+	}
+	return ""
+}
+
+func (x *StartRequestMsg) GetTakeover() bool {
+	if x != nil {
+		return x.Takeover
+	}
+	return false
+}
+
+func (x *StartRequestMsg) GetResumeAuthority() string {
+	if x != nil {
+		return x.ResumeAuthority
 	}
 	return ""
 }
@@ -592,7 +624,7 @@ var File_request_proto protoreflect.FileDescriptor
 
 const file_request_proto_rawDesc = "" +
 	"\n" +
-	"\rrequest.proto\x12\tconnex.v1\x1a\fconnex.proto\"\xd6\x02\n" +
+	"\rrequest.proto\x12\tconnex.v1\x1a\fconnex.proto\"\x81\x03\n" +
 	"\fRequestState\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x123\n" +
@@ -603,13 +635,17 @@ const file_request_proto_rawDesc = "" +
 	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12\x1b\n" +
 	"\tengine_id\x18\a \x01(\tR\bengineId\x12&\n" +
 	"\x0fupdated_unix_ms\x18\b \x01(\x03R\rupdatedUnixMs\x12'\n" +
-	"\x0fprevious_owners\x18\t \x03(\tR\x0epreviousOwners\"\xac\x01\n" +
+	"\x0fprevious_owners\x18\t \x03(\tR\x0epreviousOwners\x12)\n" +
+	"\x10resume_authority\x18\n" +
+	" \x01(\tR\x0fresumeAuthority\"\xf3\x01\n" +
 	"\x0fStartRequestMsg\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x123\n" +
 	"\x06params\x18\x02 \x01(\v2\x1b.connex.v1.KVTransferParamsR\x06params\x12(\n" +
 	"\x10prompt_token_ids\x18\x03 \x03(\rR\x0epromptTokenIds\x12\x1b\n" +
-	"\tengine_id\x18\x04 \x01(\tR\bengineId\"c\n" +
+	"\tengine_id\x18\x04 \x01(\tR\bengineId\x12\x1a\n" +
+	"\btakeover\x18\x05 \x01(\bR\btakeover\x12)\n" +
+	"\x10resume_authority\x18\x06 \x01(\tR\x0fresumeAuthority\"c\n" +
 	"\x0fRequestProgress\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
