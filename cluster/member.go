@@ -1,6 +1,11 @@
 package cluster
 
-import "strconv"
+import (
+	"strconv"
+
+	"github.com/connex/connex/messages"
+	"google.golang.org/protobuf/proto"
+)
 
 // Role is what a member does in P/D serving. It travels as a string so that
 // members of a newer version may add roles.
@@ -34,6 +39,9 @@ type Member struct {
 	// subject API; stable across restarts, unlike ID. May be empty for
 	// members that are not connexd daemons.
 	Name string
+	// Engines are the engines registered with the member (role, model,
+	// HTTP base URL, load), as of its last heartbeat.
+	Engines []*messages.EngineInfo
 	// Suspect is true while it is silent and being probed; placement
 	// should avoid a suspect member.
 	Suspect bool
@@ -49,5 +57,12 @@ func (m Member) Address() string {
 // the view's state.
 func (m Member) clone() Member {
 	m.Kinds = append([]string(nil), m.Kinds...)
+	if m.Engines != nil {
+		es := make([]*messages.EngineInfo, len(m.Engines))
+		for i, e := range m.Engines {
+			es[i] = proto.Clone(e).(*messages.EngineInfo)
+		}
+		m.Engines = es
+	}
 	return m
 }

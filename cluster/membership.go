@@ -3,6 +3,9 @@ package cluster
 import (
 	"sync"
 	"sync/atomic"
+
+	"github.com/connex/connex/messages"
+	"google.golang.org/protobuf/proto"
 )
 
 // Membership is what the daemon needs to know about the cluster without
@@ -73,6 +76,7 @@ func (p *Provider) Self() Member {
 	}
 	m := p.self.clone()
 	m.Load = p.load.Load()
+	m.Engines = p.ownEngines()
 	return m
 }
 
@@ -97,6 +101,32 @@ func (p *Provider) Member(id string) (Member, bool) {
 
 // SetLoad implements Membership.
 func (p *Provider) SetLoad(load int64) { p.load.Store(load) }
+
+// SetEngines sets the engines the next heartbeat advertises (the live
+// registrations of this member), and announces them at once.
+func (p *Provider) SetEngines(es []*messages.EngineInfo) {
+	c := make([]*messages.EngineInfo, len(es))
+	for i, e := range es {
+		c[i] = proto.Clone(e).(*messages.EngineInfo)
+	}
+	p.engines.Store(&c)
+	select {
+	case p.announceNow <- struct{}{}:
+	default:
+	}
+}
+
+func (p *Provider) ownEngines() []*messages.EngineInfo {
+	es := p.engines.Load()
+	if es == nil || len(*es) == 0 {
+		return nil
+	}
+	out := make([]*messages.EngineInfo, len(*es))
+	for i, e := range *es {
+		out[i] = proto.Clone(e).(*messages.EngineInfo)
+	}
+	return out
+}
 
 // Subscribe implements Membership.
 func (p *Provider) Subscribe(fn func(Event)) (cancel func()) {
@@ -129,6 +159,7 @@ func (p *Provider) membersWhere(keep func(Member) bool) []Member {
 	for _, m := range p.watch.snapshot {
 		if p.self != nil && m.ID == p.self.ID {
 			m.Load = p.load.Load() // ours is fresher than the view's copy
+			m.Engines = p.ownEngines()
 		}
 		if keep(m) {
 			out = append(out, m.clone())

@@ -36,8 +36,12 @@ type Provider struct {
 
 	started atomic.Bool
 	load    atomic.Int64
-	evicted atomic.Bool // the others removed us: stay silent
-	frozen  atomic.Bool // test hook: behave like a hung (SIGSTOPped) process
+	engines atomic.Pointer[[]*messages.EngineInfo]
+	// announceNow asks the loop for a heartbeat before the next interval
+	// (engines changed).
+	announceNow chan struct{}
+	evicted     atomic.Bool // the others removed us: stay silent
+	frozen      atomic.Bool // test hook: behave like a hung (SIGSTOPped) process
 
 	// Set once by start, read-only afterwards.
 	cl       *actorcluster.Cluster
@@ -67,7 +71,7 @@ func NewProvider(nc *nats.Conn, cfg Config) (*Provider, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Provider{cfg: cfg, nc: nc, log: cfg.logger()}, nil
+	return &Provider{cfg: cfg, nc: nc, log: cfg.logger(), announceNow: make(chan struct{}, 1)}, nil
 }
 
 // StartMember joins c as a member: it subscribes to the membership

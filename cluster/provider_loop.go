@@ -59,6 +59,8 @@ func (p *Provider) run(v *view) {
 			return
 		case in := <-p.inbox:
 			fx = p.apply(v, in, time.Now())
+		case <-p.announceNow:
+			fx.announce = true
 		case <-timer.C:
 		}
 		now := time.Now()

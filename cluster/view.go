@@ -4,6 +4,9 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/connex/connex/messages"
+	"google.golang.org/protobuf/proto"
 )
 
 // view is the membership state machine: who is live, who is suspect, who
@@ -283,7 +286,7 @@ func (v *view) remove(fx *effects, e *memberEntry, reason Reason, report bool) {
 
 func sameMember(a, b Member) bool {
 	return a.Host == b.Host && a.Port == b.Port && a.Role == b.Role && a.Load == b.Load && a.Name == b.Name &&
-		slices.Equal(a.Kinds, b.Kinds)
+		slices.Equal(a.Kinds, b.Kinds) && slices.EqualFunc(a.Engines, b.Engines, func(x, y *messages.EngineInfo) bool { return proto.Equal(x, y) })
 }
 
 // effects is what one view step asks the provider to do, in order.

@@ -11,6 +11,9 @@ import (
 // wireVersion is the membership protocol version this code speaks.
 const wireVersion = 1
 
+// maxEngines bounds the engines one announce may carry.
+const maxEngines = 64
+
 func announceOf(m Member, seq uint64, now time.Time) *messages.MemberAnnounce {
 	return &messages.MemberAnnounce{
 		Version:    wireVersion,
@@ -21,6 +24,7 @@ func announceOf(m Member, seq uint64, now time.Time) *messages.MemberAnnounce {
 		Kinds:      m.Kinds,
 		Name:       m.Name,
 		Load:       m.Load,
+		Engines:    m.Engines,
 		Seq:        seq,
 		SentUnixMs: now.UnixMilli(),
 	}
@@ -36,6 +40,9 @@ func memberOf(a *messages.MemberAnnounce) (Member, error) {
 	case a.GetHost() == "" || a.GetPort() <= 0 || a.GetPort() > 65535:
 		return Member{}, fmt.Errorf("announce of %s: address %q:%d", a.GetMemberId(), a.GetHost(), a.GetPort())
 	}
+	if len(a.GetEngines()) > maxEngines {
+		return Member{}, fmt.Errorf("announce of %s: %d engines (at most %d)", a.GetMemberId(), len(a.GetEngines()), maxEngines)
+	}
 	kinds := slices.Clone(a.GetKinds())
 	slices.Sort(kinds)
 	return Member{
@@ -46,6 +53,8 @@ func memberOf(a *messages.MemberAnnounce) (Member, error) {
 		Kinds: kinds,
 		Load:  a.GetLoad(),
 		Name:  a.GetName(),
+		// Cloned again by Member.clone before it leaves the view.
+		Engines: a.GetEngines(),
 	}, nil
 }
 

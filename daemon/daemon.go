@@ -16,6 +16,7 @@ import (
 	"github.com/connex/connex/bus"
 	"github.com/connex/connex/cluster"
 	"github.com/connex/connex/config"
+	"github.com/connex/connex/engines"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/requests"
@@ -49,11 +50,14 @@ type Daemon struct {
 	reqErr   error // why reqStore is nil
 	rdeps    *actors.RequestDeps
 	members  Members
-	cluster  *clusterMembers
-	now      func() time.Time
-	stop     chan struct{}
-	wg       sync.WaitGroup
-	closed   sync.Once
+	// Engines registered with this member (engine.register).
+	engMu   sync.Mutex
+	engines engineTable
+	cluster *clusterMembers
+	now     func() time.Time
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	closed  sync.Once
 	// bg tracks pullers' reads and background PullEnds; Close waits for
 	// them (cancelled reads end within a grain or the cancel grace, each
 	// PullEnd within pull_stall_ms) before the data plane and NATS close.
@@ -69,7 +73,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	d = &Daemon{cfg: cfg, log: log, now: time.Now, Metrics: &actors.Metrics{}, stop: make(chan struct{})}
+	d = &Daemon{cfg: cfg, log: log, now: time.Now, Metrics: &actors.Metrics{}, stop: make(chan struct{}), engines: engineTable{reg: engines.NewRegistry()}}
 	defer func() {
 		if err != nil {
 			d.Close()
@@ -154,8 +158,9 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	if err := d.Bus.Conn.FlushTimeout(10 * time.Second); err != nil {
 		log.Warn("nats flush after start failed; the API may answer late", "err", err)
 	}
-	d.wg.Add(1)
+	d.wg.Add(2)
 	go d.sweep()
+	go d.expireEngines()
 	return d, nil
 }
 

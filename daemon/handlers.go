@@ -159,6 +159,7 @@ func (d *Daemon) EngineGone(_ context.Context, r *messages.EngineGoneRequest) (*
 		out.HoldsDropped++
 	}
 	out.RegionsDropped = uint32(d.regions.DropEngine(r.EngineId))
+	d.dropEngine(r.EngineId)
 	return &out, nil
 }
 

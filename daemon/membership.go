@@ -11,6 +11,7 @@ import (
 	"github.com/asynkron/protoactor-go/cluster/identitylookup/disthash"
 	"github.com/connex/connex/cluster"
 	"github.com/connex/connex/config"
+	"github.com/connex/connex/messages"
 	"github.com/connex/connex/requests"
 	"github.com/nats-io/nats.go"
 )
@@ -32,6 +33,7 @@ type clusterMembers struct {
 	watchers  []func(*cluster.Provider, cluster.Event) // re-subscribed to each provider on rejoin
 	cancels   []func()
 	load      int64
+	engines   []*messages.EngineInfo
 	closed    bool
 	departed  map[string]bool      // member names seen leaving, not back since
 	firstSeen map[string]time.Time // when each present member entered our view
@@ -99,6 +101,7 @@ func (m *clusterMembers) start() error {
 	m.sys, m.cl, m.prov = sys, cl, prov
 	m.grace = ccfg.TTL() + 2*ccfg.HeartbeatInterval
 	prov.SetLoad(m.load)
+	prov.SetEngines(m.engines)
 	watchers := append([]func(*cluster.Provider, cluster.Event){}, m.watchers...)
 	m.mu.Unlock()
 	for _, fn := range watchers {
@@ -278,6 +281,27 @@ func (m *clusterMembers) SetLoad(load int64) {
 	if m.prov != nil {
 		m.prov.SetLoad(load)
 	}
+}
+
+// SetEngines advertises the engines registered with this member.
+func (m *clusterMembers) SetEngines(es []*messages.EngineInfo) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.engines = es
+	if m.prov != nil {
+		m.prov.SetEngines(es)
+	}
+}
+
+// Members is every live member, suspects included, as of now.
+func (m *clusterMembers) Members() []cluster.Member {
+	m.mu.Lock()
+	prov := m.prov
+	m.mu.Unlock()
+	if prov == nil {
+		return nil
+	}
+	return prov.Members()
 }
 
 // Close leaves the cluster gracefully (the others see a leave at once).

@@ -1,0 +1,93 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/engines"
+	"github.com/connex/connex/messages"
+)
+
+// engineTable wires engines.Registry to the API and to this member's
+// heartbeats: every change (a new engine, a lapse, engine.gone) is
+// advertised at once.
+type engineTable struct {
+	reg *engines.Registry
+}
+
+// RegisterEngine registers or refreshes an engine with this member.
+func (d *Daemon) RegisterEngine(_ context.Context, r *messages.RegisterEngineRequest) (*messages.RegisterEngineReply, error) {
+	ttl, err := engines.Validate(r, api.ValidToken)
+	if err != nil {
+		return nil, api.Errorf(api.CodeBadRequest, "%v", err)
+	}
+	d.engMu.Lock()
+	err = d.engines.reg.Register(r.GetEngine(), ttl, d.now())
+	d.engMu.Unlock()
+	if errors.Is(err, engines.ErrFull) {
+		return nil, api.Errorf(api.CodeOverloaded, "engine.register of %s on member %s: %v", r.GetEngine().GetEngineId(), d.cfg.MemberID, err)
+	}
+	if err != nil {
+		return nil, api.Errorf(api.CodeBadRequest, "%v", err)
+	}
+	d.advertiseEngines()
+	return &messages.RegisterEngineReply{TtlMs: uint32(ttl.Milliseconds()), RenewMs: uint32((ttl / 3).Milliseconds())}, nil
+}
+
+// dropEngine forgets an engine's registration (engine.gone).
+func (d *Daemon) dropEngine(id string) {
+	d.engMu.Lock()
+	removed := d.engines.reg.Remove(id)
+	d.engMu.Unlock()
+	if removed {
+		d.advertiseEngines()
+	}
+}
+
+// advertiseEngines puts the live registrations into this member's heartbeat.
+func (d *Daemon) advertiseEngines() {
+	d.engMu.Lock()
+	live, lapsed := d.engines.reg.Live(d.now())
+	d.engMu.Unlock()
+	for _, id := range lapsed {
+		d.log.Warn("engine registration lapsed (no renewal within its TTL): no longer advertised", "engine", id)
+	}
+	if d.cluster != nil {
+		d.cluster.SetEngines(live)
+	}
+}
+
+// expireEngines drops lapsed registrations as they lapse.
+func (d *Daemon) expireEngines() {
+	defer d.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		d.engMu.Lock()
+		next := d.engines.reg.NextExpiry()
+		d.engMu.Unlock()
+		wait := 250 * time.Millisecond
+		if !next.IsZero() {
+			if w := next.Sub(d.now()); w < wait {
+				wait = max(w, time.Millisecond)
+			}
+		}
+		t.Reset(wait)
+		select {
+		case <-d.stop:
+			return
+		case <-t.C:
+		}
+		d.engMu.Lock()
+		_, lapsed := d.engines.reg.Live(d.now())
+		d.engMu.Unlock()
+		if len(lapsed) > 0 {
+			for _, id := range lapsed {
+				d.log.Warn("engine registration lapsed (no renewal within its TTL): no longer advertised", "engine", id)
+			}
+			d.advertiseEngines()
+		}
+	}
+}
