@@ -75,6 +75,11 @@ func (t *RequestTable) drop(id string, pid *actor.PID) {
 // StartRequest makes a new request actor create its state. Reply: Status or Err.
 type StartRequest struct{ Msg *messages.StartRequestMsg }
 
+// TakeoverRequest moves a request that runs here to another local engine
+// with the next epoch (a router-decided resume landing on the same member).
+// Reply: Status or Err.
+type TakeoverRequest struct{ Msg *messages.StartRequestMsg }
+
 // AdoptRequest makes a new request actor take over an orphan. Reply: Status or Err.
 type AdoptRequest struct {
 	ID        string
@@ -126,6 +131,8 @@ func (a *requestActor) Receive(ctx actor.Context) {
 		a.start(ctx, m)
 	case *AdoptRequest:
 		a.adopt(ctx, m)
+	case *TakeoverRequest:
+		a.takeoverInPlace(ctx, m)
 	case *RequestProgress:
 		next, err := requests.Append(a.st, m.Epoch, m.Tokens, a.deps.Now())
 		if err != nil {
@@ -138,6 +145,9 @@ func (a *requestActor) Receive(ctx actor.Context) {
 	case *InspectRequest:
 		ctx.Respond(RequestReply{Status: a.status("running")})
 	case renewTick:
+		if a.fencedInStore(ctx) {
+			return
+		}
 		a.renewHold()
 		a.arm()
 	case *actor.Stopping:
@@ -172,13 +182,100 @@ func (a *requestActor) start(ctx actor.Context, m *StartRequest) {
 	a.st = st
 	c, cancel := a.ctx()
 	defer cancel()
-	if a.rev, err = a.deps.Store.Create(c, st); err != nil {
+	if m.Msg.Takeover {
+		st, err = a.takeover(c, m.Msg)
+	} else {
+		a.rev, err = a.deps.Store.Create(c, st)
+	}
+	if err != nil {
 		a.fail(ctx, err)
 		return
 	}
+	a.st = st
 	a.self, a.system = ctx.Self(), ctx.ActorSystem()
+	if m.Msg.Takeover {
+		a.renewHold()
+	}
 	a.arm()
 	ctx.Respond(RequestReply{Status: a.status("running")})
+}
+
+// takeover moves the stored request here with the next epoch, or creates it
+// if it is not stored (its first activation never started, or it ended). A
+// write of the old owner racing ours makes the CAS fail: read again, retry.
+func (a *requestActor) takeover(c context.Context, start *messages.StartRequestMsg) (*messages.RequestState, error) {
+	for attempt := 0; ; attempt++ {
+		cur, rev, err := a.deps.Store.Get(c, start.RequestId)
+		if errors.Is(err, requests.ErrNotFound) {
+			st, err := requests.New(start, a.deps.Self, a.deps.Now())
+			if err != nil {
+				return nil, err
+			}
+			if a.rev, err = a.deps.Store.Create(c, st); err == nil || attempt >= 3 {
+				return st, err
+			}
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		next, err := requests.Takeover(cur, start, a.deps.Self, a.deps.Now())
+		if err != nil {
+			return nil, err
+		}
+		if a.rev, err = a.deps.Store.Update(c, next, rev); err == nil {
+			a.deps.Log.Info("request taken over", "request", start.RequestId, "from", cur.Owner, "engine", start.EngineId, "epoch", next.Epoch)
+			return next, nil
+		}
+		if !errors.Is(err, requests.ErrFenced) || attempt >= 3 {
+			return nil, err
+		}
+	}
+}
+
+// takeoverInPlace moves a request that runs here to the engine a
+// router-decided resume names, fencing the engine that ran it.
+func (a *requestActor) takeoverInPlace(ctx actor.Context, m *TakeoverRequest) {
+	next, err := requests.Takeover(a.st, m.Msg, a.deps.Self, a.deps.Now())
+	if err != nil {
+		ctx.Respond(RequestReply{Err: err})
+		return
+	}
+	old := a.st
+	c, cancel := a.ctx()
+	defer cancel()
+	rev, err := a.deps.Store.Update(c, next, a.rev)
+	if err != nil {
+		a.fail(ctx, fmt.Errorf("takeover of request %s: %w", old.RequestId, err))
+		return
+	}
+	a.st, a.rev = next, rev
+	a.deps.Publish(api.FencedSubject(old.EngineId), &messages.FencedNotice{RequestId: old.RequestId, StaleEpoch: old.Epoch, NewOwner: a.deps.Self})
+	a.renewHold()
+	a.arm()
+	ctx.Respond(RequestReply{Status: a.status("running")})
+}
+
+// fencedInStore reports (and acts on) a request that another activation
+// took over while this one was idle: its engine is told, the actor stops,
+// and it no longer keeps the hold alive.
+func (a *requestActor) fencedInStore(ctx actor.Context) bool {
+	c, cancel := a.ctx()
+	defer cancel()
+	cur, _, err := a.deps.Store.Get(c, a.st.RequestId)
+	switch {
+	case errors.Is(err, requests.ErrNotFound):
+		a.deps.Log.Info("request ended elsewhere; this activation stops", "request", a.st.RequestId, "epoch", a.st.Epoch)
+	case err != nil:
+		return false // the store is unreachable: keep the hold alive meanwhile
+	case cur.Epoch == a.st.Epoch && cur.Owner == a.st.Owner:
+		return false
+	default:
+		a.deps.Log.Warn("request fenced: it moved to another member", "request", a.st.RequestId, "epoch", a.st.Epoch, "new_owner", cur.Owner)
+		a.deps.Publish(api.FencedSubject(a.st.EngineId), &messages.FencedNotice{RequestId: a.st.RequestId, StaleEpoch: a.st.Epoch, NewOwner: cur.Owner})
+	}
+	ctx.Stop(ctx.Self())
+	return true
 }
 
 func (a *requestActor) adopt(ctx actor.Context, m *AdoptRequest) {

@@ -79,6 +79,11 @@ func (d *Daemon) StartRequest(_ context.Context, r *messages.StartRequestMsg) (*
 	if err := requireToken("engine_id", r.EngineId); err != nil {
 		return nil, err
 	}
+	if r.Takeover {
+		if _, ok := d.reqTable.Lookup(r.RequestId); ok {
+			return d.askRequest(r.RequestId, &actors.TakeoverRequest{Msg: r})
+		}
+	}
 	return d.spawnRequest(&actors.StartRequest{Msg: r})
 }
 

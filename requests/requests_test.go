@@ -157,3 +157,40 @@ func TestKVStoreFencing(t *testing.T) {
 		t.Fatalf("owners after delete %v %v", owners, err)
 	}
 }
+
+func TestTakeover(t *testing.T) {
+	now := time.Unix(100, 0)
+	first := start()
+	first.ResumeAuthority = AuthorityRouter
+	st, err := New(first, "d1", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ = Append(st, 1, []uint32{7, 8}, now)
+	resume := &messages.StartRequestMsg{RequestId: "req-1", EngineId: "e2", PromptTokenIds: []uint32{1, 2, 3, 4, 7, 8},
+		Params: st.Params, Takeover: true}
+	next, err := Takeover(st, resume, "d2", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Epoch != 2 || next.Owner != "d2" || next.EngineId != "e2" || !reflect.DeepEqual(next.PreviousOwners, []string{"d1"}) ||
+		next.ResumeAuthority != AuthorityRouter || len(next.PromptTokenIds) != 6 || len(next.GeneratedTokenIds) != 0 {
+		t.Fatalf("takeover: %v", next)
+	}
+	if _, err := Append(st, 1, []uint32{9}, now); err != nil {
+		t.Fatalf("the old state itself must not change: %v", err)
+	}
+	if _, err := Append(next, 1, []uint32{9}, now); !errors.Is(err, ErrFenced) {
+		t.Fatalf("the old epoch after a takeover: %v", err)
+	}
+	other := &messages.StartRequestMsg{RequestId: "req-1", EngineId: "e3", PromptTokenIds: []uint32{1, 2, 3, 4},
+		Params: &messages.KVTransferParams{TransferId: "another", RemoteNumTokens: 4}, Takeover: true}
+	if _, err := Takeover(next, other, "d3", now); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a takeover naming another transfer: %v", err)
+	}
+	bad := start()
+	bad.ResumeAuthority = "somebody"
+	if _, err := New(bad, "d1", now); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("unknown resume_authority: %v", err)
+	}
+}

@@ -24,6 +24,11 @@ var (
 	ErrNotOrphan = errors.New("requests: request is not an orphan of that member")
 )
 
+// AuthorityRouter is the resume_authority of a request whose router decides
+// where it resumes: the engine it moves to takes it over (Takeover), and the
+// cluster's orphan coordinator leaves it alone.
+const AuthorityRouter = "router"
+
 // MaxTokens bounds prompt plus generated tokens of one request.
 const MaxTokens = 1 << 20
 
@@ -39,10 +44,37 @@ func New(start *messages.StartRequestMsg, owner string, now time.Time) (*message
 	case start.Params.RemoteNumTokens > uint32(len(start.PromptTokenIds)):
 		return nil, fmt.Errorf("%w: remote_num_tokens=%d exceeds the %d prompt tokens", ErrInvalid, start.Params.RemoteNumTokens, len(start.PromptTokenIds))
 	}
+	switch start.ResumeAuthority {
+	case "", AuthorityRouter:
+	default:
+		return nil, fmt.Errorf("%w: resume_authority %q (allowed: \"\" for the cluster, %q)", ErrInvalid, start.ResumeAuthority, AuthorityRouter)
+	}
 	return &messages.RequestState{
 		RequestId: start.RequestId, Params: start.Params, PromptTokenIds: start.PromptTokenIds,
 		Owner: owner, Epoch: 1, EngineId: start.EngineId, UpdatedUnixMs: now.UnixMilli(),
+		ResumeAuthority: start.ResumeAuthority,
 	}, nil
+}
+
+// Takeover returns st moved to owner and start's engine with the next
+// epoch: a resume decided by the router, which resends the request to
+// another engine. The activation that ran it before is fenced by the epoch.
+// The new start must name the same transfer; its tokens (the prompt plus the
+// tokens generated so far) become the request's prompt.
+func Takeover(st *messages.RequestState, start *messages.StartRequestMsg, owner string, now time.Time) (*messages.RequestState, error) {
+	fresh, err := New(start, owner, now)
+	if err != nil {
+		return nil, err
+	}
+	if st.GetParams().GetTransferId() != start.GetParams().GetTransferId() {
+		return nil, fmt.Errorf("%w: takeover of request %s names transfer %s, the request uses %s", ErrInvalid, st.RequestId, start.GetParams().GetTransferId(), st.GetParams().GetTransferId())
+	}
+	fresh.Epoch = st.Epoch + 1
+	fresh.PreviousOwners = append(append([]string(nil), st.PreviousOwners...), st.Owner)
+	if fresh.ResumeAuthority == "" {
+		fresh.ResumeAuthority = st.ResumeAuthority
+	}
+	return fresh, nil
 }
 
 // Append returns the state with tokens appended, if epoch is current.

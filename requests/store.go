@@ -114,7 +114,9 @@ func (s *KVStore) Delete(ctx context.Context, id string, rev uint64) error {
 	return nil
 }
 
-// Owners reads every live request's owner (for orphan scans).
+// Owners reads the owner of every live request the cluster resumes (for
+// orphan scans); requests whose router decides where they resume
+// (resume_authority "router") are not listed.
 func (s *KVStore) Owners(ctx context.Context) (map[string]string, error) {
 	w, err := s.KV.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
@@ -130,7 +132,7 @@ func (s *KVStore) Owners(ctx context.Context) (map[string]string, error) {
 				return out, nil
 			}
 			st := new(messages.RequestState)
-			if proto.Unmarshal(e.Value(), st) == nil {
+			if proto.Unmarshal(e.Value(), st) == nil && st.ResumeAuthority != AuthorityRouter {
 				out[st.RequestId] = st.Owner
 			}
 		case <-timeout:
