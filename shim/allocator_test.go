@@ -1,0 +1,111 @@
+package shim
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestAllocatorHoldComesBackOnlyWithFreed(t *testing.T) {
+	a := NewAllocator(8)
+	ids, err := a.Alloc(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ids, []uint32{0, 1, 2}) {
+		t.Fatalf("alloc gave %v, want the lowest ids", ids)
+	}
+	if freed, err := a.Hold("t1", ids); err != nil || freed {
+		t.Fatalf("hold: freed=%v err=%v", freed, err)
+	}
+	if err := a.Free(ids); err == nil {
+		t.Fatal("Free of held blocks succeeded; they must come back only with blocks.freed")
+	}
+	if a.FreeCount() != 5 {
+		t.Fatalf("free=%d after holding 3 of 8", a.FreeCount())
+	}
+	if n, err := a.Freed("t1", []uint32{2, 1, 0}); n != 3 || err != nil {
+		t.Fatalf("Freed = %d, %v", n, err)
+	}
+	if n, _ := a.Freed("t1", ids); n != 0 {
+		t.Fatalf("a second blocks.freed freed %d blocks again", n)
+	}
+	if a.FreeCount() != 8 || a.Held() != 0 {
+		t.Fatalf("free=%d held=%d, want 8 and 0", a.FreeCount(), a.Held())
+	}
+}
+
+func TestAllocatorNoticeBeforeHold(t *testing.T) {
+	a := NewAllocator(4)
+	ids, _ := a.Alloc(2)
+	if n, _ := a.Freed("t9", ids); n != 0 {
+		t.Fatalf("early notice freed %d blocks before the hold was recorded", n)
+	}
+	freed, err := a.Hold("t9", ids)
+	if err != nil || !freed {
+		t.Fatalf("hold after its notice: freed=%v err=%v, want the blocks back at once", freed, err)
+	}
+	if a.FreeCount() != 4 {
+		t.Fatalf("free=%d, want 4", a.FreeCount())
+	}
+}
+
+func TestAllocatorLimitsAndMisuse(t *testing.T) {
+	a := NewAllocator(4)
+	if _, err := a.Alloc(5); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("alloc 5 of 4: %v, want ErrTooLarge", err)
+	}
+	ids, _ := a.Alloc(3)
+	if _, err := a.Alloc(2); !errors.Is(err, ErrNoBlocks) {
+		t.Fatalf("alloc 2 with 1 free: %v, want ErrNoBlocks", err)
+	}
+	if err := a.Free([]uint32{3}); err == nil {
+		t.Fatal("free of a block never allocated succeeded")
+	}
+	if err := a.Free(ids); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(ids); err == nil {
+		t.Fatal("double free succeeded")
+	}
+	if a.FreeCount() != 4 {
+		t.Fatalf("free=%d, want 4", a.FreeCount())
+	}
+}
+
+func TestProgressBatch(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	b := newProgressBatch(3, 100*time.Millisecond)
+	if b.due(t0) {
+		t.Fatal("due with nothing pending")
+	}
+	b.add(t0, 1)
+	b.add(t0.Add(10*time.Millisecond), 2)
+	if b.due(t0.Add(20 * time.Millisecond)) {
+		t.Fatal("due with 2 of 3 tokens before the delay")
+	}
+	if w := b.wake(); !w.Equal(t0.Add(100 * time.Millisecond)) {
+		t.Fatalf("wake=%v, want the oldest token's delay", w)
+	}
+	if !b.due(t0.Add(100 * time.Millisecond)) {
+		t.Fatal("not due after the delay")
+	}
+	b.add(t0.Add(30*time.Millisecond), 3)
+	sent := b.take()
+	if !slices.Equal(sent, []uint32{1, 2, 3}) {
+		t.Fatalf("take=%v", sent)
+	}
+	b.add(t0.Add(40*time.Millisecond), 4, 5, 6)
+	if b.due(t0.Add(time.Second)) {
+		t.Fatal("due while a call is in flight (at most one at a time)")
+	}
+	b.done(t0.Add(50*time.Millisecond), sent, true) // failed: tokens go back in front
+	if got := b.take(); !slices.Equal(got, []uint32{1, 2, 3, 4, 5, 6}) {
+		t.Fatalf("after a failed call take=%v, want the failed tokens first", got)
+	}
+	b.done(t0.Add(60*time.Millisecond), nil, false)
+	if !b.idle() {
+		t.Fatal("not idle after the last call")
+	}
+}

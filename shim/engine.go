@@ -1,0 +1,402 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+)
+
+// Roles an engine registers with.
+const (
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// Config says which engine this is, where its connexd is, and its KV
+// geometry.
+type Config struct {
+	NC       *nats.Conn   // connection to the NATS server of the engine's connexd
+	Member   string       // member_id of the engine's local connexd
+	EngineID string       // this engine's id (one subject token), unique in the cluster
+	RegionID string       // KV region id; "" means "r0"
+	Role     string       // RolePrefill or RoleDecode
+	Model    string       // served model name
+	BaseURL  string       // root of the engine's OpenAI HTTP API, e.g. http://127.0.0.1:8100
+	Layout   kvmem.Layout // KV geometry of the region connexd creates
+
+	MaxModelLen uint32 // advertised in the registration (0: unknown)
+
+	// RegisterTTL is the registration's TTL; 0 uses the member's default
+	// (3 s). It is renewed every renew_ms the member answers (a third).
+	RegisterTTL time.Duration
+	// CallTimeout bounds one API call; 0 means 5 s.
+	CallTimeout time.Duration
+	// PullTimeout is the deadline of one pull; 0 uses 30 s.
+	PullTimeout time.Duration
+	// ProgressEvery and ProgressDelay batch request.progress: a call goes
+	// out once ProgressEvery tokens wait or the oldest is ProgressDelay
+	// old (defaults 8 and 100 ms), never two at a time.
+	ProgressEvery int
+	ProgressDelay time.Duration
+	// DefaultLoadFailurePolicy applies when a load fails before any
+	// pull.done told the connexd's policy (a pull.start error): "fail"
+	// (default) or "recompute".
+	DefaultLoadFailurePolicy string
+
+	Log *slog.Logger // nil discards
+}
+
+func (c *Config) defaults() error {
+	if c.NC == nil {
+		return errors.New("shim: config: NC (NATS connection) is nil")
+	}
+	if !api.ValidToken(c.Member) {
+		return fmt.Errorf("shim: config: member %q is not one subject token", c.Member)
+	}
+	if !api.ValidToken(c.EngineID) {
+		return fmt.Errorf("shim: config: engine id %q is not one subject token", c.EngineID)
+	}
+	if c.Role != RolePrefill && c.Role != RoleDecode {
+		return fmt.Errorf("shim: config: role %q, allowed: %s, %s", c.Role, RolePrefill, RoleDecode)
+	}
+	if err := c.Layout.Validate(); err != nil {
+		return fmt.Errorf("shim: config: %w", err)
+	}
+	if c.RegionID == "" {
+		c.RegionID = "r0"
+	}
+	if c.CallTimeout <= 0 {
+		c.CallTimeout = 5 * time.Second
+	}
+	if c.PullTimeout <= 0 {
+		c.PullTimeout = 30 * time.Second
+	}
+	if c.ProgressEvery <= 0 {
+		c.ProgressEvery = 8
+	}
+	if c.ProgressDelay <= 0 {
+		c.ProgressDelay = 100 * time.Millisecond
+	}
+	switch c.DefaultLoadFailurePolicy {
+	case "":
+		c.DefaultLoadFailurePolicy = PolicyFail
+	case PolicyFail, PolicyRecompute:
+	default:
+		return fmt.Errorf("shim: config: load failure policy %q, allowed: %s, %s", c.DefaultLoadFailurePolicy, PolicyFail, PolicyRecompute)
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// Engine is one engine's side of the subject API: its KV region, block
+// allocator, registration, and notices. Its methods are safe for
+// concurrent use.
+type Engine struct {
+	cfg    Config
+	cli    *api.Client
+	region *kvmem.Region
+	log    *slog.Logger
+
+	mu         sync.Mutex
+	alloc      *Allocator
+	avail      chan struct{} // closed (and replaced) whenever blocks come back
+	inFlight   int
+	pulls      map[string]chan *messages.PullDone
+	requests   map[string]*Request
+	lastPolicy string
+	closed     bool
+
+	subs []*nats.Subscription
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// Open creates the engine's KV region on its connexd (region.create,
+// retried while the member is not reachable yet, until ctx ends), maps it,
+// subscribes to the engine's notices and registers the engine; a goroutine
+// renews the registration until Close.
+func Open(ctx context.Context, cfg Config) (*Engine, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		cfg: cfg, cli: &api.Client{NC: cfg.NC, Member: cfg.Member}, log: cfg.Log,
+		alloc: NewAllocator(cfg.Layout.Blocks), avail: make(chan struct{}),
+		pulls: map[string]chan *messages.PullDone{}, requests: map[string]*Request{},
+		stop: make(chan struct{}),
+	}
+	l := cfg.Layout
+	pl := &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize}
+	var info *messages.RegionInfo
+	for {
+		c, cancel := context.WithTimeout(ctx, max(cfg.CallTimeout, 30*time.Second))
+		var err error
+		info, err = e.cli.CreateRegion(c, &messages.CreateRegionRequest{EngineId: cfg.EngineID, RegionId: cfg.RegionID, Layout: pl})
+		cancel()
+		if err == nil {
+			break
+		}
+		if code := api.CodeOf(err); (code != api.CodePeerUnavailable && code != api.CodeTimeout) || ctx.Err() != nil {
+			return nil, fmt.Errorf("shim: region.create of engine %s on member %s: %w", cfg.EngineID, cfg.Member, err)
+		}
+		select { // connexd not up yet: try again shortly
+		case <-ctx.Done():
+			return nil, fmt.Errorf("shim: region.create of engine %s on member %s: %w", cfg.EngineID, cfg.Member, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	r, err := kvmem.AttachRegion(info.Path, l)
+	if err != nil {
+		e.gone()
+		return nil, fmt.Errorf("shim: map the region connexd %s created at %s: %w", cfg.Member, info.Path, err)
+	}
+	e.region = r
+	for subj, fn := range map[string]nats.MsgHandler{
+		api.FreedSubject(cfg.EngineID):    e.onFreed,
+		api.PullDoneSubject(cfg.EngineID): e.onPullDone,
+		api.FencedSubject(cfg.EngineID):   e.onFenced,
+	} {
+		sub, err := cfg.NC.Subscribe(subj, fn)
+		if err != nil {
+			e.closeOpen()
+			return nil, fmt.Errorf("shim: subscribe %s: %w", subj, err)
+		}
+		e.subs = append(e.subs, sub)
+	}
+	if err := cfg.NC.FlushWithContext(ctx); err != nil {
+		e.closeOpen()
+		return nil, fmt.Errorf("shim: flush subscriptions of engine %s: %w", cfg.EngineID, err)
+	}
+	renew, err := e.register(ctx)
+	if err != nil {
+		e.closeOpen()
+		return nil, err
+	}
+	e.wg.Add(1)
+	go e.renewLoop(renew)
+	return e, nil
+}
+
+func (e *Engine) closeOpen() {
+	for _, s := range e.subs {
+		_ = s.Unsubscribe()
+	}
+	e.gone()
+	if e.region != nil {
+		_ = e.region.Close()
+	}
+}
+
+func (e *Engine) gone() {
+	c, cancel := context.WithTimeout(context.Background(), e.cfg.CallTimeout)
+	defer cancel()
+	if _, err := e.cli.EngineGone(c, &messages.EngineGoneRequest{EngineId: e.cfg.EngineID}); err != nil {
+		e.log.Warn("engine.gone failed", "engine", e.cfg.EngineID, "member", e.cfg.Member, "err", err)
+	}
+}
+
+// ID is the engine id.
+func (e *Engine) ID() string { return e.cfg.EngineID }
+
+// Member is the member id of the engine's connexd.
+func (e *Engine) Member() string { return e.cfg.Member }
+
+// Region is the engine's mapped KV memory, valid until Close.
+func (e *Engine) Region() *kvmem.Region { return e.region }
+
+// Layout is the region's geometry.
+func (e *Engine) Layout() kvmem.Layout { return e.cfg.Layout }
+
+// Info is the engine's registration with its current load figures.
+func (e *Engine) Info() *messages.EngineInfo {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return &messages.EngineInfo{
+		EngineId: e.cfg.EngineID, Role: e.cfg.Role, Model: e.cfg.Model, BaseUrl: e.cfg.BaseURL,
+		InFlight: uint32(e.inFlight), BlocksFree: e.alloc.FreeCount(), BlocksTotal: e.alloc.Total(),
+		BlockSize: e.cfg.Layout.BlockSize, MaxModelLen: e.cfg.MaxModelLen,
+	}
+}
+
+// Begin counts a request in flight (advertised as load) until the
+// returned function is called.
+func (e *Engine) Begin() (end func()) {
+	e.mu.Lock()
+	e.inFlight++
+	e.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			e.mu.Lock()
+			e.inFlight--
+			e.mu.Unlock()
+		})
+	}
+}
+
+// BlockCounts reports free and total blocks of the allocator, and how many
+// transfers still hold blocks.
+func (e *Engine) BlockCounts() (free, total uint32, holds int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.alloc.FreeCount(), e.alloc.Total(), e.alloc.Held()
+}
+
+// Alloc takes n blocks, waiting for blocks to come back while ctx lasts.
+// A request larger than the region fails at once with ErrTooLarge.
+func (e *Engine) Alloc(ctx context.Context, n int) ([]uint32, error) {
+	for {
+		e.mu.Lock()
+		ids, err := e.alloc.Alloc(n)
+		ch := e.avail
+		e.mu.Unlock()
+		if err == nil || !errors.Is(err, ErrNoBlocks) {
+			return ids, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("engine %s: waiting for %d KV blocks: %w (%w)", e.cfg.EngineID, n, context.Cause(ctx), err)
+		case <-ch:
+		}
+	}
+}
+
+// Free gives back blocks that no hold owns (decode blocks at the end of a
+// request, or prefill blocks whose hold.create failed).
+func (e *Engine) Free(ids []uint32) {
+	e.mu.Lock()
+	err := e.alloc.Free(ids)
+	e.signalLocked()
+	e.mu.Unlock()
+	if err != nil {
+		e.log.Error("free of KV blocks refused", "engine", e.cfg.EngineID, "err", err)
+	}
+}
+
+func (e *Engine) signalLocked() {
+	close(e.avail)
+	e.avail = make(chan struct{})
+}
+
+// Hold creates a hold over blocks that carry numTokens tokens of a
+// prompt's KV (hold.create, no consumer binding: any decode engine may
+// pull it, as a resume must) and returns its kv_transfer_params. From then
+// on the blocks belong to the hold: they come back to the allocator when
+// its blocks.freed notice arrives. On error the blocks stay the caller's
+// (Free them).
+func (e *Engine) Hold(ctx context.Context, blocks []uint32, numTokens uint32) (*messages.KVTransferParams, error) {
+	c, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
+	defer cancel()
+	rep, err := e.cli.CreateHold(c, &messages.CreateHoldRequest{EngineId: e.cfg.EngineID, RegionId: e.cfg.RegionID, BlockIds: blocks, NumTokens: numTokens})
+	if err != nil {
+		return nil, fmt.Errorf("engine %s: hold.create of %d blocks on member %s: %w", e.cfg.EngineID, len(blocks), e.cfg.Member, err)
+	}
+	e.mu.Lock()
+	freed, err := e.alloc.Hold(rep.Params.GetTransferId(), blocks)
+	if freed {
+		e.signalLocked()
+	}
+	e.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("engine %s: %w", e.cfg.EngineID, err)
+	}
+	return rep.Params, nil
+}
+
+func (e *Engine) onFreed(m *nats.Msg) {
+	var n messages.BlocksFreed
+	if err := proto.Unmarshal(m.Data, &n); err != nil {
+		e.log.Warn("bad blocks.freed notice", "engine", e.cfg.EngineID, "err", err)
+		return
+	}
+	e.mu.Lock()
+	got, err := e.alloc.Freed(n.TransferId, n.BlockIds)
+	if got > 0 {
+		e.signalLocked()
+	}
+	e.mu.Unlock()
+	if err != nil {
+		e.log.Error("blocks.freed disagrees with the hold", "engine", e.cfg.EngineID, "transfer", n.TransferId, "err", err)
+	}
+	e.log.Debug("blocks freed", "engine", e.cfg.EngineID, "transfer", n.TransferId, "blocks", got, "reason", n.Reason)
+}
+
+// register sends one engine.register with fresh load figures and returns
+// how long to wait before the next.
+func (e *Engine) register(ctx context.Context) (time.Duration, error) {
+	c, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
+	defer cancel()
+	rep, err := e.cli.RegisterEngine(c, &messages.RegisterEngineRequest{Engine: e.Info(), TtlMs: uint32(e.cfg.RegisterTTL.Milliseconds())})
+	if err != nil {
+		return 0, fmt.Errorf("shim: engine.register of %s on member %s: %w", e.cfg.EngineID, e.cfg.Member, err)
+	}
+	renew := time.Duration(rep.RenewMs) * time.Millisecond
+	if renew <= 0 {
+		renew = time.Second
+	}
+	return renew, nil
+}
+
+// renewLoop renews the registration every renew_ms until Close. Failures
+// (connexd restarting, NATS reconnecting) are logged once per streak and
+// retried at the same pace.
+func (e *Engine) renewLoop(every time.Duration) {
+	defer e.wg.Done()
+	t := time.NewTimer(every)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-t.C:
+		}
+		next, err := e.register(context.Background())
+		switch {
+		case err != nil && !failing:
+			e.log.Warn("engine registration renewal failed; retrying", "engine", e.cfg.EngineID, "err", err)
+			failing = true
+		case err == nil && failing:
+			e.log.Info("engine registration renewed again", "engine", e.cfg.EngineID)
+			failing = false
+		}
+		if err == nil {
+			every = next
+		}
+		t.Reset(every)
+	}
+}
+
+// Close stops the renewals, tells the connexd the engine is gone
+// (engine.gone: its holds end, its region is unmapped there) and unmaps
+// the region. Call it after the engine stopped serving.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	e.mu.Unlock()
+	close(e.stop)
+	e.wg.Wait()
+	e.gone()
+	for _, s := range e.subs {
+		_ = s.Unsubscribe()
+	}
+	if err := e.region.Close(); err != nil {
+		return fmt.Errorf("shim: close engine %s: %w", e.cfg.EngineID, err)
+	}
+	return nil
+}

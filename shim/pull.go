@@ -1,0 +1,145 @@
+package shim
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+)
+
+// Load failure policies (kv_load_failure_policy).
+const (
+	PolicyFail      = "fail"      // fail the request with a clear error
+	PolicyRecompute = "recompute" // prefill the missing KV locally
+)
+
+// LoadError is a failed KV load: the pull could not start or its PullDone
+// reported an error. Policy says what the engine should do about it (from
+// the PullDone's kv_load_failure_policy).
+type LoadError struct {
+	TransferID string
+	Code       api.Code // api error code of the failure
+	Reason     string   // "expired", "released", "holder unavailable", "corrupt", …
+	Policy     string   // PolicyFail or PolicyRecompute
+	Detail     string   // the connexd's message
+}
+
+func (e *LoadError) Error() string {
+	return fmt.Sprintf("KV load of transfer %s failed: %s (%s)", e.TransferID, e.Reason, e.Detail)
+}
+
+// Reason names a load failure code the way a user reads it.
+func Reason(c api.Code) string {
+	switch c {
+	case api.CodeExpired:
+		return "expired"
+	case api.CodeReleased:
+		return "released"
+	case api.CodePeerUnavailable, api.CodeEngineGone:
+		return "holder unavailable"
+	case api.CodeUnknownTransfer:
+		return "unknown transfer"
+	case api.CodeTimeout:
+		return "timeout"
+	case api.CodeIncompatible, api.CodeBadLayout:
+		return "incompatible"
+	}
+	return c.Name()
+}
+
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Policy is the kv_load_failure_policy of the last PullDone seen, or the
+// configured default before any.
+func (e *Engine) Policy() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.lastPolicy != "" {
+		return e.lastPolicy
+	}
+	return e.cfg.DefaultLoadFailurePolicy
+}
+
+// Pull reads the hold named by params into the engine's blocks dst (one
+// per remote block, same order): pull.start, then the wait for its
+// pull.done notice (the engine's notice subject is subscribed to before
+// any pull starts). A failed load is a *LoadError. Pull returns only once
+// the pull has ended (the notice came, or the pull's deadline passed), so
+// dst may be reused afterwards even when ctx was canceled meanwhile.
+func (e *Engine) Pull(ctx context.Context, params *messages.KVTransferParams, dst []uint32) (*messages.PullDone, error) {
+	id := newID()
+	ch := make(chan *messages.PullDone, 1)
+	e.mu.Lock()
+	e.pulls[id] = ch
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		delete(e.pulls, id)
+		e.mu.Unlock()
+	}()
+	c, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
+	_, err := e.cli.StartPull(c, &messages.StartPullRequest{Params: params, EngineId: e.cfg.EngineID, RegionId: e.cfg.RegionID, BlockIds: dst, PullId: id, TimeoutMs: uint32(e.cfg.PullTimeout.Milliseconds())})
+	cancel()
+	if err != nil {
+		code := api.CodeOf(err)
+		if ctx.Err() != nil && code == api.CodeTimeout {
+			return nil, fmt.Errorf("engine %s: pull.start of %s: %w", e.cfg.EngineID, params.GetTransferId(), context.Cause(ctx))
+		}
+		return nil, &LoadError{TransferID: params.GetTransferId(), Code: code, Reason: Reason(code), Policy: e.Policy(), Detail: fmt.Sprintf("pull.start on member %s: %v", e.cfg.Member, err)}
+	}
+	// The pull writes dst until it ends: wait for its notice even if ctx
+	// ends, bounded by the pull's own deadline.
+	t := time.NewTimer(e.cfg.PullTimeout + 2*time.Second)
+	defer t.Stop()
+	var d *messages.PullDone
+	select {
+	case d = <-ch:
+	case <-t.C:
+		return nil, &LoadError{TransferID: params.GetTransferId(), Code: api.CodeTimeout, Reason: "timeout", Policy: e.Policy(),
+			Detail: fmt.Sprintf("no pull.done for pull %s within %s", id, e.cfg.PullTimeout+2*time.Second)}
+	}
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("engine %s: pull of %s: %w", e.cfg.EngineID, params.GetTransferId(), context.Cause(ctx))
+	}
+	if !d.Ok {
+		code := api.Code(d.ErrorCode)
+		pol := d.KvLoadFailurePolicy
+		if pol == "" {
+			pol = e.Policy()
+		}
+		return d, &LoadError{TransferID: params.GetTransferId(), Code: code, Reason: Reason(code), Policy: pol, Detail: d.Error}
+	}
+	return d, nil
+}
+
+func (e *Engine) onPullDone(m *nats.Msg) {
+	d := new(messages.PullDone)
+	if err := proto.Unmarshal(m.Data, d); err != nil {
+		e.log.Warn("bad pull.done notice", "engine", e.cfg.EngineID, "err", err)
+		return
+	}
+	e.mu.Lock()
+	if d.KvLoadFailurePolicy != "" {
+		e.lastPolicy = d.KvLoadFailurePolicy
+	}
+	ch := e.pulls[d.PullId]
+	e.mu.Unlock()
+	if ch == nil {
+		e.log.Debug("pull.done for a pull nobody waits for", "engine", e.cfg.EngineID, "pull", d.PullId)
+		return
+	}
+	select {
+	case ch <- d:
+	default:
+	}
+}

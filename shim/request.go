@@ -1,0 +1,226 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+)
+
+// ErrFenced means the request moved to another activation (a takeover
+// with a newer epoch): the engine must stop its stream at once.
+var ErrFenced = errors.New("shim: request fenced: it runs elsewhere now")
+
+// RequestSpec is what request.start needs.
+type RequestSpec struct {
+	ID     string                     // request id (kv_transfer_params.connex_request_id, or generated)
+	Params *messages.KVTransferParams // the hold to keep alive and release at the end
+	Tokens []uint32                   // every token the engine was given (prompt, plus k generated for a resume)
+	// Takeover moves an existing request here with the next epoch, fencing
+	// the activation that ran it (kv_transfer_params.connex_resume).
+	Takeover bool
+}
+
+// Request is one decode request's activation on the engine's connexd. Its
+// context ends with cause ErrFenced when the request is fenced.
+type Request struct {
+	e     *Engine
+	id    string
+	epoch uint64
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu    sync.Mutex
+	batch *progressBatch
+	kick  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+	lost  bool // the request actor is gone (unknown_request): reports stop
+	ended bool
+}
+
+// StartRequest runs request.start (resume_authority "router": the router
+// that streams the request decides where it resumes) and starts the
+// request's progress reporter.
+func (e *Engine) StartRequest(ctx context.Context, s RequestSpec) (*Request, error) {
+	c, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
+	defer cancel()
+	st, err := e.cli.StartRequest(c, &messages.StartRequestMsg{
+		RequestId: s.ID, Params: s.Params, PromptTokenIds: s.Tokens, EngineId: e.cfg.EngineID,
+		Takeover: s.Takeover, ResumeAuthority: "router",
+	})
+	if err != nil {
+		return nil, fmt.Errorf("engine %s: request.start of %s (takeover %v) on member %s: %w", e.cfg.EngineID, s.ID, s.Takeover, e.cfg.Member, err)
+	}
+	r := &Request{
+		e: e, id: s.ID, epoch: st.GetState().GetEpoch(),
+		batch: newProgressBatch(e.cfg.ProgressEvery, e.cfg.ProgressDelay),
+		kick:  make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	r.ctx, r.cancel = context.WithCancelCause(context.Background())
+	e.mu.Lock()
+	e.requests[s.ID] = r
+	e.mu.Unlock()
+	go r.report()
+	return r, nil
+}
+
+// ID is the request id.
+func (r *Request) ID() string { return r.id }
+
+// Epoch is the activation's epoch (from the request.start reply).
+func (r *Request) Epoch() uint64 { return r.epoch }
+
+// Context ends when the request is fenced (cause ErrFenced) or finished.
+func (r *Request) Context() context.Context { return r.ctx }
+
+// Report queues generated tokens for request.progress; it never blocks on
+// the network.
+func (r *Request) Report(toks ...uint32) {
+	r.mu.Lock()
+	r.batch.add(time.Now(), toks...)
+	r.mu.Unlock()
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// report sends batches until stopped; at most one call in flight.
+func (r *Request) report() {
+	defer close(r.done)
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		r.mu.Lock()
+		now := time.Now()
+		var send []uint32
+		if !r.lost && r.batch.due(now) {
+			send = r.batch.take()
+		}
+		wake := r.batch.wake()
+		r.mu.Unlock()
+		if send != nil {
+			err := r.progress(send)
+			r.mu.Lock()
+			r.batch.done(time.Now(), send, err != nil)
+			r.mu.Unlock()
+			continue
+		}
+		wait := time.Hour
+		if !wake.IsZero() {
+			wait = max(time.Until(wake), time.Millisecond)
+		}
+		t.Reset(wait)
+		select {
+		case <-r.stop:
+			return
+		case <-r.kick:
+		case <-t.C:
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+	}
+}
+
+func (r *Request) progress(toks []uint32) error {
+	c, cancel := context.WithTimeout(context.Background(), r.e.cfg.CallTimeout)
+	defer cancel()
+	_, err := r.e.cli.Progress(c, &messages.RequestProgress{RequestId: r.id, Epoch: r.epoch, TokenIds: toks})
+	switch api.CodeOf(err) {
+	case 0:
+		return nil
+	case api.CodeFenced:
+		r.e.log.Warn("request fenced: stopping its stream", "engine", r.e.cfg.EngineID, "request", r.id, "epoch", r.epoch, "err", err)
+		r.cancel(fmt.Errorf("%w (request.progress: %v)", ErrFenced, err))
+		r.mu.Lock()
+		r.lost = true
+		r.mu.Unlock()
+		return nil
+	case api.CodeUnknownRequest:
+		// The request actor is gone (its connexd restarted): the stream
+		// goes on, unchecked; a resume would start it afresh.
+		r.e.log.Warn("request no longer known to its connexd: progress reports stop", "engine", r.e.cfg.EngineID, "request", r.id, "err", err)
+		r.mu.Lock()
+		r.lost = true
+		r.mu.Unlock()
+		return nil
+	}
+	r.e.log.Warn("request.progress failed; retrying with the next batch", "engine", r.e.cfg.EngineID, "request", r.id, "err", err)
+	return err
+}
+
+func (e *Engine) onFenced(m *nats.Msg) {
+	var n messages.FencedNotice
+	if err := proto.Unmarshal(m.Data, &n); err != nil {
+		e.log.Warn("bad request.fenced notice", "engine", e.cfg.EngineID, "err", err)
+		return
+	}
+	e.mu.Lock()
+	r := e.requests[n.RequestId]
+	e.mu.Unlock()
+	if r != nil && n.StaleEpoch >= r.epoch {
+		r.cancel(fmt.Errorf("%w (moved to %s)", ErrFenced, n.NewOwner))
+	}
+}
+
+// halt stops the reporter (waiting for a call in flight) and forgets the
+// request; idempotent.
+func (r *Request) halt() bool {
+	r.mu.Lock()
+	first := !r.ended
+	r.ended = true
+	r.mu.Unlock()
+	if first {
+		close(r.stop)
+		<-r.done
+		r.e.mu.Lock()
+		if r.e.requests[r.id] == r {
+			delete(r.e.requests, r.id)
+		}
+		r.e.mu.Unlock()
+	}
+	return first
+}
+
+// Finish ends the request (request.finish: the request actor releases the
+// prefill hold). Progress not yet reported is dropped. A fenced request
+// returns an error wrapping ErrFenced and releases nothing.
+func (r *Request) Finish(ctx context.Context) error {
+	if !r.halt() {
+		return nil
+	}
+	defer r.cancel(context.Canceled)
+	if errors.Is(context.Cause(r.ctx), ErrFenced) {
+		return fmt.Errorf("request %s: finish skipped: %w", r.id, context.Cause(r.ctx))
+	}
+	c, cancel := context.WithTimeout(ctx, r.e.cfg.CallTimeout)
+	defer cancel()
+	if _, err := r.e.cli.FinishRequest(c, &messages.FinishRequestMsg{RequestId: r.id, Epoch: r.epoch}); err != nil {
+		if api.CodeOf(err) == api.CodeFenced {
+			return fmt.Errorf("request %s: request.finish: %w (%v)", r.id, ErrFenced, err)
+		}
+		return fmt.Errorf("request %s: request.finish on member %s: %w", r.id, r.e.cfg.Member, err)
+	}
+	return nil
+}
+
+// Abandon stops reporting without finishing: the request stays with its
+// connexd (which keeps the hold alive) so that another engine can take it
+// over. Used when the engine shuts down mid-stream.
+func (r *Request) Abandon() {
+	if r.halt() {
+		r.cancel(context.Canceled)
+	}
+}
