@@ -91,6 +91,27 @@ type Config struct {
 	OrphanScan time.Duration
 	// LogLevel is debug, info, warn or error.
 	LogLevel slog.Level
+	// HTTPListen is where a router member serves its OpenAI-compatible HTTP
+	// API (role router or all).
+	HTTPListen string
+	// RouterStall is the shortest token stall after which a router gives up
+	// on a decode engine and resumes the stream elsewhere; the stall it
+	// waits for is max(RouterStall, RouterStallFactor × the stream's
+	// longest recent inter-token gap).
+	RouterStall time.Duration
+	// RouterStallFactor scales a stream's recent inter-token gap into its
+	// stall deadline.
+	RouterStallFactor int
+	// RouterFirstToken bounds the wait for a decode engine's first token
+	// (it includes the KV pull and the recompute of resumed tokens).
+	RouterFirstToken time.Duration
+	// RouterPrefillTimeout bounds the prefill leg.
+	RouterPrefillTimeout time.Duration
+	// RouterMaxResumes is how many times one request may move to another
+	// decode engine before it fails.
+	RouterMaxResumes int
+	// RouterMaxBodyBytes bounds a client request body.
+	RouterMaxBodyBytes int
 }
 
 // keys and their defaults; the flag of key k is --k with '_' as '-'.
@@ -122,6 +143,13 @@ var defaults = []struct {
 	{"cluster_host", "127.0.0.1", "address the cluster's remote listens on and advertises"},
 	{"orphan_scan_ms", 1000, "how often orphaned requests are rescanned, in milliseconds"},
 	{"log_level", "warn", "log level: debug, info, warn or error"},
+	{"http_listen", "127.0.0.1:8000", "router: OpenAI-compatible HTTP listen address"},
+	{"router_stall_ms", 300, "router: shortest token stall (ms) after which a decode stream is resumed elsewhere"},
+	{"router_stall_factor", 8, "router: stall deadline = max(router_stall_ms, factor x recent inter-token gap)"},
+	{"router_first_token_ms", 30000, "router: deadline (ms) for a decode engine's first token, KV pull included"},
+	{"router_prefill_timeout_ms", 120000, "router: deadline (ms) of the prefill leg"},
+	{"router_max_resumes", 3, "router: how often one request may move to another decode engine"},
+	{"router_max_body_bytes", 8 << 20, "router: largest accepted client request body in bytes"},
 }
 
 // Flags returns the flag set connexd parses: --config plus one flag per key.
@@ -275,6 +303,32 @@ func build(v *viper.Viper) (Config, error) {
 		return c, err
 	}
 	_ = c.LogLevel.UnmarshalText([]byte(lvl))
+	c.HTTPListen = strings.TrimSpace(v.GetString("http_listen"))
+	if c.HTTPListen == "" {
+		return c, fmt.Errorf("%w: http_listen is empty, allowed: host:port", ErrInvalid)
+	}
+	ms := func(key string, max int) (time.Duration, error) {
+		n, err := positive(v, key, max)
+		return time.Duration(n) * time.Millisecond, err
+	}
+	if c.RouterStall, err = ms("router_stall_ms", 3600*1000); err != nil {
+		return c, err
+	}
+	if c.RouterStallFactor, err = positive(v, "router_stall_factor", 1000); err != nil {
+		return c, err
+	}
+	if c.RouterFirstToken, err = ms("router_first_token_ms", 3600*1000); err != nil {
+		return c, err
+	}
+	if c.RouterPrefillTimeout, err = ms("router_prefill_timeout_ms", 3600*1000); err != nil {
+		return c, err
+	}
+	if c.RouterMaxResumes, err = positive(v, "router_max_resumes", 100); err != nil {
+		return c, err
+	}
+	if c.RouterMaxBodyBytes, err = positive(v, "router_max_body_bytes", 1<<30); err != nil {
+		return c, err
+	}
 	c.NATSURL = strings.TrimSpace(v.GetString("nats_url"))
 	c.NATSListen = strings.TrimSpace(v.GetString("nats_listen"))
 	c.DataDir = v.GetString("data_dir")

@@ -20,6 +20,7 @@ import (
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/requests"
+	"github.com/connex/connex/router"
 	"github.com/connex/connex/transport"
 	"github.com/connex/connex/transport/ucx"
 	"github.com/nats-io/nats.go"
@@ -64,6 +65,8 @@ type Daemon struct {
 	bgMu     sync.Mutex
 	bgClosed bool
 	bg       sync.WaitGroup
+	// Router is the OpenAI-compatible front door (role router), else nil.
+	Router *router.Server
 	// pullCancel aborts every pull's reads on Close.
 	pullCancel context.CancelFunc
 }
@@ -153,6 +156,11 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		d.wg.Add(1)
 		go d.coordinate(cfg.OrphanScan)
 	}
+	if cfg.Role == "router" {
+		if err := d.startRouter(); err != nil {
+			return d, err
+		}
+	}
 	// Make sure the server has our subscriptions before anyone is told we
 	// are ready (a request right after the ready line must find us).
 	if err := d.Bus.Conn.FlushTimeout(10 * time.Second); err != nil {
@@ -199,6 +207,7 @@ func (d *Daemon) publish(subject string, m proto.Message) {
 // closes the data plane and NATS. Idempotent.
 func (d *Daemon) Close() {
 	d.closed.Do(func() {
+		d.stopRouter()
 		if d.svc != nil {
 			_ = d.svc.Stop()
 		}

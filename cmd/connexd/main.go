@@ -41,8 +41,12 @@ func run(args []string) int {
 		return 1
 	}
 	// One line on stdout that scripts and tests can wait for.
-	fmt.Printf("connexd ready member=%s nats=%s backend=%s data=%s role=%s\n",
-		d.MemberID(), d.Bus.URL, d.Backend.Name(), printable(d.Backend.Address()), cfg.Role)
+	httpURL := ""
+	if d.Router != nil {
+		httpURL = " http=" + d.Router.URL()
+	}
+	fmt.Printf("connexd ready member=%s nats=%s backend=%s data=%s role=%s%s\n",
+		d.MemberID(), d.Bus.URL, d.Backend.Name(), printable(d.Backend.Address()), cfg.Role, httpURL)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	s := <-sig

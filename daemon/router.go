@@ -1,0 +1,59 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/connex/connex/router"
+)
+
+// startRouter serves the OpenAI-compatible front door on http_listen (role
+// router). Engines come from membership: every member advertises the engines
+// registered with it.
+func (d *Daemon) startRouter() error {
+	if d.cluster == nil {
+		return fmt.Errorf("role router needs cluster membership, which needs JetStream: %v", d.reqErr)
+	}
+	srv, err := router.New(router.Config{
+		Listen:         d.cfg.HTTPListen,
+		Engines:        d.advertisedEngines,
+		StallMin:       d.cfg.RouterStall,
+		StallFactor:    d.cfg.RouterStallFactor,
+		FirstToken:     d.cfg.RouterFirstToken,
+		PrefillTimeout: d.cfg.RouterPrefillTimeout,
+		MaxResumes:     d.cfg.RouterMaxResumes,
+		MaxBodyBytes:   int64(d.cfg.RouterMaxBodyBytes),
+		Log:            d.log.With("component", "router"),
+	})
+	if err != nil {
+		return err
+	}
+	d.Router = srv
+	return nil
+}
+
+// advertisedEngines is every engine live members advertise.
+func (d *Daemon) advertisedEngines() []router.Engine {
+	var out []router.Engine
+	for _, m := range d.cluster.Members() {
+		if m.Name == "" {
+			continue
+		}
+		for _, e := range m.Engines {
+			out = append(out, router.Engine{Member: m.Name, Info: e, Suspect: m.Suspect})
+		}
+	}
+	return out
+}
+
+func (d *Daemon) stopRouter() {
+	if d.Router == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := d.Router.Close(ctx); err != nil {
+		d.log.Warn("router did not stop cleanly", "err", err)
+	}
+}

@@ -1,0 +1,252 @@
+package router
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"maps"
+)
+
+// Kind is the OpenAI endpoint a client called.
+type Kind int
+
+// The endpoints the router serves.
+const (
+	Completions Kind = iota
+	Chat
+)
+
+// Path is the endpoint's path on engines.
+func (k Kind) Path() string {
+	if k == Chat {
+		return "/v1/chat/completions"
+	}
+	return "/v1/completions"
+}
+
+// defaultCompletionMaxTokens is OpenAI's (and vLLM's) max_tokens default for
+// /v1/completions. The router makes it explicit so that a resume can ask
+// for exactly the tokens still missing.
+const defaultCompletionMaxTokens = 16
+
+// ClientRequest is a client's request as the router needs it. Body keeps
+// every field the client sent, so that the legs pass through what the router
+// does not interpret.
+type ClientRequest struct {
+	Kind  Kind
+	Body  map[string]json.RawMessage
+	Model string
+	// Stream and IncludeUsage are what the client asked for; every decode
+	// leg streams whatever the client asked.
+	Stream       bool
+	IncludeUsage bool
+	// MaxTokens is the client's limit on generated tokens; 0 means none
+	// (chat: the engine's model length bounds it).
+	MaxTokens int
+	// ReturnTokenIDs: the client asked for vLLM's token-id extension.
+	ReturnTokenIDs bool
+}
+
+// Fields a resume (a /v1/completions request of token ids) cannot carry
+// over from a chat request, or that the router sets itself.
+var resumeDrops = []string{
+	"messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n",
+	"kv_transfer_params", "return_token_ids", "echo", "logprobs", "top_logprobs", "tools", "tool_choice",
+	"parallel_tool_calls", "response_format", "chat_template", "chat_template_kwargs", "add_generation_prompt",
+	"continue_final_message", "documents", "min_tokens", "suffix", "best_of",
+}
+
+// ParseClient validates a client's body for endpoint kind.
+func ParseClient(kind Kind, data []byte) (*ClientRequest, *APIError) {
+	c := &ClientRequest{Kind: kind}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if err := dec.Decode(&c.Body); err != nil || c.Body == nil {
+		return nil, badRequest("", "the body is not a JSON object: %v", errText(err))
+	}
+	if dec.More() {
+		return nil, badRequest("", "the body has data after its JSON object")
+	}
+	if err := field(c.Body, "model", &c.Model); err != nil || c.Model == "" {
+		return nil, badRequest("model", "model must be a non-empty string")
+	}
+	if err := field(c.Body, "stream", &c.Stream); err != nil {
+		return nil, badRequest("stream", "stream must be a boolean")
+	}
+	if err := field(c.Body, "return_token_ids", &c.ReturnTokenIDs); err != nil {
+		return nil, badRequest("return_token_ids", "return_token_ids must be a boolean")
+	}
+	if raw, ok := c.Body["stream_options"]; ok && !isNull(raw) {
+		var so struct {
+			IncludeUsage *bool `json:"include_usage"`
+		}
+		if err := json.Unmarshal(raw, &so); err != nil {
+			return nil, badRequest("stream_options", "stream_options must be an object such as {\"include_usage\": true}")
+		}
+		c.IncludeUsage = so.IncludeUsage != nil && *so.IncludeUsage
+	}
+	for _, key := range []string{"max_tokens", "max_completion_tokens"} {
+		var n *int
+		if err := field(c.Body, key, &n); err != nil {
+			return nil, badRequest(key, "%s must be an integer", key)
+		}
+		if n != nil {
+			if *n < 1 {
+				return nil, badRequest(key, "%s must be at least 1, got %d", key, *n)
+			}
+			if c.MaxTokens == 0 || *n < c.MaxTokens {
+				c.MaxTokens = *n
+			}
+		}
+	}
+	var n *int
+	if err := field(c.Body, "n", &n); err != nil || (n != nil && *n != 1) {
+		return nil, badRequest("n", "only n=1 is supported")
+	}
+	var echo bool
+	if err := field(c.Body, "echo", &echo); err != nil || echo {
+		return nil, badRequest("echo", "echo is not supported by the router")
+	}
+	if raw, ok := c.Body["kv_transfer_params"]; ok && !isNull(raw) {
+		return nil, badRequest("kv_transfer_params", "kv_transfer_params is set by the router, not by clients")
+	}
+	switch kind {
+	case Completions:
+		raw, ok := c.Body["prompt"]
+		if !ok {
+			return nil, badRequest("prompt", "prompt is required")
+		}
+		var s string
+		var ids []uint32
+		if json.Unmarshal(raw, &s) != nil && (json.Unmarshal(raw, &ids) != nil || len(ids) == 0) {
+			return nil, badRequest("prompt", "prompt must be a string or a non-empty array of token ids (batched prompts are not supported)")
+		}
+		if c.MaxTokens == 0 {
+			c.MaxTokens = defaultCompletionMaxTokens
+		}
+	case Chat:
+		var msgs []map[string]json.RawMessage
+		if err := field(c.Body, "messages", &msgs); err != nil || len(msgs) == 0 {
+			return nil, badRequest("messages", "messages must be a non-empty array of message objects")
+		}
+	}
+	return c, nil
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "null"
+	}
+	return err.Error()
+}
+
+func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
+
+// field decodes body[key] into out if present and not null.
+func field(body map[string]json.RawMessage, key string, out any) error {
+	raw, ok := body[key]
+	if !ok || isNull(raw) {
+		return nil
+	}
+	return json.Unmarshal(raw, out)
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("router: encode %T: %v", v, err)) // only plain values are encoded
+	}
+	return b
+}
+
+func encode(body map[string]json.RawMessage) []byte {
+	b, _ := json.Marshal(body)
+	return b
+}
+
+// PrefillBody is the prefill leg, as vLLM's P/D proxy sends it: the client's
+// request with max_tokens 1, not streamed, and kv_transfer_params asking the
+// engine to keep the KV for a remote decode. return_token_ids makes the
+// engine report the prompt's token ids, which a resume needs.
+func PrefillBody(c *ClientRequest) []byte {
+	b := maps.Clone(c.Body)
+	b["max_tokens"] = mustJSON(1)
+	if _, ok := b["max_completion_tokens"]; ok {
+		b["max_completion_tokens"] = mustJSON(1)
+	}
+	b["stream"] = mustJSON(false)
+	delete(b, "stream_options")
+	delete(b, "min_tokens")
+	b["return_token_ids"] = mustJSON(true)
+	b["kv_transfer_params"] = mustJSON(map[string]any{"do_remote_decode": true, "do_remote_prefill": false})
+	return encode(b)
+}
+
+// withRequestID returns the prefill's kv_transfer_params with the router's
+// request id, and connex_resume when resume is set.
+func withRequestID(params json.RawMessage, requestID string, resume bool) (json.RawMessage, error) {
+	var p map[string]json.RawMessage
+	if err := json.Unmarshal(params, &p); err != nil || p == nil {
+		return nil, fmt.Errorf("kv_transfer_params of the prefill answer is not an object: %v", errText(err))
+	}
+	p["connex_request_id"] = mustJSON(requestID)
+	if resume {
+		p["connex_resume"] = mustJSON(true)
+	} else {
+		delete(p, "connex_resume")
+	}
+	return mustJSON(p), nil
+}
+
+// DecodeBody is the first decode leg: the client's request with the
+// prefill's kv_transfer_params, always streamed (a non-streaming client's
+// answer is assembled by the router, so that it too survives a decode death).
+func DecodeBody(c *ClientRequest, params json.RawMessage, requestID string) ([]byte, error) {
+	p, err := withRequestID(params, requestID, false)
+	if err != nil {
+		return nil, err
+	}
+	b := maps.Clone(c.Body)
+	b["stream"] = mustJSON(true)
+	b["stream_options"] = mustJSON(map[string]bool{"include_usage": true})
+	b["return_token_ids"] = mustJSON(true)
+	b["kv_transfer_params"] = p
+	if c.Kind == Completions {
+		b["max_tokens"] = mustJSON(c.MaxTokens)
+	}
+	return encode(b), nil
+}
+
+// ResumeBody is a resumed decode leg: a /v1/completions request whose prompt
+// is the prompt's token ids followed by the tokens already generated, asking
+// for the tokens still missing, with the same kv_transfer_params and
+// connex_resume. The engine loads remote_num_tokens of KV and recomputes the
+// rest. Sampling fields pass through; chat-only fields cannot (a resumed
+// request restarts guided decoding and tool parsing: a known limit).
+func ResumeBody(c *ClientRequest, promptIDs, generated []uint32, params json.RawMessage, requestID string) ([]byte, error) {
+	if len(promptIDs) == 0 {
+		return nil, fmt.Errorf("the prefill engine did not report the prompt's token ids (return_token_ids), so the request cannot resume")
+	}
+	p, err := withRequestID(params, requestID, true)
+	if err != nil {
+		return nil, err
+	}
+	b := maps.Clone(c.Body)
+	for _, k := range resumeDrops {
+		delete(b, k)
+	}
+	all := append(append(make([]uint32, 0, len(promptIDs)+len(generated)), promptIDs...), generated...)
+	b["prompt"] = mustJSON(all)
+	if c.MaxTokens > 0 {
+		b["max_tokens"] = mustJSON(c.MaxTokens - len(generated))
+	}
+	var minTokens int
+	if field(c.Body, "min_tokens", &minTokens) == nil && minTokens > len(generated) {
+		b["min_tokens"] = mustJSON(minTokens - len(generated))
+	}
+	b["stream"] = mustJSON(true)
+	b["stream_options"] = mustJSON(map[string]bool{"include_usage": true})
+	b["return_token_ids"] = mustJSON(true)
+	b["kv_transfer_params"] = p
+	return encode(b), nil
+}

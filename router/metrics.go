@@ -1,0 +1,48 @@
+package router
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the router's Prometheus series, served on its /metrics.
+type metrics struct {
+	reg       *prometheus.Registry
+	requests  *prometheus.CounterVec
+	inFlight  prometheus.Gauge
+	prefills  *prometheus.CounterVec
+	resumes   *prometheus.CounterVec
+	errors    *prometheus.CounterVec
+	kvLoads   *prometheus.CounterVec
+	ttft      prometheus.Histogram
+	itl       prometheus.Histogram
+	e2e       prometheus.Histogram
+	resumeGap prometheus.Histogram
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_requests_total",
+			Help: "Client requests by model, endpoint and final HTTP-like status (200, or the error's status)."}, []string{"model", "endpoint", "status"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "connex_router_requests_in_flight",
+			Help: "Client requests being answered now."}),
+		prefills: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_prefills_total",
+			Help: "Prefill legs sent (one per request; a retry after a failed prefill leg counts again)."}, []string{"model"}),
+		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_resumes_total",
+			Help: "Decode streams moved to another decode engine, by why: broken, stalled, engine_left, engine_error."}, []string{"reason"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_errors_total",
+			Help: "Requests that ended with an error, by error code."}, []string{"code"}),
+		kvLoads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_kv_loads_total",
+			Help: "Decode legs by how the engine got the KV: pulled, recomputed (kv_load_failure_policy recompute: a local prefill), local."}, []string{"kv_load"}),
+		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_router_time_to_first_token_seconds",
+			Help: "From the client's request to its first token.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+		itl: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_router_inter_token_latency_seconds",
+			Help: "Between consecutive tokens relayed to a client.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_router_e2e_request_latency_seconds",
+			Help: "From the client's request to the end of its answer.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
+		resumeGap: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_router_resume_gap_seconds",
+			Help: "From a decode failure being detected to the next token relayed from the resumed stream.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+	}
+	m.reg.MustRegister(m.requests, m.inFlight, m.prefills, m.resumes, m.errors, m.kvLoads, m.ttft, m.itl, m.e2e, m.resumeGap)
+	return m
+}

@@ -1,0 +1,248 @@
+package router
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/messages"
+)
+
+// fakeEngine is a unit-test stand-in for an engine's HTTP API: a prefill
+// answers with params and prompt ids; a decode streams token i+1000 for
+// position i of the sequence. failAfter > 0 makes a decode break its
+// stream (or, with hang, stop sending) after that many tokens.
+type fakeEngine struct {
+	t         *testing.T
+	id, role  string
+	failAfter int
+	hang      bool
+	status    int // non-zero: answer every leg with this status
+	code      string
+
+	mu     sync.Mutex
+	bodies []map[string]any
+	srv    *httptest.Server
+}
+
+func (f *fakeEngine) start() *fakeEngine {
+	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	f.t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakeEngine) engine() Engine {
+	return Engine{Member: "m-" + f.id, Info: &messages.EngineInfo{EngineId: f.id, Role: f.role, Model: "m", BaseUrl: f.srv.URL}}
+}
+
+func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
+	var body map[string]any
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		f.t.Errorf("%s: body: %v", f.id, err)
+		return
+	}
+	f.mu.Lock()
+	f.bodies = append(f.bodies, body)
+	f.mu.Unlock()
+	if f.status != 0 {
+		w.WriteHeader(f.status)
+		fmt.Fprintf(w, `{"error":{"message":"no","type":"server_error","code":%q}}`, f.code)
+		return
+	}
+	prompt := []int{1, 2, 3}
+	if f.role == "prefill" {
+		fmt.Fprintf(w, `{"choices":[{"text":"x","prompt_token_ids":[1,2,3]}],"kv_transfer_params":{"transfer_id":"t1","remote_num_tokens":3,"do_remote_prefill":true}}`)
+		return
+	}
+	if p, ok := body["prompt"].([]any); ok {
+		prompt = prompt[:0]
+		for _, v := range p {
+			prompt = append(prompt, int(v.(float64)))
+		}
+	}
+	max := int(body["max_tokens"].(float64))
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl := w.(http.Flusher)
+	generated := len(prompt) - 3
+	for i := 0; i < max; i++ {
+		if f.failAfter > 0 && i == f.failAfter {
+			if f.hang {
+				<-r.Context().Done()
+			}
+			return // a broken stream: no [DONE]
+		}
+		tok := 1000 + generated + i
+		fin := "null"
+		if i == max-1 {
+			fin = `"length"`
+		}
+		fmt.Fprintf(w, "data: {\"choices\":[{\"text\":\" w%d\",\"token_ids\":[%d],\"finish_reason\":%s}]}\n\n", tok, tok, fin)
+		fl.Flush()
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+}
+
+func newTestRouter(t *testing.T, engines ...*fakeEngine) *Server {
+	t.Helper()
+	s, err := New(Config{
+		Listen: "127.0.0.1:0",
+		Engines: func() []Engine {
+			var out []Engine
+			for _, e := range engines {
+				out = append(out, e.engine())
+			}
+			return out
+		},
+		StallMin: 200 * time.Millisecond, StallFactor: 8, FirstToken: 5 * time.Second,
+		PrefillTimeout: 5 * time.Second, MaxResumes: 3, MaxBodyBytes: 1 << 20,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s
+}
+
+// stream posts body and returns the token texts of the SSE answer and
+// whether it ended with [DONE].
+func stream(t *testing.T, url, body string) (texts []string, done bool, errs []string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		data, _ := io.ReadAll(resp.Body)
+		t.Fatalf("status %d: %s", resp.StatusCode, data)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if line == "[DONE]" {
+			done = true
+			continue
+		}
+		var ch struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+			Error map[string]any `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(line), &ch); err != nil {
+			t.Fatalf("chunk %q: %v", line, err)
+		}
+		if ch.Error != nil {
+			errs = append(errs, fmt.Sprint(ch.Error["code"]))
+		}
+		for _, c := range ch.Choices {
+			texts = append(texts, c.Text)
+		}
+	}
+	return texts, done, errs
+}
+
+func want(n int) []string {
+	var out []string
+	for i := 0; i < n; i++ {
+		out = append(out, fmt.Sprintf(" w%d", 1000+i))
+	}
+	return out
+}
+
+func TestResumeAfterBrokenAndStalledStreams(t *testing.T) {
+	for _, hang := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hang=%v", hang), func(t *testing.T) {
+			p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+			d1 := (&fakeEngine{t: t, id: "d1", role: "decode", failAfter: 4, hang: hang}).start()
+			d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
+			s := newTestRouter(t, p, d1, d2)
+			texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
+			if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(10), "") {
+				t.Fatalf("texts %q done %v errs %v; want %q once", texts, done, errs, want(10))
+			}
+			if len(p.bodies) != 1 {
+				t.Fatalf("%d prefill legs, want 1", len(p.bodies))
+			}
+			pb := p.bodies[0]
+			if pb["max_tokens"].(float64) != 1 || pb["stream"] != false || pb["kv_transfer_params"].(map[string]any)["do_remote_decode"] != true {
+				t.Fatalf("prefill leg is not vLLM's: %v", pb)
+			}
+			if len(d2.bodies) != 1 {
+				t.Fatalf("%d resume legs", len(d2.bodies))
+			}
+			rb := d2.bodies[0]
+			kv := rb["kv_transfer_params"].(map[string]any)
+			prompt := rb["prompt"].([]any)
+			if rb["max_tokens"].(float64) != 6 || len(prompt) != 3+4 || kv["connex_resume"] != true || kv["transfer_id"] != "t1" ||
+				kv["connex_request_id"] != d1.bodies[0]["kv_transfer_params"].(map[string]any)["connex_request_id"] {
+				t.Fatalf("resume leg: %v", rb)
+			}
+		})
+	}
+}
+
+func TestKVLoadFailureIsTheClients(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", status: 503, code: CodeKVLoadFailed}).start()
+	d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
+	s := newTestRouter(t, p, d1, d2)
+	resp, err := http.Post(s.URL()+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"abc","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(data), CodeKVLoadFailed) || len(d2.bodies) != 0 {
+		t.Fatalf("status %d body %s, resumes %d: a failed KV load under policy fail must reach the client, not another engine", resp.StatusCode, data, len(d2.bodies))
+	}
+}
+
+func TestClientErrors(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d := (&fakeEngine{t: t, id: "d", role: "decode"}).start()
+	s := newTestRouter(t, p, d)
+	cases := []struct {
+		path, body, code string
+		status           int
+	}{
+		{"/v1/completions", `{"model":"nope","prompt":"a"}`, CodeModelNotFound, 404},
+		{"/v1/completions", `{"model":"m","prompt":"a"`, CodeInvalidRequest, 400},
+		{"/v1/completions", `{"model":"m"}`, CodeInvalidRequest, 400},
+		{"/v1/completions", `{"model":"m","prompt":"a","max_tokens":0}`, CodeInvalidRequest, 400},
+		{"/v1/completions", `{"model":"m","prompt":"a","n":2}`, CodeInvalidRequest, 400},
+		{"/v1/chat/completions", `{"model":"m","messages":[]}`, CodeInvalidRequest, 400},
+		{"/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("a", 2<<20) + `"}`, CodeBodyTooLarge, 413},
+		{"/v1/nothing", `{}`, CodeNotFound, 404},
+	}
+	for _, c := range cases {
+		resp, err := http.Post(s.URL()+c.path, "application/json", strings.NewReader(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e struct {
+			Error APIError `json:"error"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != c.status || e.Error.Code != c.code || e.Error.Message == "" {
+			t.Errorf("%s %.60s: status %d %+v (%v), want %d %s", c.path, c.body, resp.StatusCode, e.Error, err, c.status, c.code)
+		}
+	}
+	if len(p.bodies)+len(d.bodies) != 0 {
+		t.Fatalf("bad requests reached engines: %d", len(p.bodies)+len(d.bodies))
+	}
+}

@@ -1,0 +1,205 @@
+package router
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Config is what a router needs; connexd fills it from its configuration.
+type Config struct {
+	// Listen is the HTTP address (http_listen).
+	Listen string
+	// Engines returns the engines membership advertises now. Engines of
+	// suspect members are included with Suspect set; Pick never chooses them.
+	Engines func() []Engine
+	// StallMin, StallFactor and FirstToken: see Stall.
+	StallMin    time.Duration
+	StallFactor int
+	FirstToken  time.Duration
+	// PrefillTimeout bounds the prefill leg.
+	PrefillTimeout time.Duration
+	// MaxResumes bounds how often one request moves to another decode engine.
+	MaxResumes int
+	// MaxBodyBytes bounds a client body.
+	MaxBodyBytes int64
+	// Log gets one line per request event worth an operator's attention.
+	Log *slog.Logger
+}
+
+// Server is a running router.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	ln      net.Listener
+	srv     *http.Server
+	client  *http.Client
+	metrics *metrics
+	now     func() time.Time
+
+	mu   sync.Mutex
+	busy map[string]int // legs this router has running per engine id
+	done chan struct{}
+}
+
+// New starts a router listening on cfg.Listen.
+func New(cfg Config) (*Server, error) {
+	if cfg.Engines == nil {
+		return nil, errors.New("router: no engine source")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("router: listen on %s (http_listen): %w", cfg.Listen, err)
+	}
+	s := &Server{
+		cfg: cfg, log: cfg.Log, ln: ln, metrics: newMetrics(), now: time.Now, busy: map[string]int{}, done: make(chan struct{}),
+		client: &http.Client{Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     60 * time.Second,
+			DisableCompression:  true,
+		}},
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", s.health)
+	mux.HandleFunc("/ready", s.ready)
+	mux.HandleFunc("/v1/models", s.models)
+	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, Completions) })
+	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, Chat) })
+	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &APIError{Status: http.StatusNotFound, Type: "not_found_error", Code: CodeNotFound, Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
+	})
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug)}
+	go func() {
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("router HTTP server stopped", "err", err)
+		}
+	}()
+	return s, nil
+}
+
+// URL is the router's base URL (http://host:port).
+func (s *Server) URL() string { return "http://" + s.ln.Addr().String() }
+
+// Close stops accepting requests and ends the running ones within ctx:
+// their clients get an error event (streams) or a 503.
+func (s *Server) Close(ctx context.Context) error {
+	select {
+	case <-s.done:
+	default:
+		close(s.done)
+	}
+	err := s.srv.Shutdown(ctx)
+	if err != nil {
+		err = s.srv.Close()
+	}
+	s.client.CloseIdleConnections()
+	return err
+}
+
+func allow(w http.ResponseWriter, r *http.Request, method string) bool {
+	if r.Method == method {
+		return true
+	}
+	w.Header().Set("Allow", method)
+	writeError(w, &APIError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: CodeMethod, Message: fmt.Sprintf("%s %s: use %s", r.Method, r.URL.Path, method)})
+	return false
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, `{"status":"ok"}`)
+}
+
+// ready answers 200 once some model has a prefill and a decode engine.
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	_, servable := Models(s.live())
+	var ok []string
+	for m, yes := range servable {
+		if yes {
+			ok = append(ok, m)
+		}
+	}
+	if len(ok) == 0 {
+		writeError(w, unavailable(CodeNoEngine, "no model has both a live prefill and a live decode engine yet"))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(mustJSON(map[string]any{"status": "ready", "models": ok}))
+}
+
+func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+	if !allow(w, r, http.MethodGet) {
+		return
+	}
+	all, servable := Models(s.live())
+	data := make([]map[string]any, 0, len(all))
+	for _, m := range all {
+		if servable[m] {
+			data = append(data, map[string]any{"id": m, "object": "model", "created": 0, "owned_by": "connex"})
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(mustJSON(map[string]any{"object": "list", "data": data}))
+}
+
+// live is the engines of members not suspected dead.
+func (s *Server) live() []Engine {
+	var out []Engine
+	for _, e := range s.cfg.Engines() {
+		if !e.Suspect {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (s *Server) busySnapshot() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int, len(s.busy))
+	for k, v := range s.busy {
+		out[k] = v
+	}
+	return out
+}
+
+// track counts a leg on engine id until the returned func is called.
+func (s *Server) track(id string) func() {
+	s.mu.Lock()
+	s.busy[id]++
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			if s.busy[id]--; s.busy[id] <= 0 {
+				delete(s.busy, id)
+			}
+			s.mu.Unlock()
+		})
+	}
+}
+
+func newRequestID(kind Kind) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	if kind == Chat {
+		return "chatcmpl-" + hex.EncodeToString(b[:])
+	}
+	return "cmpl-" + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,58 @@
+package router
+
+import (
+	"slices"
+	"time"
+)
+
+// gapWindow is how many recent inter-token gaps the stall deadline looks at.
+const gapWindow = 16
+
+// Stall decides when a decode stream counts as stalled. It is pure: the
+// relay feeds it token arrival times and asks for the current deadline.
+type Stall struct {
+	// Min is the shortest stall that counts (router_stall_ms).
+	Min time.Duration
+	// Factor scales the longest recent inter-token gap (router_stall_factor).
+	Factor int
+	// FirstToken bounds the wait for a leg's first token (router_first_token_ms).
+	FirstToken time.Duration
+
+	last time.Time
+	gaps []time.Duration
+}
+
+// Start begins a leg at now: its first token may take FirstToken. Gaps seen
+// on earlier legs of the same request are kept: the engines are alike.
+func (s *Stall) Start(now time.Time) { s.last = time.Time{}; _ = now }
+
+// Token records a token arriving at now.
+func (s *Stall) Token(now time.Time) {
+	if !s.last.IsZero() {
+		s.gaps = append(s.gaps, now.Sub(s.last))
+		if len(s.gaps) > gapWindow {
+			s.gaps = s.gaps[1:]
+		}
+	}
+	s.last = now
+}
+
+// Deadline is when the current leg counts as stalled, given that it started
+// at legStart.
+func (s *Stall) Deadline(legStart time.Time) time.Time {
+	if s.last.IsZero() {
+		return legStart.Add(s.FirstToken)
+	}
+	return s.last.Add(s.Window())
+}
+
+// Window is how long a token may take after the previous one.
+func (s *Stall) Window() time.Duration {
+	w := s.Min
+	if len(s.gaps) > 0 {
+		if g := time.Duration(s.Factor) * slices.Max(s.gaps); g > w {
+			w = g
+		}
+	}
+	return w
+}
