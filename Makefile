@@ -12,15 +12,20 @@ all: build
 
 build:
 	$(GO) build $(GOTAGS) -o bin/connexd ./cmd/connexd
+	$(GO) build -o bin/connex-sim ./cmd/connex-sim
+	$(GO) build -o bin/connex-up ./cmd/connex-up
 
 # The chaos-test harness against real connexd processes (see chaos/).
 chaos: build
 	$(GO) build -o bin/connex-chaos ./cmd/connex-chaos
 	./bin/connex-chaos --connexd ./bin/connexd $(CHAOS_ARGS)
 
-# Run connexd's main job on the embedded default (in-process NATS).
+# The main job on one command: a local P/D cluster on the embedded NATS
+# default (router on 127.0.0.1:8000, one prefill and two decode simulated
+# engines, each with its connexd). Ctrl-C stops every process.
+# RUN_ARGS="--http 127.0.0.1:9000" changes the port; see ./bin/connex-up --help.
 run: build
-	./bin/connexd
+	./bin/connex-up --connexd ./bin/connexd --sim ./bin/connex-sim $(RUN_ARGS)
 
 proto:
 	$(PROTOC) --plugin=protoc-gen-go="$$($(GO) tool -n protoc-gen-go)" \
