@@ -70,6 +70,8 @@ type proc struct {
 	cmd     *exec.Cmd
 	member  string
 	natsURL string
+	// httpURL is the router's HTTP base URL (role router), from the ready line.
+	httpURL string
 	mu      sync.Mutex
 	stderr  strings.Builder
 	exited  chan struct{}
@@ -129,6 +131,9 @@ func startConnexd(t testing.TB, member string, args ...string) *proc {
 		for _, f := range strings.Fields(line) {
 			if v, ok := strings.CutPrefix(f, "nats="); ok {
 				p.natsURL = v
+			}
+			if v, ok := strings.CutPrefix(f, "http="); ok {
+				p.httpURL = v
 			}
 		}
 	case <-p.exited:
