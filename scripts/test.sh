@@ -24,6 +24,23 @@ if ! command -v nats >/dev/null; then
   GOFLAGS= go install github.com/nats-io/natscli/nats@v0.5.0 || echo "natscli install failed; its test will be skipped"
 fi
 
+# The OpenAI client test (e2e/openai_test.go) runs the official Python
+# client from a virtual environment, rebuilt only when its pinned
+# requirements or the Python version change; pip's download cache is kept.
+PY_REQ=e2e/openai/requirements.txt
+PY_VENV=.venv-test
+py_want="$( (python3 --version; cat "$PY_REQ") | sha256sum | cut -d' ' -f1)"
+if [ ! -x "$PY_VENV/bin/python" ] || [ "$(cat "$PY_VENV/.requirements.sha256" 2>/dev/null)" != "$py_want" ]; then
+  echo "== Python test environment: $PY_VENV from $PY_REQ"
+  rm -rf "$PY_VENV"
+  python3 -m venv "$PY_VENV"
+  "$PY_VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$PY_REQ"
+  echo "$py_want" >"$PY_VENV/.requirements.sha256"
+else
+  echo "== Python test environment: $PY_VENV is up to date"
+fi
+export CONNEX_PYTHON="$PWD/$PY_VENV/bin/python"
+
 echo "== go.mod is tidy"
 go mod tidy -diff
 
