@@ -51,11 +51,25 @@ func (e *emitter) send(v any) {
 	}
 }
 
+// headers names the request and its engines for operators: the decode
+// engine is the one streaming when the answer starts.
+func (e *emitter) headers() {
+	h := e.w.Header()
+	h.Set("X-Connex-Request-Id", e.id)
+	if p, ok := e.connex["prefill_engine"].(string); ok {
+		h.Set("X-Connex-Prefill-Engine", p)
+	}
+	if ds, ok := e.connex["decode_engines"].([]string); ok && len(ds) > 0 {
+		h.Set("X-Connex-Decode-Engine", ds[len(ds)-1])
+	}
+}
+
 func (e *emitter) begin() {
 	if e.started || !e.c.Stream {
 		return
 	}
 	e.started = true
+	e.headers()
 	h := e.w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -120,6 +134,7 @@ func (e *emitter) done(promptTokens int) {
 		m["choices"] = []any{ch}
 		m["usage"] = e.usage(promptTokens)
 		m["connex"] = e.connex
+		e.headers()
 		e.w.Header().Set("Content-Type", "application/json")
 		b, _ := json.Marshal(m)
 		_, _ = e.w.Write(b)

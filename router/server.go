@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -79,6 +81,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("/v1/models", s.models)
 	mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, Completions) })
 	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, Chat) })
+	mux.HandleFunc("/connex/v1/engines", s.engines)
 	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &APIError{Status: http.StatusNotFound, Type: "not_found_error", Code: CodeNotFound, Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
@@ -155,6 +158,27 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(mustJSON(map[string]any{"object": "list", "data": data}))
+}
+
+// engines lists the engines this router sees (operators, tests): JSON
+// [{engine_id, role, model, member, base_url, in_flight, blocks_free,
+// blocks_total, suspect}], by engine id.
+func (s *Server) engines(w http.ResponseWriter, r *http.Request) {
+	if !allow(w, r, http.MethodGet) {
+		return
+	}
+	es := s.cfg.Engines()
+	out := make([]map[string]any, 0, len(es))
+	for _, e := range es {
+		out = append(out, map[string]any{"engine_id": e.Info.GetEngineId(), "role": e.Info.GetRole(), "model": e.Info.GetModel(),
+			"member": e.Member, "base_url": e.Info.GetBaseUrl(), "in_flight": e.Info.GetInFlight(), "blocks_free": e.Info.GetBlocksFree(),
+			"blocks_total": e.Info.GetBlocksTotal(), "suspect": e.Suspect})
+	}
+	slices.SortFunc(out, func(a, b map[string]any) int {
+		return strings.Compare(a["engine_id"].(string), b["engine_id"].(string))
+	})
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(mustJSON(out))
 }
 
 // live is the engines of members not suspected dead.
