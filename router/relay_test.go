@@ -246,3 +246,61 @@ func TestClientErrors(t *testing.T) {
 		t.Fatalf("bad requests reached engines: %d", len(p.bodies)+len(d.bodies))
 	}
 }
+
+func TestNonStreamedSurvivesABrokenStream(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", failAfter: 3}).start()
+	d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
+	s := newTestRouter(t, p, d1, d2)
+	resp, err := http.Post(s.URL()+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"abc","max_tokens":8}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ans struct {
+		Object  string `json:"object"`
+		Choices []struct {
+			Text         string `json:"text"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+		Usage  map[string]int `json:"usage"`
+		Connex map[string]any `json:"connex"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&ans)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || ans.Object != "text_completion" || len(ans.Choices) != 1 {
+		t.Fatalf("status %d %+v %v", resp.StatusCode, ans, err)
+	}
+	if ans.Choices[0].Text != strings.Join(want(8), "") || ans.Choices[0].FinishReason != "length" {
+		t.Fatalf("text %q finish %q", ans.Choices[0].Text, ans.Choices[0].FinishReason)
+	}
+	if ans.Usage["completion_tokens"] != 8 || ans.Usage["prompt_tokens"] != 3 || ans.Connex["resumes"].(float64) != 1 {
+		t.Fatalf("usage %v connex %v", ans.Usage, ans.Connex)
+	}
+	if resp.Header.Get("X-Connex-Decode-Engine") != "d2" || resp.Header.Get("X-Connex-Prefill-Engine") != "p" {
+		t.Fatalf("headers %v", resp.Header)
+	}
+	// The decode legs are always streamed, whatever the client asked.
+	if d1.bodies[0]["stream"] != true {
+		t.Fatalf("decode leg not streamed: %v", d1.bodies[0])
+	}
+}
+
+func TestChatStreamShape(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d := (&fakeEngine{t: t, id: "d", role: "decode"}).start()
+	s := newTestRouter(t, p, d)
+	resp, err := http.Post(s.URL()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n\n")
+	// role chunk, 3 content chunks, usage chunk, [DONE]
+	if len(lines) != 6 || lines[5] != "data: [DONE]" || !strings.Contains(lines[0], `"role":"assistant"`) ||
+		!strings.Contains(lines[1], `"object":"chat.completion.chunk"`) || !strings.Contains(lines[1], `"delta":{"content":" w1000"}`) ||
+		!strings.Contains(lines[4], `"usage":{"completion_tokens":3`) {
+		t.Fatalf("chat stream:\n%s", data)
+	}
+}
