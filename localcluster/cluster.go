@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -94,7 +95,10 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	return c.WaitReady(ctx)
+	if err := c.WaitReady(ctx); err != nil {
+		return err
+	}
+	return c.WaitEngines(ctx)
 }
 
 // newNode records the next engine of role and returns its name.
@@ -199,6 +203,64 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 	return nil
 }
 
+// WaitEngines waits until the router's GET /connex/v1/engines lists as live
+// exactly the engines whose connex-sim and connexd both run and are not
+// stopped, each at its current URL, within Options.StartTimeout: after
+// Start, AddEngine or Restart, every engine is pickable; after Kill, Stop or
+// Term of an engine, the router no longer picks it. A router without that
+// endpoint (404) is taken at its word (WaitReady).
+func (c *Cluster) WaitEngines(ctx context.Context) error {
+	c.mu.Lock()
+	r, url := c.router, c.routerURL
+	c.mu.Unlock()
+	if r == nil || url == "" {
+		return errors.New("localcluster: no router")
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.StartTimeout)
+	defer cancel()
+	client := &http.Client{Timeout: 2 * time.Second}
+	t := time.NewTicker(readyPoll)
+	defer t.Stop()
+	last := "no answer yet"
+	for {
+		want := c.advertised()
+		listed, err := getEngines(ctx, client, url+"/connex/v1/engines")
+		switch {
+		case errors.Is(err, errNoEngineList):
+			return nil
+		case err != nil:
+			if ctx.Err() == nil {
+				last = err.Error()
+			}
+		default:
+			if last = enginesDiff(listed, want); last == "" {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("localcluster: the router's engines differ from the running ones (%w): %s", ctx.Err(), last)
+		case <-r.exited:
+			return fmt.Errorf("localcluster: the router exited; last output:\n%s", r.logs())
+		case <-t.C:
+		}
+	}
+}
+
+// advertised maps the engines that should be live (both processes run, not
+// stopped) to their URLs.
+func (c *Cluster) advertised() map[string]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]string{}
+	for name, n := range c.nodes {
+		if n.engine != nil && n.connexd != nil && n.engine.live() && n.connexd.live() && n.url != "" {
+			out[name] = n.url
+		}
+	}
+	return out
+}
+
 // AddEngine starts one more engine of role (the next free index) while the
 // cluster runs and returns its name once its connex-sim is ready.
 func (c *Cluster) AddEngine(ctx context.Context, role Role) (string, error) {
@@ -283,6 +345,8 @@ func (c *Cluster) signal(target string, s syscall.Signal) error {
 	for _, p := range ps {
 		if err := p.signal(s); err != nil {
 			errs = append(errs, err)
+		} else {
+			p.setStopped(s == syscall.SIGSTOP)
 		}
 	}
 	return errors.Join(errs...)

@@ -59,7 +59,13 @@ func fakeMain(args []string) int {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
-		go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+		// 200 for everything (/ready, /health) but the engine list, which
+		// the fake router does not have.
+		go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/connex/v1/engines" {
+				http.NotFound(w, r)
+			}
+		}))
 		return ln.Addr().String()
 	}
 	switch {
@@ -147,7 +153,7 @@ func needProc(t *testing.T) {
 	}
 }
 
-func TestFakeClusterLifecycle(t *testing.T) {
+func TestLocalFakeLifecycle(t *testing.T) {
 	needProc(t)
 	ctx := context.Background()
 	c, err := Start(ctx, fakeOptions(t))
@@ -259,7 +265,7 @@ func waitState(t *testing.T, pid int, want string) {
 	}
 }
 
-func TestFakeStartFailureReportsOutputAndCleansUp(t *testing.T) {
+func TestLocalFakeStartFailureReportsOutput(t *testing.T) {
 	needProc(t)
 	o := fakeOptions(t)
 	t.Setenv("LOCALCLUSTER_FAKE_FAIL", "decode-1")
@@ -276,7 +282,7 @@ func TestFakeStartFailureReportsOutputAndCleansUp(t *testing.T) {
 	}
 }
 
-func TestFakeCloseKillsWhatIgnoresSIGTERM(t *testing.T) {
+func TestLocalFakeCloseKillsWhatIgnoresSIGTERM(t *testing.T) {
 	needProc(t)
 	o := fakeOptions(t)
 	o.StopTimeout = 300 * time.Millisecond

@@ -34,6 +34,7 @@ type process struct {
 	waitErr  error
 	fields   map[string]string
 	intended bool // an exit we asked for (Term, Close, Restart)
+	stopped  bool // SIGSTOPped and not continued since
 }
 
 // startProcess starts path with args; its stdout and stderr go to log,
@@ -118,6 +119,20 @@ func (p *process) running() bool {
 	}
 }
 
+func (p *process) setStopped(v bool) {
+	p.mu.Lock()
+	p.stopped = v
+	p.mu.Unlock()
+}
+
+// live reports whether the process runs and is not stopped.
+func (p *process) live() bool {
+	p.mu.Lock()
+	stopped := p.stopped
+	p.mu.Unlock()
+	return !stopped && p.running()
+}
+
 // waitReady waits for the ready line and returns its fields.
 func (p *process) waitReady(ctx context.Context, timeout time.Duration) (map[string]string, error) {
 	t := time.NewTimer(timeout)
@@ -159,6 +174,7 @@ func (p *process) term(grace time.Duration) error {
 		return nil
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	p.setStopped(false)
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	t := time.NewTimer(grace)
 	defer t.Stop()

@@ -2,9 +2,12 @@ package localcluster
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"sort"
 	"strings"
 	"time"
 )
@@ -72,4 +75,68 @@ func pollReady(ctx context.Context, url string, every time.Duration, dead <-chan
 		case <-t.C:
 		}
 	}
+}
+
+// routerEngine is one entry of the router's GET /connex/v1/engines.
+type routerEngine struct {
+	EngineID string `json:"engine_id"`
+	BaseURL  string `json:"base_url"`
+	Suspect  bool   `json:"suspect"`
+}
+
+// enginesDiff says how the engines the router lists (live ones: not
+// suspect) differ from want (engine id → base URL); "" when they agree.
+func enginesDiff(listed []routerEngine, want map[string]string) string {
+	var diffs []string
+	seen := map[string]bool{}
+	for _, e := range listed {
+		if e.Suspect {
+			continue
+		}
+		seen[e.EngineID] = true
+		switch url, ok := want[e.EngineID]; {
+		case !ok:
+			diffs = append(diffs, "lists "+e.EngineID+" that is not running")
+		case url != e.BaseURL:
+			diffs = append(diffs, fmt.Sprintf("lists %s at %s, it serves at %s", e.EngineID, e.BaseURL, url))
+		}
+	}
+	for id := range want {
+		if !seen[id] {
+			diffs = append(diffs, "does not list "+id)
+		}
+	}
+	sort.Strings(diffs)
+	return strings.Join(diffs, "; ")
+}
+
+// errNoEngineList means the router has no GET /connex/v1/engines.
+var errNoEngineList = errors.New("the router lists no engines (404)")
+
+// getEngines reads the router's engine list.
+func getEngines(ctx context.Context, client *http.Client, url string) ([]routerEngine, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	if resp.StatusCode == http.StatusNotFound {
+		return nil, errNoEngineList
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+	}
+	var out []routerEngine
+	if err := json.Unmarshal(body, &out); err != nil {
+		return nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	return out, nil
 }

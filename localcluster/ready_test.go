@@ -94,3 +94,19 @@ func TestLineWriter(t *testing.T) {
 		t.Errorf("lines %q, want %q", got, want)
 	}
 }
+
+func TestEnginesDiff(t *testing.T) {
+	want := map[string]string{"prefill-0": "http://a", "decode-0": "http://b"}
+	listed := []routerEngine{{EngineID: "decode-0", BaseURL: "http://b"}, {EngineID: "prefill-0", BaseURL: "http://a"},
+		{EngineID: "decode-1", BaseURL: "http://c", Suspect: true}}
+	if d := enginesDiff(listed, want); d != "" {
+		t.Errorf("agreeing lists: %q", d)
+	}
+	listed = []routerEngine{{EngineID: "decode-0", BaseURL: "http://old"}, {EngineID: "decode-1", BaseURL: "http://c"}}
+	d := enginesDiff(listed, want)
+	for _, part := range []string{"does not list prefill-0", "lists decode-0 at http://old, it serves at http://b", "lists decode-1 that is not running"} {
+		if !strings.Contains(d, part) {
+			t.Errorf("diff %q lacks %q", d, part)
+		}
+	}
+}
