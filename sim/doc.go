@@ -1,0 +1,29 @@
+// Package sim is connex-sim's deterministic simulated inference engine: an
+// OpenAI-compatible HTTP server in the shape of `vllm serve` whose "model"
+// is a pure function, so that a request resumed on another engine gives the
+// same answer as an uninterrupted one.
+//
+// Toy tokenizer. A prompt string is its UTF-8 bytes, one token per byte
+// (ids 0–255). Chat messages render as "<|role|>\ncontent\n" per message,
+// then "<|assistant|>\n", then bytes. Output tokens have ids ≥ 256
+// (OutputBase) and detokenize to a fixed vocabulary of short words with a
+// leading space (Vocab), so the text of a sequence is the concatenation of
+// its tokens' texts: streamed text equals non-streamed text.
+//
+// KV. Position p of a sequence carries a prefix hash h_p of tokens 0..p
+// (so KV depends on everything before it, as a transformer's does). Its KV
+// in layer l, plane k (K or V) is one chunk of TokenBytes bytes inside
+// block blocks[p/block_size], filled with 64-bit words seed+i·φ where
+// seed = mix(h_p, l, k) | 1 (never zero). Filling runs at memory speed;
+// verification reads the first word of the first position of every block
+// in every layer and plane (and of the last loaded position), which
+// detects a wrong block, a block of another request (another prefix) and
+// an unwritten (zero) block, in a few ms for 1 GiB.
+//
+// Output. Every sampled chunk word read from the region is folded into a digest
+// (a commutative sum, so order does not matter); the next token is a pure
+// function of that digest, the prefix hash of the tokens so far and the
+// position. A generated token's KV is written and folded in too. So the
+// output depends on the KV contents as read from the region, and equals
+// across engines whenever the KV does.
+package sim

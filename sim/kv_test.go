@@ -1,0 +1,237 @@
+package sim
+
+import (
+	"encoding/binary"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/kvmem"
+)
+
+func testRegion(t testing.TB, layout string, blocks uint32) *kvmem.Region {
+	t.Helper()
+	l, err := LookupLayout(layout, blocks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := kvmem.CreateMemfdRegion("sim-test", l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func seqIDs(from, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(from + i)
+	}
+	return out
+}
+
+// generate prefills tokens into blocks and returns n output tokens.
+func generate(t testing.TB, r *kvmem.Region, blocks []uint32, prompt []uint32, n int) []uint32 {
+	t.Helper()
+	s := NewSequence(r, blocks, prompt)
+	if err := s.Compute(len(prompt)); err != nil {
+		t.Fatal(err)
+	}
+	var out []uint32
+	for range n {
+		tok := s.Next()
+		out = append(out, tok)
+		s.Append(tok)
+	}
+	return out
+}
+
+func TestTokenizerRoundTrip(t *testing.T) {
+	for _, s := range []string{"", "hello", "héllo wörld ✓", "<|user|>\nx\n"} {
+		got, err := Decode(Encode(s))
+		if err != nil || got != s {
+			t.Fatalf("Decode(Encode(%q)) = %q, %v", s, got, err)
+		}
+	}
+	ids := []uint32{OutputBase, OutputBase + 1, MaxTokenID()}
+	text, err := Decode(ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cat string
+	for _, id := range ids {
+		cat += TokenText(id)
+	}
+	if text != cat || text != Vocab[0]+Vocab[1]+Vocab[VocabSize-1] {
+		t.Fatalf("sequence text %q, concatenated token texts %q", text, cat)
+	}
+	if _, err := Decode([]uint32{MaxTokenID() + 1}); err == nil {
+		t.Fatal("an id past the vocabulary decoded")
+	}
+	if got := RenderChat([]Message{{"system", "be brief"}, {"user", "hi"}}); got != "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n" {
+		t.Fatalf("chat template: %q", got)
+	}
+}
+
+func TestDeterministicAcrossRegionsAndBlocks(t *testing.T) {
+	a, b := testRegion(t, "small", 64), testRegion(t, "small", 64)
+	prompt := Encode("the same prompt on two engines, different block ids")
+	x := generate(t, a, seqIDs(0, 8), prompt, 20)
+	y := generate(t, b, []uint32{40, 3, 17, 9, 60, 22, 1, 5}, prompt, 20)
+	if !slices.Equal(x, y) {
+		t.Fatalf("outputs differ across engines:\n%v\n%v", x, y)
+	}
+	z := generate(t, b, seqIDs(10, 8), Encode("another prompt entirely, same length as it is...."), 20)
+	if slices.Equal(x, z) {
+		t.Fatal("two different prompts gave the same output")
+	}
+}
+
+// TestResumeEqualsUninterrupted: load the prompt's KV (copied as a pull
+// would), recompute k generated tokens, continue: same tokens as the
+// uninterrupted run from token k on.
+func TestResumeEqualsUninterrupted(t *testing.T) {
+	src, dst := testRegion(t, "small", 64), testRegion(t, "small", 64)
+	prompt := Encode("resume me after a few tokens, please: 0123456789")
+	pBlocks := seqIDs(0, 4)
+	want := generate(t, src, seqIDs(0, 8), prompt, 24)
+	// Prefill only (what the hold keeps).
+	ps := NewSequence(src, pBlocks, prompt)
+	if err := ps.Compute(len(prompt)); err != nil {
+		t.Fatal(err)
+	}
+	const k = 7
+	tokens := append(slices.Clone(prompt), want[:k]...)
+	dBlocks := []uint32{30, 31, 12, 50, 51, 52, 53, 54}
+	copyBlocks(src, pBlocks, dst, dBlocks[:4])
+	s := NewSequence(dst, dBlocks, tokens)
+	if err := s.Load(len(prompt)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Compute(len(tokens)); err != nil {
+		t.Fatal(err)
+	}
+	var got []uint32
+	for range len(want) - k {
+		tok := s.Next()
+		got = append(got, tok)
+		s.Append(tok)
+	}
+	if !slices.Equal(got, want[k:]) {
+		t.Fatalf("resumed tokens %v\nwant %v", got, want[k:])
+	}
+}
+
+func copyBlocks(src *kvmem.Region, sb []uint32, dst *kvmem.Region, db []uint32) {
+	for l := uint32(0); l < src.Layout.Layers; l++ {
+		for k := uint32(0); k < 2; k++ {
+			for i := range sb {
+				copy(dst.Block(l, k, db[i]), src.Block(l, k, sb[i]))
+			}
+		}
+	}
+}
+
+func TestLoadDetectsCorruption(t *testing.T) {
+	prompt := Encode("a prompt of forty-eight bytes, three blocks ....")
+	other := Encode("another prompt of forty-eight bytes, three blk..")
+	src := testRegion(t, "small", 16)
+	NewSequence(src, seqIDs(0, 3), prompt).Compute(len(prompt))
+	NewSequence(src, seqIDs(3, 3), other).Compute(len(other))
+	cases := map[string]func(dst *kvmem.Region) []uint32{
+		"intact": func(dst *kvmem.Region) []uint32 {
+			copyBlocks(src, seqIDs(0, 3), dst, seqIDs(0, 3))
+			return seqIDs(0, 3)
+		},
+		"wrong block": func(dst *kvmem.Region) []uint32 {
+			copyBlocks(src, []uint32{0, 2, 1}, dst, seqIDs(0, 3)) // two blocks swapped
+			return seqIDs(0, 3)
+		},
+		"another request's block": func(dst *kvmem.Region) []uint32 {
+			copyBlocks(src, []uint32{0, 1, 5}, dst, seqIDs(0, 3))
+			return seqIDs(0, 3)
+		},
+		"unwritten block": func(dst *kvmem.Region) []uint32 {
+			copyBlocks(src, seqIDs(0, 2), dst, seqIDs(0, 2))
+			return seqIDs(0, 3)
+		},
+		"one word in the last layer": func(dst *kvmem.Region) []uint32 {
+			copyBlocks(src, seqIDs(0, 3), dst, seqIDs(0, 3))
+			c := dst.Block(1, 1, 2)
+			c[0] ^= 1 // the first word of the block
+			return seqIDs(0, 3)
+		},
+	}
+	for name, set := range cases {
+		dst := testRegion(t, "small", 16)
+		blocks := set(dst)
+		err := NewSequence(dst, blocks, prompt).Load(len(prompt))
+		if name == "intact" {
+			if err != nil {
+				t.Fatalf("intact KV rejected: %v", err)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("%s: Load = %v, want ErrCorrupt", name, err)
+		}
+		t.Logf("%s: %v", name, err)
+	}
+}
+
+func TestOutputDependsOnKVContents(t *testing.T) {
+	r := testRegion(t, "small", 16)
+	prompt := Encode("output follows the KV as read")
+	blocks := seqIDs(0, 4)
+	want := generate(t, r, blocks, prompt, 8)
+	// Same tokens, but one KV word in the region differs: unchecked, the
+	// output must change.
+	NewSequence(r, blocks, prompt).Compute(len(prompt))
+	c := r.Block(0, 1, 1) // position 16: a sampled one
+	binary.LittleEndian.PutUint64(c, 12345)
+	s := NewSequence(r, blocks, prompt)
+	s.Adopt(len(prompt))
+	var got []uint32
+	for range 8 {
+		tok := s.Next()
+		got = append(got, tok)
+		s.Append(tok)
+	}
+	if slices.Equal(got, want) {
+		t.Fatal("output unchanged although the KV read from the region differs")
+	}
+}
+
+// TestLlamaFillAndVerifyCost: an 8192-token prompt on the llama3-8b layout
+// (1 GiB) fills at memory speed and verifies in a few ms.
+func TestLlamaFillAndVerifyCost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1 GiB")
+	}
+	r := testRegion(t, "llama3-8b", 512)
+	prompt := make([]uint32, 8192)
+	for i := range prompt {
+		prompt[i] = uint32(i*7) % 256
+	}
+	s := NewSequence(r, seqIDs(0, 512), prompt)
+	if err := s.Compute(len(prompt)); err != nil { // first touch of the pages
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	s = NewSequence(r, seqIDs(0, 512), prompt)
+	if err := s.Compute(len(prompt)); err != nil {
+		t.Fatal(err)
+	}
+	fill := time.Since(t0)
+	t1 := time.Now()
+	if err := NewSequence(r, seqIDs(0, 512), prompt).Load(len(prompt)); err != nil {
+		t.Fatal(err)
+	}
+	verify := time.Since(t1)
+	t.Logf("1 GiB: fill %s (%.1f GB/s), verify %s", fill, float64(r.Layout.Size())/fill.Seconds()/1e9, verify)
+	if verify > 30*time.Millisecond {
+		t.Errorf("verification of 1 GiB took %s", verify)
+	}
+}
