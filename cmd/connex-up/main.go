@@ -119,11 +119,11 @@ func banner(c *localcluster.Cluster, o localcluster.Options) string {
 	}
 	s += fmt.Sprintf(`
 A streamed completion (%d tokens at %s each):
-  curl -N %s/v1/completions -H 'Content-Type: application/json' \
+  curl -N -i %s/v1/completions -H 'Content-Type: application/json' \
     -d '{"model":"%s","prompt":"Once upon a time","max_tokens":300,"stream":true}'
 
-Watch a resume: while it streams, kill the decode engine serving it (the "connex" object of the
-answer lists it in "decode_engines"); the stream carries on from another decode engine, with no second prefill:
+Watch a resume: while it streams, kill the decode engine serving it (the X-Connex-Decode-Engine
+header names it); the stream carries on from another decode engine, with no second prefill:
 `, 300, o.DecodePerToken, c.RouterURL(), o.Model)
 	for _, e := range decode {
 		s += fmt.Sprintf("  kill -9 %d    # %s's connex-sim\n", e.EnginePID, e.Name)
