@@ -420,3 +420,52 @@ func nonStreamedWithFault(ctx context.Context, c *localcluster.Cluster, url stri
 		}
 	}
 }
+
+// TestEnginesJoinAndLeave: engines added and removed while the router runs
+// are used and dropped without restarting it; a departed engine is never
+// picked, and a crashed one still registered costs no request.
+func TestEnginesJoinAndLeave(t *testing.T) {
+	c := startProduct(t, func(o *localcluster.Options) { o.Decode = 1 })
+	url := c.RouterURL() + "/v1/completions"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ask := func(want string) {
+		t.Helper()
+		got, err := postStream(ctx, url, completion("join and leave", 6), nil)
+		if err != nil || got.status != 200 || got.dones != 1 || len(got.texts) != 6 {
+			t.Fatalf("request: %v status %d %s", err, got.status, got.body)
+		}
+		if e := got.header.Get("X-Connex-Decode-Engine"); want != "" && e != want {
+			t.Fatalf("decoded on %s, want %s", e, want)
+		}
+	}
+	ask("decode-0")
+	added, err := c.AddEngine(ctx, localcluster.RoleDecode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error { return routerSees(c.RouterURL(), added, true) })
+	// A graceful stop withdraws the engine at once (engine.gone): from then
+	// on every request decodes on the new engine.
+	if err := c.Term("decode-0"); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error { return routerSees(c.RouterURL(), "decode-0", false) })
+	for i := 0; i < 4; i++ {
+		ask(added)
+	}
+	// A crashed engine stays registered until its TTL lapses; a request
+	// sent to it meanwhile moves to a live engine.
+	third, err := c.AddEngine(ctx, localcluster.RoleDecode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error { return routerSees(c.RouterURL(), third, true) })
+	if err := c.Kill(added + "/engine"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		ask(third)
+	}
+	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error { return routerSees(c.RouterURL(), added, false) })
+}
