@@ -54,8 +54,10 @@ type Engine struct {
 
 // Start starts the router, then every engine's connexd and connex-sim (the
 // engines in parallel), waits for each process's ready line and for the
-// router's GET /ready to answer 200. On error it stops whatever it started;
-// the error carries the failing process's last output lines.
+// router's GET /ready to answer 200 and its engine list to name every
+// engine. ctx bounds only the start: the processes run until Close. On
+// error it stops whatever it started; the error carries the failing
+// process's last output lines.
 func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	o, err := opts.withDefaults()
 	if err != nil {
