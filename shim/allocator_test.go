@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-func TestAllocatorHoldComesBackOnlyWithFreed(t *testing.T) {
+func TestShimAllocatorHoldComesBackOnlyWithFreed(t *testing.T) {
 	a := NewAllocator(8)
 	ids, err := a.Alloc(3)
 	if err != nil {
@@ -36,7 +36,7 @@ func TestAllocatorHoldComesBackOnlyWithFreed(t *testing.T) {
 	}
 }
 
-func TestAllocatorNoticeBeforeHold(t *testing.T) {
+func TestShimAllocatorNoticeBeforeHold(t *testing.T) {
 	a := NewAllocator(4)
 	ids, _ := a.Alloc(2)
 	if n, _ := a.Freed("t9", ids); n != 0 {
@@ -51,7 +51,7 @@ func TestAllocatorNoticeBeforeHold(t *testing.T) {
 	}
 }
 
-func TestAllocatorLimitsAndMisuse(t *testing.T) {
+func TestShimAllocatorLimitsAndMisuse(t *testing.T) {
 	a := NewAllocator(4)
 	if _, err := a.Alloc(5); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("alloc 5 of 4: %v, want ErrTooLarge", err)
@@ -74,7 +74,7 @@ func TestAllocatorLimitsAndMisuse(t *testing.T) {
 	}
 }
 
-func TestProgressBatch(t *testing.T) {
+func TestShimProgressBatch(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	b := newProgressBatch(3, 100*time.Millisecond)
 	if b.due(t0) {

@@ -48,7 +48,7 @@ func generate(t testing.TB, r *kvmem.Region, blocks []uint32, prompt []uint32, n
 	return out
 }
 
-func TestTokenizerRoundTrip(t *testing.T) {
+func TestSimTokenizerRoundTrip(t *testing.T) {
 	for _, s := range []string{"", "hello", "héllo wörld ✓", "<|user|>\nx\n"} {
 		got, err := Decode(Encode(s))
 		if err != nil || got != s {
@@ -75,7 +75,7 @@ func TestTokenizerRoundTrip(t *testing.T) {
 	}
 }
 
-func TestDeterministicAcrossRegionsAndBlocks(t *testing.T) {
+func TestSimDeterministicAcrossRegionsAndBlocks(t *testing.T) {
 	a, b := testRegion(t, "small", 64), testRegion(t, "small", 64)
 	prompt := Encode("the same prompt on two engines, different block ids")
 	x := generate(t, a, seqIDs(0, 8), prompt, 20)
@@ -92,7 +92,7 @@ func TestDeterministicAcrossRegionsAndBlocks(t *testing.T) {
 // TestResumeEqualsUninterrupted: load the prompt's KV (copied as a pull
 // would), recompute k generated tokens, continue: same tokens as the
 // uninterrupted run from token k on.
-func TestResumeEqualsUninterrupted(t *testing.T) {
+func TestSimResumeEqualsUninterrupted(t *testing.T) {
 	src, dst := testRegion(t, "small", 64), testRegion(t, "small", 64)
 	prompt := Encode("resume me after a few tokens, please: 0123456789")
 	pBlocks := seqIDs(0, 4)
@@ -134,7 +134,7 @@ func copyBlocks(src *kvmem.Region, sb []uint32, dst *kvmem.Region, db []uint32) 
 	}
 }
 
-func TestLoadDetectsCorruption(t *testing.T) {
+func TestSimLoadDetectsCorruption(t *testing.T) {
 	prompt := Encode("a prompt of forty-eight bytes, three blocks ....")
 	other := Encode("another prompt of forty-eight bytes, three blk..")
 	src := testRegion(t, "small", 16)
@@ -181,7 +181,7 @@ func TestLoadDetectsCorruption(t *testing.T) {
 	}
 }
 
-func TestOutputDependsOnKVContents(t *testing.T) {
+func TestSimOutputDependsOnKVContents(t *testing.T) {
 	r := testRegion(t, "small", 16)
 	prompt := Encode("output follows the KV as read")
 	blocks := seqIDs(0, 4)
@@ -206,7 +206,7 @@ func TestOutputDependsOnKVContents(t *testing.T) {
 
 // TestLlamaFillAndVerifyCost: an 8192-token prompt on the llama3-8b layout
 // (1 GiB) fills at memory speed and verifies in a few ms.
-func TestLlamaFillAndVerifyCost(t *testing.T) {
+func TestSimLlamaFillAndVerifyCost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("1 GiB")
 	}

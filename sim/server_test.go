@@ -174,7 +174,7 @@ func post(t *testing.T, url, body string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-func TestRequestValidation(t *testing.T) {
+func TestSimRequestValidation(t *testing.T) {
 	kv := newFakeKV(t, "e1", &holdTable{m: map[string]fakeHold{}})
 	ts := newTestServer(t, kv, 0)
 	long := strings.Repeat("x", 390)
@@ -259,7 +259,7 @@ func readSSE(t *testing.T, r io.Reader) (events []sseEvent, done bool) {
 	}
 }
 
-func TestSSEFormatAndStreamEqualsNonStream(t *testing.T) {
+func TestSimSSEFormatAndStreamEqualsNonStream(t *testing.T) {
 	kv := newFakeKV(t, "e1", &holdTable{m: map[string]fakeHold{}})
 	ts := newTestServer(t, kv, 0)
 	for _, chat := range []bool{false, true} {
@@ -324,7 +324,7 @@ func TestSSEFormatAndStreamEqualsNonStream(t *testing.T) {
 	}
 }
 
-func TestPrefillDecodeInProcess(t *testing.T) {
+func TestSimPrefillDecodeInProcess(t *testing.T) {
 	holds := &holdTable{m: map[string]fakeHold{}}
 	p, d := newFakeKV(t, "p", holds), newFakeKV(t, "d", holds)
 	pts, dts := newTestServer(t, p, 0), newTestServer(t, d, 0)
@@ -386,7 +386,7 @@ func TestPrefillDecodeInProcess(t *testing.T) {
 	}
 }
 
-func TestClientDisconnectFinishesTheRequest(t *testing.T) {
+func TestSimClientDisconnectFinishesTheRequest(t *testing.T) {
 	holds := &holdTable{m: map[string]fakeHold{}}
 	p, d := newFakeKV(t, "p", holds), newFakeKV(t, "d", holds)
 	pts, dts := newTestServer(t, p, 0), newTestServer(t, d, 20*time.Millisecond)
@@ -427,7 +427,7 @@ func TestClientDisconnectFinishesTheRequest(t *testing.T) {
 	}
 }
 
-func TestFencedStreamIsCut(t *testing.T) {
+func TestSimFencedStreamIsCut(t *testing.T) {
 	holds := &holdTable{m: map[string]fakeHold{}}
 	p, d := newFakeKV(t, "p", holds), newFakeKV(t, "d", holds)
 	pts, dts := newTestServer(t, p, 0), newTestServer(t, d, 10*time.Millisecond)
