@@ -1,0 +1,193 @@
+"""The connector's NATS connection to its connexd, on an asyncio event loop of its own thread.
+
+nats-py is asyncio-only and vLLM's scheduler and workers are synchronous, so every connector process owns one
+``Bus``: a daemon thread runs the loop, hooks hand it coroutines and get ``concurrent.futures.Future`` back at
+once (``submit``/``request``) or, only where vLLM's contract needs the answer before the hook returns, wait with
+a deadline (``request_sync``). Notice handlers run on the loop thread and must only touch thread-safe state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import nats
+from google.protobuf.message import Message
+from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+log = logging.getLogger("connex_vllm")
+
+M = TypeVar("M", bound=Message)
+T = TypeVar("T")
+
+PREFIX = "connex.v1"
+_HDR_CODE = "Nats-Service-Error-Code"
+_HDR_ERROR = "Nats-Service-Error"
+
+# Stable error codes of the subject API (api/codes.go) that the connector branches on.
+CODE_UNKNOWN_TRANSFER = 404
+CODE_RELEASED = 409
+CODE_EXPIRED = 410
+CODE_INCOMPATIBLE = 424
+CODE_ENGINE_GONE = 426
+CODE_FENCED = 428
+CODE_UNKNOWN_REQUEST = 430
+CODE_PEER_UNAVAILABLE = 503
+CODE_TIMEOUT = 504
+
+_REASONS = {
+    CODE_EXPIRED: "expired",
+    CODE_RELEASED: "released",
+    CODE_PEER_UNAVAILABLE: "holder unavailable",
+    CODE_ENGINE_GONE: "holder unavailable",
+    CODE_UNKNOWN_TRANSFER: "unknown transfer",
+    CODE_TIMEOUT: "timeout",
+    CODE_INCOMPATIBLE: "incompatible",
+    423: "incompatible",
+}
+
+
+def reason(code: int) -> str:
+    """Names a load-failure code the way an operator reads it (as the Go shim does)."""
+    return _REASONS.get(code, f"error {code}")
+
+
+class ConnexError(Exception):
+    """A subject-API call failed: ``code`` is the stable number of the API's error table."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"{message} (code {code})")
+        self.code = code
+        self.message = message
+
+
+def subject(member: str, endpoint: str) -> str:
+    """The full subject of ``endpoint`` on ``member`` (connex.v1.<member>.<endpoint>)."""
+    return f"{PREFIX}.{member}.{endpoint}"
+
+
+def engine_subject(engine_id: str, notice: str) -> str:
+    """The subject of an engine's notices: blocks.freed, pull.done, request.fenced, request.resume."""
+    return f"{PREFIX}.engine.{engine_id}.{notice}"
+
+
+class Bus:
+    """One NATS connection on a private event-loop thread; safe to use from any thread."""
+
+    def __init__(self, url: str, member: str, name: str, connect_timeout_s: float) -> None:
+        self.member = member
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"connex-nats-{name}", daemon=True)
+        self._thread.start()
+        self._nc: NATS | None = None
+        self._closed = False
+
+        async def connect() -> NATS:
+            return await nats.connect(
+                url,
+                name=name,
+                connect_timeout=connect_timeout_s,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.2,
+                allow_reconnect=True,
+            )
+
+        try:
+            self._nc = self.run(connect(), connect_timeout_s + 1.0)
+        except Exception as e:
+            self._stop_loop()
+            raise ConnexError(CODE_PEER_UNAVAILABLE, f"connect to NATS at {url} for connexd {member}: {e!r}") from e
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedules coro on the loop thread and returns at once."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        """Runs coro on the loop thread and waits for it (start-up, shutdown and contract-bound hooks only)."""
+        return self.submit(coro).result(timeout_s)
+
+    async def call(self, endpoint: str, msg: Message, reply: type[M], timeout_s: float) -> M:
+        """One request/reply on connex.v1.<member>.<endpoint> (protobuf); API errors raise ConnexError."""
+        assert self._nc is not None
+        subj = subject(self.member, endpoint)
+        try:
+            r = await self._nc.request(
+                subj, msg.SerializeToString(), timeout=timeout_s, headers={"Content-Type": "application/protobuf"}
+            )
+        except NoRespondersError as e:
+            raise ConnexError(CODE_PEER_UNAVAILABLE, f"{subj}: no connexd answers") from e
+        except (NatsTimeoutError, asyncio.TimeoutError) as e:
+            raise ConnexError(CODE_TIMEOUT, f"{subj}: no reply within {timeout_s}s") from e
+        hdrs = r.headers or {}
+        if _HDR_CODE in hdrs:
+            code = int(hdrs.get(_HDR_CODE, "500") or 500)
+            raise ConnexError(code, f"{subj}: {hdrs.get(_HDR_ERROR, '')}")
+        out = reply()
+        out.ParseFromString(r.data)
+        return out
+
+    def request(self, endpoint: str, msg: Message, reply: type[M], timeout_s: float) -> concurrent.futures.Future[M]:
+        """``call`` from any thread without waiting: the future completes on the loop thread."""
+        return self.submit(self.call(endpoint, msg, reply, timeout_s))
+
+    def request_sync(self, endpoint: str, msg: Message, reply: type[M], timeout_s: float) -> M:
+        """``call`` from any thread, waiting at most timeout_s (plus a margin for the hand-off)."""
+        return self.request(endpoint, msg, reply, timeout_s).result(timeout_s + 1.0)
+
+    def subscribe(self, subj: str, handler: Callable[[bytes], None], timeout_s: float = 5.0) -> None:
+        """Subscribes handler (run on the loop thread) to subj and flushes, so no notice sent after it is missed."""
+
+        async def sub() -> None:
+            assert self._nc is not None
+
+            async def cb(m: Any) -> None:
+                try:
+                    handler(m.data)
+                except Exception:  # a bad notice must not kill the subscription
+                    log.exception("connex: notice handler for %s failed", subj)
+
+            await self._nc.subscribe(subj, cb=cb)
+            await self._nc.flush(timeout=timeout_s)
+
+        self.run(sub(), timeout_s + 1.0)
+
+    def every(self, seconds: Callable[[], float], fn: Callable[[], Awaitable[float | None]]) -> None:
+        """Runs fn on the loop every seconds() until close; fn may return the next interval."""
+
+        async def loop() -> None:
+            wait = seconds()
+            while not self._closed:
+                await asyncio.sleep(wait)
+                if self._closed:
+                    return
+                try:
+                    nxt = await fn()
+                except Exception:
+                    log.exception("connex: periodic task failed; retrying")
+                    nxt = None
+                wait = nxt if nxt else seconds()
+
+        self.submit(loop())
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Drains the connection and stops the loop thread; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        nc = self._nc
+        if nc is not None:
+            try:
+                self.run(nc.close(), timeout_s)
+            except Exception as e:
+                log.warning("connex: closing NATS connection: %r", e)
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5.0)

@@ -1,0 +1,174 @@
+"""``ConnexConnector``: vLLM's ``KVConnectorBase_V1`` over a local connexd.
+
+vLLM builds one instance per process and role: the scheduler role in the engine-core process
+(``scheduler.ConnexScheduler``) and the worker role in each worker process (``worker.ConnexWorker``). This class
+only checks the limits at start and routes vLLM's hooks to the role's half.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+
+from .metadata import ConnexMetadata
+from .scheduler import ConnexScheduler
+from .settings import ROLES, Settings, SettingsError, parse, valid_token
+from .worker import ConnexWorker
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+log = logging.getLogger("connex_vllm")
+
+
+def check_limits(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None) -> tuple[Settings, str]:
+    """Parses the settings and checks this version's limits; returns (settings, engine id) or raises."""
+    ktc = vllm_config.kv_transfer_config
+    assert ktc is not None
+    settings = parse(ktc.kv_connector_extra_config)
+    if ktc.kv_role not in ROLES:
+        raise SettingsError(f"ConnexConnector: kv_role {ktc.kv_role!r}; allowed: {', '.join(ROLES)}")
+    engine_id = str(ktc.engine_id or "")
+    if not valid_token(engine_id):
+        raise SettingsError(
+            f"ConnexConnector: kv_transfer_config engine_id {engine_id!r} must be one NATS subject token "
+            "(no spaces, '.', '*' or '>')"
+        )
+    par = vllm_config.parallel_config
+    if par.tensor_parallel_size != 1 or par.pipeline_parallel_size != 1:
+        raise SettingsError(
+            f"ConnexConnector: tensor_parallel_size {par.tensor_parallel_size} and pipeline_parallel_size "
+            f"{par.pipeline_parallel_size}: this version serves one KV region per engine (both must be 1; "
+            "prefill and decode must use equal TP sizes)"
+        )
+    if vllm_config.model_config is not None and vllm_config.model_config.use_mla:
+        raise SettingsError("ConnexConnector: MLA models are not supported (this version serves full attention with K and V)")
+    if kv_cache_config is not None:
+        groups = kv_cache_config.kv_cache_groups
+        if len(groups) != 1:
+            raise SettingsError(
+                f"ConnexConnector: {len(groups)} KV cache groups; this version serves full-attention KV only (one group)"
+            )
+        spec = groups[0].kv_cache_spec
+        if not isinstance(spec, FullAttentionSpec) or isinstance(spec, MLAAttentionSpec) or getattr(spec, "sliding_window", None):
+            raise SettingsError(
+                f"ConnexConnector: KV cache spec {type(spec).__name__}; this version serves full attention only"
+            )
+    return settings, engine_id
+
+
+class ConnexConnector(KVConnectorBase_V1):
+    """Prefill (kv_producer) keeps a request's KV as a renewable hold in connexd; decode (kv_consumer) pulls it,
+    possibly again after a resume. See connector/ARCHITECTURE-connector.md."""
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
+        settings, engine_id = check_limits(vllm_config, kv_cache_config)
+        ktc = vllm_config.kv_transfer_config
+        assert ktc is not None
+        self.engine_id = engine_id
+        self.kv_role = str(ktc.kv_role)
+        block_size = int(vllm_config.cache_config.block_size)
+        self.connector_scheduler: ConnexScheduler | None = None
+        self.connector_worker: ConnexWorker | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            num_blocks = int(kv_cache_config.num_blocks) if kv_cache_config is not None else 0
+            mc = vllm_config.model_config
+            self.connector_scheduler = ConnexScheduler(
+                settings,
+                engine_id,
+                self.kv_role,
+                block_size,
+                num_blocks,
+                1,
+                str(mc.served_model_name if mc is not None else ""),
+                int(mc.max_model_len) if mc is not None else 0,
+            )
+        else:
+            self.connector_worker = ConnexWorker(settings, engine_id, block_size, 1)
+
+    # ---- worker role
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        assert self.connector_worker is not None
+        self.connector_worker.register_kv_caches(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        assert self.connector_worker is not None and isinstance(connector_metadata, ConnexMetadata)
+        self.connector_worker.bind(connector_metadata)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        assert self.connector_worker is not None
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, ConnexMetadata)
+        self.connector_worker.start_load(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are asynchronous: a request runs only after its whole load finished
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
+        return  # the KV cache is connexd's memory: nothing to save
+
+    def wait_for_save(self) -> None:
+        return
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        assert self.connector_worker is not None
+        return self.connector_worker.get_finished()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        assert self.connector_worker is not None
+        return self.connector_worker.load_errors()
+
+    def shutdown(self) -> None:
+        if self.connector_worker is not None:
+            self.connector_worker.shutdown()
+        if self.connector_scheduler is not None:
+            self.connector_scheduler.shutdown()
+
+    # ---- scheduler role
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        assert self.connector_scheduler is not None
+        if self.kv_role != "kv_consumer":
+            return 0, False
+        return self.connector_scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        assert self.connector_scheduler is not None
+        if self.kv_role != "kv_consumer":
+            return
+        ids = blocks.get_block_ids()
+        self.connector_scheduler.update_state_after_alloc(request, list(ids[0]) if ids else [], num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self.connector_scheduler is not None
+        return self.connector_scheduler.build_meta()
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        assert self.connector_scheduler is not None
+        from vllm.v1.request import RequestStatus
+
+        if self.kv_role == "kv_producer":
+            ok = request.status in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
+            return self.connector_scheduler.request_finished_prefill(request, block_ids, ok)
+        return self.connector_scheduler.request_finished_decode(request)
+
+    def has_pending_block_frees(self) -> bool:
+        # Held prefill blocks come back when their holds end (release or retain_s): waiting beats preempting.
+        return self.connector_scheduler is not None and self.connector_scheduler.holds_outstanding() > 0

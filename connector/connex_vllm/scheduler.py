@@ -1,0 +1,363 @@
+"""The scheduler-side connector: holds on the prefill side, loads and the request actor on the decode side.
+
+Runs in vLLM's engine-core process. Every hook reads or updates local state and hands NATS work to the bus
+thread, with one exception that vLLM's contract forces: ``request_finished`` on the prefill side must return the
+``kv_transfer_params`` the router forwards, and they name the hold connexd creates, so it waits for one
+``hold.create`` round trip (bounded by ``call_timeout_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from . import bus as busmod
+from .bus import Bus, ConnexError
+from .metadata import ConnexMetadata, LoadSpec
+from .params import load_tokens, to_dict, to_proto
+from .pb import connex_pb2 as pb
+from .pb import request_pb2 as rpb
+from .settings import Settings
+from .worker import REGION_ID
+
+log = logging.getLogger("connex_vllm")
+
+PRODUCER, CONSUMER = "kv_producer", "kv_consumer"
+
+
+class RequestLike(Protocol):
+    """The parts of ``vllm.v1.request.Request`` the connector reads."""
+
+    request_id: str
+    kv_transfer_params: dict[str, Any] | None
+    prompt_token_ids: list[int] | None
+    num_computed_tokens: int
+
+    @property
+    def all_token_ids(self) -> Any: ...
+
+    @property
+    def output_token_ids(self) -> Any: ...
+
+
+@dataclass
+class Stats:
+    """Counters tests and the benchmark read (engine-core process only)."""
+
+    holds_created: int = 0
+    hold_errors: int = 0
+    loads_started: int = 0
+    loads_refused: int = 0
+    requests_started: int = 0
+    requests_finished: int = 0
+    progress_calls: int = 0
+    fenced: int = 0
+
+
+@dataclass
+class _Decode:
+    """A decode request this engine runs: its request actor on the local connexd."""
+
+    req_id: str  # vLLM's request id
+    connex_id: str  # the request actor's id (kv_transfer_params.connex_request_id, or req_id)
+    request: Any  # the vLLM Request, read for generated tokens
+    num_prompt: int  # tokens the engine was given (prompt, plus k generated ones for a resume)
+    last: concurrent.futures.Future[Any] | None = None  # the request's latest NATS call; the next one awaits it
+    epoch: int = 0
+    reported: int = 0  # generated tokens handed to request.progress
+    fenced: bool = False
+    blocks: int = 0
+
+
+@dataclass
+class _Pending:
+    loads: list[LoadSpec] = field(default_factory=list)
+    holds: dict[str, str] = field(default_factory=dict)
+
+
+class ConnexScheduler:
+    """One engine's scheduler-side connector state."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine_id: str,
+        kv_role: str,
+        block_size: int,
+        num_blocks: int,
+        tp_size: int,
+        model: str,
+        max_model_len: int,
+    ) -> None:
+        self.settings = settings
+        self.engine_id = engine_id
+        self.kv_role = kv_role
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.tp_size = tp_size
+        self.model = settings.model or model
+        self.max_model_len = max_model_len
+        self.stats = Stats()
+        self._mu = threading.Lock()
+        self._pending = _Pending()
+        self._decodes: dict[str, _Decode] = {}  # vLLM request id -> decode request
+        self._by_connex: dict[str, _Decode] = {}  # request actor id -> decode request
+        self._held: dict[str, int] = {}  # transfer id -> blocks (prefill side, until its freed notice)
+        self._inflight: set[concurrent.futures.Future[Any]] = set()  # request calls queued or running
+        self._bus = Bus(settings.nats_url, settings.member, f"connex-vllm-sched-{engine_id}", settings.connect_timeout_s)
+        try:
+            if kv_role == CONSUMER:
+                self._bus.subscribe(busmod.engine_subject(engine_id, "request.fenced"), self._on_fenced)
+            else:
+                self._bus.subscribe(busmod.engine_subject(engine_id, "blocks.freed"), self._on_freed)
+            rep = self._bus.request_sync("engine.register", self._registration(), pb.RegisterEngineReply, settings.call_timeout_s)
+        except Exception as e:
+            self._bus.close()
+            raise RuntimeError(f"ConnexConnector: engine.register of {engine_id} on connexd {settings.member}: {e}") from e
+        self._renew_s = max(rep.renew_ms, 100) / 1000.0
+        self._bus.every(lambda: self._renew_s, self._renew)
+
+    # ---- registration (engine.register with load figures, renewed on the bus thread)
+
+    def _registration(self) -> pb.RegisterEngineRequest:
+        with self._mu:
+            in_flight = len(self._decodes) + len(self._held)
+            used = sum(d.blocks for d in self._decodes.values()) + sum(self._held.values())
+        info = pb.EngineInfo(
+            engine_id=self.engine_id,
+            role="prefill" if self.kv_role == PRODUCER else "decode",
+            model=self.model,
+            base_url=self.settings.base_url,
+            in_flight=in_flight,
+            blocks_free=max(0, self.num_blocks - used),
+            blocks_total=self.num_blocks,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+        )
+        return pb.RegisterEngineRequest(engine=info, ttl_ms=self.settings.register_ttl_ms)
+
+    async def _renew(self) -> float | None:
+        rep = await self._bus.call("engine.register", self._registration(), pb.RegisterEngineReply, self.settings.call_timeout_s)
+        return max(rep.renew_ms, 100) / 1000.0
+
+    # ---- prefill side
+
+    def request_finished_prefill(self, request: RequestLike, block_ids: list[int], finished_ok: bool) -> tuple[bool, dict[str, Any] | None]:
+        """Holds the request's blocks (hold.create) and returns (delay the free, kv_transfer_params)."""
+        p = request.kv_transfer_params
+        if not p or not p.get("do_remote_decode") or not finished_ok:
+            return False, None
+        prompt = request.prompt_token_ids or []
+        n = min(len(prompt), request.num_computed_tokens)
+        nblocks = math.ceil(n / self.block_size)
+        if n <= 0 or nblocks > len(block_ids):
+            return False, None
+        blocks = list(block_ids[:nblocks])
+        s = self.settings
+        req = pb.CreateHoldRequest(
+            engine_id=self.engine_id, region_id=REGION_ID, block_ids=blocks, num_tokens=n, retain_s=s.retain_s, release=s.release
+        )
+        try:
+            rep = self._bus.request_sync("hold.create", req, pb.CreateHoldReply, s.call_timeout_s)
+        except (ConnexError, concurrent.futures.TimeoutError) as e:
+            self.stats.hold_errors += 1
+            log.error("connex: hold.create for request %s (%d blocks) failed: %s", request.request_id, nblocks, e)
+            return False, None
+        params = rep.params
+        params.do_remote_prefill, params.do_remote_decode = True, False
+        with self._mu:
+            self._pending.holds[request.request_id] = params.transfer_id
+            self._held[params.transfer_id] = nblocks
+        self.stats.holds_created += 1
+        return True, to_dict(params)
+
+    def _on_freed(self, data: bytes) -> None:
+        n = pb.BlocksFreed()
+        n.ParseFromString(data)
+        with self._mu:
+            self._held.pop(n.transfer_id, None)
+
+    # ---- decode side
+
+    def get_num_new_matched_tokens(self, request: RequestLike, num_computed_tokens: int) -> tuple[int, bool]:
+        """Tokens of KV to load asynchronously: the hold's, clamped to remote_num_tokens, less any local hit."""
+        p = request.kv_transfer_params
+        if not p or not p.get("do_remote_prefill"):
+            return 0, False
+        if num_computed_tokens > 0:
+            # A local prefix-cache hit: a pull reads all of a hold's blocks, so it cannot fill only the rest.
+            log.warning(
+                "connex: request %s has %d tokens cached locally; computing the rest locally instead of loading",
+                request.request_id,
+                num_computed_tokens,
+            )
+            return 0, False
+        try:
+            m = to_proto(p)
+        except ValueError:
+            return 0, False  # update_state_after_alloc reports it as a failed load
+        n = load_tokens(m, len(request.prompt_token_ids or []))
+        return (n, True) if n > 0 else (0, False)
+
+    def update_state_after_alloc(self, request: RequestLike, block_ids: list[int], num_external_tokens: int) -> None:
+        """Records the blocks a load fills and starts the request actor (request.start) on the bus thread."""
+        p = request.kv_transfer_params
+        if not p or not p.get("do_remote_prefill"):
+            return
+        p["do_remote_prefill"] = False  # loaded once: a preempted request recomputes, as with vLLM's own connectors
+        try:
+            m = to_proto(p)
+            bad = ""
+        except ValueError as e:
+            m, bad = pb.KVTransferParams(), str(e)
+        if num_external_tokens > 0:
+            nblocks = math.ceil(num_external_tokens / self.block_size)
+            dst = tuple(block_ids[:nblocks])
+            bad = bad or self._incompatible(m, num_external_tokens, nblocks)
+            with self._mu:
+                self._pending.loads.append(LoadSpec(request.request_id, m.SerializeToString(), dst, bad))
+            if bad:
+                self.stats.loads_refused += 1
+                log.error("connex: request %s cannot load its KV: %s", request.request_id, bad)
+            else:
+                self.stats.loads_started += 1
+        if not bad:
+            self._start_request(request, m, len(block_ids))
+
+    def _incompatible(self, m: pb.KVTransferParams, tokens: int, nblocks: int) -> str:
+        if m.block_size and m.block_size != self.block_size:
+            return f"incompatible: block_size {m.block_size} on the prefill side, {self.block_size} here (they must be equal)"
+        if m.tp_size and m.tp_size != self.tp_size:
+            return f"incompatible: tp_size {m.tp_size} on the prefill side, {self.tp_size} here (they must be equal)"
+        if len(m.remote_block_ids) != nblocks:
+            return f"incompatible: the hold has {len(m.remote_block_ids)} blocks, {tokens} tokens need {nblocks}"
+        return ""
+
+    def _start_request(self, request: RequestLike, m: pb.KVTransferParams, nblocks: int) -> None:
+        connex_id = m.connex_request_id or request.request_id
+        tokens = list(request.all_token_ids)
+        d = _Decode(request.request_id, connex_id, request, len(tokens), blocks=nblocks)
+        msg = rpb.StartRequestMsg(
+            request_id=connex_id,
+            params=m,
+            prompt_token_ids=tokens,
+            engine_id=self.engine_id,
+            takeover=m.connex_resume,
+            resume_authority="router",
+        )
+
+        async def start() -> None:
+            st = await self._bus.call("request.start", msg, rpb.RequestStatus, self.settings.call_timeout_s)
+            d.epoch = st.state.epoch
+
+        with self._mu:
+            self._decodes[d.req_id] = d
+            self._by_connex[connex_id] = d
+        self.stats.requests_started += 1
+        self._then(d, start, "request.start")
+
+    def _then(self, d: _Decode, step: Any, what: str) -> None:
+        """Runs step on the bus thread after the request's previous call ended (calls of one request stay ordered)."""
+        prev = d.last
+
+        async def run() -> None:
+            if prev is not None:
+                await asyncio.wait([asyncio.wrap_future(prev)])
+            if d.fenced:
+                return
+            try:
+                await step()
+            except ConnexError as e:
+                if e.code == busmod.CODE_FENCED:
+                    self._fence(d, str(e))
+                else:
+                    log.warning("connex: %s of request %s failed: %s", what, d.connex_id, e)
+
+        fut = self._bus.submit(run())
+        d.last = fut
+        with self._mu:
+            self._inflight.add(fut)
+        fut.add_done_callback(self._call_ended)
+
+    def _call_ended(self, fut: concurrent.futures.Future[Any]) -> None:
+        with self._mu:
+            self._inflight.discard(fut)
+
+    def _fence(self, d: _Decode, why: str) -> None:
+        if not d.fenced:
+            d.fenced = True
+            self.stats.fenced += 1
+            log.warning("connex: request %s was taken over elsewhere (%s): it reports nothing more", d.connex_id, why)
+
+    def _on_fenced(self, data: bytes) -> None:
+        n = rpb.FencedNotice()
+        n.ParseFromString(data)
+        with self._mu:
+            d = self._by_connex.get(n.request_id)
+        if d is not None and n.stale_epoch >= d.epoch:
+            self._fence(d, f"moved to {n.new_owner}")
+
+    def build_meta(self) -> ConnexMetadata:
+        """The step's metadata for the worker, and request.progress batches for running decode requests."""
+        with self._mu:
+            pend, self._pending = self._pending, _Pending()
+            decodes = list(self._decodes.values())
+        every = self.settings.progress_every
+        for d in decodes:
+            if d.fenced:
+                continue
+            out = d.request.output_token_ids
+            if len(out) - d.reported >= every:
+                toks = list(out[d.reported :])
+                d.reported += len(toks)
+                self._progress(d, toks)
+        return ConnexMetadata(loads=pend.loads, holds=pend.holds)
+
+    def _progress(self, d: _Decode, toks: list[int]) -> None:
+        async def progress() -> None:
+            msg = rpb.RequestProgress(request_id=d.connex_id, epoch=d.epoch, token_ids=toks)
+            await self._bus.call("request.progress", msg, rpb.RequestStatus, self.settings.call_timeout_s)
+
+        self.stats.progress_calls += 1
+        self._then(d, progress, "request.progress")
+
+    def request_finished_decode(self, request: RequestLike) -> tuple[bool, dict[str, Any] | None]:
+        """The request ended: request.finish (the request actor releases the prefill hold), on the bus thread."""
+        with self._mu:
+            d = self._decodes.pop(request.request_id, None)
+            if d is not None and self._by_connex.get(d.connex_id) is d:
+                del self._by_connex[d.connex_id]
+        if d is not None:
+
+            async def finish() -> None:
+                msg = rpb.FinishRequestMsg(request_id=d.connex_id, epoch=d.epoch)
+                await self._bus.call("request.finish", msg, rpb.RequestStatus, self.settings.call_timeout_s)
+
+            self.stats.requests_finished += 1
+            self._then(d, finish, "request.finish")
+        return False, None
+
+    def holds_outstanding(self) -> int:
+        """Holds whose blocks have not come back yet (prefill side)."""
+        with self._mu:
+            return len(self._held)
+
+    def drain(self, timeout_s: float) -> bool:
+        """Waits for every queued request call to end (tests, benchmarks, shutdown); True if all did."""
+        with self._mu:
+            futs = list(self._inflight)
+        done, _ = concurrent.futures.wait(futs, timeout_s)
+        return len(done) == len(futs)
+
+    def shutdown(self) -> None:
+        """engine.gone (its holds end, its region is unmapped there), then the connection closes."""
+        try:
+            self._bus.request_sync("engine.gone", pb.EngineGoneRequest(engine_id=self.engine_id), pb.EngineGoneReply, self.settings.call_timeout_s)
+        except Exception as e:
+            log.warning("connex: engine.gone of %s: %s", self.engine_id, e)
+        self._bus.close()

@@ -1,0 +1,214 @@
+"""The worker-side connector: KV memory connexd serves, pulls into it, and completion reports for vLLM.
+
+Runs in each vLLM worker process (with one rank, beside the scheduler). The step loop never waits on NATS:
+``start_load`` hands pull.start to the bus thread and returns; pull.done and blocks.freed notices land in
+``Completions`` on the bus thread; ``get_finished`` and ``load_errors`` only drain it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from . import bus as busmod
+from .bus import Bus, ConnexError
+from .memory import KVMemory, SharedRegionMemory
+from .metadata import ConnexMetadata, LoadSpec
+from .pb import connex_pb2 as pb
+from .settings import Settings
+
+log = logging.getLogger("connex_vllm")
+
+REGION_ID = "r0"  # one region per engine: this version serves tensor-parallel size 1
+
+
+@dataclass
+class _Pull:
+    req_id: str
+    transfer_id: str
+    dst_blocks: tuple[int, ...]
+    deadline: float  # monotonic: no pull.done by then means the load failed (timeout)
+
+
+@dataclass
+class Completions:
+    """Thread-safe record of what vLLM must hear from ``get_finished``: filled on the bus thread, drained in
+    the step loop. Pure bookkeeping with an injected clock (``now``)."""
+
+    now: Callable[[], float] = time.monotonic
+    unclaimed_ttl_s: float = 600.0  # how long a blocks.freed for a hold we do not know yet is remembered
+    _mu: threading.Lock = field(default_factory=threading.Lock)
+    _pulls: dict[str, _Pull] = field(default_factory=dict)  # pull_id -> pull in flight
+    _recving: set[str] = field(default_factory=set)
+    _sending: set[str] = field(default_factory=set)
+    _bad_blocks: set[int] = field(default_factory=set)
+    _holds: dict[str, str] = field(default_factory=dict)  # transfer id -> request id
+    _freed_early: dict[str, float] = field(default_factory=dict)  # transfer id -> when its freed notice came
+    failures: dict[str, str] = field(default_factory=dict)  # request id -> why its load failed (for logs/tests)
+
+    def pull_started(self, pull_id: str, spec: LoadSpec, transfer_id: str, timeout_s: float) -> None:
+        with self._mu:
+            self._pulls[pull_id] = _Pull(spec.req_id, transfer_id, spec.dst_blocks, self.now() + timeout_s)
+
+    def pull_ended(self, pull_id: str, ok: bool, why: str = "") -> None:
+        """A pull ended (its pull.done, or pull.start failed): vLLM hears of it in the next get_finished."""
+        with self._mu:
+            p = self._pulls.pop(pull_id, None)
+            if p is None:
+                return
+            self._end(p, ok, why)
+
+    def _end(self, p: _Pull, ok: bool, why: str) -> None:
+        self._recving.add(p.req_id)
+        if not ok:
+            self._bad_blocks.update(p.dst_blocks)
+            self.failures[p.req_id] = why
+            log.error("connex: KV load of request %s (transfer %s) failed: %s", p.req_id, p.transfer_id, why)
+
+    def failed_at_once(self, spec: LoadSpec) -> None:
+        """A load that cannot start (it breaks a limit): reported failed in the next get_finished."""
+        with self._mu:
+            self._end(_Pull(spec.req_id, "", spec.dst_blocks, 0.0), False, spec.error)
+
+    def watch_hold(self, req_id: str, transfer_id: str) -> None:
+        with self._mu:
+            if self._freed_early.pop(transfer_id, None) is not None:
+                self._sending.add(req_id)
+            else:
+                self._holds[transfer_id] = req_id
+
+    def blocks_freed(self, transfer_id: str) -> None:
+        with self._mu:
+            req = self._holds.pop(transfer_id, None)
+            if req is not None:
+                self._sending.add(req)
+            else:  # the notice overtook the metadata naming the hold
+                self._freed_early[transfer_id] = self.now()
+
+    def take(self) -> tuple[set[str], set[str]]:
+        """(finished sending, finished receiving) since the last call; also times out silent pulls."""
+        with self._mu:
+            now = self.now()
+            for pid, p in list(self._pulls.items()):
+                if now > p.deadline:
+                    del self._pulls[pid]
+                    self._end(p, False, f"timeout: no pull.done for pull {pid} by its deadline")
+            for tid, t in list(self._freed_early.items()):
+                if now - t > self.unclaimed_ttl_s:
+                    del self._freed_early[tid]
+            s, r = self._sending, self._recving
+            self._sending, self._recving = set(), set()
+            return s, r
+
+    def take_bad_blocks(self) -> set[int]:
+        with self._mu:
+            b, self._bad_blocks = self._bad_blocks, set()
+            return b
+
+    def in_flight(self) -> int:
+        with self._mu:
+            return len(self._pulls)
+
+
+class ConnexWorker:
+    """One worker rank's side of the connector."""
+
+    def __init__(self, settings: Settings, engine_id: str, block_size: int, tp_size: int, memory: KVMemory | None = None) -> None:
+        self.settings = settings
+        self.engine_id = engine_id
+        self.memory = memory or SharedRegionMemory(tp_size, block_size)
+        self.done = Completions()
+        self._bus: Bus | None = None
+        self.region: pb.RegionInfo | None = None
+
+    @property
+    def bus(self) -> Bus:
+        if self._bus is None:
+            raise RuntimeError("ConnexConnector worker: register_kv_caches has not run")
+        return self._bus
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """At start: connect, subscribe to this engine's notices, back the KV caches with a connexd region."""
+        s = self.settings
+        self._bus = Bus(s.nats_url, s.member, f"connex-vllm-worker-{self.engine_id}", s.connect_timeout_s)
+        self.bus.subscribe(busmod.engine_subject(self.engine_id, "pull.done"), self._on_pull_done)
+        self.bus.subscribe(busmod.engine_subject(self.engine_id, "blocks.freed"), self._on_freed)
+
+        def create(layout: pb.Layout) -> pb.RegionInfo:
+            req = pb.CreateRegionRequest(engine_id=self.engine_id, region_id=REGION_ID, layout=layout)
+            # region.create reserves the memory up front; large regions take a while.
+            return self.bus.request_sync("region.create", req, pb.RegionInfo, max(s.call_timeout_s, 60.0))
+
+        self.memory.attach(kv_caches, create)
+        self.region = getattr(self.memory, "info", None)
+        log.info("connex: engine %s KV caches backed by connexd %s region %s", self.engine_id, s.member, REGION_ID)
+
+    def bind(self, meta: ConnexMetadata) -> None:
+        """Takes a step's metadata: watch the holds it names."""
+        for req_id, tid in meta.holds.items():
+            self.done.watch_hold(req_id, tid)
+
+    def start_load(self, meta: ConnexMetadata) -> None:
+        """Starts the step's pulls on the bus thread; returns at once."""
+        for spec in meta.loads:
+            if spec.error:
+                self.done.failed_at_once(spec)
+                continue
+            self._start_pull(spec)
+
+    def _start_pull(self, spec: LoadSpec) -> None:
+        s = self.settings
+        params = pb.KVTransferParams()
+        params.ParseFromString(spec.params)
+        pull_id = secrets.token_hex(8)
+        # Registered before pull.start goes out: its pull.done cannot overtake us.
+        self.done.pull_started(pull_id, spec, params.transfer_id, s.pull_timeout_s + 2.0)
+        req = pb.StartPullRequest(
+            params=params,
+            engine_id=self.engine_id,
+            region_id=REGION_ID,
+            block_ids=list(spec.dst_blocks),
+            pull_id=pull_id,
+            timeout_ms=int(s.pull_timeout_s * 1000),
+        )
+        fut = self.bus.request("pull.start", req, pb.StartPullReply, s.call_timeout_s)
+
+        def started(f: concurrent.futures.Future[pb.StartPullReply]) -> None:
+            e = f.exception()
+            if e is not None:
+                code = e.code if isinstance(e, ConnexError) else 500
+                self.done.pull_ended(pull_id, False, f"{busmod.reason(code)}: pull.start: {e}")
+
+        fut.add_done_callback(started)
+
+    def _on_pull_done(self, data: bytes) -> None:
+        d = pb.PullDone()
+        d.ParseFromString(data)
+        if d.ok:
+            self.done.pull_ended(d.pull_id, True)
+        else:
+            self.done.pull_ended(d.pull_id, False, f"{busmod.reason(d.error_code)}: {d.error}")
+
+    def _on_freed(self, data: bytes) -> None:
+        n = pb.BlocksFreed()
+        n.ParseFromString(data)
+        self.done.blocks_freed(n.transfer_id)
+
+    def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
+        sending, recving = self.done.take()
+        return (sending or None), (recving or None)
+
+    def load_errors(self) -> set[int]:
+        return self.done.take_bad_blocks()
+
+    def shutdown(self) -> None:
+        if self._bus is not None:
+            self._bus.close()
+        self.memory.close()

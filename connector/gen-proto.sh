@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Regenerates connex_vllm/pb/*_pb2.py from messages/*.proto with the system
+# protoc (Debian's protobuf-compiler). The generated files are committed;
+# tests/test_proto_sync.py fails when they drift from messages/.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+out=${1:-$here/connex_vllm/pb}
+mkdir -p "$out"
+protoc -I "$root/messages" --python_out="$out" "$root/messages/connex.proto" "$root/messages/request.proto"
+# protoc writes absolute imports between generated modules; inside a package
+# they must be relative.
+sed -i 's/^import connex_pb2 as connex__pb2$/from . import connex_pb2 as connex__pb2/' "$out/request_pb2.py"
