@@ -112,7 +112,11 @@ func run(args []string) int {
 	}
 	base = strings.TrimSuffix(base, "/")
 	nc, err := nats.Connect(o.natsURL, nats.Name("connex-sim "+o.engineID), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil: our own Close
+				log.Warn("NATS disconnected; reconnecting", "err", err)
+			}
+		}),
 		nats.ReconnectHandler(func(*nats.Conn) { log.Info("NATS reconnected") }))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "connex-sim: connect to NATS %s: %v\n", o.natsURL, err)
