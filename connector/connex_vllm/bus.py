@@ -87,6 +87,7 @@ class Bus:
         self._thread.start()
         self._nc: NATS | None = None
         self._closed = False
+        self._tasks: list[concurrent.futures.Future[None]] = []
 
         async def connect() -> NATS:
             return await nats.connect(
@@ -173,13 +174,15 @@ class Bus:
                     nxt = None
                 wait = nxt if nxt else seconds()
 
-        self.submit(loop())
+        self._tasks.append(self.submit(loop()))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Drains the connection and stops the loop thread; idempotent."""
         if self._closed:
             return
         self._closed = True
+        for t in self._tasks:
+            t.cancel()
         nc = self._nc
         if nc is not None:
             try:
@@ -189,5 +192,16 @@ class Bus:
         self._stop_loop()
 
     def _stop_loop(self) -> None:
+        async def cancel_all() -> None:
+            me = asyncio.current_task()
+            rest = [t for t in asyncio.all_tasks() if t is not me]
+            for t in rest:
+                t.cancel()
+            await asyncio.wait(rest, timeout=1.0) if rest else None
+
+        try:
+            self.run(cancel_all(), 2.0)
+        except Exception as e:
+            log.debug("connex: cancelling bus tasks: %r", e)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5.0)

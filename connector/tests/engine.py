@@ -9,6 +9,7 @@ ModelRunnerOutput with the KVConnectorOutput.
 
 from __future__ import annotations
 
+import copy
 import os
 import zlib
 from pathlib import Path
@@ -124,7 +125,8 @@ class Engine:
     def add(self, req_id: str, prompt: list[int], max_tokens: int, kv_transfer_params: dict[str, Any] | None) -> Request:
         sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         if kv_transfer_params is not None:
-            sp.extra_args = {"kv_transfer_params": kv_transfer_params}
+            # A copy, as each HTTP request parses its own (the connector marks a loaded request's params).
+            sp.extra_args = {"kv_transfer_params": copy.deepcopy(kv_transfer_params)}
         req = Request(req_id, prompt, sp, None, block_hasher=self.hasher)
         self.sched.add_request(req)
         return req
@@ -222,6 +224,17 @@ class Engine:
             self.step()
             if not self.sched.has_requests():
                 time.sleep(0.001)  # idle engine: vLLM's busy loop polls too
+
+    def step_until_scheduled(self, req_id: str, timeout_s: float = 15.0) -> Any:
+        """Steps until req_id is scheduled; returns that step's SchedulerOutput."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            so = self.step()
+            if req_id in so.num_scheduled_tokens:
+                return so
+        raise AssertionError(f"engine {self.engine_id}: {req_id} not scheduled within {timeout_s}s")
 
     def close(self) -> None:
         self.conn.shutdown()

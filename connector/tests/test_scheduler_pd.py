@@ -1,0 +1,179 @@
+"""Prefill -> decode through vLLM's real Scheduler with ConnexConnector, against real connexd processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from cluster import Connexd, wait_for
+from conftest import Cluster
+from engine import BLOCK_SIZE, Engine
+from vllm.v1.request import RequestStatus
+
+from connex_vllm.pb import connex_pb2 as pb
+from connex_vllm.pb import request_pb2 as rpb
+
+PROMPT = [(i * 37 + 11) % 1000 + 3 for i in range(40)]  # 40 tokens: 3 blocks, the last one partial
+NBLOCKS = 3
+
+
+@pytest.fixture(scope="module")
+def engines(cluster: Cluster) -> Iterator[dict[str, Engine]]:
+    made: dict[str, Engine] = {}
+    try:
+        made["prefill"] = Engine("kv_producer", cluster.prefill.member, cluster.nats_url, "eng-pre-0")
+        made["fail"] = Engine("kv_consumer", cluster.decode1.member, cluster.nats_url, "eng-dec-1", policy="fail")
+        made["recompute"] = Engine(
+            "kv_consumer", cluster.decode2.member, cluster.nats_url, "eng-dec-2", policy="recompute"
+        )
+        yield made
+    finally:
+        for e in made.values():
+            e.close()
+
+
+def prefill(ep: Engine, req_id: str) -> dict[str, Any]:
+    """Runs a prefill leg (max_tokens 1, do_remote_decode) and returns the kv_transfer_params it answers."""
+    ep.add(req_id, PROMPT, 1, {"do_remote_decode": True, "do_remote_prefill": False})
+    out = ep.run_until(f"prefill of {req_id}", lambda: ep.finished(req_id))
+    params = out.kv_transfer_params
+    assert params and params["do_remote_prefill"] and params["remote_num_tokens"] == len(PROMPT)
+    assert len(params["remote_block_ids"]) == NBLOCKS
+    return dict(params)
+
+
+def hold(cluster: Cluster, tid: str) -> pb.HoldStatus:
+    return cluster.api.request_sync("hold.inspect", pb.HoldRef(transfer_id=tid), pb.HoldStatus, 5.0)
+
+
+def test_prefill_load_release_blocks_back(cluster: Cluster, engines: dict[str, Engine]) -> None:
+    ep, ed = engines["prefill"], engines["fail"]
+    total = ep.free_blocks()
+    params = prefill(ep, "r1")
+    # request_finished kept the blocks: they belong to the hold until connexd frees them.
+    assert ep.free_blocks() == total - NBLOCKS
+    st = hold(cluster, params["transfer_id"])
+    assert st.state == "held" and not st.freed
+
+    params["connex_request_id"] = "conn-r1"  # what the router sets on the decode leg
+    ed.add("r1", PROMPT, 4, params)
+    ed.step()
+    req = ed.sched.requests["r1"]
+    assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    loads = ed.connector_sched.stats.loads_started
+    ed.run_until("load of r1", lambda: req.status == RequestStatus.RUNNING)
+    # vLLM recomputes the last prompt token after a full-prompt hit; every other position came from the pull.
+    assert ed.kv_bytes("r1", range(len(PROMPT) - 1)) == ep.expected_kv(PROMPT, range(len(PROMPT) - 1))
+    assert ed.connector_sched.stats.loads_started == loads
+    assert ep.free_blocks() == total - NBLOCKS, "prefill blocks must stay held while decode runs"
+    st = wait_for("the pull counted", lambda: (s := hold(cluster, params["transfer_id"])).pulls_done == 1 and s)
+    assert st.state == "held"
+
+    ed.run_until("decode of r1", lambda: ed.finished("r1"))
+    assert len(ed.finished("r1").new_token_ids) >= 1
+    # request.finish -> the request actor releases the hold -> blocks.freed -> finished_sending on prefill.
+    ep.run_until("prefill blocks back", lambda: ep.free_blocks() == total)
+    st = hold(cluster, params["transfer_id"])
+    assert st.freed and st.state == "released"
+
+
+def test_resume_on_third_scheduler_loads_only_remote_tokens(cluster: Cluster, engines: dict[str, Engine]) -> None:
+    ep, ed2 = engines["prefill"], engines["recompute"]
+    total = ep.free_blocks()
+    holds_before = ep.connector_sched.stats.holds_created
+    params = prefill(ep, "r2")
+    params["connex_request_id"] = "conn-r2"
+
+    # The first decode engine, beside a connexd that dies mid-request.
+    doomed = Connexd("dec-doomed", "decode", cluster.nats_url)
+    ek = Engine("kv_consumer", doomed.member, cluster.nats_url, "eng-doomed", extra={"call_timeout_s": 1.0, "progress_every": 1})
+    try:
+        ek.add("r2", PROMPT, 16, params)
+        req = ek.sched.requests["r2"]
+        ek.run_until("load on the doomed engine", lambda: len(req.output_token_ids) >= 3)
+        generated = list(req.output_token_ids)
+        doomed.kill()
+    finally:
+        ek.close()
+        doomed.kill()
+
+    # The router resends prompt + k tokens with the same params (connex_resume) to the third scheduler.
+    k = len(generated)
+    resumed = PROMPT + generated
+    rparams = dict(params, connex_resume=True)
+    ed2.add("r2-resumed", resumed, 3, rparams)
+    n, is_async = ed2.connector_sched.get_num_new_matched_tokens(ed2.sched.requests["r2-resumed"], 0)
+    assert (n, is_async) == (len(PROMPT), True), "a resume loads remote_num_tokens, not prompt + k"
+    so = ed2.step()
+    rr = ed2.sched.requests["r2-resumed"]
+    assert rr.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert "r2-resumed" not in so.num_scheduled_tokens
+    so = ed2.step_until_scheduled("r2-resumed")
+    # Only the k generated tokens are computed locally: the prompt's KV came from the same hold.
+    assert so.num_scheduled_tokens.get("r2-resumed") == k
+    assert ed2.kv_bytes("r2-resumed", range(len(PROMPT))) == ep.expected_kv(PROMPT, range(len(PROMPT)))
+    assert ed2.kv_bytes("r2-resumed", range(len(resumed))) == ep.expected_kv(resumed, range(len(resumed)))
+
+    # Exactly one hold for the request, pulled twice; the request actor now runs on dec-2 with the next epoch.
+    assert ep.connector_sched.stats.holds_created == holds_before + 1
+    st = hold(cluster, params["transfer_id"])
+    assert st.state == "held" and st.pulls_done == 2
+    info = cluster.api.request_sync(
+        "region.inspect", pb.RegionRef(engine_id="eng-pre-0", region_id="r0"), pb.RegionInfo, 5.0
+    )
+    assert info.blocks_held == NBLOCKS
+    rs = cluster.api.request_sync("request.inspect", rpb.RequestRef(request_id="conn-r2"), rpb.RequestStatus, 5.0)
+    assert rs.state.owner == cluster.decode2.member and rs.state.engine_id == "eng-dec-2"
+    assert rs.state.epoch >= 2
+
+    ed2.run_until("resumed decode", lambda: ed2.finished("r2-resumed"))
+    ep.run_until("prefill blocks back after the resume", lambda: ep.free_blocks() == total)
+    assert hold(cluster, params["transfer_id"]).freed
+
+
+def release(cluster: Cluster, ep: Engine, params: dict[str, Any], total: int) -> None:
+    """Ends the hold (as its lease expiring or a release would) and waits for the blocks to come back."""
+    cluster.api.request_sync("hold.release", pb.HoldRef(transfer_id=params["transfer_id"], requester="test"), pb.HoldStatus, 5.0)
+    ep.run_until("blocks back after the release", lambda: ep.free_blocks() == total)
+
+
+def test_hold_gone_policy_fail(cluster: Cluster, engines: dict[str, Engine]) -> None:
+    ep, ed = engines["prefill"], engines["fail"]
+    total, dtotal = ep.free_blocks(), ed.free_blocks()
+    params = prefill(ep, "r3")
+    release(cluster, ep, params, total)
+    ed.add("r3", PROMPT, 4, params)
+    out = ed.run_until("failed load of r3", lambda: ed.finished("r3"))
+    assert str(out.finish_reason).lower().endswith("error"), out.finish_reason
+    assert out.new_token_ids == []
+    assert "released" in ed.worker.connector_worker.done.failures["r3"]  # type: ignore[union-attr]
+    assert ed.free_blocks() == dtotal
+
+
+def test_hold_gone_policy_recompute(cluster: Cluster, engines: dict[str, Engine]) -> None:
+    ep, ed = engines["prefill"], engines["recompute"]
+    total = ep.free_blocks()
+    params = prefill(ep, "r4")
+    release(cluster, ep, params, total)
+    ed.add("r4", PROMPT, 2, params)
+    req = ed.sched.requests["r4"]
+    assert ed.step() and req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    so = ed.step_until_scheduled("r4")
+    assert so.num_scheduled_tokens.get("r4") == len(PROMPT), "recompute prefills the whole prompt locally"
+    assert ed.kv_bytes("r4", range(len(PROMPT))) == ep.expected_kv(PROMPT, range(len(PROMPT)))
+    out = ed.run_until("recomputed r4", lambda: ed.finished("r4"))
+    assert str(out.finish_reason).lower().endswith("length"), out.finish_reason
+    assert "released" in ed.worker.connector_worker.done.failures["r4"]  # type: ignore[union-attr]
+
+
+def test_limits_block_size_mismatch_fails_the_load(cluster: Cluster, engines: dict[str, Engine]) -> None:
+    ep, ed = engines["prefill"], engines["fail"]
+    total = ep.free_blocks()
+    params = prefill(ep, "r5")
+    bad = dict(params, block_size=BLOCK_SIZE * 2)
+    ed.add("r5", PROMPT, 2, bad)
+    out = ed.run_until("refused load of r5", lambda: ed.finished("r5"))
+    assert str(out.finish_reason).lower().endswith("error")
+    assert "block_size" in ed.worker.connector_worker.done.failures["r5"]  # type: ignore[union-attr]
+    release(cluster, ep, params, total)
