@@ -68,8 +68,10 @@ class Engine:
         num_blocks: int = 64,
         policy: str = "fail",
         extra: dict[str, Any] | None = None,
+        kv_fn: Any = None,
     ) -> None:
         self.engine_id = engine_id
+        self.kv_fn = kv_fn or kv_value  # (token, pos, layer, plane) -> one slot of KV
         cfg = {"member": member, "nats_url": nats_url, "base_url": f"http://127.0.0.1:1/{engine_id}", **(extra or {})}
         model_config = ModelConfig(model=MODEL_DIR, skip_tokenizer_init=True, max_model_len=2048, dtype="bfloat16")
         self.vllm_config = VllmConfig(
@@ -140,6 +142,17 @@ class Engine:
     def slot(self, blocks: list[int], pos: int) -> tuple[int, int]:
         return blocks[pos // BLOCK_SIZE], pos % BLOCK_SIZE
 
+    def kv_slots(self, req_id: str, positions: range) -> torch.Tensor:
+        """The request's KV at positions as one tensor [layer, plane, pos, heads, head_size] (copied out)."""
+        blocks = self.block_ids(req_id)
+        out = torch.empty(NUM_LAYERS, 2, len(positions), NUM_KV_HEADS, HEAD_SIZE, dtype=DTYPE)
+        for li, layer in enumerate(LAYERS):
+            for plane in (0, 1):
+                for i, pos in enumerate(positions):
+                    b, s = self.slot(blocks, pos)
+                    out[li, plane, i] = self.kv[layer][plane, b, s]
+        return out
+
     def kv_bytes(self, req_id: str, positions: range) -> bytes:
         """The KV bytes a request sees at positions, read from the KV cache tensors (what attention reads)."""
         blocks = self.block_ids(req_id)
@@ -178,7 +191,7 @@ class Engine:
                 b, s = self.slot(blocks, pos)
                 for li, layer in enumerate(LAYERS):
                     for plane in (0, 1):
-                        self.kv[layer][plane, b, s] = kv_value(toks[pos], pos, li, plane)
+                        self.kv[layer][plane, b, s] = self.kv_fn(toks[pos], pos, li, plane)
             req_ids.append(req_id)
             if end >= req.num_tokens:  # the last prompt chunk or a decode step: sample from the KV it sees
                 sampled.append([3 + zlib.crc32(self.kv_bytes(req_id, range(end))) % (VOCAB - 3)])
