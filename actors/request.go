@@ -53,6 +53,17 @@ func (t *RequestTable) Len() int {
 	return len(t.live)
 }
 
+// All returns the actors of every request hosted here.
+func (t *RequestTable) All() []*actor.PID {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	out := make([]*actor.PID, 0, len(t.live))
+	for _, p := range t.live {
+		out = append(out, p)
+	}
+	return out
+}
+
 // claim reserves id for pid; false if another actor has it.
 func (t *RequestTable) claim(id string, pid *actor.PID) bool {
 	t.mu.Lock()
@@ -95,6 +106,13 @@ type RequestProgress struct {
 
 // FinishRequest ends the request. Reply: Status or Err.
 type FinishRequest struct{ Epoch uint64 }
+
+// EngineLost tells every request actor that a local engine went away
+// (engine.gone, or its registration lapsed). A router-driven request of
+// that engine that no other activation took over ends: nobody can continue
+// it here, and if the router resumes it elsewhere the takeover comes first.
+// Its hold is released and its state deleted. No reply.
+type EngineLost struct{ Engine string }
 
 // InspectRequest asks for the state. Reply: Status.
 type InspectRequest struct{}
@@ -144,6 +162,8 @@ func (a *requestActor) Receive(ctx actor.Context) {
 		a.finish(ctx, m)
 	case *InspectRequest:
 		ctx.Respond(RequestReply{Status: a.status("running")})
+	case *EngineLost:
+		a.engineLost(ctx, m)
 	case renewTick:
 		if a.fencedInStore(ctx) {
 			return
@@ -348,6 +368,23 @@ func (a *requestActor) finish(ctx actor.Context, m *FinishRequest) {
 	}
 	a.releaseHold()
 	ctx.Respond(RequestReply{Status: a.status("finished")})
+	ctx.Stop(ctx.Self())
+}
+
+func (a *requestActor) engineLost(ctx actor.Context, m *EngineLost) {
+	if a.st == nil || a.st.EngineId != m.Engine || a.st.ResumeAuthority != requests.AuthorityRouter {
+		return
+	}
+	c, cancel := a.ctx()
+	defer cancel()
+	if err := a.deps.Store.Delete(c, a.st.RequestId, a.rev); err != nil {
+		// Taken over (the router resumed it elsewhere): not ours to release.
+		a.deps.Log.Info("request's engine went away; it runs elsewhere now", "request", a.st.RequestId, "engine", m.Engine, "err", err)
+		ctx.Stop(ctx.Self())
+		return
+	}
+	a.deps.Log.Warn("request's engine went away and nobody took it over: releasing its hold", "request", a.st.RequestId, "engine", m.Engine, "transfer", a.st.Params.GetTransferId())
+	a.releaseHold()
 	ctx.Stop(ctx.Self())
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/engines"
 	"github.com/connex/connex/messages"
@@ -44,6 +45,33 @@ func (d *Daemon) dropEngine(id string) {
 	if removed {
 		d.advertiseEngines()
 	}
+	d.engineLost(id)
+}
+
+// engineLostGrace is how long after an engine left its router-driven
+// requests wait for a takeover before they end: an engine that shuts down
+// hands its streams back to the router (an error event) and says
+// engine.gone at once, and the router's resume must win that race.
+const engineLostGrace = 2 * time.Second
+
+// engineLost ends, after engineLostGrace, the router-driven requests a
+// departed engine ran here that no other engine took over (see
+// actors.EngineLost): otherwise their actors would renew the prefill hold
+// for nobody.
+func (d *Daemon) engineLost(id string) {
+	if d.system == nil || d.reqTable == nil {
+		return
+	}
+	time.AfterFunc(engineLostGrace, func() {
+		select {
+		case <-d.stop:
+			return
+		default:
+		}
+		for _, pid := range d.reqTable.All() {
+			d.system.Root.Send(pid, &actors.EngineLost{Engine: id})
+		}
+	})
 }
 
 // advertiseEngines puts the live registrations into this member's heartbeat.
@@ -53,6 +81,7 @@ func (d *Daemon) advertiseEngines() {
 	d.engMu.Unlock()
 	for _, id := range lapsed {
 		d.log.Warn("engine registration lapsed (no renewal within its TTL): no longer advertised", "engine", id)
+		d.engineLost(id)
 	}
 	if d.cluster != nil {
 		d.cluster.SetEngines(live)
@@ -86,6 +115,7 @@ func (d *Daemon) expireEngines() {
 		if len(lapsed) > 0 {
 			for _, id := range lapsed {
 				d.log.Warn("engine registration lapsed (no renewal within its TTL): no longer advertised", "engine", id)
+				d.engineLost(id)
 			}
 			d.advertiseEngines()
 		}

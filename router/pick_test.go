@@ -69,13 +69,27 @@ func TestStall(t *testing.T) {
 	if w := s.Window(); w != 300*time.Millisecond {
 		t.Fatalf("20 ms gaps ×8 = 160 ms < min: window %v", w)
 	}
-	now = now.Add(100 * time.Millisecond)
+	now = now.Add(120 * time.Millisecond)
 	s.Token(now)
-	if w := s.Window(); w != 800*time.Millisecond {
-		t.Fatalf("a 100 ms gap ×8: window %v, want 800ms", w)
+	if w := s.Window(); w != 300*time.Millisecond {
+		t.Fatalf("one slow gap (120 ms) among 20 ms ones must not inflate the window: %v", w)
 	}
-	if d := s.Deadline(t0); !d.Equal(now.Add(800 * time.Millisecond)) {
+	now = now.Add(200 * time.Millisecond)
+	s.Token(now)
+	if w := s.Window(); w != 400*time.Millisecond {
+		t.Fatalf("twice the longest recent gap (200 ms): window %v, want 400ms", w)
+	}
+	if d := s.Deadline(t0); !d.Equal(now.Add(400 * time.Millisecond)) {
 		t.Fatalf("deadline counts from the last token: %v", d.Sub(now))
+	}
+	slow := &Stall{Min: 300 * time.Millisecond, Factor: 8, FirstToken: time.Second}
+	at := t0
+	for i := 0; i < 5; i++ {
+		at = at.Add(100 * time.Millisecond)
+		slow.Token(at)
+	}
+	if w := slow.Window(); w != 800*time.Millisecond {
+		t.Fatalf("a slow engine (100 ms gaps ×8): window %v, want 800ms", w)
 	}
 	// The slow gap leaves the window after gapWindow more tokens.
 	for i := 0; i < gapWindow; i++ {

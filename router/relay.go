@@ -317,7 +317,11 @@ func (s *Server) leg(ctx context.Context, e Engine, path string, body []byte, ou
 			}
 			continue
 		case <-timer.C:
-			return failed("stalled", serverError(CodeEngineFailed, "decode engine %s sent no token for %s", id, s.now().Sub(legStart).Round(time.Millisecond)))
+			since := legStart
+			if !stall.Last().IsZero() {
+				since = stall.Last()
+			}
+			return failed("stalled", serverError(CodeEngineFailed, "decode engine %s sent no token for %s (stall window %s)", id, s.now().Sub(since).Round(time.Millisecond), stall.Window()))
 		case ev := <-events:
 			switch {
 			case ev.resp != nil:

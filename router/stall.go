@@ -46,13 +46,20 @@ func (s *Stall) Deadline(legStart time.Time) time.Time {
 	return s.last.Add(s.Window())
 }
 
-// Window is how long a token may take after the previous one.
+// Window is how long a token may take after the previous one: the longest
+// of Min, Factor times the median of the recent gaps, and twice the longest
+// recent gap. The median keeps one slow token (a GC pause, a scheduling
+// hiccup on a busy host) from inflating the window eightfold; twice the
+// longest keeps an engine whose gaps are uneven from tripping it.
 func (s *Stall) Window() time.Duration {
 	w := s.Min
 	if len(s.gaps) > 0 {
-		if g := time.Duration(s.Factor) * slices.Max(s.gaps); g > w {
-			w = g
-		}
+		sorted := slices.Clone(s.gaps)
+		slices.Sort(sorted)
+		w = max(w, time.Duration(s.Factor)*sorted[len(sorted)/2], 2*sorted[len(sorted)-1])
 	}
 	return w
 }
+
+// Last is when the current leg's last token arrived (zero before its first).
+func (s *Stall) Last() time.Time { return s.last }

@@ -330,7 +330,12 @@ func (s *Server) decodeLeg(ctx context.Context, o *output) string {
 	if id == "" {
 		id = "sim-" + s.cfg.EngineID + "-" + newReqID("")
 	}
-	act, err := s.cfg.KV.StartRequest(ctx, shim.RequestSpec{ID: id, Params: p, Tokens: g.tokens, Takeover: p.ConnexResume})
+	// request.start runs to its end even if the client leaves meanwhile:
+	// abandoned half-way, the request actor could exist on the connexd with
+	// nobody to finish it, keeping the prefill hold alive.
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	act, err := s.cfg.KV.StartRequest(sctx, shim.RequestSpec{ID: id, Params: p, Tokens: g.tokens, Takeover: p.ConnexResume})
+	scancel()
 	if err != nil {
 		if ctx.Err() != nil {
 			return s.interrupted(o, context.Cause(ctx))
@@ -344,6 +349,10 @@ func (s *Server) decodeLeg(ctx context.Context, o *output) string {
 		if err := act.Finish(c); err != nil {
 			s.log.Warn("request.finish failed", "engine", s.cfg.EngineID, "request", id, "err", err)
 		}
+	}
+	if ctx.Err() != nil {
+		finish()
+		return s.interrupted(o, context.Cause(ctx))
 	}
 	// Fencing (a takeover elsewhere) ends the request at once.
 	ctx, cancel := context.WithCancelCause(ctx)
