@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -88,6 +89,8 @@ class Bus:
         self._nc: NATS | None = None
         self._closed = False
         self._tasks: list[concurrent.futures.Future[None]] = []
+        # Observer of every call's round trip (endpoint, seconds), on the loop thread: metrics and benchmarks.
+        self.on_call: Callable[[str, float], None] | None = None
 
         async def connect() -> NATS:
             return await nats.connect(
@@ -117,6 +120,7 @@ class Bus:
         """One request/reply on connex.v1.<member>.<endpoint> (protobuf); API errors raise ConnexError."""
         assert self._nc is not None
         subj = subject(self.member, endpoint)
+        t0 = time.perf_counter()
         try:
             r = await self._nc.request(
                 subj, msg.SerializeToString(), timeout=timeout_s, headers={"Content-Type": "application/protobuf"}
@@ -125,6 +129,8 @@ class Bus:
             raise ConnexError(CODE_PEER_UNAVAILABLE, f"{subj}: no connexd answers") from e
         except (NatsTimeoutError, asyncio.TimeoutError) as e:
             raise ConnexError(CODE_TIMEOUT, f"{subj}: no reply within {timeout_s}s") from e
+        if self.on_call is not None:
+            self.on_call(endpoint, time.perf_counter() - t0)
         hdrs = r.headers or {}
         if _HDR_CODE in hdrs:
             code = int(hdrs.get(_HDR_CODE, "500") or 500)

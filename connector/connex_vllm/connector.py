@@ -56,15 +56,22 @@ def check_limits(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None)
             "prefill and decode must use equal TP sizes)"
         )
     if vllm_config.model_config is not None and vllm_config.model_config.use_mla:
-        raise SettingsError("ConnexConnector: MLA models are not supported (this version serves full attention with K and V)")
+        raise SettingsError(
+            "ConnexConnector: MLA models are not supported (this version serves full attention with K and V)"
+        )
     if kv_cache_config is not None:
         groups = kv_cache_config.kv_cache_groups
         if len(groups) != 1:
             raise SettingsError(
-                f"ConnexConnector: {len(groups)} KV cache groups; this version serves full-attention KV only (one group)"
+                f"ConnexConnector: {len(groups)} KV cache groups; this version serves full-attention KV only "
+                "(one group)"
             )
         spec = groups[0].kv_cache_spec
-        if not isinstance(spec, FullAttentionSpec) or isinstance(spec, MLAAttentionSpec) or getattr(spec, "sliding_window", None):
+        if (
+            not isinstance(spec, FullAttentionSpec)
+            or isinstance(spec, MLAAttentionSpec)
+            or getattr(spec, "sliding_window", None)
+        ):
             raise SettingsError(
                 f"ConnexConnector: KV cache spec {type(spec).__name__}; this version serves full attention only"
             )
@@ -75,7 +82,9 @@ class ConnexConnector(KVConnectorBase_V1):
     """Prefill (kv_producer) keeps a request's KV as a renewable hold in connexd; decode (kv_consumer) pulls it,
     possibly again after a resume. See connector/ARCHITECTURE-connector.md."""
 
-    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None) -> None:
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
+    ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
         settings, engine_id = check_limits(vllm_config, kv_cache_config)
         ktc = vllm_config.kv_transfer_config
@@ -121,7 +130,9 @@ class ConnexConnector(KVConnectorBase_V1):
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are asynchronous: a request runs only after its whole load finished
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+    ) -> None:
         return  # the KV cache is connexd's memory: nothing to save
 
     def wait_for_save(self) -> None:

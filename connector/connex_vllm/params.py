@@ -7,20 +7,63 @@ base64), exactly what the router and the simulated engines put on HTTP. Keys vLL
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 from google.protobuf import json_format
 
 from .pb import connex_pb2 as pb
 
+_BOOLS = ("do_remote_prefill", "do_remote_decode", "connex_resume")
+_STRS = ("transfer_id", "remote_engine_id", "connex_request_id")
+_UINTS = ("remote_num_tokens", "tp_size", "block_size", "retain_s")
+
+
+def _uint(key: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 32:
+        raise ValueError(f"kv_transfer_params[{key!r}] = {v!r}: want an unsigned 32-bit integer")
+    return v
+
 
 def to_proto(d: dict[str, Any]) -> pb.KVTransferParams:
-    """Parses a kv_transfer_params dict; unknown keys are ignored, bad values raise ValueError."""
+    """Parses a kv_transfer_params dict; unknown keys are ignored, bad values raise ValueError.
+
+    Hand-written rather than json_format.ParseDict: it runs in a scheduler hook, where ParseDict cost ~0.2 ms.
+    """
     m = pb.KVTransferParams()
-    try:
-        json_format.ParseDict(d, m, ignore_unknown_fields=True)
-    except json_format.ParseError as e:
-        raise ValueError(f"kv_transfer_params: {e}") from e
+    for k in _BOOLS:
+        v = d.get(k)
+        if v is not None:
+            if not isinstance(v, bool):
+                raise ValueError(f"kv_transfer_params[{k!r}] = {v!r}: want a boolean")
+            setattr(m, k, v)
+    for k in _STRS:
+        v = d.get(k)
+        if v is not None:
+            if not isinstance(v, str):
+                raise ValueError(f"kv_transfer_params[{k!r}] = {v!r}: want a string")
+            setattr(m, k, v)
+    for k in _UINTS:
+        v = d.get(k)
+        if v is not None:
+            setattr(m, k, _uint(k, v))
+    ids = d.get("remote_block_ids")
+    if ids is not None:
+        if not isinstance(ids, list):
+            raise ValueError(f"kv_transfer_params['remote_block_ids'] = {ids!r}: want a list of block ids")
+        m.remote_block_ids.extend(_uint("remote_block_ids", i) for i in ids)
+    rc = d.get("remote_ctrl")
+    if rc is not None:
+        if not isinstance(rc, dict):
+            raise ValueError(f"kv_transfer_params['remote_ctrl'] = {rc!r}: want an object")
+        m.remote_ctrl.member = str(rc.get("member", ""))
+        m.remote_ctrl.backend = str(rc.get("backend", ""))
+        addr = rc.get("data_addr", "")
+        try:
+            m.remote_ctrl.data_addr = base64.b64decode(addr, validate=True) if addr else b""
+        except (binascii.Error, TypeError) as e:
+            raise ValueError(f"kv_transfer_params['remote_ctrl']['data_addr']: not base64: {e}") from e
     return m
 
 
@@ -29,7 +72,7 @@ def to_dict(m: pb.KVTransferParams) -> dict[str, Any]:
     return json_format.MessageToDict(m, preserving_proto_field_name=True)
 
 
-def load_tokens(m: pb.KVTransferParams, num_tokens: int) -> int:
+def load_tokens(remote_num_tokens: int, num_tokens: int) -> int:
     """Tokens of KV to load for a request of num_tokens tokens: a resumed request (prompt + k generated tokens)
     loads only the prompt's KV that the hold has (remote_num_tokens); vLLM computes the rest."""
-    return max(0, min(int(m.remote_num_tokens), num_tokens))
+    return max(0, min(remote_num_tokens, num_tokens))

@@ -109,16 +109,22 @@ class ConnexScheduler:
         self._by_connex: dict[str, _Decode] = {}  # request actor id -> decode request
         self._held: dict[str, int] = {}  # transfer id -> blocks (prefill side, until its freed notice)
         self._inflight: set[concurrent.futures.Future[Any]] = set()  # request calls queued or running
-        self._bus = Bus(settings.nats_url, settings.member, f"connex-vllm-sched-{engine_id}", settings.connect_timeout_s)
+        self._bus = Bus(
+            settings.nats_url, settings.member, f"connex-vllm-sched-{engine_id}", settings.connect_timeout_s
+        )
         try:
             if kv_role == CONSUMER:
                 self._bus.subscribe(busmod.engine_subject(engine_id, "request.fenced"), self._on_fenced)
             else:
                 self._bus.subscribe(busmod.engine_subject(engine_id, "blocks.freed"), self._on_freed)
-            rep = self._bus.request_sync("engine.register", self._registration(), pb.RegisterEngineReply, settings.call_timeout_s)
+            rep = self._bus.request_sync(
+                "engine.register", self._registration(), pb.RegisterEngineReply, settings.call_timeout_s
+            )
         except Exception as e:
             self._bus.close()
-            raise RuntimeError(f"ConnexConnector: engine.register of {engine_id} on connexd {settings.member}: {e}") from e
+            raise RuntimeError(
+                f"ConnexConnector: engine.register of {engine_id} on connexd {settings.member}: {e}"
+            ) from e
         self._renew_s = max(rep.renew_ms, 100) / 1000.0
         self._bus.every(lambda: self._renew_s, self._renew)
 
@@ -142,12 +148,16 @@ class ConnexScheduler:
         return pb.RegisterEngineRequest(engine=info, ttl_ms=self.settings.register_ttl_ms)
 
     async def _renew(self) -> float | None:
-        rep = await self._bus.call("engine.register", self._registration(), pb.RegisterEngineReply, self.settings.call_timeout_s)
+        rep = await self._bus.call(
+            "engine.register", self._registration(), pb.RegisterEngineReply, self.settings.call_timeout_s
+        )
         return max(rep.renew_ms, 100) / 1000.0
 
     # ---- prefill side
 
-    def request_finished_prefill(self, request: RequestLike, block_ids: list[int], finished_ok: bool) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished_prefill(
+        self, request: RequestLike, block_ids: list[int], finished_ok: bool
+    ) -> tuple[bool, dict[str, Any] | None]:
         """Holds the request's blocks (hold.create) and returns (delay the free, kv_transfer_params)."""
         p = request.kv_transfer_params
         if not p or not p.get("do_remote_decode") or not finished_ok:
@@ -160,7 +170,12 @@ class ConnexScheduler:
         blocks = list(block_ids[:nblocks])
         s = self.settings
         req = pb.CreateHoldRequest(
-            engine_id=self.engine_id, region_id=REGION_ID, block_ids=blocks, num_tokens=n, retain_s=s.retain_s, release=s.release
+            engine_id=self.engine_id,
+            region_id=REGION_ID,
+            block_ids=blocks,
+            num_tokens=n,
+            retain_s=s.retain_s,
+            release=s.release,
         )
         try:
             rep = self._bus.request_sync("hold.create", req, pb.CreateHoldReply, s.call_timeout_s)
@@ -197,11 +212,10 @@ class ConnexScheduler:
                 num_computed_tokens,
             )
             return 0, False
-        try:
-            m = to_proto(p)
-        except ValueError:
-            return 0, False  # update_state_after_alloc reports it as a failed load
-        n = load_tokens(m, len(request.prompt_token_ids or []))
+        remote = p.get("remote_num_tokens")
+        if isinstance(remote, bool) or not isinstance(remote, int):
+            return 0, False  # not a hold's params: computed locally
+        n = load_tokens(remote, len(request.prompt_token_ids or []))
         return (n, True) if n > 0 else (0, False)
 
     def update_state_after_alloc(self, request: RequestLike, block_ids: list[int], num_external_tokens: int) -> None:
@@ -231,7 +245,10 @@ class ConnexScheduler:
 
     def _incompatible(self, m: pb.KVTransferParams, tokens: int, nblocks: int) -> str:
         if m.block_size and m.block_size != self.block_size:
-            return f"incompatible: block_size {m.block_size} on the prefill side, {self.block_size} here (they must be equal)"
+            return (
+                f"incompatible: block_size {m.block_size} on the prefill side, {self.block_size} here "
+                "(they must be equal)"
+            )
         if m.tp_size and m.tp_size != self.tp_size:
             return f"incompatible: tp_size {m.tp_size} on the prefill side, {self.tp_size} here (they must be equal)"
         if len(m.remote_block_ids) != nblocks:
@@ -242,16 +259,17 @@ class ConnexScheduler:
         connex_id = m.connex_request_id or request.request_id
         tokens = list(request.all_token_ids)
         d = _Decode(request.request_id, connex_id, request, len(tokens), blocks=nblocks)
-        msg = rpb.StartRequestMsg(
-            request_id=connex_id,
-            params=m,
-            prompt_token_ids=tokens,
-            engine_id=self.engine_id,
-            takeover=m.connex_resume,
-            resume_authority="router",
-        )
 
         async def start() -> None:
+            # Built here, on the bus thread: a message with the whole prompt is not the step loop's work.
+            msg = rpb.StartRequestMsg(
+                request_id=connex_id,
+                params=m,
+                prompt_token_ids=tokens,
+                engine_id=self.engine_id,
+                takeover=m.connex_resume,
+                resume_authority="router",
+            )
             st = await self._bus.call("request.start", msg, rpb.RequestStatus, self.settings.call_timeout_s)
             d.epoch = st.state.epoch
 
@@ -357,7 +375,12 @@ class ConnexScheduler:
     def shutdown(self) -> None:
         """engine.gone (its holds end, its region is unmapped there), then the connection closes."""
         try:
-            self._bus.request_sync("engine.gone", pb.EngineGoneRequest(engine_id=self.engine_id), pb.EngineGoneReply, self.settings.call_timeout_s)
+            self._bus.request_sync(
+                "engine.gone",
+                pb.EngineGoneRequest(engine_id=self.engine_id),
+                pb.EngineGoneReply,
+                self.settings.call_timeout_s,
+            )
         except Exception as e:
             log.warning("connex: engine.gone of %s: %s", self.engine_id, e)
         self._bus.close()

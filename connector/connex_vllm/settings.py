@@ -74,7 +74,8 @@ def parse(extra: dict[str, Any] | None) -> Settings:
     unknown = sorted(set(extra) - set(KEYS))
     if unknown:
         raise SettingsError(
-            f"ConnexConnector: unknown kv_connector_extra_config key(s) {', '.join(unknown)}; allowed: {', '.join(KEYS)}"
+            f"ConnexConnector: unknown kv_connector_extra_config key(s) {', '.join(unknown)}; "
+            f"allowed: {', '.join(KEYS)}"
         )
     out: dict[str, Any] = {}
     for key in ("member", "base_url", "nats_url", "release", "model"):

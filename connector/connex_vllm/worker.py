@@ -52,17 +52,22 @@ class Completions:
     _holds: dict[str, str] = field(default_factory=dict)  # transfer id -> request id
     _freed_early: dict[str, float] = field(default_factory=dict)  # transfer id -> when its freed notice came
     failures: dict[str, str] = field(default_factory=dict)  # request id -> why its load failed (for logs/tests)
+    pull_us: dict[str, int] = field(default_factory=dict)  # request id -> connexd's duration of its last pull
 
     def pull_started(self, pull_id: str, spec: LoadSpec, transfer_id: str, timeout_s: float) -> None:
         with self._mu:
             self._pulls[pull_id] = _Pull(spec.req_id, transfer_id, spec.dst_blocks, self.now() + timeout_s)
 
-    def pull_ended(self, pull_id: str, ok: bool, why: str = "") -> None:
+    def pull_ended(self, pull_id: str, ok: bool, why: str = "", duration_us: int = 0) -> None:
         """A pull ended (its pull.done, or pull.start failed): vLLM hears of it in the next get_finished."""
         with self._mu:
             p = self._pulls.pop(pull_id, None)
             if p is None:
                 return
+            if duration_us:
+                self.pull_us[p.req_id] = duration_us
+                if len(self.pull_us) > 1024:
+                    del self.pull_us[next(iter(self.pull_us))]
             self._end(p, ok, why)
 
     def _end(self, p: _Pull, ok: bool, why: str) -> None:
@@ -70,6 +75,8 @@ class Completions:
         if not ok:
             self._bad_blocks.update(p.dst_blocks)
             self.failures[p.req_id] = why
+            if len(self.failures) > 1024:
+                del self.failures[next(iter(self.failures))]
             log.error("connex: KV load of request %s (transfer %s) failed: %s", p.req_id, p.transfer_id, why)
 
     def failed_at_once(self, spec: LoadSpec) -> None:
@@ -120,7 +127,9 @@ class Completions:
 class ConnexWorker:
     """One worker rank's side of the connector."""
 
-    def __init__(self, settings: Settings, engine_id: str, block_size: int, tp_size: int, memory: KVMemory | None = None) -> None:
+    def __init__(
+        self, settings: Settings, engine_id: str, block_size: int, tp_size: int, memory: KVMemory | None = None
+    ) -> None:
         self.settings = settings
         self.engine_id = engine_id
         self.memory = memory or SharedRegionMemory(tp_size, block_size)
@@ -192,7 +201,7 @@ class ConnexWorker:
         d = pb.PullDone()
         d.ParseFromString(data)
         if d.ok:
-            self.done.pull_ended(d.pull_id, True)
+            self.done.pull_ended(d.pull_id, True, duration_us=int(d.duration_us))
         else:
             self.done.pull_ended(d.pull_id, False, f"{busmod.reason(d.error_code)}: {d.error}")
 

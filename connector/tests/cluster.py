@@ -20,7 +20,9 @@ def connexd_binary() -> str:
     """$CONNEXD, or bin/connexd at the repository root (run-tests.sh builds it)."""
     path = os.environ.get("CONNEXD") or str(ROOT / "bin" / "connexd")
     if not os.access(path, os.X_OK):
-        raise RuntimeError(f"connexd binary {path} not found: run `go build -o bin/connexd ./cmd/connexd` or set CONNEXD")
+        raise RuntimeError(
+            f"connexd binary {path} not found: run `go build -o bin/connexd ./cmd/connexd` or set CONNEXD"
+        )
     return path
 
 

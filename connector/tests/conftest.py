@@ -11,9 +11,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cluster import Connexd  # noqa: E402
+from cluster import Connexd
 
-from connex_vllm.bus import Bus  # noqa: E402
+from connex_vllm.bus import Bus
 
 
 @dataclass

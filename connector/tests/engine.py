@@ -44,16 +44,17 @@ NUM_LAYERS = 2
 NUM_KV_HEADS = 2
 HEAD_SIZE = 16
 DTYPE = torch.bfloat16
-LAYERS = tuple(f"model.layers.{i}.self_attn.attn" for i in range(NUM_LAYERS))
 VOCAB = 1024
 
 init_none_hash(sha256)
 
 
-def kv_value(token: int, pos: int, layer: int, plane: int) -> torch.Tensor:
+def kv_value(
+    token: int, pos: int, layer: int, plane: int, heads: int = NUM_KV_HEADS, head_size: int = HEAD_SIZE
+) -> torch.Tensor:
     """The KV the 'model' writes for one token at one position (one slot: num_kv_heads x head_size)."""
     base = (token * 131 + pos * 17 + layer * 7 + plane * 3) % 1000
-    return (torch.arange(NUM_KV_HEADS * HEAD_SIZE, dtype=torch.float32) + base).reshape(NUM_KV_HEADS, HEAD_SIZE).to(DTYPE)
+    return (torch.arange(heads * head_size, dtype=torch.float32) + base).reshape(heads, head_size).to(DTYPE)
 
 
 class Engine:
@@ -69,9 +70,15 @@ class Engine:
         policy: str = "fail",
         extra: dict[str, Any] | None = None,
         kv_fn: Any = None,
+        layers: int = NUM_LAYERS,
+        heads: int = NUM_KV_HEADS,
+        head_size: int = HEAD_SIZE,
     ) -> None:
         self.engine_id = engine_id
-        self.kv_fn = kv_fn or kv_value  # (token, pos, layer, plane) -> one slot of KV
+        self.layers = tuple(f"model.layers.{i}.self_attn.attn" for i in range(layers))
+        self.heads, self.head_size = heads, head_size
+        # (token, pos, layer, plane) -> one slot of KV
+        self.kv_fn = kv_fn or (lambda t, p, li, pl: kv_value(t, p, li, pl, heads, head_size))
         cfg = {"member": member, "nats_url": nats_url, "base_url": f"http://127.0.0.1:1/{engine_id}", **(extra or {})}
         model_config = ModelConfig(model=MODEL_DIR, skip_tokenizer_init=True, max_model_len=2048, dtype="bfloat16")
         self.vllm_config = VllmConfig(
@@ -97,13 +104,16 @@ class Engine:
             num_blocks=num_blocks,
             kv_cache_tensors=[],
             kv_cache_groups=[
-                KVCacheGroupSpec(list(LAYERS), FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, dtype=DTYPE))
+                KVCacheGroupSpec(
+                    list(self.layers),
+                    FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=heads, head_size=head_size, dtype=DTYPE),
+                )
             ],
         )
         self.vllm_config.cache_config.num_gpu_blocks = num_blocks
         # The worker side first, as vLLM does: the KV caches are registered before the first request.
         self.worker = ConnexConnector(self.vllm_config, KVConnectorRole.WORKER, self.kv_cache_config)
-        self.kv = {n: torch.zeros(2, num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_SIZE, dtype=DTYPE) for n in LAYERS}
+        self.kv = {n: torch.zeros(2, num_blocks, BLOCK_SIZE, heads, head_size, dtype=DTYPE) for n in self.layers}
         self.worker.register_kv_caches(self.kv)
         self.sched = Scheduler(
             vllm_config=self.vllm_config,
@@ -124,7 +134,9 @@ class Engine:
         assert self.conn.connector_scheduler is not None
         return self.conn.connector_scheduler
 
-    def add(self, req_id: str, prompt: list[int], max_tokens: int, kv_transfer_params: dict[str, Any] | None) -> Request:
+    def add(
+        self, req_id: str, prompt: list[int], max_tokens: int, kv_transfer_params: dict[str, Any] | None
+    ) -> Request:
         sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         if kv_transfer_params is not None:
             # A copy, as each HTTP request parses its own (the connector marks a loaded request's params).
@@ -142,36 +154,31 @@ class Engine:
     def slot(self, blocks: list[int], pos: int) -> tuple[int, int]:
         return blocks[pos // BLOCK_SIZE], pos % BLOCK_SIZE
 
+    def _slot_index(self, req_id: str, positions: range) -> torch.Tensor:
+        blocks = self.block_ids(req_id)
+        return torch.tensor(
+            [blocks[p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in positions], dtype=torch.long
+        )
+
     def kv_slots(self, req_id: str, positions: range) -> torch.Tensor:
         """The request's KV at positions as one tensor [layer, plane, pos, heads, head_size] (copied out)."""
-        blocks = self.block_ids(req_id)
-        out = torch.empty(NUM_LAYERS, 2, len(positions), NUM_KV_HEADS, HEAD_SIZE, dtype=DTYPE)
-        for li, layer in enumerate(LAYERS):
-            for plane in (0, 1):
-                for i, pos in enumerate(positions):
-                    b, s = self.slot(blocks, pos)
-                    out[li, plane, i] = self.kv[layer][plane, b, s]
-        return out
+        idx = self._slot_index(req_id, positions)
+        per_layer = [t.flatten(1, 2).index_select(1, idx) for t in (self.kv[n] for n in self.layers)]
+        return torch.stack(per_layer)
 
     def kv_bytes(self, req_id: str, positions: range) -> bytes:
         """The KV bytes a request sees at positions, read from the KV cache tensors (what attention reads)."""
-        blocks = self.block_ids(req_id)
-        out = bytearray()
-        for layer in LAYERS:
-            t = self.kv[layer]
-            for plane in (0, 1):
-                for pos in positions:
-                    b, s = self.slot(blocks, pos)
-                    out += t[plane, b, s].view(torch.uint8).numpy().tobytes()
-        return bytes(out)
+        return self.kv_slots(req_id, positions).contiguous().view(torch.uint8).numpy().tobytes()
 
     def expected_kv(self, tokens: list[int], positions: range) -> bytes:
-        out = bytearray()
-        for li in range(NUM_LAYERS):
-            for plane in (0, 1):
-                for pos in positions:
-                    out += kv_value(tokens[pos], pos, li, plane).view(torch.uint8).numpy().tobytes()
-        return bytes(out)
+        """What kv_bytes must be if every position holds the KV this engine's model writes for tokens."""
+        out = torch.stack(
+            [
+                torch.stack([torch.stack([self.kv_fn(tokens[p], p, li, pl) for p in positions]) for pl in (0, 1)])
+                for li in range(len(self.layers))
+            ]
+        )
+        return out.contiguous().view(torch.uint8).numpy().tobytes()
 
     def step(self) -> Any:
         """One engine step: schedule, the worker's connector hooks and 'forward', update_from_output."""
@@ -189,7 +196,7 @@ class Engine:
             toks = list(req.all_token_ids)
             for pos in range(end - n, end):
                 b, s = self.slot(blocks, pos)
-                for li, layer in enumerate(LAYERS):
+                for li, layer in enumerate(self.layers):
                     for plane in (0, 1):
                         self.kv[layer][plane, b, s] = self.kv_fn(toks[pos], pos, li, plane)
             req_ids.append(req_id)
@@ -234,9 +241,11 @@ class Engine:
                 return v
             if time.monotonic() > deadline:
                 raise AssertionError(f"engine {self.engine_id}: {what} not within {timeout_s}s")
-            self.step()
-            if not self.sched.has_requests():
-                time.sleep(0.001)  # idle engine: vLLM's busy loop polls too
+            so = self.step()
+            if so.total_num_scheduled_tokens == 0:
+                # As vLLM's engine core does when no model ran (a request waits for its KV, or blocks wait to
+                # be freed): yield the GIL for 1 ms so the connector's NATS thread makes progress.
+                time.sleep(0.001)
 
     def step_until_scheduled(self, req_id: str, timeout_s: float = 15.0) -> Any:
         """Steps until req_id is scheduled; returns that step's SchedulerOutput."""

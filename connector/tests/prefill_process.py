@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from engine import DTYPE, HEAD_SIZE, NUM_KV_HEADS, Engine  # noqa: E402
+from engine import DTYPE, HEAD_SIZE, NUM_KV_HEADS, Engine
 
 PROMPT = [(i * 13 + 5) % 1000 + 3 for i in range(50)]
 

@@ -13,6 +13,7 @@ from vllm.v1.request import RequestStatus
 
 from connex_vllm.pb import connex_pb2 as pb
 from connex_vllm.pb import request_pb2 as rpb
+from connex_vllm.settings import SettingsError
 
 PROMPT = [(i * 37 + 11) % 1000 + 3 for i in range(40)]  # 40 tokens: 3 blocks, the last one partial
 NBLOCKS = 3
@@ -87,7 +88,9 @@ def test_resume_on_third_scheduler_loads_only_remote_tokens(cluster: Cluster, en
 
     # The first decode engine, beside a connexd that dies mid-request.
     doomed = Connexd("dec-doomed", "decode", cluster.nats_url)
-    ek = Engine("kv_consumer", doomed.member, cluster.nats_url, "eng-doomed", extra={"call_timeout_s": 1.0, "progress_every": 1})
+    ek = Engine(
+        "kv_consumer", doomed.member, cluster.nats_url, "eng-doomed", extra={"call_timeout_s": 1.0, "progress_every": 1}
+    )
     try:
         ek.add("r2", PROMPT, 16, params)
         req = ek.sched.requests["r2"]
@@ -134,7 +137,9 @@ def test_resume_on_third_scheduler_loads_only_remote_tokens(cluster: Cluster, en
 
 def release(cluster: Cluster, ep: Engine, params: dict[str, Any], total: int) -> None:
     """Ends the hold (as its lease expiring or a release would) and waits for the blocks to come back."""
-    cluster.api.request_sync("hold.release", pb.HoldRef(transfer_id=params["transfer_id"], requester="test"), pb.HoldStatus, 5.0)
+    cluster.api.request_sync(
+        "hold.release", pb.HoldRef(transfer_id=params["transfer_id"], requester="test"), pb.HoldStatus, 5.0
+    )
     ep.run_until("blocks back after the release", lambda: ep.free_blocks() == total)
 
 
@@ -177,3 +182,8 @@ def test_limits_block_size_mismatch_fails_the_load(cluster: Cluster, engines: di
     assert str(out.finish_reason).lower().endswith("error")
     assert "block_size" in ed.worker.connector_worker.done.failures["r5"]  # type: ignore[union-attr]
     release(cluster, ep, params, total)
+
+
+def test_unknown_setting_stops_the_engine_at_start(cluster: Cluster) -> None:
+    with pytest.raises(SettingsError, match="retian_s"):
+        Engine("kv_consumer", cluster.decode1.member, cluster.nats_url, "eng-bad", extra={"retian_s": 5})

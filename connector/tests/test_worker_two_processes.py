@@ -16,7 +16,13 @@ from vllm.v1.request import RequestStatus
 
 def test_kv_tensors_byte_identical_across_processes(cluster: Cluster, tmp_path: Path) -> None:
     child = subprocess.Popen(
-        [sys.executable, str(Path(__file__).parent / "prefill_process.py"), cluster.prefill.member, cluster.nats_url, str(tmp_path)],
+        [
+            sys.executable,
+            str(Path(__file__).parent / "prefill_process.py"),
+            cluster.prefill.member,
+            cluster.nats_url,
+            str(tmp_path),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
