@@ -83,13 +83,20 @@ func (t *RequestTable) drop(id string, pid *actor.PID) {
 	}
 }
 
-// StartRequest makes a new request actor create its state. Reply: Status or Err.
-type StartRequest struct{ Msg *messages.StartRequestMsg }
+// StartRequest makes a new request actor create its state. Instance is the
+// engine's registered instance id (see EngineLost). Reply: Status or Err.
+type StartRequest struct {
+	Msg      *messages.StartRequestMsg
+	Instance string
+}
 
 // TakeoverRequest moves a request that runs here to another local engine
 // with the next epoch (a router-decided resume landing on the same member).
 // Reply: Status or Err.
-type TakeoverRequest struct{ Msg *messages.StartRequestMsg }
+type TakeoverRequest struct {
+	Msg      *messages.StartRequestMsg
+	Instance string
+}
 
 // AdoptRequest makes a new request actor take over an orphan. Reply: Status or Err.
 type AdoptRequest struct {
@@ -111,8 +118,10 @@ type FinishRequest struct{ Epoch uint64 }
 // (engine.gone, or its registration lapsed). A router-driven request of
 // that engine that no other activation took over ends: nobody can continue
 // it here, and if the router resumes it elsewhere the takeover comes first.
-// Its hold is released and its state deleted. No reply.
-type EngineLost struct{ Engine string }
+// Its hold is released and its state deleted. Instance, if set, limits it
+// to requests started by that instance of the engine (a restarted engine's
+// new requests carry on). No reply.
+type EngineLost struct{ Engine, Instance string }
 
 // InspectRequest asks for the state. Reply: Status.
 type InspectRequest struct{}
@@ -126,12 +135,13 @@ type RequestReply struct {
 }
 
 type requestActor struct {
-	deps   *RequestDeps
-	st     *messages.RequestState
-	rev    uint64
-	timer  *time.Timer
-	self   *actor.PID
-	system *actor.ActorSystem
+	deps     *RequestDeps
+	instance string // the engine instance that runs the request here
+	st       *messages.RequestState
+	rev      uint64
+	timer    *time.Timer
+	self     *actor.PID
+	system   *actor.ActorSystem
 }
 
 // RequestProps returns props for one request actor.
@@ -199,7 +209,7 @@ func (a *requestActor) start(ctx actor.Context, m *StartRequest) {
 		a.fail(ctx, fmt.Errorf("%w: %s runs here", requests.ErrExists, st.RequestId))
 		return
 	}
-	a.st = st
+	a.st, a.instance = st, m.Instance
 	c, cancel := a.ctx()
 	defer cancel()
 	if m.Msg.Takeover {
@@ -269,7 +279,7 @@ func (a *requestActor) takeoverInPlace(ctx actor.Context, m *TakeoverRequest) {
 		a.fail(ctx, fmt.Errorf("takeover of request %s: %w", old.RequestId, err))
 		return
 	}
-	a.st, a.rev = next, rev
+	a.st, a.rev, a.instance = next, rev, m.Instance
 	a.deps.Publish(api.FencedSubject(old.EngineId), &messages.FencedNotice{RequestId: old.RequestId, StaleEpoch: old.Epoch, NewOwner: a.deps.Self})
 	a.renewHold()
 	a.arm()
@@ -372,7 +382,8 @@ func (a *requestActor) finish(ctx actor.Context, m *FinishRequest) {
 }
 
 func (a *requestActor) engineLost(ctx actor.Context, m *EngineLost) {
-	if a.st == nil || a.st.EngineId != m.Engine || a.st.ResumeAuthority != requests.AuthorityRouter {
+	if a.st == nil || a.st.EngineId != m.Engine || a.st.ResumeAuthority != requests.AuthorityRouter ||
+		(m.Instance != "" && m.Instance != a.instance) {
 		return
 	}
 	c, cancel := a.ctx()

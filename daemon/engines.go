@@ -25,8 +25,12 @@ func (d *Daemon) RegisterEngine(_ context.Context, r *messages.RegisterEngineReq
 		return nil, api.Errorf(api.CodeBadRequest, "%v", err)
 	}
 	d.engMu.Lock()
-	err = d.engines.reg.Register(r.GetEngine(), ttl, d.now())
+	replaced, err := d.engines.reg.Register(r.GetEngine(), ttl, d.now())
 	d.engMu.Unlock()
+	if replaced != nil {
+		d.log.Warn("engine restarted (a new instance registered): the previous instance's requests end", "engine", replaced.Engine, "instance", replaced.Instance)
+		d.engineLost(*replaced)
+	}
 	if errors.Is(err, engines.ErrFull) {
 		return nil, api.Errorf(api.CodeOverloaded, "engine.register of %s on member %s: %v", r.GetEngine().GetEngineId(), d.cfg.MemberID, err)
 	}
@@ -40,12 +44,19 @@ func (d *Daemon) RegisterEngine(_ context.Context, r *messages.RegisterEngineReq
 // dropEngine forgets an engine's registration (engine.gone).
 func (d *Daemon) dropEngine(id string) {
 	d.engMu.Lock()
-	removed := d.engines.reg.Remove(id)
+	ended, removed := d.engines.reg.Remove(id)
 	d.engMu.Unlock()
 	if removed {
 		d.advertiseEngines()
 	}
-	d.engineLost(id)
+	d.engineLost(ended)
+}
+
+// engineInstance is the instance id of engine id's live registration.
+func (d *Daemon) engineInstance(id string) string {
+	d.engMu.Lock()
+	defer d.engMu.Unlock()
+	return d.engines.reg.Instance(id)
 }
 
 // engineLostGrace is how long after an engine left its router-driven
@@ -58,7 +69,7 @@ const engineLostGrace = 2 * time.Second
 // departed engine ran here that no other engine took over (see
 // actors.EngineLost): otherwise their actors would renew the prefill hold
 // for nobody.
-func (d *Daemon) engineLost(id string) {
+func (d *Daemon) engineLost(ended engines.Ended) {
 	if d.system == nil || d.reqTable == nil {
 		return
 	}
@@ -69,7 +80,7 @@ func (d *Daemon) engineLost(id string) {
 		default:
 		}
 		for _, pid := range d.reqTable.All() {
-			d.system.Root.Send(pid, &actors.EngineLost{Engine: id})
+			d.system.Root.Send(pid, &actors.EngineLost{Engine: ended.Engine, Instance: ended.Instance})
 		}
 	})
 }
@@ -79,9 +90,9 @@ func (d *Daemon) advertiseEngines() {
 	d.engMu.Lock()
 	live, lapsed := d.engines.reg.Live(d.now())
 	d.engMu.Unlock()
-	for _, id := range lapsed {
-		d.log.Warn("engine registration lapsed (no renewal within its TTL): no longer advertised", "engine", id)
-		d.engineLost(id)
+	for _, e := range lapsed {
+		d.log.Warn("engine registration lapsed (no renewal within its TTL): no longer advertised", "engine", e.Engine)
+		d.engineLost(e)
 	}
 	if d.cluster != nil {
 		d.cluster.SetEngines(live)
@@ -113,9 +124,9 @@ func (d *Daemon) expireEngines() {
 		_, lapsed := d.engines.reg.Live(d.now())
 		d.engMu.Unlock()
 		if len(lapsed) > 0 {
-			for _, id := range lapsed {
-				d.log.Warn("engine registration lapsed (no renewal within its TTL): no longer advertised", "engine", id)
-				d.engineLost(id)
+			for _, e := range lapsed {
+				d.log.Warn("engine registration lapsed (no renewal within its TTL): no longer advertised", "engine", e.Engine)
+				d.engineLost(e)
 			}
 			d.advertiseEngines()
 		}

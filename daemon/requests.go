@@ -79,12 +79,13 @@ func (d *Daemon) StartRequest(_ context.Context, r *messages.StartRequestMsg) (*
 	if err := requireToken("engine_id", r.EngineId); err != nil {
 		return nil, err
 	}
+	inst := d.engineInstance(r.EngineId)
 	if r.Takeover {
 		if _, ok := d.reqTable.Lookup(r.RequestId); ok {
-			return d.askRequest(r.RequestId, &actors.TakeoverRequest{Msg: r})
+			return d.askRequest(r.RequestId, &actors.TakeoverRequest{Msg: r, Instance: inst})
 		}
 	}
-	return d.spawnRequest(&actors.StartRequest{Msg: r})
+	return d.spawnRequest(&actors.StartRequest{Msg: r, Instance: inst})
 }
 
 // Progress appends generated tokens.

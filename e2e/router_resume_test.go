@@ -472,46 +472,60 @@ func TestEnginesJoinAndLeave(t *testing.T) {
 
 // TestDeadEngineFreesItsHold: a decode engine dies mid-request while its
 // connexd lives, and nobody resumes the request (the client gave up first):
-// its request actor ends once the engine's registration lapses, and the
-// prefill blocks are freed then, not after retain_s (60 s).
+// its request actor ends once the engine's registration lapses, or at once
+// when the engine is restarted under the same name (a new instance), and
+// the prefill blocks are freed then, not after retain_s (60 s).
 func TestDeadEngineFreesItsHold(t *testing.T) {
 	c := startProduct(t, nil)
 	nc := connect(t, c.NATSURL())
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var victim string
-	var faultErr error
-	_, _ = postStream(ctx, c.RouterURL()+"/v1/completions", completion("nobody resumes this one", 200), func(i int, s *streamed) {
-		if i == 4 {
-			// Frozen, the engine cannot notice its client leave and finish
-			// the request itself; then the client leaves.
-			victim = s.header.Get("X-Connex-Decode-Engine")
-			faultErr = c.Stop(victim + "/engine")
-			cancel()
-		}
-	})
-	if faultErr != nil || victim == "" {
-		t.Fatalf("fault on %q: %v", victim, faultErr)
+	for _, restart := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restarted=%v", restart), func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var victim string
+			var faultErr error
+			_, _ = postStream(ctx, c.RouterURL()+"/v1/completions", completion("nobody resumes this one", 200), func(i int, s *streamed) {
+				if i == 4 {
+					// Frozen, the engine cannot notice its client leave and
+					// finish the request itself; then the client leaves.
+					victim = s.header.Get("X-Connex-Decode-Engine")
+					faultErr = c.Stop(victim + "/engine")
+					cancel()
+				}
+			})
+			if faultErr != nil || victim == "" {
+				t.Fatalf("fault on %q: %v", victim, faultErr)
+			}
+			checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+				if n := sum(must2(scrape(c.RouterURL()+"/metrics")), "connex_router_requests_in_flight"); n != 0 {
+					return fmt.Errorf("the router still runs %v requests", n)
+				}
+				return nil
+			})
+			if err := c.Kill(victim + "/engine"); err != nil {
+				t.Fatal(err)
+			}
+			killed := time.Now()
+			if held, err := prefillHeld(t, nc, c); err != nil || held == 0 {
+				t.Fatalf("the hold must outlive the engine for a while: held %d (%v)", held, err)
+			}
+			if restart {
+				rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+				err := c.Restart(rctx, victim+"/engine")
+				rcancel()
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+				held, err := prefillHeld(t, nc, c)
+				if err != nil || held != 0 {
+					return fmt.Errorf("prefill blocks held: %d (%v)", held, err)
+				}
+				return nil
+			})
+			t.Logf("prefill blocks freed %v after the engine died (registration TTL 3 s or a restart, + grace 2 s; retain_s is 60 s)", time.Since(killed).Round(time.Millisecond))
+			checkFor(t, 20*time.Second, 50*time.Millisecond, func() error { return routerSees(c.RouterURL(), victim, restart) })
+		})
 	}
-	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		if n := sum(must2(scrape(c.RouterURL()+"/metrics")), "connex_router_requests_in_flight"); n != 0 {
-			return fmt.Errorf("the router still runs %v requests", n)
-		}
-		return nil
-	})
-	if err := c.Kill(victim + "/engine"); err != nil {
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	if held, err := prefillHeld(t, nc, c); err != nil || held == 0 {
-		t.Fatalf("the hold must outlive the engine until its registration lapses: held %d (%v)", held, err)
-	}
-	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
-		held, err := prefillHeld(t, nc, c)
-		if err != nil || held != 0 {
-			return fmt.Errorf("prefill blocks held: %d (%v)", held, err)
-		}
-		return nil
-	})
-	t.Logf("prefill blocks freed %v after the engine died (registration TTL 3 s + grace 2 s; retain_s is 60 s)", time.Since(killed).Round(time.Millisecond))
 }

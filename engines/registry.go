@@ -92,29 +92,44 @@ func checkBaseURL(s string) error {
 	return nil
 }
 
-// Register adds or refreshes a registration valid for ttl from now.
-func (r *Registry) Register(e *messages.EngineInfo, ttl time.Duration, now time.Time) error {
-	if _, ok := r.live[e.GetEngineId()]; !ok {
-		r.expire(now)
-		if len(r.live) >= MaxEngines {
-			return fmt.Errorf("%w (%d)", ErrFull, MaxEngines)
-		}
-	}
-	r.live[e.GetEngineId()] = entry{info: proto.Clone(e).(*messages.EngineInfo), expires: now.Add(ttl)}
-	return nil
+// Ended names one engine instance that is gone: its requests on this
+// member have nobody to continue them.
+type Ended struct {
+	Engine   string
+	Instance string // "" for engines that register without an instance_id
 }
 
-// Remove drops an engine's registration (engine.gone); it reports whether
-// there was one.
-func (r *Registry) Remove(id string) bool {
-	_, ok := r.live[id]
+// Register adds or refreshes a registration valid for ttl from now. If it
+// replaces a registration of another instance of the engine (a restart),
+// replaced names that instance.
+func (r *Registry) Register(e *messages.EngineInfo, ttl time.Duration, now time.Time) (replaced *Ended, err error) {
+	old, ok := r.live[e.GetEngineId()]
+	if !ok {
+		r.expire(now)
+		if len(r.live) >= MaxEngines {
+			return nil, fmt.Errorf("%w (%d)", ErrFull, MaxEngines)
+		}
+	} else if old.info.GetInstanceId() != e.GetInstanceId() {
+		replaced = &Ended{Engine: e.GetEngineId(), Instance: old.info.GetInstanceId()}
+	}
+	r.live[e.GetEngineId()] = entry{info: proto.Clone(e).(*messages.EngineInfo), expires: now.Add(ttl)}
+	return replaced, nil
+}
+
+// Instance is the instance id of engine id's live registration ("" if none).
+func (r *Registry) Instance(id string) string { return r.live[id].info.GetInstanceId() }
+
+// Remove drops an engine's registration (engine.gone) and reports the
+// instance it ended, if there was one.
+func (r *Registry) Remove(id string) (Ended, bool) {
+	e, ok := r.live[id]
 	delete(r.live, id)
-	return ok
+	return Ended{Engine: id, Instance: e.info.GetInstanceId()}, ok
 }
 
 // Live returns the registrations still valid at now, sorted by engine id,
-// and drops the lapsed ones. Lapsed reports the ids dropped by this call.
-func (r *Registry) Live(now time.Time) (live []*messages.EngineInfo, lapsed []string) {
+// and drops the lapsed ones. Lapsed reports the instances dropped by this call.
+func (r *Registry) Live(now time.Time) (live []*messages.EngineInfo, lapsed []Ended) {
 	lapsed = r.expire(now)
 	for _, e := range r.live {
 		live = append(live, proto.Clone(e.info).(*messages.EngineInfo))
@@ -134,13 +149,13 @@ func (r *Registry) NextExpiry() time.Time {
 	return first
 }
 
-func (r *Registry) expire(now time.Time) (lapsed []string) {
+func (r *Registry) expire(now time.Time) (lapsed []Ended) {
 	for id, e := range r.live {
 		if !now.Before(e.expires) {
 			delete(r.live, id)
-			lapsed = append(lapsed, id)
+			lapsed = append(lapsed, Ended{Engine: id, Instance: e.info.GetInstanceId()})
 		}
 	}
-	slices.Sort(lapsed)
+	slices.SortFunc(lapsed, func(a, b Ended) int { return strings.Compare(a.Engine, b.Engine) })
 	return lapsed
 }

@@ -47,10 +47,10 @@ func TestValidate(t *testing.T) {
 func TestRegistryLapsesAndRenews(t *testing.T) {
 	r := NewRegistry()
 	t0 := time.Unix(100, 0)
-	if err := r.Register(reg("b", 0).Engine, time.Second, t0); err != nil {
+	if _, err := r.Register(reg("b", 0).Engine, time.Second, t0); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Register(reg("a", 0).Engine, 3*time.Second, t0); err != nil {
+	if _, err := r.Register(reg("a", 0).Engine, 3*time.Second, t0); err != nil {
 		t.Fatal(err)
 	}
 	live, lapsed := r.Live(t0.Add(999 * time.Millisecond))
@@ -61,29 +61,32 @@ func TestRegistryLapsesAndRenews(t *testing.T) {
 		t.Fatalf("next expiry %v", next)
 	}
 	// A renewal pushes the deadline out.
-	if err := r.Register(reg("b", 0).Engine, time.Second, t0.Add(900*time.Millisecond)); err != nil {
-		t.Fatal(err)
+	if replaced, err := r.Register(reg("b", 0).Engine, time.Second, t0.Add(900*time.Millisecond)); err != nil || replaced != nil {
+		t.Fatalf("a renewal of the same instance replaces nothing: %v %v", replaced, err)
 	}
 	if live, _ := r.Live(t0.Add(1500 * time.Millisecond)); len(live) != 2 {
 		t.Fatalf("a renewed registration lapsed: %v", live)
 	}
 	live, lapsed = r.Live(t0.Add(1900 * time.Millisecond))
-	if len(live) != 1 || fmt.Sprint(lapsed) != "[b]" {
+	if len(live) != 1 || fmt.Sprint(lapsed) != "[{b }]" {
 		t.Fatalf("b should lapse at its renewed deadline: live %v lapsed %v", live, lapsed)
 	}
-	if !r.Remove("a") || r.Remove("a") {
+	if _, ok := r.Remove("a"); !ok {
 		t.Fatal("Remove reports whether there was a registration")
+	}
+	if _, ok := r.Remove("a"); ok {
+		t.Fatal("a second Remove found a registration")
 	}
 	// The table is bounded; lapsed entries make room.
 	for i := 0; i < MaxEngines; i++ {
-		if err := r.Register(reg(fmt.Sprint("e", i), 0).Engine, time.Second, t0); err != nil {
+		if _, err := r.Register(reg(fmt.Sprint("e", i), 0).Engine, time.Second, t0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := r.Register(reg("one-more", 0).Engine, time.Second, t0); !errors.Is(err, ErrFull) {
+	if _, err := r.Register(reg("one-more", 0).Engine, time.Second, t0); !errors.Is(err, ErrFull) {
 		t.Fatalf("past MaxEngines: %v", err)
 	}
-	if err := r.Register(reg("one-more", 0).Engine, time.Second, t0.Add(2*time.Second)); err != nil {
+	if _, err := r.Register(reg("one-more", 0).Engine, time.Second, t0.Add(2*time.Second)); err != nil {
 		t.Fatalf("after the others lapsed: %v", err)
 	}
 	// Live hands out copies.
@@ -91,5 +94,27 @@ func TestRegistryLapsesAndRenews(t *testing.T) {
 	live[0].Model = "changed"
 	if again, _ := r.Live(t0.Add(2 * time.Second)); again[0].Model != "m" {
 		t.Fatal("Live must return copies")
+	}
+}
+
+func TestRegistryRestartEndsThePreviousInstance(t *testing.T) {
+	r := NewRegistry()
+	t0 := time.Unix(100, 0)
+	first := reg("e", 0).Engine
+	first.InstanceId = "i1"
+	if _, err := r.Register(first, time.Second, t0); err != nil {
+		t.Fatal(err)
+	}
+	if r.Instance("e") != "i1" {
+		t.Fatalf("instance %q", r.Instance("e"))
+	}
+	second := reg("e", 0).Engine
+	second.InstanceId = "i2"
+	replaced, err := r.Register(second, time.Second, t0.Add(100*time.Millisecond))
+	if err != nil || replaced == nil || *replaced != (Ended{Engine: "e", Instance: "i1"}) {
+		t.Fatalf("a new instance must end the old one: %v %v", replaced, err)
+	}
+	if ended, ok := r.Remove("e"); !ok || ended.Instance != "i2" {
+		t.Fatalf("remove: %v %v", ended, ok)
 	}
 }

@@ -1756,7 +1756,12 @@ type EngineInfo struct {
 	// Tokens per KV block.
 	BlockSize uint32 `protobuf:"varint,8,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
 	// Longest prompt plus completion the engine accepts, in tokens (0: unknown).
-	MaxModelLen   uint32 `protobuf:"varint,9,opt,name=max_model_len,json=maxModelLen,proto3" json:"max_model_len,omitempty"`
+	MaxModelLen uint32 `protobuf:"varint,9,opt,name=max_model_len,json=maxModelLen,proto3" json:"max_model_len,omitempty"`
+	// A fresh random id per engine process start. A registration under the
+	// same engine_id with another instance_id (the engine was restarted)
+	// ends the previous instance's requests on this member, as engine.gone
+	// or a lapse does.
+	InstanceId    string `protobuf:"bytes,10,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1852,6 +1857,13 @@ func (x *EngineInfo) GetMaxModelLen() uint32 {
 		return x.MaxModelLen
 	}
 	return 0
+}
+
+func (x *EngineInfo) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
 }
 
 // RegisterEngineRequest registers (or refreshes) an engine with its local
@@ -2130,7 +2142,7 @@ const file_connex_proto_rawDesc = "" +
 	"\x02ok\x18\x04 \x01(\bR\x02ok\"E\n" +
 	"\tRegionRef\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
-	"\tregion_id\x18\x02 \x01(\tR\bregionId\"\x92\x02\n" +
+	"\tregion_id\x18\x02 \x01(\tR\bregionId\"\xb3\x02\n" +
 	"\n" +
 	"EngineInfo\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x12\n" +
@@ -2143,7 +2155,10 @@ const file_connex_proto_rawDesc = "" +
 	"\fblocks_total\x18\a \x01(\rR\vblocksTotal\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\b \x01(\rR\tblockSize\x12\"\n" +
-	"\rmax_model_len\x18\t \x01(\rR\vmaxModelLen\"]\n" +
+	"\rmax_model_len\x18\t \x01(\rR\vmaxModelLen\x12\x1f\n" +
+	"\vinstance_id\x18\n" +
+	" \x01(\tR\n" +
+	"instanceId\"]\n" +
 	"\x15RegisterEngineRequest\x12-\n" +
 	"\x06engine\x18\x01 \x01(\v2\x15.connex.v1.EngineInfoR\x06engine\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\rR\x05ttlMs\"G\n" +

@@ -2,6 +2,8 @@ package shim
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -107,6 +109,9 @@ type Engine struct {
 	cli    *api.Client
 	region *kvmem.Region
 	log    *slog.Logger
+	// instance is fresh per Open: a restarted engine registers a new one,
+	// which tells its connexd that the previous instance's requests ended.
+	instance string
 
 	mu         sync.Mutex
 	alloc      *Allocator
@@ -134,7 +139,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		cfg: cfg, cli: &api.Client{NC: cfg.NC, Member: cfg.Member}, log: cfg.Log,
 		alloc: NewAllocator(cfg.Layout.Blocks), avail: make(chan struct{}),
 		pulls: map[string]chan *messages.PullDone{}, requests: map[string]*Request{},
-		stop: make(chan struct{}),
+		stop: make(chan struct{}), instance: newInstanceID(),
 	}
 	l := cfg.Layout
 	pl := &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize}
@@ -225,7 +230,7 @@ func (e *Engine) Info() *messages.EngineInfo {
 	return &messages.EngineInfo{
 		EngineId: e.cfg.EngineID, Role: e.cfg.Role, Model: e.cfg.Model, BaseUrl: e.cfg.BaseURL,
 		InFlight: uint32(e.inFlight), BlocksFree: e.alloc.FreeCount(), BlocksTotal: e.alloc.Total(),
-		BlockSize: e.cfg.Layout.BlockSize, MaxModelLen: e.cfg.MaxModelLen,
+		BlockSize: e.cfg.Layout.BlockSize, MaxModelLen: e.cfg.MaxModelLen, InstanceId: e.instance,
 	}
 }
 
@@ -399,4 +404,11 @@ func (e *Engine) Close() error {
 		return fmt.Errorf("shim: close engine %s: %w", e.cfg.EngineID, err)
 	}
 	return nil
+}
+
+// newInstanceID is 64 random bits, hex.
+func newInstanceID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
