@@ -321,6 +321,7 @@ func (s *Server) prefillLeg(ctx context.Context, o *output) string {
 func (s *Server) decodeLeg(ctx context.Context, o *output) string {
 	g, p := o.g, o.g.params
 	nRemote := len(p.RemoteBlockIds)
+	t0 := time.Now()
 	blocks, err := s.cfg.KV.Alloc(ctx, max(nRemote, s.blocksFor(len(g.tokens)+g.maxTokens)))
 	if err != nil {
 		return s.allocFailed(ctx, o, err)
@@ -333,6 +334,7 @@ func (s *Server) decodeLeg(ctx context.Context, o *output) string {
 	// request.start runs to its end even if the client leaves meanwhile:
 	// abandoned half-way, the request actor could exist on the connexd with
 	// nobody to finish it, keeping the prefill hold alive.
+	tAlloc := time.Now()
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	act, err := s.cfg.KV.StartRequest(sctx, shim.RequestSpec{ID: id, Params: p, Tokens: g.tokens, Takeover: p.ConnexResume})
 	scancel()
@@ -366,7 +368,9 @@ func (s *Server) decodeLeg(ctx context.Context, o *output) string {
 	seq := NewSequence(s.cfg.KV.Region(), blocks, g.tokens)
 	loaded := min(int(p.RemoteNumTokens), len(g.tokens))
 	info := &ConnexInfo{KVLoad: "pulled", EngineID: s.cfg.EngineID}
+	tStart := time.Now()
 	lerr := s.load(ctx, seq, p, blocks[:nRemote], loaded)
+	tLoad := time.Now()
 	var le *shim.LoadError
 	switch {
 	case lerr == nil:
@@ -383,6 +387,10 @@ func (s *Server) decodeLeg(ctx context.Context, o *output) string {
 		if err := pace(ctx, start.Add(time.Duration(info.RecomputedTokens)*s.cfg.PrefillPerToken)); err != nil {
 			return s.stopped(o, err, act, finish)
 		}
+		s.log.Info("decode leg loaded", "engine", s.cfg.EngineID, "request", id, "transfer", p.TransferId, "resume", p.ConnexResume,
+			"loaded_tokens", loaded, "recomputed_tokens", info.RecomputedTokens, "alloc_us", tAlloc.Sub(t0).Microseconds(),
+			"request_start_us", tStart.Sub(tAlloc).Microseconds(), "load_us", tLoad.Sub(tStart).Microseconds(),
+			"recompute_us", time.Since(tLoad).Microseconds())
 	case errors.As(lerr, &le):
 		s.m.kvLoads.WithLabelValues(outcomeLabel(le.Reason)).Inc()
 		if le.Policy != shim.PolicyRecompute {
