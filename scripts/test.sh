@@ -60,6 +60,11 @@ echo "== full suite"
 # failure detection; on 2 cores they must not compete with each other.
 go test "${TAGS[@]}" -count=1 -p 1 -timeout 20m ./...
 
+echo "== vLLM connector (connector/): ruff and pytest through vLLM's real Scheduler against real connexd processes"
+CONNEXD_BIN="$(mktemp -d)/connexd"
+go build "${TAGS[@]}" -o "$CONNEXD_BIN" ./cmd/connexd
+CONNEXD="$CONNEXD_BIN" bash connector/run-tests.sh
+
 echo "== fuzzing every decoder for ${FUZZTIME}"
 for pkg in $(go list "${TAGS[@]}" ./...); do
   for f in $(go test "${TAGS[@]}" -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true); do
