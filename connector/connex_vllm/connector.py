@@ -80,7 +80,7 @@ def check_limits(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None)
 
 class ConnexConnector(KVConnectorBase_V1):
     """Prefill (kv_producer) keeps a request's KV as a renewable hold in connexd; decode (kv_consumer) pulls it,
-    possibly again after a resume. See connector/ARCHITECTURE-connector.md."""
+    possibly again after a resume. See "The vLLM connector" in ARCHITECTURE.md."""
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
