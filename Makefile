@@ -6,7 +6,7 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build chaos run test test-race fuzz bench bench-pull bench-cluster proto tidy clean
+.PHONY: all build chaos run test test-race fuzz bench bench-pull bench-cluster bench-resume proto tidy clean
 
 all: build
 
@@ -43,6 +43,9 @@ bench-pull:
 
 bench-cluster:
 	bash scripts/bench.sh cluster
+
+bench-resume:
+	bash scripts/bench.sh resume
 
 tidy:
 	$(GO) mod tidy

@@ -142,6 +142,8 @@ func (a *pullerActor) finish(r *pullResult) {
 	} else {
 		done.Bytes = r.bytes
 		a.deps.Metrics.PullsOK.Add(1)
+		a.deps.Log.Info("pull done", "pull", a.p.ID, "transfer", a.p.Params.TransferId, "engine", a.p.Dst.Engine,
+			"bytes", r.bytes, "duration_us", done.DurationUs)
 		a.deps.Metrics.BytesPulled.Add(int64(r.bytes))
 	}
 	a.deps.Notify(done)

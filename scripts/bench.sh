@@ -3,6 +3,7 @@
 #   bench.sh control   control-plane round trip vs bare NATS (CONTROL ...)
 #   bench.sh pull      data-plane pulls vs memcpy, ucx_perftest, TCP (RATIO ...)
 #   bench.sh cluster   failover timings (FAILOVER ...)
+#   bench.sh resume    what a decode death costs a streamed request, resumed vs re-prefilled (RESUME ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -23,5 +24,9 @@ case "${1:-control}" in
     go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkFailover$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"
     grep '^FAILOVER ' "$out" | tail -1
     ;;
-  *) echo "usage: $0 control|pull|cluster" >&2; exit 2 ;;
+  resume)
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkResume$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"
+    grep '^RESUME ' "$out" | tail -1
+    ;;
+  *) echo "usage: $0 control|pull|cluster|resume" >&2; exit 2 ;;
 esac
