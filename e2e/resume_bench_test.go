@@ -175,10 +175,11 @@ func BenchmarkResume(b *testing.B) {
 		i := int(math.Ceil(p*float64(len(s)))) - 1
 		return float64(s[max(i, 0)].Microseconds()) / 1000
 	}
-	// Warm-up: every decode engine loads an 8192-token hold once, so the
-	// timed pulls do not pay first-touch page faults of fresh shared memory
-	// (about 0.4 s per GiB here, once per region and reader mapping).
-	warm := func() {
+	// Warm-up: every decode engine loads a hold of the size a row measures
+	// once, so the timed pulls do not pay first-touch page faults of fresh
+	// shared memory (about 0.4 s per GiB here, once per region and reader
+	// mapping).
+	warm := func(n int) {
 		for _, e := range c.Engines() {
 			if e.Role != localcluster.RoleDecode {
 				continue
@@ -189,7 +190,7 @@ func BenchmarkResume(b *testing.B) {
 					pre = p.URL
 				}
 			}
-			p := prompt(8192)
+			p := prompt(n)
 			_, ans, err := postJSON(ctx, pre+"/v1/completions", map[string]any{"model": "connex-sim", "prompt": p, "max_tokens": 1,
 				"kv_transfer_params": map[string]any{"do_remote_decode": true}})
 			if err != nil || ans["kv_transfer_params"] == nil {
@@ -204,13 +205,16 @@ func BenchmarkResume(b *testing.B) {
 		}
 		settle("")
 	}
-	warm()
 	b.ResetTimer()
+	warm(1024)
 	kill1k := run("kill 1024", 1024, "kill")
 	hang1k := run("hang 1024", 1024, "stop")
+	warm(8192)
 	kill8k := run("kill 8192", 8192, "kill")
 	hang8k := run("hang 8192", 8192, "stop")
+	warm(1024)
 	re1k := run("reprefill 1024", 1024, "reprefill")
+	warm(8192)
 	re8k := run("reprefill 8192", 8192, "reprefill")
 	_ = hang8k
 	_ = re1k
