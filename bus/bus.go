@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sys/unix"
 )
 
 // Options say which NATS to use.
@@ -32,6 +34,7 @@ type Bus struct {
 	Server  *server.Server // nil when connected to an external server
 	URL     string         // client URL of the server in use
 	log     *slog.Logger
+	lock    *os.File // the data_dir lock of an embedded server, held until Close
 	closing atomic.Bool
 	closed  chan struct{} // closed by the connection's ClosedHandler
 }
@@ -44,8 +47,14 @@ func Open(o Options) (*Bus, error) {
 	}
 	b := &Bus{URL: o.URL, log: log, closed: make(chan struct{})}
 	if o.URL == "" {
+		lock, err := lockDataDir(o.DataDir)
+		if err != nil {
+			return nil, err
+		}
+		b.lock = lock
 		srv, err := startEmbedded(o)
 		if err != nil {
+			b.Close()
 			return nil, err
 		}
 		b.Server = srv
@@ -93,6 +102,14 @@ func startEmbedded(o Options) (*server.Server, error) {
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT
+	} else {
+		// nats-server would only log the failed listen and never become
+		// ready: find out now, with the reason.
+		ln, err := net.Listen("tcp", o.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("bus: nats_listen=%s cannot be used: %w (is another connexd or NATS server listening there? set nats_url to join it, or pick another nats_listen)", o.Listen, err)
+		}
+		_ = ln.Close()
 	}
 	opts := &server.Options{
 		ServerName: o.Name,
@@ -131,4 +148,33 @@ func (b *Bus) Close() {
 		b.Server.Shutdown()
 		b.Server.WaitForShutdown()
 	}
+	if b.lock != nil {
+		_ = b.lock.Close() // releases the flock
+		b.lock = nil
+	}
+}
+
+// ErrDataDirLocked means another process runs an embedded NATS server on
+// the same data_dir: two JetStream servers on one store directory corrupt it.
+var ErrDataDirLocked = errors.New("bus: data_dir is in use by another process")
+
+// lockDataDir takes an exclusive lock on dir/connexd.lock (creating dir),
+// held while the returned file stays open.
+func lockDataDir(dir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("bus: data_dir=%s: %w", dir, err)
+	}
+	path := filepath.Join(dir, "connexd.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("bus: data_dir lock %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		_ = f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s is locked (another connexd embedding NATS there?); give each connexd its own data_dir", ErrDataDirLocked, path)
+		}
+		return nil, fmt.Errorf("bus: data_dir lock %s: %w", path, err)
+	}
+	return f, nil
 }
