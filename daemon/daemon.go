@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -67,6 +68,10 @@ type Daemon struct {
 	bg       sync.WaitGroup
 	// Router is the OpenAI-compatible front door (role router), else nil.
 	Router *router.Server
+	// stopping turns protoactor's shutdown-time errors into info lines
+	// (libHandler); set when Close begins.
+	stopping atomic.Bool
+	libLog   *slog.Logger
 	// pullCancel aborts every pull's reads on Close.
 	pullCancel context.CancelFunc
 }
@@ -96,8 +101,9 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	}
 	d.regions = kvmem.NewRegionTable()
 	d.dir = actors.NewDirectory(cfg.Tombstone, d.now)
+	d.libLog = slog.New(libHandler{Handler: log.Handler(), stopping: &d.stopping})
 	d.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
-		return log.With("lib", "protoactor")
+		return d.libLog.With("lib", "protoactor")
 	}))
 	ctrl := &messages.RemoteCtrl{Member: cfg.MemberID, Backend: d.Backend.Name(), DataAddr: d.Backend.Address()}
 	if cfg.DataAdvertise != "" && d.Backend.Name() == "tcp" {
@@ -140,7 +146,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		return d, err
 	}
 	if d.reqStore != nil {
-		cm, err := joinCluster(d.Bus.Conn, cfg, log)
+		cm, err := joinCluster(d.Bus.Conn, cfg, log, d.libLog)
 		if err != nil {
 			return d, err
 		}
@@ -207,6 +213,7 @@ func (d *Daemon) publish(subject string, m proto.Message) {
 // closes the data plane and NATS. Idempotent.
 func (d *Daemon) Close() {
 	d.closed.Do(func() {
+		d.stopping.Store(true)
 		d.stopRouter()
 		if d.svc != nil {
 			_ = d.svc.Stop()

@@ -22,9 +22,10 @@ import (
 // blocks a removed member id for good, so a member evicted after a pause
 // rejoins with a fresh ActorSystem without disturbing its work actors.
 type clusterMembers struct {
-	nc  *nats.Conn
-	cfg config.Config
-	log *slog.Logger
+	nc     *nats.Conn
+	cfg    config.Config
+	log    *slog.Logger
+	libLog *slog.Logger // for protoactor (see libHandler)
 
 	mu        sync.Mutex
 	sys       *actor.ActorSystem
@@ -65,8 +66,8 @@ func clusterRole(role string) cluster.Role {
 }
 
 // joinCluster starts membership and keeps it: on self-eviction it rejoins.
-func joinCluster(nc *nats.Conn, cfg config.Config, log *slog.Logger) (*clusterMembers, error) {
-	m := &clusterMembers{nc: nc, cfg: cfg, log: log, rejoins: make(chan struct{}, 1), done: make(chan struct{}), departed: map[string]bool{}, firstSeen: map[string]time.Time{}}
+func joinCluster(nc *nats.Conn, cfg config.Config, log, libLog *slog.Logger) (*clusterMembers, error) {
+	m := &clusterMembers{nc: nc, cfg: cfg, log: log, libLog: libLog, rejoins: make(chan struct{}, 1), done: make(chan struct{}), departed: map[string]bool{}, firstSeen: map[string]time.Time{}}
 	if err := m.start(); err != nil {
 		return nil, err
 	}
@@ -84,7 +85,7 @@ func (m *clusterMembers) start() error {
 		return fmt.Errorf("cluster: %w", err)
 	}
 	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
-		return m.log.With("lib", "protoactor-cluster")
+		return m.libLog.With("lib", "protoactor-cluster")
 	}))
 	cl := actorcluster.New(sys, actorcluster.Configure(m.cfg.ClusterName, prov, disthash.New(), cluster.NewRemoteConfig(m.cfg.ClusterHost, 0)))
 	cl.StartMember()
