@@ -315,6 +315,10 @@ func (d *Daemon) StartPull(_ context.Context, r *messages.StartPullRequest) (*me
 	if err := requireToken("engine_id", r.EngineId); err != nil {
 		return nil, err
 	}
+	if got, want := p.RemoteCtrl.GetBackend(), d.Backend.Name(); got != "" && got != want {
+		return nil, api.Errorf(api.CodeIncompatible, "the hold %s lives on member %s, whose data plane is %q; this member's is %q (set backend to the same value on every member)",
+			p.TransferId, p.RemoteCtrl.GetMember(), got, want)
+	}
 	pullID := r.PullId
 	if pullID == "" {
 		pullID = actors.NewTransferID()[:16]
