@@ -91,6 +91,9 @@ type Config struct {
 	OrphanScan time.Duration
 	// LogLevel is debug, info, warn or error.
 	LogLevel slog.Level
+	// MetricsListen, if set, is where connexd serves Prometheus metrics
+	// (GET /metrics); empty turns them off.
+	MetricsListen string
 	// HTTPListen is where a router member serves its OpenAI-compatible HTTP
 	// API (role router or all).
 	HTTPListen string
@@ -143,6 +146,7 @@ var defaults = []struct {
 	{"cluster_host", "127.0.0.1", "address the cluster's remote listens on and advertises"},
 	{"orphan_scan_ms", 1000, "how often orphaned requests are rescanned, in milliseconds"},
 	{"log_level", "warn", "log level: debug, info, warn or error"},
+	{"metrics_listen", "", "Prometheus metrics listen address (GET /metrics); empty: off"},
 	{"http_listen", "127.0.0.1:8000", "router: OpenAI-compatible HTTP listen address"},
 	{"router_stall_ms", 300, "router: shortest token stall (ms) after which a decode stream is resumed elsewhere"},
 	{"router_stall_factor", 8, "router: stall deadline = max(router_stall_ms, factor x recent inter-token gap)"},
@@ -303,6 +307,7 @@ func build(v *viper.Viper) (Config, error) {
 		return c, err
 	}
 	_ = c.LogLevel.UnmarshalText([]byte(lvl))
+	c.MetricsListen = strings.TrimSpace(v.GetString("metrics_listen"))
 	c.HTTPListen = strings.TrimSpace(v.GetString("http_listen"))
 	if c.HTTPListen == "" {
 		return c, fmt.Errorf("%w: http_listen is empty, allowed: host:port", ErrInvalid)

@@ -66,6 +66,8 @@ type Daemon struct {
 	bgMu     sync.Mutex
 	bgClosed bool
 	bg       sync.WaitGroup
+	// prom is the Prometheus view (metrics_listen), nil when off.
+	prom *promMetrics
 	// Router is the OpenAI-compatible front door (role router), else nil.
 	Router *router.Server
 	// stopping turns protoactor's shutdown-time errors into info lines
@@ -112,14 +114,24 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	d.hdeps = &actors.HoldDeps{
 		Backend: d.Backend, Ctrl: ctrl, Dir: d.dir, Now: d.now, Log: log, Metrics: d.Metrics,
 		ReadSlack: time.Second,
-		Notify:    func(m *messages.BlocksFreed) { d.publish(api.FreedSubject(m.EngineId), m) },
+		Notify: func(m *messages.BlocksFreed) {
+			if d.prom != nil {
+				d.prom.blocksFreed(m)
+			}
+			d.publish(api.FreedSubject(m.EngineId), m)
+		},
 	}
 	d.pdeps = &actors.PullDeps{
 		Backend: d.Backend, NC: d.Bus.Conn, Now: d.now, Log: log, Metrics: d.Metrics,
 		LoadFailurePolicy: cfg.KVLoadFailurePolicy,
-		Notify:            func(m *messages.PullDone) { d.publish(api.PullDoneSubject(m.EngineId), m) },
-		Go:                d.goBackground,
-		Holders:           &actors.HolderWatch{},
+		Notify: func(m *messages.PullDone) {
+			if d.prom != nil {
+				d.prom.pullDone(m)
+			}
+			d.publish(api.PullDoneSubject(m.EngineId), m)
+		},
+		Go:      d.goBackground,
+		Holders: &actors.HolderWatch{},
 	}
 	d.pdeps.Ctx, d.pullCancel = context.WithCancel(context.Background())
 	d.reqTable = actors.NewRequestTable()
@@ -133,6 +145,12 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	d.rdeps = &actors.RequestDeps{
 		Store: d.reqStore, NC: d.Bus.Conn, Self: cfg.MemberID, Now: d.now, Log: log, Table: d.reqTable,
 		Publish: d.publish, StoreTimeout: 5 * time.Second,
+	}
+	if cfg.MetricsListen != "" {
+		d.prom = newPromMetrics(d)
+		if err := d.prom.serve(cfg.MetricsListen, d); err != nil {
+			return d, err
+		}
 	}
 	d.holds, err = d.system.Root.SpawnNamed(actors.HoldTableProps(d.hdeps), "holds")
 	if err != nil {
@@ -177,6 +195,9 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	go d.expireEngines()
 	return d, nil
 }
+
+// MetricsURL is where Prometheus metrics are served ("" when metrics_listen is empty).
+func (d *Daemon) MetricsURL() string { return d.prom.URL() }
 
 // MemberID is this daemon's member id.
 func (d *Daemon) MemberID() string { return d.cfg.MemberID }
@@ -241,6 +262,7 @@ func (d *Daemon) Close() {
 		d.bgMu.Unlock()
 		d.bg.Wait()
 		d.wg.Wait()
+		d.prom.close()
 		if d.Backend != nil {
 			_ = d.Backend.Close()
 		}

@@ -72,6 +72,8 @@ type proc struct {
 	natsURL string
 	// httpURL is the router's HTTP base URL (role router), from the ready line.
 	httpURL string
+	// metricsURL is where connexd serves Prometheus metrics (metrics_listen).
+	metricsURL string
 	mu      sync.Mutex
 	stderr  strings.Builder
 	exited  chan struct{}
@@ -134,6 +136,9 @@ func startConnexd(t testing.TB, member string, args ...string) *proc {
 			}
 			if v, ok := strings.CutPrefix(f, "http="); ok {
 				p.httpURL = v
+			}
+			if v, ok := strings.CutPrefix(f, "metrics="); ok {
+				p.metricsURL = v
 			}
 		}
 	case <-p.exited:

@@ -45,6 +45,9 @@ func run(args []string) int {
 	if d.Router != nil {
 		httpURL = " http=" + d.Router.URL()
 	}
+	if u := d.MetricsURL(); u != "" {
+		httpURL += " metrics=" + u
+	}
 	fmt.Printf("connexd ready member=%s nats=%s backend=%s data=%s role=%s%s\n",
 		d.MemberID(), d.Bus.URL, d.Backend.Name(), printable(d.Backend.Address()), cfg.Role, httpURL)
 	sig := make(chan os.Signal, 1)

@@ -1,0 +1,58 @@
+package e2e
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/messages"
+)
+
+// TestConnexdMetrics: with metrics_listen set, connexd serves Prometheus
+// metrics that follow its holds and pulls.
+func TestConnexdMetrics(t *testing.T) {
+	pe, de, pn, dn := cluster2(t, "tcp", "--metrics-listen", "127.0.0.1:0")
+	if pn.metricsURL == "" || dn.metricsURL == "" {
+		t.Fatal("the ready line names no metrics= URL")
+	}
+	nc := pe.cli.NC
+	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	src := []uint32{1, 2, 3}
+	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: src, NumTokens: 48})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: []uint32{4, 5, 6}, PullId: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	pd := done.wait(t, 10*time.Second, func(m *messages.PullDone) bool { return m.PullId == "m1" })
+	if !pd.Ok {
+		t.Fatalf("pull: %v", pd)
+	}
+	dm, err := scrape(dn.metricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dm[`connex_pulls_total{outcome="ok"}`] != 1 || dm["connex_pull_bytes_total"] != float64(pd.Bytes) || dm["connex_pull_duration_seconds_count"] != 1 {
+		t.Fatalf("decode metrics after one pull of %d bytes: pulls %v bytes %v durations %v", pd.Bytes,
+			dm[`connex_pulls_total{outcome="ok"}`], dm["connex_pull_bytes_total"], dm["connex_pull_duration_seconds_count"])
+	}
+	pm, err := scrape(pn.metricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pm["connex_holds_created_total"] != 1 || pm["connex_holds_live"] != 1 {
+		t.Fatalf("prefill metrics with one live hold: created %v live %v", pm["connex_holds_created_total"], pm["connex_holds_live"])
+	}
+	if _, err := pe.cli.Release(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId, Requester: de.id}); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		pm, err := scrape(pn.metricsURL)
+		if err != nil || pm[`connex_holds_freed_total{reason="released"}`] != 1 || pm["connex_holds_live"] != 0 || pm["connex_double_frees_total"] != 0 {
+			return fmt.Errorf("prefill metrics after the release: %v", err)
+		}
+		return nil
+	})
+}
