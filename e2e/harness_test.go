@@ -74,9 +74,9 @@ type proc struct {
 	httpURL string
 	// metricsURL is where connexd serves Prometheus metrics (metrics_listen).
 	metricsURL string
-	mu      sync.Mutex
-	stderr  strings.Builder
-	exited  chan struct{}
+	mu         sync.Mutex
+	stderr     strings.Builder
+	exited     chan struct{}
 }
 
 // startConnexd starts connexd with args and waits for its ready line.
