@@ -304,3 +304,56 @@ func TestChatStreamShape(t *testing.T) {
 		t.Fatalf("chat stream:\n%s", data)
 	}
 }
+
+// TestResumeWhenTheEngineLeavesMembership: a decode engine that still
+// streams (slowly) but is no longer advertised — its connexd died or froze
+// — is given up on, and the request resumes on an engine that is.
+func TestResumeWhenTheEngineLeavesMembership(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", failAfter: 4, hang: true}).start()
+	d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
+	var mu sync.Mutex
+	advertised := []*fakeEngine{p, d1, d2}
+	s, err := New(Config{
+		Listen: "127.0.0.1:0",
+		Engines: func() []Engine {
+			mu.Lock()
+			defer mu.Unlock()
+			var out []Engine
+			for _, e := range advertised {
+				out = append(out, e.engine())
+			}
+			return out
+		},
+		// A stall window far beyond the test: only membership can end d1's leg.
+		StallMin: time.Hour, StallFactor: 8, FirstToken: time.Hour,
+		PrefillTimeout: 5 * time.Second, MaxResumes: 3, MaxBodyBytes: 1 << 20,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	go func() {
+		// Once d1 has been given the decode leg, it leaves the cluster.
+		for {
+			d1.mu.Lock()
+			n := len(d1.bodies)
+			d1.mu.Unlock()
+			if n > 0 {
+				mu.Lock()
+				advertised = []*fakeEngine{p, d2}
+				mu.Unlock()
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
+	if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(10), "") {
+		t.Fatalf("texts %q done %v errs %v", texts, done, errs)
+	}
+	if len(d2.bodies) != 1 {
+		t.Fatalf("%d legs on d2, want the resume", len(d2.bodies))
+	}
+}
