@@ -68,9 +68,11 @@ func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
 type proc struct {
 	t       testing.TB
 	cmd     *exec.Cmd
-	member  string
+	name    string // "connexd" or "connex-sim", for messages
+	member  string // connexd's member id, or the sim's engine id
 	natsURL string
-	// httpURL is the router's HTTP base URL (role router), from the ready line.
+	// httpURL is the router's HTTP base URL (role router) or the sim's,
+	// from the ready line.
 	httpURL string
 	// metricsURL is where connexd serves Prometheus metrics (metrics_listen).
 	metricsURL string
@@ -83,13 +85,21 @@ type proc struct {
 func startConnexd(t testing.TB, member string, args ...string) *proc {
 	t.Helper()
 	all := append([]string{"--member-id", member, "--data-dir", t.TempDir(), "--log-level", "info"}, args...)
-	cmd := exec.Command(connexdBin, all...)
-	cmd.Env = append(os.Environ(), "CONNEX_NATS_LISTEN=127.0.0.1:0")
+	return startProc(t, "connexd", connexdBin, member, all, "CONNEX_NATS_LISTEN=127.0.0.1:0")
+}
+
+// startProc starts binary bin (connexd or connex-sim) with args and waits
+// for its "<name> ready" line, whose nats=, http= and metrics= fields it
+// keeps. The process is stopped (SIGTERM) at the end of the test.
+func startProc(t testing.TB, name, bin, member string, args []string, env ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{t: t, cmd: cmd, member: member, exited: make(chan struct{})}
+	p := &proc{t: t, cmd: cmd, name: name, member: member, exited: make(chan struct{})}
 	errPipe, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +121,7 @@ func startConnexd(t testing.TB, member string, args ...string) *proc {
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			if line := sc.Text(); strings.HasPrefix(line, "connexd ready") {
+			if line := sc.Text(); strings.HasPrefix(line, name+" ready") {
 				ready <- line
 			}
 		}
@@ -125,7 +135,7 @@ func startConnexd(t testing.TB, member string, args ...string) *proc {
 			if len(logs) > 6000 {
 				logs = "…" + logs[len(logs)-6000:]
 			}
-			t.Logf("connexd %s log:\n%s", member, logs)
+			t.Logf("%s %s log:\n%s", name, member, logs)
 		}
 	})
 	select {
@@ -142,9 +152,9 @@ func startConnexd(t testing.TB, member string, args ...string) *proc {
 			}
 		}
 	case <-p.exited:
-		t.Fatalf("connexd %s exited before ready:\n%s", member, p.logs())
+		t.Fatalf("%s %s exited before ready:\n%s", name, member, p.logs())
 	case <-time.After(20 * time.Second):
-		t.Fatalf("connexd %s not ready within 20s:\n%s", member, p.logs())
+		t.Fatalf("%s %s not ready within 20s:\n%s", name, member, p.logs())
 	}
 	return p
 }
@@ -167,6 +177,12 @@ func (p *proc) running() bool {
 
 func (p *proc) signal(s syscall.Signal) { _ = p.cmd.Process.Signal(s) }
 
+// kill SIGKILLs the process and waits until it is gone.
+func (p *proc) kill() {
+	p.signal(syscall.SIGKILL)
+	<-p.exited
+}
+
 // stop asks connexd to shut down and kills it if it does not within 10s.
 func (p *proc) stop() {
 	if !p.running() {
@@ -177,7 +193,7 @@ func (p *proc) stop() {
 	select {
 	case <-p.exited:
 	case <-time.After(10 * time.Second):
-		p.t.Errorf("connexd %s did not stop on SIGTERM within 10s", p.member)
+		p.t.Errorf("%s %s did not stop on SIGTERM within 10s", p.name, p.member)
 		_ = p.cmd.Process.Kill()
 		<-p.exited
 	}

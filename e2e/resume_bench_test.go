@@ -65,11 +65,11 @@ func BenchmarkResume(b *testing.B) {
 			if err != nil || held != 0 {
 				return fmt.Errorf("prefill blocks still held: %d (%v)", held, err)
 			}
-			if victim != "" {
-				return routerSees(c.RouterURL(), victim, true)
-			}
 			return nil
 		})
+		if victim != "" {
+			waitEngines(b, c)
+		}
 	}
 	// itl is the stream's median inter-token time before the fault.
 	itl := func(s *streamed) time.Duration {

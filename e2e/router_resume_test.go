@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -233,9 +232,7 @@ func TestStreamSurvivesDecodeFaults(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
-				return routerSees(c.RouterURL(), victim, true)
-			})
+			waitEngines(t, c)
 		})
 	}
 }
@@ -247,35 +244,15 @@ func must2[T any](v T, err error) T {
 	return v
 }
 
-// routerSees is nil once the router lists engine id as live (want) or not
-// at all (!want).
-func routerSees(router, id string, want bool) error {
-	resp, err := http.Get(router + "/connex/v1/engines")
-	if err != nil {
-		return err
+// waitEngines waits until the router lists exactly the engines that run
+// and are not stopped (localcluster.WaitEngines).
+func waitEngines(t testing.TB, c *localcluster.Cluster) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.WaitEngines(ctx); err != nil {
+		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	var es []struct {
-		EngineID string `json:"engine_id"`
-		Suspect  bool   `json:"suspect"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&es); err != nil {
-		return err
-	}
-	for _, e := range es {
-		if e.EngineID == id {
-			if want && !e.Suspect {
-				return nil
-			}
-			if !want {
-				return fmt.Errorf("the router still lists %s", id)
-			}
-		}
-	}
-	if !want {
-		return nil
-	}
-	return fmt.Errorf("the router does not list %s as live: %+v", id, es)
 }
 
 // TestHoldGonePolicies: the hold is gone (its prefill member died) when the
@@ -444,13 +421,13 @@ func TestEnginesJoinAndLeave(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error { return routerSees(c.RouterURL(), added, true) })
+	waitEngines(t, c)
 	// A graceful stop withdraws the engine at once (engine.gone): from then
 	// on every request decodes on the new engine.
 	if err := c.Term("decode-0"); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error { return routerSees(c.RouterURL(), "decode-0", false) })
+	waitEngines(t, c)
 	for i := 0; i < 4; i++ {
 		ask(added)
 	}
@@ -460,14 +437,14 @@ func TestEnginesJoinAndLeave(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error { return routerSees(c.RouterURL(), third, true) })
+	waitEngines(t, c)
 	if err := c.Kill(added + "/engine"); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 4; i++ {
 		ask(third)
 	}
-	checkFor(t, 10*time.Second, 50*time.Millisecond, func() error { return routerSees(c.RouterURL(), added, false) })
+	waitEngines(t, c)
 }
 
 // TestDeadEngineFreesItsHold: a decode engine dies mid-request while its
@@ -525,7 +502,7 @@ func TestDeadEngineFreesItsHold(t *testing.T) {
 				return nil
 			})
 			t.Logf("prefill blocks freed %v after the engine died (registration TTL 3 s or a restart, + grace 2 s; retain_s is 60 s)", time.Since(killed).Round(time.Millisecond))
-			checkFor(t, 20*time.Second, 50*time.Millisecond, func() error { return routerSees(c.RouterURL(), victim, restart) })
+			waitEngines(t, c)
 		})
 	}
 }

@@ -7,13 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,122 +17,12 @@ import (
 	"github.com/connex/connex/messages"
 )
 
-var (
-	simBinOnce sync.Once
-	simBin     string
-	simBinErr  error
-)
-
-// simBinary builds cmd/connex-sim once, next to the connexd TestMain built
-// (TestMain removes that directory at the end).
-func simBinary(t testing.TB) string {
-	t.Helper()
-	simBinOnce.Do(func() {
-		simBin = filepath.Join(filepath.Dir(connexdBin), "connex-sim")
-		out, err := exec.Command("go", "build", "-o", simBin, "../cmd/connex-sim").CombinedOutput()
-		if err != nil {
-			simBinErr = fmt.Errorf("build connex-sim: %v\n%s", err, out)
-		}
-	})
-	if simBinErr != nil {
-		t.Fatal(simBinErr)
-	}
-	return simBin
-}
-
-// simProc is one connex-sim OS process.
-type simProc struct {
-	t      testing.TB
-	id     string
-	url    string
-	cmd    *exec.Cmd
-	exited chan struct{}
-	mu     sync.Mutex
-	stderr strings.Builder
-}
-
 // startSim starts connex-sim next to connexd member and waits for its ready line.
-func startSim(t testing.TB, natsURL, member, id, role string, extra ...string) *simProc {
+func startSim(t testing.TB, natsURL, member, id, role string, extra ...string) *proc {
 	t.Helper()
 	args := append([]string{"--role", role, "--nats", natsURL, "--member", member, "--engine-id", id,
 		"--layout", "small", "--blocks", "64", "--prefill-us-per-token", "20", "--decode-ms-per-token", "10", "--log-level", "info"}, extra...)
-	cmd := exec.Command(simBinary(t), args...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &simProc{t: t, id: id, cmd: cmd, exited: make(chan struct{})}
-	errPipe, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(errPipe)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.stderr.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
-		}
-	}()
-	ready := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if line := sc.Text(); strings.HasPrefix(line, "connex-sim ready") {
-				ready <- line
-			}
-		}
-		_ = cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		p.stop()
-		if t.Failed() {
-			p.mu.Lock()
-			t.Logf("connex-sim %s log:\n%s", id, p.stderr.String())
-			p.mu.Unlock()
-		}
-	})
-	select {
-	case line := <-ready:
-		for _, f := range strings.Fields(line) {
-			if v, ok := strings.CutPrefix(f, "http="); ok {
-				p.url = v
-			}
-		}
-	case <-p.exited:
-		t.Fatalf("connex-sim %s exited before ready:\n%s", id, p.stderr.String())
-	case <-time.After(20 * time.Second):
-		t.Fatalf("connex-sim %s not ready within 20s", id)
-	}
-	return p
-}
-
-func (p *simProc) stop() {
-	select {
-	case <-p.exited:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-		if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-			p.t.Errorf("connex-sim %s exited with %d on SIGTERM", p.id, code)
-		}
-	case <-time.After(10 * time.Second):
-		p.t.Errorf("connex-sim %s did not stop on SIGTERM within 10s", p.id)
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
-}
-
-func (p *simProc) kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.exited
+	return startProc(t, "connex-sim", productBinaries(t).Sim, id, args)
 }
 
 // simPost posts a JSON body and returns the status and the response body.
@@ -280,7 +166,7 @@ func TestSimPrefillDecodeResume(t *testing.T) {
 	prefillFree := func(t *testing.T) {
 		t.Helper()
 		checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-			m := simMetrics(t, pe.url)
+			m := simMetrics(t, pe.httpURL)
 			ri, err := pcli.InspectRegion(ctx5(t), &messages.RegionRef{EngineId: "sim-p0", RegionId: "r0"})
 			if err != nil {
 				return err
@@ -293,7 +179,7 @@ func TestSimPrefillDecodeResume(t *testing.T) {
 	}
 	prefillLeg := func(t *testing.T, prompt string) (json.RawMessage, *messages.KVTransferParams) {
 		t.Helper()
-		c := complete(t, pe.url, map[string]any{"prompt": prompt, "max_tokens": 1, "kv_transfer_params": map[string]any{"do_remote_decode": true, "do_remote_prefill": false}})
+		c := complete(t, pe.httpURL, map[string]any{"prompt": prompt, "max_tokens": 1, "kv_transfer_params": map[string]any{"do_remote_decode": true, "do_remote_prefill": false}})
 		var kp struct {
 			DoRemotePrefill bool     `json:"do_remote_prefill"`
 			DoRemoteDecode  bool     `json:"do_remote_decode"`
@@ -312,7 +198,7 @@ func TestSimPrefillDecodeResume(t *testing.T) {
 
 	t.Run("pd_equals_local", func(t *testing.T) {
 		prompt := "Connex keeps the prefill KV as a renewable hold."
-		ref := complete(t, d1.url, map[string]any{"prompt": prompt, "max_tokens": 12})
+		ref := complete(t, d1.httpURL, map[string]any{"prompt": prompt, "max_tokens": 12})
 		if ref.Connex.KVLoad != "local" || ref.Connex.Prefills != 1 {
 			t.Fatalf("local request's connex object: %+v", ref.Connex)
 		}
@@ -322,7 +208,7 @@ func TestSimPrefillDecodeResume(t *testing.T) {
 		}
 		body, _ := json.Marshal(map[string]any{"model": "connex-sim", "prompt": prompt, "max_tokens": 12, "stream": true, "return_token_ids": true,
 			"kv_transfer_params": paramsWith(t, raw, map[string]any{"connex_request_id": "sim-req-a"})})
-		resp, err := http.Post(d0.url+"/v1/completions", "application/json", bytes.NewReader(body))
+		resp, err := http.Post(d0.httpURL+"/v1/completions", "application/json", bytes.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -345,15 +231,15 @@ func TestSimPrefillDecodeResume(t *testing.T) {
 			t.Fatal(err)
 		}
 		prefillFree(t)
-		before := simMetrics(t, d0.url)
-		code, out := simPost(t, d0.url+"/v1/completions", map[string]any{"model": "connex-sim", "prompt": prompt, "max_tokens": 8, "stream": true, "kv_transfer_params": paramsWith(t, raw, nil)})
+		before := simMetrics(t, d0.httpURL)
+		code, out := simPost(t, d0.httpURL+"/v1/completions", map[string]any{"model": "connex-sim", "prompt": prompt, "max_tokens": 8, "stream": true, "kv_transfer_params": paramsWith(t, raw, nil)})
 		var c simCompletion
 		_ = json.Unmarshal(out, &c)
 		if code != http.StatusServiceUnavailable || c.Error == nil || c.Error.Code != "kv_load_failed" ||
 			!strings.Contains(c.Error.Message, kp.TransferId) || !strings.Contains(c.Error.Message, "released") {
 			t.Fatalf("decode leg of a released hold (policy fail): %d %s", code, out)
 		}
-		after := simMetrics(t, d0.url)
+		after := simMetrics(t, d0.httpURL)
 		if after["connex_sim_blocks_free"] != after["connex_sim_blocks_total"] || prefillsOf(after) != prefillsOf(before) {
 			t.Fatalf("after the failed load: blocks %v of %v free, prefills %v -> %v", after["connex_sim_blocks_free"], after["connex_sim_blocks_total"], prefillsOf(before), prefillsOf(after))
 		}
@@ -362,11 +248,11 @@ func TestSimPrefillDecodeResume(t *testing.T) {
 	t.Run("resume_after_kill", func(t *testing.T) {
 		prompt := "Resume me on another decode engine, please."
 		const n, k = 30, 6
-		ref := complete(t, pe.url, map[string]any{"prompt": prompt, "max_tokens": n})
+		ref := complete(t, pe.httpURL, map[string]any{"prompt": prompt, "max_tokens": n})
 		raw, kp := prefillLeg(t, prompt)
 		body, _ := json.Marshal(map[string]any{"model": "connex-sim", "prompt": prompt, "max_tokens": n, "stream": true, "return_token_ids": true,
 			"kv_transfer_params": paramsWith(t, raw, map[string]any{"connex_request_id": "sim-req-b"})})
-		resp, err := http.Post(d0.url+"/v1/completions", "application/json", bytes.NewReader(body))
+		resp, err := http.Post(d0.httpURL+"/v1/completions", "application/json", bytes.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -376,15 +262,15 @@ func TestSimPrefillDecodeResume(t *testing.T) {
 		if len(got) != k || !slices.Equal(got, ref.Choices[0].TokenIDs[:k]) {
 			t.Fatalf("first %d streamed tokens %v, want %v", k, got, ref.Choices[0].TokenIDs[:k])
 		}
-		before := simMetrics(t, d1.url)
-		resumed := complete(t, d1.url, map[string]any{
+		before := simMetrics(t, d1.httpURL)
+		resumed := complete(t, d1.httpURL, map[string]any{
 			"prompt": append(slices.Clone(ref.Choices[0].PromptTokenIDs), got...), "max_tokens": n - k,
 			"kv_transfer_params": paramsWith(t, raw, map[string]any{"connex_request_id": "sim-req-b", "connex_resume": true}),
 		})
 		if !slices.Equal(resumed.Choices[0].TokenIDs, ref.Choices[0].TokenIDs[k:]) {
 			t.Fatalf("resumed tokens %v\nwant %v", resumed.Choices[0].TokenIDs, ref.Choices[0].TokenIDs[k:])
 		}
-		after := simMetrics(t, d1.url)
+		after := simMetrics(t, d1.httpURL)
 		delta := func(s string) float64 { return after[s] - before[s] }
 		if c := resumed.Connex; c.KVLoad != "pulled" || c.LoadedTokens != int(kp.RemoteNumTokens) || c.RecomputedTokens != k || c.Prefills != 0 {
 			t.Fatalf("resumed request's connex object: %+v, want pulled, %d loaded, %d recomputed, 0 prefills", c, kp.RemoteNumTokens, k)
@@ -400,18 +286,18 @@ func TestSimPrefillDecodeResume(t *testing.T) {
 
 	t.Run("hold_gone_recompute", func(t *testing.T) {
 		prompt := "Recompute me when the hold has gone away."
-		ref := complete(t, pe.url, map[string]any{"prompt": prompt, "max_tokens": 10})
+		ref := complete(t, pe.httpURL, map[string]any{"prompt": prompt, "max_tokens": 10})
 		raw, kp := prefillLeg(t, prompt)
 		if _, err := pcli.Release(ctx5(t), &messages.HoldRef{TransferId: kp.TransferId, Requester: "sim-p0"}); err != nil {
 			t.Fatal(err)
 		}
 		prefillFree(t)
-		before := simMetrics(t, d1.url)
-		c := complete(t, d1.url, map[string]any{"prompt": prompt, "max_tokens": 10, "kv_transfer_params": paramsWith(t, raw, nil)})
+		before := simMetrics(t, d1.httpURL)
+		c := complete(t, d1.httpURL, map[string]any{"prompt": prompt, "max_tokens": 10, "kv_transfer_params": paramsWith(t, raw, nil)})
 		if !slices.Equal(c.Choices[0].TokenIDs, ref.Choices[0].TokenIDs) || c.Choices[0].Text != ref.Choices[0].Text {
 			t.Fatalf("recomputed answer %q %v, want %q %v", c.Choices[0].Text, c.Choices[0].TokenIDs, ref.Choices[0].Text, ref.Choices[0].TokenIDs)
 		}
-		after := simMetrics(t, d1.url)
+		after := simMetrics(t, d1.httpURL)
 		if c.Connex.KVLoad != "recomputed" || c.Connex.Prefills != 1 ||
 			after[`connex_sim_prefills_total{kind="recompute_after_load_failure"}`]-before[`connex_sim_prefills_total{kind="recompute_after_load_failure"}`] != 1 ||
 			prefillsOf(after)-prefillsOf(before) != 1 {

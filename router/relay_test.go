@@ -28,6 +28,8 @@ type fakeEngine struct {
 	hang      bool
 	status    int // non-zero: answer every leg with this status
 	code      string
+	// served, if set, is closed when the engine gets its first leg.
+	served chan struct{}
 
 	mu     sync.Mutex
 	bodies []map[string]any
@@ -52,6 +54,9 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Lock()
 	f.bodies = append(f.bodies, body)
+	if f.served != nil && len(f.bodies) == 1 {
+		close(f.served)
+	}
 	f.mu.Unlock()
 	if f.status != 0 {
 		w.WriteHeader(f.status)
@@ -310,7 +315,7 @@ func TestChatStreamShape(t *testing.T) {
 // — is given up on, and the request resumes on an engine that is.
 func TestResumeWhenTheEngineLeavesMembership(t *testing.T) {
 	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
-	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", failAfter: 4, hang: true}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", failAfter: 4, hang: true, served: make(chan struct{})}).start()
 	d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
 	var mu sync.Mutex
 	advertised := []*fakeEngine{p, d1, d2}
@@ -336,18 +341,10 @@ func TestResumeWhenTheEngineLeavesMembership(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
 	go func() {
 		// Once d1 has been given the decode leg, it leaves the cluster.
-		for {
-			d1.mu.Lock()
-			n := len(d1.bodies)
-			d1.mu.Unlock()
-			if n > 0 {
-				mu.Lock()
-				advertised = []*fakeEngine{p, d2}
-				mu.Unlock()
-				return
-			}
-			time.Sleep(time.Millisecond)
-		}
+		<-d1.served
+		mu.Lock()
+		advertised = []*fakeEngine{p, d2}
+		mu.Unlock()
 	}()
 	texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
 	if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(10), "") {

@@ -40,6 +40,9 @@ else
   echo "== Python test environment: $PY_VENV is up to date"
 fi
 export CONNEX_PYTHON="$PWD/$PY_VENV/bin/python"
+echo "== ruff on the OpenAI client test"
+"$PY_VENV/bin/ruff" check e2e/openai
+"$PY_VENV/bin/ruff" format --check e2e/openai
 
 echo "== go.mod is tidy"
 go mod tidy -diff

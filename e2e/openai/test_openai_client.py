@@ -42,7 +42,7 @@ def test_completion(client):
     assert r.choices[0].text, r
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == MAX_TOKENS
-    assert r.usage.prompt_tokens == len("The quick brown fox".encode())
+    assert r.usage.prompt_tokens == len(b"The quick brown fox")
 
 
 def test_completion_stream_equals_non_stream(client):
