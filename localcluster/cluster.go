@@ -1,6 +1,7 @@
 package localcluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -351,7 +353,36 @@ func (c *Cluster) signal(target string, s syscall.Signal) error {
 			p.setStopped(s == syscall.SIGSTOP)
 		}
 	}
+	if s == syscall.SIGSTOP {
+		// The signal is delivered asynchronously: return only once the
+		// processes are stopped, so a caller's next step (a client leaving)
+		// cannot be seen by a process still running.
+		for _, p := range ps {
+			if err := waitStopped(p.pid(), 5*time.Second); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// waitStopped polls /proc until process pid is in the stopped state ("T"),
+// has exited, or timeout passes. Without /proc it returns at once.
+func waitStopped(pid int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return nil // gone, or no /proc
+		}
+		if f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:])); len(f) > 0 && (f[0] == "T" || f[0] == "t" || f[0] == "Z") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("localcluster: pid %d not stopped %s after SIGSTOP", pid, timeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // Term stops target gracefully (SIGTERM; SIGKILL after Options.StopTimeout),
