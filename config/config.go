@@ -54,6 +54,10 @@ type Config struct {
 	NATSListen string
 	// DataDir holds the embedded server's JetStream storage.
 	DataDir string
+	// ShmDir, if set, is where connexd allocates the memory of created
+	// regions (region.create): a tmpfs mounted with huge=always gives them
+	// 2 MiB pages. Empty: a memfd (and UCX's UCX_POSIX_DIR or /dev/shm).
+	ShmDir string
 	// Role is this member's role: prefill, decode, router or all.
 	Role string
 	// MemberID names this connexd on the subject API and in the cluster.
@@ -132,6 +136,7 @@ var defaults = []struct {
 	{"nats_url", "", "NATS server URL(s); empty starts an embedded server"},
 	{"nats_listen", "127.0.0.1:4222", "embedded NATS client address (port 0 = any free port)"},
 	{"data_dir", "connex-data", "directory for embedded NATS JetStream storage"},
+	{"shm_dir", "", "directory for created regions' memory (a huge=always tmpfs for 2 MiB pages); empty: memfd"},
 	{"role", "all", "member role: prefill, decode, router or all"},
 	{"member_id", "", "member id on the subject API (default: hostname-random)"},
 	{"data_listen", "127.0.0.1:0", "TCP data-plane listen address"},
@@ -337,6 +342,7 @@ func build(v *viper.Viper) (Config, error) {
 	c.NATSURL = strings.TrimSpace(v.GetString("nats_url"))
 	c.NATSListen = strings.TrimSpace(v.GetString("nats_listen"))
 	c.DataDir = v.GetString("data_dir")
+	c.ShmDir = strings.TrimSpace(v.GetString("shm_dir"))
 	c.DataListen = v.GetString("data_listen")
 	c.DataAdvertise = strings.TrimSpace(v.GetString("data_advertise"))
 	if c.JSReplicas, err = positive(v, "js_replicas", 5); err != nil {

@@ -89,6 +89,15 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 			d.Close()
 		}
 	}()
+	if cfg.ShmDir != "" {
+		pages, err := kvmem.ShmDirPages(cfg.ShmDir)
+		if err != nil {
+			return d, err
+		}
+		if pages != "2MiB" {
+			log.Warn("shm_dir gives created regions 4 KiB pages; mount a tmpfs with huge=always there for 2 MiB pages", "shm_dir", cfg.ShmDir)
+		}
+	}
 	d.Bus, err = bus.Open(bus.Options{URL: cfg.NATSURL, Listen: cfg.NATSListen, DataDir: cfg.DataDir, Name: cfg.MemberID, Logger: log})
 	if err != nil {
 		return d, err
@@ -97,6 +106,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		Options:     transport.Options{ListenAddr: cfg.DataListen, Logger: log},
 		Reads:       cfg.UCXReads,
 		SharedReads: cfg.UCXSharedReads,
+		ShmDir:      cfg.ShmDir,
 	})
 	if err != nil {
 		return d, err

@@ -112,6 +112,9 @@ func (d *Daemon) newRegion(name string, l kvmem.Layout) (*kvmem.Region, error) {
 		d.log.Warn("data plane cannot allocate shared memory; using a memfd, which peers read through the holder",
 			"backend", d.Backend.Name(), "err", err)
 	}
+	if d.cfg.ShmDir != "" {
+		return kvmem.CreateShmRegion(d.cfg.ShmDir, name, l)
+	}
 	return kvmem.CreateMemfdRegion(name, l)
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/localcluster"
 )
 
@@ -24,7 +25,8 @@ import (
 // request). Llama-3-8B-shaped KV (128 KiB per token), prefill 50 µs per
 // prompt token, decode 20 ms per token, fault at token 32; SIGKILL and
 // SIGSTOP of the decode engine separately. BENCH_TRIALS sets the trials per
-// row (default 10).
+// row (default 10); BENCH_SHM_DIR is every connexd's shm_dir (a huge=always
+// tmpfs: scripts/bench.sh mounts one when it runs as root).
 func BenchmarkResume(b *testing.B) {
 	trials := 10
 	if v, err := strconv.Atoi(os.Getenv("BENCH_TRIALS")); err == nil && v > 0 {
@@ -41,10 +43,22 @@ func BenchmarkResume(b *testing.B) {
 		o.DecodePerToken = 20 * time.Millisecond
 		o.MaxModelLen = 16384
 		o.LogLevel = "warn"
+		if d := os.Getenv("BENCH_SHM_DIR"); d != "" {
+			o.ConnexdArgs = append(o.ConnexdArgs, "--shm-dir", d)
+		}
 		if l := os.Getenv("BENCH_LOG_LEVEL"); l != "" {
 			o.LogLevel, o.Log = l, os.Stderr
 		}
 	})
+	shm := "memfd, 4 KiB pages"
+	if d := os.Getenv("BENCH_SHM_DIR"); d != "" {
+		pages, err := kvmem.ShmDirPages(d)
+		if err != nil {
+			b.Fatal(err)
+		}
+		shm = fmt.Sprintf("shm_dir %s, %s pages", d, pages)
+	}
+	fmt.Printf("regions: %s\n", shm)
 	nc := connect(b, c.NATSURL())
 	url := c.RouterURL() + "/v1/completions"
 	ctx := context.Background()
@@ -222,6 +236,14 @@ func BenchmarkResume(b *testing.B) {
 	fmt.Printf("\n%-16s %7s %9s %9s %9s %9s\n", "case", "trials", "gap p50", "gap p99", "gap max", "itl p50")
 	for _, r := range rows {
 		fmt.Printf("%-16s %7d %7.1fms %7.1fms %7.1fms %7.1fms\n", r.name, len(r.gaps), pct(r.gaps, 0.5), pct(r.gaps, 0.99), pct(r.gaps, 1), pct(r.itl, 0.5))
+	}
+	fmt.Println("\ngaps in trial order (ms):")
+	for _, r := range rows {
+		fmt.Printf("%-16s", r.name)
+		for _, g := range r.gaps {
+			fmt.Printf(" %.1f", float64(g.Microseconds())/1000)
+		}
+		fmt.Println()
 	}
 	fmt.Printf("RESUME kill_gap_p99_ms_1k=%.1f kill_gap_p99_ms_8k=%.1f hang_gap_p99_ms_1k=%.1f vs_reprefill_8k=%.3f\n",
 		pct(kill1k.gaps, 0.99), pct(kill8k.gaps, 0.99), pct(hang1k.gaps, 0.99), pct(kill8k.gaps, 0.5)/pct(re8k.gaps, 0.5))

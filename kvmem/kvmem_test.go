@@ -225,8 +225,60 @@ func TestMemfdRegionSharedThroughPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	testCreatedRegionShared(t, r, l, MemoryMemfd)
+}
+
+// A region in shm_dir behaves as a memfd one and leaves no file in the
+// directory, even while it is live.
+func TestShmRegionSharedThroughPath(t *testing.T) {
+	dir := t.TempDir()
+	l := Layout{Layers: 2, Planes: 2, Blocks: 8, BlockBytes: 4096, BlockSize: 16, TPSize: 1}
+	r, err := CreateShmRegion(dir, "test", l)
+	if err != nil {
+		t.Skipf("the file system of %s has no unnamed files (O_TMPFILE): %v", dir, err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("shm_dir holds %d files while the region is live, want none", len(ents))
+	}
+	testCreatedRegionShared(t, r, l, MemoryShm)
+	if _, err := CreateShmRegion(filepath.Join(dir, "missing"), "test", l); !errors.Is(err, ErrRegion) || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("region in a missing shm_dir: %v, want ErrRegion naming the directory", err)
+	}
+}
+
+// Which pages a shm_dir's file system gives.
+func TestShmDirPages(t *testing.T) {
+	for _, c := range []struct{ fstype, opts, want string }{
+		{"tmpfs", "rw,relatime,size=4194304k,huge=always", "2MiB"},
+		{"tmpfs", "rw,huge=within_size", "2MiB"},
+		{"tmpfs", "rw,huge=advise", "4KiB"},
+		{"tmpfs", "rw,relatime", "4KiB"},
+		{"hugetlbfs", "rw,pagesize=2M", "2MiB"},
+		{"ext4", "rw,huge=always", "4KiB"},
+	} {
+		if got := pagesOf(c.fstype, c.opts); got != c.want {
+			t.Errorf("pagesOf(%s, %s) = %s, want %s", c.fstype, c.opts, got, c.want)
+		}
+	}
+	if got, err := ShmDirPages(t.TempDir()); err != nil || (got != "4KiB" && got != "2MiB") {
+		t.Fatalf("ShmDirPages(temp dir) = %q, %v", got, err)
+	}
+	f := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(f, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ShmDirPages(f); !errors.Is(err, ErrRegion) || !strings.Contains(err.Error(), "not a directory") {
+		t.Fatalf("ShmDirPages(a file) = %v, want ErrRegion: not a directory", err)
+	}
+}
+
+// testCreatedRegionShared checks a region connexd created (r, of layout l
+// and memory kind memory): an engine maps it through its path, both
+// mappings see each other's writes, and the engine's outlives connexd's.
+func testCreatedRegionShared(t *testing.T, r *Region, l Layout, memory string) {
+	t.Helper()
 	defer r.Close()
-	if r.Memory != MemoryMemfd || !strings.HasPrefix(r.Path, "/proc/") {
+	if r.Memory != memory || !strings.HasPrefix(r.Path, "/proc/") {
 		t.Fatalf("memory %q path %q", r.Memory, r.Path)
 	}
 	eng, err := AttachRegion(r.Path, l)

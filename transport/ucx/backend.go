@@ -82,6 +82,16 @@ func OpenConfig(cfg Config) (*Backend, error) {
 	if cfg.SharedReads, err = cfg.sharedReads(); err != nil {
 		return nil, err
 	}
+	if cfg.ShmDir != "" {
+		if st, err := os.Stat(cfg.ShmDir); err != nil || !st.IsDir() {
+			return nil, fmt.Errorf("ucx: shm_dir %s is not a directory (%v)", cfg.ShmDir, err)
+		}
+		// UCX reads its posix transport's configuration from the
+		// environment when the context is created, below.
+		if err := os.Setenv("UCX_POSIX_DIR", cfg.ShmDir); err != nil {
+			return nil, fmt.Errorf("ucx: shm_dir: %w", err)
+		}
+	}
 	tls := cfg.TLS
 	if tls == "" {
 		tls = os.Getenv("UCX_TLS")

@@ -29,6 +29,11 @@ type Config struct {
 	// mapped here: SharedReadsMap (the default, also for "") or
 	// SharedReadsGet.
 	SharedReads string
+	// ShmDir, if set, is the directory Allocate's shared memory goes to
+	// (UCX's posix transport files: OpenConfig sets UCX_POSIX_DIR, for the
+	// whole process, to it). A tmpfs mounted with huge=always there gives
+	// the regions 2 MiB pages. Empty keeps UCX_POSIX_DIR, or /dev/shm.
+	ShmDir string
 }
 
 // Shared-key read methods (Config.SharedReads).
