@@ -68,6 +68,8 @@ func (a *holdActor) Receive(ctx actor.Context) {
 		a.create(ctx, m)
 	case *RenewHold:
 		a.step(ctx, lease.Renew{Now: a.deps.Now(), By: m.By}, func() Reply { return Reply{Status: a.status()} })
+	case *RebindHold:
+		a.step(ctx, lease.Rebind{Now: a.deps.Now(), Consumer: m.Consumer, Epoch: m.Epoch}, func() Reply { return Reply{Status: a.status()} })
 	case *StartRead:
 		a.startRead(ctx, m)
 	case *EndRead:

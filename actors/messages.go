@@ -22,6 +22,13 @@ type CreateHold struct {
 	Lease         lease.Config
 }
 
+// RebindHold moves a consumer-bound hold to the engine that runs its
+// request at Epoch (lease.Rebind). Reply: Status or Err.
+type RebindHold struct {
+	Consumer string
+	Epoch    uint64
+}
+
 // RenewHold extends the lease. Reply: Status or Err.
 type RenewHold struct{ By string }
 

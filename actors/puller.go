@@ -175,7 +175,7 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	dch := make(chan descResult, 1)
 	go func() {
 		d, err := peer.Descriptors(dctx, &messages.DescriptorsRequest{
-			TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID,
+			TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID, RequestId: prm.ConnexRequestId,
 			Layout: LayoutToProto(a.p.Dst.Region.Layout), TimeoutMs: uint32(a.p.Timeout / time.Millisecond),
 		})
 		dch <- descResult{d, err}

@@ -27,6 +27,9 @@ type RequestDeps struct {
 	Table   *RequestTable
 	// StoreTimeout bounds one durable write.
 	StoreTimeout time.Duration
+	// LoadFailurePolicy is the member's kv_load_failure_policy, told to an
+	// engine whose request lost its hold (HoldLostNotice).
+	LoadFailurePolicy string
 }
 
 // RequestTable maps request ids to the live request actors of this member.
@@ -115,9 +118,11 @@ type RequestProgress struct {
 type FinishRequest struct{ Epoch uint64 }
 
 // EngineLost tells every request actor that a local engine went away
-// (engine.gone, or its registration lapsed). A router-driven request of
-// that engine that no other activation took over ends: nobody can continue
-// it here, and if the router resumes it elsewhere the takeover comes first.
+// (engine.gone, or its registration lapsed). A request of that engine that
+// no other activation took over ends: nobody can continue it here (the
+// coordinator resumes requests of dead members, not of dead engines on a
+// live member), and if the router resumes it elsewhere the takeover comes
+// first.
 // Its hold is released and its state deleted. Instance, if set, limits it
 // to requests started by that instance of the engine (a restarted engine's
 // new requests carry on). No reply.
@@ -140,6 +145,9 @@ type requestActor struct {
 	st       *messages.RequestState
 	rev      uint64
 	timer    *time.Timer
+	// holdLost is set once the holder answered that the hold is gone: the
+	// engine was told, and nothing renews or releases it any more.
+	holdLost bool
 	self     *actor.PID
 	system   *actor.ActorSystem
 }
@@ -382,8 +390,7 @@ func (a *requestActor) finish(ctx actor.Context, m *FinishRequest) {
 }
 
 func (a *requestActor) engineLost(ctx actor.Context, m *EngineLost) {
-	if a.st == nil || a.st.EngineId != m.Engine || a.st.ResumeAuthority != requests.AuthorityRouter ||
-		(m.Instance != "" && m.Instance != a.instance) {
+	if a.st == nil || a.st.EngineId != m.Engine || (m.Instance != "" && m.Instance != a.instance) {
 		return
 	}
 	c, cancel := a.ctx()
@@ -404,17 +411,38 @@ func (a *requestActor) holder() *api.Client {
 }
 
 func (a *requestActor) renewHold() {
+	if a.holdLost {
+		return
+	}
 	c, cancel := a.ctx()
 	defer cancel()
-	if _, err := a.holder().Renew(c, &messages.HoldRef{TransferId: a.st.Params.GetTransferId(), Requester: a.st.EngineId}); err != nil {
+	_, err := a.holder().Renew(c, &messages.HoldRef{TransferId: a.st.Params.GetTransferId(), Requester: a.st.EngineId, RequestId: a.st.RequestId})
+	if err == nil {
+		return
+	}
+	switch code := api.CodeOf(err); code {
+	case api.CodeUnknownTransfer, api.CodeExpired, api.CodeReleased, api.CodeEngineGone:
+		// For good: tell the engine once, and stop renewing.
+		a.holdLost = true
+		a.deps.Log.Warn("the request's hold is gone; a resume cannot pull it", "request", a.st.RequestId, "transfer", a.st.Params.GetTransferId(),
+			"holder", a.st.Params.GetRemoteCtrl().GetMember(), "code", code.Name(), "policy", a.deps.LoadFailurePolicy)
+		a.deps.Publish(api.HoldLostSubject(a.st.EngineId), &messages.HoldLostNotice{
+			RequestId: a.st.RequestId, Epoch: a.st.Epoch, TransferId: a.st.Params.GetTransferId(), Holder: a.st.Params.GetRemoteCtrl().GetMember(),
+			ErrorCode: uint32(code), Reason: code.Name(), KvLoadFailurePolicy: a.deps.LoadFailurePolicy,
+		})
+	default:
+		// The holder is unreachable or slow: try again next period.
 		a.deps.Log.Warn("keep-alive of the request's hold failed", "request", a.st.RequestId, "transfer", a.st.Params.GetTransferId(), "err", err)
 	}
 }
 
 func (a *requestActor) releaseHold() {
+	if a.holdLost {
+		return
+	}
 	c, cancel := a.ctx()
 	defer cancel()
-	if _, err := a.holder().Release(c, &messages.HoldRef{TransferId: a.st.Params.GetTransferId(), Requester: a.st.EngineId}); err != nil {
+	if _, err := a.holder().Release(c, &messages.HoldRef{TransferId: a.st.Params.GetTransferId(), Requester: a.st.EngineId, RequestId: a.st.RequestId}); err != nil {
 		a.deps.Log.Warn("release of the request's hold failed; it will expire", "request", a.st.RequestId, "err", err)
 	}
 }

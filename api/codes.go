@@ -88,7 +88,7 @@ func CodeOf(err error) Code {
 		return CodeExpired
 	case errors.Is(err, lease.ErrReleased):
 		return CodeReleased
-	case errors.Is(err, lease.ErrNotYours):
+	case errors.Is(err, lease.ErrNotYours), errors.Is(err, lease.ErrStaleBinding):
 		return CodeNotYours
 	case errors.Is(err, lease.ErrEngineGone):
 		return CodeEngineGone

@@ -35,6 +35,9 @@ const (
 // ResumeSubject carries ResumeNotice for an engine.
 func ResumeSubject(engine string) string { return Prefix + ".engine." + engine + ".request.resume" }
 
+// HoldLostSubject carries HoldLostNotice for an engine.
+func HoldLostSubject(engine string) string { return Prefix + ".engine." + engine + ".hold.lost" }
+
 // FencedSubject carries FencedNotice for an engine.
 func FencedSubject(engine string) string { return Prefix + ".engine." + engine + ".request.fenced" }
 

@@ -154,7 +154,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	}
 	d.rdeps = &actors.RequestDeps{
 		Store: d.reqStore, NC: d.Bus.Conn, Self: cfg.MemberID, Now: d.now, Log: log, Table: d.reqTable,
-		Publish: d.publish, StoreTimeout: 5 * time.Second,
+		Publish: d.publish, StoreTimeout: 5 * time.Second, LoadFailurePolicy: cfg.KVLoadFailurePolicy,
 	}
 	if cfg.MetricsListen != "" {
 		d.prom = newPromMetrics(d)

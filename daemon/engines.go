@@ -59,14 +59,13 @@ func (d *Daemon) engineInstance(id string) string {
 	return d.engines.reg.Instance(id)
 }
 
-// engineLostGrace is how long after an engine left its router-driven
-// requests wait for a takeover before they end: an engine that shuts down
+// engineLostGrace is how long after an engine left its requests wait for a takeover before they end: an engine that shuts down
 // hands its streams back to the router (an error event) and says
 // engine.gone at once, and the router's resume must win that race.
 const engineLostGrace = 2 * time.Second
 
-// engineLost ends, after engineLostGrace, the router-driven requests a
-// departed engine ran here that no other engine took over (see
+// engineLost ends, after engineLostGrace, the requests a departed engine
+// ran here that no other engine took over (see
 // actors.EngineLost): otherwise their actors would renew the prefill hold
 // for nobody.
 func (d *Daemon) engineLost(ended engines.Ended) {

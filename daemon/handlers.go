@@ -246,6 +246,30 @@ func (d *Daemon) askHold(id string, msg any) (actors.Reply, error) {
 	return actors.Reply{}, api.Errorf(api.CodeUnknownTransfer, "transfer %s ended", id)
 }
 
+// askBound is askHold for an operation of requester on behalf of request
+// requestID. A hold bound to another consumer refuses it (not_yours);
+// then, if the request's durable state names requester as its engine and
+// this hold as its transfer (a resume moved the request, fenced by the
+// store's compare-and-set), the hold is rebound to requester at the
+// request's epoch and asked again. The caller's claim alone moves nothing.
+func (d *Daemon) askBound(id, requester, requestID string, msg any) (actors.Reply, error) {
+	rep, err := d.askHold(id, msg)
+	if requestID == "" || d.reqStore == nil || !errors.Is(err, lease.ErrNotYours) {
+		return rep, err
+	}
+	c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, _, gerr := d.reqStore.Get(c, requestID)
+	if gerr != nil || st.GetParams().GetTransferId() != id || st.GetEngineId() != requester {
+		return rep, err
+	}
+	if _, rerr := d.askHold(id, &actors.RebindHold{Consumer: requester, Epoch: st.GetEpoch()}); rerr != nil {
+		return rep, rerr
+	}
+	d.log.Info("hold rebound to the request's new engine", "transfer", id, "request", requestID, "consumer", requester, "epoch", st.GetEpoch())
+	return d.askHold(id, msg)
+}
+
 func endedError(id string, st lease.State) error {
 	switch st {
 	case lease.Expired:
@@ -258,13 +282,13 @@ func endedError(id string, st lease.State) error {
 
 // Renew extends a hold's lease.
 func (d *Daemon) Renew(_ context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
-	rep, err := d.askHold(r.TransferId, &actors.RenewHold{By: r.Requester})
+	rep, err := d.askBound(r.TransferId, r.Requester, r.RequestId, &actors.RenewHold{By: r.Requester})
 	return rep.Status, err
 }
 
 // Release ends a hold.
 func (d *Daemon) Release(_ context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
-	rep, err := d.askHold(r.TransferId, &actors.ReleaseHold{By: r.Requester})
+	rep, err := d.askBound(r.TransferId, r.Requester, r.RequestId, &actors.ReleaseHold{By: r.Requester})
 	return rep.Status, err
 }
 
@@ -292,7 +316,7 @@ func (d *Daemon) Descriptors(_ context.Context, r *messages.DescriptorsRequest) 
 	if err != nil {
 		return nil, err
 	}
-	rep, err := d.askHold(r.TransferId, &actors.StartRead{By: r.Requester, PullID: r.PullId, Timeout: timeout, Layout: l})
+	rep, err := d.askBound(r.TransferId, r.Requester, r.RequestId, &actors.StartRead{By: r.Requester, PullID: r.PullId, Timeout: timeout, Layout: l})
 	return rep.Desc, err
 }
 

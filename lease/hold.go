@@ -9,13 +9,16 @@ import (
 
 // Errors returned by Step. Callers map them to the API's stable codes.
 var (
-	ErrExpired     = errors.New("lease: transfer expired")
-	ErrReleased    = errors.New("lease: transfer released")
-	ErrEngineGone  = errors.New("lease: engine gone")
-	ErrNotYours    = errors.New("lease: not allowed for this requester")
-	ErrUnknownPull = errors.New("lease: unknown pull")
-	ErrDuplicate   = errors.New("lease: pull id already in use")
-	ErrBadConfig   = errors.New("lease: bad configuration")
+	ErrExpired    = errors.New("lease: transfer expired")
+	ErrReleased   = errors.New("lease: transfer released")
+	ErrEngineGone = errors.New("lease: engine gone")
+	ErrNotYours   = errors.New("lease: not allowed for this requester")
+	// ErrStaleBinding refuses a Rebind whose epoch is not newer than the
+	// binding's.
+	ErrStaleBinding = errors.New("lease: stale consumer binding")
+	ErrUnknownPull  = errors.New("lease: unknown pull")
+	ErrDuplicate    = errors.New("lease: pull id already in use")
+	ErrBadConfig    = errors.New("lease: bad configuration")
 )
 
 // Mode says when a hold gives its blocks back.
@@ -86,6 +89,9 @@ type Hold struct {
 	pulls     map[string]time.Time // running pull id -> its deadline
 	pullsDone int
 	freed     bool
+	// bindEpoch is the request epoch of the last Rebind (0: the binding
+	// of Config.Consumer at creation).
+	bindEpoch uint64
 	// releasedByPull is set when an after_pull hold's first successful pull
 	// ended while other pulls still ran: it ends as Pulled, not Released.
 	releasedByPull bool
@@ -153,6 +159,18 @@ type Release struct {
 	By  string
 }
 
+// Rebind moves a consumer-bound hold to another consumer: the engine that
+// runs the hold's request at Epoch, after a resume moved it there. The
+// caller has checked that (the request's durable state names Consumer at
+// Epoch, fenced by compare-and-set); the hold only orders bindings: an
+// epoch not newer than the current binding's is ErrStaleBinding. A hold
+// created without a consumer accepts every requester and ignores Rebind.
+type Rebind struct {
+	Now      time.Time
+	Consumer string
+	Epoch    uint64
+}
+
 // Tick tells the hold the time; it expires the lease and abandons pulls
 // whose deadline passed.
 type Tick struct{ Now time.Time }
@@ -164,6 +182,7 @@ func (Renew) event()           {}
 func (PullStart) event()       {}
 func (PullEnd) event()         {}
 func (Release) event()         {}
+func (Rebind) event()          {}
 func (Tick) event()            {}
 func (EngineGoneEvent) event() {}
 
@@ -183,6 +202,18 @@ func (h *Hold) Step(ev Event) ([]Effect, error) {
 		}
 		h.pulls = map[string]time.Time{}
 		return h.finish(EngineGone, fx), nil
+	case Rebind:
+		if err := h.live(h.cfg.Consumer, false); err != nil {
+			return fx, err
+		}
+		if h.cfg.Consumer == "" || e.Consumer == h.cfg.Consumer {
+			return fx, nil
+		}
+		if e.Epoch <= h.bindEpoch {
+			return fx, fmt.Errorf("%w: epoch %d, bound at %d", ErrStaleBinding, e.Epoch, h.bindEpoch)
+		}
+		h.cfg.Consumer, h.bindEpoch = e.Consumer, e.Epoch
+		return fx, nil
 	case Renew:
 		if err := h.live(e.By, false); err != nil {
 			return fx, err
@@ -323,6 +354,8 @@ func eventTime(ev Event) time.Time {
 	case Release:
 		return e.Now
 	case Tick:
+		return e.Now
+	case Rebind:
 		return e.Now
 	case EngineGoneEvent:
 		return e.Now

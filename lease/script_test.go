@@ -23,6 +23,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite expected output in testdata/*
 //	pull-end id=a ok=true|false
 //	release [by=d]
 //	engine-gone
+//	rebind consumer=d2 epoch=1
 //
 // Run with -rewrite to regenerate the expected outputs after a deliberate change.
 func TestScripts(t *testing.T) {
@@ -139,6 +140,12 @@ func runCommand(t *testing.T, line string, h **Hold, now *time.Time, t0 time.Tim
 		fx, err = (*h).Step(Release{Now: *now, By: args["by"]})
 	case "engine-gone":
 		fx, err = (*h).Step(EngineGoneEvent{Now: *now})
+	case "rebind":
+		var epoch uint64
+		if _, err := fmt.Sscan(args["epoch"], &epoch); err != nil {
+			t.Fatalf("%q: epoch: %v", line, err)
+		}
+		fx, err = (*h).Step(Rebind{Now: *now, Consumer: args["consumer"], Epoch: epoch})
 	default:
 		t.Fatalf("unknown command %q", line)
 	}

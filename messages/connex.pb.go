@@ -835,9 +835,14 @@ func (x *CreateHoldReply) GetExpiresUnixMs() int64 {
 
 // HoldRef names a hold and who asks (an engine id), for renew, release and inspect.
 type HoldRef struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TransferId    string                 `protobuf:"bytes,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
-	Requester     string                 `protobuf:"bytes,2,opt,name=requester,proto3" json:"requester,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TransferId string                 `protobuf:"bytes,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	Requester  string                 `protobuf:"bytes,2,opt,name=requester,proto3" json:"requester,omitempty"`
+	// The request (connex_request_id) on whose behalf the requester asks. A
+	// hold bound to a consumer accepts another requester when the request's
+	// durable state names it as the request's engine and this hold as its
+	// transfer (a resume moved the request there, at a newer epoch).
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -882,6 +887,13 @@ func (x *HoldRef) GetTransferId() string {
 func (x *HoldRef) GetRequester() string {
 	if x != nil {
 		return x.Requester
+	}
+	return ""
+}
+
+func (x *HoldRef) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
 	}
 	return ""
 }
@@ -1414,7 +1426,9 @@ type DescriptorsRequest struct {
 	// The puller's layout, checked for compatibility.
 	Layout *Layout `protobuf:"bytes,4,opt,name=layout,proto3" json:"layout,omitempty"`
 	// How long the puller may read before the holder stops waiting for it.
-	TimeoutMs     uint32 `protobuf:"varint,5,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	TimeoutMs uint32 `protobuf:"varint,5,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// See HoldRef.request_id.
+	RequestId     string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1482,6 +1496,13 @@ func (x *DescriptorsRequest) GetTimeoutMs() uint32 {
 		return x.TimeoutMs
 	}
 	return 0
+}
+
+func (x *DescriptorsRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 // Descriptors tell a puller where the hold's bytes are. Segments are ordered
@@ -2054,11 +2075,13 @@ const file_connex_proto_rawDesc = "" +
 	"\bconsumer\x18\a \x01(\tR\bconsumer\"n\n" +
 	"\x0fCreateHoldReply\x123\n" +
 	"\x06params\x18\x01 \x01(\v2\x1b.connex.v1.KVTransferParamsR\x06params\x12&\n" +
-	"\x0fexpires_unix_ms\x18\x02 \x01(\x03R\rexpiresUnixMs\"H\n" +
+	"\x0fexpires_unix_ms\x18\x02 \x01(\x03R\rexpiresUnixMs\"g\n" +
 	"\aHoldRef\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x12\x1c\n" +
-	"\trequester\x18\x02 \x01(\tR\trequester\"\xb4\x02\n" +
+	"\trequester\x18\x02 \x01(\tR\trequester\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"\xb4\x02\n" +
 	"\n" +
 	"HoldStatus\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
@@ -2110,7 +2133,7 @@ const file_connex_proto_rawDesc = "" +
 	"\vremote_addr\x18\x01 \x01(\x04R\n" +
 	"remoteAddr\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x12\n" +
-	"\x04rkey\x18\x03 \x01(\rR\x04rkey\"\xb6\x01\n" +
+	"\x04rkey\x18\x03 \x01(\rR\x04rkey\"\xd5\x01\n" +
 	"\x12DescriptorsRequest\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x12\x1c\n" +
@@ -2118,7 +2141,9 @@ const file_connex_proto_rawDesc = "" +
 	"\apull_id\x18\x03 \x01(\tR\x06pullId\x12)\n" +
 	"\x06layout\x18\x04 \x01(\v2\x11.connex.v1.LayoutR\x06layout\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMs\"\x8e\x03\n" +
+	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMs\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\"\x8e\x03\n" +
 	"\vDescriptors\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x126\n" +

@@ -620,6 +620,111 @@ func (x *FencedNotice) GetNewOwner() string {
 	return ""
 }
 
+// HoldLostNotice tells a decode engine that the hold its request depends on
+// is gone (the holding connexd restarted, the lease expired, the hold was
+// released or its prefill engine went away): the request can still finish
+// with the KV the engine has, but a resume can no longer pull it. Its
+// connexd stops renewing the hold. Sent once per request activation on
+// connex.v1.engine.<engine_id>.hold.lost.
+type HoldLostNotice struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	RequestId  string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Epoch      uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	TransferId string                 `protobuf:"bytes,3,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	// Member that held (or was supposed to hold) the blocks.
+	Holder string `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
+	// Stable error code and name of the holder's answer (404
+	// unknown_transfer after a restart, 410 expired, 409 released, 426
+	// engine_gone).
+	ErrorCode uint32 `protobuf:"varint,5,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	Reason    string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	// What a resume does now: "fail" (the request ends with a clear error)
+	// or "recompute" (the new engine recomputes the prompt's KV): the decode
+	// member's kv_load_failure_policy.
+	KvLoadFailurePolicy string `protobuf:"bytes,7,opt,name=kv_load_failure_policy,json=kvLoadFailurePolicy,proto3" json:"kv_load_failure_policy,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *HoldLostNotice) Reset() {
+	*x = HoldLostNotice{}
+	mi := &file_request_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldLostNotice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldLostNotice) ProtoMessage() {}
+
+func (x *HoldLostNotice) ProtoReflect() protoreflect.Message {
+	mi := &file_request_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldLostNotice.ProtoReflect.Descriptor instead.
+func (*HoldLostNotice) Descriptor() ([]byte, []int) {
+	return file_request_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *HoldLostNotice) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *HoldLostNotice) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *HoldLostNotice) GetTransferId() string {
+	if x != nil {
+		return x.TransferId
+	}
+	return ""
+}
+
+func (x *HoldLostNotice) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *HoldLostNotice) GetErrorCode() uint32 {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return 0
+}
+
+func (x *HoldLostNotice) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *HoldLostNotice) GetKvLoadFailurePolicy() string {
+	if x != nil {
+		return x.KvLoadFailurePolicy
+	}
+	return ""
+}
+
 var File_request_proto protoreflect.FileDescriptor
 
 const file_request_proto_rawDesc = "" +
@@ -674,7 +779,18 @@ const file_request_proto_rawDesc = "" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1f\n" +
 	"\vstale_epoch\x18\x02 \x01(\x04R\n" +
 	"staleEpoch\x12\x1b\n" +
-	"\tnew_owner\x18\x03 \x01(\tR\bnewOwnerB,Z*github.com/connex/connex/messages;messagesb\x06proto3"
+	"\tnew_owner\x18\x03 \x01(\tR\bnewOwner\"\xea\x01\n" +
+	"\x0eHoldLostNotice\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1f\n" +
+	"\vtransfer_id\x18\x03 \x01(\tR\n" +
+	"transferId\x12\x16\n" +
+	"\x06holder\x18\x04 \x01(\tR\x06holder\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x05 \x01(\rR\terrorCode\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x123\n" +
+	"\x16kv_load_failure_policy\x18\a \x01(\tR\x13kvLoadFailurePolicyB,Z*github.com/connex/connex/messages;messagesb\x06proto3"
 
 var (
 	file_request_proto_rawDescOnce sync.Once
@@ -688,7 +804,7 @@ func file_request_proto_rawDescGZIP() []byte {
 	return file_request_proto_rawDescData
 }
 
-var file_request_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_request_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_request_proto_goTypes = []any{
 	(*RequestState)(nil),     // 0: connex.v1.RequestState
 	(*StartRequestMsg)(nil),  // 1: connex.v1.StartRequestMsg
@@ -699,18 +815,19 @@ var file_request_proto_goTypes = []any{
 	(*AdoptRequestMsg)(nil),  // 6: connex.v1.AdoptRequestMsg
 	(*ResumeNotice)(nil),     // 7: connex.v1.ResumeNotice
 	(*FencedNotice)(nil),     // 8: connex.v1.FencedNotice
-	(*KVTransferParams)(nil), // 9: connex.v1.KVTransferParams
+	(*HoldLostNotice)(nil),   // 9: connex.v1.HoldLostNotice
+	(*KVTransferParams)(nil), // 10: connex.v1.KVTransferParams
 }
 var file_request_proto_depIdxs = []int32{
-	9, // 0: connex.v1.RequestState.params:type_name -> connex.v1.KVTransferParams
-	9, // 1: connex.v1.StartRequestMsg.params:type_name -> connex.v1.KVTransferParams
-	0, // 2: connex.v1.RequestStatus.state:type_name -> connex.v1.RequestState
-	0, // 3: connex.v1.ResumeNotice.state:type_name -> connex.v1.RequestState
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	10, // 0: connex.v1.RequestState.params:type_name -> connex.v1.KVTransferParams
+	10, // 1: connex.v1.StartRequestMsg.params:type_name -> connex.v1.KVTransferParams
+	0,  // 2: connex.v1.RequestStatus.state:type_name -> connex.v1.RequestState
+	0,  // 3: connex.v1.ResumeNotice.state:type_name -> connex.v1.RequestState
+	4,  // [4:4] is the sub-list for method output_type
+	4,  // [4:4] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_request_proto_init() }
@@ -725,7 +842,7 @@ func file_request_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_request_proto_rawDesc), len(file_request_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
