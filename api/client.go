@@ -86,6 +86,19 @@ func (c *Client) RegisterEngine(ctx context.Context, r *messages.RegisterEngineR
 	return out, c.Call(ctx, EpEngineRegister, r, out)
 }
 
+// EngineNotices replays an engine's notices after a sequence number.
+func (c *Client) EngineNotices(ctx context.Context, r *messages.NoticesRequest) (*messages.NoticesReply, error) {
+	out := new(messages.NoticesReply)
+	return out, c.Call(ctx, EpEngineNotices, r, out)
+}
+
+// EngineState returns what the member keeps for an engine: holds, pulls
+// in flight, requests and the notice journal's position.
+func (c *Client) EngineState(ctx context.Context, r *messages.EngineStateRequest) (*messages.EngineState, error) {
+	out := new(messages.EngineState)
+	return out, c.Call(ctx, EpEngineState, r, out)
+}
+
 // CreateHold holds blocks after prefill and returns the kv_transfer_params.
 func (c *Client) CreateHold(ctx context.Context, r *messages.CreateHoldRequest) (*messages.CreateHoldReply, error) {
 	out := new(messages.CreateHoldReply)

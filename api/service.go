@@ -22,6 +22,8 @@ type Handler interface {
 	InspectRegion(context.Context, *messages.RegionRef) (*messages.RegionInfo, error)
 	EngineGone(context.Context, *messages.EngineGoneRequest) (*messages.EngineGoneReply, error)
 	RegisterEngine(context.Context, *messages.RegisterEngineRequest) (*messages.RegisterEngineReply, error)
+	EngineNotices(context.Context, *messages.NoticesRequest) (*messages.NoticesReply, error)
+	EngineState(context.Context, *messages.EngineStateRequest) (*messages.EngineState, error)
 	CreateHold(context.Context, *messages.CreateHoldRequest) (*messages.CreateHoldReply, error)
 	Renew(context.Context, *messages.HoldRef) (*messages.HoldStatus, error)
 	Release(context.Context, *messages.HoldRef) (*messages.HoldStatus, error)
@@ -89,6 +91,8 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 		{EpRegionInspect, endpoint(s, h.InspectRegion)},
 		{EpEngineGone, endpoint(s, h.EngineGone)},
 		{EpEngineRegister, endpoint(s, h.RegisterEngine)},
+		{EpEngineNotices, endpoint(s, h.EngineNotices)},
+		{EpEngineState, endpoint(s, h.EngineState)},
 		{EpHoldCreate, endpoint(s, h.CreateHold)},
 		{EpHoldRenew, endpoint(s, h.Renew)},
 		{EpHoldRelease, endpoint(s, h.Release)},

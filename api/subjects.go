@@ -18,6 +18,8 @@ const (
 	EpRegionInspect   = "region.inspect"   // RegionRef -> RegionInfo
 	EpEngineGone      = "engine.gone"      // EngineGoneRequest -> EngineGoneReply
 	EpEngineRegister  = "engine.register"  // RegisterEngineRequest -> RegisterEngineReply
+	EpEngineNotices   = "engine.notices"   // NoticesRequest -> NoticesReply (replay of missed notices)
+	EpEngineState     = "engine.state"     // EngineStateRequest -> EngineState
 	EpHoldCreate      = "hold.create"      // CreateHoldRequest -> CreateHoldReply
 	EpHoldRenew       = "hold.renew"       // HoldRef -> HoldStatus
 	EpHoldRelease     = "hold.release"     // HoldRef -> HoldStatus
@@ -40,6 +42,41 @@ func HoldLostSubject(engine string) string { return Prefix + ".engine." + engine
 
 // FencedSubject carries FencedNotice for an engine.
 func FencedSubject(engine string) string { return Prefix + ".engine." + engine + ".request.fenced" }
+
+// EngineNotices is the wildcard subject of every notice to engine.
+func EngineNotices(engine string) string { return Prefix + ".engine." + engine + ".>" }
+
+// Notice kinds: the tokens after connex.v1.engine.<engine>. of each notice
+// subject (Notice.kind).
+const (
+	KindPullDone = "pull.done"
+	KindFreed    = "blocks.freed"
+	KindResume   = "request.resume"
+	KindFenced   = "request.fenced"
+	KindHoldLost = "hold.lost"
+)
+
+// NoticeOf splits a notice subject into its engine and kind; ok is false
+// for any other subject.
+func NoticeOf(subject string) (engine, kind string, ok bool) {
+	rest, found := strings.CutPrefix(subject, Prefix+".engine.")
+	if !found {
+		return "", "", false
+	}
+	engine, kind, found = strings.Cut(rest, ".")
+	switch kind {
+	case KindPullDone, KindFreed, KindResume, KindFenced, KindHoldLost:
+		return engine, kind, found && engine != ""
+	}
+	return "", "", false
+}
+
+// Notice headers: the sequence number of a live notice in its engine's
+// journal, and the journal (see engine.notices).
+const (
+	HeaderNoticeSeq     = "Connex-Notice-Seq"
+	HeaderNoticeJournal = "Connex-Notice-Journal"
+)
 
 // Subject is the full subject of endpoint ep on member.
 func Subject(member, ep string) string { return Prefix + "." + member + "." + ep }

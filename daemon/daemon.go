@@ -20,13 +20,12 @@ import (
 	"github.com/connex/connex/engines"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/notices"
 	"github.com/connex/connex/requests"
 	"github.com/connex/connex/router"
 	"github.com/connex/connex/transport"
 	"github.com/connex/connex/transport/ucx"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
-	"google.golang.org/protobuf/proto"
 )
 
 // Version is reported by the micro service.
@@ -53,13 +52,18 @@ type Daemon struct {
 	rdeps    *actors.RequestDeps
 	members  Members
 	// Engines registered with this member (engine.register).
-	engMu   sync.Mutex
-	engines engineTable
-	cluster *clusterMembers
-	now     func() time.Time
-	stop    chan struct{}
-	wg      sync.WaitGroup
-	closed  sync.Once
+	// journal numbers and keeps the notices to each engine (engine.notices);
+	// journalID is fresh per start. inflight lists running pulls.
+	journal   *notices.Journal
+	journalID string
+	inflight  *pullTable
+	engMu     sync.Mutex
+	engines   engineTable
+	cluster   *clusterMembers
+	now       func() time.Time
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	closed    sync.Once
 	// bg tracks pullers' reads and background PullEnds; Close waits for
 	// them (cancelled reads end within a grain or the cancel grace, each
 	// PullEnd within pull_stall_ms) before the data plane and NATS close.
@@ -112,6 +116,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		return d, err
 	}
 	d.regions = kvmem.NewRegionTable()
+	d.journal, d.journalID, d.inflight = notices.NewJournal(noticeJournalLimit, cfg.Tombstone), actors.NewTransferID()[:16], newPullTable()
 	d.dir = actors.NewDirectory(cfg.Tombstone, d.now)
 	d.libLog = slog.New(libHandler{Handler: log.Handler(), stopping: &d.stopping})
 	d.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
@@ -135,6 +140,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		Backend: d.Backend, NC: d.Bus.Conn, Now: d.now, Log: log, Metrics: d.Metrics,
 		LoadFailurePolicy: cfg.KVLoadFailurePolicy,
 		Notify: func(m *messages.PullDone) {
+			d.inflight.done(m.PullId)
 			if d.prom != nil {
 				d.prom.pullDone(m)
 			}
@@ -223,20 +229,6 @@ func (d *Daemon) sweep() {
 		case <-t.C:
 			d.dir.Sweep()
 		}
-	}
-}
-
-func (d *Daemon) publish(subject string, m proto.Message) {
-	data, err := proto.Marshal(m)
-	if err != nil {
-		d.log.Error("encode notice", "subject", subject, "err", err)
-		return
-	}
-	msg := nats.NewMsg(subject)
-	msg.Data = data
-	msg.Header.Set(api.HeaderContentType, api.ContentProtobuf)
-	if err := d.Bus.Conn.PublishMsg(msg); err != nil {
-		d.log.Warn("publish notice", "subject", subject, "err", err)
 	}
 }
 

@@ -38,7 +38,10 @@ func (d *Daemon) RegisterEngine(_ context.Context, r *messages.RegisterEngineReq
 		return nil, api.Errorf(api.CodeBadRequest, "%v", err)
 	}
 	d.advertiseEngines()
-	return &messages.RegisterEngineReply{TtlMs: uint32(ttl.Milliseconds()), RenewMs: uint32((ttl / 3).Milliseconds())}, nil
+	return &messages.RegisterEngineReply{
+		TtlMs: uint32(ttl.Milliseconds()), RenewMs: uint32((ttl / 3).Milliseconds()),
+		NoticeSeq: d.journal.Last(r.GetEngine().GetEngineId()), NoticeJournal: d.journalID,
+	}, nil
 }
 
 // dropEngine forgets an engine's registration (engine.gone).
@@ -46,6 +49,7 @@ func (d *Daemon) dropEngine(id string) {
 	d.engMu.Lock()
 	ended, removed := d.engines.reg.Remove(id)
 	d.engMu.Unlock()
+	d.journal.Forget(id) // it said goodbye: nobody will replay its notices
 	if removed {
 		d.advertiseEngines()
 	}

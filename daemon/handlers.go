@@ -375,6 +375,7 @@ func (d *Daemon) StartPull(_ context.Context, r *messages.StartPullRequest) (*me
 		return fail(err)
 	}
 	props := actors.PullerProps(d.pdeps, &actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Timeout: timeout, Stall: min(d.cfg.PullStall, timeout), ReleaseRegion: release})
+	d.inflight.start(r.EngineId, pullID, p.TransferId, d.now())
 	d.system.Root.Spawn(props)
 	return &messages.StartPullReply{PullId: pullID}, nil
 }

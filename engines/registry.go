@@ -119,6 +119,10 @@ func (r *Registry) Register(e *messages.EngineInfo, ttl time.Duration, now time.
 // Instance is the instance id of engine id's live registration ("" if none).
 func (r *Registry) Instance(id string) string { return r.live[id].info.GetInstanceId() }
 
+// Info is engine id's live registration (nil if none); callers must not
+// modify it.
+func (r *Registry) Info(id string) *messages.EngineInfo { return r.live[id].info }
+
 // Remove drops an engine's registration (engine.gone) and reports the
 // instance it ended, if there was one.
 func (r *Registry) Remove(id string) (Ended, bool) {

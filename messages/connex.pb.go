@@ -1782,7 +1782,10 @@ type EngineInfo struct {
 	// same engine_id with another instance_id (the engine was restarted)
 	// ends the previous instance's requests on this member, as engine.gone
 	// or a lapse does.
-	InstanceId    string `protobuf:"bytes,10,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	InstanceId string `protobuf:"bytes,10,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// Notices to this engine are JSON (protojson, as the JSON replies: field
+	// names as in this file, 64-bit integers as strings) instead of protobuf.
+	JsonNotices   bool `protobuf:"varint,11,opt,name=json_notices,json=jsonNotices,proto3" json:"json_notices,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1887,6 +1890,13 @@ func (x *EngineInfo) GetInstanceId() string {
 	return ""
 }
 
+func (x *EngineInfo) GetJsonNotices() bool {
+	if x != nil {
+		return x.JsonNotices
+	}
+	return false
+}
+
 // RegisterEngineRequest registers (or refreshes) an engine with its local
 // connexd. The registration lapses unless renewed within ttl_ms.
 type RegisterEngineRequest struct {
@@ -1948,7 +1958,11 @@ type RegisterEngineReply struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	TtlMs uint32                 `protobuf:"varint,1,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
 	// Renew at least this often (a third of the TTL).
-	RenewMs       uint32 `protobuf:"varint,2,opt,name=renew_ms,json=renewMs,proto3" json:"renew_ms,omitempty"`
+	RenewMs uint32 `protobuf:"varint,2,opt,name=renew_ms,json=renewMs,proto3" json:"renew_ms,omitempty"`
+	// The newest notice sequence number for this engine and the journal it
+	// belongs to: a shim that saw less missed some (see engine.notices).
+	NoticeSeq     uint64 `protobuf:"varint,3,opt,name=notice_seq,json=noticeSeq,proto3" json:"notice_seq,omitempty"`
+	NoticeJournal string `protobuf:"bytes,4,opt,name=notice_journal,json=noticeJournal,proto3" json:"notice_journal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1995,6 +2009,20 @@ func (x *RegisterEngineReply) GetRenewMs() uint32 {
 		return x.RenewMs
 	}
 	return 0
+}
+
+func (x *RegisterEngineReply) GetNoticeSeq() uint64 {
+	if x != nil {
+		return x.NoticeSeq
+	}
+	return 0
+}
+
+func (x *RegisterEngineReply) GetNoticeJournal() string {
+	if x != nil {
+		return x.NoticeJournal
+	}
+	return ""
 }
 
 var File_connex_proto protoreflect.FileDescriptor
@@ -2167,7 +2195,7 @@ const file_connex_proto_rawDesc = "" +
 	"\x02ok\x18\x04 \x01(\bR\x02ok\"E\n" +
 	"\tRegionRef\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
-	"\tregion_id\x18\x02 \x01(\tR\bregionId\"\xb3\x02\n" +
+	"\tregion_id\x18\x02 \x01(\tR\bregionId\"\xd6\x02\n" +
 	"\n" +
 	"EngineInfo\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x12\n" +
@@ -2183,13 +2211,17 @@ const file_connex_proto_rawDesc = "" +
 	"\rmax_model_len\x18\t \x01(\rR\vmaxModelLen\x12\x1f\n" +
 	"\vinstance_id\x18\n" +
 	" \x01(\tR\n" +
-	"instanceId\"]\n" +
+	"instanceId\x12!\n" +
+	"\fjson_notices\x18\v \x01(\bR\vjsonNotices\"]\n" +
 	"\x15RegisterEngineRequest\x12-\n" +
 	"\x06engine\x18\x01 \x01(\v2\x15.connex.v1.EngineInfoR\x06engine\x12\x15\n" +
-	"\x06ttl_ms\x18\x02 \x01(\rR\x05ttlMs\"G\n" +
+	"\x06ttl_ms\x18\x02 \x01(\rR\x05ttlMs\"\x8d\x01\n" +
 	"\x13RegisterEngineReply\x12\x15\n" +
 	"\x06ttl_ms\x18\x01 \x01(\rR\x05ttlMs\x12\x19\n" +
-	"\brenew_ms\x18\x02 \x01(\rR\arenewMsB,Z*github.com/connex/connex/messages;messagesb\x06proto3"
+	"\brenew_ms\x18\x02 \x01(\rR\arenewMs\x12\x1d\n" +
+	"\n" +
+	"notice_seq\x18\x03 \x01(\x04R\tnoticeSeq\x12%\n" +
+	"\x0enotice_journal\x18\x04 \x01(\tR\rnoticeJournalB,Z*github.com/connex/connex/messages;messagesb\x06proto3"
 
 var (
 	file_connex_proto_rawDescOnce sync.Once

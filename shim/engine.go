@@ -8,13 +8,13 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
-	"google.golang.org/protobuf/proto"
 )
 
 // Roles an engine registers with.
@@ -122,6 +122,11 @@ type Engine struct {
 	lastPolicy string
 	closed     bool
 
+	// cursor is the engine's position in its connexd's notice journal;
+	// registered is set by the first engine.register.
+	cursor     noticeCursor
+	registered atomic.Bool
+
 	subs []*nats.Subscription
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -167,18 +172,14 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("shim: map the region connexd %s created at %s: %w", cfg.Member, info.Path, err)
 	}
 	e.region = r
-	for subj, fn := range map[string]nats.MsgHandler{
-		api.FreedSubject(cfg.EngineID):    e.onFreed,
-		api.PullDoneSubject(cfg.EngineID): e.onPullDone,
-		api.FencedSubject(cfg.EngineID):   e.onFenced,
-	} {
-		sub, err := cfg.NC.Subscribe(subj, fn)
-		if err != nil {
-			e.closeOpen()
-			return nil, fmt.Errorf("shim: subscribe %s: %w", subj, err)
-		}
-		e.subs = append(e.subs, sub)
+	// One subscription for every notice: they arrive in the order connexd
+	// numbered them, on one goroutine.
+	sub, err := cfg.NC.Subscribe(api.EngineNotices(cfg.EngineID), e.onNotice)
+	if err != nil {
+		e.closeOpen()
+		return nil, fmt.Errorf("shim: subscribe %s: %w", api.EngineNotices(cfg.EngineID), err)
 	}
+	e.subs = append(e.subs, sub)
 	if err := cfg.NC.FlushWithContext(ctx); err != nil {
 		e.closeOpen()
 		return nil, fmt.Errorf("shim: flush subscriptions of engine %s: %w", cfg.EngineID, err)
@@ -319,12 +320,7 @@ func (e *Engine) Hold(ctx context.Context, blocks []uint32, numTokens uint32) (*
 	return rep.Params, nil
 }
 
-func (e *Engine) onFreed(m *nats.Msg) {
-	var n messages.BlocksFreed
-	if err := proto.Unmarshal(m.Data, &n); err != nil {
-		e.log.Warn("bad blocks.freed notice", "engine", e.cfg.EngineID, "err", err)
-		return
-	}
+func (e *Engine) onFreed(n *messages.BlocksFreed) {
 	e.mu.Lock()
 	got, err := e.alloc.Freed(n.TransferId, n.BlockIds)
 	if got > 0 {
@@ -345,6 +341,16 @@ func (e *Engine) register(ctx context.Context) (time.Duration, error) {
 	rep, err := e.cli.RegisterEngine(c, &messages.RegisterEngineRequest{Engine: e.Info(), TtlMs: uint32(e.cfg.RegisterTTL.Milliseconds())})
 	if err != nil {
 		return 0, fmt.Errorf("shim: engine.register of %s on member %s: %w", e.cfg.EngineID, e.cfg.Member, err)
+	}
+	if e.registered.Swap(true) {
+		e.caughtUp(rep.NoticeJournal, rep.NoticeSeq)
+	} else {
+		// A new instance: the notices before now were its predecessor's.
+		e.cursor.mu.Lock()
+		if e.cursor.journal == "" {
+			e.cursor.journal, e.cursor.seq = rep.NoticeJournal, rep.NoticeSeq
+		}
+		e.cursor.mu.Unlock()
 	}
 	renew := time.Duration(rep.RenewMs) * time.Millisecond
 	if renew <= 0 {

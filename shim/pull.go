@@ -9,8 +9,6 @@ import (
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/messages"
-	"github.com/nats-io/nats.go"
-	"google.golang.org/protobuf/proto"
 )
 
 // Load failure policies (kv_load_failure_policy).
@@ -122,12 +120,7 @@ func (e *Engine) Pull(ctx context.Context, params *messages.KVTransferParams, ds
 	return d, nil
 }
 
-func (e *Engine) onPullDone(m *nats.Msg) {
-	d := new(messages.PullDone)
-	if err := proto.Unmarshal(m.Data, d); err != nil {
-		e.log.Warn("bad pull.done notice", "engine", e.cfg.EngineID, "err", err)
-		return
-	}
+func (e *Engine) onPullDone(d *messages.PullDone) {
 	e.mu.Lock()
 	if d.KvLoadFailurePolicy != "" {
 		e.lastPolicy = d.KvLoadFailurePolicy

@@ -9,8 +9,6 @@ import (
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/messages"
-	"github.com/nats-io/nats.go"
-	"google.golang.org/protobuf/proto"
 )
 
 // ErrFenced means the request moved to another activation (a takeover
@@ -161,12 +159,7 @@ func (r *Request) progress(toks []uint32) error {
 	return err
 }
 
-func (e *Engine) onFenced(m *nats.Msg) {
-	var n messages.FencedNotice
-	if err := proto.Unmarshal(m.Data, &n); err != nil {
-		e.log.Warn("bad request.fenced notice", "engine", e.cfg.EngineID, "err", err)
-		return
-	}
+func (e *Engine) onFenced(n *messages.FencedNotice) {
 	e.mu.Lock()
 	r := e.requests[n.RequestId]
 	e.mu.Unlock()

@@ -1,0 +1,160 @@
+package daemon
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/connex/connex/actors"
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+)
+
+// noticeJournalLimit is how many notices per engine connexd keeps for
+// replay (engine.notices); they are also dropped after tombstone_s.
+const noticeJournalLimit = 1024
+
+// publish sends notice m to an engine: numbered in the engine's journal
+// (kept for replay), with the sequence in its headers, in the encoding the
+// engine registered for (JSON or protobuf). Subjects that are not engine
+// notices are published as they are.
+func (d *Daemon) publish(subject string, m proto.Message) {
+	msg := nats.NewMsg(subject)
+	isJSON := false
+	if engine, kind, ok := api.NoticeOf(subject); ok && d.journal != nil {
+		now := d.now()
+		n := noticeOf(kind, m)
+		n.UnixMs = now.UnixMilli()
+		n.Seq = d.journal.Append(engine, n, now)
+		msg.Header.Set(api.HeaderNoticeSeq, strconv.FormatUint(n.Seq, 10))
+		msg.Header.Set(api.HeaderNoticeJournal, d.journalID)
+		isJSON = d.engineWantsJSON(engine)
+	}
+	data, err := api.Marshal(m, isJSON)
+	if err != nil {
+		d.log.Error("encode notice", "subject", subject, "err", err)
+		return
+	}
+	msg.Data = data
+	ct := api.ContentProtobuf
+	if isJSON {
+		ct = api.ContentJSON
+	}
+	msg.Header.Set(api.HeaderContentType, ct)
+	if err := d.Bus.Conn.PublishMsg(msg); err != nil {
+		d.log.Warn("publish notice", "subject", subject, "err", err)
+	}
+}
+
+// noticeOf wraps notice m of kind for the journal.
+func noticeOf(kind string, m proto.Message) *messages.Notice {
+	n := &messages.Notice{Kind: kind}
+	switch b := m.(type) {
+	case *messages.PullDone:
+		n.Body = &messages.Notice_PullDone{PullDone: b}
+	case *messages.BlocksFreed:
+		n.Body = &messages.Notice_BlocksFreed{BlocksFreed: b}
+	case *messages.ResumeNotice:
+		n.Body = &messages.Notice_Resume{Resume: b}
+	case *messages.FencedNotice:
+		n.Body = &messages.Notice_Fenced{Fenced: b}
+	case *messages.HoldLostNotice:
+		n.Body = &messages.Notice_HoldLost{HoldLost: b}
+	}
+	return n
+}
+
+// engineWantsJSON reports whether engine's live registration asked for
+// JSON notices.
+func (d *Daemon) engineWantsJSON(engine string) bool {
+	d.engMu.Lock()
+	defer d.engMu.Unlock()
+	return d.engines.reg.Info(engine).GetJsonNotices()
+}
+
+// EngineNotices replays an engine's notices after a sequence number.
+func (d *Daemon) EngineNotices(_ context.Context, r *messages.NoticesRequest) (*messages.NoticesReply, error) {
+	if err := requireToken("engine_id", r.EngineId); err != nil {
+		return nil, err
+	}
+	after := r.AfterSeq
+	if r.Journal != "" && r.Journal != d.journalID {
+		after = 0 // another connexd's sequence: everything kept is news
+	}
+	limit := int(min(r.Max, noticeJournalLimit))
+	if limit == 0 {
+		limit = noticeJournalLimit
+	}
+	entries, last, gap := d.journal.Since(r.EngineId, after, limit, d.now())
+	rep := &messages.NoticesReply{LastSeq: last, Journal: d.journalID, Gap: gap || (r.Journal != "" && r.Journal != d.journalID && r.AfterSeq > 0)}
+	for _, e := range entries {
+		rep.Notices = append(rep.Notices, e.Body.(*messages.Notice))
+	}
+	return rep, nil
+}
+
+// EngineState lists what this member keeps for an engine.
+func (d *Daemon) EngineState(ctx context.Context, r *messages.EngineStateRequest) (*messages.EngineState, error) {
+	if err := requireToken("engine_id", r.EngineId); err != nil {
+		return nil, err
+	}
+	st := &messages.EngineState{EngineId: r.EngineId, LastSeq: d.journal.Last(r.EngineId), Journal: d.journalID}
+	d.engMu.Lock()
+	if info := d.engines.reg.Info(r.EngineId); info != nil {
+		st.Registration = proto.CloneOf(info)
+	}
+	d.engMu.Unlock()
+	for _, e := range d.dir.ByEngine(r.EngineId) {
+		if rep, err := d.ask(e.PID, &actors.InspectHold{}); err == nil && rep.Status != nil {
+			st.Holds = append(st.Holds, rep.Status)
+		}
+	}
+	st.Pulls = d.inflight.of(r.EngineId)
+	for _, pid := range d.reqTable.All() {
+		rep, err := d.askRequestActor(pid, &actors.InspectRequest{})
+		if err == nil && rep.GetState().GetEngineId() == r.EngineId {
+			st.Requests = append(st.Requests, rep.GetState())
+		}
+	}
+	return st, ctx.Err()
+}
+
+// pullTable is the pulls this member runs, by pull id, for engine.state.
+type pullTable struct {
+	mu    sync.Mutex
+	pulls map[string]pullEntry
+}
+
+type pullEntry struct {
+	engine string
+	info   *messages.PullInFlight
+}
+
+func newPullTable() *pullTable { return &pullTable{pulls: map[string]pullEntry{}} }
+
+func (t *pullTable) start(engine, pullID, transfer string, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.pulls[pullID] = pullEntry{engine: engine, info: &messages.PullInFlight{PullId: pullID, TransferId: transfer, StartedUnixMs: now.UnixMilli()}}
+}
+
+func (t *pullTable) done(pullID string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.pulls, pullID)
+}
+
+func (t *pullTable) of(engine string) []*messages.PullInFlight {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []*messages.PullInFlight
+	for _, p := range t.pulls {
+		if p.engine == engine {
+			out = append(out, p.info)
+		}
+	}
+	return out
+}

@@ -1,0 +1,160 @@
+package shim
+
+import (
+	"context"
+	"strconv"
+	"sync"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+)
+
+// noticeCursor is how far an engine has seen its connexd's notice journal.
+// mu also orders deliveries: live notices and replayed ones are handled
+// one at a time, each once.
+type noticeCursor struct {
+	mu      sync.Mutex
+	journal string
+	seq     uint64
+}
+
+// onNotice handles a live notice: in sequence, it is delivered; after a
+// gap (notices lost while NATS reconnected), the missed ones are fetched
+// from connexd (engine.notices) and delivered first; a repeat is dropped.
+func (e *Engine) onNotice(m *nats.Msg) {
+	_, kind, ok := api.NoticeOf(m.Subject)
+	if !ok {
+		return
+	}
+	n, err := decodeNotice(kind, m.Data, m.Header.Get(api.HeaderContentType) == api.ContentJSON)
+	if err != nil {
+		e.log.Warn("bad notice", "engine", e.cfg.EngineID, "subject", m.Subject, "err", err)
+		return
+	}
+	seq, _ := strconv.ParseUint(m.Header.Get(api.HeaderNoticeSeq), 10, 64)
+	journal := m.Header.Get(api.HeaderNoticeJournal)
+	e.cursor.mu.Lock()
+	defer e.cursor.mu.Unlock()
+	if seq == 0 { // a connexd that does not number notices
+		e.deliver(n)
+		return
+	}
+	if journal != e.cursor.journal {
+		// connexd restarted: its journal starts again; what it published
+		// before this one is news too.
+		e.cursor.journal, e.cursor.seq = journal, 0
+	}
+	if seq <= e.cursor.seq {
+		return
+	}
+	if seq > e.cursor.seq+1 {
+		e.catchUpLocked()
+	}
+	if seq > e.cursor.seq {
+		e.deliver(n)
+		e.cursor.seq = seq
+	}
+}
+
+// caughtUp compares connexd's newest sequence number for the engine (from
+// an engine.register reply) with the cursor and fetches what is missing:
+// notices published while NATS was away are found within one renewal.
+func (e *Engine) caughtUp(journal string, last uint64) {
+	if journal == "" {
+		return
+	}
+	e.cursor.mu.Lock()
+	defer e.cursor.mu.Unlock()
+	if journal == e.cursor.journal && last <= e.cursor.seq {
+		return
+	}
+	if journal != e.cursor.journal && last == 0 {
+		e.cursor.journal, e.cursor.seq = journal, 0
+		return
+	}
+	e.catchUpLocked()
+}
+
+// catchUpLocked fetches and delivers the notices after the cursor.
+func (e *Engine) catchUpLocked() {
+	c, cancel := context.WithTimeout(context.Background(), e.cfg.CallTimeout)
+	defer cancel()
+	rep, err := e.cli.EngineNotices(c, &messages.NoticesRequest{EngineId: e.cfg.EngineID, AfterSeq: e.cursor.seq, Journal: e.cursor.journal})
+	if err != nil {
+		e.log.Warn("engine.notices failed; missed notices will be fetched at the next renewal", "engine", e.cfg.EngineID, "err", err)
+		return
+	}
+	if rep.Journal != e.cursor.journal {
+		e.cursor.journal, e.cursor.seq = rep.Journal, 0
+	}
+	if rep.Gap {
+		e.log.Warn("some missed notices are no longer kept by connexd; pulls waiting for them fail at their deadline",
+			"engine", e.cfg.EngineID, "after_seq", e.cursor.seq, "journal", rep.Journal)
+	}
+	replayed := 0
+	for _, n := range rep.Notices {
+		if n.Seq <= e.cursor.seq {
+			continue
+		}
+		e.deliver(n)
+		e.cursor.seq = n.Seq
+		replayed++
+	}
+	if replayed > 0 {
+		e.log.Info("missed notices replayed", "engine", e.cfg.EngineID, "notices", replayed, "seq", e.cursor.seq)
+	}
+}
+
+// decodeNotice reads a live notice of kind into the journal's form.
+func decodeNotice(kind string, data []byte, isJSON bool) (*messages.Notice, error) {
+	n := &messages.Notice{Kind: kind}
+	var err error
+	switch kind {
+	case api.KindPullDone:
+		b := new(messages.PullDone)
+		err, n.Body = unmarshal(data, isJSON, b), &messages.Notice_PullDone{PullDone: b}
+	case api.KindFreed:
+		b := new(messages.BlocksFreed)
+		err, n.Body = unmarshal(data, isJSON, b), &messages.Notice_BlocksFreed{BlocksFreed: b}
+	case api.KindFenced:
+		b := new(messages.FencedNotice)
+		err, n.Body = unmarshal(data, isJSON, b), &messages.Notice_Fenced{Fenced: b}
+	case api.KindResume:
+		b := new(messages.ResumeNotice)
+		err, n.Body = unmarshal(data, isJSON, b), &messages.Notice_Resume{Resume: b}
+	case api.KindHoldLost:
+		b := new(messages.HoldLostNotice)
+		err, n.Body = unmarshal(data, isJSON, b), &messages.Notice_HoldLost{HoldLost: b}
+	}
+	return n, err
+}
+
+// unmarshal is api.Unmarshal with a plain error.
+func unmarshal(data []byte, isJSON bool, m proto.Message) error {
+	if err := api.Unmarshal(data, isJSON, len(data), m); err != nil {
+		return err
+	}
+	return nil
+}
+
+// deliver hands a notice to the part of the engine that waits for it.
+func (e *Engine) deliver(n *messages.Notice) {
+	switch b := n.Body.(type) {
+	case *messages.Notice_PullDone:
+		e.onPullDone(b.PullDone)
+	case *messages.Notice_BlocksFreed:
+		e.onFreed(b.BlocksFreed)
+	case *messages.Notice_Fenced:
+		e.onFenced(b.Fenced)
+	case *messages.Notice_HoldLost:
+		h := b.HoldLost
+		e.log.Warn("a request's hold is gone: a resume of it cannot pull its KV", "engine", e.cfg.EngineID,
+			"request", h.RequestId, "transfer", h.TransferId, "reason", h.Reason, "policy", h.KvLoadFailurePolicy)
+	case *messages.Notice_Resume:
+		// Resumes are the router's here (requests run with resume
+		// authority "router"); a cluster-adopted request is not ours.
+		e.log.Info("resume notice ignored: this engine's requests are resumed by the router", "engine", e.cfg.EngineID, "request", b.Resume.GetState().GetRequestId())
+	}
+}
