@@ -28,6 +28,9 @@ type HoldDeps struct {
 	// ReadSlack is added to a reader's own timeout before the holder
 	// abandons its pull: the reader gives up first.
 	ReadSlack time.Duration
+	// Incarnation, if set, is this member's cluster id now (fresh per
+	// rejoin), given to readers in Descriptors.holder_incarnation.
+	Incarnation func() string
 }
 
 // NewTransferID returns 128 random bits in hex.
@@ -209,18 +212,26 @@ func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 		}
 		st := a.h.Status()
 		return Reply{Desc: &messages.Descriptors{
-			TransferId:      a.id(),
-			RemoteCtrl:      a.deps.Ctrl,
-			Layout:          LayoutToProto(l),
-			BlockIds:        a.spec.Req.BlockIds,
-			Rkeys:           a.rkeys,
-			Segments:        a.segs,
-			ExpiresUnixMs:   st.Deadline.UnixMilli(),
-			ImpliedSegments: a.implied,
-			RegionAddr:      a.regionAddr,
-			PullEndAsync:    st.Mode != lease.AfterPull,
+			TransferId:        a.id(),
+			RemoteCtrl:        a.deps.Ctrl,
+			Layout:            LayoutToProto(l),
+			BlockIds:          a.spec.Req.BlockIds,
+			Rkeys:             a.rkeys,
+			Segments:          a.segs,
+			ExpiresUnixMs:     st.Deadline.UnixMilli(),
+			ImpliedSegments:   a.implied,
+			RegionAddr:        a.regionAddr,
+			PullEndAsync:      st.Mode != lease.AfterPull,
+			HolderIncarnation: a.incarnation(),
 		}}
 	})
+}
+
+func (a *holdActor) incarnation() string {
+	if a.deps.Incarnation == nil {
+		return ""
+	}
+	return a.deps.Incarnation()
 }
 
 func (a *holdActor) endRead(pullID string) {

@@ -26,7 +26,14 @@ import (
 type HolderWatch struct {
 	mu    sync.Mutex
 	next  uint64
-	pulls map[string]map[uint64]context.CancelCauseFunc // holding member -> running pulls
+	pulls map[string]map[uint64]*watched // holding member -> running pulls
+}
+
+// watched is one running pull: incarnation is the holder's cluster id that
+// answered its descriptors ("" until then).
+type watched struct {
+	cancel      context.CancelCauseFunc
+	incarnation string
 }
 
 // HolderLeftError is the cause a pull's context is cancelled with when its
@@ -47,25 +54,29 @@ func (e *HolderLeftError) Unwrap() error { return transport.ErrPeerGone }
 
 // Watch registers a running pull from member; cancel is called with a
 // *HolderLeftError if member leaves before the returned unwatch is called.
-// unwatch is idempotent.
-func (w *HolderWatch) Watch(member string, cancel context.CancelCauseFunc) (unwatch func()) {
+// bind records which incarnation of member (its cluster id, fresh per
+// rejoin) serves the pull: a departure of another incarnation — an
+// evicted one, reported after the member rejoined — leaves the pull
+// alone. unwatch is idempotent.
+func (w *HolderWatch) Watch(member string, cancel context.CancelCauseFunc) (unwatch func(), bind func(incarnation string)) {
 	if w == nil || member == "" {
-		return func() {}
+		return func() {}, func(string) {}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.pulls == nil {
-		w.pulls = map[string]map[uint64]context.CancelCauseFunc{}
+		w.pulls = map[string]map[uint64]*watched{}
 	}
 	id := w.next
 	w.next++
 	m := w.pulls[member]
 	if m == nil {
-		m = map[uint64]context.CancelCauseFunc{}
+		m = map[uint64]*watched{}
 		w.pulls[member] = m
 	}
-	m[id] = cancel
-	return func() {
+	e := &watched{cancel: cancel}
+	m[id] = e
+	unwatch = func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		if m := w.pulls[member]; m != nil {
@@ -75,24 +86,43 @@ func (w *HolderWatch) Watch(member string, cancel context.CancelCauseFunc) (unwa
 			}
 		}
 	}
+	bind = func(incarnation string) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		e.incarnation = incarnation
+	}
+	return unwatch, bind
 }
 
 // Left cancels every watched pull from member with a *HolderLeftError and
 // returns how many it cancelled. Pulls that start later are not affected
 // (their descriptors request finds no responder, or times out).
-func (w *HolderWatch) Left(member, reason string) int {
+func (w *HolderWatch) Left(member, reason string) int { return w.LeftIncarnation(member, "", reason) }
+
+// LeftIncarnation is Left for the departure of one incarnation of member
+// (its cluster id): pulls bound to another incarnation carry on, pulls not
+// bound yet end. An empty incarnation ends them all.
+func (w *HolderWatch) LeftIncarnation(member, incarnation, reason string) int {
 	if w == nil {
 		return 0
 	}
 	w.mu.Lock()
-	m := w.pulls[member]
-	delete(w.pulls, member)
+	var hit []*watched
+	for id, e := range w.pulls[member] {
+		if incarnation == "" || e.incarnation == "" || e.incarnation == incarnation {
+			hit = append(hit, e)
+			delete(w.pulls[member], id)
+		}
+	}
+	if len(w.pulls[member]) == 0 {
+		delete(w.pulls, member)
+	}
 	w.mu.Unlock()
 	cause := &HolderLeftError{Member: member, Reason: reason}
-	for _, cancel := range m {
-		cancel(cause)
+	for _, e := range hit {
+		e.cancel(cause)
 	}
-	return len(m)
+	return len(hit)
 }
 
 // Running is how many pulls are watched now.
@@ -110,11 +140,12 @@ func (w *HolderWatch) Running() int {
 }
 
 // watchHolder derives a pull's context from ctx: member's departure
-// cancels it with a *HolderLeftError. end unwatches and cancels it.
-func (d *PullDeps) watchHolder(ctx context.Context, member string) (pctx context.Context, end func()) {
+// cancels it with a *HolderLeftError. end unwatches and cancels it; bind
+// is HolderWatch.Watch's.
+func (d *PullDeps) watchHolder(ctx context.Context, member string) (pctx context.Context, end func(), bind func(string)) {
 	pctx, cancel := context.WithCancelCause(ctx)
-	unwatch := d.Holders.Watch(member, cancel)
-	return pctx, func() { unwatch(); cancel(nil) }
+	unwatch, bind := d.Holders.Watch(member, cancel)
+	return pctx, func() { unwatch(); cancel(nil) }, bind
 }
 
 // holderLeft returns the *HolderLeftError ctx was cancelled with, or nil.

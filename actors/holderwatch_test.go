@@ -29,7 +29,7 @@ func TestHolderWatchLeft(t *testing.T) {
 	w.Watch("h1", c1)
 	w.Watch("h1", c2)
 	w.Watch("h2", cb)
-	unwatch := w.Watch("h1", cd)
+	unwatch, _ := w.Watch("h1", cd)
 	unwatch()
 	unwatch() // idempotent
 	if n := w.Running(); n != 3 {
@@ -60,9 +60,42 @@ func TestHolderWatchLeft(t *testing.T) {
 		t.Fatalf("second Left cancelled %d", n)
 	}
 	var nilWatch *HolderWatch
-	nilWatch.Watch("h1", c1)()
+	unwatchNil, bindNil := nilWatch.Watch("h1", c1)
+	unwatchNil()
+	bindNil("x")
 	if nilWatch.Left("h1", "x") != 0 || nilWatch.Running() != 0 {
 		t.Fatal("a nil HolderWatch must watch nothing")
+	}
+}
+
+// TestHolderWatchIncarnations: a departure of one incarnation of a holder
+// (its cluster id) ends the pulls that incarnation serves and those not
+// bound yet, never those the holder's next incarnation serves: a stale
+// report of the member evicted before its rejoin fails no healthy pull.
+func TestHolderWatchIncarnations(t *testing.T) {
+	var w HolderWatch
+	old, cOld := context.WithCancelCause(context.Background())
+	cur, cCur := context.WithCancelCause(context.Background())
+	unbound, cUnbound := context.WithCancelCause(context.Background())
+	defer cOld(nil)
+	defer cCur(nil)
+	defer cUnbound(nil)
+	_, bindOld := w.Watch("h1", cOld)
+	_, bindCur := w.Watch("h1", cCur)
+	w.Watch("h1", cUnbound)
+	bindOld("id-1")
+	bindCur("id-2")
+	if n := w.LeftIncarnation("h1", "id-1", "unreachable"); n != 2 {
+		t.Fatalf("the old incarnation's departure ended %d pulls, want 2 (its own and the unbound one)", n)
+	}
+	if holderLeft(old) == nil || holderLeft(unbound) == nil {
+		t.Fatalf("old %v, unbound %v: want both ended", context.Cause(old), context.Cause(unbound))
+	}
+	if cur.Err() != nil {
+		t.Fatalf("a pull served by the rejoined incarnation ended on the old one's departure: %v", context.Cause(cur))
+	}
+	if n := w.LeftIncarnation("h1", "id-2", "timeout"); n != 1 || holderLeft(cur) == nil {
+		t.Fatalf("the current incarnation's departure ended %d pulls (%v), want 1", n, context.Cause(cur))
 	}
 }
 
@@ -128,7 +161,7 @@ func testOps(n int) ([]transport.GetOp, uint64) {
 func TestReadsEndWhenHolderLeaves(t *testing.T) {
 	deps := &PullDeps{Holders: &HolderWatch{}}
 	a := &pullerActor{deps: deps, p: &Pull{ID: "p1", Stall: time.Hour}}
-	ctx, end := deps.watchHolder(context.Background(), "h1")
+	ctx, end, _ := deps.watchHolder(context.Background(), "h1")
 	defer end()
 	ep := &blockingEndpoint{started: make(chan struct{}, 1)}
 	ops, total := testOps(3)
@@ -161,7 +194,7 @@ func TestReadsEndWhenHolderLeaves(t *testing.T) {
 func TestReadsCompleteDespiteLateDeparture(t *testing.T) {
 	deps := &PullDeps{Holders: &HolderWatch{}}
 	a := &pullerActor{deps: deps, p: &Pull{ID: "p1", Stall: time.Hour}}
-	ctx, end := deps.watchHolder(context.Background(), "h1")
+	ctx, end, _ := deps.watchHolder(context.Background(), "h1")
 	defer end()
 	ops, total := testOps(batchOps + 1) // two batches
 	var calls atomic.Int32

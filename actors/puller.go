@@ -159,7 +159,7 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	requester := a.p.Dst.Engine
 	// The holder's departure from the cluster cancels everything below
 	// with a *HolderLeftError.
-	ctx, endWatch := a.deps.watchHolder(ctx, peer.Member)
+	ctx, endWatch, bindHolder := a.deps.watchHolder(ctx, peer.Member)
 	defer endWatch()
 	// Ask for the descriptors (the holder registers the pull) and, while
 	// they travel, plan the destination side of the reads and, when the
@@ -197,6 +197,7 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 		return 0, descriptorsErr(ctx, a.p.ID, peer.Member, r.err)
 	}
 	desc := r.d
+	bindHolder(desc.HolderIncarnation)
 	var n uint64
 	getErr := planErr
 	if getErr == nil {

@@ -181,6 +181,11 @@ func (p *Provider) unsubscribe() {
 	}
 }
 
+// SelfID is this member's cluster id ("" for a client, which is not a
+// member). Each provider start picks a fresh one: it names one incarnation
+// of the member.
+func (p *Provider) SelfID() string { return p.selfID() }
+
 func (p *Provider) selfID() string {
 	if p.self == nil {
 		return ""

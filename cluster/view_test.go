@@ -181,6 +181,35 @@ func TestViewCrashIsFoundByProbe(t *testing.T) {
 	`)
 }
 
+// TestViewStaleDepartureAfterRejoin: a member evicted for a hang rejoins
+// under a new id (b2, same connexd); reports about the evicted id that
+// arrive afterwards (another member's dead notice, protoactor blocking it,
+// a late probe answer, a broken stream) change nothing: the live incarnation stays, and no
+// second departure is reported. The daemon also ignores a departure while a
+// live member carries the same name (clusterMembers.OnLeft), and readers
+// bind their pulls to the holder's incarnation (actors.HolderWatch).
+func TestViewStaleDepartureAfterRejoin(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		advance 1s
+		tick
+		=> left b (timeout); report b (timeout)
+		hb b2
+		=> joined b2; announce
+		dead b by=c
+		blocked b
+		# the evicted incarnation, still talking, is told it is dead
+		# (once per suspicion period)
+		probe-ok b
+		=> refute b
+		hint b
+		hb b
+		members
+		=> a b2
+	`)
+}
+
 func TestViewHangIsRemovedAtTTL(t *testing.T) {
 	runViewScript(t, `
 		hb b

@@ -188,9 +188,10 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		// A holder that leaves the cluster (crashed: its NATS connection
 		// is gone) ends the pulls reading from it now, not at the stall
 		// deadline: UCX's shared-memory lanes report no peer death.
-		cm.OnLeft(func(name string, reason cluster.Reason) {
-			if n := d.pdeps.Holders.Left(name, string(reason)); n > 0 {
-				log.Warn("holder left the cluster during pulls; they end now", "member", name, "reason", reason, "pulls", n)
+		d.hdeps.Incarnation = cm.SelfID
+		cm.OnLeft(func(name, id string, reason cluster.Reason) {
+			if n := d.pdeps.Holders.LeftIncarnation(name, id, string(reason)); n > 0 {
+				log.Warn("holder left the cluster during pulls; they end now", "member", name, "id", id, "reason", reason, "pulls", n)
 			}
 		})
 		d.wg.Add(1)

@@ -238,13 +238,13 @@ func (m *clusterMembers) OnChange(fn func()) func() {
 	return m.watch(func(*cluster.Provider, cluster.Event) { fn() })
 }
 
-// OnLeft calls fn with a member's name and the reason when it leaves the
-// cluster and no live member carries that name any more: a departure
-// reported late (a dead notice or protoactor's block arriving after the
-// member restarted, or rejoined with a new id after an eviction) is not
-// the live incarnation's. fn runs on the membership goroutine and must
-// return quickly.
-func (m *clusterMembers) OnLeft(fn func(name string, reason cluster.Reason)) {
+// OnLeft calls fn with a member's name, its cluster id (the incarnation
+// that left) and the reason when it leaves the cluster and no live member
+// carries that name any more: a departure reported late (a dead notice or
+// protoactor's block arriving after the member restarted, or rejoined with
+// a new id after an eviction) is not the live incarnation's. fn runs on the
+// membership goroutine and must return quickly.
+func (m *clusterMembers) OnLeft(fn func(name, id string, reason cluster.Reason)) {
 	m.watch(func(prov *cluster.Provider, e cluster.Event) {
 		if e.Type != cluster.EventLeft || e.Member.Name == "" || e.Member.Name == m.cfg.MemberID {
 			return
@@ -254,8 +254,19 @@ func (m *clusterMembers) OnLeft(fn func(name string, reason cluster.Reason)) {
 				return
 			}
 		}
-		fn(e.Member.Name, e.Reason)
+		fn(e.Member.Name, e.Member.ID, e.Reason)
 	})
+}
+
+// SelfID is this member's cluster id now ("" between an eviction and the
+// rejoin): a fresh one each time it joins.
+func (m *clusterMembers) SelfID() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.prov == nil {
+		return ""
+	}
+	return m.prov.SelfID()
 }
 
 // watch subscribes fn to the current provider's events and to every

@@ -1528,9 +1528,14 @@ type Descriptors struct {
 	// (after_pull holds, and holders older than this field) keeps the wait,
 	// so that an engine seeing PullDone knows the hold has counted the pull
 	// (and, for after_pull, normally freed the blocks).
-	PullEndAsync  bool `protobuf:"varint,10,opt,name=pull_end_async,json=pullEndAsync,proto3" json:"pull_end_async,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PullEndAsync bool `protobuf:"varint,10,opt,name=pull_end_async,json=pullEndAsync,proto3" json:"pull_end_async,omitempty"`
+	// The holder's cluster member id now (fresh each time it joins or
+	// rejoins the cluster): the reader ignores a departure of another
+	// incarnation of the holder (a stale report of the one evicted before a
+	// rejoin). Empty when the holder is not in a cluster.
+	HolderIncarnation string `protobuf:"bytes,11,opt,name=holder_incarnation,json=holderIncarnation,proto3" json:"holder_incarnation,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Descriptors) Reset() {
@@ -1631,6 +1636,13 @@ func (x *Descriptors) GetPullEndAsync() bool {
 		return x.PullEndAsync
 	}
 	return false
+}
+
+func (x *Descriptors) GetHolderIncarnation() string {
+	if x != nil {
+		return x.HolderIncarnation
+	}
+	return ""
 }
 
 // PullEnd is sent by the puller to the holding member when its reads ended.
@@ -2171,7 +2183,7 @@ const file_connex_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMs\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x06 \x01(\tR\trequestId\"\x8e\x03\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\"\xbd\x03\n" +
 	"\vDescriptors\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x126\n" +
@@ -2186,7 +2198,8 @@ const file_connex_proto_rawDesc = "" +
 	"\vregion_addr\x18\t \x01(\x04R\n" +
 	"regionAddr\x12$\n" +
 	"\x0epull_end_async\x18\n" +
-	" \x01(\bR\fpullEndAsync\"q\n" +
+	" \x01(\bR\fpullEndAsync\x12-\n" +
+	"\x12holder_incarnation\x18\v \x01(\tR\x11holderIncarnation\"q\n" +
 	"\aPullEnd\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x12\x1c\n" +
