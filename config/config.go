@@ -70,6 +70,9 @@ type Config struct {
 	// JSReplicas is the JetStream replication factor of the request bucket
 	// (1 for a single NATS server, 3 for a NATS cluster).
 	JSReplicas int
+	// RequestTTL is how long a request's durable state lives after its
+	// last write (request_ttl_s).
+	RequestTTL time.Duration
 	// PullTimeout bounds one pull end to end.
 	PullTimeout time.Duration
 	// PullStall is how long a pull may make no progress (no batch of reads
@@ -142,6 +145,7 @@ var defaults = []struct {
 	{"data_listen", "127.0.0.1:0", "TCP data-plane listen address"},
 	{"data_advertise", "", "host:port peers dial for the TCP data plane (default: the listen address)"},
 	{"js_replicas", 1, "JetStream replicas of the request-state bucket (3 on a NATS cluster)"},
+	{"request_ttl_s", 3600, "seconds a request's durable state lives after its last write (progress, takeover)"},
 	{"pull_timeout_ms", 30000, "deadline of one pull in milliseconds"},
 	{"pull_stall_ms", 1000, "a pull fails after this many milliseconds without progress"},
 	{"max_request_bytes", 256 << 10, "largest accepted API request payload in bytes"},
@@ -348,6 +352,11 @@ func build(v *viper.Viper) (Config, error) {
 	if c.JSReplicas, err = positive(v, "js_replicas", 5); err != nil {
 		return c, err
 	}
+	ttl, err := positive(v, "request_ttl_s", 30*24*3600)
+	if err != nil {
+		return c, err
+	}
+	c.RequestTTL = time.Duration(ttl) * time.Second
 	c.MemberID = v.GetString("member_id")
 	if c.MemberID == "" {
 		c.MemberID = defaultMemberID()

@@ -152,7 +152,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	d.pdeps.Ctx, d.pullCancel = context.WithCancel(context.Background())
 	d.reqTable = actors.NewRequestTable()
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-	d.reqStore, d.reqErr = requests.OpenKVStore(sctx, d.Bus.Conn, cfg.JSReplicas)
+	d.reqStore, d.reqErr = requests.OpenKVStore(sctx, d.Bus.Conn, cfg.JSReplicas, cfg.RequestTTL)
 	scancel()
 	if d.reqErr != nil {
 		d.reqStore = nil

@@ -112,7 +112,7 @@ func TestKVStoreFencing(t *testing.T) {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := OpenKVStore(ctx, nc, 1)
+	s, err := OpenKVStore(ctx, nc, 1, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,6 +155,27 @@ func TestKVStoreFencing(t *testing.T) {
 	owners, err = s.Owners(ctx)
 	if err != nil || len(owners) != 0 {
 		t.Fatalf("owners after delete %v %v", owners, err)
+	}
+
+	// request_ttl_s: reopened with a 1 s TTL, an entry nobody writes again
+	// is gone within a few seconds.
+	s, err = OpenKVStore(ctx, nc, 1, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(ctx, st); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(8 * time.Second)
+	for {
+		_, _, err := s.Get(ctx, "req-1")
+		if errors.Is(err, ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("entry still there 8 s after its last write with a 1 s TTL: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

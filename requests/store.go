@@ -34,15 +34,19 @@ type KVStore struct {
 }
 
 // OpenKVStore creates or opens the bucket. replicas is the JetStream
-// replication factor (1 for a single server).
-func OpenKVStore(ctx context.Context, nc *nats.Conn, replicas int) (*KVStore, error) {
+// replication factor (1 for a single server); ttl (request_ttl_s) is how
+// long an entry lives after its last write (0: for ever): a request whose
+// owner neither progresses nor finishes for that long is dropped, so
+// nothing strands state for nobody. Opening with another ttl updates the
+// bucket.
+func OpenKVStore(ctx context.Context, nc *nats.Conn, replicas int, ttl time.Duration) (*KVStore, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("requests: jetstream: %w", err)
 	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: Bucket, Description: "Connex in-flight decode requests", History: 1,
-		Storage: jetstream.FileStorage, Replicas: replicas, MaxValueSize: 8 << 20,
+		Storage: jetstream.FileStorage, Replicas: replicas, MaxValueSize: 8 << 20, TTL: ttl,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("requests: kv bucket %s: %w", Bucket, err)
