@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +15,7 @@ import (
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/shim"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
@@ -242,5 +245,95 @@ func TestJSONNoticesAndTheirJournal(t *testing.T) {
 	}
 	if _, err := e.cli.EngineNotices(ctx5(t), &messages.NoticesRequest{EngineId: "bad.id"}); api.CodeOf(err) != api.CodeBadRequest {
 		t.Fatalf("engine.notices with a bad engine id: %v, want bad_request", err)
+	}
+}
+
+// TestNATSRestartDuringPulls: NATS restarts while pulls wait on a frozen
+// holder; engines and connexd reconnect, and every engine shim learns
+// every pull's outcome — live, or replayed from connexd's journal — none
+// waits until its own deadline for a notice that was lost.
+func TestNATSRestartDuringPulls(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	store := t.TempDir()
+	start := func() *server.Server {
+		srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: store, NoSigs: true, NoLog: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Start()
+		if !srv.ReadyForConnections(10 * time.Second) {
+			t.Fatal("nats-server not ready")
+		}
+		return srv
+	}
+	srv := start()
+	t.Cleanup(func() { srv.Shutdown() })
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	holder := startConnexd(t, "p", "--backend", "tcp", "--nats-url", url, "--role", "prefill", "--cluster-preset", "lan")
+	startConnexd(t, "d", "--backend", "tcp", "--nats-url", url, "--role", "decode", "--cluster-preset", "lan", "--pull-stall-ms", "10000")
+	nc := connect(t, url)
+	pre := newEngine(t, nc, "p", "engP", testLayout, true)
+	enc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(enc.Close)
+	eng, err := shim.Open(ctx5(t), shim.Config{
+		NC: enc, Member: "d", EngineID: "engD", Role: shim.RoleDecode, Model: "m", BaseURL: "http://127.0.0.1:1",
+		Layout: testLayout, RegisterTTL: 3 * time.Second, PullTimeout: 30 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close() })
+	const pulls = 4
+	type outcome struct {
+		d   *messages.PullDone
+		err error
+	}
+	out := make(chan outcome, pulls)
+	var params []*messages.KVTransferParams
+	for i := range pulls {
+		h, err := pre.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pre.id, RegionId: pre.rid, BlockIds: []uint32{uint32(2 * i), uint32(2*i + 1)}, NumTokens: 32})
+		if err != nil {
+			t.Fatal(err)
+		}
+		params = append(params, h.Params)
+	}
+	// The holder freezes so that the pulls are still waiting when NATS
+	// goes down.
+	holder.signal(syscall.SIGSTOP)
+	t.Cleanup(func() { holder.signal(syscall.SIGCONT) })
+	for i, p := range params {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			d, err := eng.Pull(ctx, p, []uint32{uint32(2 * i), uint32(2*i + 1)})
+			out <- outcome{d, err}
+		}()
+	}
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		st, err := (&api.Client{NC: nc, Member: "d"}).EngineState(ctx5(t), &messages.EngineStateRequest{EngineId: "engD"})
+		if err != nil || len(st.Pulls) != pulls {
+			return fmt.Errorf("pulls in flight: %v %v", st.GetPulls(), err)
+		}
+		return nil
+	})
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	holder.signal(syscall.SIGCONT)
+	srv = start()
+	for range pulls {
+		o := <-out
+		var le *shim.LoadError
+		if o.err != nil && (!errors.As(o.err, &le) || le.Code == api.CodeTimeout && strings.Contains(le.Detail, "no pull.done")) {
+			t.Fatalf("a pull's outcome never reached its engine: %v", o.err)
+		}
+		t.Logf("outcome: %v %v", o.d, o.err)
 	}
 }
