@@ -7,7 +7,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 out=${1:-$here/connex_vllm/pb}
 mkdir -p "$out"
-protoc -I "$root/messages" --python_out="$out" "$root/messages/connex.proto" "$root/messages/request.proto"
+protoc -I "$root/messages" --python_out="$out" "$root/messages/connex.proto" "$root/messages/request.proto" "$root/messages/notices.proto"
 # protoc writes absolute imports between generated modules; inside a package
 # they must be relative.
-sed -i 's/^import connex_pb2 as connex__pb2$/from . import connex_pb2 as connex__pb2/' "$out/request_pb2.py"
+sed -i 's/^import connex_pb2 as connex__pb2$/from . import connex_pb2 as connex__pb2/; s/^import request_pb2 as request__pb2$/from . import request_pb2 as request__pb2/' \
+  "$out/request_pb2.py" "$out/notices_pb2.py"

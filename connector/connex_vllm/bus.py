@@ -74,7 +74,8 @@ def subject(member: str, endpoint: str) -> str:
 
 
 def engine_subject(engine_id: str, notice: str) -> str:
-    """The subject of an engine's notices: blocks.freed, pull.done, request.fenced, request.resume."""
+    """The subject of an engine's notices: blocks.freed, pull.done, request.fenced, request.resume, hold.lost
+    (">" for all of them)."""
     return f"{PREFIX}.engine.{engine_id}.{notice}"
 
 
@@ -156,6 +157,26 @@ class Bus:
             async def cb(m: Any) -> None:
                 try:
                     handler(m.data)
+                except Exception:  # a bad notice must not kill the subscription
+                    log.exception("connex: notice handler for %s failed", subj)
+
+            await self._nc.subscribe(subj, cb=cb)
+            await self._nc.flush(timeout=timeout_s)
+
+        self.run(sub(), timeout_s + 1.0)
+
+    def subscribe_async(
+        self, subj: str, handler: Callable[[str, bytes, dict[str, str]], Awaitable[None]], timeout_s: float = 5.0
+    ) -> None:
+        """Like ``subscribe`` for a coroutine handler(subject, data, headers) run on the loop thread; messages of
+        the subscription are handled one at a time, in order (the handler may await calls)."""
+
+        async def sub() -> None:
+            assert self._nc is not None
+
+            async def cb(m: Any) -> None:
+                try:
+                    await handler(m.subject, m.data, dict(m.headers or {}))
                 except Exception:  # a bad notice must not kill the subscription
                     log.exception("connex: notice handler for %s failed", subj)
 

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 import torch
 
 from . import bus as busmod
+from . import notices
 from .bus import Bus, ConnexError
 from .memory import KVMemory, SharedRegionMemory
 from .metadata import ConnexMetadata, LoadSpec
 from .pb import connex_pb2 as pb
+from .pb import notices_pb2 as npb
 from .settings import Settings
 
 log = logging.getLogger("connex_vllm")
@@ -35,6 +37,7 @@ class _Pull:
     transfer_id: str
     dst_blocks: tuple[int, ...]
     deadline: float  # monotonic: no pull.done by then means the load failed (timeout)
+    started: float = 0.0  # monotonic
 
 
 @dataclass
@@ -56,7 +59,14 @@ class Completions:
 
     def pull_started(self, pull_id: str, spec: LoadSpec, transfer_id: str, timeout_s: float) -> None:
         with self._mu:
-            self._pulls[pull_id] = _Pull(spec.req_id, transfer_id, spec.dst_blocks, self.now() + timeout_s)
+            now = self.now()
+            self._pulls[pull_id] = _Pull(spec.req_id, transfer_id, spec.dst_blocks, now + timeout_s, now)
+
+    def overdue(self, after_s: float) -> bool:
+        """Whether a pull has been running for more than after_s."""
+        with self._mu:
+            now = self.now()
+            return any(now - p.started > after_s for p in self._pulls.values())
 
     def pull_ended(self, pull_id: str, ok: bool, why: str = "", duration_us: int = 0) -> None:
         """A pull ended (its pull.done, or pull.start failed): vLLM hears of it in the next get_finished."""
@@ -134,6 +144,7 @@ class ConnexWorker:
         self.engine_id = engine_id
         self.memory = memory or SharedRegionMemory(tp_size, block_size)
         self.done = Completions()
+        self.cursor = notices.NoticeCursor()
         self._bus: Bus | None = None
         self.region: pb.RegionInfo | None = None
 
@@ -147,8 +158,9 @@ class ConnexWorker:
         """At start: connect, subscribe to this engine's notices, back the KV caches with a connexd region."""
         s = self.settings
         self._bus = Bus(s.nats_url, s.member, f"connex-vllm-worker-{self.engine_id}", s.connect_timeout_s)
-        self.bus.subscribe(busmod.engine_subject(self.engine_id, "pull.done"), self._on_pull_done)
-        self.bus.subscribe(busmod.engine_subject(self.engine_id, "blocks.freed"), self._on_freed)
+        # One subscription for every notice, handled in order; missed ones are replayed from connexd.
+        self.bus.subscribe_async(busmod.engine_subject(self.engine_id, ">"), self._on_notice)
+        self.bus.every(lambda: 1.0, self._catch_up_if_overdue)
 
         def create(layout: pb.Layout) -> pb.RegionInfo:
             req = pb.CreateRegionRequest(engine_id=self.engine_id, region_id=REGION_ID, layout=layout)
@@ -197,18 +209,67 @@ class ConnexWorker:
 
         fut.add_done_callback(started)
 
-    def _on_pull_done(self, data: bytes) -> None:
-        d = pb.PullDone()
-        d.ParseFromString(data)
+    async def _on_notice(self, subj: str, data: bytes, headers: dict[str, str]) -> None:
+        """A live notice: in sequence it is handled; after a gap (notices lost while NATS reconnected) the
+        missed ones are fetched from connexd first (engine.notices); a repeat is dropped. Bus thread only."""
+        kind = subj.removeprefix(busmod.engine_subject(self.engine_id, ""))
+        journal, seq = headers.get(notices.HDR_JOURNAL, ""), int(headers.get(notices.HDR_SEQ, "0") or 0)
+        verdict = self.cursor.live(journal, seq)
+        if verdict is notices.Verdict.REPEAT:
+            return
+        if verdict is notices.Verdict.CATCH_UP:
+            await self._catch_up()
+        if seq <= 0 or self.cursor.seen(journal, seq):
+            self._handle(kind, data)
+
+    def _handle(self, kind: str, data: bytes) -> None:
+        if kind == "pull.done":
+            d = pb.PullDone()
+            d.ParseFromString(data)
+            self._pull_done(d)
+        elif kind == "blocks.freed":
+            n = pb.BlocksFreed()
+            n.ParseFromString(data)
+            self.done.blocks_freed(n.transfer_id)
+
+    def _pull_done(self, d: pb.PullDone) -> None:
         if d.ok:
             self.done.pull_ended(d.pull_id, True, duration_us=int(d.duration_us))
         else:
             self.done.pull_ended(d.pull_id, False, f"{busmod.reason(d.error_code)}: {d.error}")
 
-    def _on_freed(self, data: bytes) -> None:
-        n = pb.BlocksFreed()
-        n.ParseFromString(data)
-        self.done.blocks_freed(n.transfer_id)
+    async def _catch_up(self) -> None:
+        """Fetches and handles the notices after the cursor (engine.notices). Bus thread only."""
+        journal, seq = self.cursor.position()
+        req = npb.NoticesRequest(engine_id=self.engine_id, after_seq=seq, journal=journal)
+        try:
+            rep = await self.bus.call("engine.notices", req, npb.NoticesReply, self.settings.call_timeout_s)
+        except ConnexError as e:
+            log.warning("connex: engine.notices failed; missed notices are fetched again in a second: %s", e)
+            return
+        if rep.gap:
+            log.warning(
+                "connex: some missed notices are no longer kept by connexd; "
+                "the pulls waiting for them fail at their deadline"
+            )
+        replayed = 0
+        for n in rep.notices:
+            if not self.cursor.seen(rep.journal, n.seq):
+                continue
+            replayed += 1
+            if n.HasField("pull_done"):
+                self._pull_done(n.pull_done)
+            elif n.HasField("blocks_freed"):
+                self.done.blocks_freed(n.blocks_freed.transfer_id)
+        if replayed:
+            log.info("connex: %d missed notices replayed (engine %s)", replayed, self.engine_id)
+
+    async def _catch_up_if_overdue(self) -> float | None:
+        """Once a second while a pull has waited over a second for its pull.done: ask connexd what was missed
+        (nothing else would tell us after NATS dropped the notice)."""
+        if self.done.overdue(1.0):
+            await self._catch_up()
+        return None
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         sending, recving = self.done.take()

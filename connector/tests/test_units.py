@@ -116,7 +116,24 @@ def test_generated_protobuf_matches_messages(tmp_path: Path) -> None:
         pytest.fail("protoc not installed (apt-get install protobuf-compiler)")
     here = Path(__file__).resolve().parents[1]
     subprocess.run([str(here / "gen-proto.sh"), str(tmp_path)], check=True)
-    for name in ("connex_pb2.py", "request_pb2.py"):
+    for name in ("connex_pb2.py", "request_pb2.py", "notices_pb2.py"):
         assert filecmp.cmp(tmp_path / name, here / "connex_vllm" / "pb" / name, shallow=False), (
             f"connex_vllm/pb/{name} is stale: run connector/gen-proto.sh"
         )
+
+
+def test_notice_cursor_orders_live_and_replayed_notices() -> None:
+    from connex_vllm.notices import NoticeCursor, Verdict
+
+    c = NoticeCursor()
+    assert c.live("j1", 1) is Verdict.DELIVER and c.seen("j1", 1)
+    assert c.live("j1", 1) is Verdict.REPEAT
+    # 2 and 3 were lost: catch up first; the replay handles them, then 4.
+    assert c.live("j1", 4) is Verdict.CATCH_UP
+    assert c.seen("j1", 2) and c.seen("j1", 3)
+    assert not c.seen("j1", 3)  # a replay overlapping live delivery
+    assert c.seen("j1", 4) and c.position() == ("j1", 4)
+    # connexd restarted: a new journal starts again at 1, and its earlier notices are news.
+    assert c.live("j2", 3) is Verdict.CATCH_UP
+    assert c.position() == ("j2", 0)
+    assert c.live("j2", 0) is Verdict.DELIVER  # unnumbered (an older connexd)
