@@ -1,6 +1,10 @@
 package api
 
-import "strings"
+import (
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
 
 // Version is the subject API version; it is part of every subject.
 const Version = "v1"
@@ -88,7 +92,16 @@ func FreedSubject(engine string) string { return Prefix + ".engine." + engine + 
 func PullDoneSubject(engine string) string { return Prefix + ".engine." + engine + ".pull.done" }
 
 // ValidToken reports whether s can be used as one subject token (member
-// and engine ids): non-empty, at most 128 bytes, no whitespace, '.', '*' or '>'.
+// and engine ids): non-empty, at most 128 bytes of printable UTF-8, no
+// whitespace or control characters, '.', '*' or '>'.
 func ValidToken(s string) bool {
-	return s != "" && len(s) <= 128 && !strings.ContainsAny(s, " \t\r\n.*>")
+	if s == "" || len(s) > 128 || !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if r <= ' ' || r == 0x7f || r == '.' || r == '*' || r == '>' || !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
 }

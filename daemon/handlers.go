@@ -38,7 +38,7 @@ var transferIDRe = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 func requireToken(field, v string) error {
 	if !api.ValidToken(v) {
-		return api.Errorf(api.CodeBadRequest, "%s=%q: must be 1-128 characters without spaces, '.', '*' or '>'", field, v)
+		return api.Errorf(api.CodeBadRequest, "%s=%q: must be 1-128 bytes of printable UTF-8 without spaces, control characters, '.', '*' or '>'", field, v)
 	}
 	return nil
 }
@@ -141,6 +141,12 @@ func (d *Daemon) RegisterRegion(_ context.Context, r *messages.RegisterRegionReq
 
 // InspectRegion returns a region's accounting.
 func (d *Daemon) InspectRegion(_ context.Context, r *messages.RegionRef) (*messages.RegionInfo, error) {
+	if err := requireToken("engine_id", r.EngineId); err != nil {
+		return nil, err
+	}
+	if err := requireToken("region_id", r.RegionId); err != nil {
+		return nil, err
+	}
 	m, err := d.regions.Lookup(r.EngineId, r.RegionId)
 	if err != nil {
 		return nil, api.Errorf(api.CodeUnknownRegion, "%v", err)

@@ -26,8 +26,8 @@ type Members interface {
 }
 
 func (d *Daemon) askRequest(id string, msg any) (*messages.RequestStatus, error) {
-	if id == "" {
-		return nil, api.Errorf(api.CodeBadRequest, "request_id is empty")
+	if err := requireRequestID(id); err != nil {
+		return nil, err
 	}
 	pid, ok := d.reqTable.Lookup(id)
 	if !ok {
@@ -38,6 +38,14 @@ func (d *Daemon) askRequest(id string, msg any) (*messages.RequestStatus, error)
 		return nil, api.Errorf(api.CodeUnknownRequest, "request %s: %v", id, err)
 	}
 	return st, err
+}
+
+// requireRequestID refuses an id that cannot name a request (427).
+func requireRequestID(id string) error {
+	if !requests.ValidID(id) {
+		return api.Errorf(api.CodeBadRequest, "request_id=%q: want 1-128 letters, digits, '-', '_', '=' or '/'", id)
+	}
+	return nil
 }
 
 // askRequestActor sends msg to a request actor and waits for its reply.
@@ -73,7 +81,7 @@ func (d *Daemon) StartRequest(_ context.Context, r *messages.StartRequestMsg) (*
 	if err := d.requestsReady(); err != nil {
 		return nil, err
 	}
-	if err := requireToken("request_id", r.RequestId); err != nil {
+	if err := requireRequestID(r.RequestId); err != nil {
 		return nil, err
 	}
 	if err := requireToken("engine_id", r.EngineId); err != nil {
@@ -105,6 +113,9 @@ func (d *Daemon) FinishRequest(_ context.Context, r *messages.FinishRequestMsg) 
 // InspectRequest returns a request's state: from its actor if it runs
 // here, else from the durable store.
 func (d *Daemon) InspectRequest(ctx context.Context, r *messages.RequestRef) (*messages.RequestStatus, error) {
+	if err := requireRequestID(r.RequestId); err != nil {
+		return nil, err
+	}
 	if _, ok := d.reqTable.Lookup(r.RequestId); ok {
 		return d.askRequest(r.RequestId, &actors.InspectRequest{})
 	}
@@ -123,7 +134,7 @@ func (d *Daemon) Adopt(_ context.Context, r *messages.AdoptRequestMsg) (*message
 	if err := d.requestsReady(); err != nil {
 		return nil, err
 	}
-	if err := requireToken("request_id", r.RequestId); err != nil {
+	if err := requireRequestID(r.RequestId); err != nil {
 		return nil, err
 	}
 	engine := d.decodeEngine()

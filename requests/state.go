@@ -29,14 +29,29 @@ var (
 // cluster's orphan coordinator leaves it alone.
 const AuthorityRouter = "router"
 
+// ValidID reports whether id can name a request: 1-128 letters, digits,
+// '-', '_', '=' or '/' (what a JetStream KV key allows, without '.').
+func ValidID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '=' || c == '/') {
+			return false
+		}
+	}
+	return true
+}
+
 // MaxTokens bounds prompt plus generated tokens of one request.
 const MaxTokens = 1 << 20
 
 // New builds the initial state of a request started on owner.
 func New(start *messages.StartRequestMsg, owner string, now time.Time) (*messages.RequestState, error) {
 	switch {
-	case start.RequestId == "":
-		return nil, fmt.Errorf("%w: request_id is empty", ErrInvalid)
+	case !ValidID(start.RequestId):
+		return nil, fmt.Errorf("%w: request_id=%q: want 1-128 letters, digits, '-', '_', '=' or '/'", ErrInvalid, start.RequestId)
 	case start.Params == nil || start.Params.TransferId == "":
 		return nil, fmt.Errorf("%w: params.transfer_id is empty", ErrInvalid)
 	case len(start.PromptTokenIds) == 0 || len(start.PromptTokenIds) > MaxTokens:
