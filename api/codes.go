@@ -21,6 +21,7 @@ const (
 	CodeNotYours        Code = 403 // the requester may not act on this transfer
 	CodeUnknownTransfer Code = 404 // no such transfer (never existed or long forgotten)
 	CodeUnknownRegion   Code = 405 // no such engine region registered here
+	CodeForbidden       Code = 406 // a region file outside region_dir, through a link, or not owned by an allowed user
 	CodeReleased        Code = 409 // transfer already released (or freed after its pull)
 	CodeExpired         Code = 410 // transfer's lease expired and its blocks were freed
 	CodeTooLarge        Code = 413 // payload larger than max_request_bytes
@@ -44,7 +45,7 @@ const (
 // codeNames gives every code a stable name for logs and docs.
 var codeNames = map[Code]string{
 	CodeMalformed: "malformed_payload", CodeBadContentType: "bad_content_type", CodeNotYours: "not_yours",
-	CodeUnknownTransfer: "unknown_transfer", CodeUnknownRegion: "unknown_region", CodeReleased: "released",
+	CodeUnknownTransfer: "unknown_transfer", CodeUnknownRegion: "unknown_region", CodeForbidden: "forbidden", CodeReleased: "released",
 	CodeExpired: "expired", CodeTooLarge: "payload_too_large", CodeBadBlockIDs: "bad_block_ids",
 	CodeBadLayout: "bad_layout", CodeIncompatible: "incompatible", CodeBlocksBusy: "blocks_busy",
 	CodeEngineGone: "engine_gone", CodeBadRequest: "bad_request", CodeFenced: "fenced",
@@ -104,6 +105,8 @@ func CodeOf(err error) Code {
 		return CodeBadRequest
 	case errors.Is(err, kvmem.ErrBadBlockIDs):
 		return CodeBadBlockIDs
+	case errors.Is(err, kvmem.ErrOutsideRegionDir):
+		return CodeForbidden
 	case errors.Is(err, kvmem.ErrBadLayout):
 		return CodeBadLayout
 	case errors.Is(err, kvmem.ErrIncompatible):

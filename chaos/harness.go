@@ -224,7 +224,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 func (h *harness) start(ctx context.Context, name, role, engineID string) (*member, error) {
 	args := []string{"--member-id", name, "--role", role, "--backend", h.cfg.Backend, "--nats-url", h.url,
 		"--cluster-preset", "local", "--orphan-scan-ms", "200", "--retain-s", "5", "--pull-timeout-ms", "10000",
-		"--data-dir", h.dir + "/" + name, "--log-level", "warn"}
+		"--data-dir", h.dir + "/" + name, "--log-level", "warn", "--region-dir", h.dir}
 	cmd := exec.Command(h.cfg.Binary, args...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {

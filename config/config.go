@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -54,6 +55,12 @@ type Config struct {
 	NATSListen string
 	// DataDir holds the embedded server's JetStream storage.
 	DataDir string
+	// RegionDir confines region.register: only regular files beneath it,
+	// reached without symbolic links, owned by RegionOwners.
+	RegionDir string
+	// RegionOwners are the uids whose files region.register accepts
+	// (empty: connexd's own).
+	RegionOwners []int
 	// ShmDir, if set, is where connexd allocates the memory of created
 	// regions (region.create): a tmpfs mounted with huge=always gives them
 	// 2 MiB pages. Empty: a memfd (and UCX's UCX_POSIX_DIR or /dev/shm).
@@ -139,6 +146,8 @@ var defaults = []struct {
 	{"nats_url", "", "NATS server URL(s); empty starts an embedded server"},
 	{"nats_listen", "127.0.0.1:4222", "embedded NATS client address (port 0 = any free port)"},
 	{"data_dir", "connex-data", "directory for embedded NATS JetStream storage"},
+	{"region_dir", "/dev/shm", "region.register accepts only regular files beneath this directory (no symbolic links)"},
+	{"region_owner_uids", "", "comma-separated uids whose files region.register accepts (empty: connexd's own user)"},
 	{"shm_dir", "", "directory for created regions' memory (a huge=always tmpfs for 2 MiB pages); empty: memfd"},
 	{"role", "all", "member role: prefill, decode, router or all"},
 	{"member_id", "", "member id on the subject API (default: hostname-random)"},
@@ -347,6 +356,19 @@ func build(v *viper.Viper) (Config, error) {
 	c.NATSListen = strings.TrimSpace(v.GetString("nats_listen"))
 	c.DataDir = v.GetString("data_dir")
 	c.ShmDir = strings.TrimSpace(v.GetString("shm_dir"))
+	if c.RegionDir = strings.TrimSpace(v.GetString("region_dir")); c.RegionDir == "" {
+		return c, fmt.Errorf("%w: region_dir is empty, allowed: the directory engines' region files live in (e.g. /dev/shm)", ErrInvalid)
+	}
+	for _, f := range strings.Split(v.GetString("region_owner_uids"), ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		uid, err := strconv.Atoi(f)
+		if err != nil || uid < 0 {
+			return c, fmt.Errorf("%w: region_owner_uids=%q, allowed: comma-separated non-negative uids", ErrInvalid, v.GetString("region_owner_uids"))
+		}
+		c.RegionOwners = append(c.RegionOwners, uid)
+	}
 	c.DataListen = v.GetString("data_listen")
 	c.DataAdvertise = strings.TrimSpace(v.GetString("data_advertise"))
 	if c.JSReplicas, err = positive(v, "js_replicas", 5); err != nil {

@@ -115,7 +115,11 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	if err != nil {
 		return d, err
 	}
-	d.regions = kvmem.NewRegionTable()
+	rdir, err := kvmem.OpenRegionDir(cfg.RegionDir, cfg.RegionOwners)
+	if err != nil {
+		return d, err
+	}
+	d.regions = kvmem.NewConfinedRegionTable(rdir)
 	d.journal, d.journalID, d.inflight = notices.NewJournal(noticeJournalLimit, cfg.Tombstone), actors.NewTransferID()[:16], newPullTable()
 	d.dir = actors.NewDirectory(cfg.Tombstone, d.now)
 	d.libLog = slog.New(libHandler{Handler: log.Handler(), stopping: &d.stopping})

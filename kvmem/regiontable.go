@@ -33,11 +33,18 @@ type RegionTable struct {
 	mu      sync.Mutex
 	regions map[[2]string]*Mapped
 	open    func(path string, l Layout) (*Region, error)
+	dir     *RegionDir // closed by Close; nil if unconfined
 }
 
 // NewRegionTable returns an empty table that maps region files with OpenRegion.
 func NewRegionTable() *RegionTable {
 	return &RegionTable{regions: map[[2]string]*Mapped{}, open: OpenRegion}
+}
+
+// NewConfinedRegionTable returns an empty table that maps only region
+// files dir allows (region_dir).
+func NewConfinedRegionTable(dir *RegionDir) *RegionTable {
+	return &RegionTable{regions: map[[2]string]*Mapped{}, open: dir.Open, dir: dir}
 }
 
 // Register maps the region file. Registering the same engine, id, path and
@@ -140,6 +147,9 @@ func (t *RegionTable) Close() {
 	t.mu.Unlock()
 	for e := range engines {
 		t.DropEngine(e)
+	}
+	if t.dir != nil {
+		_ = t.dir.Close()
 	}
 }
 

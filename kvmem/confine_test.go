@@ -1,0 +1,98 @@
+package kvmem
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestRegionDirConfines: region.register opens only regular files beneath
+// region_dir, reached without links, owned by an allowed user; refusals
+// say nothing about what is outside.
+func TestRegionDirConfines(t *testing.T) {
+	l := Layout{Layers: 1, Planes: 2, Blocks: 4, BlockBytes: 4096, BlockSize: 16, TPSize: 1}
+	root := t.TempDir()
+	outside := t.TempDir()
+	d, err := OpenRegionDir(root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	mk := func(dir, name string, size uint64) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, make([]byte, size), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := mk(root, "engine.kv", l.Size())
+	if err := os.Mkdir(filepath.Join(root, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	nested := mk(filepath.Join(root, "sub"), "e.kv", l.Size())
+	secret := mk(outside, "secret", l.Size())
+	if err := os.Symlink(secret, filepath.Join(root, "link.kv")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(root, "dirlink")); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(root, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{good, nested} {
+		r, err := d.Open(p, l)
+		if err != nil {
+			t.Fatalf("open %s: %v", p, err)
+		}
+		r.Close()
+	}
+	for _, c := range []struct{ path, why string }{
+		{secret, "not beneath region_dir"},
+		{filepath.Join(root, "..", filepath.Base(outside), "secret"), "not beneath region_dir"},
+		{filepath.Join(root, "link.kv"), "symbolic link"},
+		{filepath.Join(root, "dirlink", "secret"), "symbolic link"},
+		{filepath.Join(root, "fifo"), "not a regular file"},
+		{filepath.Join(root, "sub"), "not a regular file"},
+		{filepath.Join(root, "missing.kv"), "no such file"},
+		{"engine.kv", "not an absolute path"},
+		{root, "not beneath region_dir"},
+	} {
+		_, err := d.Open(c.path, l)
+		if !errors.Is(err, ErrOutsideRegionDir) || !strings.Contains(err.Error(), c.why) {
+			t.Errorf("open %s: %v, want ErrOutsideRegionDir (%s)", c.path, err, c.why)
+		}
+		if err != nil && strings.Contains(err.Error(), strconv.FormatUint(l.Size(), 10)) {
+			t.Errorf("open %s: the refusal tells the file's size: %v", c.path, err)
+		}
+	}
+	// A file of the wrong size inside is a layout error (the engine's own file).
+	if _, err := d.Open(mk(root, "small.kv", 4096), l); !errors.Is(err, ErrBadLayout) {
+		t.Fatalf("wrong size inside region_dir: %v, want ErrBadLayout", err)
+	}
+	// Another user's file, even inside, is refused.
+	if os.Geteuid() != 0 {
+		t.Skip("chown needs root: the owner check is not exercised")
+	}
+	other := mk(root, "other.kv", l.Size())
+	if err := os.Chown(other, 12345, 12345); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Open(other, l); !errors.Is(err, ErrOutsideRegionDir) || !strings.Contains(err.Error(), "uid 12345") {
+		t.Fatalf("another user's file: %v, want refused naming its owner", err)
+	}
+	allow, err := OpenRegionDir(root, []int{12345})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer allow.Close()
+	r, err := allow.Open(other, l)
+	if err != nil {
+		t.Fatalf("a file of an allowed owner: %v", err)
+	}
+	r.Close()
+}
