@@ -53,6 +53,7 @@ type holdActor struct {
 	freed   bool
 	timer   *time.Timer
 	readers map[string][]uint32 // pull id -> blocks marked BeginRead
+	pullBy  map[string]string   // pull id -> the reader that started it
 	self    *actor.PID
 	system  *actor.ActorSystem
 	// implied: one registration covers every extent (ExtentRegistrar);
@@ -62,7 +63,7 @@ type holdActor struct {
 }
 
 func newHoldActor(deps *HoldDeps) actor.Actor {
-	return &holdActor{deps: deps, readers: map[string][]uint32{}}
+	return &holdActor{deps: deps, readers: map[string][]uint32{}, pullBy: map[string]string{}}
 }
 
 func (a *holdActor) Receive(ctx actor.Context) {
@@ -76,6 +77,11 @@ func (a *holdActor) Receive(ctx actor.Context) {
 	case *StartRead:
 		a.startRead(ctx, m)
 	case *EndRead:
+		if by, ok := a.pullBy[m.PullID]; ok && by != m.By {
+			ctx.Respond(Reply{Err: fmt.Errorf("%w: pull %s of %s was started by %q, not %q", lease.ErrNotYours, m.PullID, a.id(), by, m.By)})
+			return
+		}
+		delete(a.pullBy, m.PullID)
 		a.endRead(m.PullID)
 		a.step(ctx, lease.PullEnd{Now: a.deps.Now(), PullID: m.PullID, OK: m.OK}, func() Reply { return Reply{Status: a.status()} })
 	case *ReleaseHold:
@@ -206,10 +212,14 @@ func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 		return
 	}
 	now := a.deps.Now()
-	a.step(ctx, lease.PullStart{Now: now, By: m.By, PullID: m.PullID, Deadline: now.Add(m.Timeout + a.deps.ReadSlack)}, func() Reply {
+	// A reader may not pin the blocks past the lease it renews: its
+	// deadline is at most one lease away.
+	timeout := min(m.Timeout, a.h.Retain())
+	a.step(ctx, lease.PullStart{Now: now, By: m.By, PullID: m.PullID, Deadline: now.Add(timeout + a.deps.ReadSlack)}, func() Reply {
 		if err := a.spec.Region.Blocks.BeginRead(a.spec.Req.BlockIds); err == nil {
 			a.readers[m.PullID] = a.spec.Req.BlockIds
 		}
+		a.pullBy[m.PullID] = m.By
 		st := a.h.Status()
 		return Reply{Desc: &messages.Descriptors{
 			TransferId:        a.id(),

@@ -44,6 +44,8 @@ type StartRead struct {
 type EndRead struct {
 	PullID string
 	OK     bool
+	// By is the reader that ends it: it must be the one that started it.
+	By string
 }
 
 // ReleaseHold ends the hold. Reply: Status or Err.

@@ -328,7 +328,7 @@ func (d *Daemon) Descriptors(_ context.Context, r *messages.DescriptorsRequest) 
 
 // PullEnd ends a peer's read of a hold.
 func (d *Daemon) PullEnd(_ context.Context, r *messages.PullEnd) (*messages.HoldStatus, error) {
-	rep, err := d.askHold(r.TransferId, &actors.EndRead{PullID: r.PullId, OK: r.Ok})
+	rep, err := d.askHold(r.TransferId, &actors.EndRead{PullID: r.PullId, OK: r.Ok, By: r.Requester})
 	return rep.Status, err
 }
 

@@ -137,6 +137,11 @@ func (d *Daemon) Adopt(_ context.Context, r *messages.AdoptRequestMsg) (*message
 	if err := requireRequestID(r.RequestId); err != nil {
 		return nil, err
 	}
+	// Only an owner gone from this member's own view may be replaced: a
+	// caller cannot fence a live request by claiming its owner died.
+	if d.members != nil && d.members.View().Present[r.DeadOwner] {
+		return nil, api.Errorf(api.CodeBadRequest, "request %s: owner %s is live in member %s's view; only a departed owner's requests are adopted", r.RequestId, r.DeadOwner, d.cfg.MemberID)
+	}
 	engine := d.decodeEngine()
 	if engine == "" {
 		return nil, api.Errorf(api.CodeUnknownRegion, "member %s has no registered decode engine to resume request %s on", d.cfg.MemberID, r.RequestId)

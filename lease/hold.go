@@ -391,6 +391,9 @@ type Status struct {
 	Freed       bool
 }
 
+// Retain is the lease length: every renewal and pull restarts it.
+func (h *Hold) Retain() time.Duration { return h.cfg.Retain }
+
 // Status returns a snapshot.
 func (h *Hold) Status() Status {
 	return Status{State: h.state, Mode: h.cfg.Mode, Deadline: h.deadline, ActivePulls: len(h.pulls), PullsDone: h.pullsDone, Freed: h.freed}

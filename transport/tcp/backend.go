@@ -33,6 +33,7 @@ type Backend struct {
 	mu        sync.Mutex
 	closed    bool
 	conns     map[*serverConn]struct{}
+	perPeer   map[string]int // served connections per remote IP (MaxConnsPerPeer)
 	endpoints map[string]*endpoint
 }
 
@@ -67,6 +68,7 @@ func OpenConfig(opts transport.Options, cfg Config) (*Backend, error) {
 		quit:      make(chan struct{}),
 		regs:      make(map[uint64]*registration),
 		conns:     make(map[*serverConn]struct{}),
+		perPeer:   make(map[string]int),
 		endpoints: make(map[string]*endpoint),
 	}
 	b.wg.Add(1)

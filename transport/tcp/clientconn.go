@@ -113,6 +113,18 @@ func dialConn(ctx context.Context, b *Backend, addr string) (net.Conn, error) {
 }
 
 // usable reports whether new requests may be sent on c.
+// errIdle is why a reader closes a connection it has not used for
+// ClientIdle.
+var errIdle = errors.New("tcp: connection idle")
+
+// idle reports whether c has no request in flight and received nothing for
+// d (its dial counts as a receive).
+func (c *clientConn) idle(d time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pending) == 0 && monoNow()-c.lastRecv.Load() > int64(d)
+}
+
 func (c *clientConn) usable() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -36,6 +36,16 @@ type Config struct {
 	// MaxConns caps concurrently served connections; more are closed on
 	// accept.
 	MaxConns int
+	// MaxConnsPerPeer caps the connections served to one remote address
+	// (IP), so one peer cannot take every slot of MaxConns.
+	MaxConnsPerPeer int
+	// IdleTimeout closes a served connection that sends no request for
+	// this long (after its hello, which HandshakeTimeout bounds).
+	IdleTimeout time.Duration
+	// ClientIdle is how long a reader keeps an unused connection before it
+	// closes it itself; shorter than IdleTimeout, so that a reader never
+	// sends a request on a connection the holder is about to close.
+	ClientIdle time.Duration
 }
 
 // DefaultConfig returns the configuration Open uses.
@@ -50,6 +60,9 @@ func DefaultConfig() Config {
 		HandshakeTimeout: 10 * time.Second, // drop silent connections
 		DeregisterGrace:  time.Second,      // then cut readers that do not drain
 		MaxConns:         1024,             // bounds server goroutines and buffers
+		MaxConnsPerPeer:  64,               // readers open ConnsPerEndpoint each; a few processes per host
+		IdleTimeout:      2 * time.Minute,  // idle connections are dropped, not kept for ever
+		ClientIdle:       time.Minute,      // the reader closes first
 	}
 }
 
@@ -80,6 +93,15 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxConns == 0 {
 		c.MaxConns = d.MaxConns
 	}
+	if c.MaxConnsPerPeer == 0 {
+		c.MaxConnsPerPeer = d.MaxConnsPerPeer
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = d.IdleTimeout
+	}
+	if c.ClientIdle == 0 {
+		c.ClientIdle = d.ClientIdle
+	}
 	switch {
 	case c.ConnsPerEndpoint < 0 || c.ConnsPerEndpoint > 64:
 		return c, fmt.Errorf("tcp config: ConnsPerEndpoint %d out of range 1..64", c.ConnsPerEndpoint)
@@ -93,8 +115,12 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("tcp config: negative SocketBuffer %d", c.SocketBuffer)
 	case c.WriteTimeout < 0 || c.HandshakeTimeout < 0 || c.DeregisterGrace < 0:
 		return c, fmt.Errorf("tcp config: negative timeout")
-	case c.MaxConns < 0:
-		return c, fmt.Errorf("tcp config: negative MaxConns %d", c.MaxConns)
+	case c.MaxConns < 0 || c.MaxConnsPerPeer < 0:
+		return c, fmt.Errorf("tcp config: negative MaxConns %d or MaxConnsPerPeer %d", c.MaxConns, c.MaxConnsPerPeer)
+	case c.IdleTimeout < 0 || c.ClientIdle < 0:
+		return c, fmt.Errorf("tcp config: negative idle timeout")
+	case c.ClientIdle >= c.IdleTimeout:
+		return c, fmt.Errorf("tcp config: ClientIdle %s must be shorter than IdleTimeout %s", c.ClientIdle, c.IdleTimeout)
 	}
 	return c, nil
 }

@@ -36,8 +36,14 @@ func (e *endpoint) conn(ctx context.Context, i int) (*clientConn, error) {
 		return nil, e.err
 	}
 	if c := e.slots[i]; c != nil && c.usable() {
-		e.mu.Unlock()
-		return c, nil
+		if !c.idle(e.b.cfg.ClientIdle) {
+			e.mu.Unlock()
+			return c, nil
+		}
+		// Unused for ClientIdle: close it before the holder's IdleTimeout
+		// would, so no request is ever sent on a connection being closed.
+		c.abort(errIdle)
+		e.slots[i] = nil
 	}
 	e.mu.Unlock()
 

@@ -27,8 +27,9 @@ const (
 // requests ahead (readRequests), the connection's own goroutine answers them
 // in order (answer).
 type serverConn struct {
-	b  *Backend
-	nc net.Conn
+	b      *Backend
+	nc     net.Conn
+	peerIP string // counted in Backend.perPeer
 
 	queue  chan request  // read ahead, not answered yet
 	stop   chan struct{} // closed when answer returns
@@ -68,18 +69,24 @@ func (b *Backend) acceptLoop() {
 			continue
 		}
 		backoff = 0
+		peerIP := remoteIP(nc)
 		b.mu.Lock()
-		if b.closed || len(b.conns) >= b.cfg.MaxConns {
-			full := !b.closed
+		if b.closed || len(b.conns) >= b.cfg.MaxConns || b.perPeer[peerIP] >= b.cfg.MaxConnsPerPeer {
+			closed, perPeer := b.closed, b.perPeer[peerIP] >= b.cfg.MaxConnsPerPeer
 			b.mu.Unlock()
 			_ = nc.Close()
-			if full {
+			switch {
+			case closed:
+			case perPeer:
+				b.log.Warn("tcp: too many connections from one peer; refusing one", "peer", nc.RemoteAddr().String(), "max_per_peer", b.cfg.MaxConnsPerPeer)
+			default:
 				b.log.Warn("tcp: too many connections; refusing one", "peer", nc.RemoteAddr().String(), "max", b.cfg.MaxConns)
 			}
 			continue
 		}
-		sc := &serverConn{b: b, nc: nc}
+		sc := &serverConn{b: b, nc: nc, peerIP: peerIP}
 		b.conns[sc] = struct{}{}
+		b.perPeer[peerIP]++
 		b.wg.Add(1)
 		b.mu.Unlock()
 		go sc.run()
@@ -92,6 +99,9 @@ func (sc *serverConn) run() {
 	defer func() {
 		b.mu.Lock()
 		delete(b.conns, sc)
+		if b.perPeer[sc.peerIP]--; b.perPeer[sc.peerIP] <= 0 {
+			delete(b.perPeer, sc.peerIP)
+		}
 		b.mu.Unlock()
 	}()
 	b.tuneConn(sc.nc)
@@ -157,8 +167,18 @@ func (sc *serverConn) readRequests() error {
 	defer close(sc.queue)
 	br := bufio.NewReaderSize(sc.nc, serverReadBuf)
 	for {
+		// A reader that sends nothing for IdleTimeout is dropped (its
+		// connection would hold a slot for ever); readers close their own
+		// idle connections earlier (ClientIdle).
+		if br.Buffered() < requestLen {
+			_ = sc.nc.SetReadDeadline(time.Now().Add(sc.b.cfg.IdleTimeout))
+		}
 		req, err := readRequest(br)
 		if err != nil {
+			if isTimeout(err) {
+				sc.b.log.Debug("tcp: closing an idle connection", "peer", sc.nc.RemoteAddr().String(), "idle", sc.b.cfg.IdleTimeout)
+				return io.EOF
+			}
 			return err
 		}
 		sc.qmu.Lock()
@@ -213,6 +233,21 @@ func (sc *serverConn) answer() error {
 			return err
 		}
 	}
+}
+
+// remoteIP is the address part of nc's peer (the unit of MaxConnsPerPeer).
+func remoteIP(nc net.Conn) string {
+	addr := nc.RemoteAddr().String()
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
+}
+
+// isTimeout reports whether err is a passed read deadline.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // readRequest reads and decodes one request frame from br.

@@ -1,0 +1,119 @@
+package tcp
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/transport"
+)
+
+// rawConn dials b's data plane and sends a hello, as a hostile client that
+// then sends nothing would.
+func rawConn(t *testing.T, b *Backend) net.Conn {
+	t.Helper()
+	nc, err := net.Dial("tcp", string(b.Address()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nc.Close() })
+	if _, err := nc.Write(appendHello(nil)); err != nil {
+		t.Fatal(err)
+	}
+	return nc
+}
+
+// closedByServer waits until the server closed nc (a read returns EOF or a
+// reset rather than timing out).
+func closedByServer(t *testing.T, nc net.Conn, within time.Duration) {
+	t.Helper()
+	checkFor(t, within, 10*time.Millisecond, func() error {
+		_ = nc.SetReadDeadline(time.Now().Add(5 * time.Millisecond))
+		var b [64]byte
+		for {
+			_, err := nc.Read(b[:])
+			if err == nil {
+				continue // the server's hello
+			}
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				return fmt.Errorf("connection still open")
+			}
+			return nil
+		}
+	})
+}
+
+// TestIdleConnectionsAreDropped: a connection that sends its hello and
+// then nothing is closed after IdleTimeout, so idle connections cannot
+// hold the server's slots; a reader's own pooled connection is retired by
+// the reader first (ClientIdle) and its next Get redials transparently.
+func TestIdleConnectionsAreDropped(t *testing.T) {
+	srv := openBackend(t, Config{IdleTimeout: 300 * time.Millisecond, ClientIdle: 100 * time.Millisecond})
+	cli := openBackend(t, Config{IdleTimeout: 300 * time.Millisecond, ClientIdle: 100 * time.Millisecond})
+	idle := rawConn(t, srv)
+	closedByServer(t, idle, 5*time.Second)
+
+	src := randomBytes(1, 64<<10)
+	reg := register(t, srv, src)
+	ep := connect(t, cli, srv)
+	get := func() {
+		t.Helper()
+		dst := make([]byte, len(src))
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := ep.Get(ctx, []transport.GetOp{{RemoteKey: reg.RemoteKey(), Dst: dst}}); err != nil {
+			t.Fatalf("get: %v", err)
+		}
+	}
+	get()
+	// Past both timeouts: the reader redials instead of using a dead connection.
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		srv.mu.Lock()
+		n := len(srv.conns)
+		srv.mu.Unlock()
+		if n != 0 {
+			return fmt.Errorf("%d served connections, want 0 once idle", n)
+		}
+		return nil
+	})
+	get()
+}
+
+// TestConnectionsPerPeerAreCapped: beyond MaxConnsPerPeer, a peer's new
+// connections are closed at accept.
+func TestConnectionsPerPeerAreCapped(t *testing.T) {
+	srv := openBackend(t, Config{MaxConnsPerPeer: 3})
+	var open []net.Conn
+	for range 3 {
+		open = append(open, rawConn(t, srv))
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		srv.mu.Lock()
+		n := srv.perPeer["127.0.0.1"]
+		srv.mu.Unlock()
+		if n != 3 {
+			return fmt.Errorf("%d connections counted for 127.0.0.1, want 3", n)
+		}
+		return nil
+	})
+	closedByServer(t, rawConn(t, srv), 5*time.Second)
+	// One goes away: a slot is free again.
+	open[0].Close()
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		srv.mu.Lock()
+		n := srv.perPeer["127.0.0.1"]
+		srv.mu.Unlock()
+		if n != 2 {
+			return fmt.Errorf("%d connections counted, want 2", n)
+		}
+		return nil
+	})
+	again := rawConn(t, srv)
+	_ = again.SetReadDeadline(time.Now().Add(2 * time.Second))
+	var hello [helloLen]byte
+	if _, err := again.Read(hello[:]); err != nil {
+		t.Fatalf("a connection within the cap got no hello: %v", err)
+	}
+}
