@@ -76,6 +76,19 @@ func (d *Directory) ByEngine(engine string) map[string]*HoldEntry {
 	return out
 }
 
+// CountEngine is the number of live holds of an engine.
+func (d *Directory) CountEngine(engine string) int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	n := 0
+	for _, e := range d.live {
+		if e.Engine == engine {
+			n++
+		}
+	}
+	return n
+}
+
 // Live is the number of live holds.
 func (d *Directory) Live() int {
 	d.mu.RLock()

@@ -107,6 +107,8 @@ func CodeOf(err error) Code {
 		return CodeBadBlockIDs
 	case errors.Is(err, kvmem.ErrOutsideRegionDir):
 		return CodeForbidden
+	case errors.Is(err, kvmem.ErrOverQuota), errors.Is(err, requests.ErrStoreFull):
+		return CodeOverloaded
 	case errors.Is(err, kvmem.ErrBadLayout):
 		return CodeBadLayout
 	case errors.Is(err, kvmem.ErrIncompatible):

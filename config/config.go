@@ -61,6 +61,19 @@ type Config struct {
 	// RegionOwners are the uids whose files region.register accepts
 	// (empty: connexd's own).
 	RegionOwners []int
+	// RegionMaxBytes bounds the bytes of all regions this member maps (0:
+	// three quarters of the machine's memory); RegionMaxBytesPerEngine
+	// those of one engine (0: RegionMaxBytes); RegionMaxPerEngine how many
+	// regions one engine may have.
+	RegionMaxBytes          uint64
+	RegionMaxBytesPerEngine uint64
+	RegionMaxPerEngine      int
+	// HoldsMaxPerEngine bounds the live holds of one engine.
+	HoldsMaxPerEngine int
+	// RequestsMax bounds the requests in flight on this member.
+	RequestsMax int
+	// RequestStoreBytes bounds the request bucket's JetStream storage.
+	RequestStoreBytes int64
 	// ShmDir, if set, is where connexd allocates the memory of created
 	// regions (region.create): a tmpfs mounted with huge=always gives them
 	// 2 MiB pages. Empty: a memfd (and UCX's UCX_POSIX_DIR or /dev/shm).
@@ -154,6 +167,12 @@ var defaults = []struct {
 	{"data_listen", "127.0.0.1:0", "TCP data-plane listen address"},
 	{"data_advertise", "", "host:port peers dial for the TCP data plane (default: the listen address)"},
 	{"js_replicas", 1, "JetStream replicas of the request-state bucket (3 on a NATS cluster)"},
+	{"region_max_bytes", 0, "bytes of all regions this member maps (0: three quarters of the machine's memory)"},
+	{"region_max_bytes_per_engine", 0, "bytes of the regions of one engine (0: region_max_bytes)"},
+	{"region_max_per_engine", 16, "regions one engine may have"},
+	{"holds_max_per_engine", 16384, "live holds of one engine"},
+	{"requests_max", 4096, "requests in flight on this member"},
+	{"request_store_bytes", 1 << 30, "JetStream storage of the request-state bucket, in bytes"},
 	{"request_ttl_s", 3600, "seconds a request's durable state lives after its last write (progress, takeover)"},
 	{"pull_timeout_ms", 30000, "deadline of one pull in milliseconds"},
 	{"pull_stall_ms", 1000, "a pull fails after this many milliseconds without progress"},
@@ -374,6 +393,34 @@ func build(v *viper.Viper) (Config, error) {
 	if c.JSReplicas, err = positive(v, "js_replicas", 5); err != nil {
 		return c, err
 	}
+	nonNegative := func(key string) (uint64, error) {
+		raw := strings.TrimSpace(v.GetString(key))
+		n, err := strconv.ParseUint(raw, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %s=%q, allowed: a byte count (0: the default)", ErrInvalid, key, raw)
+		}
+		return n, nil
+	}
+	if c.RegionMaxBytes, err = nonNegative("region_max_bytes"); err != nil {
+		return c, err
+	}
+	if c.RegionMaxBytesPerEngine, err = nonNegative("region_max_bytes_per_engine"); err != nil {
+		return c, err
+	}
+	if c.RegionMaxPerEngine, err = positive(v, "region_max_per_engine", 1<<16); err != nil {
+		return c, err
+	}
+	if c.HoldsMaxPerEngine, err = positive(v, "holds_max_per_engine", 1<<24); err != nil {
+		return c, err
+	}
+	if c.RequestsMax, err = positive(v, "requests_max", 1<<24); err != nil {
+		return c, err
+	}
+	rsb, err := positive(v, "request_store_bytes", 1<<50)
+	if err != nil {
+		return c, err
+	}
+	c.RequestStoreBytes = int64(rsb)
 	ttl, err := positive(v, "request_ttl_s", 30*24*3600)
 	if err != nil {
 		return c, err

@@ -120,6 +120,16 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		return d, err
 	}
 	d.regions = kvmem.NewConfinedRegionTable(rdir)
+	q := kvmem.Quota{MemberBytes: cfg.RegionMaxBytes, EngineBytes: cfg.RegionMaxBytesPerEngine, RegionsPerEngine: cfg.RegionMaxPerEngine}
+	if q.MemberBytes == 0 {
+		if total, err := kvmem.Meminfo("MemTotal"); err == nil {
+			q.MemberBytes = total / 4 * 3
+		}
+	}
+	if q.EngineBytes == 0 {
+		q.EngineBytes = q.MemberBytes
+	}
+	d.regions.SetQuota(q)
 	d.journal, d.journalID, d.inflight = notices.NewJournal(noticeJournalLimit, cfg.Tombstone), actors.NewTransferID()[:16], newPullTable()
 	d.dir = actors.NewDirectory(cfg.Tombstone, d.now)
 	d.libLog = slog.New(libHandler{Handler: log.Handler(), stopping: &d.stopping})
@@ -156,7 +166,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	d.pdeps.Ctx, d.pullCancel = context.WithCancel(context.Background())
 	d.reqTable = actors.NewRequestTable()
 	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-	d.reqStore, d.reqErr = requests.OpenKVStore(sctx, d.Bus.Conn, cfg.JSReplicas, cfg.RequestTTL)
+	d.reqStore, d.reqErr = requests.OpenKVStore(sctx, d.Bus.Conn, cfg.JSReplicas, cfg.RequestTTL, cfg.RequestStoreBytes)
 	scancel()
 	if d.reqErr != nil {
 		d.reqStore = nil

@@ -76,6 +76,9 @@ func (d *Daemon) CreateRegion(_ context.Context, r *messages.CreateRegionRequest
 		return nil, api.Errorf(api.CodeBadRequest, "region %s/%s already exists (%s, %s) with another layout or memory",
 			r.EngineId, r.RegionId, m.Region.Memory, m.Region.Path)
 	}
+	if err := d.regions.Admit(r.EngineId, l); err != nil {
+		return nil, err
+	}
 	reg, err := d.newRegion(r.EngineId+"-"+r.RegionId, l)
 	if err != nil {
 		return nil, err
@@ -104,6 +107,7 @@ func (d *Daemon) newRegion(name string, l kvmem.Layout) (*kvmem.Region, error) {
 			// a memfd is not bound by it).
 			reg, rerr := kvmem.NewRegion(mem.Path(), l, d.Backend.Name()+"-shared", mem.Bytes(), mem.Free)
 			if rerr == nil {
+				kvmem.Populate(mem.Bytes()[:l.Size()])
 				return reg, nil
 			}
 			_ = mem.Free()
@@ -196,6 +200,9 @@ func (d *Daemon) CreateHold(_ context.Context, r *messages.CreateHoldRequest) (*
 			return nil, api.Errorf(api.CodeBadRequest, "retain_s=%d: at most 86400", r.RetainS)
 		}
 		retain = time.Duration(r.RetainS) * time.Second
+	}
+	if n := d.dir.CountEngine(r.EngineId); n >= d.cfg.HoldsMaxPerEngine {
+		return nil, api.Errorf(api.CodeOverloaded, "engine %s has %d live holds (holds_max_per_engine=%d): release some first", r.EngineId, n, d.cfg.HoldsMaxPerEngine)
 	}
 	region, release, err := d.regions.Acquire(r.EngineId, r.RegionId)
 	if err != nil {

@@ -88,6 +88,9 @@ func (d *Daemon) StartRequest(_ context.Context, r *messages.StartRequestMsg) (*
 		return nil, err
 	}
 	inst := d.engineInstance(r.EngineId)
+	if _, here := d.reqTable.Lookup(r.RequestId); !here && d.reqTable.Len() >= d.cfg.RequestsMax {
+		return nil, api.Errorf(api.CodeOverloaded, "member %s runs %d requests (requests_max=%d)", d.cfg.MemberID, d.reqTable.Len(), d.cfg.RequestsMax)
+	}
 	if r.Takeover {
 		if _, ok := d.reqTable.Lookup(r.RequestId); ok {
 			return d.askRequest(r.RequestId, &actors.TakeoverRequest{Msg: r, Instance: inst})
@@ -141,6 +144,9 @@ func (d *Daemon) Adopt(_ context.Context, r *messages.AdoptRequestMsg) (*message
 	// caller cannot fence a live request by claiming its owner died.
 	if d.members != nil && d.members.View().Present[r.DeadOwner] {
 		return nil, api.Errorf(api.CodeBadRequest, "request %s: owner %s is live in member %s's view; only a departed owner's requests are adopted", r.RequestId, r.DeadOwner, d.cfg.MemberID)
+	}
+	if d.reqTable.Len() >= d.cfg.RequestsMax {
+		return nil, api.Errorf(api.CodeOverloaded, "member %s runs %d requests (requests_max=%d)", d.cfg.MemberID, d.reqTable.Len(), d.cfg.RequestsMax)
 	}
 	engine := d.decodeEngine()
 	if engine == "" {

@@ -16,6 +16,10 @@ var ErrIncompatible = errors.New("kvmem: incompatible layouts")
 // never overflow and a typo in a layout fails loudly.
 const MaxRegionBytes = 1 << 40
 
+// MaxBlocks bounds the blocks of one region (4 Mi): connexd keeps a few
+// bytes of accounting per block, and no engine needs more.
+const MaxBlocks = 1 << 22
+
 // Layout is the geometry of a KV region: layers × planes × blocks × bytes,
 // laid out layer-major. Block b of plane p (0 = K, 1 = V) of layer l starts
 // at ((l*Planes+p)*Blocks+b)*BlockBytes.
@@ -35,8 +39,8 @@ func (l Layout) Validate() error {
 		return fmt.Errorf("%w: num_layers must be > 0", ErrBadLayout)
 	case l.Planes != 2:
 		return fmt.Errorf("%w: kv_planes=%d, only full-attention KV (2 planes) is supported", ErrBadLayout, l.Planes)
-	case l.Blocks == 0:
-		return fmt.Errorf("%w: num_blocks must be > 0", ErrBadLayout)
+	case l.Blocks == 0 || l.Blocks > MaxBlocks:
+		return fmt.Errorf("%w: num_blocks=%d, allowed: 1..%d", ErrBadLayout, l.Blocks, MaxBlocks)
 	case l.BlockBytes == 0:
 		return fmt.Errorf("%w: block_bytes must be > 0", ErrBadLayout)
 	case l.BlockSize == 0:

@@ -135,8 +135,8 @@ func CreateShmRegion(dir, name string, layout Layout) (*Region, error) {
 	return createdRegion(os.NewFile(uintptr(fd), "shm:"+dir+"/connex-"+name), layout, MemoryShm)
 }
 
-// createdRegion reserves and maps f, an unnamed file this process made,
-// as a region of layout; the region owns f.
+// createdRegion reserves, maps and populates f, an unnamed file this
+// process made, as a region of layout; the region owns f.
 func createdRegion(f *os.File, layout Layout, memory string) (*Region, error) {
 	if err := reserve(f, layout.Size()); err != nil {
 		f.Close()
@@ -148,6 +148,7 @@ func createdRegion(f *os.File, layout Layout, memory string) (*Region, error) {
 		f.Close()
 		return nil, err
 	}
+	Populate(r.mem)
 	mem := r.mem
 	r.Memory = memory
 	r.free = func() error {
@@ -155,6 +156,18 @@ func createdRegion(f *os.File, layout Layout, memory string) (*Region, error) {
 		return errors.Join(err, f.Close())
 	}
 	return r, nil
+}
+
+// Populate faults in every page of mem, writable, without changing its
+// bytes (MADV_POPULATE_WRITE, Linux 5.14; elsewhere it does nothing). A
+// created region's memory is then allocated and zeroed at region.create,
+// where its cost belongs, instead of on the first pull that writes each
+// page (on a VM, the first touch of guest memory costs several times a
+// copy: measured 35 ms extra on a 128 MiB pull).
+func Populate(mem []byte) {
+	if len(mem) > 0 {
+		_ = unix.Madvise(mem, unix.MADV_POPULATE_WRITE)
+	}
 }
 
 // Reserve allocates n bytes of the shared-memory file at path up front
@@ -196,12 +209,17 @@ func roomFor(f *os.File) (uint64, error) {
 	if st.Blocks > 0 {
 		return st.Bavail * uint64(st.Bsize), nil
 	}
+	return Meminfo("MemAvailable")
+}
+
+// Meminfo reads one field of /proc/meminfo (e.g. "MemTotal"), in bytes.
+func Meminfo(field string) (uint64, error) {
 	data, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
 			kb, err := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
 			if err != nil {
 				return 0, err
@@ -209,7 +227,7 @@ func roomFor(f *os.File) (uint64, error) {
 			return kb << 10, nil
 		}
 	}
-	return 0, errors.New("no MemAvailable in /proc/meminfo")
+	return 0, fmt.Errorf("no %s in /proc/meminfo", field)
 }
 
 // AttachRegion maps a region connexd created (RegionInfo.path of

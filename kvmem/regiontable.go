@@ -34,6 +34,7 @@ type RegionTable struct {
 	regions map[[2]string]*Mapped
 	open    func(path string, l Layout) (*Region, error)
 	dir     *RegionDir // closed by Close; nil if unconfined
+	quota   Quota
 }
 
 // NewRegionTable returns an empty table that maps region files with OpenRegion.
@@ -59,6 +60,9 @@ func (t *RegionTable) Register(engine, id, path string, l Layout) (*Mapped, erro
 		}
 		return nil, fmt.Errorf("%w: %s/%s is %s", ErrRegionExists, engine, id, m.Region.Path)
 	}
+	if err := t.check(engine, l.Size()); err != nil {
+		return nil, err
+	}
 	r, err := t.open(path, l)
 	if err != nil {
 		return nil, err
@@ -77,6 +81,9 @@ func (t *RegionTable) Add(engine, id string, r *Region) (*Mapped, error) {
 	key := [2]string{engine, id}
 	if m, ok := t.regions[key]; ok {
 		return nil, fmt.Errorf("%w: %s/%s is %s", ErrRegionExists, engine, id, m.Region.Path)
+	}
+	if err := t.check(engine, r.Layout.Size()); err != nil {
+		return nil, err
 	}
 	m := &Mapped{Engine: engine, ID: id, Region: r, Blocks: NewBlockTable(r.Layout.Blocks)}
 	t.regions[key] = m

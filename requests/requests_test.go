@@ -112,7 +112,7 @@ func TestKVStoreFencing(t *testing.T) {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := OpenKVStore(ctx, nc, 1, time.Hour)
+	s, err := OpenKVStore(ctx, nc, 1, time.Hour, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +159,7 @@ func TestKVStoreFencing(t *testing.T) {
 
 	// request_ttl_s: reopened with a 1 s TTL, an entry nobody writes again
 	// is gone within a few seconds.
-	s, err = OpenKVStore(ctx, nc, 1, time.Second)
+	s, err = OpenKVStore(ctx, nc, 1, time.Second, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,9 @@ var (
 	ErrNotFound = errors.New("requests: no such request")
 	// ErrInvalid means a request's fields are unusable.
 	ErrInvalid = errors.New("requests: invalid request")
+	// ErrStoreFull means the request bucket reached request_store_bytes
+	// (or JetStream ran out of room): no new request state can be written.
+	ErrStoreFull = errors.New("requests: the request state store is full")
 	// ErrNotOrphan means an adopt was asked for a request whose owner changed.
 	ErrNotOrphan = errors.New("requests: request is not an orphan of that member")
 )

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/connex/connex/messages"
@@ -39,7 +40,7 @@ type KVStore struct {
 // owner neither progresses nor finishes for that long is dropped, so
 // nothing strands state for nobody. Opening with another ttl updates the
 // bucket.
-func OpenKVStore(ctx context.Context, nc *nats.Conn, replicas int, ttl time.Duration) (*KVStore, error) {
+func OpenKVStore(ctx context.Context, nc *nats.Conn, replicas int, ttl time.Duration, maxBytes int64) (*KVStore, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("requests: jetstream: %w", err)
@@ -47,6 +48,7 @@ func OpenKVStore(ctx context.Context, nc *nats.Conn, replicas int, ttl time.Dura
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: Bucket, Description: "Connex in-flight decode requests", History: 1,
 		Storage: jetstream.FileStorage, Replicas: replicas, MaxValueSize: 8 << 20, TTL: ttl,
+		MaxBytes: maxBytes,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("requests: kv bucket %s: %w", Bucket, err)
@@ -67,6 +69,9 @@ func (s *KVStore) Create(ctx context.Context, st *messages.RequestState) (uint64
 	rev, err := s.KV.Create(ctx, Key(st.RequestId), data)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return 0, fmt.Errorf("%w: %s", ErrExists, st.RequestId)
+	}
+	if isFull(err) {
+		return 0, fmt.Errorf("%w: create %s: %w", ErrStoreFull, st.RequestId, err)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("requests: create %s: %w", st.RequestId, err)
@@ -89,9 +94,29 @@ func (s *KVStore) Update(ctx context.Context, st *messages.RequestState, rev uin
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return 0, fmt.Errorf("%w: %s changed since revision %d", ErrFenced, st.RequestId, rev)
 		}
+		if isFull(err) {
+			return 0, fmt.Errorf("%w: update %s: %w", ErrStoreFull, st.RequestId, err)
+		}
 		return 0, fmt.Errorf("requests: update %s: %w", st.RequestId, err)
 	}
 	return next, nil
+}
+
+// isFull reports a write refused for lack of room: the bucket's MaxBytes,
+// or JetStream's storage.
+func isFull(err error) bool {
+	if err == nil {
+		return false
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case 10023, 10077: // nats-server's insufficient resources; stream store failed (maximum bytes exceeded)
+			return true
+		}
+	}
+	m := err.Error()
+	return strings.Contains(m, "maximum bytes exceeded") || strings.Contains(m, "insufficient resources") || strings.Contains(m, "insufficient storage")
 }
 
 // Get implements Store.
