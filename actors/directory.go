@@ -21,9 +21,12 @@ type Directory struct {
 
 // HoldEntry is a live hold.
 type HoldEntry struct {
-	PID    *actor.PID
-	Engine string
-	Region string
+	PID     *actor.PID
+	Engine  string
+	Region  string
+	Created time.Time // when the hold was created
+	Blocks  int       // blocks it holds
+	Bytes   uint64    // bytes it holds (blocks × layers × planes × block bytes)
 }
 
 type tombstone struct {

@@ -54,6 +54,7 @@ type holdActor struct {
 	timer   *time.Timer
 	readers map[string][]uint32 // pull id -> blocks marked BeginRead
 	pullBy  map[string]string   // pull id -> the reader that started it
+	created time.Time
 	self    *actor.PID
 	system  *actor.ActorSystem
 	// implied: one registration covers every extent (ExtentRegistrar);
@@ -71,7 +72,10 @@ func (a *holdActor) Receive(ctx actor.Context) {
 	case *CreateHold:
 		a.create(ctx, m)
 	case *RenewHold:
-		a.step(ctx, lease.Renew{Now: a.deps.Now(), By: m.By}, func() Reply { return Reply{Status: a.status()} })
+		a.step(ctx, lease.Renew{Now: a.deps.Now(), By: m.By}, func() Reply {
+			a.deps.Metrics.LeaseRenewals.Add(1)
+			return Reply{Status: a.status()}
+		})
 	case *RebindHold:
 		a.step(ctx, lease.Rebind{Now: a.deps.Now(), Consumer: m.Consumer, Epoch: m.Epoch}, func() Reply { return Reply{Status: a.status()} })
 	case *StartRead:
@@ -177,7 +181,8 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 		a.rkeys = append(a.rkeys, reg.RemoteKey())
 		a.segs = append(a.segs, &messages.Segment{RemoteAddr: reg.RemoteAddr(), Length: e.Len, Rkey: uint32(len(a.rkeys) - 1)})
 	}
-	h, err := lease.New(a.deps.Now(), m.Lease)
+	a.created = a.deps.Now()
+	h, err := lease.New(a.created, m.Lease)
 	if err != nil {
 		_ = r.Blocks.Unhold(m.Req.BlockIds)
 		a.held = false
@@ -185,7 +190,9 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 		return
 	}
 	a.h = h
-	a.deps.Dir.put(m.ID, &HoldEntry{PID: ctx.Self(), Engine: r.Engine, Region: r.ID})
+	l0 := r.Region.Layout
+	a.deps.Dir.put(m.ID, &HoldEntry{PID: ctx.Self(), Engine: r.Engine, Region: r.ID, Created: a.created, Blocks: len(m.Req.BlockIds),
+		Bytes: uint64(len(m.Req.BlockIds)) * uint64(l0.Layers) * uint64(l0.Planes) * l0.BlockBytes})
 	a.deps.Metrics.HoldsCreated.Add(1)
 	a.rearm(ctx)
 	l := r.Region.Layout
@@ -386,6 +393,8 @@ func (a *holdActor) status() *messages.HoldStatus {
 		ExpiresUnixMs: st.Deadline.UnixMilli(),
 		Release:       st.Mode.String(),
 		Freed:         st.Freed || a.freed,
+		CreatedUnixMs: a.created.UnixMilli(),
+		Bytes:         uint64(len(a.spec.Req.BlockIds)) * uint64(a.spec.Region.Region.Layout.Layers) * uint64(a.spec.Region.Region.Layout.Planes) * a.spec.Region.Region.Layout.BlockBytes,
 	}
 }
 

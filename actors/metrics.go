@@ -13,6 +13,11 @@ type Metrics struct {
 	PullsFailed    atomic.Int64 // pulls that failed
 	PullsAbandoned atomic.Int64 // pulls of our holds whose reader never reported back
 	BytesPulled    atomic.Int64 // bytes read by completed pulls
+	LeaseRenewals  atomic.Int64 // hold.renew calls that extended a lease
+	TakenOver      atomic.Int64 // requests moved to an engine here by a router's resume (request.start takeover)
+	Adopted        atomic.Int64 // requests of departed members adopted here
+	Fenced         atomic.Int64 // activations here told that their request moved elsewhere
+	HoldsLost      atomic.Int64 // running requests here whose hold was gone (hold.lost notices)
 }
 
 // Snapshot returns the counters by name.

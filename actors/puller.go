@@ -132,17 +132,18 @@ func (a *pullerActor) finish(r *pullResult) {
 	done := &messages.PullDone{
 		PullId: a.p.ID, TransferId: a.p.Params.TransferId, Ok: r.err == nil,
 		EngineId: a.p.Dst.Engine, RegionId: a.p.Dst.ID, KvLoadFailurePolicy: a.deps.LoadFailurePolicy,
-		DurationUs: uint64(a.deps.Now().Sub(a.start) / time.Microsecond),
+		DurationUs: uint64(a.deps.Now().Sub(a.start) / time.Microsecond), RequestId: a.p.Params.ConnexRequestId,
 	}
 	if r.err != nil {
 		e := api.AsError(r.err)
 		done.ErrorCode, done.Error = uint32(e.Code), e.Msg
 		a.deps.Metrics.PullsFailed.Add(1)
-		a.deps.Log.Info("pull failed", "pull", a.p.ID, "transfer", a.p.Params.TransferId, "code", int(e.Code), "err", e.Msg)
+		a.deps.Log.Info("pull failed", "pull", a.p.ID, "transfer", a.p.Params.TransferId, "request", done.RequestId, "engine", a.p.Dst.Engine,
+			"code", int(e.Code), "err", e.Msg, "duration_us", done.DurationUs)
 	} else {
 		done.Bytes = r.bytes
 		a.deps.Metrics.PullsOK.Add(1)
-		a.deps.Log.Info("pull done", "pull", a.p.ID, "transfer", a.p.Params.TransferId, "engine", a.p.Dst.Engine,
+		a.deps.Log.Info("pull done", "pull", a.p.ID, "transfer", a.p.Params.TransferId, "request", done.RequestId, "engine", a.p.Dst.Engine,
 			"bytes", r.bytes, "duration_us", done.DurationUs)
 		a.deps.Metrics.BytesPulled.Add(int64(r.bytes))
 	}

@@ -30,6 +30,18 @@ type RequestDeps struct {
 	// LoadFailurePolicy is the member's kv_load_failure_policy, told to an
 	// engine whose request lost its hold (HoldLostNotice).
 	LoadFailurePolicy string
+	// Metrics, if set, counts takeovers, adoptions, fences and lost holds.
+	Metrics *Metrics
+}
+
+// unused absorbs the counts of RequestDeps without Metrics.
+var unused Metrics
+
+func (d *RequestDeps) metrics() *Metrics {
+	if d.Metrics == nil {
+		return &unused
+	}
+	return d.Metrics
 }
 
 // RequestTable maps request ids to the live request actors of this member.
@@ -263,6 +275,7 @@ func (a *requestActor) takeover(c context.Context, start *messages.StartRequestM
 		}
 		if a.rev, err = a.deps.Store.Update(c, next, rev); err == nil {
 			a.deps.Log.Info("request taken over", "request", start.RequestId, "from", cur.Owner, "engine", start.EngineId, "epoch", next.Epoch)
+			a.deps.metrics().TakenOver.Add(1)
 			return next, nil
 		}
 		if !errors.Is(err, requests.ErrFenced) || attempt >= 3 {
@@ -289,6 +302,8 @@ func (a *requestActor) takeoverInPlace(ctx actor.Context, m *TakeoverRequest) {
 	}
 	a.st, a.rev, a.instance = next, rev, m.Instance
 	a.deps.Publish(api.FencedSubject(old.EngineId), &messages.FencedNotice{RequestId: old.RequestId, StaleEpoch: old.Epoch, NewOwner: a.deps.Self})
+	a.deps.metrics().TakenOver.Add(1)
+	a.deps.metrics().Fenced.Add(1)
 	a.renewHold()
 	a.arm()
 	ctx.Respond(RequestReply{Status: a.status("running")})
@@ -311,6 +326,7 @@ func (a *requestActor) fencedInStore(ctx actor.Context) bool {
 	default:
 		a.deps.Log.Warn("request fenced: it moved to another member", "request", a.st.RequestId, "epoch", a.st.Epoch, "new_owner", cur.Owner)
 		a.deps.Publish(api.FencedSubject(a.st.EngineId), &messages.FencedNotice{RequestId: a.st.RequestId, StaleEpoch: a.st.Epoch, NewOwner: cur.Owner})
+		a.deps.metrics().Fenced.Add(1)
 	}
 	ctx.Stop(ctx.Self())
 	return true
@@ -344,6 +360,7 @@ func (a *requestActor) adopt(ctx actor.Context, m *AdoptRequest) {
 	a.arm()
 	a.deps.Publish(api.ResumeSubject(next.EngineId), &messages.ResumeNotice{State: next})
 	a.deps.Log.Info("request adopted", "request", m.ID, "from", m.DeadOwner, "epoch", next.Epoch, "engine", next.EngineId)
+	a.deps.metrics().Adopted.Add(1)
 	ctx.Respond(RequestReply{Status: a.status("running")})
 }
 
@@ -361,6 +378,7 @@ func (a *requestActor) write(ctx actor.Context, next *messages.RequestState) {
 		}
 		a.deps.Log.Warn("request fenced: it moved to another member", "request", a.st.RequestId, "epoch", a.st.Epoch, "new_owner", newOwner)
 		a.deps.Publish(api.FencedSubject(a.st.EngineId), &messages.FencedNotice{RequestId: a.st.RequestId, StaleEpoch: a.st.Epoch, NewOwner: newOwner})
+		a.deps.metrics().Fenced.Add(1)
 		a.fail(ctx, fmt.Errorf("request %s: %w (now on %s)", a.st.RequestId, err, newOwner))
 		return
 	}
@@ -424,6 +442,7 @@ func (a *requestActor) renewHold() {
 	case api.CodeUnknownTransfer, api.CodeExpired, api.CodeReleased, api.CodeEngineGone:
 		// For good: tell the engine once, and stop renewing.
 		a.holdLost = true
+		a.deps.metrics().HoldsLost.Add(1)
 		a.deps.Log.Warn("the request's hold is gone; a resume cannot pull it", "request", a.st.RequestId, "transfer", a.st.Params.GetTransferId(),
 			"holder", a.st.Params.GetRemoteCtrl().GetMember(), "code", code.Name(), "policy", a.deps.LoadFailurePolicy)
 		a.deps.Publish(api.HoldLostSubject(a.st.EngineId), &messages.HoldLostNotice{

@@ -99,6 +99,13 @@ func (c *Client) EngineState(ctx context.Context, r *messages.EngineStateRequest
 	return out, c.Call(ctx, EpEngineState, r, out)
 }
 
+// MemberStatus returns everything the member keeps: engines, holds,
+// requests, pulls in flight.
+func (c *Client) MemberStatus(ctx context.Context, r *messages.MemberStatusRequest) (*messages.MemberStatus, error) {
+	out := new(messages.MemberStatus)
+	return out, c.Call(ctx, EpMemberStatus, r, out)
+}
+
 // CreateHold holds blocks after prefill and returns the kv_transfer_params.
 func (c *Client) CreateHold(ctx context.Context, r *messages.CreateHoldRequest) (*messages.CreateHoldReply, error) {
 	out := new(messages.CreateHoldReply)

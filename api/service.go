@@ -24,6 +24,7 @@ type Handler interface {
 	RegisterEngine(context.Context, *messages.RegisterEngineRequest) (*messages.RegisterEngineReply, error)
 	EngineNotices(context.Context, *messages.NoticesRequest) (*messages.NoticesReply, error)
 	EngineState(context.Context, *messages.EngineStateRequest) (*messages.EngineState, error)
+	MemberStatus(context.Context, *messages.MemberStatusRequest) (*messages.MemberStatus, error)
 	CreateHold(context.Context, *messages.CreateHoldRequest) (*messages.CreateHoldReply, error)
 	Renew(context.Context, *messages.HoldRef) (*messages.HoldStatus, error)
 	Release(context.Context, *messages.HoldRef) (*messages.HoldStatus, error)
@@ -93,6 +94,7 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 		{EpEngineRegister, endpoint(s, h.RegisterEngine)},
 		{EpEngineNotices, endpoint(s, h.EngineNotices)},
 		{EpEngineState, endpoint(s, h.EngineState)},
+		{EpMemberStatus, endpoint(s, h.MemberStatus)},
 		{EpHoldCreate, endpoint(s, h.CreateHold)},
 		{EpHoldRenew, endpoint(s, h.Renew)},
 		{EpHoldRelease, endpoint(s, h.Release)},

@@ -24,6 +24,7 @@ const (
 	EpEngineRegister  = "engine.register"  // RegisterEngineRequest -> RegisterEngineReply
 	EpEngineNotices   = "engine.notices"   // NoticesRequest -> NoticesReply (replay of missed notices)
 	EpEngineState     = "engine.state"     // EngineStateRequest -> EngineState
+	EpMemberStatus    = "member.status"    // MemberStatusRequest -> MemberStatus (connexd status)
 	EpHoldCreate      = "hold.create"      // CreateHoldRequest -> CreateHoldReply
 	EpHoldRenew       = "hold.renew"       // HoldRef -> HoldStatus
 	EpHoldRelease     = "hold.release"     // HoldRef -> HoldStatus

@@ -124,6 +124,9 @@ func startEmbedded(o Options) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bus: embedded nats: %w", err)
 	}
+	if o.Logger != nil {
+		srv.SetLoggerV2(serverLog{log: o.Logger.With("lib", "nats-server")}, false, false, false)
+	}
 	go srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()

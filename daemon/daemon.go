@@ -52,6 +52,7 @@ type Daemon struct {
 	rdeps    *actors.RequestDeps
 	members  Members
 	// Engines registered with this member (engine.register).
+	started time.Time
 	// journal numbers and keeps the notices to each engine (engine.notices);
 	// journalID is fresh per start. inflight lists running pulls.
 	journal   *notices.Journal
@@ -87,7 +88,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	d = &Daemon{cfg: cfg, log: log, now: time.Now, Metrics: &actors.Metrics{}, stop: make(chan struct{}), engines: engineTable{reg: engines.NewRegistry()}}
+	d = &Daemon{cfg: cfg, log: log, now: time.Now, started: time.Now(), Metrics: &actors.Metrics{}, stop: make(chan struct{}), engines: engineTable{reg: engines.NewRegistry()}}
 	defer func() {
 		if err != nil {
 			d.Close()
@@ -175,6 +176,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	d.rdeps = &actors.RequestDeps{
 		Store: d.reqStore, NC: d.Bus.Conn, Self: cfg.MemberID, Now: d.now, Log: log, Table: d.reqTable,
 		Publish: d.publish, StoreTimeout: 5 * time.Second, LoadFailurePolicy: cfg.KVLoadFailurePolicy,
+		Metrics: d.Metrics,
 	}
 	if cfg.MetricsListen != "" {
 		d.prom = newPromMetrics(d)
@@ -204,6 +206,9 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		// deadline: UCX's shared-memory lanes report no peer death.
 		d.hdeps.Incarnation = cm.SelfID
 		cm.OnLeft(func(name, id string, reason cluster.Reason) {
+			if d.prom != nil {
+				d.prom.departed.WithLabelValues(string(reason)).Inc()
+			}
 			if n := d.pdeps.Holders.LeftIncarnation(name, id, string(reason)); n > 0 {
 				log.Warn("holder left the cluster during pulls; they end now", "member", name, "id", id, "reason", reason, "pulls", n)
 			}

@@ -23,6 +23,9 @@ type promMetrics struct {
 	pullBytes prometheus.Counter
 	pullDur   prometheus.Histogram
 	freed     *prometheus.CounterVec
+	notices   *prometheus.CounterVec
+	replays   prometheus.Counter
+	departed  *prometheus.CounterVec
 	srv       *http.Server
 	ln        net.Listener
 }
@@ -38,6 +41,12 @@ func newPromMetrics(d *Daemon) *promMetrics {
 			Help: "Duration of completed pulls, from pull.start to the last byte.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 		freed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_holds_freed_total",
 			Help: "Holds whose blocks went back to their engine, by reason (released, expired, pulled, shutdown, aborted)."}, []string{"reason"}),
+		notices: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_notices_total",
+			Help: "Notices published to engines, by kind (pull.done, blocks.freed, request.resume, request.fenced, hold.lost)."}, []string{"kind"}),
+		replays: prometheus.NewCounter(prometheus.CounterOpts{Name: "connex_notice_replays_total",
+			Help: "engine.notices calls that returned missed notices (an engine caught up after a disconnect)."}),
+		departed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_cluster_departures_total",
+			Help: "Members that left this member's view, by reason (leave, unreachable, timeout, blocked, dead)."}, []string{"reason"}),
 	}
 	counter := func(name, help string, v func(*actors.Metrics) int64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v(d.Metrics)) })
@@ -45,7 +54,30 @@ func newPromMetrics(d *Daemon) *promMetrics {
 	gauge := func(name, help string, v func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, v)
 	}
-	m.reg.MustRegister(m.pulls, m.pullBytes, m.pullDur, m.freed,
+	m.reg.MustRegister(m.pulls, m.pullBytes, m.pullDur, m.freed, m.notices, m.replays, m.departed,
+		counter("connex_lease_renewals_total", "Lease renewals of this member's holds (hold.renew).", func(x *actors.Metrics) int64 { return x.LeaseRenewals.Load() }),
+		counter("connex_requests_taken_over_total", "Requests a router's resume moved to an engine of this member.", func(x *actors.Metrics) int64 { return x.TakenOver.Load() }),
+		counter("connex_requests_adopted_total", "Requests of departed members adopted here.", func(x *actors.Metrics) int64 { return x.Adopted.Load() }),
+		counter("connex_requests_fenced_total", "Request activations here told their request moved elsewhere.", func(x *actors.Metrics) int64 { return x.Fenced.Load() }),
+		counter("connex_holds_lost_total", "Running requests here whose hold was gone (hold.lost notices).", func(x *actors.Metrics) int64 { return x.HoldsLost.Load() }),
+		gauge("connex_pulls_in_flight", "Pulls this member runs now.", func() float64 { return float64(d.inflight.Len()) }),
+		gauge("connex_hold_oldest_age_seconds", "Age of the oldest live hold on this member (0: none): a stranded hold shows here.", func() float64 {
+			var oldest time.Time
+			for _, e := range d.dir.All() {
+				if oldest.IsZero() || e.Created.Before(oldest) {
+					oldest = e.Created
+				}
+			}
+			if oldest.IsZero() {
+				return 0
+			}
+			return d.now().Sub(oldest).Seconds()
+		}),
+		heldByEngine{d: d,
+			blocks: prometheus.NewDesc("connex_held_blocks", "Blocks held by live holds, per engine.", []string{"engine"}, nil),
+			bytes:  prometheus.NewDesc("connex_held_bytes", "Bytes held by live holds, per engine.", []string{"engine"}, nil)},
+		gauge("connex_nats_reconnects", "Times this member's NATS connection reconnected since start.", func() float64 { return float64(d.Bus.Conn.Stats().Reconnects) }),
+		membersByRole{d: d, desc: prometheus.NewDesc("connex_cluster_members", "Members in this member's view, by role.", []string{"role"}, nil)},
 		counter("connex_holds_created_total", "Holds created on this member (prefill side).", func(x *actors.Metrics) int64 { return x.HoldsCreated.Load() }),
 		counter("connex_double_frees_total", "Frees refused by block accounting; must stay 0.", func(x *actors.Metrics) int64 { return x.DoubleFrees.Load() }),
 		counter("connex_pulls_abandoned_total", "Pulls of this member's holds whose reader never reported back.", func(x *actors.Metrics) int64 { return x.PullsAbandoned.Load() }),
@@ -70,6 +102,51 @@ func (m *promMetrics) pullDone(p *messages.PullDone) {
 		return
 	}
 	m.pulls.WithLabelValues(api.Code(p.GetErrorCode()).Name()).Inc()
+}
+
+// notice records a published notice of kind.
+func (m *promMetrics) notice(kind string) { m.notices.WithLabelValues(kind).Inc() }
+
+// heldByEngine reports the blocks and bytes of live holds per engine (the
+// label's values are the registered engines: bounded).
+type heldByEngine struct {
+	d             *Daemon
+	blocks, bytes *prometheus.Desc
+}
+
+func (c heldByEngine) Describe(ch chan<- *prometheus.Desc) { ch <- c.blocks; ch <- c.bytes }
+
+func (c heldByEngine) Collect(ch chan<- prometheus.Metric) {
+	blocks, bytes := map[string]int{}, map[string]uint64{}
+	for _, e := range c.d.dir.All() {
+		blocks[e.Engine] += e.Blocks
+		bytes[e.Engine] += e.Bytes
+	}
+	for eng, n := range blocks {
+		ch <- prometheus.MustNewConstMetric(c.blocks, prometheus.GaugeValue, float64(n), eng)
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(bytes[eng]), eng)
+	}
+}
+
+// membersByRole reports this member's cluster view by role.
+type membersByRole struct {
+	d    *Daemon
+	desc *prometheus.Desc
+}
+
+func (c membersByRole) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c membersByRole) Collect(ch chan<- prometheus.Metric) {
+	if c.d.cluster == nil {
+		return
+	}
+	n := map[string]int{}
+	for _, m := range c.d.cluster.Members() {
+		n[string(m.Role)]++
+	}
+	for role, k := range n {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(k), role)
+	}
 }
 
 // blocksFreed records a BlocksFreed notice of this member's hold.

@@ -32,6 +32,9 @@ func (d *Daemon) publish(subject string, m proto.Message) {
 		msg.Header.Set(api.HeaderNoticeSeq, strconv.FormatUint(n.Seq, 10))
 		msg.Header.Set(api.HeaderNoticeJournal, d.journalID)
 		isJSON = d.engineWantsJSON(engine)
+		if d.prom != nil {
+			d.prom.notice(kind)
+		}
 	}
 	data, err := api.Marshal(m, isJSON)
 	if err != nil {
@@ -93,6 +96,9 @@ func (d *Daemon) EngineNotices(_ context.Context, r *messages.NoticesRequest) (*
 	for _, e := range entries {
 		rep.Notices = append(rep.Notices, e.Body.(*messages.Notice))
 	}
+	if len(rep.Notices) > 0 && d.prom != nil {
+		d.prom.replays.Inc()
+	}
 	return rep, nil
 }
 
@@ -138,7 +144,7 @@ func newPullTable() *pullTable { return &pullTable{pulls: map[string]pullEntry{}
 func (t *pullTable) start(engine, pullID, transfer string, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.pulls[pullID] = pullEntry{engine: engine, info: &messages.PullInFlight{PullId: pullID, TransferId: transfer, StartedUnixMs: now.UnixMilli()}}
+	t.pulls[pullID] = pullEntry{engine: engine, info: &messages.PullInFlight{PullId: pullID, TransferId: transfer, StartedUnixMs: now.UnixMilli(), EngineId: engine}}
 }
 
 func (t *pullTable) done(pullID string) {
@@ -147,14 +153,22 @@ func (t *pullTable) done(pullID string) {
 	delete(t.pulls, pullID)
 }
 
+// of lists the pulls of engine ("": every engine's).
 func (t *pullTable) of(engine string) []*messages.PullInFlight {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var out []*messages.PullInFlight
 	for _, p := range t.pulls {
-		if p.engine == engine {
+		if engine == "" || p.engine == engine {
 			out = append(out, p.info)
 		}
 	}
 	return out
+}
+
+// Len is the number of pulls running.
+func (t *pullTable) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.pulls)
 }

@@ -912,7 +912,10 @@ type HoldStatus struct {
 	ExpiresUnixMs int64    `protobuf:"varint,8,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
 	Release       string   `protobuf:"bytes,9,opt,name=release,proto3" json:"release,omitempty"`
 	// True once the blocks were handed back to the engine.
-	Freed         bool `protobuf:"varint,10,opt,name=freed,proto3" json:"freed,omitempty"`
+	Freed bool `protobuf:"varint,10,opt,name=freed,proto3" json:"freed,omitempty"`
+	// When the hold was created, and how many bytes it holds.
+	CreatedUnixMs int64  `protobuf:"varint,11,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	Bytes         uint64 `protobuf:"varint,12,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1015,6 +1018,20 @@ func (x *HoldStatus) GetFreed() bool {
 		return x.Freed
 	}
 	return false
+}
+
+func (x *HoldStatus) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *HoldStatus) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
 }
 
 // StartPullRequest asks the local (decode-side) connexd to read a hold's
@@ -1170,8 +1187,11 @@ type PullDone struct {
 	// engine should do with the request when !ok — fail it with a clear
 	// error, or recompute the missing KV locally.
 	KvLoadFailurePolicy string `protobuf:"bytes,10,opt,name=kv_load_failure_policy,json=kvLoadFailurePolicy,proto3" json:"kv_load_failure_policy,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The request the pull loaded KV for (params.connex_request_id), if any:
+	// ties the transfer to the request in logs and traces.
+	RequestId     string `protobuf:"bytes,11,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PullDone) Reset() {
@@ -1270,6 +1290,13 @@ func (x *PullDone) GetRegionId() string {
 func (x *PullDone) GetKvLoadFailurePolicy() string {
 	if x != nil {
 		return x.KvLoadFailurePolicy
+	}
+	return ""
+}
+
+func (x *PullDone) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
 	}
 	return ""
 }
@@ -2121,7 +2148,7 @@ const file_connex_proto_rawDesc = "" +
 	"transferId\x12\x1c\n" +
 	"\trequester\x18\x02 \x01(\tR\trequester\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tR\trequestId\"\xb4\x02\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"\xf2\x02\n" +
 	"\n" +
 	"HoldStatus\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
@@ -2136,7 +2163,9 @@ const file_connex_proto_rawDesc = "" +
 	"\x0fexpires_unix_ms\x18\b \x01(\x03R\rexpiresUnixMs\x12\x18\n" +
 	"\arelease\x18\t \x01(\tR\arelease\x12\x14\n" +
 	"\x05freed\x18\n" +
-	" \x01(\bR\x05freed\"\xd6\x01\n" +
+	" \x01(\bR\x05freed\x12&\n" +
+	"\x0fcreated_unix_ms\x18\v \x01(\x03R\rcreatedUnixMs\x12\x14\n" +
+	"\x05bytes\x18\f \x01(\x04R\x05bytes\"\xd6\x01\n" +
 	"\x10StartPullRequest\x123\n" +
 	"\x06params\x18\x01 \x01(\v2\x1b.connex.v1.KVTransferParamsR\x06params\x12\x1b\n" +
 	"\tengine_id\x18\x02 \x01(\tR\bengineId\x12\x1b\n" +
@@ -2146,7 +2175,7 @@ const file_connex_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\")\n" +
 	"\x0eStartPullReply\x12\x17\n" +
-	"\apull_id\x18\x01 \x01(\tR\x06pullId\"\xaf\x02\n" +
+	"\apull_id\x18\x01 \x01(\tR\x06pullId\"\xce\x02\n" +
 	"\bPullDone\x12\x17\n" +
 	"\apull_id\x18\x01 \x01(\tR\x06pullId\x12\x1f\n" +
 	"\vtransfer_id\x18\x02 \x01(\tR\n" +
@@ -2161,7 +2190,9 @@ const file_connex_proto_rawDesc = "" +
 	"\tengine_id\x18\b \x01(\tR\bengineId\x12\x1b\n" +
 	"\tregion_id\x18\t \x01(\tR\bregionId\x123\n" +
 	"\x16kv_load_failure_policy\x18\n" +
-	" \x01(\tR\x13kvLoadFailurePolicy\"\x9d\x01\n" +
+	" \x01(\tR\x13kvLoadFailurePolicy\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\v \x01(\tR\trequestId\"\x9d\x01\n" +
 	"\vBlocksFreed\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x12\x1b\n" +

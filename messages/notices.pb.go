@@ -377,12 +377,13 @@ func (x *EngineStateRequest) GetEngineId() string {
 	return ""
 }
 
-// PullInFlight is a pull this member runs for the engine.
+// PullInFlight is a pull this member runs for an engine.
 type PullInFlight struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PullId        string                 `protobuf:"bytes,1,opt,name=pull_id,json=pullId,proto3" json:"pull_id,omitempty"`
 	TransferId    string                 `protobuf:"bytes,2,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
 	StartedUnixMs int64                  `protobuf:"varint,3,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	EngineId      string                 `protobuf:"bytes,4,opt,name=engine_id,json=engineId,proto3" json:"engine_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -436,6 +437,13 @@ func (x *PullInFlight) GetStartedUnixMs() int64 {
 		return x.StartedUnixMs
 	}
 	return 0
+}
+
+func (x *PullInFlight) GetEngineId() string {
+	if x != nil {
+		return x.EngineId
+	}
+	return ""
 }
 
 // EngineState is everything a reconnecting shim needs to rebuild itself:
@@ -535,6 +543,172 @@ func (x *EngineState) GetRegistration() *EngineInfo {
 	return nil
 }
 
+// MemberStatusRequest asks a member (member.status) for everything it
+// keeps: what `connexd status` shows an operator.
+type MemberStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemberStatusRequest) Reset() {
+	*x = MemberStatusRequest{}
+	mi := &file_notices_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemberStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemberStatusRequest) ProtoMessage() {}
+
+func (x *MemberStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_notices_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemberStatusRequest.ProtoReflect.Descriptor instead.
+func (*MemberStatusRequest) Descriptor() ([]byte, []int) {
+	return file_notices_proto_rawDescGZIP(), []int{6}
+}
+
+// MemberStatus is one member's view of itself.
+type MemberStatus struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	MemberId string                 `protobuf:"bytes,1,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	Role     string                 `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	Backend  string                 `protobuf:"bytes,3,opt,name=backend,proto3" json:"backend,omitempty"`
+	// The data-plane address, printable (a UCX worker address is shown by
+	// size).
+	DataAddr      string          `protobuf:"bytes,4,opt,name=data_addr,json=dataAddr,proto3" json:"data_addr,omitempty"`
+	Engines       []*EngineInfo   `protobuf:"bytes,5,rep,name=engines,proto3" json:"engines,omitempty"`
+	Holds         []*HoldStatus   `protobuf:"bytes,6,rep,name=holds,proto3" json:"holds,omitempty"`
+	Requests      []*RequestState `protobuf:"bytes,7,rep,name=requests,proto3" json:"requests,omitempty"`
+	Pulls         []*PullInFlight `protobuf:"bytes,8,rep,name=pulls,proto3" json:"pulls,omitempty"`
+	StartedUnixMs int64           `protobuf:"varint,9,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
+	Version       string          `protobuf:"bytes,10,opt,name=version,proto3" json:"version,omitempty"`
+	// Members this member sees in the cluster (names), itself included.
+	ClusterMembers []string `protobuf:"bytes,11,rep,name=cluster_members,json=clusterMembers,proto3" json:"cluster_members,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *MemberStatus) Reset() {
+	*x = MemberStatus{}
+	mi := &file_notices_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemberStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemberStatus) ProtoMessage() {}
+
+func (x *MemberStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_notices_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
+func (*MemberStatus) Descriptor() ([]byte, []int) {
+	return file_notices_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *MemberStatus) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetDataAddr() string {
+	if x != nil {
+		return x.DataAddr
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetEngines() []*EngineInfo {
+	if x != nil {
+		return x.Engines
+	}
+	return nil
+}
+
+func (x *MemberStatus) GetHolds() []*HoldStatus {
+	if x != nil {
+		return x.Holds
+	}
+	return nil
+}
+
+func (x *MemberStatus) GetRequests() []*RequestState {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+func (x *MemberStatus) GetPulls() []*PullInFlight {
+	if x != nil {
+		return x.Pulls
+	}
+	return nil
+}
+
+func (x *MemberStatus) GetStartedUnixMs() int64 {
+	if x != nil {
+		return x.StartedUnixMs
+	}
+	return 0
+}
+
+func (x *MemberStatus) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetClusterMembers() []string {
+	if x != nil {
+		return x.ClusterMembers
+	}
+	return nil
+}
+
 var File_notices_proto protoreflect.FileDescriptor
 
 const file_notices_proto_rawDesc = "" +
@@ -562,12 +736,13 @@ const file_notices_proto_rawDesc = "" +
 	"\ajournal\x18\x03 \x01(\tR\ajournal\x12\x10\n" +
 	"\x03gap\x18\x04 \x01(\bR\x03gap\"1\n" +
 	"\x12EngineStateRequest\x12\x1b\n" +
-	"\tengine_id\x18\x01 \x01(\tR\bengineId\"p\n" +
+	"\tengine_id\x18\x01 \x01(\tR\bengineId\"\x8d\x01\n" +
 	"\fPullInFlight\x12\x17\n" +
 	"\apull_id\x18\x01 \x01(\tR\x06pullId\x12\x1f\n" +
 	"\vtransfer_id\x18\x02 \x01(\tR\n" +
 	"transferId\x12&\n" +
-	"\x0fstarted_unix_ms\x18\x03 \x01(\x03R\rstartedUnixMs\"\xab\x02\n" +
+	"\x0fstarted_unix_ms\x18\x03 \x01(\x03R\rstartedUnixMs\x12\x1b\n" +
+	"\tengine_id\x18\x04 \x01(\tR\bengineId\"\xab\x02\n" +
 	"\vEngineState\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12+\n" +
 	"\x05holds\x18\x02 \x03(\v2\x15.connex.v1.HoldStatusR\x05holds\x12-\n" +
@@ -575,7 +750,21 @@ const file_notices_proto_rawDesc = "" +
 	"\brequests\x18\x04 \x03(\v2\x17.connex.v1.RequestStateR\brequests\x12\x19\n" +
 	"\blast_seq\x18\x05 \x01(\x04R\alastSeq\x12\x18\n" +
 	"\ajournal\x18\x06 \x01(\tR\ajournal\x129\n" +
-	"\fregistration\x18\a \x01(\v2\x15.connex.v1.EngineInfoR\fregistrationB,Z*github.com/connex/connex/messages;messagesb\x06proto3"
+	"\fregistration\x18\a \x01(\v2\x15.connex.v1.EngineInfoR\fregistration\"\x15\n" +
+	"\x13MemberStatusRequest\"\xa3\x03\n" +
+	"\fMemberStatus\x12\x1b\n" +
+	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12\x18\n" +
+	"\abackend\x18\x03 \x01(\tR\abackend\x12\x1b\n" +
+	"\tdata_addr\x18\x04 \x01(\tR\bdataAddr\x12/\n" +
+	"\aengines\x18\x05 \x03(\v2\x15.connex.v1.EngineInfoR\aengines\x12+\n" +
+	"\x05holds\x18\x06 \x03(\v2\x15.connex.v1.HoldStatusR\x05holds\x123\n" +
+	"\brequests\x18\a \x03(\v2\x17.connex.v1.RequestStateR\brequests\x12-\n" +
+	"\x05pulls\x18\b \x03(\v2\x17.connex.v1.PullInFlightR\x05pulls\x12&\n" +
+	"\x0fstarted_unix_ms\x18\t \x01(\x03R\rstartedUnixMs\x12\x18\n" +
+	"\aversion\x18\n" +
+	" \x01(\tR\aversion\x12'\n" +
+	"\x0fcluster_members\x18\v \x03(\tR\x0eclusterMembersB,Z*github.com/connex/connex/messages;messagesb\x06proto3"
 
 var (
 	file_notices_proto_rawDescOnce sync.Once
@@ -589,39 +778,45 @@ func file_notices_proto_rawDescGZIP() []byte {
 	return file_notices_proto_rawDescData
 }
 
-var file_notices_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_notices_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_notices_proto_goTypes = []any{
-	(*Notice)(nil),             // 0: connex.v1.Notice
-	(*NoticesRequest)(nil),     // 1: connex.v1.NoticesRequest
-	(*NoticesReply)(nil),       // 2: connex.v1.NoticesReply
-	(*EngineStateRequest)(nil), // 3: connex.v1.EngineStateRequest
-	(*PullInFlight)(nil),       // 4: connex.v1.PullInFlight
-	(*EngineState)(nil),        // 5: connex.v1.EngineState
-	(*PullDone)(nil),           // 6: connex.v1.PullDone
-	(*BlocksFreed)(nil),        // 7: connex.v1.BlocksFreed
-	(*ResumeNotice)(nil),       // 8: connex.v1.ResumeNotice
-	(*FencedNotice)(nil),       // 9: connex.v1.FencedNotice
-	(*HoldLostNotice)(nil),     // 10: connex.v1.HoldLostNotice
-	(*HoldStatus)(nil),         // 11: connex.v1.HoldStatus
-	(*RequestState)(nil),       // 12: connex.v1.RequestState
-	(*EngineInfo)(nil),         // 13: connex.v1.EngineInfo
+	(*Notice)(nil),              // 0: connex.v1.Notice
+	(*NoticesRequest)(nil),      // 1: connex.v1.NoticesRequest
+	(*NoticesReply)(nil),        // 2: connex.v1.NoticesReply
+	(*EngineStateRequest)(nil),  // 3: connex.v1.EngineStateRequest
+	(*PullInFlight)(nil),        // 4: connex.v1.PullInFlight
+	(*EngineState)(nil),         // 5: connex.v1.EngineState
+	(*MemberStatusRequest)(nil), // 6: connex.v1.MemberStatusRequest
+	(*MemberStatus)(nil),        // 7: connex.v1.MemberStatus
+	(*PullDone)(nil),            // 8: connex.v1.PullDone
+	(*BlocksFreed)(nil),         // 9: connex.v1.BlocksFreed
+	(*ResumeNotice)(nil),        // 10: connex.v1.ResumeNotice
+	(*FencedNotice)(nil),        // 11: connex.v1.FencedNotice
+	(*HoldLostNotice)(nil),      // 12: connex.v1.HoldLostNotice
+	(*HoldStatus)(nil),          // 13: connex.v1.HoldStatus
+	(*RequestState)(nil),        // 14: connex.v1.RequestState
+	(*EngineInfo)(nil),          // 15: connex.v1.EngineInfo
 }
 var file_notices_proto_depIdxs = []int32{
-	6,  // 0: connex.v1.Notice.pull_done:type_name -> connex.v1.PullDone
-	7,  // 1: connex.v1.Notice.blocks_freed:type_name -> connex.v1.BlocksFreed
-	8,  // 2: connex.v1.Notice.resume:type_name -> connex.v1.ResumeNotice
-	9,  // 3: connex.v1.Notice.fenced:type_name -> connex.v1.FencedNotice
-	10, // 4: connex.v1.Notice.hold_lost:type_name -> connex.v1.HoldLostNotice
+	8,  // 0: connex.v1.Notice.pull_done:type_name -> connex.v1.PullDone
+	9,  // 1: connex.v1.Notice.blocks_freed:type_name -> connex.v1.BlocksFreed
+	10, // 2: connex.v1.Notice.resume:type_name -> connex.v1.ResumeNotice
+	11, // 3: connex.v1.Notice.fenced:type_name -> connex.v1.FencedNotice
+	12, // 4: connex.v1.Notice.hold_lost:type_name -> connex.v1.HoldLostNotice
 	0,  // 5: connex.v1.NoticesReply.notices:type_name -> connex.v1.Notice
-	11, // 6: connex.v1.EngineState.holds:type_name -> connex.v1.HoldStatus
+	13, // 6: connex.v1.EngineState.holds:type_name -> connex.v1.HoldStatus
 	4,  // 7: connex.v1.EngineState.pulls:type_name -> connex.v1.PullInFlight
-	12, // 8: connex.v1.EngineState.requests:type_name -> connex.v1.RequestState
-	13, // 9: connex.v1.EngineState.registration:type_name -> connex.v1.EngineInfo
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	14, // 8: connex.v1.EngineState.requests:type_name -> connex.v1.RequestState
+	15, // 9: connex.v1.EngineState.registration:type_name -> connex.v1.EngineInfo
+	15, // 10: connex.v1.MemberStatus.engines:type_name -> connex.v1.EngineInfo
+	13, // 11: connex.v1.MemberStatus.holds:type_name -> connex.v1.HoldStatus
+	14, // 12: connex.v1.MemberStatus.requests:type_name -> connex.v1.RequestState
+	4,  // 13: connex.v1.MemberStatus.pulls:type_name -> connex.v1.PullInFlight
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_notices_proto_init() }
@@ -644,7 +839,7 @@ func file_notices_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_notices_proto_rawDesc), len(file_notices_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -5,6 +5,9 @@
 // With no nats_url it starts an embedded NATS server (JetStream under
 // data_dir) and prints its client URL. Configuration: a YAML file
 // (--config), CONNEX_* environment variables and flags; see --help.
+//
+// `connexd status [--nats-url URL] [--json]` prints every member's engines,
+// holds, requests and pulls instead (see README "Operating it").
 package main
 
 import (
@@ -25,6 +28,9 @@ func main() {
 }
 
 func run(args []string) int {
+	if len(args) > 0 && args[0] == "status" {
+		return runStatus(args[1:], os.Stdout, os.Stderr)
+	}
 	cfg, err := config.Load(args, os.Environ())
 	if errors.Is(err, pflag.ErrHelp) {
 		return 0
