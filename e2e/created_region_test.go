@@ -30,7 +30,10 @@ func TestCreatedRegion(t *testing.T) {
 // createdRegion runs the test on backend; readerArgs go to the decode-side
 // connexd.
 func createdRegion(t *testing.T, backend string, readerArgs ...string) {
-	pn := startConnexd(t, "prefill", "--backend", backend)
+	// A region quota above the machine's memory, so that the memory check
+	// answers the 1 TiB region below (the quota's own answer, 429, is
+	// TestQuotasAnswerOverloaded's).
+	pn := startConnexd(t, "prefill", "--backend", backend, "--region-max-bytes", "2199023255552")
 	startConnexd(t, "decode", append([]string{"--backend", backend, "--nats-url", pn.natsURL}, readerArgs...)...)
 	nc := connect(t, pn.natsURL)
 	pe, info := newCreatedEngine(t, nc, "prefill", "engP", testLayout, true)
