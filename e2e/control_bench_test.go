@@ -3,7 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,7 +23,9 @@ import (
 // responder. It prints CONTROL hold_rtt_us=<a> nats_rtt_us=<b> ratio=<a/b>
 // (medians of whole sequences).
 func BenchmarkControlRTT(b *testing.B) {
-	pn := startConnexd(b, "bench", "--backend", "tcp", "--log-level", "warn")
+	// BENCH_CONNEXD_ARGS adds flags (e.g. "--metrics-listen 127.0.0.1:0",
+	// to measure what metrics cost).
+	pn := startConnexd(b, "bench", append([]string{"--backend", "tcp", "--log-level", "warn"}, strings.Fields(os.Getenv("BENCH_CONNEXD_ARGS"))...)...)
 	nc := connect(b, pn.natsURL)
 	e := newEngine(b, nc, "bench", "engB", testLayout, false)
 	peer := &api.Client{NC: nc, Member: "bench"}
