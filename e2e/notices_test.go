@@ -15,7 +15,6 @@ import (
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/shim"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
@@ -90,6 +89,21 @@ func (p *cutProxy) setCut(cut bool) {
 	}
 }
 
+// openDecodeShim opens a decode engine shim named id on member over nc,
+// closed at the test's end.
+func openDecodeShim(t *testing.T, nc *nats.Conn, member, id string) *shim.Engine {
+	t.Helper()
+	eng, err := shim.Open(ctx5(t), shim.Config{
+		NC: nc, Member: member, EngineID: id, Role: shim.RoleDecode, Model: "m", BaseURL: "http://127.0.0.1:1",
+		Layout: testLayout, RegisterTTL: 3 * time.Second, PullTimeout: 30 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close() })
+	return eng
+}
+
 // TestMissedPullDoneIsReplayed: pulls finish while their decode engine's
 // NATS link is down (connexd stays connected, so their PullDone notices go
 // out to nobody). When the link is back, the engine shim sees from its
@@ -109,14 +123,7 @@ func TestMissedPullDoneIsReplayed(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(enc.Close)
-	eng, err := shim.Open(ctx5(t), shim.Config{
-		NC: enc, Member: "d", EngineID: "engD", Role: shim.RoleDecode, Model: "m", BaseURL: "http://127.0.0.1:1",
-		Layout: testLayout, RegisterTTL: 3 * time.Second, PullTimeout: 30 * time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = eng.Close() })
+	eng := openDecodeShim(t, enc, "d", "engD")
 
 	const pulls = 4
 	var params []*messages.KVTransferParams
@@ -253,27 +260,8 @@ func TestJSONNoticesAndTheirJournal(t *testing.T) {
 // every pull's outcome — live, or replayed from connexd's journal — none
 // waits until its own deadline for a notice that was lost.
 func TestNATSRestartDuringPulls(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	store := t.TempDir()
-	start := func() *server.Server {
-		srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: store, NoSigs: true, NoLog: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		go srv.Start()
-		if !srv.ReadyForConnections(10 * time.Second) {
-			t.Fatal("nats-server not ready")
-		}
-		return srv
-	}
-	srv := start()
-	t.Cleanup(func() { srv.Shutdown() })
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	ns := newRestartableNATS(t, true)
+	url := ns.URL()
 	holder := startConnexd(t, "p", "--backend", "tcp", "--nats-url", url, "--role", "prefill", "--cluster-preset", "lan")
 	startConnexd(t, "d", "--backend", "tcp", "--nats-url", url, "--role", "decode", "--cluster-preset", "lan", "--pull-stall-ms", "10000")
 	nc := connect(t, url)
@@ -283,14 +271,7 @@ func TestNATSRestartDuringPulls(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(enc.Close)
-	eng, err := shim.Open(ctx5(t), shim.Config{
-		NC: enc, Member: "d", EngineID: "engD", Role: shim.RoleDecode, Model: "m", BaseURL: "http://127.0.0.1:1",
-		Layout: testLayout, RegisterTTL: 3 * time.Second, PullTimeout: 30 * time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = eng.Close() })
+	eng := openDecodeShim(t, enc, "d", "engD")
 	const pulls = 4
 	type outcome struct {
 		d   *messages.PullDone
@@ -324,10 +305,9 @@ func TestNATSRestartDuringPulls(t *testing.T) {
 		}
 		return nil
 	})
-	srv.Shutdown()
-	srv.WaitForShutdown()
+	ns.Stop()
 	holder.signal(syscall.SIGCONT)
-	srv = start()
+	ns.Start()
 	for range pulls {
 		o := <-out
 		var le *shim.LoadError

@@ -89,27 +89,23 @@ func TestConnectionsPerPeerAreCapped(t *testing.T) {
 	for range 3 {
 		open = append(open, rawConn(t, srv))
 	}
-	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		srv.mu.Lock()
-		n := srv.perPeer["127.0.0.1"]
-		srv.mu.Unlock()
-		if n != 3 {
-			return fmt.Errorf("%d connections counted for 127.0.0.1, want 3", n)
-		}
-		return nil
-	})
+	counted := func(want int) {
+		t.Helper()
+		checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+			srv.mu.Lock()
+			n := srv.perPeer["127.0.0.1"]
+			srv.mu.Unlock()
+			if n != want {
+				return fmt.Errorf("%d connections counted for 127.0.0.1, want %d", n, want)
+			}
+			return nil
+		})
+	}
+	counted(3)
 	closedByServer(t, rawConn(t, srv), 5*time.Second)
 	// One goes away: a slot is free again.
 	open[0].Close()
-	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		srv.mu.Lock()
-		n := srv.perPeer["127.0.0.1"]
-		srv.mu.Unlock()
-		if n != 2 {
-			return fmt.Errorf("%d connections counted, want 2", n)
-		}
-		return nil
-	})
+	counted(2)
 	again := rawConn(t, srv)
 	_ = again.SetReadDeadline(time.Now().Add(2 * time.Second))
 	var hello [helloLen]byte
