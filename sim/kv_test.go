@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -204,9 +205,46 @@ func TestSimOutputDependsOnKVContents(t *testing.T) {
 	}
 }
 
-// TestLlamaFillAndVerifyCost: an 8192-token prompt on the llama3-8b layout
-// (1 GiB) fills at memory speed and verifies in a few ms.
-func TestSimLlamaFillAndVerifyCost(t *testing.T) {
+// BenchmarkSimLlamaFillAndVerify: an 8192-token prompt on the llama3-8b
+// layout (1 GiB) is filled (a simulated prefill) and verified (a load's
+// sampled check), against clearing the same GiB in the same run. It prints
+// SIMKV fill_gbps=<a> clear_gbps=<b> ratio=<a/b> verify_ms=<c>; the goal
+// is a fill near memory speed and a verify of a few ms (a load's cost on
+// the resume path).
+func BenchmarkSimLlamaFillAndVerify(b *testing.B) {
+	r := testRegion(b, "llama3-8b", 512)
+	prompt := make([]uint32, 8192)
+	for i := range prompt {
+		prompt[i] = uint32(i*7) % 256
+	}
+	if err := NewSequence(r, seqIDs(0, 512), prompt).Compute(len(prompt)); err != nil { // first touch of the pages
+		b.Fatal(err)
+	}
+	var fill, verify, clear time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		if err := NewSequence(r, seqIDs(0, 512), prompt).Compute(len(prompt)); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := NewSequence(r, seqIDs(0, 512), prompt).Load(len(prompt)); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		clearBytes(r.Bytes())
+		fill, verify, clear = fill+t1.Sub(t0), verify+t2.Sub(t1), clear+time.Since(t2)
+	}
+	n := float64(b.N)
+	gbps := func(d time.Duration) float64 { return float64(r.Layout.Size()) * n / d.Seconds() / 1e9 }
+	fmt.Printf("SIMKV fill_gbps=%.1f clear_gbps=%.1f ratio=%.2f verify_ms=%.2f\n", gbps(fill), gbps(clear), gbps(fill)/gbps(clear), float64(verify.Microseconds())/1000/n)
+}
+
+// clearBytes zeroes p (the runtime's memclr: the reference speed).
+func clearBytes(p []byte) { clear(p) }
+
+// TestSimLlamaFillAndVerify: a 1 GiB prompt's KV written by Compute loads
+// back (every sampled word of every layer and plane checks out).
+func TestSimLlamaFillAndVerify(t *testing.T) {
 	if testing.Short() {
 		t.Skip("1 GiB")
 	}
@@ -215,23 +253,10 @@ func TestSimLlamaFillAndVerifyCost(t *testing.T) {
 	for i := range prompt {
 		prompt[i] = uint32(i*7) % 256
 	}
-	s := NewSequence(r, seqIDs(0, 512), prompt)
-	if err := s.Compute(len(prompt)); err != nil { // first touch of the pages
+	if err := NewSequence(r, seqIDs(0, 512), prompt).Compute(len(prompt)); err != nil {
 		t.Fatal(err)
 	}
-	t0 := time.Now()
-	s = NewSequence(r, seqIDs(0, 512), prompt)
-	if err := s.Compute(len(prompt)); err != nil {
-		t.Fatal(err)
-	}
-	fill := time.Since(t0)
-	t1 := time.Now()
 	if err := NewSequence(r, seqIDs(0, 512), prompt).Load(len(prompt)); err != nil {
 		t.Fatal(err)
-	}
-	verify := time.Since(t1)
-	t.Logf("1 GiB: fill %s (%.1f GB/s), verify %s", fill, float64(r.Layout.Size())/fill.Seconds()/1e9, verify)
-	if verify > 30*time.Millisecond {
-		t.Errorf("verification of 1 GiB took %s", verify)
 	}
 }

@@ -1,0 +1,127 @@
+package layering
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/connex/connex/"
+
+// rules is ARCHITECTURE.md's package table: for each package, the module
+// packages it may import and the external import path prefixes it may use
+// (the standard library is always allowed, except where io says so).
+var rules = map[string]struct {
+	internal []string
+	external []string
+	// pure packages make decisions only: no sockets, files, processes or
+	// system calls.
+	pure bool
+}{
+	"lease":             {pure: true},
+	"notices":           {pure: true},
+	"engines":           {internal: []string{"messages"}, external: []string{"google.golang.org/protobuf/"}, pure: true},
+	"kvmem":             {external: []string{"golang.org/x/sys/unix"}},
+	"transport":         {},
+	"transport/tcp":     {internal: []string{"transport"}},
+	"transport/ucx":     {internal: []string{"transport", "transport/memcopy"}, external: []string{"golang.org/x/sys/unix"}},
+	"transport/memcopy": {external: []string{"golang.org/x/sys/cpu"}},
+	"messages":          {external: []string{"google.golang.org/protobuf/"}},
+	// api maps domain errors to wire codes: it imports the domain packages
+	// whose sentinels it maps (issue 18 moves that mapping out).
+	"api":      {internal: []string{"kvmem", "lease", "messages", "requests", "transport"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"requests": {internal: []string{"messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"cluster":  {internal: []string{"messages"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"actors":   {internal: []string{"api", "kvmem", "lease", "messages", "requests", "transport"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"bus":      {external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
+	"config":   {external: []string{"github.com/spf13/"}},
+	"router":   {internal: []string{"messages"}, external: []string{"github.com/prometheus/client_golang/"}},
+	"shim":     {internal: []string{"api", "kvmem", "messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"sim":      {internal: []string{"kvmem", "messages", "shim"}, external: []string{"github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
+	"status":   {internal: []string{"api", "messages"}, external: []string{"github.com/nats-io/nats.go"}},
+	"chaos":    {internal: []string{"api", "kvmem", "messages"}, external: []string{"github.com/nats-io/", "google.golang.org/protobuf/"}},
+	// localcluster runs binaries; it imports nothing of ours.
+	"localcluster": {},
+	"daemon": {internal: []string{"actors", "api", "bus", "cluster", "config", "engines", "kvmem", "lease", "messages", "notices", "requests", "router", "transport", "transport/tcp", "transport/ucx"},
+		external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/", "github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
+	"layering": {},
+}
+
+// ioPackages are what a pure package may not import.
+var ioPackages = []string{"net", "net/http", "os", "os/exec", "syscall", "golang.org/x/sys/unix", "io/fs", "path/filepath"}
+
+type pkg struct {
+	ImportPath string
+	Imports    []string
+	CgoFiles   []string
+}
+
+func listPackages(t *testing.T) []pkg {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-tags", "ucx", "-json", module+"...")
+	cmd.Dir = ".."
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("go list: %v\n%s", err, ee.Stderr)
+		}
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+// TestImportsFollowTheTable fails when a package imports what its row of
+// the table does not allow, a pure package does I/O, a package outside
+// transport/ucx uses cgo, or a package has no row (add one, and to
+// ARCHITECTURE.md).
+func TestImportsFollowTheTable(t *testing.T) {
+	pkgs := listPackages(t)
+	if len(pkgs) < 20 {
+		t.Fatalf("go list found %d packages", len(pkgs))
+	}
+	for _, p := range pkgs {
+		name := strings.TrimPrefix(p.ImportPath, module)
+		if name == "e2e" || strings.HasPrefix(name, "cmd/") {
+			continue // binaries and tests of the whole: they may use anything
+		}
+		if len(p.CgoFiles) > 0 && name != "transport/ucx" {
+			t.Errorf("%s uses cgo (%v): only transport/ucx may", name, p.CgoFiles)
+		}
+		r, ok := rules[name]
+		if !ok {
+			t.Errorf("%s has no row in the layering table (layering_test.go and ARCHITECTURE.md)", name)
+			continue
+		}
+		for _, imp := range p.Imports {
+			switch {
+			case strings.HasPrefix(imp, module):
+				if dep := strings.TrimPrefix(imp, module); !slices.Contains(r.internal, dep) {
+					t.Errorf("%s imports %s, which its row does not allow", name, dep)
+				}
+			case strings.Contains(strings.SplitN(imp, "/", 2)[0], "."):
+				if !slices.ContainsFunc(r.external, func(pre string) bool { return strings.HasPrefix(imp, pre) }) {
+					t.Errorf("%s imports %s, which its row does not allow", name, imp)
+				}
+			}
+			if r.pure && slices.Contains(ioPackages, imp) {
+				t.Errorf("%s decides and must not do I/O, but imports %s", name, imp)
+			}
+		}
+	}
+}
