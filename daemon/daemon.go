@@ -209,9 +209,23 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 			if d.prom != nil {
 				d.prom.departed.WithLabelValues(string(reason)).Inc()
 			}
-			if n := d.pdeps.Holders.LeftIncarnation(name, id, string(reason)); n > 0 {
-				log.Warn("holder left the cluster during pulls; they end now", "member", name, "id", id, "reason", reason, "pulls", n)
+			if d.pdeps.Holders.Running() == 0 {
+				return
 			}
+			// Off the membership goroutine: a member can leave the view
+			// while its process lives (an eviction and rejoin under a new
+			// cluster id shuts the old incarnation down); its data plane is
+			// then intact, and only a holder whose API is gone (or frozen)
+			// ends the pulls reading from it.
+			d.goBackground(func() {
+				if d.holderAnswers(name) {
+					log.Info("holder left the cluster view but its API answers; its pulls carry on", "member", name, "id", id, "reason", reason)
+					return
+				}
+				if n := d.pdeps.Holders.LeftIncarnation(name, id, string(reason)); n > 0 {
+					log.Warn("holder left the cluster during pulls; they end now", "member", name, "id", id, "reason", reason, "pulls", n)
+				}
+			})
 		})
 		d.wg.Add(1)
 		go d.coordinate(cfg.OrphanScan)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -257,6 +258,20 @@ func (d *Daemon) askHold(id string, msg any) (actors.Reply, error) {
 		return rep, err
 	}
 	return actors.Reply{}, api.Errorf(api.CodeUnknownTransfer, "transfer %s ended", id)
+}
+
+// holderAnswers reports whether member's API answers within a few
+// heartbeats: a killed holder's NATS connection is gone, which NATS says at
+// once (no responders); a frozen one does not answer in time.
+func (d *Daemon) holderAnswers(member string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
+	defer cancel()
+	_, err := (&api.Client{NC: d.Bus.Conn, Member: member}).Inspect(ctx, &messages.HoldRef{TransferId: strings.Repeat("0", 32)})
+	switch api.CodeOf(err) {
+	case api.CodePeerUnavailable, api.CodeTimeout:
+		return false
+	}
+	return true
 }
 
 // askBound is askHold for an operation of requester on behalf of request
