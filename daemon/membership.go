@@ -36,7 +36,7 @@ type clusterMembers struct {
 	load      int64
 	engines   []*messages.EngineInfo
 	closed    bool
-	departed  map[string]bool      // member names seen leaving, not back since
+	departed  map[string]time.Time // member names seen leaving, not back since, and when
 	firstSeen map[string]time.Time // when each present member entered our view
 	joinedAt  time.Time            // when the current provider started watching
 	grace     time.Duration        // TTL + 2 heartbeats: how long before "absent" means "gone"
@@ -67,7 +67,7 @@ func clusterRole(role string) cluster.Role {
 
 // joinCluster starts membership and keeps it: on self-eviction it rejoins.
 func joinCluster(nc *nats.Conn, cfg config.Config, log, libLog *slog.Logger) (*clusterMembers, error) {
-	m := &clusterMembers{nc: nc, cfg: cfg, log: log, libLog: libLog, rejoins: make(chan struct{}, 1), done: make(chan struct{}), departed: map[string]bool{}, firstSeen: map[string]time.Time{}}
+	m := &clusterMembers{nc: nc, cfg: cfg, log: log, libLog: libLog, rejoins: make(chan struct{}, 1), done: make(chan struct{}), departed: map[string]time.Time{}, firstSeen: map[string]time.Time{}}
 	if err := m.start(); err != nil {
 		return nil, err
 	}
@@ -92,7 +92,7 @@ func (m *clusterMembers) start() error {
 	// A (re)join starts from a clean slate: what a paused member believed
 	// about departures and ages is stale.
 	m.mu.Lock()
-	m.departed, m.firstSeen = map[string]bool{}, map[string]time.Time{}
+	m.departed, m.firstSeen = map[string]time.Time{}, map[string]time.Time{}
 	m.joinedAt = time.Now()
 	m.mu.Unlock()
 	// Subscribe outside m.mu: Subscribe replays the live members to the
@@ -214,6 +214,14 @@ func (m *clusterMembers) View() requests.View {
 	return v
 }
 
+// DepartedAt is when this member saw name leave (zero if it has not, or
+// came back since).
+func (m *clusterMembers) DepartedAt(name string) time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.departed[name]
+}
+
 // track records departures by name, from the membership events.
 func (m *clusterMembers) track(e cluster.Event) {
 	if e.Member.Name == "" {
@@ -223,7 +231,9 @@ func (m *clusterMembers) track(e cluster.Event) {
 	defer m.mu.Unlock()
 	switch e.Type {
 	case cluster.EventLeft:
-		m.departed[e.Member.Name] = true
+		if _, ok := m.departed[e.Member.Name]; !ok {
+			m.departed[e.Member.Name] = time.Now()
+		}
 		delete(m.firstSeen, e.Member.Name)
 	case cluster.EventJoined:
 		delete(m.departed, e.Member.Name)

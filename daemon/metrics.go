@@ -26,6 +26,7 @@ type promMetrics struct {
 	notices   *prometheus.CounterVec
 	replays   prometheus.Counter
 	departed  *prometheus.CounterVec
+	failover  prometheus.Histogram
 	srv       *http.Server
 	ln        net.Listener
 }
@@ -45,6 +46,8 @@ func newPromMetrics(d *Daemon) *promMetrics {
 			Help: "Notices published to engines, by kind (pull.done, blocks.freed, request.resume, request.fenced, hold.lost)."}, []string{"kind"}),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{Name: "connex_notice_replays_total",
 			Help: "engine.notices calls that returned missed notices (an engine caught up after a disconnect)."}),
+		failover: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_request_failover_seconds",
+			Help: "From the coordinator seeing a request's owner leave to the request adopted here (cluster-resumed requests).", Buckets: prometheus.ExponentialBuckets(0.01, 2, 12)}),
 		departed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_cluster_departures_total",
 			Help: "Members that left this member's view, by reason (leave, unreachable, timeout, blocked, dead)."}, []string{"reason"}),
 	}
@@ -54,7 +57,7 @@ func newPromMetrics(d *Daemon) *promMetrics {
 	gauge := func(name, help string, v func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, v)
 	}
-	m.reg.MustRegister(m.pulls, m.pullBytes, m.pullDur, m.freed, m.notices, m.replays, m.departed,
+	m.reg.MustRegister(m.pulls, m.pullBytes, m.pullDur, m.freed, m.notices, m.replays, m.departed, m.failover,
 		counter("connex_lease_renewals_total", "Lease renewals of this member's holds (hold.renew).", func(x *actors.Metrics) int64 { return x.LeaseRenewals.Load() }),
 		counter("connex_requests_taken_over_total", "Requests a router's resume moved to an engine of this member.", func(x *actors.Metrics) int64 { return x.TakenOver.Load() }),
 		counter("connex_requests_adopted_total", "Requests of departed members adopted here.", func(x *actors.Metrics) int64 { return x.Adopted.Load() }),

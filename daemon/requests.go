@@ -23,6 +23,8 @@ type Members interface {
 	View() requests.View
 	OnChange(fn func()) (cancel func())
 	SetLoad(load int64)
+	// DepartedAt is when this member saw name leave (zero: it has not).
+	DepartedAt(name string) time.Time
 }
 
 func (d *Daemon) askRequest(id string, msg any) (*messages.RequestStatus, error) {
@@ -152,7 +154,13 @@ func (d *Daemon) Adopt(_ context.Context, r *messages.AdoptRequestMsg) (*message
 	if engine == "" {
 		return nil, api.Errorf(api.CodeUnknownRegion, "member %s has no registered decode engine to resume request %s on", d.cfg.MemberID, r.RequestId)
 	}
-	return d.spawnRequest(&actors.AdoptRequest{ID: r.RequestId, DeadOwner: r.DeadOwner, Engine: engine})
+	st, err := d.spawnRequest(&actors.AdoptRequest{ID: r.RequestId, DeadOwner: r.DeadOwner, Engine: engine})
+	if err == nil && r.DepartedUnixMs > 0 && d.prom != nil {
+		// From the coordinator seeing the owner leave to the request
+		// running here (clocks of one host, or NTP-close ones).
+		d.prom.failover.Observe(max(0, d.now().Sub(time.UnixMilli(r.DepartedUnixMs)).Seconds()))
+	}
+	return st, err
 }
 
 // decodeEngine picks the local engine that resumes adopted requests: the
@@ -225,7 +233,11 @@ func (d *Daemon) placeOrphans() error {
 	var errs []error
 	for req, target := range requests.Place(orphans, live) {
 		cli := &api.Client{NC: d.Bus.Conn, Member: target}
-		if _, err := cli.Adopt(ctx, &messages.AdoptRequestMsg{RequestId: req, DeadOwner: owners[req]}); err != nil {
+		msg := &messages.AdoptRequestMsg{RequestId: req, DeadOwner: owners[req]}
+		if at := d.members.DepartedAt(owners[req]); !at.IsZero() {
+			msg.DepartedUnixMs = at.UnixMilli()
+		}
+		if _, err := cli.Adopt(ctx, msg); err != nil {
 			if api.CodeOf(err) == api.CodeFenced {
 				continue // someone adopted it already
 			}

@@ -60,6 +60,9 @@ func TestResumePullsConsumerBoundHold(t *testing.T) {
 		t.Fatalf("the resumed engine's pull of the consumer-bound hold: %v", d)
 	}
 	verifyBlocks(t, c.prefill.region, d2.region, src, dst, nil)
+	if m, err := scrape(c.procs["d2"].metricsURL); err != nil || m["connex_requests_taken_over_total"] != 1 || m[`connex_pulls_total{outcome="ok"}`] != 1 {
+		t.Fatalf("d2's metrics after the takeover and its pull: taken over %v, ok pulls %v (%v)", m["connex_requests_taken_over_total"], m[`connex_pulls_total{outcome="ok"}`], err)
+	}
 	// The hold now belongs to d2: neither the old consumer nor a third
 	// engine naming the request may pull or renew it.
 	refused(pull(d3, "third", []uint32{1, 2, 3, 4}), "a third engine")

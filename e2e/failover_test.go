@@ -37,7 +37,8 @@ func newDecodeCluster(t testing.TB, decoders ...string) *decodeCluster {
 }
 
 func (c *decodeCluster) addDecoder(name string) {
-	c.procs[name] = startConnexd(c.t, name, "--backend", "tcp", "--nats-url", c.url, "--role", "decode", "--cluster-preset", "local", "--orphan-scan-ms", "200")
+	c.procs[name] = startConnexd(c.t, name, "--backend", "tcp", "--nats-url", c.url, "--role", "decode", "--cluster-preset", "local", "--orphan-scan-ms", "200",
+		"--metrics-listen", "127.0.0.1:0")
 	c.engines[name] = newEngine(c.t, c.nc, name, "eng-"+name, testLayout, false)
 }
 
@@ -151,6 +152,15 @@ func TestRequestSurvivesDecodeMemberDeath(t *testing.T) {
 		t.Fatalf("re-pull after failover: %v", d)
 	}
 	verifyBlocks(t, c.prefill.region, newOwner.region, src, dst, nil)
+	// The adopter counted the adoption and observed its failover time.
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		m, err := scrape(c.procs[st.Owner].metricsURL)
+		if err != nil || m["connex_requests_adopted_total"] != 1 || m["connex_request_failover_seconds_count"] != 1 {
+			return fmt.Errorf("adopter's metrics: adopted %v, failover observations %v (%v)", m["connex_requests_adopted_total"], m["connex_request_failover_seconds_count"], err)
+		}
+		t.Logf("failover (owner seen leaving -> adopted): %.0f ms", 1000*m["connex_request_failover_seconds_sum"])
+		return nil
+	})
 	if err := c.progress(t, st.Owner, "r-kill", 2, 10); err != nil {
 		t.Fatalf("progress on the new owner: %v", err)
 	}

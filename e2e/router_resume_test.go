@@ -417,6 +417,12 @@ func TestEnginesJoinAndLeave(t *testing.T) {
 		}
 	}
 	ask("decode-0")
+	// A non-streamed answer carries the request's transfer record.
+	status, ans, err := postJSON(ctx, url, map[string]any{"model": "connex-sim", "prompt": "the record", "max_tokens": 3})
+	cx, _ := ans["connex"].(map[string]any)
+	if tid, _ := cx["transfer_id"].(string); err != nil || status != 200 || len(tid) != 32 || cx["prefill_engine"] != "prefill-0" || cx["request_id"] == "" {
+		t.Fatalf("non-streamed answer's connex record: %d %v %v", status, ans, err)
+	}
 	added, err := c.AddEngine(ctx, localcluster.RoleDecode)
 	if err != nil {
 		t.Fatal(err)

@@ -458,11 +458,14 @@ func (x *RequestStatus) GetStatus() string {
 // AdoptRequestMsg asks a member to take over a request whose owner died
 // (member to member).
 type AdoptRequestMsg struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	DeadOwner     string                 `protobuf:"bytes,2,opt,name=dead_owner,json=deadOwner,proto3" json:"dead_owner,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	DeadOwner string                 `protobuf:"bytes,2,opt,name=dead_owner,json=deadOwner,proto3" json:"dead_owner,omitempty"`
+	// When the coordinator saw the owner leave (for the failover-time
+	// histogram); 0 if unknown.
+	DepartedUnixMs int64 `protobuf:"varint,3,opt,name=departed_unix_ms,json=departedUnixMs,proto3" json:"departed_unix_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *AdoptRequestMsg) Reset() {
@@ -507,6 +510,13 @@ func (x *AdoptRequestMsg) GetDeadOwner() string {
 		return x.DeadOwner
 	}
 	return ""
+}
+
+func (x *AdoptRequestMsg) GetDepartedUnixMs() int64 {
+	if x != nil {
+		return x.DepartedUnixMs
+	}
+	return 0
 }
 
 // ResumeNotice tells a decode engine to continue a request whose previous
@@ -766,12 +776,13 @@ const file_request_proto_rawDesc = "" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"V\n" +
 	"\rRequestStatus\x12-\n" +
 	"\x05state\x18\x01 \x01(\v2\x17.connex.v1.RequestStateR\x05state\x12\x16\n" +
-	"\x06status\x18\x02 \x01(\tR\x06status\"O\n" +
+	"\x06status\x18\x02 \x01(\tR\x06status\"y\n" +
 	"\x0fAdoptRequestMsg\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
 	"\n" +
-	"dead_owner\x18\x02 \x01(\tR\tdeadOwner\"=\n" +
+	"dead_owner\x18\x02 \x01(\tR\tdeadOwner\x12(\n" +
+	"\x10departed_unix_ms\x18\x03 \x01(\x03R\x0edepartedUnixMs\"=\n" +
 	"\fResumeNotice\x12-\n" +
 	"\x05state\x18\x01 \x01(\v2\x17.connex.v1.RequestStateR\x05state\"k\n" +
 	"\fFencedNotice\x12\x1d\n" +

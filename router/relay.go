@@ -73,6 +73,14 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 	out.connex["request_id"] = rid
 	out.connex["prefill_engine"] = pre.engine
 	out.connex["prefills"] = 1
+	// The hold every decode leg pulls: ties the request to its transfer in
+	// connexd's logs, notices and `connexd status`.
+	var kv struct {
+		TransferID string `json:"transfer_id"`
+	}
+	if json.Unmarshal(pre.params, &kv) == nil && kv.TransferID != "" {
+		out.connex["transfer_id"] = kv.TransferID
+	}
 	if e := s.decode(r.Context(), c, rid, pre, out, start); e != nil {
 		status = e.Status
 		s.metrics.errors.WithLabelValues(e.Code).Inc()

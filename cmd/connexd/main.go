@@ -39,7 +39,9 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "connexd: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	// Every line names this connexd, so that logs gathered from many
+	// members tie together (with request, transfer and pull ids).
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).With("connexd", cfg.MemberID)
 	slog.SetDefault(log)
 	d, err := daemon.New(cfg, log)
 	if err != nil {
