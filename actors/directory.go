@@ -2,6 +2,7 @@ package actors
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -27,6 +28,9 @@ type HoldEntry struct {
 	Created time.Time // when the hold was created
 	Blocks  int       // blocks it holds
 	Bytes   uint64    // bytes it holds (blocks × layers × planes × block bytes)
+	// State is the hold's lease.State, kept current by its actor (for
+	// metrics by state without asking every actor).
+	State atomic.Int32
 }
 
 type tombstone struct {

@@ -55,6 +55,7 @@ type holdActor struct {
 	readers map[string][]uint32 // pull id -> blocks marked BeginRead
 	pullBy  map[string]string   // pull id -> the reader that started it
 	created time.Time
+	entry   *HoldEntry // this hold's directory entry
 	self    *actor.PID
 	system  *actor.ActorSystem
 	// implied: one registration covers every extent (ExtentRegistrar);
@@ -191,8 +192,9 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 	}
 	a.h = h
 	l0 := r.Region.Layout
-	a.deps.Dir.put(m.ID, &HoldEntry{PID: ctx.Self(), Engine: r.Engine, Region: r.ID, Created: a.created, Blocks: len(m.Req.BlockIds),
-		Bytes: uint64(len(m.Req.BlockIds)) * uint64(l0.Layers) * uint64(l0.Planes) * l0.BlockBytes})
+	a.entry = &HoldEntry{PID: ctx.Self(), Engine: r.Engine, Region: r.ID, Created: a.created, Blocks: len(m.Req.BlockIds),
+		Bytes: uint64(len(m.Req.BlockIds)) * uint64(l0.Layers) * uint64(l0.Planes) * l0.BlockBytes}
+	a.deps.Dir.put(m.ID, a.entry)
 	a.deps.Metrics.HoldsCreated.Add(1)
 	a.rearm(ctx)
 	l := r.Region.Layout
@@ -268,6 +270,9 @@ func (a *holdActor) step(ctx actor.Context, ev lease.Event, ok func() Reply) {
 		return
 	}
 	fx, err := a.h.Step(ev)
+	if a.entry != nil {
+		a.entry.State.Store(int32(a.h.Status().State))
+	}
 	var rep Reply
 	if err == nil && ok != nil {
 		rep = ok()

@@ -85,10 +85,13 @@ type pullResult struct {
 }
 
 type pullerActor struct {
-	deps   *PullDeps
-	p      *Pull
-	start  time.Time
-	cancel context.CancelFunc
+	// readDur is how long the data-plane reads took (set by run, read by
+	// finish on the same goroutine).
+	readDur time.Duration
+	deps    *PullDeps
+	p       *Pull
+	start   time.Time
+	cancel  context.CancelFunc
 }
 
 // PullerProps returns props for a puller actor running p.
@@ -133,6 +136,7 @@ func (a *pullerActor) finish(r *pullResult) {
 		PullId: a.p.ID, TransferId: a.p.Params.TransferId, Ok: r.err == nil,
 		EngineId: a.p.Dst.Engine, RegionId: a.p.Dst.ID, KvLoadFailurePolicy: a.deps.LoadFailurePolicy,
 		DurationUs: uint64(a.deps.Now().Sub(a.start) / time.Microsecond), RequestId: a.p.Params.ConnexRequestId,
+		ReadUs: uint64(a.readDur / time.Microsecond),
 	}
 	if r.err != nil {
 		e := api.AsError(r.err)
@@ -202,7 +206,9 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	var n uint64
 	getErr := planErr
 	if getErr == nil {
+		t0 := a.deps.Now()
 		n, getErr = a.read(ctx, desc, plan, early, peer, requester)
+		a.readDur = a.deps.Now().Sub(t0)
 	} else {
 		early.drop()
 		getErr = fmt.Errorf("pull %s: %w", a.p.ID, getErr)

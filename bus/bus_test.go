@@ -1,9 +1,12 @@
 package bus
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -34,4 +37,39 @@ func TestTakenPortIsAnError(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "nats_listen="+ln.Addr().String()) || !strings.Contains(err.Error(), "nats_url") {
 		t.Fatalf("a taken nats_listen: %v", err)
 	}
+}
+
+// recorder keeps the messages of the records it handles.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (r *recorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, rec.Level.String()+" "+rec.Message)
+	return nil
+}
+func (r *recorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *recorder) WithGroup(string) slog.Handler      { return r }
+
+// TestEmbeddedServerLogsThroughOurs: the embedded nats-server's log goes
+// to our logger (its routine notices at debug), not to nowhere.
+func TestEmbeddedServerLogsThroughOurs(t *testing.T) {
+	rec := &recorder{}
+	b, err := Open(Options{Listen: "127.0.0.1:0", DataDir: t.TempDir(), Name: "logs", Logger: slog.New(rec)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, m := range rec.msgs {
+		if strings.HasPrefix(m, "DEBUG Server is ready") {
+			return
+		}
+	}
+	t.Fatalf("no nats-server notice reached our logger: %q", rec.msgs)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/lease"
 	"github.com/connex/connex/messages"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -22,6 +23,8 @@ type promMetrics struct {
 	pulls     *prometheus.CounterVec
 	pullBytes prometheus.Counter
 	pullDur   prometheus.Histogram
+	pullRead  prometheus.Histogram
+	pullSize  prometheus.Histogram
 	freed     *prometheus.CounterVec
 	notices   *prometheus.CounterVec
 	replays   prometheus.Counter
@@ -39,7 +42,14 @@ func newPromMetrics(d *Daemon) *promMetrics {
 		pullBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "connex_pull_bytes_total",
 			Help: "Bytes written by completed pulls."}),
 		pullDur: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_pull_duration_seconds",
-			Help: "Duration of completed pulls, from pull.start to the last byte.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+			Help: "Duration of completed pulls, from pull.start to the last byte.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+			ConstLabels: prometheus.Labels{"backend": d.Backend.Name()}}),
+		pullRead: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_pull_read_seconds",
+			Help: "Data-plane read time of completed pulls (bytes over this is the transfer speed).", Buckets: prometheus.ExponentialBuckets(0.0002, 2, 17),
+			ConstLabels: prometheus.Labels{"backend": d.Backend.Name()}}),
+		pullSize: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_pull_size_bytes",
+			Help: "Bytes of completed pulls.", Buckets: prometheus.ExponentialBuckets(64<<10, 4, 10),
+			ConstLabels: prometheus.Labels{"backend": d.Backend.Name()}}),
 		freed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_holds_freed_total",
 			Help: "Holds whose blocks went back to their engine, by reason (released, expired, pulled, shutdown, aborted)."}, []string{"reason"}),
 		notices: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_notices_total",
@@ -57,7 +67,7 @@ func newPromMetrics(d *Daemon) *promMetrics {
 	gauge := func(name, help string, v func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, v)
 	}
-	m.reg.MustRegister(m.pulls, m.pullBytes, m.pullDur, m.freed, m.notices, m.replays, m.departed, m.failover,
+	m.reg.MustRegister(m.pulls, m.pullBytes, m.pullDur, m.pullRead, m.pullSize, m.freed, m.notices, m.replays, m.departed, m.failover,
 		counter("connex_lease_renewals_total", "Lease renewals of this member's holds (hold.renew).", func(x *actors.Metrics) int64 { return x.LeaseRenewals.Load() }),
 		counter("connex_requests_taken_over_total", "Requests a router's resume moved to an engine of this member.", func(x *actors.Metrics) int64 { return x.TakenOver.Load() }),
 		counter("connex_requests_adopted_total", "Requests of departed members adopted here.", func(x *actors.Metrics) int64 { return x.Adopted.Load() }),
@@ -76,6 +86,7 @@ func newPromMetrics(d *Daemon) *promMetrics {
 			}
 			return d.now().Sub(oldest).Seconds()
 		}),
+		holdsByState{d: d, desc: prometheus.NewDesc("connex_holds", "Live holds by lease state (held, releasing, expiring).", []string{"state"}, nil)},
 		heldByEngine{d: d,
 			blocks: prometheus.NewDesc("connex_held_blocks", "Blocks held by live holds, per engine.", []string{"engine"}, nil),
 			bytes:  prometheus.NewDesc("connex_held_bytes", "Bytes held by live holds, per engine.", []string{"engine"}, nil)},
@@ -102,6 +113,8 @@ func (m *promMetrics) pullDone(p *messages.PullDone) {
 		m.pulls.WithLabelValues("ok").Inc()
 		m.pullBytes.Add(float64(p.GetBytes()))
 		m.pullDur.Observe((time.Duration(p.GetDurationUs()) * time.Microsecond).Seconds())
+		m.pullRead.Observe((time.Duration(p.GetReadUs()) * time.Microsecond).Seconds())
+		m.pullSize.Observe(float64(p.GetBytes()))
 		return
 	}
 	m.pulls.WithLabelValues(api.Code(p.GetErrorCode()).Name()).Inc()
@@ -128,6 +141,24 @@ func (c heldByEngine) Collect(ch chan<- prometheus.Metric) {
 	for eng, n := range blocks {
 		ch <- prometheus.MustNewConstMetric(c.blocks, prometheus.GaugeValue, float64(n), eng)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(bytes[eng]), eng)
+	}
+}
+
+// holdsByState reports live holds by their lease state.
+type holdsByState struct {
+	d    *Daemon
+	desc *prometheus.Desc
+}
+
+func (c holdsByState) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c holdsByState) Collect(ch chan<- prometheus.Metric) {
+	n := map[lease.State]int{}
+	for _, e := range c.d.dir.All() {
+		n[lease.State(e.State.Load())]++
+	}
+	for st, k := range n {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(k), st.String())
 	}
 }
 

@@ -37,15 +37,16 @@ func TestConnexdMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dm[`connex_pulls_total{outcome="ok"}`] != 1 || dm["connex_pull_bytes_total"] != float64(pd.Bytes) || dm["connex_pull_duration_seconds_count"] != 1 {
+	if dm[`connex_pulls_total{outcome="ok"}`] != 1 || dm["connex_pull_bytes_total"] != float64(pd.Bytes) || dm[`connex_pull_duration_seconds_count{backend="tcp"}`] != 1 ||
+		dm[`connex_pull_read_seconds_count{backend="tcp"}`] != 1 || dm[`connex_pull_size_bytes_sum{backend="tcp"}`] != float64(pd.Bytes) || pd.ReadUs == 0 || pd.ReadUs > pd.DurationUs {
 		t.Fatalf("decode metrics after one pull of %d bytes: pulls %v bytes %v durations %v", pd.Bytes,
-			dm[`connex_pulls_total{outcome="ok"}`], dm["connex_pull_bytes_total"], dm["connex_pull_duration_seconds_count"])
+			dm[`connex_pulls_total{outcome="ok"}`], dm["connex_pull_bytes_total"], dm[`connex_pull_duration_seconds_count{backend="tcp"}`])
 	}
 	pm, err := scrape(pn.metricsURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pm["connex_holds_created_total"] != 1 || pm["connex_holds_live"] != 1 {
+	if pm["connex_holds_created_total"] != 1 || pm["connex_holds_live"] != 1 || pm[`connex_holds{state="held"}`] != 1 {
 		t.Fatalf("prefill metrics with one live hold: created %v live %v", pm["connex_holds_created_total"], pm["connex_holds_live"])
 	}
 	// Per engine: three blocks of four layers and two planes of 4 KiB.

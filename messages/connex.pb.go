@@ -1189,7 +1189,10 @@ type PullDone struct {
 	KvLoadFailurePolicy string `protobuf:"bytes,10,opt,name=kv_load_failure_policy,json=kvLoadFailurePolicy,proto3" json:"kv_load_failure_policy,omitempty"`
 	// The request the pull loaded KV for (params.connex_request_id), if any:
 	// ties the transfer to the request in logs and traces.
-	RequestId     string `protobuf:"bytes,11,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,11,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// How long the data-plane reads took (duration_us less the descriptors
+	// round trip and the end): bytes / read_us is the transfer's speed.
+	ReadUs        uint64 `protobuf:"varint,12,opt,name=read_us,json=readUs,proto3" json:"read_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1299,6 +1302,13 @@ func (x *PullDone) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *PullDone) GetReadUs() uint64 {
+	if x != nil {
+		return x.ReadUs
+	}
+	return 0
 }
 
 // BlocksFreed tells an engine it may reuse blocks: published on
@@ -2175,7 +2185,7 @@ const file_connex_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\")\n" +
 	"\x0eStartPullReply\x12\x17\n" +
-	"\apull_id\x18\x01 \x01(\tR\x06pullId\"\xce\x02\n" +
+	"\apull_id\x18\x01 \x01(\tR\x06pullId\"\xe7\x02\n" +
 	"\bPullDone\x12\x17\n" +
 	"\apull_id\x18\x01 \x01(\tR\x06pullId\x12\x1f\n" +
 	"\vtransfer_id\x18\x02 \x01(\tR\n" +
@@ -2192,7 +2202,8 @@ const file_connex_proto_rawDesc = "" +
 	"\x16kv_load_failure_policy\x18\n" +
 	" \x01(\tR\x13kvLoadFailurePolicy\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\v \x01(\tR\trequestId\"\x9d\x01\n" +
+	"request_id\x18\v \x01(\tR\trequestId\x12\x17\n" +
+	"\aread_us\x18\f \x01(\x04R\x06readUs\"\x9d\x01\n" +
 	"\vBlocksFreed\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x12\x1b\n" +
