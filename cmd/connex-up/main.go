@@ -128,5 +128,6 @@ header names it); the stream carries on from another decode engine, with no seco
 	for _, e := range decode {
 		s += fmt.Sprintf("  kill -9 %d    # %s's connex-sim\n", e.EnginePID, e.Name)
 	}
+	s += fmt.Sprintf("\nEvery member, engine, hold and request:\n  %s status --nats-url %s\n", o.Connexd, c.NATSURL())
 	return s + "\nCtrl-C stops every process.\n"
 }
