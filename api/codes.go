@@ -14,45 +14,10 @@ import (
 // header. Codes never change meaning; new failures get new codes.
 type Code int
 
-// The error table. Engine shims branch on these numbers.
-const (
-	CodeMalformed       Code = 400 // payload is not a valid message for the endpoint
-	CodeBadContentType  Code = 401 // Content-Type is neither application/protobuf nor application/json
-	CodeNotYours        Code = 403 // the requester may not act on this transfer
-	CodeUnknownTransfer Code = 404 // no such transfer (never existed or long forgotten)
-	CodeUnknownRegion   Code = 405 // no such engine region registered here
-	CodeForbidden       Code = 406 // a region file outside region_dir, through a link, or not owned by an allowed user
-	CodeReleased        Code = 409 // transfer already released (or freed after its pull)
-	CodeExpired         Code = 410 // transfer's lease expired and its blocks were freed
-	CodeTooLarge        Code = 413 // payload larger than max_request_bytes
-	CodeBadBlockIDs     Code = 422 // block ids empty, out of range, duplicated, or count mismatch
-	CodeBadLayout       Code = 423 // layout invalid or disagrees with the region file
-	CodeIncompatible    Code = 424 // layouts of the two sides differ (TP size, block size, …)
-	CodeBlocksBusy      Code = 425 // destination blocks are being written by another pull
-	CodeEngineGone      Code = 426 // the engine that owned the transfer went away
-	CodeBadRequest      Code = 427 // a required field is missing or a value is out of range
-	CodeFenced          Code = 428 // the request moved to another owner (stale epoch); stop acting on it
-	CodeUnknownRequest  Code = 430 // no such in-flight request
-	CodeRequestExists   Code = 431 // a request with that id is already running
-	CodeOverloaded      Code = 429 // too many requests in flight; retry later
-	CodeInternal        Code = 500 // a bug; the log says more
-	CodeRegionIO        Code = 507 // the region file could not be opened or mapped
-	CodePeerUnavailable Code = 503 // the holding member or its data plane cannot be reached
-	CodeTimeout         Code = 504 // the operation ran past its deadline
-	CodeTransferFailed  Code = 502 // the data plane failed during a pull
-)
+//go:generate go run ./gencodes
 
-// codeNames gives every code a stable name for logs and docs.
-var codeNames = map[Code]string{
-	CodeMalformed: "malformed_payload", CodeBadContentType: "bad_content_type", CodeNotYours: "not_yours",
-	CodeUnknownTransfer: "unknown_transfer", CodeUnknownRegion: "unknown_region", CodeForbidden: "forbidden", CodeReleased: "released",
-	CodeExpired: "expired", CodeTooLarge: "payload_too_large", CodeBadBlockIDs: "bad_block_ids",
-	CodeBadLayout: "bad_layout", CodeIncompatible: "incompatible", CodeBlocksBusy: "blocks_busy",
-	CodeEngineGone: "engine_gone", CodeBadRequest: "bad_request", CodeFenced: "fenced",
-	CodeUnknownRequest: "unknown_request", CodeRequestExists: "request_exists", CodeOverloaded: "overloaded",
-	CodeInternal: "internal", CodeRegionIO: "region_io", CodePeerUnavailable: "peer_unavailable",
-	CodeTimeout: "timeout", CodeTransferFailed: "transfer_failed",
-}
+// The constants and names of the error table are generated from
+// codes.json (codes_gen.go), which also writes README.md's table.
 
 // Name is the code's stable name, e.g. "expired".
 func (c Code) Name() string {
