@@ -225,6 +225,12 @@ func TestMemfdRegionSharedThroughPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Sealed: nobody who opens its path can shrink (or grow) it.
+	for _, size := range []int64{4096, int64(l.Size()) * 2} {
+		if err := os.Truncate(r.Path, size); err == nil {
+			t.Fatalf("truncating the created memfd to %d bytes succeeded; it must be sealed", size)
+		}
+	}
 	testCreatedRegionShared(t, r, l, MemoryMemfd)
 }
 

@@ -103,7 +103,8 @@ func NewRegion(path string, layout Layout, memory string, mem []byte, free func(
 }
 
 // CreateMemfdRegion creates an anonymous shared-memory region (memfd) for
-// layout, named name (shown in /proc/<pid>/fd). Its Path,
+// layout, named name (shown in /proc/<pid>/fd), sealed against resizing.
+// Its Path,
 // /proc/<pid>/fd/<n>, is what an engine of this host maps; the memory lives
 // until Close and the last mapping are gone, and nothing is left behind in
 // the file system if this process dies.
@@ -111,11 +112,21 @@ func CreateMemfdRegion(name string, layout Layout) (*Region, error) {
 	if err := layout.Validate(); err != nil {
 		return nil, err
 	}
-	fd, err := unix.MemfdCreate("connex-"+name, unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate("connex-"+name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("%w: memfd_create: %w", ErrRegion, err)
 	}
-	return createdRegion(os.NewFile(uintptr(fd), "memfd:connex-"+name), layout, MemoryMemfd)
+	r, err := createdRegion(os.NewFile(uintptr(fd), "memfd:connex-"+name), layout, MemoryMemfd)
+	if err != nil {
+		return nil, err
+	}
+	// Sealed against resizing: an engine that maps it (read-write, through
+	// /proc) cannot shrink it under a pull, which would fault connexd.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
+		_ = r.Close()
+		return nil, fmt.Errorf("%w: seal the memfd against resizing: %w", ErrRegion, err)
+	}
+	return r, nil
 }
 
 // CreateShmRegion is CreateMemfdRegion with the memory in directory dir
