@@ -12,3 +12,5 @@ protoc -I "$root/messages" --python_out="$out" "$root/messages/connex.proto" "$r
 # they must be relative.
 sed -i 's/^import connex_pb2 as connex__pb2$/from . import connex_pb2 as connex__pb2/; s/^import request_pb2 as request__pb2$/from . import request_pb2 as request__pb2/' \
   "$out/request_pb2.py" "$out/notices_pb2.py"
+# Python 3 reads sources as UTF-8: protoc's coding line is noise (ruff UP009).
+sed -i '1{/^# -\*- coding: utf-8 -\*-$/d}' "$out"/*_pb2.py

@@ -84,7 +84,8 @@ func (d *Daemon) EngineNotices(_ context.Context, r *messages.NoticesRequest) (*
 		return nil, err
 	}
 	after := r.AfterSeq
-	if r.Journal != "" && r.Journal != d.journalID {
+	otherJournal := r.Journal != "" && r.Journal != d.journalID
+	if otherJournal {
 		after = 0 // another connexd's sequence: everything kept is news
 	}
 	limit := int(min(r.Max, noticeJournalLimit))
@@ -92,7 +93,7 @@ func (d *Daemon) EngineNotices(_ context.Context, r *messages.NoticesRequest) (*
 		limit = noticeJournalLimit
 	}
 	entries, last, gap := d.journal.Since(r.EngineId, after, limit, d.now())
-	rep := &messages.NoticesReply{LastSeq: last, Journal: d.journalID, Gap: gap || (r.Journal != "" && r.Journal != d.journalID && r.AfterSeq > 0)}
+	rep := &messages.NoticesReply{LastSeq: last, Journal: d.journalID, Gap: gap || (otherJournal && r.AfterSeq > 0)}
 	for _, e := range entries {
 		rep.Notices = append(rep.Notices, e.Body.(*messages.Notice))
 	}

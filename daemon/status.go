@@ -2,8 +2,8 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"slices"
-	"strconv"
 
 	"github.com/connex/connex/actors"
 	"github.com/connex/connex/messages"
@@ -14,7 +14,7 @@ import (
 // engines, holds, requests and pulls, for `connexd status`.
 func (d *Daemon) MemberStatus(ctx context.Context, _ *messages.MemberStatusRequest) (*messages.MemberStatus, error) {
 	st := &messages.MemberStatus{
-		MemberId: d.cfg.MemberID, Role: d.cfg.Role, Backend: d.Backend.Name(), DataAddr: printableAddr(d.Backend.Address()),
+		MemberId: d.cfg.MemberID, Role: d.cfg.Role, Backend: d.Backend.Name(), DataAddr: PrintableAddr(d.Backend.Address()),
 		StartedUnixMs: d.started.UnixMilli(), Version: Version, Pulls: d.inflight.of(""),
 	}
 	d.engMu.Lock()
@@ -46,12 +46,14 @@ func (d *Daemon) MemberStatus(ctx context.Context, _ *messages.MemberStatusReque
 	return st, ctx.Err()
 }
 
-// printableAddr shows a data-plane address as text when it is (TCP
-// host:port) and by its size when it is binary (a UCX worker address).
-func printableAddr(addr []byte) string {
+// PrintableAddr shows a data-plane address as text when it is (TCP
+// host:port) and as its size and a short hex prefix when it is binary (a
+// UCX worker address), so that it fits one line (the ready line, status).
+func PrintableAddr(addr []byte) string {
 	for _, c := range addr {
 		if c < 0x21 || c > 0x7e {
-			return "binary (" + strconv.Itoa(len(addr)) + " bytes)"
+			n := min(len(addr), 8)
+			return fmt.Sprintf("binary:%dB:%x…", len(addr), addr[:n])
 		}
 	}
 	return string(addr)

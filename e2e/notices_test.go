@@ -104,6 +104,40 @@ func openDecodeShim(t *testing.T, nc *nats.Conn, member, id string) *shim.Engine
 	return eng
 }
 
+// pullOutcome is what one engine-shim Pull returned.
+type pullOutcome struct {
+	d   *messages.PullDone
+	err error
+}
+
+// frozenPulls holds blocks 2i and 2i+1 of pre for i < n, freezes the
+// holder (SIGSTOP; SIGCONT at the test's end at the latest) and starts n
+// pulls of them through eng into the same block ids, each on its own
+// goroutine: their outcomes arrive on the returned channel.
+func frozenPulls(t *testing.T, pre *engine, holder *proc, eng *shim.Engine, n int) <-chan pullOutcome {
+	t.Helper()
+	var params []*messages.KVTransferParams
+	for i := range n {
+		h, err := pre.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pre.id, RegionId: pre.rid, BlockIds: []uint32{uint32(2 * i), uint32(2*i + 1)}, NumTokens: 32})
+		if err != nil {
+			t.Fatal(err)
+		}
+		params = append(params, h.Params)
+	}
+	holder.signal(syscall.SIGSTOP)
+	t.Cleanup(func() { holder.signal(syscall.SIGCONT) })
+	out := make(chan pullOutcome, n)
+	for i, p := range params {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			d, err := eng.Pull(ctx, p, []uint32{uint32(2 * i), uint32(2*i + 1)})
+			out <- pullOutcome{d, err}
+		}()
+	}
+	return out
+}
+
 // TestMissedPullDoneIsReplayed: pulls finish while their decode engine's
 // NATS link is down (connexd stays connected, so their PullDone notices go
 // out to nobody). When the link is back, the engine shim sees from its
@@ -126,29 +160,9 @@ func TestMissedPullDoneIsReplayed(t *testing.T) {
 	eng := openDecodeShim(t, enc, "d", "engD")
 
 	const pulls = 4
-	var params []*messages.KVTransferParams
-	for i := range pulls {
-		h, err := pre.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pre.id, RegionId: pre.rid, BlockIds: []uint32{uint32(2 * i), uint32(2*i + 1)}, NumTokens: 32})
-		if err != nil {
-			t.Fatal(err)
-		}
-		params = append(params, h.Params)
-	}
 	// The holder freezes (for less than the lan preset's 5 s hang
 	// detection), so the pulls wait for its descriptors.
-	holder.signal(syscall.SIGSTOP)
-	t.Cleanup(func() { holder.signal(syscall.SIGCONT) })
-	type outcome struct {
-		d   *messages.PullDone
-		err error
-	}
-	out := make(chan outcome, pulls)
-	for i, p := range params {
-		go func() {
-			d, err := eng.Pull(ctx5(t), p, []uint32{uint32(2 * i), uint32(2*i + 1)})
-			out <- outcome{d, err}
-		}()
-	}
+	out := frozenPulls(t, pre, holder, eng, pulls)
 	state := func() *messages.EngineState {
 		st, err := (&api.Client{NC: nc, Member: "d"}).EngineState(ctx5(t), &messages.EngineStateRequest{EngineId: "engD"})
 		if err != nil {
@@ -273,31 +287,9 @@ func TestNATSRestartDuringPulls(t *testing.T) {
 	t.Cleanup(enc.Close)
 	eng := openDecodeShim(t, enc, "d", "engD")
 	const pulls = 4
-	type outcome struct {
-		d   *messages.PullDone
-		err error
-	}
-	out := make(chan outcome, pulls)
-	var params []*messages.KVTransferParams
-	for i := range pulls {
-		h, err := pre.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pre.id, RegionId: pre.rid, BlockIds: []uint32{uint32(2 * i), uint32(2*i + 1)}, NumTokens: 32})
-		if err != nil {
-			t.Fatal(err)
-		}
-		params = append(params, h.Params)
-	}
 	// The holder freezes so that the pulls are still waiting when NATS
 	// goes down.
-	holder.signal(syscall.SIGSTOP)
-	t.Cleanup(func() { holder.signal(syscall.SIGCONT) })
-	for i, p := range params {
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			d, err := eng.Pull(ctx, p, []uint32{uint32(2 * i), uint32(2*i + 1)})
-			out <- outcome{d, err}
-		}()
-	}
+	out := frozenPulls(t, pre, holder, eng, pulls)
 	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		st, err := (&api.Client{NC: nc, Member: "d"}).EngineState(ctx5(t), &messages.EngineStateRequest{EngineId: "engD"})
 		if err != nil || len(st.Pulls) != pulls {

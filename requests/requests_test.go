@@ -166,16 +166,19 @@ func TestKVStoreFencing(t *testing.T) {
 	if _, err := s.Create(ctx, st); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(8 * time.Second)
+	poll := time.NewTicker(100 * time.Millisecond)
+	defer poll.Stop()
+	deadline := time.After(8 * time.Second)
 	for {
 		_, _, err := s.Get(ctx, "req-1")
 		if errors.Is(err, ErrNotFound) {
 			break
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-poll.C:
+		case <-deadline:
 			t.Fatalf("entry still there 8 s after its last write with a 1 s TTL: %v", err)
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -57,7 +57,7 @@ func run(args []string) int {
 		httpURL += " metrics=" + u
 	}
 	fmt.Printf("connexd ready member=%s nats=%s backend=%s data=%s role=%s%s\n",
-		d.MemberID(), d.Bus.URL, d.Backend.Name(), printable(d.Backend.Address()), cfg.Role, httpURL)
+		d.MemberID(), d.Bus.URL, d.Backend.Name(), daemon.PrintableAddr(d.Backend.Address()), cfg.Role, httpURL)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	s := <-sig
@@ -65,17 +65,4 @@ func run(args []string) int {
 	d.Close()
 	fmt.Printf("connexd stopped member=%s\n", d.MemberID())
 	return 0
-}
-
-// printable shows a data-plane address as text when it is (TCP host:port)
-// and as its size and a short hex prefix when it is binary (a UCX worker
-// address), so the ready line stays one line.
-func printable(addr []byte) string {
-	for _, c := range addr {
-		if c < 0x21 || c > 0x7e {
-			n := min(len(addr), 8)
-			return fmt.Sprintf("binary:%dB:%x…", len(addr), addr[:n])
-		}
-	}
-	return string(addr)
 }
