@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
@@ -15,7 +16,13 @@ import (
 type Client struct {
 	NC     *nats.Conn
 	Member string // target member id
-	JSON   bool   // send JSON instead of protobuf
+	// Engine, if set, calls in that engine's scope
+	// (connex.v1.<member>.e.<engine>.<ep>): what an engine shim does, and
+	// the only subjects an engine's credentials may publish on. Empty
+	// calls in the member scope (members, admins, and buses without
+	// authentication).
+	Engine string
+	JSON   bool // send JSON instead of protobuf
 }
 
 // ErrNoResponders wraps NATS's no-responders error: the member is not running.
@@ -28,7 +35,11 @@ func (c *Client) Call(ctx context.Context, ep string, in, out proto.Message) err
 	if err != nil {
 		return fmt.Errorf("api: encode %s: %w", describe(in), err)
 	}
-	msg := nats.NewMsg(Subject(c.Member, ep))
+	subj := Subject(c.Member, ep)
+	if c.Engine != "" && EngineScoped(ep) {
+		subj = EngineSubject(c.Member, c.Engine, ep)
+	}
+	msg := nats.NewMsg(subj)
 	msg.Data = data
 	if c.JSON {
 		msg.Header.Set(HeaderContentType, ContentJSON)
@@ -39,6 +50,11 @@ func (c *Client) Call(ctx context.Context, ep string, in, out proto.Message) err
 			return Errorf(CodePeerUnavailable, "%s on member %s: %v", ep, c.Member, err)
 		}
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+			// A publish the server's permissions refuse is dropped and
+			// reported asynchronously: say so rather than "timeout".
+			if le := c.NC.LastError(); errors.Is(le, nats.ErrPermissionViolation) && strings.Contains(le.Error(), `"`+subj+`"`) {
+				return Errorf(CodeForbidden, "%s on member %s: the NATS server refused it to these credentials: %v", ep, c.Member, le)
+			}
 			return Errorf(CodeTimeout, "%s on member %s: %v", ep, c.Member, err)
 		}
 		return fmt.Errorf("api: %s on member %s: %w", ep, c.Member, err)

@@ -9,7 +9,7 @@ const (
 	CodeNotYours        Code = 403 // the requester may not act on this transfer
 	CodeUnknownTransfer Code = 404 // no such transfer on this member
 	CodeUnknownRegion   Code = 405 // no such engine region registered
-	CodeForbidden       Code = 406 // a region file outside region_dir, reached through a link, not a regular file, or owned by a user not in region_owner_uids
+	CodeForbidden       Code = 406 // not allowed: an engine-scoped call naming another engine (requester, consumer, engine_id) or touching another engine's request; a region file outside region_dir, reached through a link, not a regular file, or owned by a user not in region_owner_uids
 	CodeReleased        Code = 409 // already released (or freed after its pull)
 	CodeExpired         Code = 410 // the lease expired and the blocks were freed
 	CodeTooLarge        Code = 413 // over max_request_bytes

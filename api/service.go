@@ -114,8 +114,44 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 			_ = svc.Stop()
 			return nil, fmt.Errorf("api: add endpoint %s: %w", ep.name, err)
 		}
+		if !EngineScoped(ep.name) {
+			continue
+		}
+		// The engine scope: the same handler, told who called by the
+		// subject's engine token.
+		if err := svc.AddEndpoint("e_"+name, scoped(s, o.Member, ep.name, ep.fn), micro.WithEndpointSubject(EngineSubject(o.Member, "*", ep.name)), micro.WithEndpointQueueGroupDisabled()); err != nil {
+			_ = svc.Stop()
+			return nil, fmt.Errorf("api: add endpoint e.*.%s: %w", ep.name, err)
+		}
 	}
 	return svc, nil
+}
+
+type callerCtx struct{ engine string }
+
+// scoped wraps an endpoint served on connex.v1.<member>.e.*.<ep>: it
+// takes the calling engine from the subject and hands it to the handler
+// through the request's context (CallerEngine).
+func scoped(s *server, member, ep string, fn micro.HandlerFunc) micro.HandlerFunc {
+	head, tail := Prefix+"."+member+".e.", "."+ep
+	return func(req micro.Request) {
+		engine, ok := strings.CutPrefix(req.Subject(), head)
+		if ok {
+			engine, ok = strings.CutSuffix(engine, tail)
+		}
+		if !ok || !ValidToken(engine) {
+			s.fail(req, Errorf(CodeBadRequest, "subject %q: the engine token is not a valid id", req.Subject()))
+			return
+		}
+		fn(callerRequest{Request: req, caller: callerCtx{engine}})
+	}
+}
+
+// callerRequest carries the caller through micro's Request interface to
+// the endpoint adapter.
+type callerRequest struct {
+	micro.Request
+	caller callerCtx
 }
 
 type server struct {
@@ -158,6 +194,9 @@ func endpoint[Req any, PReq interface {
 			}()
 			ctx, cancel := context.WithTimeout(context.Background(), s.o.Timeout)
 			defer cancel()
+			if cr, ok := req.(callerRequest); ok {
+				ctx = withCaller(ctx, cr.caller.engine)
+			}
 			out, err := fn(ctx, in)
 			if err != nil {
 				s.fail(req, AsError(err))

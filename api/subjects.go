@@ -83,8 +83,30 @@ const (
 	HeaderNoticeJournal = "Connex-Notice-Journal"
 )
 
-// Subject is the full subject of endpoint ep on member.
+// Subject is the full subject of endpoint ep on member, in the member
+// scope: with authentication on, only members (and admins) may publish
+// there; payload fields such as requester are then trusted, since a
+// member calls on behalf of its engines.
 func Subject(member, ep string) string { return Prefix + "." + member + "." + ep }
+
+// EngineSubject is the subject of endpoint ep on member in engine's scope:
+// connex.v1.<member>.e.<engine>.<ep>. The caller is engine: connexd takes
+// the engine id from the subject (which the NATS server lets only that
+// engine's credentials publish on) and refuses payload fields that name
+// another engine (CodeForbidden).
+func EngineSubject(member, engine, ep string) string {
+	return Prefix + "." + member + ".e." + engine + "." + ep
+}
+
+// EngineScoped reports whether endpoint ep is served in the engine scope
+// too (every endpoint except the peer ones and member.status).
+func EngineScoped(ep string) bool {
+	switch ep {
+	case EpPeerDescriptors, EpPeerPullEnd, EpPeerAdopt, EpMemberStatus:
+		return false
+	}
+	return true
+}
 
 // FreedSubject carries BlocksFreed notices for an engine.
 func FreedSubject(engine string) string { return Prefix + ".engine." + engine + ".blocks.freed" }

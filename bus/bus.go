@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/connex/connex/auth"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
@@ -26,6 +27,22 @@ type Options struct {
 	DataDir string // embedded server's JetStream storage lives in DataDir/jetstream
 	Name    string // client connection name and embedded server name
 	Logger  *slog.Logger
+
+	// Authority, if set, makes the embedded server trust it (operator
+	// mode): every client needs credentials it signed. Nil leaves an
+	// embedded server open to any client that reaches its address.
+	Authority *auth.Authority
+	// Creds are this client's credentials (a .creds file's contents);
+	// empty connects without.
+	Creds []byte
+	// InboxPrefix is the prefix of this client's reply subjects; with
+	// authentication it must be the one its identity may subscribe to
+	// (auth.Identity.InboxPrefix).
+	InboxPrefix string
+	// TLS: CAFile verifies the server; CertFile and KeyFile are this
+	// client's certificate (mutual TLS) and, for an embedded server, the
+	// certificate it serves (clients must then trust its CA).
+	TLSCAFile, TLSCertFile, TLSKeyFile string
 }
 
 // Bus is a NATS client connection and, if embedded, its server.
@@ -60,7 +77,12 @@ func Open(o Options) (*Bus, error) {
 		b.Server = srv
 		b.URL = srv.ClientURL()
 	}
-	nc, err := nats.Connect(b.URL,
+	opts, err := clientOptions(o)
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	nc, err := nats.Connect(b.URL, append(opts,
 		nats.Name(o.Name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
@@ -82,7 +104,7 @@ func Open(o Options) (*Bus, error) {
 			}
 			log.Warn("nats async error", "subject", subj, "err", err)
 		}),
-	)
+	)...)
 	if err != nil {
 		b.Close()
 		return nil, fmt.Errorf("bus: connect %s: %w", b.URL, err)
@@ -119,6 +141,18 @@ func startEmbedded(o Options) (*server.Server, error) {
 		StoreDir:   filepath.Join(o.DataDir, "jetstream"),
 		NoSigs:     true,
 		NoLog:      true,
+	}
+	if o.Authority != nil {
+		if err := trust(opts, o.Authority); err != nil {
+			return nil, err
+		}
+	}
+	if o.TLSCertFile != "" || o.TLSKeyFile != "" {
+		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: o.TLSCertFile, KeyFile: o.TLSKeyFile})
+		if err != nil {
+			return nil, fmt.Errorf("bus: embedded nats tls (nats_tls_cert=%s nats_tls_key=%s): %w", o.TLSCertFile, o.TLSKeyFile, err)
+		}
+		opts.TLSConfig, opts.TLS = tc, true
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -55,6 +56,22 @@ type Config struct {
 	NATSListen string
 	// DataDir holds the embedded server's JetStream storage.
 	DataDir string
+	// NATSAuth turns authentication on for the embedded server ("on", the
+	// default) or off ("off": any process that reaches nats_listen may
+	// call every API, read every notice and write the request bucket; for
+	// development only, and connexd says so at every start).
+	NATSAuth bool
+	// AuthDir holds the authority keys the embedded server trusts and the
+	// credentials connexd writes there (admin.creds); default
+	// <data_dir>/auth.
+	AuthDir string
+	// NATSCreds is this member's credentials file for an external server
+	// with authentication (`connexd creds --role member`).
+	NATSCreds string
+	// NATSTLSCA, NATSTLSCert and NATSTLSKey: the CA that verifies the NATS
+	// server, and the certificate this client presents (or, embedded, the
+	// certificate the server serves).
+	NATSTLSCA, NATSTLSCert, NATSTLSKey string
 	// RegionDir confines region.register: only regular files beneath it,
 	// reached without symbolic links, owned by RegionOwners.
 	RegionDir string
@@ -159,6 +176,12 @@ var defaults = []struct {
 	{"nats_url", "", "NATS server URL(s); empty starts an embedded server"},
 	{"nats_listen", "127.0.0.1:4222", "embedded NATS client address (port 0 = any free port)"},
 	{"data_dir", "connex-data", "directory for embedded NATS JetStream storage"},
+	{"nats_auth", "on", "embedded NATS authentication: on, or off (development only: anyone reaching nats_listen can do anything)"},
+	{"auth_dir", "", "authority keys and generated credentials of the embedded server (default <data_dir>/auth)"},
+	{"nats_creds", "", "this member's NATS credentials file (connexd creds --role member), for an external server"},
+	{"nats_tls_ca", "", "CA certificate (PEM) that verifies the NATS server"},
+	{"nats_tls_cert", "", "TLS certificate (PEM): presented to an external server, served by the embedded one"},
+	{"nats_tls_key", "", "TLS private key (PEM) of nats_tls_cert"},
 	{"region_dir", "/dev/shm", "region.register accepts only regular files beneath this directory (no symbolic links)"},
 	{"region_owner_uids", "", "comma-separated uids whose files region.register accepts (empty: connexd's own user)"},
 	{"shm_dir", "", "directory for created regions' memory (a huge=always tmpfs for 2 MiB pages); empty: memfd"},
@@ -374,6 +397,27 @@ func build(v *viper.Viper) (Config, error) {
 	c.NATSURL = strings.TrimSpace(v.GetString("nats_url"))
 	c.NATSListen = strings.TrimSpace(v.GetString("nats_listen"))
 	c.DataDir = v.GetString("data_dir")
+	switch a := strings.TrimSpace(v.GetString("nats_auth")); a {
+	case "on", "true":
+		c.NATSAuth = true
+	case "off", "false":
+		c.NATSAuth = false
+	default:
+		return c, fmt.Errorf("%w: nats_auth=%q, allowed: on or off", ErrInvalid, a)
+	}
+	if c.AuthDir = strings.TrimSpace(v.GetString("auth_dir")); c.AuthDir == "" && c.DataDir != "" {
+		c.AuthDir = filepath.Join(c.DataDir, "auth")
+	}
+	c.NATSCreds = strings.TrimSpace(v.GetString("nats_creds"))
+	c.NATSTLSCA = strings.TrimSpace(v.GetString("nats_tls_ca"))
+	c.NATSTLSCert = strings.TrimSpace(v.GetString("nats_tls_cert"))
+	c.NATSTLSKey = strings.TrimSpace(v.GetString("nats_tls_key"))
+	if (c.NATSTLSCert == "") != (c.NATSTLSKey == "") {
+		return c, fmt.Errorf("%w: nats_tls_cert and nats_tls_key go together (one is empty)", ErrInvalid)
+	}
+	if c.NATSURL == "" && c.NATSTLSCert != "" && c.NATSTLSCA == "" {
+		return c, fmt.Errorf("%w: nats_tls_cert without nats_tls_ca: connexd connects to its own embedded server and must verify it (for a self-signed certificate, nats_tls_ca is the certificate itself)", ErrInvalid)
+	}
 	c.ShmDir = strings.TrimSpace(v.GetString("shm_dir"))
 	if c.RegionDir = strings.TrimSpace(v.GetString("region_dir")); c.RegionDir == "" {
 		return c, fmt.Errorf("%w: region_dir is empty, allowed: the directory engines' region files live in (e.g. /dev/shm)", ErrInvalid)

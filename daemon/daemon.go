@@ -103,7 +103,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 			log.Warn("shm_dir gives created regions 4 KiB pages; mount a tmpfs with huge=always there for 2 MiB pages", "shm_dir", cfg.ShmDir)
 		}
 	}
-	d.Bus, err = bus.Open(bus.Options{URL: cfg.NATSURL, Listen: cfg.NATSListen, DataDir: cfg.DataDir, Name: cfg.MemberID, Logger: log})
+	d.Bus, err = openBus(cfg, log)
 	if err != nil {
 		return d, err
 	}

@@ -19,7 +19,12 @@ type engineTable struct {
 }
 
 // RegisterEngine registers or refreshes an engine with this member.
-func (d *Daemon) RegisterEngine(_ context.Context, r *messages.RegisterEngineRequest) (*messages.RegisterEngineReply, error) {
+func (d *Daemon) RegisterEngine(ctx context.Context, r *messages.RegisterEngineRequest) (*messages.RegisterEngineReply, error) {
+	if r.GetEngine() != nil {
+		if err := acting(ctx, "engine.engine_id", &r.Engine.EngineId); err != nil {
+			return nil, err
+		}
+	}
 	ttl, err := engines.Validate(r, api.ValidToken)
 	if err != nil {
 		return nil, api.Errorf(api.CodeBadRequest, "%v", err)

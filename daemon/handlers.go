@@ -57,7 +57,10 @@ func regionInfo(m *kvmem.Mapped) *messages.RegionInfo {
 // path: the data plane's shared memory when it can allocate some (UCX:
 // one-sided reads on this host), else a memfd. Creating the same engine,
 // id and layout again returns the existing region.
-func (d *Daemon) CreateRegion(_ context.Context, r *messages.CreateRegionRequest) (*messages.RegionInfo, error) {
+func (d *Daemon) CreateRegion(ctx context.Context, r *messages.CreateRegionRequest) (*messages.RegionInfo, error) {
+	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
+		return nil, err
+	}
 	if err := requireToken("engine_id", r.EngineId); err != nil {
 		return nil, err
 	}
@@ -124,7 +127,10 @@ func (d *Daemon) newRegion(name string, l kvmem.Layout) (*kvmem.Region, error) {
 }
 
 // RegisterRegion maps an engine's region file.
-func (d *Daemon) RegisterRegion(_ context.Context, r *messages.RegisterRegionRequest) (*messages.RegionInfo, error) {
+func (d *Daemon) RegisterRegion(ctx context.Context, r *messages.RegisterRegionRequest) (*messages.RegionInfo, error) {
+	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
+		return nil, err
+	}
 	if err := requireToken("engine_id", r.EngineId); err != nil {
 		return nil, err
 	}
@@ -145,7 +151,10 @@ func (d *Daemon) RegisterRegion(_ context.Context, r *messages.RegisterRegionReq
 }
 
 // InspectRegion returns a region's accounting.
-func (d *Daemon) InspectRegion(_ context.Context, r *messages.RegionRef) (*messages.RegionInfo, error) {
+func (d *Daemon) InspectRegion(ctx context.Context, r *messages.RegionRef) (*messages.RegionInfo, error) {
+	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
+		return nil, err
+	}
 	if err := requireToken("engine_id", r.EngineId); err != nil {
 		return nil, err
 	}
@@ -160,7 +169,10 @@ func (d *Daemon) InspectRegion(_ context.Context, r *messages.RegionRef) (*messa
 }
 
 // EngineGone ends every hold of the engine and unmaps its regions.
-func (d *Daemon) EngineGone(_ context.Context, r *messages.EngineGoneRequest) (*messages.EngineGoneReply, error) {
+func (d *Daemon) EngineGone(ctx context.Context, r *messages.EngineGoneRequest) (*messages.EngineGoneReply, error) {
+	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
+		return nil, err
+	}
 	if err := requireToken("engine_id", r.EngineId); err != nil {
 		return nil, err
 	}
@@ -178,7 +190,10 @@ func (d *Daemon) EngineGone(_ context.Context, r *messages.EngineGoneRequest) (*
 }
 
 // CreateHold holds blocks of a registered region and returns the params.
-func (d *Daemon) CreateHold(_ context.Context, r *messages.CreateHoldRequest) (*messages.CreateHoldReply, error) {
+func (d *Daemon) CreateHold(ctx context.Context, r *messages.CreateHoldRequest) (*messages.CreateHoldReply, error) {
+	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
+		return nil, err
+	}
 	if err := requireToken("engine_id", r.EngineId); err != nil {
 		return nil, err
 	}
@@ -309,13 +324,19 @@ func endedError(id string, st lease.State) error {
 }
 
 // Renew extends a hold's lease.
-func (d *Daemon) Renew(_ context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
+func (d *Daemon) Renew(ctx context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
+	if err := acting(ctx, "requester", &r.Requester); err != nil {
+		return nil, err
+	}
 	rep, err := d.askBound(r.TransferId, r.Requester, r.RequestId, &actors.RenewHold{By: r.Requester})
 	return rep.Status, err
 }
 
 // Release ends a hold.
-func (d *Daemon) Release(_ context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
+func (d *Daemon) Release(ctx context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
+	if err := acting(ctx, "requester", &r.Requester); err != nil {
+		return nil, err
+	}
 	rep, err := d.askBound(r.TransferId, r.Requester, r.RequestId, &actors.ReleaseHold{By: r.Requester})
 	return rep.Status, err
 }
@@ -356,7 +377,10 @@ func (d *Daemon) PullEnd(_ context.Context, r *messages.PullEnd) (*messages.Hold
 
 // StartPull validates a pull, claims its destination blocks and starts a
 // puller actor. The outcome arrives as a PullDone notice.
-func (d *Daemon) StartPull(_ context.Context, r *messages.StartPullRequest) (*messages.StartPullReply, error) {
+func (d *Daemon) StartPull(ctx context.Context, r *messages.StartPullRequest) (*messages.StartPullReply, error) {
+	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
+		return nil, err
+	}
 	p := r.Params
 	if p == nil {
 		return nil, api.Errorf(api.CodeBadRequest, "params (kv_transfer_params) missing")

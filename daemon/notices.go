@@ -79,7 +79,10 @@ func (d *Daemon) engineWantsJSON(engine string) bool {
 }
 
 // EngineNotices replays an engine's notices after a sequence number.
-func (d *Daemon) EngineNotices(_ context.Context, r *messages.NoticesRequest) (*messages.NoticesReply, error) {
+func (d *Daemon) EngineNotices(ctx context.Context, r *messages.NoticesRequest) (*messages.NoticesReply, error) {
+	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
+		return nil, err
+	}
 	if err := requireToken("engine_id", r.EngineId); err != nil {
 		return nil, err
 	}
@@ -105,6 +108,9 @@ func (d *Daemon) EngineNotices(_ context.Context, r *messages.NoticesRequest) (*
 
 // EngineState lists what this member keeps for an engine.
 func (d *Daemon) EngineState(ctx context.Context, r *messages.EngineStateRequest) (*messages.EngineState, error) {
+	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
+		return nil, err
+	}
 	if err := requireToken("engine_id", r.EngineId); err != nil {
 		return nil, err
 	}

@@ -79,7 +79,10 @@ func (d *Daemon) requestsReady() error {
 }
 
 // StartRequest starts a decode request on this member.
-func (d *Daemon) StartRequest(_ context.Context, r *messages.StartRequestMsg) (*messages.RequestStatus, error) {
+func (d *Daemon) StartRequest(ctx context.Context, r *messages.StartRequestMsg) (*messages.RequestStatus, error) {
+	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
+		return nil, err
+	}
 	if err := d.requestsReady(); err != nil {
 		return nil, err
 	}
@@ -102,14 +105,20 @@ func (d *Daemon) StartRequest(_ context.Context, r *messages.StartRequestMsg) (*
 }
 
 // Progress appends generated tokens.
-func (d *Daemon) Progress(_ context.Context, r *messages.RequestProgress) (*messages.RequestStatus, error) {
+func (d *Daemon) Progress(ctx context.Context, r *messages.RequestProgress) (*messages.RequestStatus, error) {
+	if err := d.callerOwns(ctx, r.RequestId); err != nil {
+		return nil, err
+	}
 	st, err := d.askRequest(r.RequestId, &actors.RequestProgress{Epoch: r.Epoch, Tokens: r.TokenIds})
 	d.updateLoad()
 	return st, err
 }
 
 // FinishRequest ends a request and releases its hold.
-func (d *Daemon) FinishRequest(_ context.Context, r *messages.FinishRequestMsg) (*messages.RequestStatus, error) {
+func (d *Daemon) FinishRequest(ctx context.Context, r *messages.FinishRequestMsg) (*messages.RequestStatus, error) {
+	if err := d.callerOwns(ctx, r.RequestId); err != nil {
+		return nil, err
+	}
 	st, err := d.askRequest(r.RequestId, &actors.FinishRequest{Epoch: r.Epoch})
 	d.updateLoad()
 	return st, err
@@ -122,6 +131,9 @@ func (d *Daemon) InspectRequest(ctx context.Context, r *messages.RequestRef) (*m
 		return nil, err
 	}
 	if _, ok := d.reqTable.Lookup(r.RequestId); ok {
+		if err := d.callerOwns(ctx, r.RequestId); err != nil {
+			return nil, err
+		}
 		return d.askRequest(r.RequestId, &actors.InspectRequest{})
 	}
 	if err := d.requestsReady(); err != nil {
@@ -130,6 +142,9 @@ func (d *Daemon) InspectRequest(ctx context.Context, r *messages.RequestRef) (*m
 	st, _, err := d.reqStore.Get(ctx, r.RequestId)
 	if err != nil {
 		return nil, err
+	}
+	if caller, ok := api.CallerEngine(ctx); ok && st.GetEngineId() != caller {
+		return nil, api.Errorf(api.CodeForbidden, "request %s belongs to another engine than %q", r.RequestId, caller)
 	}
 	return &messages.RequestStatus{State: st, Status: "stored"}, nil
 }

@@ -76,6 +76,9 @@ type proc struct {
 	httpURL string
 	// metricsURL is where connexd serves Prometheus metrics (metrics_listen).
 	metricsURL string
+	// authDir is the authority of connexd's embedded NATS (auth=), "" when
+	// it runs none.
+	authDir string
 	mu         sync.Mutex
 	stderr     strings.Builder
 	exited     chan struct{}
@@ -85,6 +88,11 @@ type proc struct {
 func startConnexd(t testing.TB, member string, args ...string) *proc {
 	t.Helper()
 	all := append([]string{"--member-id", member, "--data-dir", t.TempDir(), "--log-level", "info"}, args...)
+	for i, a := range args {
+		if a == "--nats-url" && i+1 < len(args) {
+			all = append(all, credsFlags(t, args[i+1], "--nats-creds", "--role", "member", "--member", member)...)
+		}
+	}
 	return startProc(t, "connexd", connexdBin, member, all, "CONNEX_NATS_LISTEN=127.0.0.1:0")
 }
 
@@ -150,6 +158,12 @@ func startProc(t testing.TB, name, bin, member string, args []string, env ...str
 			if v, ok := strings.CutPrefix(f, "metrics="); ok {
 				p.metricsURL = v
 			}
+			if v, ok := strings.CutPrefix(f, "auth="); ok {
+				p.authDir = v
+			}
+		}
+		if p.authDir != "" {
+			authorities.Store(p.natsURL, p.authDir)
 		}
 	case <-p.exited:
 		t.Fatalf("%s %s exited before ready:\n%s", name, member, p.logs())
@@ -199,9 +213,47 @@ func (p *proc) stop() {
 	}
 }
 
+// authorities maps the NATS URL of a connexd's embedded, authenticated
+// server to its authority directory, so that the processes and clients a
+// test connects to it get credentials, as an operator's would.
+var authorities sync.Map
+
+// credsFlags mints credentials for an identity (`connexd auth creds`, the
+// operator's way) when url is an authenticated embedded server, and
+// returns flag and the file; none otherwise.
+func credsFlags(t testing.TB, url, flag string, id ...string) []string {
+	t.Helper()
+	dir, ok := authorities.Load(url)
+	if !ok {
+		return nil
+	}
+	path := filepath.Join(t.TempDir(), "nats.creds")
+	args := append([]string{"auth", "creds", "--dir", dir.(string), "-o", path}, id...)
+	if out, err := exec.Command(connexdBin, args...).CombinedOutput(); err != nil {
+		t.Fatalf("connexd %v: %v\n%s", args, err, out)
+	}
+	return []string{flag, path}
+}
+
+// adminCreds is the admin credentials file of an authenticated embedded
+// server at url, or "".
+func adminCreds(url string) string {
+	dir, ok := authorities.Load(url)
+	if !ok {
+		return ""
+	}
+	return filepath.Join(dir.(string), "admin.creds")
+}
+
+// connect connects to url as the operator would: with the admin
+// credentials of an authenticated embedded server.
 func connect(t testing.TB, url string) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(url)
+	var opts []nats.Option
+	if f := adminCreds(url); f != "" {
+		opts = append(opts, nats.UserCredentials(f))
+	}
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

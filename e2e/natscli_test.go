@@ -15,14 +15,14 @@ func TestNatsMicroLsListsConnex(t *testing.T) {
 		t.Skip("natscli not installed (scripts/test.sh installs it with go install)")
 	}
 	pn := startConnexd(t, "listed", "--backend", "tcp")
-	out, err := exec.Command(natsBin, "-s", pn.natsURL, "micro", "ls").CombinedOutput()
+	out, err := exec.Command(natsBin, "-s", pn.natsURL, "--creds", adminCreds(pn.natsURL), "micro", "ls").CombinedOutput()
 	if err != nil {
 		t.Fatalf("nats micro ls: %v\n%s", err, out)
 	}
 	if !strings.Contains(string(out), "connex") || !strings.Contains(string(out), "member listed") {
 		t.Fatalf("nats micro ls does not list connex:\n%s", out)
 	}
-	out, err = exec.Command(natsBin, "-s", pn.natsURL, "micro", "info", "connex").CombinedOutput()
+	out, err = exec.Command(natsBin, "-s", pn.natsURL, "--creds", adminCreds(pn.natsURL), "micro", "info", "connex").CombinedOutput()
 	if err != nil {
 		t.Fatalf("nats micro info: %v\n%s", err, out)
 	}

@@ -22,6 +22,7 @@ func startSim(t testing.TB, natsURL, member, id, role string, extra ...string) *
 	t.Helper()
 	args := append([]string{"--role", role, "--nats", natsURL, "--member", member, "--engine-id", id,
 		"--layout", "small", "--blocks", "64", "--prefill-us-per-token", "20", "--decode-ms-per-token", "10", "--log-level", "info"}, extra...)
+	args = append(args, credsFlags(t, natsURL, "--nats-creds", "--role", "engine", "--member", member, "--engine", id)...)
 	return startProc(t, "connex-sim", productBinaries(t).Sim, id, args)
 }
 

@@ -41,7 +41,8 @@ var rules = map[string]struct {
 	"requests":      {internal: []string{"messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"cluster":       {internal: []string{"messages"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"actors":        {internal: []string{"api", "kvmem", "lease", "messages", "requests", "transport"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
-	"bus":           {external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
+	"bus":           {internal: []string{"auth"}, external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
+	"auth":          {external: []string{"github.com/nats-io/jwt/", "github.com/nats-io/nkeys"}},
 	"config":        {external: []string{"github.com/spf13/"}},
 	"router":        {internal: []string{"messages"}, external: []string{"github.com/prometheus/client_golang/"}},
 	"shim":          {internal: []string{"api", "kvmem", "messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
@@ -50,7 +51,7 @@ var rules = map[string]struct {
 	"chaos":         {internal: []string{"api", "kvmem", "messages"}, external: []string{"github.com/nats-io/", "google.golang.org/protobuf/"}},
 	// localcluster runs binaries; it imports nothing of ours.
 	"localcluster": {},
-	"daemon": {internal: []string{"actors", "api", "bus", "cluster", "config", "engines", "kvmem", "lease", "messages", "notices", "requests", "router", "transport", "transport/tcp", "transport/ucx"},
+	"daemon": {internal: []string{"actors", "api", "auth", "bus", "cluster", "config", "engines", "kvmem", "lease", "messages", "notices", "requests", "router", "transport", "transport/tcp", "transport/ucx"},
 		external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/", "github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
 	"layering": {},
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -30,6 +31,7 @@ type Cluster struct {
 	router    *process
 	natsURL   string
 	routerURL string
+	authDir   string // the router's authority (its embedded NATS has auth on); "" without
 	nodes     map[string]*node
 	order     []string // node names in start order
 	next      map[Role]int
@@ -140,9 +142,37 @@ func (c *Cluster) startRouter(ctx context.Context, natsListen, httpListen string
 		return fmt.Errorf("localcluster: the router's ready line has no nats= field; last output:\n%s", p.logs())
 	}
 	c.mu.Lock()
-	c.natsURL, c.routerURL = fields["nats"], fields["http"]
+	c.natsURL, c.routerURL, c.authDir = fields["nats"], fields["http"], fields["auth"]
 	c.mu.Unlock()
 	return nil
+}
+
+// creds mints the credentials of one identity from the router's authority
+// (`connexd auth creds`) into path, and returns the flags that use them; it
+// returns none when the router's NATS runs without authentication.
+func (c *Cluster) creds(flag, path string, idArgs ...string) ([]string, error) {
+	c.mu.Lock()
+	dir := c.authDir
+	c.mu.Unlock()
+	if dir == "" {
+		return nil, nil
+	}
+	args := append([]string{"auth", "creds", "--dir", dir, "-o", path}, idArgs...)
+	if out, err := exec.Command(c.opts.Connexd, args...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("localcluster: connexd %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return []string{flag, path}, nil
+}
+
+// AdminCreds is the admin credentials file of the router's embedded NATS
+// (for `connexd status --creds`, `nats --creds`), or "" without auth.
+func (c *Cluster) AdminCreds() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.authDir == "" {
+		return ""
+	}
+	return filepath.Join(c.authDir, "admin.creds")
 }
 
 // startNode starts part of engine name (PartBoth: connexd, then engine).
@@ -156,6 +186,11 @@ func (c *Cluster) startNode(ctx context.Context, name string, part Part) error {
 			return fmt.Errorf("localcluster: %s data dir: %w", name, err)
 		}
 		args := c.opts.engineConnexdArgs(name, n.role, natsURL, dataDir)
+		flags, err := c.creds("--nats-creds", filepath.Join(dataDir, "member.creds"), "--role", "member", "--member", name)
+		if err != nil {
+			return err
+		}
+		args = append(args, flags...)
 		p, err := startProcess(processName(name, PartConnexd), c.opts.Connexd, args, connexdReady, c.log)
 		if err != nil {
 			return err
@@ -169,6 +204,15 @@ func (c *Cluster) startNode(ctx context.Context, name string, part Part) error {
 	}
 	if part == PartBoth || part == PartEngine {
 		args := c.opts.simArgs(name, n.role, natsURL)
+		dataDir := filepath.Join(c.dir, name)
+		if err := os.MkdirAll(dataDir, 0o755); err != nil {
+			return fmt.Errorf("localcluster: %s data dir: %w", name, err)
+		}
+		flags, err := c.creds("--nats-creds", filepath.Join(dataDir, "engine.creds"), "--role", "engine", "--member", name, "--engine", name)
+		if err != nil {
+			return err
+		}
+		args = append(args, flags...)
 		p, err := startProcess(processName(name, PartEngine), c.opts.Sim, args, simReady, c.log)
 		if err != nil {
 			return err

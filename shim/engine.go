@@ -141,7 +141,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{
-		cfg: cfg, cli: &api.Client{NC: cfg.NC, Member: cfg.Member}, log: cfg.Log,
+		cfg: cfg, cli: &api.Client{NC: cfg.NC, Member: cfg.Member, Engine: cfg.EngineID}, log: cfg.Log,
 		alloc: NewAllocator(cfg.Layout.Blocks), avail: make(chan struct{}),
 		pulls: map[string]chan *messages.PullDone{}, requests: map[string]*Request{},
 		stop: make(chan struct{}), instance: newInstanceID(),

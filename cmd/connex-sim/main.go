@@ -31,6 +31,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/connex/connex/auth"
 	"github.com/connex/connex/shim"
 	"github.com/connex/connex/sim"
 	"github.com/nats-io/nats.go"
@@ -40,7 +41,7 @@ import (
 func main() { os.Exit(run(os.Args[1:])) }
 
 type options struct {
-	role, natsURL, member, engineID, listen, advertise, model, layout, logLevel string
+	role, natsURL, natsCreds, natsCA, member, engineID, listen, advertise, model, layout, logLevel string
 	blocks                                                                      uint32
 	prefillUS, maxModelLen                                                      int
 	decodeMS                                                                    float64
@@ -51,6 +52,8 @@ func parse(args []string) (*options, error) {
 	fs := pflag.NewFlagSet("connex-sim", pflag.ContinueOnError)
 	fs.StringVar(&o.role, "role", "decode", "engine role: prefill or decode (advertised to routers; any engine serves any leg)")
 	fs.StringVar(&o.natsURL, "nats", nats.DefaultURL, "NATS server of the engine's connexd")
+	fs.StringVar(&o.natsCreds, "nats-creds", os.Getenv("CONNEX_NATS_CREDS"), "NATS credentials of this engine (connexd auth creds --role engine --member M --engine E)")
+	fs.StringVar(&o.natsCA, "nats-tls-ca", "", "CA certificate (PEM) that verifies the NATS server")
 	fs.StringVar(&o.member, "member", "", "member_id of the engine's connexd (required)")
 	fs.StringVar(&o.engineID, "engine-id", "", "engine id, unique in the cluster (required)")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:0", "HTTP listen address (port 0: any free port)")
@@ -76,6 +79,9 @@ func parse(args []string) (*options, error) {
 		return nil, errors.New("--prefill-us-per-token and --decode-ms-per-token must be >= 0")
 	case o.maxModelLen < 2:
 		return nil, errors.New("--max-model-len must be at least 2")
+	}
+	if err := (auth.Identity{Role: auth.RoleEngine, Member: o.member, Engine: o.engineID}).Validate(); err != nil {
+		return nil, fmt.Errorf("--member/--engine-id: %w", err)
 	}
 	return o, nil
 }
@@ -111,13 +117,23 @@ func run(args []string) int {
 		base = httpURL
 	}
 	base = strings.TrimSuffix(base, "/")
-	nc, err := nats.Connect(o.natsURL, nats.Name("connex-sim "+o.engineID), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
+	// The engine's replies come to its own inbox prefix, the only one its
+	// credentials may subscribe to.
+	id := auth.Identity{Role: auth.RoleEngine, Member: o.member, Engine: o.engineID}
+	copts := []nats.Option{nats.CustomInboxPrefix(id.InboxPrefix())}
+	if o.natsCreds != "" {
+		copts = append(copts, nats.UserCredentials(o.natsCreds))
+	}
+	if o.natsCA != "" {
+		copts = append(copts, nats.RootCAs(o.natsCA))
+	}
+	nc, err := nats.Connect(o.natsURL, append(copts, nats.Name("connex-sim "+o.engineID), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil { // nil: our own Close
 				log.Warn("NATS disconnected; reconnecting", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Info("NATS reconnected") }))
+		nats.ReconnectHandler(func(*nats.Conn) { log.Info("NATS reconnected") }))...)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "connex-sim: connect to NATS %s: %v\n", o.natsURL, err)
 		return 1

@@ -128,6 +128,13 @@ header names it); the stream carries on from another decode engine, with no seco
 	for _, e := range decode {
 		s += fmt.Sprintf("  kill -9 %d    # %s's connex-sim\n", e.EnginePID, e.Name)
 	}
-	s += fmt.Sprintf("\nEvery member, engine, hold and request:\n  %s status --nats-url %s\n", o.Connexd, c.NATSURL())
+	creds := ""
+	if f := c.AdminCreds(); f != "" {
+		creds = " --creds " + f
+	}
+	s += fmt.Sprintf("\nEvery member, engine, hold and request:\n  %s status --nats-url %s%s\n", o.Connexd, c.NATSURL(), creds)
+	if creds != "" {
+		s += fmt.Sprintf("The bus is authenticated: the nats CLI takes the same file (nats --creds %s micro ls).\n", c.AdminCreds())
+	}
 	return s + "\nCtrl-C stops every process.\n"
 }

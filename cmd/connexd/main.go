@@ -6,8 +6,10 @@
 // data_dir) and prints its client URL. Configuration: a YAML file
 // (--config), CONNEX_* environment variables and flags; see --help.
 //
-// `connexd status [--nats-url URL] [--json]` prints every member's engines,
-// holds, requests and pulls instead (see README "Operating it").
+// `connexd status [--nats-url URL] [--creds FILE] [--json]` prints every
+// member's engines, holds, requests and pulls instead (see README
+// "Operating it"); `connexd auth init|server-config|creds` manages the
+// bus's authority and credentials (README "Security").
 package main
 
 import (
@@ -30,6 +32,9 @@ func main() {
 func run(args []string) int {
 	if len(args) > 0 && args[0] == "status" {
 		return runStatus(args[1:], os.Stdout, os.Stderr)
+	}
+	if len(args) > 0 && args[0] == "auth" {
+		return runAuth(args[1:], os.Stdout, os.Stderr)
 	}
 	cfg, err := config.Load(args, os.Environ())
 	if errors.Is(err, pflag.ErrHelp) {
@@ -55,6 +60,9 @@ func run(args []string) int {
 	}
 	if u := d.MetricsURL(); u != "" {
 		httpURL += " metrics=" + u
+	}
+	if dir := d.AuthDir(); dir != "" {
+		httpURL += " auth=" + dir
 	}
 	fmt.Printf("connexd ready member=%s nats=%s backend=%s data=%s role=%s%s\n",
 		d.MemberID(), d.Bus.URL, d.Backend.Name(), daemon.PrintableAddr(d.Backend.Address()), cfg.Role, httpURL)

@@ -19,10 +19,11 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("connexd status", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	url := fs.String("nats-url", envOr("CONNEX_NATS_URL", "nats://127.0.0.1:4222"), "NATS server of the cluster")
+	creds := fs.String("creds", os.Getenv("CONNEX_NATS_CREDS"), "NATS credentials file (default: "+credsDefault+" if it exists; connexd auth creds --role admin)")
 	asJSON := fs.Bool("json", false, "print the members' status as JSON lines (protojson) instead of tables")
 	timeout := fs.Duration("timeout", 5*time.Second, "give up after this long")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: connexd status [--nats-url URL] [--json] [--timeout 5s]\n\n"+
+		fmt.Fprintf(stderr, "usage: connexd status [--nats-url URL] [--creds FILE] [--json] [--timeout 5s]\n\n"+
 			"Lists every member serving the connex API with its engines, live holds (oldest first),\n"+
 			"in-flight requests and running pulls.\n\n")
 		fs.PrintDefaults()
@@ -33,7 +34,16 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	nc, err := nats.Connect(*url, nats.Name("connexd status"), nats.Timeout(*timeout))
+	opts := []nats.Option{nats.Name("connexd status"), nats.Timeout(*timeout)}
+	if *creds == "" {
+		if _, err := os.Stat(credsDefault); err == nil {
+			*creds = credsDefault
+		}
+	}
+	if *creds != "" {
+		opts = append(opts, nats.UserCredentials(*creds))
+	}
+	nc, err := nats.Connect(*url, opts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "connexd status: connect to %s: %v\n", *url, err)
 		return 1

@@ -1,0 +1,104 @@
+package daemon
+
+import (
+	"context"
+
+	"fmt"
+	"github.com/connex/connex/actors"
+	"github.com/connex/connex/api"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/connex/connex/auth"
+	"github.com/connex/connex/bus"
+	"github.com/connex/connex/config"
+)
+
+// openBus connects to NATS with this member's identity. With the embedded
+// server and nats_auth on (the default), connexd opens (or creates) the
+// authority in auth_dir, makes its server trust it, connects with member
+// credentials it mints for itself, and writes admin.creds there for the
+// operator's tools. Against an external server it connects with
+// nats_creds, if given.
+func openBus(cfg config.Config, log *slog.Logger) (*bus.Bus, error) {
+	me := auth.Identity{Role: auth.RoleMember, Member: cfg.MemberID}
+	o := bus.Options{
+		URL: cfg.NATSURL, Listen: cfg.NATSListen, DataDir: cfg.DataDir, Name: cfg.MemberID, Logger: log,
+		InboxPrefix: me.InboxPrefix(),
+		TLSCAFile:   cfg.NATSTLSCA, TLSCertFile: cfg.NATSTLSCert, TLSKeyFile: cfg.NATSTLSKey,
+	}
+	switch {
+	case cfg.NATSURL == "" && cfg.NATSAuth:
+		a, err := auth.Open(cfg.AuthDir, true)
+		if err != nil {
+			return nil, fmt.Errorf("nats_auth: %w", err)
+		}
+		if o.Creds, err = a.Creds(me, 0); err != nil {
+			return nil, err
+		}
+		admin := filepath.Join(cfg.AuthDir, auth.AdminCredsFile)
+		if err := a.WriteCreds(admin, auth.Identity{Role: auth.RoleAdmin}, 0); err != nil {
+			return nil, err
+		}
+		o.Authority = a
+	case cfg.NATSURL == "":
+		log.Warn("NATS AUTHENTICATION IS OFF (nats_auth=off): any process that reaches nats_listen can call every member's API, read every notice and prompt, and write the request bucket; use this for development only", "nats_listen", cfg.NATSListen)
+	case cfg.NATSCreds != "":
+		creds, err := os.ReadFile(cfg.NATSCreds)
+		if err != nil {
+			return nil, fmt.Errorf("nats_creds: %w", err)
+		}
+		_, _, claims, err := auth.ParseCreds(creds)
+		if err != nil {
+			return nil, fmt.Errorf("nats_creds=%s: %w", cfg.NATSCreds, err)
+		}
+		if claims.Name != me.Name() && claims.Name != (auth.Identity{Role: auth.RoleAdmin}).Name() {
+			return nil, fmt.Errorf("nats_creds=%s are %q's, not member %s's (mint them with connexd creds --role member --member %s)", cfg.NATSCreds, claims.Name, cfg.MemberID, cfg.MemberID)
+		}
+		if claims.Name == (auth.Identity{Role: auth.RoleAdmin}).Name() {
+			o.InboxPrefix = auth.Identity{Role: auth.RoleAdmin}.InboxPrefix()
+		}
+		o.Creds = creds
+	}
+	return bus.Open(o)
+}
+
+// AuthDir is the directory of the authority the embedded server trusts
+// (admin.creds is there), or "" when this member runs none.
+func (d *Daemon) AuthDir() string {
+	if d.cfg.NATSURL == "" && d.cfg.NATSAuth {
+		return d.cfg.AuthDir
+	}
+	return ""
+}
+
+// acting replaces *field (a payload's engine_id, requester) with the
+// calling engine on an engine-scoped subject, refusing one that names
+// another engine (api.ActingEngine).
+func acting(ctx context.Context, name string, field *string) error {
+	e, err := api.ActingEngine(ctx, name, *field)
+	if err != nil {
+		return err
+	}
+	*field = e
+	return nil
+}
+
+// callerOwns refuses an engine-scoped call about a request of another
+// engine: an epoch is a small number, so knowing a request id and guessing
+// its epoch must not let one engine write another's request.
+func (d *Daemon) callerOwns(ctx context.Context, requestID string) error {
+	caller, ok := api.CallerEngine(ctx)
+	if !ok {
+		return nil
+	}
+	st, err := d.askRequest(requestID, &actors.InspectRequest{})
+	if err != nil {
+		return err
+	}
+	if st.GetState().GetEngineId() != caller {
+		return api.Errorf(api.CodeForbidden, "request %s belongs to another engine than %q", requestID, caller)
+	}
+	return nil
+}
