@@ -310,7 +310,14 @@ func newEngine(t testing.TB, nc *nats.Conn, member, id string, l kvmem.Layout, f
 // (region.create): it maps the returned path, as an engine shim would.
 func newCreatedEngine(t testing.TB, nc *nats.Conn, member, id string, l kvmem.Layout, fill bool) (*engine, *messages.RegionInfo) {
 	t.Helper()
-	e := &engine{id: id, rid: "r0", cli: &api.Client{NC: nc, Member: member}}
+	return newCreatedEngineAs(t, &api.Client{NC: nc, Member: member}, id, l, fill)
+}
+
+// newCreatedEngineAs is newCreatedEngine calling through cli (an
+// engine-scoped client, for one with engine credentials).
+func newCreatedEngineAs(t testing.TB, cli *api.Client, id string, l kvmem.Layout, fill bool) (*engine, *messages.RegionInfo) {
+	t.Helper()
+	e := &engine{id: id, rid: "r0", cli: cli}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	info, err := e.cli.CreateRegion(ctx, &messages.CreateRegionRequest{

@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -76,6 +77,9 @@ func startProduct(t testing.TB, mod func(*localcluster.Options)) *localcluster.C
 			t.Logf("cluster log:\n%s", l)
 		}
 	})
+	if f := c.AdminCreds(); f != "" {
+		authorities.Store(c.NATSURL(), filepath.Dir(f))
+	}
 	return c
 }
 

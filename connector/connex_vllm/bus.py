@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -35,6 +36,7 @@ _HDR_ERROR = "Nats-Service-Error"
 CODE_UNKNOWN_TRANSFER = 404
 CODE_RELEASED = 409
 CODE_EXPIRED = 410
+CODE_FORBIDDEN = 406
 CODE_INCOMPATIBLE = 424
 CODE_ENGINE_GONE = 426
 CODE_FENCED = 428
@@ -68,9 +70,23 @@ class ConnexError(Exception):
         self.message = message
 
 
-def subject(member: str, endpoint: str) -> str:
-    """The full subject of ``endpoint`` on ``member`` (connex.v1.<member>.<endpoint>)."""
+# Endpoints served only in the member scope (members and admins call them); every other endpoint is also
+# served in each engine's scope, where connexd takes the calling engine from the subject.
+MEMBER_ONLY = frozenset({"peer.descriptors", "peer.pullend", "peer.adopt", "member.status"})
+
+
+def subject(member: str, endpoint: str, engine: str | None = None) -> str:
+    """The subject of ``endpoint`` on ``member``: in ``engine``'s scope (connex.v1.<member>.e.<engine>.<endpoint>,
+    the only subjects an engine's credentials may publish on) when given, else in the member scope
+    (connex.v1.<member>.<endpoint>)."""
+    if engine and endpoint not in MEMBER_ONLY:
+        return f"{PREFIX}.{member}.e.{engine}.{endpoint}"
     return f"{PREFIX}.{member}.{endpoint}"
+
+
+def inbox_prefix(engine: str | None) -> str:
+    """The reply-subject prefix of an engine's connection: its credentials may subscribe to no other inbox."""
+    return f"_INBOX.e.{engine}" if engine else "_INBOX"
 
 
 def engine_subject(engine_id: str, notice: str) -> str:
@@ -82,8 +98,22 @@ def engine_subject(engine_id: str, notice: str) -> str:
 class Bus:
     """One NATS connection on a private event-loop thread; safe to use from any thread."""
 
-    def __init__(self, url: str, member: str, name: str, connect_timeout_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        member: str,
+        name: str,
+        connect_timeout_s: float,
+        *,
+        engine: str | None = None,
+        creds: str = "",
+        tls_ca: str = "",
+    ) -> None:
+        """Connects to NATS at ``url`` for calls to connexd ``member``. With ``engine``, calls go in that engine's
+        scope and replies to its own inbox; ``creds`` is a NATS credentials file (`connexd auth creds`), ``tls_ca``
+        the CA that verifies the server."""
         self.member = member
+        self.engine = engine
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"connex-nats-{name}", daemon=True)
         self._thread.start()
@@ -94,6 +124,12 @@ class Bus:
         self.on_call: Callable[[str, float], None] | None = None
 
         async def connect() -> NATS:
+            opts: dict[str, Any] = {}
+            if creds:
+                opts["user_credentials"] = creds
+            if tls_ca:
+                ctx = ssl.create_default_context(cafile=tls_ca)
+                opts["tls"] = ctx
             return await nats.connect(
                 url,
                 name=name,
@@ -101,6 +137,8 @@ class Bus:
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.2,
                 allow_reconnect=True,
+                inbox_prefix=inbox_prefix(engine),
+                **opts,
             )
 
         try:
@@ -118,9 +156,9 @@ class Bus:
         return self.submit(coro).result(timeout_s)
 
     async def call(self, endpoint: str, msg: Message, reply: type[M], timeout_s: float) -> M:
-        """One request/reply on connex.v1.<member>.<endpoint> (protobuf); API errors raise ConnexError."""
+        """One request/reply on ``endpoint`` (protobuf; ``subject``); API errors raise ConnexError."""
         assert self._nc is not None
-        subj = subject(self.member, endpoint)
+        subj = subject(self.member, endpoint, self.engine)
         t0 = time.perf_counter()
         try:
             r = await self._nc.request(
@@ -129,6 +167,10 @@ class Bus:
         except NoRespondersError as e:
             raise ConnexError(CODE_PEER_UNAVAILABLE, f"{subj}: no connexd answers") from e
         except (NatsTimeoutError, asyncio.TimeoutError) as e:
+            le = self._nc.last_error
+            if le is not None and "permissions violation" in str(le).lower() and subj in str(le):
+                msg = f"{subj}: the NATS server refused it to these credentials: {le}"
+                raise ConnexError(CODE_FORBIDDEN, msg) from e
             raise ConnexError(CODE_TIMEOUT, f"{subj}: no reply within {timeout_s}s") from e
         if self.on_call is not None:
             self.on_call(endpoint, time.perf_counter() - t0)

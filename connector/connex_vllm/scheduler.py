@@ -110,7 +110,13 @@ class ConnexScheduler:
         self._held: dict[str, int] = {}  # transfer id -> blocks (prefill side, until its freed notice)
         self._inflight: set[concurrent.futures.Future[Any]] = set()  # request calls queued or running
         self._bus = Bus(
-            settings.nats_url, settings.member, f"connex-vllm-sched-{engine_id}", settings.connect_timeout_s
+            settings.nats_url,
+            settings.member,
+            f"connex-vllm-sched-{engine_id}",
+            settings.connect_timeout_s,
+            engine=engine_id,
+            creds=settings.nats_creds,
+            tls_ca=settings.nats_tls_ca,
         )
         try:
             if kv_role == CONSUMER:

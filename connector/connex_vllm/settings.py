@@ -27,6 +27,8 @@ class Settings:
     member: str  # member_id of the connexd beside this engine (required)
     base_url: str  # root of this engine's OpenAI HTTP API, advertised for routers (required)
     nats_url: str = "nats://127.0.0.1:4222"  # NATS server of that connexd
+    nats_creds: str = ""  # NATS credentials file of this engine (connexd auth creds --role engine ...); "" for none
+    nats_tls_ca: str = ""  # CA certificate (PEM) that verifies the NATS server; "" for the system's
     release: str = ""  # on_finish | after_pull; "" uses the connexd's release setting
     retain_s: int = 0  # lease of a hold in seconds; 0 uses the connexd's retain_s
     call_timeout_s: float = 5.0  # deadline of one subject-API call
@@ -78,7 +80,7 @@ def parse(extra: dict[str, Any] | None) -> Settings:
             f"allowed: {', '.join(KEYS)}"
         )
     out: dict[str, Any] = {}
-    for key in ("member", "base_url", "nats_url", "release", "model"):
+    for key in ("member", "base_url", "nats_url", "nats_creds", "nats_tls_ca", "release", "model"):
         if key in extra:
             out[key] = _str(key, extra[key])
     member = out.get("member", "")

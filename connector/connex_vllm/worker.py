@@ -157,7 +157,15 @@ class ConnexWorker:
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """At start: connect, subscribe to this engine's notices, back the KV caches with a connexd region."""
         s = self.settings
-        self._bus = Bus(s.nats_url, s.member, f"connex-vllm-worker-{self.engine_id}", s.connect_timeout_s)
+        self._bus = Bus(
+            s.nats_url,
+            s.member,
+            f"connex-vllm-worker-{self.engine_id}",
+            s.connect_timeout_s,
+            engine=self.engine_id,
+            creds=s.nats_creds,
+            tls_ca=s.nats_tls_ca,
+        )
         # One subscription for every notice, handled in order; missed ones are replayed from connexd.
         self.bus.subscribe_async(busmod.engine_subject(self.engine_id, ">"), self._on_notice)
         self.bus.every(lambda: 1.0, self._catch_up_if_overdue)

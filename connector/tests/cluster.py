@@ -15,6 +15,37 @@ from typing import TypeVar
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
+# The authority of each connexd's embedded, authenticated NATS server, by its URL (the ready line's auth=), kept in
+# the environment so that child processes of a test (prefill_process.py) find it too.
+_AUTH_ENV = "CONNEX_TEST_AUTHORITIES"
+
+
+def _authorities() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in os.environ.get(_AUTH_ENV, "").split(","):
+        url, _, d = item.partition("=")
+        if url and d:
+            out[url] = d
+    return out
+
+
+def creds(nats_url: str, *identity: str) -> str:
+    """Mints NATS credentials for an identity (``--role engine --member M --engine E``, ``--role admin``, ...) with
+    ``connexd auth creds``, as an operator would, when nats_url is an authenticated embedded server; "" otherwise."""
+    d = _authorities().get(nats_url)
+    if not d:
+        return ""
+    fd, path = tempfile.mkstemp(prefix="connex-test-", suffix=".creds")
+    os.close(fd)
+    subprocess.run([connexd_binary(), "auth", "creds", "--dir", d, "-o", path, *identity], check=True)
+    return path
+
+
+def admin_creds(nats_url: str) -> str:
+    """The admin credentials of an authenticated embedded server at nats_url, or ""."""
+    d = _authorities().get(nats_url)
+    return os.path.join(d, "admin.creds") if d else ""
+
 
 def connexd_binary() -> str:
     """$CONNEXD, or bin/connexd at the repository root (run-tests.sh builds it)."""
@@ -59,6 +90,9 @@ class Connexd:
         ]  # fmt: skip
         if nats_url:
             args += ["--nats-url", nats_url]
+            member_creds = creds(nats_url, "--role", "member", "--member", member)
+            if member_creds:
+                args += ["--nats-creds", member_creds]
         else:
             args += ["--nats-listen", "127.0.0.1:0"]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -70,9 +104,16 @@ class Connexd:
             assert self.proc.stdout is not None
             for line in self.proc.stdout:
                 if line.startswith("connexd ready"):
+                    auth_dir = ""
                     for f in line.split():
                         if f.startswith("nats="):
                             self.nats_url = f.removeprefix("nats=")
+                        if f.startswith("auth="):
+                            auth_dir = f.removeprefix("auth=")
+                    if auth_dir:
+                        known = _authorities()
+                        known[self.nats_url] = auth_dir
+                        os.environ[_AUTH_ENV] = ",".join(f"{u}={d}" for u, d in known.items())
                     ready.set()
 
         def read_err() -> None:

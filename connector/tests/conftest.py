@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cluster import Connexd
+from cluster import Connexd, admin_creds
 
 from connex_vllm.bus import Bus
 
@@ -25,7 +25,7 @@ class Cluster:
     api: Bus  # a test client on the cluster's NATS (member: the prefill connexd)
 
     def on(self, member: str) -> Bus:
-        return Bus(self.nats_url, member, f"test-{member}", 5.0)
+        return Bus(self.nats_url, member, f"test-{member}", 5.0, creds=admin_creds(self.nats_url))
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +37,7 @@ def cluster() -> Iterator[Cluster]:
         procs.append(d1)
         d2 = Connexd("dec-2", "decode", p.nats_url)
         procs.append(d2)
-        api = Bus(p.nats_url, p.member, "test-api", 5.0)
+        api = Bus(p.nats_url, p.member, "test-api", 5.0, creds=admin_creds(p.nats_url))
         yield Cluster(p, d1, d2, p.nats_url, api)
         api.close()
     finally:

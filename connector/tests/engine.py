@@ -18,6 +18,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
+from cluster import creds
 from vllm import SamplingParams
 from vllm.config import (
     CacheConfig,
@@ -80,6 +81,9 @@ class Engine:
         # (token, pos, layer, plane) -> one slot of KV
         self.kv_fn = kv_fn or (lambda t, p, li, pl: kv_value(t, p, li, pl, heads, head_size))
         cfg = {"member": member, "nats_url": nats_url, "base_url": f"http://127.0.0.1:1/{engine_id}", **(extra or {})}
+        engine_creds = creds(nats_url, "--role", "engine", "--member", member, "--engine", engine_id)
+        if engine_creds:
+            cfg.setdefault("nats_creds", engine_creds)
         model_config = ModelConfig(model=MODEL_DIR, skip_tokenizer_init=True, max_model_len=2048, dtype="bfloat16")
         self.vllm_config = VllmConfig(
             model_config=model_config,
