@@ -79,9 +79,9 @@ type proc struct {
 	// authDir is the authority of connexd's embedded NATS (auth=), "" when
 	// it runs none.
 	authDir string
-	mu         sync.Mutex
-	stderr     strings.Builder
-	exited     chan struct{}
+	mu      sync.Mutex
+	stderr  strings.Builder
+	exited  chan struct{}
 }
 
 // startConnexd starts connexd with args and waits for its ready line.

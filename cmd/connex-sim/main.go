@@ -42,9 +42,9 @@ func main() { os.Exit(run(os.Args[1:])) }
 
 type options struct {
 	role, natsURL, natsCreds, natsCA, member, engineID, listen, advertise, model, layout, logLevel string
-	blocks                                                                      uint32
-	prefillUS, maxModelLen                                                      int
-	decodeMS                                                                    float64
+	blocks                                                                                         uint32
+	prefillUS, maxModelLen                                                                         int
+	decodeMS                                                                                       float64
 }
 
 func parse(args []string) (*options, error) {

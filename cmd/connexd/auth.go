@@ -109,4 +109,3 @@ func runAuth(args []string, stdout, stderr io.Writer) int {
 // neither --creds nor CONNEX_NATS_CREDS names them: the admin credentials
 // of a connexd with the default data_dir, if they exist.
 var credsDefault = filepath.Join("connex-data", "auth", auth.AdminCredsFile)
-
