@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -165,6 +166,11 @@ func startProc(t testing.TB, name, bin, member string, args []string, env ...str
 		if p.authDir != "" {
 			authorities.Store(p.natsURL, p.authDir)
 		}
+		for i, a := range args {
+			if a == "--nats-tls-ca" && i+1 < len(args) && !slices.Contains(args, "--nats-url") {
+				tlsCAs.Store(p.natsURL, args[i+1])
+			}
+		}
 	case <-p.exited:
 		t.Fatalf("%s %s exited before ready:\n%s", name, member, p.logs())
 	case <-time.After(20 * time.Second):
@@ -218,6 +224,10 @@ func (p *proc) stop() {
 // test connects to it get credentials, as an operator's would.
 var authorities sync.Map
 
+// tlsCAs maps the NATS URL of a connexd's embedded TLS server to the CA
+// that verifies it (its --nats-tls-ca).
+var tlsCAs sync.Map
+
 // credsFlags mints credentials for an identity (`connexd auth creds`, the
 // operator's way) when url is an authenticated embedded server, and
 // returns flag and the file; none otherwise.
@@ -252,6 +262,9 @@ func connect(t testing.TB, url string) *nats.Conn {
 	var opts []nats.Option
 	if f := adminCreds(url); f != "" {
 		opts = append(opts, nats.UserCredentials(f))
+	}
+	if ca, ok := tlsCAs.Load(url); ok {
+		opts = append(opts, nats.RootCAs(ca.(string)))
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {

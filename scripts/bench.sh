@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks; each prints its figures and ends with one summary line.
-#   bench.sh control   control-plane round trip vs bare NATS (CONTROL ...)
+#   bench.sh control   control-plane round trip vs bare NATS (CONTROL ...), and what NATS
+#                      authentication and TLS cost it (SECURITY ...)
 #   bench.sh pull      data-plane pulls vs memcpy, ucx_perftest, TCP (RATIO ...)
 #   bench.sh cluster   failover timings (FAILOVER ...)
 #   bench.sh resume    what a decode death costs a streamed request, resumed vs re-prefilled (RESUME ...)
@@ -19,8 +20,9 @@ cleanup() {
 trap cleanup EXIT
 case "${1:-control}" in
   control)
-    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkControlRTT$' -benchtime "${BENCH_N:-3000}x" ./e2e/ | tee "$out"
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkControl(RTT|Security)$' -benchtime "${BENCH_N:-3000}x" ./e2e/ | tee "$out"
     grep '^CONTROL ' "$out" | tail -1
+    grep '^SECURITY ' "$out" | tail -1
     ;;
   pull)
     go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkPull$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"

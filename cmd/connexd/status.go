@@ -20,6 +20,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	url := fs.String("nats-url", envOr("CONNEX_NATS_URL", "nats://127.0.0.1:4222"), "NATS server of the cluster")
 	creds := fs.String("creds", os.Getenv("CONNEX_NATS_CREDS"), "NATS credentials file (default: "+credsDefault+" if it exists; connexd auth creds --role admin)")
+	tlsCA := fs.String("nats-tls-ca", os.Getenv("CONNEX_NATS_TLS_CA"), "CA certificate (PEM) that verifies a TLS NATS server")
 	asJSON := fs.Bool("json", false, "print the members' status as JSON lines (protojson) instead of tables")
 	timeout := fs.Duration("timeout", 5*time.Second, "give up after this long")
 	fs.Usage = func() {
@@ -42,6 +43,9 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	}
 	if *creds != "" {
 		opts = append(opts, nats.UserCredentials(*creds))
+	}
+	if *tlsCA != "" {
+		opts = append(opts, nats.RootCAs(*tlsCA))
 	}
 	nc, err := nats.Connect(*url, opts...)
 	if err != nil {
