@@ -12,12 +12,12 @@ import (
 // "ucx" (fails if the binary lacks UCX or libucp does not load) or "auto"
 // (UCX when available, else TCP). cfg carries the ucx_reads and
 // ucx_shared_reads config keys, used when UCX is opened, and the options
-// of either backend.
-func OpenBackend(name string, cfg ucx.Config) (transport.Backend, error) {
+// of either backend; tcfg tunes the TCP data plane (its TLS: data_tls).
+func OpenBackend(name string, cfg ucx.Config, tcfg tcp.Config) (transport.Backend, error) {
 	opts := cfg.Options
 	switch name {
 	case "tcp":
-		return openTCP(opts)
+		return openTCP(opts, tcfg)
 	case "ucx":
 		b, err := ucx.OpenConfig(cfg)
 		if err != nil {
@@ -32,13 +32,13 @@ func OpenBackend(name string, cfg ucx.Config) (transport.Backend, error) {
 			}
 			opts.Log().Warn("UCX available but failed to open; using TCP", "err", err)
 		}
-		return openTCP(opts)
+		return openTCP(opts, tcfg)
 	}
 	return nil, fmt.Errorf("backend=%q, allowed: auto, ucx, tcp", name)
 }
 
-func openTCP(opts transport.Options) (transport.Backend, error) {
-	b, err := tcp.Open(opts)
+func openTCP(opts transport.Options, tcfg tcp.Config) (transport.Backend, error) {
+	b, err := tcp.OpenConfig(opts, tcfg)
 	if err != nil {
 		return nil, fmt.Errorf("backend=tcp: %w", err)
 	}

@@ -107,14 +107,21 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	if err != nil {
 		return d, err
 	}
+	tcfg, err := dataTLS(cfg)
+	if err != nil {
+		return d, err
+	}
 	d.Backend, err = OpenBackend(cfg.Backend, ucx.Config{
 		Options:     transport.Options{ListenAddr: cfg.DataListen, Logger: log},
 		Reads:       cfg.UCXReads,
 		SharedReads: cfg.UCXSharedReads,
 		ShmDir:      cfg.ShmDir,
-	})
+	}, tcfg)
 	if err != nil {
 		return d, err
+	}
+	if tcfg.ServerTLS != nil && d.Backend.Name() != "tcp" {
+		log.Warn("data_tls applies to the TCP data plane only: this member's data plane is "+d.Backend.Name()+", whose traffic between hosts is not encrypted", "backend", d.Backend.Name())
 	}
 	rdir, err := kvmem.OpenRegionDir(cfg.RegionDir, cfg.RegionOwners)
 	if err != nil {

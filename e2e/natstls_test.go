@@ -59,8 +59,9 @@ func selfSignedCert(t testing.TB) (cert, key string) {
 
 // TestNATSOverTLS: a connexd whose embedded server serves TLS (and
 // authenticates) is reached only by clients that verify its certificate;
-// a second member joins over TLS with its own credentials, and `connexd
-// status` reads both.
+// a second member joins over TLS with its own credentials, a pull between
+// them crosses the TCP data plane with mutual TLS, and `connexd status`
+// reads both.
 func TestNATSOverTLS(t *testing.T) {
 	cert, key := selfSignedCert(t)
 	tlsArgs := []string{"--nats-tls-cert", cert, "--nats-tls-key", key, "--nats-tls-ca", cert}
@@ -68,7 +69,7 @@ func TestNATSOverTLS(t *testing.T) {
 	if _, err := nats.Connect(p.natsURL, nats.UserCredentials(adminCreds(p.natsURL))); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("a client that does not trust the server's CA: %v, want a certificate error", err)
 	}
-	startConnexd(t, "tls-d", "--backend", "tcp", "--role", "decode", "--cluster-preset", "lan", "--nats-url", p.natsURL, "--nats-tls-ca", cert)
+	startConnexd(t, "tls-d", "--backend", "tcp", "--role", "decode", "--cluster-preset", "lan", "--nats-url", p.natsURL, "--nats-tls-ca", cert, "--nats-tls-cert", cert, "--nats-tls-key", key)
 	nc := connect(t, p.natsURL)
 	checkFor(t, 15*time.Second, 50*time.Millisecond, func() error {
 		st, err := (&api.Client{NC: nc, Member: "tls-p"}).MemberStatus(ctx5(t), &messages.MemberStatusRequest{})
@@ -80,6 +81,19 @@ func TestNATSOverTLS(t *testing.T) {
 		}
 		return nil
 	})
+	// A pull between them crosses the TCP data plane with mutual TLS
+	// (data_tls=auto: both have the cluster's certificate and CA).
+	pre := newEngine(t, nc, "tls-p", "engP", testLayout, true)
+	dec := openDecodeShim(t, nc, "tls-d", "engD")
+	h, err := pre.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pre.id, RegionId: pre.rid, BlockIds: []uint32{5, 6}, NumTokens: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, err := dec.Pull(ctx5(t), h.Params, []uint32{1, 2})
+	if err != nil || !done.Ok {
+		t.Fatalf("a pull over the TLS data plane: %v %v", done, err)
+	}
+	verifyBlocks(t, pre.region, dec.Region(), []uint32{5, 6}, []uint32{1, 2}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, connexdBin, "status", "--nats-url", p.natsURL, "--creds", adminCreds(p.natsURL), "--nats-tls-ca", cert).CombinedOutput()

@@ -3,6 +3,7 @@ package tcp
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -102,6 +103,21 @@ func dialConn(ctx context.Context, b *Backend, addr string) (net.Conn, error) {
 		return nil, fmt.Errorf("tcp dial %s: %w: %v", addr, transport.ErrPeerGone, err)
 	}
 	b.tuneConn(nc)
+	if b.cfg.ClientTLS != nil {
+		c := b.cfg.ClientTLS.Clone()
+		if c.ServerName == "" {
+			c.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		tc := tls.Client(nc, c)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = nc.Close()
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("tcp dial %s: tls handshake: %w", addr, transport.CtxErr(ctx.Err()))
+			}
+			return nil, fmt.Errorf("tcp dial %s: tls handshake (data-plane certificates: see data_tls): %w: %v", addr, transport.ErrPeerGone, err)
+		}
+		nc = tc
+	}
 	var hello [helloLen]byte
 	// 8 bytes into a fresh socket's empty send buffer: never blocks.
 	_ = nc.SetWriteDeadline(time.Now().Add(b.cfg.WriteTimeout))

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"crypto/tls"
 	"fmt"
 	"time"
 )
@@ -46,6 +47,14 @@ type Config struct {
 	// closes it itself; shorter than IdleTimeout, so that a reader never
 	// sends a request on a connection the holder is about to close.
 	ClientIdle time.Duration
+	// ServerTLS, if set, makes the holder side speak TLS on every accepted
+	// connection (the handshake counts against HandshakeTimeout); set
+	// ClientAuth to require readers' certificates. Nil: plaintext.
+	ServerTLS *tls.Config
+	// ClientTLS, if set, makes readers speak TLS to holders; an empty
+	// ServerName is the host of the address dialled, so a holder's
+	// certificate must name its data address. Nil: plaintext.
+	ClientTLS *tls.Config
 }
 
 // DefaultConfig returns the configuration Open uses.

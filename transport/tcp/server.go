@@ -3,6 +3,7 @@ package tcp
 import (
 	"bufio"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -105,6 +106,9 @@ func (sc *serverConn) run() {
 		b.mu.Unlock()
 	}()
 	b.tuneConn(sc.nc)
+	if b.cfg.ServerTLS != nil {
+		sc.nc = tls.Server(sc.nc, b.cfg.ServerTLS)
+	}
 	peer := sc.nc.RemoteAddr().String()
 	b.log.Debug("tcp: reader connected", "peer", peer)
 	err := sc.serve()
