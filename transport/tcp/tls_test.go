@@ -19,7 +19,7 @@ import (
 )
 
 // testCA makes a CA and a certificate it signs for 127.0.0.1.
-func testCA(t *testing.T, name string) (*x509.CertPool, tls.Certificate) {
+func testCA(t testing.TB, name string) (*x509.CertPool, tls.Certificate) {
 	t.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
