@@ -6,7 +6,7 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build chaos run test test-race fuzz bench bench-pull bench-cluster bench-resume proto tidy clean
+.PHONY: all build chaos chaos-soak run test test-race fuzz bench bench-pull bench-cluster bench-resume proto tidy clean
 
 all: build
 
@@ -16,9 +16,15 @@ build:
 	$(GO) build -o bin/connex-up ./cmd/connex-up
 
 # The chaos-test harness against real connexd processes (see chaos/).
+CHAOS_SCENARIO ?= chaos/scenarios/quick.yaml
 chaos: build
 	$(GO) build -o bin/connex-chaos ./cmd/connex-chaos
-	./bin/connex-chaos --connexd ./bin/connexd $(CHAOS_ARGS)
+	./bin/connex-chaos --connexd ./bin/connexd --report chaos-report.json --plot chaos-report.png $(CHAOS_ARGS) $(CHAOS_SCENARIO)
+
+# The soak scenarios (ten minutes and more each); reports in chaos-<name>.json/.png.
+chaos-soak: build
+	$(GO) build -o bin/connex-chaos ./cmd/connex-chaos
+	for s in soak-10m soak-mixed; do ./bin/connex-chaos --connexd ./bin/connexd --report chaos-$$s.json --plot chaos-$$s.png chaos/scenarios/$$s.yaml || exit 1; done
 
 # The main job on one command: a local P/D cluster on the embedded NATS
 # default (router on 127.0.0.1:8000, one prefill and two decode simulated

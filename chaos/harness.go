@@ -1,473 +1,635 @@
-// Package chaos is Connex's chaos-test harness: it starts a real
-// multi-process cluster on one machine (a NATS server, a prefill connexd and
-// several decode connexd processes), plays deterministic engines, drives
-// requests through the whole hold → pull → decode → finish path, kills
-// (SIGKILL) and freezes (SIGSTOP) decode members while requests run, and
-// checks the product's invariants:
-//
-//  1. nothing lost: every request ends with a complete answer or a clear error;
-//  2. no second prefill: a resumed request pulls the same hold again;
-//  3. same answer: a resumed request's tokens equal the uninterrupted ones;
-//  4. no leaked blocks: after the load, every prefill block is free again;
-//  5. exactly-once free: no block is handed back twice.
-//
-// Operators run it (cmd/connex-chaos) to gain trust before production; the
-// tests run a short version.
 package chaos
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"math/rand"
+	"math/rand/v2"
+	"net/http"
 	"os"
-	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
-	"syscall"
+	"sync/atomic"
 	"time"
 
 	"github.com/connex/connex/api"
-	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/localcluster"
 	"github.com/connex/connex/messages"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 )
 
-// Config says what to run.
-type Config struct {
-	Binary      string        // connexd binary
-	Backend     string        // data plane for every member: tcp or ucx
-	Regions     string        // engines' KV regions: RegionsCreate (default) or RegionsFile
-	Decoders    int           // decode members kept alive (≥ 2)
-	Requests    int           // requests to drive
-	Concurrency int           // requests in flight at once
-	Tokens      int           // tokens generated per request
-	Every       int           // tokens per progress report (checkpoint)
-	TokenTime   time.Duration // simulated decode time per token
-	Chaos       time.Duration // interval between two faults; 0 disables faults
-	Seed        int64         // for faults and request content
-	Dir         string        // for region files and data dirs ("" = a temp dir under /dev/shm or TMPDIR)
-	Log         io.Writer     // progress lines; nil discards
+// Options say how to run a scenario.
+type Options struct {
+	// Connexd and Sim are the binaries (Sim defaults to connex-sim beside
+	// Connexd).
+	Connexd, Sim string
+	// ConnexdArgs are extra flags for every connexd (experiments, and the
+	// harness's own tests planting bugs).
+	ConnexdArgs []string
+	// Log receives every process's output and the harness's notes; nil
+	// discards them.
+	Log io.Writer
+	// Progress, if set, is told how the load goes (the progress bar).
+	Progress func(Progress)
 }
 
-// How engines get their KV regions (Config.Regions).
-const (
-	// RegionsCreate: each engine's member allocates it (region.create);
-	// with UCX, pulls from it are one-sided mapped reads.
-	RegionsCreate = "create"
-	// RegionsFile: each engine creates a /dev/shm file and registers it
-	// (region.register).
-	RegionsFile = "file"
-)
-
-// DefaultConfig is a short run: 3 decode members, 48 requests of 64
-// tokens at 5 ms a token, a fault every 1.5 s.
-func DefaultConfig() Config {
-	return Config{Backend: "tcp", Regions: RegionsCreate, Decoders: 3, Requests: 48, Concurrency: 6, Tokens: 64, Every: 8, TokenTime: 5 * time.Millisecond, Chaos: 1500 * time.Millisecond, Seed: 1}
+// Progress is the state of a run while the load goes.
+type Progress struct {
+	Total, Done, InFlight, Failed, Faults int
 }
 
-// layout of every engine region: small enough for many processes on one box.
-var layout = kvmem.Layout{Layers: 4, Planes: 2, Blocks: 256, BlockBytes: 4096, BlockSize: 16, TPSize: 1}
+// ErrSetup means the run could not start or be checked (binaries,
+// processes, the reference answers): exit status 2, like a bad scenario.
+var ErrSetup = errors.New("chaos: setup failed")
 
-// Report is what a run found.
-type Report struct {
-	Requests   int      // started
-	Completed  int      // finished with the expected answer
-	Failed     int      // ended with a clear error
-	Resumed    int      // resumes observed (request moved to another member)
-	Kills      int      // SIGKILLs sent
-	Stops      int      // SIGSTOPs sent
-	Prefills   int      // holds created (one per request when invariant 2 holds)
-	Violations []string // broken invariants; empty means the run passed
-}
+// run is one scenario's execution.
+type run struct {
+	sc   *Scenario
+	opts Options
+	dir  string
+	c    *localcluster.Cluster
+	nats *natsProc
+	nc   *nats.Conn // admin connection: notices and status
+	log  io.Writer
 
-// OK reports whether every invariant held.
-func (r Report) OK() bool { return len(r.Violations) == 0 }
-
-func (r Report) String() string {
-	s := fmt.Sprintf("requests=%d completed=%d failed=%d resumed=%d kills=%d stops=%d prefills=%d violations=%d",
-		r.Requests, r.Completed, r.Failed, r.Resumed, r.Kills, r.Stops, r.Prefills, len(r.Violations))
-	for _, v := range r.Violations {
-		s += "\n  VIOLATION: " + v
-	}
-	return s
-}
-
-type member struct {
-	name    string
-	cmd     *exec.Cmd
-	eng     *engine
-	exited  chan struct{}
-	stopped bool // SIGSTOPped and not yet continued
-	dead    bool
-}
-
-type harness struct {
-	cfg     Config
-	log     func(string, ...any)
-	dir     string
-	url     string
-	nc      *nats.Conn
-	prefill *member
+	t0      time.Time
+	proxies map[string]*proxy // node → its link to NATS (partitions)
+	fleet   *fleet
 	rng     *rand.Rand
 
 	mu      sync.Mutex
-	members map[string]*member // decode members by name
-	next    int
-	report  Report
-
-	// notice dispatch
-	nmu       sync.Mutex
-	pullDone  map[string]chan *messages.PullDone
-	resumes   map[string]chan *messages.RequestState
-	freed     map[string]int      // transfer -> freed notices
-	heldBy    map[string][]uint32 // transfer -> prefill blocks
-	violation func(string, ...any)
+	faults  []FaultReport
+	down    map[string]time.Duration // prefill node → when its current fault began
+	windows []faultWindow
+	freed   map[string]int
 }
 
-// Run starts the cluster, drives the load with faults, stops everything
-// and returns what it found. An error means the harness itself could not
-// run (a broken invariant is a Violation, not an error).
-func Run(ctx context.Context, cfg Config) (rep Report, err error) {
-	if cfg.Decoders < 2 || cfg.Requests < 1 || cfg.Concurrency < 1 || cfg.Tokens < 1 || cfg.Every < 1 {
-		return rep, errors.New("chaos: need decoders ≥ 2 and positive requests, concurrency, tokens, every")
-	}
-	switch cfg.Regions {
-	case "":
-		cfg.Regions = RegionsCreate
-	case RegionsCreate, RegionsFile:
-	default:
-		return rep, fmt.Errorf("chaos: regions=%q, allowed: %s, %s", cfg.Regions, RegionsCreate, RegionsFile)
-	}
-	h := &harness{cfg: cfg, rng: rand.New(rand.NewSource(cfg.Seed)), members: map[string]*member{},
-		pullDone: map[string]chan *messages.PullDone{}, resumes: map[string]chan *messages.RequestState{},
-		freed: map[string]int{}, heldBy: map[string][]uint32{}}
-	h.log = func(f string, a ...any) {
-		if cfg.Log != nil {
-			fmt.Fprintf(cfg.Log, time.Now().Format("15:04:05.000 ")+f+"\n", a...)
-		}
-	}
-	h.violation = func(f string, a ...any) {
-		h.mu.Lock()
-		h.report.Violations = append(h.report.Violations, fmt.Sprintf(f, a...))
-		h.mu.Unlock()
-		h.log("VIOLATION: "+f, a...)
-	}
-	if h.dir = cfg.Dir; h.dir == "" {
-		base := os.TempDir()
-		if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
-			base = "/dev/shm"
-		}
-		if h.dir, err = os.MkdirTemp(base, "connex-chaos-"); err != nil {
-			return rep, err
-		}
-		defer os.RemoveAll(h.dir)
-	}
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: h.dir + "/nats", NoSigs: true, NoLog: true})
-	if err != nil {
-		return rep, err
-	}
-	go srv.Start()
-	defer srv.Shutdown()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		return rep, errors.New("chaos: nats-server not ready")
-	}
-	h.url = srv.ClientURL()
-	if h.nc, err = nats.Connect(h.url); err != nil {
-		return rep, err
-	}
-	defer h.nc.Close()
-	defer h.stopAll()
-	if err := h.subscribe(); err != nil {
-		return rep, err
-	}
-	if h.prefill, err = h.start(ctx, "prefill", "prefill", "engP"); err != nil {
-		return rep, err
-	}
-	for i := 0; i < cfg.Decoders; i++ {
-		if _, err := h.addDecoder(ctx); err != nil {
-			return rep, err
-		}
-	}
-	if err := h.waitMembers(ctx, cfg.Decoders+1); err != nil {
-		return rep, err
-	}
-
-	faultsDone := make(chan struct{})
-	loadCtx, stopFaults := context.WithCancel(ctx)
-	go func() { defer close(faultsDone); h.faults(loadCtx) }()
-
-	sem := make(chan struct{}, cfg.Concurrency)
-	var wg sync.WaitGroup
-	for i := 0; i < cfg.Requests; i++ {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			defer func() { <-sem }()
-			h.request(ctx, i)
-		}(i)
-	}
-	wg.Wait()
-	stopFaults()
-	<-faultsDone
-	h.checkLeaks(ctx)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.report, nil
-}
-
-func (h *harness) start(ctx context.Context, name, role, engineID string) (*member, error) {
-	args := []string{"--member-id", name, "--role", role, "--backend", h.cfg.Backend, "--nats-url", h.url,
-		"--cluster-preset", "local", "--orphan-scan-ms", "200", "--retain-s", "5", "--pull-timeout-ms", "10000",
-		"--data-dir", h.dir + "/" + name, "--log-level", "warn", "--region-dir", h.dir}
-	cmd := exec.Command(h.cfg.Binary, args...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	// connexd's stderr goes to our log (or nowhere), never straight to our
-	// own stderr: a child must not hold the caller's pipes open.
-	errOut, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("chaos: start %s: %w", name, err)
-	}
-	go func() {
-		sc := bufio.NewScanner(errOut)
-		for sc.Scan() {
-			h.log("[%s] %s", name, sc.Text())
-		}
-	}()
-	m := &member{name: name, cmd: cmd, exited: make(chan struct{})}
-	ready := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(out)
-		once := sync.Once{}
-		for sc.Scan() {
-			if strings.HasPrefix(sc.Text(), "connexd ready") {
-				once.Do(func() { close(ready) })
-			}
-		}
-		_ = cmd.Wait()
-		close(m.exited)
-	}()
-	kill := func() { _ = cmd.Process.Kill(); <-m.exited }
-	select {
-	case <-ready:
-	case <-m.exited:
-		return nil, fmt.Errorf("chaos: %s exited before ready", name)
-	case <-time.After(30 * time.Second):
-		kill()
-		return nil, fmt.Errorf("chaos: %s not ready in 30s", name)
-	}
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+// Run executes the scenario: it starts the cluster (router, engines with
+// their connexd, NATS), computes every prompt's uninterrupted answer,
+// sends the load through the router while the faults happen, heals what
+// the faults left broken, waits for quiescence plus retain_s, and checks
+// the invariants. Every process it started is gone when it returns, also
+// when ctx ends early.
+func Run(ctx context.Context, sc *Scenario, opts Options) (rep *Report, err error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(sc.Timeout))
 	defer cancel()
-	if m.eng, err = newEngine(rctx, h.nc, h.dir, name, engineID, h.cfg.Regions, layout); err != nil {
-		kill()
-		return nil, err
+	if opts.Sim == "" {
+		opts.Sim = filepath.Join(filepath.Dir(opts.Connexd), "connex-sim")
 	}
-	return m, nil
-}
-
-func (h *harness) addDecoder(ctx context.Context) (*member, error) {
-	h.mu.Lock()
-	name := fmt.Sprintf("d%d", h.next)
-	h.next++
-	h.mu.Unlock()
-	m, err := h.start(ctx, name, "decode", "eng-"+name)
+	for _, b := range []string{opts.Connexd, opts.Sim} {
+		if st, err := os.Stat(b); err != nil || st.IsDir() {
+			return nil, fmt.Errorf("%w: binary %s: not found (make build; --connexd names connexd, connex-sim must sit beside it)", ErrSetup, b)
+		}
+	}
+	r := &run{sc: sc, opts: opts, log: opts.Log, proxies: map[string]*proxy{}, fleet: newFleet(sc.Nodes),
+		rng: rand.New(rand.NewPCG(uint64(sc.Seed), 0x636861)), down: map[string]time.Duration{}, freed: map[string]int{}}
+	if r.log == nil {
+		r.log = io.Discard
+	}
+	r.dir, err = os.MkdirTemp("", "connex-chaos-")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %v", ErrSetup, err)
 	}
-	h.mu.Lock()
-	h.members[name] = m
-	h.mu.Unlock()
-	h.log("member %s up", name)
-	return m, nil
+	defer func() { r.close(); _ = os.RemoveAll(r.dir) }()
+	if err := r.start(ctx); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrSetup, err)
+	}
+	started := time.Now()
+	ref, err := r.reference(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the uninterrupted reference answers: %v", ErrSetup, err)
+	}
+	prefillsBefore := r.routerPrefills(ctx)
+	records := r.load(ctx)
+	prefillsAfter := r.routerPrefills(ctx)
+	r.healAll(ctx)
+	ev := Evidence{Records: records, Reference: ref, RouterPrefills: -1}
+	if prefillsBefore >= 0 && prefillsAfter >= prefillsBefore && !r.faultedRouterOrPrefill() {
+		ev.RouterPrefills = prefillsAfter - prefillsBefore
+	}
+	live, err := r.quiesce(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: after the load: %v", ErrSetup, err)
+	}
+	ev.Live = live
+	ev.DoubleFrees = r.doubleFrees(ctx)
+	r.mu.Lock()
+	ev.Freed = maps(r.freed)
+	ev.PrefillDown = append([]faultWindow(nil), r.windows...)
+	faults := append([]FaultReport(nil), r.faults...)
+	r.mu.Unlock()
+	rep = &Report{Scenario: sc.Name, Seed: sc.Seed, Started: started, Duration: time.Since(started),
+		Summary: Summarize(ev), Faults: faults, Violations: Check(ev), Records: records}
+	return rep, nil
 }
 
-func (h *harness) stopAll() {
-	h.mu.Lock()
-	var all []*member
-	for _, m := range h.members {
-		all = append(all, m)
-	}
-	all = append(all, h.prefill) // last: decode members release into it
-	h.mu.Unlock()
-	for _, m := range all {
-		if m == nil {
-			continue
-		}
-		_ = m.cmd.Process.Signal(syscall.SIGCONT)
-		_ = m.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-m.exited:
-		case <-time.After(10 * time.Second):
-			_ = m.cmd.Process.Kill()
-			<-m.exited
-		}
-		if m.eng != nil {
-			m.eng.close()
-		}
-	}
-}
-
-// live lists decode members that are neither dead nor frozen.
-func (h *harness) live() []*member {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []*member
-	for _, m := range h.members {
-		if !m.dead && !m.stopped {
-			out = append(out, m)
-		}
+func maps(m map[string]int) map[string]int {
+	out := make(map[string]int, len(m))
+	for k, v := range m {
+		out[k] = v
 	}
 	return out
 }
 
-// faults kills or freezes a random live decode member every cfg.Chaos,
-// keeping at least two live; killed members are replaced, frozen ones
-// continued after 2 s (they come back as zombies and must be fenced).
-func (h *harness) faults(ctx context.Context) {
-	if h.cfg.Chaos <= 0 {
-		return
-	}
-	t := time.NewTicker(h.cfg.Chaos)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		live := h.live()
-		if len(live) <= 2 {
-			continue
-		}
-		h.mu.Lock()
-		victim := live[h.rng.Intn(len(live))]
-		kill := h.rng.Intn(2) == 0
-		h.mu.Unlock()
-		if kill {
-			h.log("SIGKILL %s", victim.name)
-			_ = victim.cmd.Process.Signal(syscall.SIGKILL)
-			h.mu.Lock()
-			victim.dead = true
-			h.report.Kills++
-			h.mu.Unlock()
-			if _, err := h.addDecoder(ctx); err != nil {
-				h.log("replacement failed: %v", err)
-			}
-			continue
-		}
-		h.log("SIGSTOP %s", victim.name)
-		_ = victim.cmd.Process.Signal(syscall.SIGSTOP)
-		h.mu.Lock()
-		victim.stopped = true
-		h.report.Stops++
-		h.mu.Unlock()
-		time.AfterFunc(2*time.Second, func() {
-			h.log("SIGCONT %s", victim.name)
-			_ = victim.cmd.Process.Signal(syscall.SIGCONT)
-			h.mu.Lock()
-			victim.stopped = false
-			h.mu.Unlock()
-		})
-	}
+func (r *run) note(format string, args ...any) {
+	fmt.Fprintf(r.log, "chaos: "+format+"\n", args...)
 }
 
-func (h *harness) subscribe() error {
-	subs := []struct {
-		subject string
-		fn      func(*nats.Msg)
-	}{
-		{"connex.v1.engine.*.pull.done", func(m *nats.Msg) {
-			d := new(messages.PullDone)
-			if proto.Unmarshal(m.Data, d) != nil {
-				return
-			}
-			h.nmu.Lock()
-			ch := h.pullDone[d.PullId]
-			h.nmu.Unlock()
-			if ch != nil {
-				ch <- d
-			}
-		}},
-		{"connex.v1.engine.*.request.resume", func(m *nats.Msg) {
-			n := new(messages.ResumeNotice)
-			if proto.Unmarshal(m.Data, n) != nil || n.State == nil {
-				return
-			}
-			h.nmu.Lock()
-			ch := h.resumes[n.State.RequestId]
-			h.nmu.Unlock()
-			if ch != nil {
-				select {
-				case ch <- n.State:
-				default:
-				}
-			}
-		}},
-		{api.FreedSubject("engP"), func(m *nats.Msg) {
-			f := new(messages.BlocksFreed)
-			if proto.Unmarshal(m.Data, f) != nil {
-				return
-			}
-			h.nmu.Lock()
-			h.freed[f.TransferId]++
-			n := h.freed[f.TransferId]
-			blocks := h.heldBy[f.TransferId]
-			h.nmu.Unlock()
-			if n > 1 {
-				h.violation("exactly-once free: transfer %s freed %d times", f.TransferId, n)
-				return
-			}
-			if fmt.Sprint(blocks) != fmt.Sprint(f.BlockIds) {
-				h.violation("freed notice for %s lists %v, hold had %v", f.TransferId, f.BlockIds, blocks)
-				return
-			}
-			h.prefill.eng.release(f.BlockIds)
-		}},
+// needsOwnNATS: NATS restarts and partitions need a server outside the
+// router's connexd (partitions put a proxy in front of it).
+func (r *run) needsOwnNATS() bool {
+	for _, f := range r.sc.Faults {
+		if f.Action == ActNATSRestart || f.Action == ActPartition {
+			return true
+		}
 	}
-	for _, s := range subs {
-		if _, err := h.nc.Subscribe(s.subject, s.fn); err != nil {
+	return false
+}
+
+func (r *run) start(ctx context.Context) error {
+	o := localcluster.Defaults()
+	o.Connexd, o.Sim = r.opts.Connexd, r.opts.Sim
+	o.Prefill, o.Decode = r.sc.Nodes.Prefill, r.sc.Nodes.Decode
+	o.PrefillPerToken = time.Duration(r.sc.Engine.PrefillUSPerToken) * time.Microsecond
+	o.DecodePerToken = time.Duration(r.sc.Engine.DecodeMSPerToken * float64(time.Millisecond))
+	o.ClusterPreset = "local"
+	o.MaxModelLen = r.sc.Load.PromptTokens + r.sc.Load.MaxTokens + 256
+	o.Dir = filepath.Join(r.dir, "cluster")
+	o.Log = r.log
+	o.ConnexdArgs = append([]string{"--retain-s", strconv.Itoa(r.sc.RetainS), "--kv-load-failure-policy", "recompute", "--metrics-listen", "127.0.0.1:0"}, r.opts.ConnexdArgs...)
+	admin := ""
+	if r.needsOwnNATS() {
+		n, err := startNATSProc(ctx, r.opts.Connexd, filepath.Join(r.dir, "nats"))
+		if err != nil {
 			return err
 		}
+		r.nats = n
+		o.NATSURL, o.AuthDir, admin = n.url, filepath.Join(r.dir, "nats", "auth"), n.admin
+		host := strings.TrimPrefix(n.url, "nats://")
+		o.NATSURLFor = func(node, url string) string {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			p, ok := r.proxies[node]
+			if !ok {
+				var err error
+				if p, err = newProxy(host); err != nil {
+					return url
+				}
+				r.proxies[node] = p
+			}
+			return "nats://" + p.addr()
+		}
 	}
-	return h.nc.Flush()
-}
-
-// waitMembers waits until n members announce themselves on the cluster's
-// heartbeat subjects, so that faults start on a formed cluster.
-func (h *harness) waitMembers(ctx context.Context, n int) error {
-	var mu sync.Mutex
-	seen := map[string]bool{}
-	sub, err := h.nc.Subscribe("connex.cluster.*.events.heartbeat.*", func(m *nats.Msg) {
-		mu.Lock()
-		seen[m.Subject] = true
-		mu.Unlock()
+	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
+		return err
+	}
+	c, err := localcluster.Start(ctx, o)
+	if err != nil {
+		return err
+	}
+	r.c = c
+	if admin == "" {
+		admin = c.AdminCreds()
+	}
+	copts := []nats.Option{nats.Name("connex-chaos"), nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}
+	if admin != "" {
+		copts = append(copts, nats.UserCredentials(admin))
+	}
+	r.nc, err = nats.Connect(c.NATSURL(), copts...)
+	if err != nil {
+		return fmt.Errorf("connect to NATS as admin: %w", err)
+	}
+	// Every blocks.freed notice, counted per transfer (exactly-once free).
+	_, err = r.nc.Subscribe(api.Prefix+".engine.*."+api.KindFreed, func(m *nats.Msg) {
+		var f messages.BlocksFreed
+		if proto.Unmarshal(m.Data, &f) == nil && f.TransferId != "" {
+			r.mu.Lock()
+			r.freed[f.TransferId]++
+			r.mu.Unlock()
+		}
 	})
 	if err != nil {
 		return err
 	}
-	defer sub.Unsubscribe()
-	deadline := time.Now().Add(30 * time.Second)
+	return r.nc.Flush()
+}
+
+func (r *run) close() {
+	if r.nc != nil {
+		r.nc.Close()
+	}
+	if r.c != nil {
+		if err := r.c.Close(); err != nil {
+			r.note("closing the cluster: %v", err)
+		}
+	}
+	for _, p := range r.proxies {
+		p.close()
+	}
+	if r.nats != nil {
+		r.nats.close()
+	}
+}
+
+func (r *run) client() *client {
+	timeout := time.Duration(float64(r.sc.Load.MaxTokens)*r.sc.Engine.DecodeMSPerToken*4)*time.Millisecond + 60*time.Second
+	return &client{
+		http:      &http.Client{Timeout: timeout},
+		router:    r.c.RouterURL(),
+		model:     "connex-sim",
+		maxTokens: r.sc.Load.MaxTokens,
+		gapMin:    max(100*time.Millisecond, time.Duration(r.sc.Engine.DecodeMSPerToken*5*float64(time.Millisecond))),
+		t0:        time.Now(),
+	}
+}
+
+// poolSize is how many distinct prompts the load draws from.
+func (r *run) poolSize() int { return min(r.sc.Load.Requests, 16) }
+
+// reference asks every prompt of the pool, as a completion and (if the
+// load sends chats) as a chat, once before any fault: the answers every
+// request must equal.
+func (r *run) reference(ctx context.Context) (map[refKey]string, error) {
+	cl := r.client()
+	kinds := []bool{false}
+	if r.sc.Load.Chat > 0 {
+		kinds = append(kinds, true)
+	}
+	out := map[refKey]string{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, r.poolSize()*len(kinds))
+	sem := make(chan struct{}, r.sc.Load.Concurrency)
+	for p := range r.poolSize() {
+		for _, chat := range kinds {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				rec := cl.do(ctx, request{prompt: p, chat: chat}, promptText(r.sc.Seed, p, r.sc.Load.PromptTokens))
+				if !rec.Completed() {
+					errs <- fmt.Errorf("prompt %d (chat %v): %s", p, chat, rec.Err)
+					return
+				}
+				mu.Lock()
+				out[refKey{p, chat}] = rec.Text
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// load sends the scenario's requests while the faults run.
+func (r *run) load(ctx context.Context) []*Record {
+	cl := r.client()
+	r.t0 = cl.t0
+	l := r.sc.Load
+	reqs := make([]request, l.Requests)
+	rng := rand.New(rand.NewPCG(uint64(r.sc.Seed), 0x6c6f6164))
+	for i := range reqs {
+		reqs[i] = request{n: i, prompt: rng.IntN(r.poolSize()), stream: rng.Float64() < float64(l.Stream), chat: rng.Float64() < float64(l.Chat)}
+	}
+	faultsDone := make(chan struct{})
+	faultCtx, stopFaults := context.WithCancel(ctx)
+	go func() { defer close(faultsDone); r.runFaults(faultCtx) }()
+
+	records := make([]*Record, len(reqs))
+	var done, inFlight, failed atomic.Int64
+	report := func() {
+		if r.opts.Progress != nil {
+			r.mu.Lock()
+			nf := len(r.faults)
+			r.mu.Unlock()
+			r.opts.Progress(Progress{Total: len(reqs), Done: int(done.Load()), InFlight: int(inFlight.Load()), Failed: int(failed.Load()), Faults: nf})
+		}
+	}
+	var wg sync.WaitGroup
+	next := make(chan request)
+	for range l.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for q := range next {
+				inFlight.Add(1)
+				report()
+				rec := cl.do(ctx, q, promptText(r.sc.Seed, q.prompt, l.PromptTokens))
+				records[q.n] = rec
+				inFlight.Add(-1)
+				if !rec.Completed() {
+					failed.Add(1)
+				}
+				done.Add(1)
+				report()
+			}
+		}()
+	}
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	go func() {
+		for range tick.C {
+			report()
+		}
+	}()
+	for _, q := range reqs {
+		select {
+		case next <- q:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	close(next)
+	wg.Wait()
+	// Faults scheduled after the last request still happen (a scenario's
+	// timeline is its own), unless the run is out of time.
+	<-faultsDone
+	stopFaults()
+	for i, rec := range records {
+		if rec == nil {
+			records[i] = &Record{N: i, Prompt: reqs[i].prompt, Chat: reqs[i].chat, Stream: reqs[i].stream, Lost: true, Err: "never sent: the run ran out of time"}
+		}
+	}
+	report()
+	return records
+}
+
+// FaultReport is what one fault did.
+type FaultReport struct {
+	At       time.Duration `json:"at_ns"`
+	Action   Action        `json:"action"`
+	Target   string        `json:"target"`
+	Resolved string        `json:"resolved,omitempty"`
+	Took     time.Duration `json:"took_ns"`
+	Skipped  string        `json:"skipped,omitempty"`
+	Error    string        `json:"error,omitempty"`
+}
+
+func (r *run) runFaults(ctx context.Context) {
+	for _, f := range r.sc.Faults {
+		wait := time.Until(r.t0.Add(time.Duration(f.At)))
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+		}
+		r.fault(ctx, f)
+	}
+}
+
+func (r *run) fault(ctx context.Context, f Fault) {
+	fr := FaultReport{At: time.Since(r.t0), Action: f.Action, Target: f.Target}
+	defer func() {
+		r.mu.Lock()
+		r.faults = append(r.faults, fr)
+		r.mu.Unlock()
+		r.note("fault at %s: %s %s → %s %s%s", fr.At.Round(time.Millisecond), fr.Action, fr.Target, fr.Resolved, fr.Skipped, fr.Error)
+	}()
+	if f.Action == ActNATSRestart {
+		fr.Resolved = "nats"
+		t0 := time.Now()
+		if err := r.nats.restart(ctx); err != nil {
+			fr.Error = err.Error()
+		}
+		fr.Took = time.Since(t0)
+		return
+	}
+	t, _ := ParseTarget(f.Target, r.sc.Nodes) // checked by the scenario
+	r.mu.Lock()
+	target, ok, why := r.fleet.resolve(r.rng, f.Action, t)
+	r.mu.Unlock()
+	if !ok {
+		fr.Skipped = why
+		return
+	}
+	fr.Resolved = target
+	t0 := time.Now()
+	err := r.apply(ctx, f.Action, target)
+	fr.Took = time.Since(t0)
+	if err != nil {
+		fr.Error = err.Error()
+	}
+	node, _, _ := strings.Cut(target, "/")
+	if strings.HasPrefix(node, "prefill-") {
+		r.mu.Lock()
+		switch f.Action {
+		case ActKill, ActStop, ActPartition:
+			if _, open := r.down[node]; !open {
+				r.down[node] = fr.At
+			}
+		default:
+			if from, open := r.down[node]; open {
+				r.windows = append(r.windows, faultWindow{node: node, from: from, till: time.Since(r.t0)})
+				delete(r.down, node)
+			}
+		}
+		r.mu.Unlock()
+	}
+}
+
+func (r *run) apply(ctx context.Context, a Action, target string) error {
+	switch a {
+	case ActKill:
+		return r.c.Kill(target)
+	case ActStop:
+		return r.c.Stop(target)
+	case ActCont:
+		return r.c.Cont(target)
+	case ActRestart:
+		return r.c.Restart(ctx, target)
+	case ActPartition, ActHeal:
+		node, _, _ := strings.Cut(target, "/")
+		r.mu.Lock()
+		p := r.proxies[node]
+		r.mu.Unlock()
+		if p == nil {
+			return fmt.Errorf("%s has no NATS link of its own to cut (the router's is the server's)", target)
+		}
+		p.setCut(a == ActPartition)
+		return nil
+	}
+	return fmt.Errorf("unknown action %q", a)
+}
+
+// healAll continues, restarts and heals whatever the faults left broken,
+// so that the checks see a whole cluster.
+func (r *run) healAll(ctx context.Context) {
+	r.mu.Lock()
+	broken := r.fleet.faulted()
+	r.mu.Unlock()
+	nodes := map[string]nodeState{}
+	for p, s := range broken {
+		node, _, _ := strings.Cut(p, "/")
+		if s > nodes[node] {
+			nodes[node] = s
+		}
+	}
+	for node, s := range nodes {
+		var t Target
+		if node == "router" {
+			t = Target{Role: "router"}
+		} else {
+			role, idx, _ := strings.Cut(node, "-")
+			i, _ := strconv.Atoi(idx)
+			t = Target{Role: role, Index: i}
+		}
+		var a Action
+		switch s {
+		case stopped:
+			a = ActCont
+		case killed:
+			a = ActRestart
+		case cut:
+			a = ActHeal
+		}
+		// Each process of the node separately, as they may differ.
+		for _, part := range []localcluster.Part{localcluster.PartConnexd, localcluster.PartEngine} { // a connexd before its engine
+			if node == "router" && part == localcluster.PartEngine {
+				continue
+			}
+			tp := t
+			tp.Part = part
+			r.mu.Lock()
+			target, ok, _ := r.fleet.resolve(r.rng, a, tp)
+			r.mu.Unlock()
+			if !ok {
+				continue
+			}
+			if err := r.apply(ctx, a, target); err != nil {
+				r.note("healing %s (%s): %v", target, a, err)
+			}
+		}
+	}
+	r.mu.Lock()
+	for node, from := range r.down {
+		r.windows = append(r.windows, faultWindow{node: node, from: from, till: time.Since(r.t0)})
+	}
+	r.down = map[string]time.Duration{}
+	r.mu.Unlock()
+	if err := r.c.WaitReady(ctx); err != nil {
+		r.note("the router is not ready after healing: %v", err)
+	}
+}
+
+// quiesce waits until no prefill member holds anything, up to retain_s
+// plus a margin, and returns the holds still alive then.
+func (r *run) quiesce(ctx context.Context) (map[string]uint32, error) {
+	deadline := time.Now().Add(time.Duration(r.sc.RetainS)*time.Second + 15*time.Second)
 	for {
-		mu.Lock()
-		got := len(seen)
-		mu.Unlock()
-		if got >= n {
-			return nil
+		live := map[string]uint32{}
+		var errs []string
+		for i := range r.sc.Nodes.Prefill {
+			member := nodeName("prefill", i)
+			cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			st, err := (&api.Client{NC: r.nc, Member: member}).MemberStatus(cctx, &messages.MemberStatusRequest{})
+			cancel()
+			if err != nil {
+				errs = append(errs, fmt.Sprintf("%s: %v", member, err))
+				continue
+			}
+			for _, h := range st.Holds {
+				live[h.TransferId] = uint32(len(h.BlockIds))
+			}
+		}
+		if len(live) == 0 && len(errs) == 0 {
+			return nil, nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("chaos: %d of %d members heartbeating after 30s", got, n)
+			if len(errs) > 0 && len(live) == 0 {
+				return nil, errors.New(strings.Join(errs, "; "))
+			}
+			return live, nil
 		}
-		time.Sleep(20 * time.Millisecond)
+		t := time.NewTimer(250 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
 	}
+}
+
+var doubleFreeRe = regexp.MustCompile(`(?m)^connex_double_frees_total (\d+)`)
+
+// doubleFrees scrapes connex_double_frees_total from every connexd.
+func (r *run) doubleFrees(ctx context.Context) map[string]int {
+	out := map[string]int{}
+	targets := []string{"router"}
+	for i := range r.sc.Nodes.Prefill {
+		targets = append(targets, nodeName("prefill", i)+"/connexd")
+	}
+	for i := range r.sc.Nodes.Decode {
+		targets = append(targets, nodeName("decode", i)+"/connexd")
+	}
+	for _, t := range targets {
+		url, err := r.c.ReadyField(t, "metrics")
+		if err != nil || url == "" {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		req, _ := http.NewRequestWithContext(cctx, http.MethodGet, url, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if m := doubleFreeRe.FindSubmatch(body); m != nil {
+				n, _ := strconv.Atoi(string(m[1]))
+				out[t] = n
+			}
+		}
+		cancel()
+	}
+	return out
+}
+
+var routerPrefillsRe = regexp.MustCompile(`(?m)^connex_router_prefills_total\{[^}]*\} (\d+)`)
+
+// routerPrefills reads connex_router_prefills_total from the router; -1 if
+// it cannot.
+func (r *run) routerPrefills(ctx context.Context) int {
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(cctx, http.MethodGet, r.c.RouterURL()+"/metrics", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	n := 0
+	for _, m := range routerPrefillsRe.FindAllSubmatch(body, -1) {
+		v, _ := strconv.Atoi(string(m[1]))
+		n += v
+	}
+	return n
+}
+
+// faultedRouterOrPrefill reports whether a fault hit the router or a
+// prefill node (then the router's prefill count may include retries or
+// restart from zero).
+func (r *run) faultedRouterOrPrefill() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range r.faults {
+		if f.Resolved == "router" || strings.HasPrefix(f.Resolved, "prefill-") || f.Action == ActNATSRestart {
+			return true
+		}
+	}
+	return false
 }

@@ -48,7 +48,9 @@ var rules = map[string]struct {
 	"shim":          {internal: []string{"api", "kvmem", "messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"sim":           {internal: []string{"kvmem", "messages", "shim"}, external: []string{"github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
 	"status":        {internal: []string{"api", "messages"}, external: []string{"github.com/nats-io/nats.go"}},
-	"chaos":         {internal: []string{"api", "kvmem", "messages"}, external: []string{"github.com/nats-io/", "google.golang.org/protobuf/"}},
+	// chaos drives the product as an operator would: localcluster's
+	// processes, the router over HTTP, notices and member.status over NATS.
+	"chaos": {internal: []string{"api", "localcluster", "messages"}, external: []string{"github.com/nats-io/", "google.golang.org/protobuf/", "go.yaml.in/yaml/v3", "gonum.org/v1/plot"}},
 	// localcluster runs binaries; it imports nothing of ours.
 	"localcluster": {},
 	"daemon": {internal: []string{"actors", "api", "auth", "bus", "cluster", "config", "engines", "kvmem", "lease", "messages", "notices", "requests", "router", "transport", "transport/tcp", "transport/ucx"},

@@ -143,6 +143,9 @@ func (c *Cluster) startRouter(ctx context.Context, natsListen, httpListen string
 	}
 	c.mu.Lock()
 	c.natsURL, c.routerURL, c.authDir = fields["nats"], fields["http"], fields["auth"]
+	if c.opts.NATSURL != "" && c.opts.AuthDir != "" {
+		c.authDir = c.opts.AuthDir
+	}
 	c.mu.Unlock()
 	return nil
 }
@@ -180,6 +183,9 @@ func (c *Cluster) startNode(ctx context.Context, name string, part Part) error {
 	c.mu.Lock()
 	n, natsURL := c.nodes[name], c.natsURL
 	c.mu.Unlock()
+	if c.opts.NATSURLFor != nil {
+		natsURL = c.opts.NATSURLFor(name, natsURL)
+	}
 	if part == PartBoth || part == PartConnexd {
 		dataDir := filepath.Join(c.dir, name)
 		if err := os.MkdirAll(dataDir, 0o755); err != nil {
@@ -597,6 +603,23 @@ func (c *Cluster) PIDs() map[string]int {
 		}
 	}
 	return out
+}
+
+// ReadyField is a field of the ready line target's process printed at its
+// last start ("metrics" of a connexd started with --metrics-listen, "http"
+// of an engine); target must name one process ("decode-1/connexd",
+// "router"). "" when the line had no such field.
+func (c *Cluster) ReadyField(target, key string) (string, error) {
+	_, ps, err := c.procs(target)
+	if err != nil {
+		return "", err
+	}
+	if len(ps) != 1 {
+		return "", fmt.Errorf("localcluster: %s names %d processes; name one (…/engine or …/connexd)", target, len(ps))
+	}
+	ps[0].mu.Lock()
+	defer ps[0].mu.Unlock()
+	return ps[0].fields[key], nil
 }
 
 // Running reports whether every process of target is alive (a stopped

@@ -44,6 +44,15 @@ type Options struct {
 	NATSURL string
 	// NATSListen is the embedded server's address (default "127.0.0.1:0").
 	NATSListen string
+	// AuthDir is the authority an external NATSURL trusts (`connexd auth
+	// init`): every process gets credentials minted from it. Empty with
+	// NATSURL: no credentials. (An embedded server's authority is the
+	// router's own.)
+	AuthDir string
+	// NATSURLFor, if set, gives the NATS URL node's processes use (the
+	// router's is the server's own): a fault-injecting proxy in front of
+	// the server, for partitions.
+	NATSURLFor func(node, url string) string
 	// ClusterPreset is every connexd's failure-detection preset (default
 	// "local").
 	ClusterPreset string

@@ -20,6 +20,8 @@ type emitter struct {
 	ids     []uint32
 	finish  string
 	connex  map[string]any
+	// dropNext drops the next tokens relayed: a planted bug (plant_on.go).
+	dropNext bool
 }
 
 func newEmitter(w http.ResponseWriter, c *ClientRequest, id string, created int64) *emitter {
@@ -97,6 +99,10 @@ func (e *emitter) choice(text string, ids []uint32, finish *string) map[string]a
 
 // tokens relays new tokens (and a finish reason, if the engine ended).
 func (e *emitter) tokens(text string, ids []uint32, finish *string) {
+	if e.dropNext && (text != "" || len(ids) > 0) {
+		e.dropNext = false
+		return
+	}
 	e.text.WriteString(text)
 	e.ids = append(e.ids, ids...)
 	if finish != nil {
@@ -142,9 +148,12 @@ func (e *emitter) done(promptTokens int) {
 	}
 	e.begin()
 	if e.c.IncludeUsage {
+		// The usage chunk also carries the transfer record (the connex
+		// object of a non-streamed answer): prefills, resumes, engines.
 		m := e.envelope(true)
 		m["choices"] = []any{}
 		m["usage"] = e.usage(promptTokens)
+		m["connex"] = e.connex
 		e.send(m)
 	}
 	_, _ = e.w.Write([]byte("data: [DONE]\n\n"))

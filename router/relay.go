@@ -250,6 +250,15 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		if resumes == 0 {
 			body, err = DecodeBody(c, pre.params, rid)
 		} else {
+			if planted("second-prefill-on-resume") { // a planted bug (chaos harness tests only)
+				if p2, perr := s.prefill(ctx, c, rid); perr == nil {
+					pre = p2
+					out.connex["prefills"] = out.connex["prefills"].(int) + 1
+				}
+			}
+			if planted("drop-token-on-resume") { // a planted bug (chaos harness tests only)
+				out.dropNext = true
+			}
 			body, err = ResumeBody(c, pre.promptIDs, out.ids, pre.params, rid)
 		}
 		if err != nil {

@@ -1,51 +1,116 @@
-// Command connex-chaos runs Connex's chaos-test harness: a real
-// multi-process cluster (NATS, a prefill connexd, decode connexd processes)
-// on this machine, a request load driven by deterministic engines, and
-// SIGKILL/SIGSTOP faults on decode members, then checks the invariants
-// (nothing lost, no second prefill, same answer, no leaked blocks,
-// exactly-once free). It exits 1 if any invariant broke.
+// Command connex-chaos runs a chaos scenario against a real local Connex
+// cluster — clients → router → simulated engines → connexd → NATS, every
+// one its own OS process — and checks the invariants of a disaggregated
+// serving system that survives decode failures without a second prefill:
+// nothing lost, no second prefill while the hold was alive, outputs equal
+// to the uninterrupted reference, no leaked prefill blocks, exactly-once
+// free.
 //
-//	connex-chaos --connexd ./bin/connexd --requests 100 --chaos 2s
+//	connex-chaos [--report FILE.json] [--plot FILE.png] [--connexd PATH] SCENARIO.yaml
+//
+// It exits 0 when every invariant held, 1 when one broke (the message names
+// the invariant, the requests and what differed), 2 on a bad scenario or a
+// setup failure. Scenarios: chaos/scenarios/ (README "Chaos-test harness").
 package main
 
 import (
 	"context"
-	"flag"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/connex/connex/chaos"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/pflag"
+	"golang.org/x/term"
 )
 
 func main() {
-	cfg := chaos.DefaultConfig()
-	flag.StringVar(&cfg.Binary, "connexd", "./bin/connexd", "connexd binary to run")
-	flag.StringVar(&cfg.Backend, "backend", cfg.Backend, "data plane of every member: tcp or ucx")
-	flag.StringVar(&cfg.Regions, "regions", cfg.Regions, "engines' KV regions: create (region.create) or file (region.register)")
-	flag.IntVar(&cfg.Decoders, "decoders", cfg.Decoders, "decode members kept alive (≥ 2)")
-	flag.IntVar(&cfg.Requests, "requests", cfg.Requests, "requests to drive")
-	flag.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "requests in flight")
-	flag.IntVar(&cfg.Tokens, "tokens", cfg.Tokens, "tokens per request")
-	flag.IntVar(&cfg.Every, "every", cfg.Every, "tokens per checkpoint")
-	flag.DurationVar(&cfg.TokenTime, "token-time", cfg.TokenTime, "simulated decode time per token")
-	flag.DurationVar(&cfg.Chaos, "chaos", cfg.Chaos, "interval between faults (0 = none)")
-	flag.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed for faults and content")
-	quiet := flag.Bool("quiet", false, "print only the report")
-	flag.Parse()
-	if !*quiet {
-		cfg.Log = os.Stderr
+	chaos.ServeNATSIfAsked()
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := pflag.NewFlagSet("connex-chaos", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	report := fs.String("report", "", "write the JSON report here")
+	plotPath := fs.String("plot", "", "write the PNG timeline here")
+	connexd := fs.String("connexd", "./bin/connexd", "connexd binary (connex-sim must sit beside it)")
+	verbose := fs.Bool("verbose", false, "print every process's output")
+	var extra []string
+	fs.StringArrayVar(&extra, "connexd-arg", nil, "an extra flag for every connexd (repeatable), for experiments")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: connex-chaos [--report FILE.json] [--plot FILE.png] [--connexd PATH] SCENARIO.yaml")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return 2
+	}
+	path := fs.Arg(0)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		fmt.Fprintf(stderr, "connex-chaos: %v\n", err)
+		return 2
+	}
+	sc, err := chaos.ParseScenario(data)
+	if err != nil {
+		fmt.Fprintf(stderr, "connex-chaos: %s: %v\n", path, err)
+		return 2
+	}
+	if sc.Name == "" {
+		sc.Name = filepath.Base(path)
+	}
+	opts := chaos.Options{Connexd: *connexd, ConnexdArgs: extra}
+	if *verbose {
+		opts.Log = stderr
+	}
+	if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) && !*verbose {
+		bar := progressbar.NewOptions(sc.Load.Requests,
+			progressbar.OptionSetWriter(stderr),
+			progressbar.OptionSetDescription("requests"),
+			progressbar.OptionShowCount(),
+			progressbar.OptionSetElapsedTime(true),
+			progressbar.OptionClearOnFinish(),
+		)
+		opts.Progress = func(p chaos.Progress) {
+			bar.Describe(fmt.Sprintf("in flight %d, failed %d, faults %d", p.InFlight, p.Failed, p.Faults))
+			_ = bar.Set(p.Done)
+		}
+		defer func() { _ = bar.Finish() }()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	rep, err := chaos.Run(ctx, cfg)
+	rep, err := chaos.Run(ctx, sc, opts)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "connex-chaos:", err)
-		os.Exit(2)
+		fmt.Fprintf(stderr, "connex-chaos: %v\n", err)
+		return 2
 	}
-	fmt.Println(rep)
+	if *report != "" {
+		if err := rep.WriteJSON(*report); err != nil {
+			fmt.Fprintf(stderr, "connex-chaos: %v\n", err)
+			return 2
+		}
+	}
+	if *plotPath != "" {
+		if err := rep.WritePlot(*plotPath); err != nil {
+			fmt.Fprintf(stderr, "connex-chaos: %v\n", err)
+			return 2
+		}
+	}
+	rep.WriteTable(stdout)
 	if !rep.OK() {
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }

@@ -1,0 +1,255 @@
+package chaos
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// The invariants of ../shared/BRIEF.md the harness checks, by name (a
+// Violation names one).
+const (
+	InvNothingLost     = "nothing lost"
+	InvNoSecondPrefill = "no second prefill while the hold was alive"
+	InvSameAnswer      = "outputs equal the uninterrupted reference"
+	InvNoLeak          = "no leaked prefill blocks after quiescence plus retain_s"
+	InvExactlyOnceFree = "exactly-once free"
+)
+
+// Violation is one broken invariant: which, the requests (or transfers)
+// it concerns, and what differed.
+type Violation struct {
+	Invariant string   `json:"invariant"`
+	Requests  []string `json:"requests,omitempty"`
+	Detail    string   `json:"detail"`
+}
+
+func (v Violation) String() string {
+	s := "invariant broken: " + v.Invariant + ": " + v.Detail
+	if len(v.Requests) > 0 {
+		ids := v.Requests
+		if len(ids) > 8 {
+			ids = append(append([]string(nil), ids[:8]...), fmt.Sprintf("… %d more", len(v.Requests)-8))
+		}
+		s += " [" + strings.Join(ids, ", ") + "]"
+	}
+	return s
+}
+
+// refKey names a reference answer: a prompt, as a completion or a chat.
+type refKey struct {
+	prompt int
+	chat   bool
+}
+
+// faultWindow is a time a fault made a node unable to keep its holds
+// (killed, stopped or cut off), for excusing a second prefill.
+type faultWindow struct {
+	node       string // "prefill-0", …
+	from, till time.Duration
+}
+
+// Evidence is everything the checks look at, gathered by the harness.
+type Evidence struct {
+	Records   []*Record
+	Reference map[refKey]string
+	// PrefillDown are the windows in which a prefill node (engine or
+	// connexd) was faulted: a request whose hold lived there may be
+	// prefilled again.
+	PrefillDown []faultWindow
+	// Freed counts BlocksFreed notices by transfer id.
+	Freed map[string]int
+	// Live are the holds still alive on prefill members after quiescence
+	// plus retain_s: transfer id → blocks.
+	Live map[string]uint32
+	// DoubleFrees sums connex_double_frees_total of the connexd processes
+	// alive at the end (by member).
+	DoubleFrees map[string]int
+	// RouterPrefills is how many prefill legs the router sent during the
+	// load (connex_router_prefills_total before and after); -1 when unknown
+	// (the router was restarted, or a prefill node faulted: retries count).
+	RouterPrefills int
+}
+
+func label(r *Record) string {
+	if r.RequestID != "" {
+		return r.RequestID
+	}
+	return fmt.Sprintf("#%d", r.N)
+}
+
+// Check evaluates every invariant; none broken means the run passed.
+func Check(ev Evidence) []Violation {
+	var out []Violation
+	var lost, diverged, second []string
+	var lostWhy, divergedWhy, secondWhy string
+	for _, r := range ev.Records {
+		switch {
+		case r.Lost:
+			lost = append(lost, label(r))
+			if lostWhy == "" {
+				lostWhy = fmt.Sprintf("request %s: %s", label(r), r.Err)
+			}
+			continue
+		case !r.Completed():
+			if strings.TrimSpace(r.Err) == "" {
+				lost = append(lost, label(r))
+			}
+			continue
+		}
+		if want, ok := ev.Reference[refKey{r.Prompt, r.Chat}]; ok && r.Text != want {
+			diverged = append(diverged, label(r))
+			if divergedWhy == "" {
+				divergedWhy = describeDiff(r, want)
+			}
+		}
+		if r.Prefills > 1 && !prefillExcused(r, ev.PrefillDown) {
+			second = append(second, label(r))
+			if secondWhy == "" {
+				secondWhy = fmt.Sprintf("request %s was prefilled %d times (kv_load %q, %d resumes, decode engines %v) while its prefill engine %s was never faulted", label(r), r.Prefills, r.KVLoad, r.Resumes, r.DecodeEngines, r.PrefillEngine)
+			}
+		}
+	}
+	if len(lost) > 0 {
+		out = append(out, Violation{InvNothingLost, lost, fmt.Sprintf("%d request(s) got neither an answer nor an error a client can act on; first: %s", len(lost), lostWhy)})
+	}
+	if len(second) > 0 {
+		out = append(out, Violation{InvNoSecondPrefill, second, fmt.Sprintf("%d request(s); first: %s", len(second), secondWhy)})
+	} else if ev.RouterPrefills > len(ev.Records) {
+		// Requests that failed carry no connex record; the router's own
+		// count still shows a prefill leg too many.
+		var failed []string
+		for _, r := range ev.Records {
+			if !r.Completed() {
+				failed = append(failed, label(r))
+			}
+		}
+		out = append(out, Violation{InvNoSecondPrefill, failed, fmt.Sprintf("the router sent %d prefill legs for %d requests while no prefill node was faulted (the requests that failed are listed)", ev.RouterPrefills, len(ev.Records))})
+	}
+	if len(diverged) > 0 {
+		out = append(out, Violation{InvSameAnswer, diverged, fmt.Sprintf("%d completed request(s) differ from the uninterrupted answer; first: %s", len(diverged), divergedWhy)})
+	}
+	var twice []string
+	for id, n := range ev.Freed {
+		if n > 1 {
+			twice = append(twice, fmt.Sprintf("%s (freed %d times)", id, n))
+		}
+	}
+	sort.Strings(twice)
+	var df []string
+	for m, n := range ev.DoubleFrees {
+		if n > 0 {
+			df = append(df, fmt.Sprintf("%s: %d", m, n))
+		}
+	}
+	sort.Strings(df)
+	if len(twice) > 0 || len(df) > 0 {
+		detail := ""
+		if len(twice) > 0 {
+			detail = fmt.Sprintf("%d transfer(s) announced blocks.freed more than once", len(twice))
+		}
+		if len(df) > 0 {
+			if detail != "" {
+				detail += "; "
+			}
+			detail += "connex_double_frees_total above 0 on " + strings.Join(df, ", ")
+		}
+		out = append(out, Violation{InvExactlyOnceFree, twice, detail})
+	}
+	if len(ev.Live) > 0 {
+		var ids []string
+		var blocks uint32
+		for id, b := range ev.Live {
+			ids = append(ids, id)
+			blocks += b
+		}
+		sort.Strings(ids)
+		out = append(out, Violation{InvNoLeak, ids, fmt.Sprintf("%d hold(s) with %d block(s) still alive on prefill members after quiescence plus retain_s", len(ids), blocks)})
+	}
+	return out
+}
+
+// prefillExcused reports whether r's prefill node was faulted while r ran:
+// its hold may have died with it, and a second prefill is then allowed.
+func prefillExcused(r *Record, down []faultWindow) bool {
+	for _, w := range down {
+		if (r.PrefillEngine == "" || w.node == r.PrefillEngine) && w.from <= r.End && w.till >= r.Start {
+			return true
+		}
+	}
+	return false
+}
+
+func describeDiff(r *Record, want string) string {
+	got := r.Text
+	i := 0
+	for i < len(got) && i < len(want) && got[i] == want[i] {
+		i++
+	}
+	ctx := func(s string) string {
+		lo, hi := max(0, i-16), min(len(s), i+24)
+		return fmt.Sprintf("%q", s[lo:hi])
+	}
+	return fmt.Sprintf("request %s (prompt %d, %d resumes, decode engines %v): %d bytes vs the reference's %d, first difference at byte %d: got …%s…, want …%s…",
+		label(r), r.Prompt, r.Resumes, r.DecodeEngines, len(got), len(want), i, ctx(got), ctx(want))
+}
+
+// Summary counts what a run did.
+type Summary struct {
+	Requests      int     `json:"requests"`
+	Completed     int     `json:"completed"`
+	Failed        int     `json:"failed"`
+	Lost          int     `json:"lost"`
+	Resumed       int     `json:"resumed"`
+	Prefills      int     `json:"prefills"`
+	Diverged      int     `json:"diverged"`
+	LeakedBlocks  uint32  `json:"leaked_blocks"`
+	DoubleFrees   int     `json:"double_frees"`
+	FailoverMsP50 float64 `json:"failover_ms_p50"`
+	FailoverMsP99 float64 `json:"failover_ms_p99"`
+}
+
+// Summarize counts the evidence. The failover time of a resumed streamed
+// request is its longest pause between two chunks (MaxGap).
+func Summarize(ev Evidence) Summary {
+	s := Summary{Requests: len(ev.Records)}
+	var failovers []float64
+	for _, r := range ev.Records {
+		switch {
+		case r.Lost:
+			s.Lost++
+		case r.Completed():
+			s.Completed++
+		default:
+			s.Failed++
+		}
+		s.Prefills += max(r.Prefills, 0)
+		if r.Resumes > 0 {
+			s.Resumed++
+			if r.Stream && r.MaxGap > 0 {
+				failovers = append(failovers, float64(r.MaxGap)/float64(time.Millisecond))
+			}
+		}
+		if want, ok := ev.Reference[refKey{r.Prompt, r.Chat}]; ok && r.Completed() && r.Text != want {
+			s.Diverged++
+		}
+	}
+	for _, b := range ev.Live {
+		s.LeakedBlocks += b
+	}
+	for _, n := range ev.Freed {
+		if n > 1 {
+			s.DoubleFrees += n - 1
+		}
+	}
+	for _, n := range ev.DoubleFrees {
+		s.DoubleFrees += n
+	}
+	if len(failovers) > 0 {
+		sort.Float64s(failovers)
+		s.FailoverMsP50 = failovers[len(failovers)/2]
+		s.FailoverMsP99 = failovers[min(len(failovers)-1, len(failovers)*99/100)]
+	}
+	return s
+}

@@ -1,0 +1,309 @@
+package chaos
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Scenario is one chaos run, as a YAML file describes it (see
+// chaos/scenarios/ and README "Chaos-test harness").
+type Scenario struct {
+	// Name labels the report and the picture (default: the file's name).
+	Name string `yaml:"name"`
+	// Seed makes the run repeatable: prompts, "-any" targets.
+	Seed int64 `yaml:"seed"`
+	// Timeout bounds the whole run, start-up and checks included.
+	Timeout Duration `yaml:"timeout"`
+	Nodes   Nodes    `yaml:"nodes"`
+	Engine  Engine   `yaml:"engine"`
+	Load    Load     `yaml:"load"`
+	Faults  []Fault  `yaml:"faults"`
+	// RetainS is every connexd's retain_s: how long an orphaned hold
+	// lives (the leak check waits for it).
+	RetainS int `yaml:"retain_s"`
+}
+
+// Nodes is the cluster's size: engines of each role, each with its own
+// connexd, behind one router.
+type Nodes struct {
+	Prefill int `yaml:"prefill"`
+	Decode  int `yaml:"decode"`
+}
+
+// Engine is the simulated engine's cost model.
+type Engine struct {
+	PrefillUSPerToken int     `yaml:"prefill_us_per_token"`
+	DecodeMSPerToken  float64 `yaml:"decode_ms_per_token"`
+}
+
+// Load is what the clients send through the router.
+type Load struct {
+	Requests     int `yaml:"requests"`
+	Concurrency  int `yaml:"concurrency"`
+	PromptTokens int `yaml:"prompt_tokens"`
+	MaxTokens    int `yaml:"max_tokens"`
+	// Stream is the share of requests that stream (0..1; true = 1).
+	Stream Share `yaml:"stream"`
+	// Chat is the share of requests sent to /v1/chat/completions.
+	Chat Share `yaml:"chat"`
+}
+
+// Fault is one action at a time after the load starts.
+type Fault struct {
+	At     Duration `yaml:"at"`
+	Action Action   `yaml:"action"`
+	Target string   `yaml:"target"`
+	// Every and Times repeat the fault (soak scenarios): Times in all,
+	// Every apart, from At.
+	Every Duration `yaml:"every"`
+	Times int      `yaml:"times"`
+	line  int
+}
+
+// Action is what a fault does.
+type Action string
+
+// Fault actions.
+const (
+	ActKill        Action = "kill"         // SIGKILL
+	ActStop        Action = "stop"         // SIGSTOP (a hang)
+	ActCont        Action = "cont"         // SIGCONT
+	ActRestart     Action = "restart"      // start a killed target again, same name
+	ActPartition   Action = "partition"    // cut the target's links to NATS
+	ActHeal        Action = "heal"         // restore them
+	ActNATSRestart Action = "nats-restart" // kill the NATS server and start it again
+)
+
+var actions = []Action{ActKill, ActStop, ActCont, ActRestart, ActPartition, ActHeal, ActNATSRestart}
+
+// Duration is a YAML duration ("1.5s", "300ms").
+type Duration time.Duration
+
+// UnmarshalYAML reads a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil || v < 0 {
+		return lineErr(n, "%q is not a duration (e.g. 1.5s, 300ms)", n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Share is a fraction in [0, 1]; true and false mean 1 and 0.
+type Share float64
+
+// UnmarshalYAML reads a bool or a number in [0, 1].
+func (s *Share) UnmarshalYAML(n *yaml.Node) error {
+	switch n.Value {
+	case "true":
+		*s = 1
+		return nil
+	case "false":
+		*s = 0
+		return nil
+	}
+	v, err := strconv.ParseFloat(n.Value, 64)
+	if err != nil || v < 0 || v > 1 {
+		return lineErr(n, "%q: want true, false or a share in [0, 1]", n.Value)
+	}
+	*s = Share(v)
+	return nil
+}
+
+// UnmarshalYAML checks the action name.
+func (a *Action) UnmarshalYAML(n *yaml.Node) error {
+	for _, x := range actions {
+		if n.Value == string(x) {
+			*a = x
+			return nil
+		}
+	}
+	names := make([]string, len(actions))
+	for i, x := range actions {
+		names[i] = string(x)
+	}
+	return lineErr(n, "unknown action %q (allowed: %s)", n.Value, strings.Join(names, ", "))
+}
+
+// UnmarshalYAML reads one fault, refusing unknown fields, and keeps its
+// line for later messages.
+func (f *Fault) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.MappingNode {
+		return lineErr(n, "a fault is a mapping {at, action, target}")
+	}
+	*f = Fault{line: n.Line}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		var err error
+		switch k.Value {
+		case "at":
+			err = v.Decode(&f.At)
+		case "action":
+			err = v.Decode(&f.Action)
+		case "target":
+			err = v.Decode(&f.Target)
+		case "every":
+			err = v.Decode(&f.Every)
+		case "times":
+			if err = v.Decode(&f.Times); err == nil && f.Times < 1 {
+				return lineErr(v, "times = %d: want ≥ 1", f.Times)
+			}
+		default:
+			return lineErr(k, "field %s not found in a fault (allowed: at, action, target, every, times)", k.Value)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ErrScenario means a scenario file is unusable; the message names the
+// field, the value and the line.
+var ErrScenario = errors.New("chaos: bad scenario")
+
+func lineErr(n *yaml.Node, format string, args ...any) error {
+	return fmt.Errorf("%w: line %d: %s", ErrScenario, n.Line, fmt.Sprintf(format, args...))
+}
+
+// ParseScenario reads a scenario: unknown fields and bad values are errors
+// naming them and their line; missing ones take defaults; the faults are
+// checked against the nodes.
+func ParseScenario(data []byte) (*Scenario, error) {
+	s := &Scenario{}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(s); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: the file is empty", ErrScenario)
+		}
+		if errors.Is(err, ErrScenario) {
+			return nil, err
+		}
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			return nil, fmt.Errorf("%w: %s", ErrScenario, strings.Join(te.Errors, "; "))
+		}
+		return nil, fmt.Errorf("%w: %v", ErrScenario, err)
+	}
+	s.defaults()
+	if err := s.validate(); err != nil {
+		return nil, err
+	}
+	s.expand()
+	return s, nil
+}
+
+// expand unrolls repeated faults into single ones, in time order.
+func (s *Scenario) expand() {
+	var out []Fault
+	for _, f := range s.Faults {
+		n := max(f.Times, 1)
+		for i := range n {
+			g := f
+			g.At = Duration(time.Duration(f.At) + time.Duration(i)*time.Duration(f.Every))
+			g.Every, g.Times = 0, 0
+			if time.Duration(g.At) < time.Duration(s.Timeout) {
+				out = append(out, g)
+			}
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].At < out[j].At })
+	s.Faults = out
+}
+
+func (s *Scenario) defaults() {
+	if s.Timeout == 0 {
+		s.Timeout = Duration(5 * time.Minute)
+	}
+	if s.Nodes.Prefill == 0 {
+		s.Nodes.Prefill = 1
+	}
+	if s.Nodes.Decode == 0 {
+		s.Nodes.Decode = 2
+	}
+	if s.Engine.PrefillUSPerToken == 0 {
+		s.Engine.PrefillUSPerToken = 50
+	}
+	if s.Engine.DecodeMSPerToken == 0 {
+		s.Engine.DecodeMSPerToken = 10
+	}
+	if s.Load.Requests == 0 {
+		s.Load.Requests = 50
+	}
+	if s.Load.Concurrency == 0 {
+		s.Load.Concurrency = 4
+	}
+	if s.Load.PromptTokens == 0 {
+		s.Load.PromptTokens = 64
+	}
+	if s.Load.MaxTokens == 0 {
+		s.Load.MaxTokens = 64
+	}
+	if s.RetainS == 0 {
+		s.RetainS = 10
+	}
+}
+
+func (s *Scenario) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrScenario, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case s.Nodes.Prefill < 1 || s.Nodes.Prefill > 8:
+		return bad("nodes.prefill = %d: want 1..8", s.Nodes.Prefill)
+	case s.Nodes.Decode < 1 || s.Nodes.Decode > 16:
+		return bad("nodes.decode = %d: want 1..16", s.Nodes.Decode)
+	case s.Load.Requests < 1 || s.Load.Concurrency < 1 || s.Load.Concurrency > 256:
+		return bad("load.requests = %d, load.concurrency = %d: want requests ≥ 1 and concurrency 1..256", s.Load.Requests, s.Load.Concurrency)
+	case s.Load.PromptTokens < 1 || s.Load.MaxTokens < 1 || s.Load.PromptTokens+s.Load.MaxTokens > 16384:
+		return bad("load.prompt_tokens = %d, load.max_tokens = %d: want both ≥ 1 and their sum ≤ 16384", s.Load.PromptTokens, s.Load.MaxTokens)
+	case s.Engine.PrefillUSPerToken < 0 || s.Engine.DecodeMSPerToken < 0:
+		return bad("engine costs must be ≥ 0")
+	case s.RetainS < 1 || s.RetainS > 3600:
+		return bad("retain_s = %d: want 1..3600", s.RetainS)
+	}
+	for _, f := range s.Faults {
+		if f.Action == "" {
+			return bad("line %d: a fault without an action", f.line)
+		}
+		if f.Action == ActNATSRestart {
+			if f.Target != "" && f.Target != "nats" {
+				return bad("line %d: nats-restart targets nats, not %q", f.line, f.Target)
+			}
+			continue
+		}
+		if f.Target == "" {
+			return bad("line %d: %s needs a target", f.line, f.Action)
+		}
+		if _, err := ParseTarget(f.Target, s.Nodes); err != nil {
+			return bad("line %d: %v", f.line, err)
+		}
+		if f.Times > 1 && f.Every <= 0 {
+			return bad("line %d: times = %d needs every (the interval)", f.line, f.Times)
+		}
+		if time.Duration(f.At) >= time.Duration(s.Timeout) {
+			return bad("line %d: at %s is past the scenario's timeout %s", f.line, time.Duration(f.At), time.Duration(s.Timeout))
+		}
+	}
+	return nil
+}
+
+// NeedsNATSProcess reports whether the scenario restarts NATS: then NATS
+// runs as a process of its own instead of inside the router's connexd.
+func (s *Scenario) NeedsNATSProcess() bool {
+	for _, f := range s.Faults {
+		if f.Action == ActNATSRestart {
+			return true
+		}
+	}
+	return false
+}

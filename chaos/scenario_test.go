@@ -1,0 +1,156 @@
+package chaos
+
+import (
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseScenario(t *testing.T) {
+	sc, err := ParseScenario([]byte(`
+seed: 3
+timeout: 90s
+nodes: {prefill: 1, decode: 3}
+engine: {prefill_us_per_token: 20, decode_ms_per_token: 5}
+load: {requests: 10, concurrency: 2, prompt_tokens: 32, max_tokens: 16, stream: true, chat: 0.5}
+faults:
+  - {at: 1s, action: kill, target: decode-any}
+  - {at: 2s, action: restart, target: decode-2/engine}
+  - {at: 3s, action: nats-restart}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Seed != 3 || time.Duration(sc.Timeout) != 90*time.Second || sc.Nodes.Decode != 3 || sc.Load.Stream != 1 || sc.Load.Chat != 0.5 || len(sc.Faults) != 3 || !sc.NeedsNATSProcess() {
+		t.Fatalf("parsed %+v", sc)
+	}
+	if sc.RetainS != 10 || sc.Nodes.Prefill != 1 {
+		t.Fatalf("defaults: %+v", sc)
+	}
+	for _, c := range []struct{ yaml, want string }{
+		{"seed: 1\nnodez: {decode: 2}\n", "line 2: field nodez not found"},
+		{"load:\n  requests: 5\n  concurency: 2\n", "line 3: field concurency not found"},
+		{"faults:\n  - {at: 1s, action: explode, target: decode-0}\n", `line 2: unknown action "explode"`},
+		{"faults:\n  - {at: 1s, action: kill, target: decode-0, when: now}\n", "line 2: field when not found"},
+		{"faults:\n  - {at: soon, action: kill, target: decode-0}\n", `line 2: "soon" is not a duration`},
+		{"nodes: {decode: 2}\nfaults:\n  - {at: 1s, action: kill, target: decode-2}\n", "line 3: target \"decode-2\": the scenario has 2 decode node(s)"},
+		{"faults:\n  - {at: 1s, action: kill, target: decode-0/gpu}\n", "line 2: target \"decode-0/gpu\""},
+		{"faults:\n  - {at: 1s, action: kill}\n", "line 2: kill needs a target"},
+		{"faults:\n  - {at: 1s, action: nats-restart, target: router}\n", "line 2: nats-restart targets nats"},
+		{"load: {stream: 2}\n", `line 1: "2": want true, false or a share`},
+		{"timeout: 10s\nfaults:\n  - {at: 20s, action: kill, target: decode-0}\n", "past the scenario's timeout"},
+		{"", "the file is empty"},
+		{"seed: [1\n", "bad scenario"},
+	} {
+		_, err := ParseScenario([]byte(c.yaml))
+		if !errors.Is(err, ErrScenario) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an ErrScenario naming %q", c.yaml, err, c.want)
+		}
+	}
+}
+
+// TestShippedScenariosParse: every scenario in chaos/scenarios is valid.
+func TestShippedScenariosParse(t *testing.T) {
+	files, err := filepath.Glob("scenarios/*.yaml")
+	if err != nil || len(files) < 5 {
+		t.Fatalf("scenarios: %v %v", files, err)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ParseScenario(data); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+// TestFleetPicksApplicableTargets: "-any" targets pick a node the action
+// applies to, and a fault nothing applies to is skipped with the reason.
+func TestFleetPicksApplicableTargets(t *testing.T) {
+	n := Nodes{Prefill: 1, Decode: 2}
+	f := newFleet(n)
+	rng := rand.New(rand.NewPCG(1, 2))
+	any := Target{Role: "decode", Index: -1}
+	first, ok, _ := f.resolve(rng, ActKill, any)
+	if !ok {
+		t.Fatal("kill decode-any found nothing")
+	}
+	second, ok, _ := f.resolve(rng, ActKill, any)
+	if !ok || second == first {
+		t.Fatalf("the second kill hit %q (first %q), want the other node", second, first)
+	}
+	if _, ok, why := f.resolve(rng, ActKill, any); ok || why == "" {
+		t.Fatalf("a third kill with every decode node down: ok=%v why=%q", ok, why)
+	}
+	got, ok, _ := f.resolve(rng, ActRestart, any)
+	if !ok || (got != first && got != second) {
+		t.Fatalf("restart decode-any: %q %v", got, ok)
+	}
+	if _, ok, _ := f.resolve(rng, ActCont, Target{Role: "decode", Index: -1, Part: "connexd"}); ok {
+		t.Fatal("cont with nothing stopped was not skipped")
+	}
+	if got, ok, _ := f.resolve(rng, ActStop, Target{Role: "prefill", Index: 0, Part: "connexd"}); !ok || got != "prefill-0/connexd" {
+		t.Fatalf("stop prefill-0/connexd: %q %v", got, ok)
+	}
+	if faulted := f.faulted(); faulted["prefill-0/connexd"] != stopped || len(faulted) != 3 {
+		t.Fatalf("faulted: %v", faulted)
+	}
+}
+
+// TestCheckNamesTheBrokenInvariant: each invariant, broken alone in
+// synthetic evidence, is reported with the requests it concerns; the
+// same evidence intact passes.
+func TestCheckNamesTheBrokenInvariant(t *testing.T) {
+	good := func() Evidence {
+		return Evidence{
+			Records: []*Record{
+				{N: 0, RequestID: "r0", Prompt: 0, Text: "abc", Prefills: 1, PrefillEngine: "prefill-0", Start: 0, End: time.Second},
+				{N: 1, RequestID: "r1", Prompt: 1, Text: "xyz", Prefills: 1, Resumes: 1, PrefillEngine: "prefill-0", Stream: true, MaxGap: 40 * time.Millisecond, Start: time.Second, End: 2 * time.Second},
+				{N: 2, RequestID: "r2", Prompt: 1, Err: "HTTP 503: no live decode engine (code no_engine)", Status: 503},
+			},
+			Reference: map[refKey]string{{0, false}: "abc", {1, false}: "xyz"},
+			Freed:     map[string]int{"t0": 1, "t1": 1},
+		}
+	}
+	if v := Check(good()); len(v) != 0 {
+		t.Fatalf("intact evidence: %v", v)
+	}
+	s := Summarize(good())
+	if s.Completed != 2 || s.Failed != 1 || s.Resumed != 1 || s.FailoverMsP50 != 40 || s.Prefills != 2 {
+		t.Fatalf("summary: %+v", s)
+	}
+	for _, c := range []struct {
+		name   string
+		break_ func(*Evidence)
+		inv    string
+		req    string
+	}{
+		{"lost", func(e *Evidence) { e.Records[0].Lost, e.Records[0].Err = true, "stream ended without [DONE]" }, InvNothingLost, "r0"},
+		{"an error without a message", func(e *Evidence) { e.Records[2].Err = " " }, InvNothingLost, "r2"},
+		{"a dropped token", func(e *Evidence) { e.Records[1].Text = "xz" }, InvSameAnswer, "r1"},
+		{"a second prefill", func(e *Evidence) { e.Records[1].Prefills = 2 }, InvNoSecondPrefill, "r1"},
+		{"a double free", func(e *Evidence) { e.Freed["t1"] = 2 }, InvExactlyOnceFree, "t1 (freed 2 times)"},
+		{"a double-free counter", func(e *Evidence) { e.DoubleFrees = map[string]int{"prefill-0/connexd": 1} }, InvExactlyOnceFree, ""},
+		{"a leaked hold", func(e *Evidence) { e.Live = map[string]uint32{"t9": 4} }, InvNoLeak, "t9"},
+	} {
+		ev := good()
+		c.break_(&ev)
+		v := Check(ev)
+		if len(v) != 1 || v[0].Invariant != c.inv || (c.req != "" && !strings.Contains(strings.Join(v[0].Requests, ","), c.req)) {
+			t.Errorf("%s: %v, want one %q violation naming %q", c.name, v, c.inv, c.req)
+		}
+	}
+	// A second prefill is allowed when the prefill node was down meanwhile.
+	ev := good()
+	ev.Records[1].Prefills = 2
+	ev.PrefillDown = []faultWindow{{node: "prefill-0", from: 1500 * time.Millisecond, till: 3 * time.Second}}
+	if v := Check(ev); len(v) != 0 {
+		t.Fatalf("a second prefill after the prefill node was killed: %v", v)
+	}
+}
