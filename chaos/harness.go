@@ -34,6 +34,8 @@ type Options struct {
 	// Log receives every process's output and the harness's notes; nil
 	// discards them.
 	Log io.Writer
+	// LogLevel is every process's --log-level (default warn).
+	LogLevel string
 	// Progress, if set, is told how the load goes (the progress bar).
 	Progress func(Progress)
 }
@@ -120,7 +122,7 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (rep *Report, err erro
 	ev.DoubleFrees = r.doubleFrees(ctx)
 	r.mu.Lock()
 	ev.Freed = maps(r.freed)
-	ev.PrefillDown = append([]faultWindow(nil), r.windows...)
+	ev.Down = append([]faultWindow(nil), r.windows...)
 	faults := append([]FaultReport(nil), r.faults...)
 	r.mu.Unlock()
 	rep = &Report{Scenario: sc.Name, Seed: sc.Seed, Started: started, Duration: time.Since(started),
@@ -161,6 +163,9 @@ func (r *run) start(ctx context.Context) error {
 	o.MaxModelLen = r.sc.Load.PromptTokens + r.sc.Load.MaxTokens + 256
 	o.Dir = filepath.Join(r.dir, "cluster")
 	o.Log = r.log
+	if r.opts.LogLevel != "" {
+		o.LogLevel = r.opts.LogLevel
+	}
 	o.ConnexdArgs = append([]string{"--retain-s", strconv.Itoa(r.sc.RetainS), "--kv-load-failure-policy", "recompute", "--metrics-listen", "127.0.0.1:0"}, r.opts.ConnexdArgs...)
 	admin := ""
 	if r.needsOwnNATS() {
@@ -426,7 +431,7 @@ func (r *run) fault(ctx context.Context, f Fault) {
 		fr.Error = err.Error()
 	}
 	node, _, _ := strings.Cut(target, "/")
-	if strings.HasPrefix(node, "prefill-") {
+	if strings.HasPrefix(node, "prefill-") || node == "router" {
 		r.mu.Lock()
 		switch f.Action {
 		case ActKill, ActStop, ActPartition:

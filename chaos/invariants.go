@@ -43,8 +43,9 @@ type refKey struct {
 	chat   bool
 }
 
-// faultWindow is a time a fault made a node unable to keep its holds
-// (killed, stopped or cut off), for excusing a second prefill.
+// faultWindow is a time a fault took a node down (killed, stopped or cut
+// off): a prefill node's holds may die with it (a second prefill is then
+// allowed), and while the router is down clients cannot reach it.
 type faultWindow struct {
 	node       string // "prefill-0", …
 	from, till time.Duration
@@ -54,10 +55,12 @@ type faultWindow struct {
 type Evidence struct {
 	Records   []*Record
 	Reference map[refKey]string
-	// PrefillDown are the windows in which a prefill node (engine or
-	// connexd) was faulted: a request whose hold lived there may be
-	// prefilled again.
-	PrefillDown []faultWindow
+	// Down are the windows in which a prefill node (engine or connexd) or
+	// the router was faulted: a request whose hold lived on that prefill
+	// node may be prefilled again; a request whose connection to the router
+	// failed while it was down failed visibly (the client's connection was
+	// refused or cut), it was not lost.
+	Down []faultWindow
 	// Freed counts BlocksFreed notices by transfer id.
 	Freed map[string]int
 	// Live are the holds still alive on prefill members after quiescence
@@ -86,6 +89,8 @@ func Check(ev Evidence) []Violation {
 	var lostWhy, divergedWhy, secondWhy string
 	for _, r := range ev.Records {
 		switch {
+		case r.Lost && r.Transport && routerDown(r, ev.Down):
+			continue // failed visibly: the router was down
 		case r.Lost:
 			lost = append(lost, label(r))
 			if lostWhy == "" {
@@ -104,7 +109,7 @@ func Check(ev Evidence) []Violation {
 				divergedWhy = describeDiff(r, want)
 			}
 		}
-		if r.Prefills > 1 && !prefillExcused(r, ev.PrefillDown) {
+		if r.Prefills > 1 && !prefillExcused(r, ev.Down) {
 			second = append(second, label(r))
 			if secondWhy == "" {
 				secondWhy = fmt.Sprintf("request %s was prefilled %d times (kv_load %q, %d resumes, decode engines %v) while its prefill engine %s was never faulted", label(r), r.Prefills, r.KVLoad, r.Resumes, r.DecodeEngines, r.PrefillEngine)
@@ -174,7 +179,18 @@ func Check(ev Evidence) []Violation {
 // its hold may have died with it, and a second prefill is then allowed.
 func prefillExcused(r *Record, down []faultWindow) bool {
 	for _, w := range down {
-		if (r.PrefillEngine == "" || w.node == r.PrefillEngine) && w.from <= r.End && w.till >= r.Start {
+		if w.node != "router" && (r.PrefillEngine == "" || w.node == r.PrefillEngine) && w.from <= r.End && w.till >= r.Start {
+			return true
+		}
+	}
+	return false
+}
+
+// routerDown reports whether the router was faulted while r ran (a slack
+// of a second covers the connection noticing).
+func routerDown(r *Record, down []faultWindow) bool {
+	for _, w := range down {
+		if w.node == "router" && w.from <= r.End && w.till+time.Second >= r.Start {
 			return true
 		}
 	}
@@ -217,7 +233,7 @@ func Summarize(ev Evidence) Summary {
 	var failovers []float64
 	for _, r := range ev.Records {
 		switch {
-		case r.Lost:
+		case r.Lost && !(r.Transport && routerDown(r, ev.Down)):
 			s.Lost++
 		case r.Completed():
 			s.Completed++

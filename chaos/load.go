@@ -33,6 +33,9 @@ type Record struct {
 	// that broke or hung without an error body or event, a stream without
 	// [DONE]).
 	Lost bool `json:"lost,omitempty"`
+	// Transport: the connection to the router failed or broke (refused,
+	// reset, cut mid-stream), as it does while the router is down.
+	Transport bool `json:"transport,omitempty"`
 	// From the connex object of the answer (non-streamed, or the usage
 	// chunk of a stream).
 	Prefills      int      `json:"prefills"`
@@ -173,7 +176,7 @@ func (c *client) do(ctx context.Context, q request, prompt string) *Record {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		r.Lost, r.Err = true, "no answer: "+err.Error()
+		r.Lost, r.Transport, r.Err = true, true, "no answer: "+err.Error()
 		return r
 	}
 	defer resp.Body.Close()
@@ -254,7 +257,7 @@ func (c *client) readStream(body io.Reader, r *Record) {
 		if err == nil {
 			err = errors.New("EOF")
 		}
-		r.Lost = true
+		r.Lost, r.Transport = true, true
 		if r.Err == "" {
 			r.Err = "stream ended without [DONE]: " + err.Error()
 		}

@@ -149,8 +149,22 @@ func TestCheckNamesTheBrokenInvariant(t *testing.T) {
 	// A second prefill is allowed when the prefill node was down meanwhile.
 	ev := good()
 	ev.Records[1].Prefills = 2
-	ev.PrefillDown = []faultWindow{{node: "prefill-0", from: 1500 * time.Millisecond, till: 3 * time.Second}}
+	ev.Down = []faultWindow{{node: "prefill-0", from: 1500 * time.Millisecond, till: 3 * time.Second}}
 	if v := Check(ev); len(v) != 0 {
 		t.Fatalf("a second prefill after the prefill node was killed: %v", v)
+	}
+	// A refused connection while the router was down failed visibly; the
+	// same outside a router fault is lost.
+	ev = good()
+	ev.Records[2] = &Record{N: 2, Lost: true, Transport: true, Err: "no answer: connection refused", Start: 5 * time.Second, End: 5 * time.Second}
+	if v := Check(ev); len(v) != 1 || v[0].Invariant != InvNothingLost {
+		t.Fatalf("a refused connection with the router up: %v", v)
+	}
+	ev.Down = []faultWindow{{node: "router", from: 4 * time.Second, till: 6 * time.Second}}
+	if v := Check(ev); len(v) != 0 {
+		t.Fatalf("a refused connection while the router was down: %v", v)
+	}
+	if s := Summarize(ev); s.Lost != 0 || s.Failed != 1 {
+		t.Fatalf("summary with the router down: %+v", s)
 	}
 }

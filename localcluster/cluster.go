@@ -124,7 +124,18 @@ func (c *Cluster) startRouter(ctx context.Context, natsListen, httpListen string
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
 		return fmt.Errorf("localcluster: router data dir: %w", err)
 	}
-	p, err := startProcess(RouterName, c.opts.Connexd, c.opts.routerArgs(dataDir, natsListen, httpListen), connexdReady, c.log)
+	args := c.opts.routerArgs(dataDir, natsListen, httpListen)
+	if c.opts.NATSURL != "" && c.opts.AuthDir != "" {
+		c.mu.Lock()
+		c.authDir = c.opts.AuthDir
+		c.mu.Unlock()
+		flags, err := c.creds("--nats-creds", filepath.Join(dataDir, "member.creds"), "--role", "member", "--member", RouterName)
+		if err != nil {
+			return err
+		}
+		args = append(args, flags...)
+	}
+	p, err := startProcess(RouterName, c.opts.Connexd, args, connexdReady, c.log)
 	if err != nil {
 		return err
 	}
@@ -142,9 +153,9 @@ func (c *Cluster) startRouter(ctx context.Context, natsListen, httpListen string
 		return fmt.Errorf("localcluster: the router's ready line has no nats= field; last output:\n%s", p.logs())
 	}
 	c.mu.Lock()
-	c.natsURL, c.routerURL, c.authDir = fields["nats"], fields["http"], fields["auth"]
-	if c.opts.NATSURL != "" && c.opts.AuthDir != "" {
-		c.authDir = c.opts.AuthDir
+	c.natsURL, c.routerURL = fields["nats"], fields["http"]
+	if c.opts.NATSURL == "" {
+		c.authDir = fields["auth"]
 	}
 	c.mu.Unlock()
 	return nil

@@ -137,6 +137,19 @@ func (a *Allocator) Freed(id string, notified []uint32) (int, error) {
 	return len(ids), nil
 }
 
+// DropHolds hands back the blocks of every hold, for holds that died with
+// their connexd (they will never send blocks.freed), and forgets early
+// notices. It returns how many holds it dropped.
+func (a *Allocator) DropHolds() int {
+	n := len(a.held)
+	for id, ids := range a.held {
+		delete(a.held, id)
+		a.give(ids)
+	}
+	clear(a.early)
+	return n
+}
+
 // Held is the number of transfers whose blocks are still held.
 func (a *Allocator) Held() int { return len(a.held) }
 

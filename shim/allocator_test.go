@@ -109,3 +109,25 @@ func TestShimProgressBatch(t *testing.T) {
 		t.Fatal("not idle after the last call")
 	}
 }
+
+// TestDropHoldsGivesBackEveryHold: holds that died with their connexd give
+// their blocks back at once, and a late notice for one frees nothing twice.
+func TestDropHoldsGivesBackEveryHold(t *testing.T) {
+	a := NewAllocator(8)
+	ids, err := a.Alloc(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Hold("t1", ids[:2]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Hold("t2", ids[2:]); err != nil {
+		t.Fatal(err)
+	}
+	if n := a.DropHolds(); n != 2 || a.FreeCount() != 8 || a.Held() != 0 {
+		t.Fatalf("DropHolds: %d dropped, %d free, %d held", n, a.FreeCount(), a.Held())
+	}
+	if n, _ := a.Freed("t1", ids[:2]); n != 0 || a.FreeCount() != 8 {
+		t.Fatalf("a late blocks.freed after DropHolds gave back %d (free %d)", n, a.FreeCount())
+	}
+}

@@ -121,6 +121,14 @@ type Engine struct {
 	requests   map[string]*Request
 	lastPolicy string
 	closed     bool
+	// recovering: a new region is being created (regionLost); retired:
+	// regions of a connexd that lost them, kept mapped for requests still
+	// using them until Close.
+	recovering bool
+	retired    []*kvmem.Region
+	// journal is the notice journal of the last engine.register reply: a
+	// new one means a new connexd, which lost the engine's region.
+	journal string
 
 	// cursor is the engine's position in its connexd's notice journal;
 	// registered is set by the first engine.register.
@@ -146,30 +154,10 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		pulls: map[string]chan *messages.PullDone{}, requests: map[string]*Request{},
 		stop: make(chan struct{}), instance: newInstanceID(),
 	}
-	l := cfg.Layout
-	pl := &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize}
-	var info *messages.RegionInfo
-	for {
-		c, cancel := context.WithTimeout(ctx, max(cfg.CallTimeout, 30*time.Second))
-		var err error
-		info, err = e.cli.CreateRegion(c, &messages.CreateRegionRequest{EngineId: cfg.EngineID, RegionId: cfg.RegionID, Layout: pl})
-		cancel()
-		if err == nil {
-			break
-		}
-		if code := api.CodeOf(err); (code != api.CodePeerUnavailable && code != api.CodeTimeout) || ctx.Err() != nil {
-			return nil, fmt.Errorf("shim: region.create of engine %s on member %s: %w", cfg.EngineID, cfg.Member, err)
-		}
-		select { // connexd not up yet: try again shortly
-		case <-ctx.Done():
-			return nil, fmt.Errorf("shim: region.create of engine %s on member %s: %w", cfg.EngineID, cfg.Member, err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	r, err := kvmem.AttachRegion(info.Path, l)
+	r, err := e.createRegion(ctx)
 	if err != nil {
 		e.gone()
-		return nil, fmt.Errorf("shim: map the region connexd %s created at %s: %w", cfg.Member, info.Path, err)
+		return nil, err
 	}
 	e.region = r
 	// One subscription for every notice: they arrive in the order connexd
@@ -219,7 +207,11 @@ func (e *Engine) ID() string { return e.cfg.EngineID }
 func (e *Engine) Member() string { return e.cfg.Member }
 
 // Region is the engine's mapped KV memory, valid until Close.
-func (e *Engine) Region() *kvmem.Region { return e.region }
+func (e *Engine) Region() *kvmem.Region {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.region
+}
 
 // Layout is the region's geometry.
 func (e *Engine) Layout() kvmem.Layout { return e.cfg.Layout }
@@ -304,8 +296,26 @@ func (e *Engine) signalLocked() {
 func (e *Engine) Hold(ctx context.Context, blocks []uint32, numTokens uint32) (*messages.KVTransferParams, error) {
 	c, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
 	defer cancel()
-	rep, err := e.cli.CreateHold(c, &messages.CreateHoldRequest{EngineId: e.cfg.EngineID, RegionId: e.cfg.RegionID, BlockIds: blocks, NumTokens: numTokens})
+	req := &messages.CreateHoldRequest{EngineId: e.cfg.EngineID, RegionId: e.cfg.RegionID, BlockIds: blocks, NumTokens: numTokens}
+	rep, err := e.cli.CreateHold(c, req)
+	// No responders: the request reached no connexd (NATS or connexd
+	// reconnecting), so nothing was created and trying again is safe,
+	// within the call's deadline.
+	for wait := 50 * time.Millisecond; api.CodeOf(err) == api.CodePeerUnavailable && c.Err() == nil; wait = min(2*wait, 500*time.Millisecond) {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-c.Done():
+			t.Stop()
+		}
+		if c.Err() == nil {
+			rep, err = e.cli.CreateHold(c, req)
+		}
+	}
 	if err != nil {
+		if e.lostRegion(err) {
+			return nil, fmt.Errorf("engine %s: hold.create of %d blocks on member %s: %w (%v)", e.cfg.EngineID, len(blocks), e.cfg.Member, ErrRegionLost, err)
+		}
 		return nil, fmt.Errorf("engine %s: hold.create of %d blocks on member %s: %w", e.cfg.EngineID, len(blocks), e.cfg.Member, err)
 	}
 	e.mu.Lock()
@@ -341,6 +351,13 @@ func (e *Engine) register(ctx context.Context) (time.Duration, error) {
 	rep, err := e.cli.RegisterEngine(c, &messages.RegisterEngineRequest{Engine: e.Info(), TtlMs: uint32(e.cfg.RegisterTTL.Milliseconds())})
 	if err != nil {
 		return 0, fmt.Errorf("shim: engine.register of %s on member %s: %w", e.cfg.EngineID, e.cfg.Member, err)
+	}
+	e.mu.Lock()
+	prev := e.journal
+	e.journal = rep.NoticeJournal
+	e.mu.Unlock()
+	if prev != "" && rep.NoticeJournal != "" && prev != rep.NoticeJournal {
+		e.regionLost("engine.register answered from a new connexd (notice journal " + rep.NoticeJournal + ")")
 	}
 	if e.registered.Swap(true) {
 		e.caughtUp(rep.NoticeJournal, rep.NoticeSeq)
@@ -405,6 +422,9 @@ func (e *Engine) Close() error {
 	e.gone()
 	for _, s := range e.subs {
 		_ = s.Unsubscribe()
+	}
+	for _, r := range e.retired {
+		_ = r.Close()
 	}
 	if err := e.region.Close(); err != nil {
 		return fmt.Errorf("shim: close engine %s: %w", e.cfg.EngineID, err)

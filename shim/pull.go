@@ -93,6 +93,9 @@ func (e *Engine) Pull(ctx context.Context, params *messages.KVTransferParams, ds
 		if ctx.Err() != nil && code == api.CodeTimeout {
 			return nil, fmt.Errorf("engine %s: pull.start of %s: %w", e.cfg.EngineID, params.GetTransferId(), context.Cause(ctx))
 		}
+		if e.lostRegion(err) {
+			return nil, fmt.Errorf("engine %s: pull.start of %s: %w (%v)", e.cfg.EngineID, params.GetTransferId(), ErrRegionLost, err)
+		}
 		return nil, &LoadError{TransferID: params.GetTransferId(), Code: code, Reason: Reason(code), Policy: e.Policy(), Detail: fmt.Sprintf("pull.start on member %s: %v", e.cfg.Member, err)}
 	}
 	// The pull writes dst until it ends: wait for its notice even if ctx

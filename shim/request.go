@@ -188,7 +188,8 @@ func (r *Request) halt() bool {
 }
 
 // Finish ends the request (request.finish: the request actor releases the
-// prefill hold). Progress not yet reported is dropped. A fenced request
+// prefill hold), trying again while the member is unreachable, until ctx
+// ends. Progress not yet reported is dropped. A fenced request
 // returns an error wrapping ErrFenced and releases nothing.
 func (r *Request) Finish(ctx context.Context) error {
 	if !r.halt() {
@@ -198,15 +199,33 @@ func (r *Request) Finish(ctx context.Context) error {
 	if errors.Is(context.Cause(r.ctx), ErrFenced) {
 		return fmt.Errorf("request %s: finish skipped: %w", r.id, context.Cause(r.ctx))
 	}
-	c, cancel := context.WithTimeout(ctx, r.e.cfg.CallTimeout)
-	defer cancel()
-	if _, err := r.e.cli.FinishRequest(c, &messages.FinishRequestMsg{RequestId: r.id, Epoch: r.epoch}); err != nil {
-		if api.CodeOf(err) == api.CodeFenced {
+	// A request left unfinished keeps its prefill hold alive (its actor
+	// renews it) until request_ttl_s: while connexd or NATS is briefly
+	// unreachable (a restart, a reconnect), try again until ctx ends.
+	wait := 100 * time.Millisecond
+	for {
+		c, cancel := context.WithTimeout(ctx, r.e.cfg.CallTimeout)
+		_, err := r.e.cli.FinishRequest(c, &messages.FinishRequestMsg{RequestId: r.id, Epoch: r.epoch})
+		cancel()
+		switch code := api.CodeOf(err); {
+		case err == nil:
+			return nil
+		case code == api.CodeFenced:
 			return fmt.Errorf("request %s: request.finish: %w (%v)", r.id, ErrFenced, err)
+		case (code == api.CodePeerUnavailable || code == api.CodeTimeout) && ctx.Err() == nil:
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+			wait = min(2*wait, time.Second)
+			if ctx.Err() == nil {
+				continue
+			}
 		}
 		return fmt.Errorf("request %s: request.finish on member %s: %w", r.id, r.e.cfg.Member, err)
 	}
-	return nil
 }
 
 // Abandon stops reporting without finishing: the request stays with its

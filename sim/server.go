@@ -248,6 +248,9 @@ func (s *Server) interrupted(o *output, err error) string {
 		return "fenced"
 	case errors.Is(err, context.Canceled):
 		return "canceled" // the client went away
+	case errors.Is(err, shim.ErrRegionLost):
+		o.fail(serverError(http.StatusServiceUnavailable, "region_lost", "engine %s: %v; it is making a new one: resend the request elsewhere", s.cfg.EngineID, err))
+		return "region_lost"
 	}
 	o.fail(serverError(http.StatusInternalServerError, "internal_error", "%v", err))
 	return "error"
@@ -346,7 +349,9 @@ func (s *Server) decodeLeg(ctx context.Context, o *output) string {
 		return "error"
 	}
 	finish := func() {
-		c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		// Long enough to outlast a NATS or connexd restart: an unfinished
+		// request keeps its prefill hold alive.
+		c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := act.Finish(c); err != nil {
 			s.log.Warn("request.finish failed", "engine", s.cfg.EngineID, "request", id, "err", err)
@@ -436,6 +441,8 @@ func (s *Server) stopped(o *output, err error, act Activation, finish func()) st
 		act.Abandon()
 	case errors.Is(err, shim.ErrFenced):
 		act.Abandon()
+	case errors.Is(err, shim.ErrRegionLost):
+		act.Abandon() // the hold is alive: the request resumes on another engine
 	default:
 		finish()
 	}

@@ -41,6 +41,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	plotPath := fs.String("plot", "", "write the PNG timeline here")
 	connexd := fs.String("connexd", "./bin/connexd", "connexd binary (connex-sim must sit beside it)")
 	verbose := fs.Bool("verbose", false, "print every process's output")
+	logLevel := fs.String("log-level", "warn", "every process's --log-level (with --verbose)")
 	var extra []string
 	fs.StringArrayVar(&extra, "connexd-arg", nil, "an extra flag for every connexd (repeatable), for experiments")
 	fs.Usage = func() {
@@ -71,7 +72,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if sc.Name == "" {
 		sc.Name = filepath.Base(path)
 	}
-	opts := chaos.Options{Connexd: *connexd, ConnexdArgs: extra}
+	opts := chaos.Options{Connexd: *connexd, ConnexdArgs: extra, LogLevel: *logLevel}
 	if *verbose {
 		opts.Log = stderr
 	}

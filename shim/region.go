@@ -1,0 +1,106 @@
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/messages"
+)
+
+// ErrRegionLost means the engine's connexd no longer has the engine's KV
+// region: it restarted, and the memory it had created died with it. The
+// engine creates a new region there at once (requests under way keep the
+// old mapping until they end); the request that hit it should be resent
+// elsewhere — it is not a KV-load failure, and the hold it needed is alive.
+var ErrRegionLost = errors.New("shim: the engine's connexd lost its KV region (it restarted)")
+
+// createRegion creates the engine's region on its connexd, retrying while
+// the connexd is not up yet, and maps it.
+func (e *Engine) createRegion(ctx context.Context) (*kvmem.Region, error) {
+	cfg, l := e.cfg, e.cfg.Layout
+	pl := &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize}
+	var info *messages.RegionInfo
+	for {
+		c, cancel := context.WithTimeout(ctx, max(cfg.CallTimeout, 30*time.Second))
+		var err error
+		info, err = e.cli.CreateRegion(c, &messages.CreateRegionRequest{EngineId: cfg.EngineID, RegionId: cfg.RegionID, Layout: pl})
+		cancel()
+		if err == nil {
+			break
+		}
+		if code := api.CodeOf(err); (code != api.CodePeerUnavailable && code != api.CodeTimeout) || ctx.Err() != nil {
+			return nil, fmt.Errorf("shim: region.create of engine %s on member %s: %w", cfg.EngineID, cfg.Member, err)
+		}
+		t := time.NewTimer(100 * time.Millisecond) // connexd not up yet: try again shortly
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("shim: region.create of engine %s on member %s: %w", cfg.EngineID, cfg.Member, err)
+		case <-t.C:
+		}
+	}
+	r, err := kvmem.AttachRegion(info.Path, l)
+	if err != nil {
+		return nil, fmt.Errorf("shim: map the region connexd %s created at %s: %w", cfg.Member, info.Path, err)
+	}
+	return r, nil
+}
+
+// regionLost starts (once at a time) the re-creation of the engine's
+// region after its connexd lost it: a new region from the new connexd;
+// blocks that holds of the old connexd kept come back (those holds died
+// with it); new requests use the new region.
+func (e *Engine) regionLost(why string) {
+	e.mu.Lock()
+	if e.recovering || e.closed {
+		e.mu.Unlock()
+		return
+	}
+	e.recovering = true
+	e.mu.Unlock()
+	e.log.Warn("connexd lost this engine's KV region; creating a new one", "engine", e.cfg.EngineID, "member", e.cfg.Member, "why", why)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-e.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		r, err := e.createRegion(ctx)
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.recovering = false
+		if err != nil {
+			e.log.Error("could not create a new KV region after connexd lost the old one; requests will fail until it can", "engine", e.cfg.EngineID, "err", err)
+			return
+		}
+		if e.closed {
+			_ = r.Close()
+			return
+		}
+		e.retired = append(e.retired, e.region)
+		e.region = r
+		n := e.alloc.DropHolds()
+		e.signalLocked()
+		e.log.Warn("new KV region created", "engine", e.cfg.EngineID, "path", r.Path, "holds_dropped", n)
+	}()
+}
+
+// lostRegion reports whether err says the engine's own region is unknown
+// to its connexd, and if so starts its re-creation.
+func (e *Engine) lostRegion(err error) bool {
+	if api.CodeOf(err) != api.CodeUnknownRegion {
+		return false
+	}
+	e.regionLost(err.Error())
+	return true
+}
