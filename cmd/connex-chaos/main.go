@@ -94,6 +94,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	rep, err := chaos.Run(ctx, sc, opts)
 	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(stderr, "connex-chaos: interrupted; every process it started has been stopped")
+			return 2
+		}
 		fmt.Fprintf(stderr, "connex-chaos: %v\n", err)
 		return 2
 	}
