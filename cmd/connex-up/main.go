@@ -134,7 +134,7 @@ header names it); the stream carries on from another decode engine, with no seco
 	}
 	s += fmt.Sprintf("\nEvery member, engine, hold and request:\n  %s status --nats-url %s%s\n", o.Connexd, c.NATSURL(), creds)
 	if creds != "" {
-		s += fmt.Sprintf("The bus is authenticated: the nats CLI takes the same file (nats --creds %s micro ls).\n", c.AdminCreds())
+		s += fmt.Sprintf("The bus is authenticated; the nats CLI takes the same file:\n  nats -s %s --creds %s micro ls\n", c.NATSURL(), c.AdminCreds())
 	}
 	return s + "\nCtrl-C stops every process.\n"
 }
