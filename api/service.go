@@ -127,8 +127,6 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 	return svc, nil
 }
 
-type callerCtx struct{ engine string }
-
 // scoped wraps an endpoint served on connex.v1.<member>.e.*.<ep>: it
 // takes the calling engine from the subject and hands it to the handler
 // through the request's context (CallerEngine).
@@ -143,7 +141,7 @@ func scoped(s *server, member, ep string, fn micro.HandlerFunc) micro.HandlerFun
 			s.fail(req, Errorf(CodeBadRequest, "subject %q: the engine token is not a valid id", req.Subject()))
 			return
 		}
-		fn(callerRequest{Request: req, caller: callerCtx{engine}})
+		fn(callerRequest{Request: req, engine: engine})
 	}
 }
 
@@ -151,7 +149,7 @@ func scoped(s *server, member, ep string, fn micro.HandlerFunc) micro.HandlerFun
 // the endpoint adapter.
 type callerRequest struct {
 	micro.Request
-	caller callerCtx
+	engine string
 }
 
 type server struct {
@@ -195,7 +193,7 @@ func endpoint[Req any, PReq interface {
 			ctx, cancel := context.WithTimeout(context.Background(), s.o.Timeout)
 			defer cancel()
 			if cr, ok := req.(callerRequest); ok {
-				ctx = withCaller(ctx, cr.caller.engine)
+				ctx = withCaller(ctx, cr.engine)
 			}
 			out, err := fn(ctx, in)
 			if err != nil {

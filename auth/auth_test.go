@@ -152,3 +152,14 @@ func TestAuthorityPersistsAndMints(t *testing.T) {
 		t.Fatalf("server config: %v\n%s", err, conf)
 	}
 }
+
+// TestIdsAgreeWithTheAPI: an id auth mints credentials for is one the API
+// accepts, and the other way round.
+func TestIdsAgreeWithTheAPI(t *testing.T) {
+	for _, id := range []string{"decode-0", "vllm_d0", "", "a.b", "*", "x>", "tab\t", "\x7f", "\xff", "\u00a0", "\ufffd", "é", strings.Repeat("x", 128), strings.Repeat("x", 129)} {
+		mine := (auth.Identity{Role: auth.RoleMember, Member: id}).Validate() == nil
+		if mine != api.ValidToken(id) {
+			t.Errorf("member id %q: auth says %v, api.ValidToken says %v", id, mine, api.ValidToken(id))
+		}
+	}
+}

@@ -3,6 +3,8 @@ package auth
 import (
 	"errors"
 	"fmt"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nats-io/jwt/v2"
 )
@@ -124,15 +126,15 @@ func (id Identity) Permissions() jwt.Permissions {
 	return p
 }
 
-// validToken mirrors api.ValidToken for the ids auth writes into subjects
-// (auth sits below api and cannot import it): non-empty, at most 128
-// bytes, none of whitespace, control characters, '.', '*', '>'.
+// validToken is api.ValidToken (auth sits below api and cannot import it;
+// auth_test.go checks they agree): non-empty, at most 128 bytes of
+// printable UTF-8, none of whitespace, control characters, '.', '*', '>'.
 func validToken(s string) bool {
-	if s == "" || len(s) > 128 {
+	if s == "" || len(s) > 128 || !utf8.ValidString(s) {
 		return false
 	}
 	for _, r := range s {
-		if r <= ' ' || r == 0x7f || r == '.' || r == '*' || r == '>' || r == 0xfffd {
+		if r <= ' ' || r == 0x7f || r == '.' || r == '*' || r == '>' || !unicode.IsPrint(r) {
 			return false
 		}
 	}

@@ -341,10 +341,16 @@ func (r *run) load(ctx context.Context) []*Record {
 		}()
 	}
 	tick := time.NewTicker(250 * time.Millisecond)
-	defer tick.Stop()
+	tickDone := make(chan struct{})
+	defer func() { tick.Stop(); close(tickDone) }()
 	go func() {
-		for range tick.C {
-			report()
+		for {
+			select {
+			case <-tick.C:
+				report()
+			case <-tickDone:
+				return
+			}
 		}
 	}()
 	for _, q := range reqs {
