@@ -88,7 +88,16 @@ func (a *holdActor) Receive(ctx actor.Context) {
 		}
 		delete(a.pullBy, m.PullID)
 		a.endRead(m.PullID)
-		a.step(ctx, lease.PullEnd{Now: a.deps.Now(), PullID: m.PullID, OK: m.OK}, func() Reply { return Reply{Status: a.status()} })
+		// A region that broke may have sent zeros as good bytes: the
+		// pull did not succeed, and a reader that waits for this answer
+		// fails it.
+		broken := a.spec.Region.CheckBroken()
+		a.step(ctx, lease.PullEnd{Now: a.deps.Now(), PullID: m.PullID, OK: m.OK && broken == nil}, func() Reply {
+			if broken != nil && m.OK {
+				return Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), broken)}
+			}
+			return Reply{Status: a.status()}
+		})
 	case *ReleaseHold:
 		a.step(ctx, lease.Release{Now: a.deps.Now(), By: m.By}, func() Reply { return Reply{Status: a.status()} })
 	case *InspectHold:
@@ -217,6 +226,10 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 	l := a.spec.Region.Region.Layout
 	if err := l.CompatibleWith(m.Layout); err != nil {
+		ctx.Respond(Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), err)})
+		return
+	}
+	if err := a.spec.Region.CheckBroken(); err != nil {
 		ctx.Respond(Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), err)})
 		return
 	}

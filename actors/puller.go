@@ -222,17 +222,31 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	// Release that overtakes it is held by the lease until the pull ends).
 	// After a failure always in the background: a frozen holder must not
 	// delay the notice.
-	end := func() {
-		endCtx, cancel := context.WithTimeout(context.Background(), a.p.Stall)
-		defer cancel()
-		if _, err := peer.PullEnd(endCtx, &messages.PullEnd{TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID, Ok: getErr == nil}); err != nil && getErr == nil {
-			a.deps.Log.Warn("pull end not acknowledged by holder", "pull", a.p.ID, "member", peer.Member, "err", err)
+	if getErr == nil {
+		// The destination's file shrank under the copy (the data plane
+		// survived it, see transport.FaultGuard): the bytes are lost.
+		if err := a.p.Dst.CheckBroken(); err != nil {
+			getErr = fmt.Errorf("pull %s: the destination region broke during the read: %w", a.p.ID, err)
 		}
 	}
-	if getErr == nil && !desc.PullEndAsync {
-		end()
+	ok := getErr == nil
+	end := func() error {
+		endCtx, cancel := context.WithTimeout(context.Background(), a.p.Stall)
+		defer cancel()
+		_, err := peer.PullEnd(endCtx, &messages.PullEnd{TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID, Ok: ok})
+		if err != nil && ok && api.CodeOf(err) != api.CodeRegionBroken {
+			a.deps.Log.Warn("pull end not acknowledged by holder", "pull", a.p.ID, "member", peer.Member, "err", err)
+		}
+		return err
+	}
+	if ok && !desc.PullEndAsync {
+		if err := end(); api.CodeOf(err) == api.CodeRegionBroken {
+			// The holder's region broke during the read: what it sent
+			// may be zeros.
+			getErr = fmt.Errorf("pull %s: %w", a.p.ID, err)
+		}
 	} else {
-		a.deps.goBackground(end)
+		a.deps.goBackground(func() { _ = end() })
 	}
 	return n, getErr
 }

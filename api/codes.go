@@ -82,6 +82,8 @@ func CodeOf(err error) Code {
 		return CodeBlocksBusy
 	case errors.Is(err, kvmem.ErrRegion):
 		return CodeRegionIO
+	case errors.Is(err, kvmem.ErrRegionBroken), errors.Is(err, transport.ErrFault):
+		return CodeRegionBroken
 	case errors.Is(err, transport.ErrTimeout):
 		return CodeTimeout
 	case errors.Is(err, transport.ErrPeerGone), errors.Is(err, transport.ErrUnavailable):

@@ -28,6 +28,7 @@ const (
 	CodePeerUnavailable Code = 503 // the holding member or its data plane cannot be reached
 	CodeTimeout         Code = 504 // past the deadline
 	CodeRegionIO        Code = 507 // the region file could not be opened or mapped
+	CodeRegionBroken    Code = 508 // the region's memory faulted: its file shrank (the engine truncated it) while connexd copied it; the pull failed and the region is refused from now on: create or register it again
 )
 
 // codeNames gives every code a stable name for logs and docs.
@@ -56,4 +57,5 @@ var codeNames = map[Code]string{
 	CodePeerUnavailable: "peer_unavailable",
 	CodeTimeout:         "timeout",
 	CodeRegionIO:        "region_io",
+	CodeRegionBroken:    "region_broken",
 }

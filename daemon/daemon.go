@@ -138,6 +138,11 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		q.EngineBytes = q.MemberBytes
 	}
 	d.regions.SetQuota(q)
+	if fg, ok := d.Backend.(transport.FaultGuard); ok {
+		// The data plane copies region memory outside Go: a region whose
+		// file an engine shrinks must break, not kill connexd.
+		d.regions.SetGuard(func(mem []byte) (kvmem.Guard, error) { return fg.Guard(mem) })
+	}
 	d.journal, d.journalID, d.inflight = notices.NewJournal(noticeJournalLimit, cfg.Tombstone), actors.NewTransferID()[:16], newPullTable()
 	d.dir = actors.NewDirectory(cfg.Tombstone, d.now)
 	d.libLog = slog.New(libHandler{Handler: log.Handler(), stopping: &d.stopping})

@@ -73,7 +73,7 @@ func (d *Daemon) CreateRegion(ctx context.Context, r *messages.CreateRegionReque
 	}
 	// createdAs reports whether m is a region created with layout l.
 	createdAs := func(m *kvmem.Mapped) bool { return m.Region.Memory != kvmem.MemoryFile && m.Region.Layout == l }
-	if m, err := d.regions.Lookup(r.EngineId, r.RegionId); err == nil {
+	if m, err := d.regions.Lookup(r.EngineId, r.RegionId); err == nil && !m.Broken() {
 		if createdAs(m) {
 			return regionInfo(m), nil
 		}
@@ -92,7 +92,7 @@ func (d *Daemon) CreateRegion(ctx context.Context, r *messages.CreateRegionReque
 		_ = reg.Close()
 		// A concurrent create (a client retrying) may have won: same
 		// answer as above.
-		if m, lerr := d.regions.Lookup(r.EngineId, r.RegionId); lerr == nil && createdAs(m) {
+		if m, lerr := d.regions.Lookup(r.EngineId, r.RegionId); lerr == nil && createdAs(m) && !m.Broken() {
 			return regionInfo(m), nil
 		}
 		return nil, api.Errorf(api.CodeBadRequest, "%v", err)
@@ -223,6 +223,10 @@ func (d *Daemon) CreateHold(ctx context.Context, r *messages.CreateHoldRequest) 
 	region, release, err := d.regions.Acquire(r.EngineId, r.RegionId)
 	if err != nil {
 		return nil, api.Errorf(api.CodeUnknownRegion, "%v", err)
+	}
+	if err := region.CheckBroken(); err != nil {
+		release()
+		return nil, err
 	}
 	if err := kvmem.ValidateBlockIDs(r.BlockIds, region.Region.Layout.Blocks); err != nil {
 		release()
@@ -414,6 +418,9 @@ func (d *Daemon) StartPull(ctx context.Context, r *messages.StartPullRequest) (*
 	}
 	l := dst.Region.Layout
 	fail := func(err error) (*messages.StartPullReply, error) { release(); return nil, err }
+	if err := dst.CheckBroken(); err != nil {
+		return fail(err)
+	}
 	if p.TpSize != l.TPSize || p.BlockSize != l.BlockSize {
 		return fail(api.Errorf(api.CodeIncompatible, "prefill tp_size=%d block_size=%d, this region tp_size=%d block_size=%d: equal TP and block sizes are required in this version", p.TpSize, p.BlockSize, l.TPSize, l.BlockSize))
 	}

@@ -301,13 +301,32 @@ func newEngine(t testing.TB, nc *nats.Conn, member, id string, l kvmem.Layout, f
 	if err != nil {
 		t.Fatal(err)
 	}
+	return registerEngine(t, &api.Client{NC: nc, Member: member}, id, r, fill)
+}
+
+// newEngineAt plays an engine that maps its existing region file at path
+// and registers it through cli.
+func newEngineAt(t testing.TB, cli *api.Client, id, path string, l kvmem.Layout, fill bool) *engine {
+	t.Helper()
+	r, err := kvmem.OpenRegion(path, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return registerEngine(t, cli, id, r, fill)
+}
+
+// registerEngine fills r with random bytes if asked and registers it as
+// region r0 of engine id.
+func registerEngine(t testing.TB, cli *api.Client, id string, r *kvmem.Region, fill bool) *engine {
+	t.Helper()
+	path, l := r.Path, r.Layout
 	t.Cleanup(func() { r.Close() })
 	if fill {
 		if _, err := rand.Read(r.Bytes()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	e := &engine{id: id, region: r, rid: "r0", cli: &api.Client{NC: nc, Member: member}}
+	e := &engine{id: id, region: r, rid: "r0", cli: cli}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := e.cli.RegisterRegion(ctx, &messages.RegisterRegionRequest{

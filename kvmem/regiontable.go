@@ -14,6 +14,21 @@ var ErrUnknownRegion = errors.New("kvmem: unknown region")
 // different file or layout.
 var ErrRegionExists = errors.New("kvmem: region already registered differently")
 
+// ErrRegionBroken means a copy from or into the region faulted: the file
+// behind its memory shrank (its engine truncated it). The region reads as
+// zeros from then on; connexd refuses it until it is created or registered
+// again.
+var ErrRegionBroken = errors.New("kvmem: region broken: its memory faulted (the file behind it shrank)")
+
+// Guard watches a region's mapping for faults: the data plane's
+// transport.Guarded, where the data plane copies outside Go.
+type Guard interface {
+	// Broken reports whether a copy faulted inside the mapping.
+	Broken() bool
+	// Release stops watching; called before the mapping goes.
+	Release()
+}
+
 // Mapped is a registered region with its accounting. Users Acquire it and
 // call the returned release func when they stop touching its memory, so the
 // mapping outlives every reader and writer even after its engine went away.
@@ -23,8 +38,30 @@ type Mapped struct {
 	Region *Region
 	Blocks *BlockTable
 
-	refs int  // guarded by RegionTable.mu
-	gone bool // engine went away: unmap at refs == 0
+	guard Guard // nil: unwatched
+	refs  int   // guarded by RegionTable.mu
+	gone  bool  // engine went away: unmap at refs == 0
+}
+
+// Broken reports whether a copy from or into the region faulted (see
+// ErrRegionBroken).
+func (m *Mapped) Broken() bool { return m.guard != nil && m.guard.Broken() }
+
+// CheckBroken returns an error wrapping ErrRegionBroken when the region is
+// broken, else nil.
+func (m *Mapped) CheckBroken() error {
+	if m.Broken() {
+		return fmt.Errorf("%w: engine %s region %s", ErrRegionBroken, m.Engine, m.ID)
+	}
+	return nil
+}
+
+// close stops watching and unmaps (or frees) the region.
+func (m *Mapped) close() {
+	if m.guard != nil {
+		m.guard.Release()
+	}
+	_ = m.Region.Close()
 }
 
 // RegionTable is the set of regions mapped by this connexd, keyed by engine
@@ -35,6 +72,50 @@ type RegionTable struct {
 	open    func(path string, l Layout) (*Region, error)
 	dir     *RegionDir // closed by Close; nil if unconfined
 	quota   Quota
+	guard   func(mem []byte) (Guard, error) // nil: regions unwatched
+}
+
+// SetGuard makes the table watch every region it maps or adds from now on
+// with guard (the data plane's transport.FaultGuard). Call it before the
+// first region.
+func (t *RegionTable) SetGuard(guard func(mem []byte) (Guard, error)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.guard = guard
+}
+
+// enter wraps r as the region id of engine, watched by the table's guard,
+// and enters it. Call with t.mu held; on error the caller still owns r.
+func (t *RegionTable) enter(key [2]string, r *Region) (*Mapped, error) {
+	m := &Mapped{Engine: key[0], ID: key[1], Region: r, Blocks: NewBlockTable(r.Layout.Blocks)}
+	if t.guard != nil && len(r.Bytes()) > 0 {
+		g, err := t.guard(r.Bytes())
+		if err != nil {
+			return nil, fmt.Errorf("%w: watch region %s/%s for faults: %w", ErrRegion, key[0], key[1], err)
+		}
+		m.guard = g
+	}
+	t.regions[key] = m
+	return m, nil
+}
+
+// dropBroken forgets the region under key if it is broken, so that the
+// engine can create or register it again; it reports whether there is
+// still a region under key. Call with t.mu held.
+func (t *RegionTable) dropBroken(key [2]string) bool {
+	m, ok := t.regions[key]
+	if !ok {
+		return false
+	}
+	if !m.Broken() {
+		return true
+	}
+	delete(t.regions, key)
+	m.gone = true
+	if m.refs == 0 {
+		m.close()
+	}
+	return false
 }
 
 // NewRegionTable returns an empty table that maps region files with OpenRegion.
@@ -54,7 +135,8 @@ func (t *RegionTable) Register(engine, id, path string, l Layout) (*Mapped, erro
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	key := [2]string{engine, id}
-	if m, ok := t.regions[key]; ok {
+	if t.dropBroken(key) {
+		m := t.regions[key]
 		if m.Region.Path == path && m.Region.Layout == l {
 			return m, nil
 		}
@@ -67,8 +149,11 @@ func (t *RegionTable) Register(engine, id, path string, l Layout) (*Mapped, erro
 	if err != nil {
 		return nil, err
 	}
-	m := &Mapped{Engine: engine, ID: id, Region: r, Blocks: NewBlockTable(l.Blocks)}
-	t.regions[key] = m
+	m, err := t.enter(key, r)
+	if err != nil {
+		_ = r.Close()
+		return nil, err
+	}
 	return m, nil
 }
 
@@ -79,15 +164,14 @@ func (t *RegionTable) Add(engine, id string, r *Region) (*Mapped, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	key := [2]string{engine, id}
-	if m, ok := t.regions[key]; ok {
+	if t.dropBroken(key) {
+		m := t.regions[key]
 		return nil, fmt.Errorf("%w: %s/%s is %s", ErrRegionExists, engine, id, m.Region.Path)
 	}
 	if err := t.check(engine, r.Layout.Size()); err != nil {
 		return nil, err
 	}
-	m := &Mapped{Engine: engine, ID: id, Region: r, Blocks: NewBlockTable(r.Layout.Blocks)}
-	t.regions[key] = m
-	return m, nil
+	return t.enter(key, r)
 }
 
 // Acquire returns the region and a release func that must be called exactly
@@ -120,7 +204,7 @@ func (t *RegionTable) release(m *Mapped) {
 	defer t.mu.Unlock()
 	m.refs--
 	if m.refs == 0 && m.gone {
-		_ = m.Region.Close()
+		m.close()
 	}
 }
 
@@ -137,7 +221,7 @@ func (t *RegionTable) DropEngine(engine string) int {
 		delete(t.regions, key)
 		m.gone = true
 		if m.refs == 0 {
-			_ = m.Region.Close()
+			m.close()
 		}
 		n++
 	}

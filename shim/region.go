@@ -12,7 +12,8 @@ import (
 )
 
 // ErrRegionLost means the engine's connexd no longer has the engine's KV
-// region: it restarted, and the memory it had created died with it. The
+// region: it restarted, and the memory it had created died with it, or the
+// region broke (its memory faulted: something shrank its file). The
 // engine creates a new region there at once (requests under way keep the
 // old mapping until they end); the request that hit it should be resent
 // elsewhere — it is not a KV-load failure, and the hold it needed is alive.
@@ -96,9 +97,9 @@ func (e *Engine) regionLost(why string) {
 }
 
 // lostRegion reports whether err says the engine's own region is unknown
-// to its connexd, and if so starts its re-creation.
+// to its connexd, or broken, and if so starts its re-creation.
 func (e *Engine) lostRegion(err error) bool {
-	if api.CodeOf(err) != api.CodeUnknownRegion {
+	if code := api.CodeOf(err); code != api.CodeUnknownRegion && code != api.CodeRegionBroken {
 		return false
 	}
 	e.regionLost(err.Error())

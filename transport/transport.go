@@ -44,6 +44,11 @@ var (
 	// ErrUnavailable means the backend cannot run on this machine (for
 	// example the binary was built without UCX or libucp failed to load).
 	ErrUnavailable = errors.New("transport: backend unavailable")
+	// ErrFault means memory a Get read from or wrote into faulted: the file
+	// behind a mapping shrank (an engine truncated its region) while it was
+	// in use. The bytes are lost; the region must be dropped and created
+	// again. The process survives it (see FaultGuard).
+	ErrFault = errors.New("transport: memory fault (a region's file shrank under the copy)")
 )
 
 // Caps describes what a backend can do, so callers can pick strategies

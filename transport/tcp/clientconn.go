@@ -336,6 +336,9 @@ func (c *clientConn) read() error {
 			c.current = r
 			c.mu.Unlock()
 			got, err = c.readPayload(br, r)
+			if err == errDstFault {
+				r.err, err = err, nil
+			}
 			if err != nil {
 				return err
 			}
@@ -345,8 +348,11 @@ func (c *clientConn) read() error {
 		// From here on the reader does not touch r.dst.
 		delete(c.pending, resp.id)
 		c.mu.Unlock()
-		if resp.status == statusNotRegistered {
+		switch resp.status {
+		case statusNotRegistered:
 			r.err = transport.ErrNotRegistered
+		case statusFault:
+			r.err = errSrcFault
 		}
 		r.call.done <- r
 		// The rest of a payload nobody wants any more.
@@ -391,14 +397,19 @@ func (c *clientConn) readFull(br *bufio.Reader, p []byte) error {
 }
 
 // readPayload reads r's payload straight into r.dst. It returns early, with
-// the count read, once r was abandoned and its Get kicked the reader.
+// the count read, once r was abandoned and its Get kicked the reader, or
+// with errDstFault when r.dst faulted (the rest of the payload is then
+// still to be discarded).
 func (c *clientConn) readPayload(br *bufio.Reader, r *pendingReq) (int, error) {
 	got := 0
 	for got < len(r.dst) {
-		n, err := br.Read(r.dst[got:])
+		n, err := readCatchingFaults(br, r.dst[got:])
 		got += n
 		if err == nil {
 			continue
+		}
+		if err == errDstFault {
+			return got, err
 		}
 		c.mu.Lock()
 		kick := c.rideKick(err)

@@ -314,6 +314,13 @@ func (sc *serverConn) add(req request) error {
 		sc.iov = append(sc.iov, hdr)
 		return nil
 	}
+	if req.length > 0 && !touchPages(r.mem[req.offset:req.offset+uint64(req.length)]) {
+		sc.b.log.Warn("tcp data plane: a GET's source faulted: the region file behind it shrank (its engine truncated it?)",
+			"registration", req.key.id, "offset", req.offset, "bytes", req.length)
+		putResponse(hdr, response{id: req.id, status: statusFault})
+		sc.iov = append(sc.iov, hdr)
+		return nil
+	}
 	putResponse(hdr, response{id: req.id, status: statusOK, length: req.length})
 	sc.iov = append(sc.iov, hdr)
 	if req.length > 0 {

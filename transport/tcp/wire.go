@@ -31,6 +31,9 @@ const (
 	statusOK            = 0
 	statusNotRegistered = 1
 	statusCanceled      = 2
+	// statusFault: the holder's memory faulted when it touched the range
+	// (its region file shrank); no payload.
+	statusFault = 3
 )
 
 var helloMagic = [4]byte{'C', 'N', 'X', 'T'}
@@ -190,7 +193,7 @@ func decodeResponse(b []byte) (response, error) {
 		if r.length > MaxRequestBytes {
 			return response{}, protoErr("response length %d exceeds %d", r.length, MaxRequestBytes)
 		}
-	case statusNotRegistered, statusCanceled:
+	case statusNotRegistered, statusCanceled, statusFault:
 		if r.length != 0 {
 			return response{}, protoErr("error response carries %d payload bytes", r.length)
 		}

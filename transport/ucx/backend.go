@@ -78,6 +78,11 @@ func OpenConfig(cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Before any memory is registered: UCX's copies of memory whose file
+	// shrank must not kill the process (faultguard.go).
+	if err := installFaultGuard(); err != nil {
+		return nil, err
+	}
 	cfg.Reads = reads
 	if cfg.SharedReads, err = cfg.sharedReads(); err != nil {
 		return nil, err
@@ -552,6 +557,18 @@ func (e *endpoint) expire(gen uint64) {
 // larger than Config.ChunkBytes are split, and all of them are posted with
 // one cgo call and kept in flight together.
 func (h *Endpoint) Get(ctx context.Context, ops []transport.GetOp) error {
+	since := faults()
+	err := h.get(ctx, ops)
+	if err == nil {
+		// shared: this endpoint read shared keys, whose segments are
+		// mapped here (mapped copies, or ucp_get_nbx from them).
+		err = faultedDuring(since, ops, h.e.shared.Load())
+	}
+	return err
+}
+
+// get is Get before the fault check.
+func (h *Endpoint) get(ctx context.Context, ops []transport.GetOp) error {
 	if h.closed.Load() {
 		return transport.ErrClosed
 	}

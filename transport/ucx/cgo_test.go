@@ -81,7 +81,7 @@ func TestKeyFormat(t *testing.T) {
 func TestSentinels(t *testing.T) {
 	for code, want := range map[int]error{
 		-80: transport.ErrPeerGone, -25: transport.ErrPeerGone, -6: transport.ErrPeerGone, -20: transport.ErrPeerGone,
-		-16: transport.ErrCanceled, -12: transport.ErrNotRegistered, -4: nil,
+		-16: transport.ErrCanceled, -12: transport.ErrNotRegistered, -4: nil, -101: transport.ErrFault,
 	} {
 		err := &StatusError{Op: "x", Code: code}
 		if got := err.Unwrap(); got != want {

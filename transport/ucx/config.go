@@ -331,12 +331,17 @@ const (
 	ucsErrLastLink        = -59
 	ucsErrFirstEndpoint   = -60
 	ucsErrLastEndpoint    = -89
+	// cxErrFault is faultguard.h's CX_ERR_FAULT: a holder refused a
+	// checked GET because its memory faulted.
+	cxErrFault = -101
 )
 
 // sentinelFor maps a ucs_status_t to the transport sentinel it means, or nil
 // when none fits (the error then carries only UCX's text).
 func sentinelFor(code int) error {
 	switch {
+	case code == cxErrFault:
+		return transport.ErrFault
 	case code == ucsErrCanceled:
 		return transport.ErrCanceled
 	case code == ucsErrNoElem:

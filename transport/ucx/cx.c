@@ -1,6 +1,7 @@
 //go:build ucx && cgo
 
 #include "cx.h"
+#include "faultguard.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -105,6 +106,12 @@ static ucs_status_t cx_on_get_req(void *arg, const void *header, size_t header_l
 	if (r == NULL || h->addr < r->base || h->addr - r->base > r->len ||
 	    h->len > r->len - (h->addr - r->base) || !cx_reg_allows(r, h->addr - r->base, h->len)) {
 		rp->hdr.status = UCS_ERR_NO_ELEM;
+		w->refused++;
+		r = NULL;
+	} else if (cx_fg_touch((const void *)(uintptr_t)h->addr, h->len)) {
+		// The memory's file shrank (faultguard.c): no bytes, a clear
+		// refusal, and this process lives.
+		rp->hdr.status = (ucs_status_t)CX_ERR_FAULT;
 		w->refused++;
 		r = NULL;
 	} else {

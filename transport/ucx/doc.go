@@ -231,6 +231,15 @@
 //     killed holder shows up as UCS_ERR_ENDPOINT_TIMEOUT (12 ms with peer
 //     error handling) and a stopped one as ErrTimeout at the deadline.
 //
+// # Memory whose file shrank
+//
+// UCX copies registered memory in C, where a page beyond its file's end
+// (an engine truncated its region) raises SIGBUS and would kill the
+// process. Open installs a SIGBUS handler that survives such faults and
+// Backend implements transport.FaultGuard; faultguard.go says how a fault
+// becomes transport.ErrFault for the Get or the holder's reply that
+// touched the memory.
+//
 // # Known UCX 1.13 hazards
 //
 //   - CMA: when a holder dies during a process_vm_readv, UCX calls ucs_fatal

@@ -41,6 +41,9 @@ func statusErr(op string, st C.ucs_status_t) error {
 	if st == C.UCS_OK {
 		return nil
 	}
+	if int(st) == cxErrFault {
+		return &StatusError{Op: op, Code: cxErrFault, Status: "the holder's memory faulted: its region file shrank"}
+	}
 	return &StatusError{Op: op, Code: int(st), Status: C.GoString(C.ucs_status_string(st))}
 }
 
