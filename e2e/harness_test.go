@@ -80,6 +80,9 @@ type proc struct {
 	// authDir is the authority of connexd's embedded NATS (auth=), "" when
 	// it runs none.
 	authDir string
+	// dataAddr is connexd's data-plane address as its ready line prints it
+	// (data=; host:port for TCP).
+	dataAddr string
 	mu      sync.Mutex
 	stderr  strings.Builder
 	exited  chan struct{}
@@ -161,6 +164,9 @@ func startProc(t testing.TB, name, bin, member string, args []string, env ...str
 			}
 			if v, ok := strings.CutPrefix(f, "auth="); ok {
 				p.authDir = v
+			}
+			if v, ok := strings.CutPrefix(f, "data="); ok {
+				p.dataAddr = v
 			}
 		}
 		if p.authDir != "" {
