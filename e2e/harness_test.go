@@ -83,9 +83,9 @@ type proc struct {
 	// dataAddr is connexd's data-plane address as its ready line prints it
 	// (data=; host:port for TCP).
 	dataAddr string
-	mu      sync.Mutex
-	stderr  strings.Builder
-	exited  chan struct{}
+	mu       sync.Mutex
+	stderr   strings.Builder
+	exited   chan struct{}
 }
 
 // startConnexd starts connexd with args and waits for its ready line.
