@@ -53,6 +53,8 @@ var rules = map[string]struct {
 	"chaos": {internal: []string{"api", "localcluster", "messages"}, external: []string{"github.com/nats-io/", "google.golang.org/protobuf/", "go.yaml.in/yaml/v3", "gonum.org/v1/plot"}},
 	// localcluster runs binaries; it imports nothing of ours.
 	"localcluster": {},
+	// netlab builds network-namespace hosts with ip and nft; nothing of ours.
+	"netlab": {},
 	"daemon": {internal: []string{"actors", "api", "auth", "bus", "cluster", "config", "engines", "kvmem", "lease", "messages", "notices", "requests", "router", "transport", "transport/tcp", "transport/ucx"},
 		external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/", "github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
 	"layering": {},
