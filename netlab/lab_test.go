@@ -139,6 +139,8 @@ func TestLabHostsReachEachOtherAndFaultsCut(t *testing.T) {
 func waitReach(t *testing.T, h *Host, addr string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
 	for {
 		err := dialFrom(h, addr, 2*time.Second)
 		if err == nil {
@@ -147,7 +149,7 @@ func waitReach(t *testing.T, h *Host, addr string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s cannot reach %s: %v", h.Name, addr, err)
 		}
-		time.Sleep(50 * time.Millisecond) // polling interval, not a wait for a condition
+		<-tick.C
 	}
 }
 

@@ -24,24 +24,33 @@ var errSrcFault = fmt.Errorf("%w: the holder's memory faulted: its region file s
 // faulted. A holder touches a GET's source before writev(2) sends it, so a
 // region whose file shrank is refused with statusFault and a clear error
 // rather than failing the whole connection with EFAULT.
-func touchPages(p []byte) (ok bool) {
+func touchPages(p []byte) bool {
+	return !faulted(func() {
+		var sink byte
+		for off := 0; off < len(p); off += pageBytes {
+			sink |= p[off]
+		}
+		sink |= p[len(p)-1]
+		runtime.KeepAlive(sink)
+	})
+}
+
+// faulted runs f and reports whether it hit a memory fault, which it
+// survives (a panic of any other kind goes on).
+func faulted(f func()) (hit bool) {
 	old := debug.SetPanicOnFault(true)
 	defer func() {
 		debug.SetPanicOnFault(old)
 		if v := recover(); v != nil {
+			// A memory fault panics with a runtime.Error that has Addr.
 			if _, isFault := v.(interface{ Addr() uintptr }); !isFault {
 				panic(v)
 			}
-			ok = false
+			hit = true
 		}
 	}()
-	var sink byte
-	for off := 0; off < len(p); off += pageBytes {
-		sink |= p[off]
-	}
-	sink |= p[len(p)-1]
-	runtime.KeepAlive(sink)
-	return true
+	f()
+	return false
 }
 
 // pageBytes is the stride of touchPages: the smallest page size.
@@ -53,18 +62,9 @@ const pageBytes = 4096
 // fails with EFAULT leaves the socket's bytes queued, so the caller can
 // discard the payload and keep the connection.
 func readCatchingFaults(br *bufio.Reader, p []byte) (n int, err error) {
-	old := debug.SetPanicOnFault(true)
-	defer func() {
-		debug.SetPanicOnFault(old)
-		if v := recover(); v != nil {
-			// A memory fault panics with a runtime.Error that has Addr.
-			if _, ok := v.(interface{ Addr() uintptr }); !ok {
-				panic(v)
-			}
-			n, err = 0, errDstFault
-		}
-	}()
-	n, err = br.Read(p)
+	if faulted(func() { n, err = br.Read(p) }) {
+		return 0, errDstFault
+	}
 	if errors.Is(err, syscall.EFAULT) {
 		return n, errDstFault
 	}
