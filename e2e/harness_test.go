@@ -105,7 +105,13 @@ func startConnexd(t testing.TB, member string, args ...string) *proc {
 // keeps. The process is stopped (SIGTERM) at the end of the test.
 func startProc(t testing.TB, name, bin, member string, args []string, env ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	return startCmd(t, name, member, exec.Command(bin, args...), args, env...)
+}
+
+// startCmd is startProc for a command made elsewhere (on a netlab host:
+// Host.Command); args are the ones it was made with.
+func startCmd(t testing.TB, name, member string, cmd *exec.Cmd, args []string, env ...string) *proc {
+	t.Helper()
 	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
