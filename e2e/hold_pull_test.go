@@ -34,14 +34,12 @@ func cluster2(t *testing.T, backend string, extra ...string) (prefill, decode *e
 // equals src block srcIDs[i], and that untouched dst blocks stay zero.
 func verifyBlocks(t *testing.T, src, dst *kvmem.Region, srcIDs, dstIDs []uint32, untouched []uint32) {
 	t.Helper()
+	if err := blocksDiffer(src, dst, srcIDs, dstIDs); err != nil {
+		t.Fatal(err)
+	}
 	l := src.Layout
 	for layer := uint32(0); layer < l.Layers; layer++ {
 		for p := uint32(0); p < l.Planes; p++ {
-			for i := range srcIDs {
-				if !bytes.Equal(src.Block(layer, p, srcIDs[i]), dst.Block(layer, p, dstIDs[i])) {
-					t.Fatalf("layer %d plane %d: dst block %d differs from src block %d", layer, p, dstIDs[i], srcIDs[i])
-				}
-			}
 			for _, b := range untouched {
 				if !bytes.Equal(dst.Block(layer, p, b), make([]byte, l.BlockBytes)) {
 					t.Fatalf("layer %d plane %d: block %d outside the pull was written", layer, p, b)
@@ -49,6 +47,22 @@ func verifyBlocks(t *testing.T, src, dst *kvmem.Region, srcIDs, dstIDs []uint32,
 			}
 		}
 	}
+}
+
+// blocksDiffer says where dst's blocks dstIDs differ from src's srcIDs
+// (pairwise), or nil when they are the same.
+func blocksDiffer(src, dst *kvmem.Region, srcIDs, dstIDs []uint32) error {
+	l := src.Layout
+	for layer := uint32(0); layer < l.Layers; layer++ {
+		for p := uint32(0); p < l.Planes; p++ {
+			for i := range srcIDs {
+				if !bytes.Equal(src.Block(layer, p, srcIDs[i]), dst.Block(layer, p, dstIDs[i])) {
+					return fmt.Errorf("layer %d plane %d: dst block %d differs from src block %d", layer, p, dstIDs[i], srcIDs[i])
+				}
+			}
+		}
+	}
+	return nil
 }
 
 func TestHoldPullReleaseAcrossProcesses(t *testing.T) {

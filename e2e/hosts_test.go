@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"encoding/json"
+	"net/http"
 	"context"
 	"fmt"
 	"os"
@@ -232,6 +234,29 @@ func (n *clusterNATS) kill() {
 	n.logsBefore += n.logs.String() + "--- killed ---\n"
 	n.logs.Reset()
 	n.mu.Unlock()
+}
+
+// clients names the server's client connections (its /connz monitoring
+// endpoint).
+func (n *clusterNATS) clients() ([]string, error) {
+	resp, err := http.Get("http://" + n.host.Addr(8222) + "/connz")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var connz struct {
+		Connections []struct {
+			Name string `json:"name"`
+		} `json:"connections"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&connz); err != nil {
+		return nil, fmt.Errorf("%s /connz: %w", n.name, err)
+	}
+	var names []string
+	for _, c := range connz.Connections {
+		names = append(names, c.Name)
+	}
+	return names, nil
 }
 
 // lockedWriter serializes writes into a builder shared with readers.
