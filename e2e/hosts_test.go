@@ -1,10 +1,10 @@
 package e2e
 
 import (
-	"encoding/json"
-	"net/http"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
