@@ -309,6 +309,38 @@ func (a *requestActor) takeoverInPlace(ctx actor.Context, m *TakeoverRequest) {
 	ctx.Respond(RequestReply{Status: a.status("running")})
 }
 
+// noticeFenced tells the request's engine that this activation is fenced,
+// naming the member that owns the request now. The owner is read in the
+// background, so that the write that found the fence answers at once: a
+// store that has just said "fenced" can be recovering from the partition
+// that caused it (JetStream answers "temporarily unavailable" for a moment
+// after a partition heals). The notice goes out when the owner is known, or
+// with no owner after a few seconds of trying.
+func (a *requestActor) noticeFenced() {
+	id, engine, epoch := a.st.RequestId, a.st.EngineId, a.st.Epoch
+	store, log, publish, timeout := a.deps.Store, a.deps.Log, a.deps.Publish, a.deps.StoreTimeout
+	go func() {
+		owner := ""
+		deadline := time.Now().Add(2 * timeout)
+		for attempt := 1; ; attempt++ {
+			c, cancel := context.WithTimeout(context.Background(), time.Second)
+			cur, _, err := store.Get(c, id)
+			cancel()
+			if err == nil {
+				owner = cur.Owner
+				break
+			}
+			if errors.Is(err, requests.ErrNotFound) || time.Now().After(deadline) {
+				log.Debug("the owner of a fenced request is unknown", "request", id, "attempts", attempt, "err", err)
+				break
+			}
+			<-time.After(200 * time.Millisecond)
+		}
+		log.Warn("request fenced: it moved to another member", "request", id, "epoch", epoch, "new_owner", owner)
+		publish(api.FencedSubject(engine), &messages.FencedNotice{RequestId: id, StaleEpoch: epoch, NewOwner: owner})
+	}()
+}
+
 // fencedInStore reports (and acts on) a request that another activation
 // took over while this one was idle: its engine is told, the actor stops,
 // and it no longer keeps the hold alive.
@@ -372,14 +404,9 @@ func (a *requestActor) write(ctx actor.Context, next *messages.RequestState) {
 	defer cancel()
 	rev, err := a.deps.Store.Update(c, next, a.rev)
 	if errors.Is(err, requests.ErrFenced) {
-		newOwner := ""
-		if cur, _, gerr := a.deps.Store.Get(c, a.st.RequestId); gerr == nil {
-			newOwner = cur.Owner
-		}
-		a.deps.Log.Warn("request fenced: it moved to another member", "request", a.st.RequestId, "epoch", a.st.Epoch, "new_owner", newOwner)
-		a.deps.Publish(api.FencedSubject(a.st.EngineId), &messages.FencedNotice{RequestId: a.st.RequestId, StaleEpoch: a.st.Epoch, NewOwner: newOwner})
+		a.noticeFenced()
 		a.deps.metrics().Fenced.Add(1)
-		a.fail(ctx, fmt.Errorf("request %s: %w (now on %s)", a.st.RequestId, err, newOwner))
+		a.fail(ctx, fmt.Errorf("request %s: %w", a.st.RequestId, err))
 		return
 	}
 	if err != nil {

@@ -178,9 +178,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	}
 	d.pdeps.Ctx, d.pullCancel = context.WithCancel(context.Background())
 	d.reqTable = actors.NewRequestTable()
-	sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-	d.reqStore, d.reqErr = requests.OpenKVStore(sctx, d.Bus.Conn, cfg.JSReplicas, cfg.RequestTTL, cfg.RequestStoreBytes)
-	scancel()
+	d.reqStore, d.reqErr = openRequestStore(d.Bus.Conn, cfg, log)
 	if d.reqErr != nil {
 		d.reqStore = nil
 		log.Warn("JetStream unavailable: the request API (request.*) is disabled", "err", d.reqErr)

@@ -92,7 +92,31 @@ cluster {
 	for _, ns := range l.nats {
 		ns.waitJetStream(30 * time.Second)
 	}
+	l.waitPlacement(len(l.nats))
 	return l
+}
+
+// waitPlacement polls until the cluster places a stream on r servers (its
+// JetStream peers have all joined): a probe stream, created and deleted.
+func (l *hostLab) waitPlacement(r int) {
+	l.t.Helper()
+	nc, err := nats.Connect(l.urls(l.lab.Hosts[0]))
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	checkFor(l.t, 30*time.Second, 200*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "netlab_probe", Replicas: r, Storage: jetstream.MemoryStorage}); err != nil {
+			return fmt.Errorf("R%d probe stream: %w", r, err)
+		}
+		return js.DeleteStream(ctx, "netlab_probe")
+	})
 }
 
 // urls lists every server's client URL, the one on host h first.

@@ -571,10 +571,12 @@ func (x *ResumeNotice) GetState() *RequestState {
 // while it was unreachable; it must stop generating. Sent on
 // connex.v1.engine.<engine_id>.request.fenced.
 type FencedNotice struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	StaleEpoch    uint64                 `protobuf:"varint,2,opt,name=stale_epoch,json=staleEpoch,proto3" json:"stale_epoch,omitempty"`
-	NewOwner      string                 `protobuf:"bytes,3,opt,name=new_owner,json=newOwner,proto3" json:"new_owner,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	RequestId  string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	StaleEpoch uint64                 `protobuf:"varint,2,opt,name=stale_epoch,json=staleEpoch,proto3" json:"stale_epoch,omitempty"`
+	// The member that owns the request now; empty when the request store
+	// could not be read to say.
+	NewOwner      string `protobuf:"bytes,3,opt,name=new_owner,json=newOwner,proto3" json:"new_owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }

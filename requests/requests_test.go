@@ -121,6 +121,9 @@ func TestKVStoreFencing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, _, err := s.Get(ctx, "never-created"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("get of a request never created: %v", err)
+	}
 	if _, err := s.Create(ctx, st); !errors.Is(err, ErrExists) {
 		t.Fatalf("duplicate create: %v", err)
 	}
@@ -216,5 +219,42 @@ func TestTakeover(t *testing.T) {
 	bad.ResumeAuthority = "somebody"
 	if _, err := New(bad, "d1", now); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("unknown resume_authority: %v", err)
+	}
+}
+
+// TestOpenKVStoreUnrecoverable: what waiting cannot cure is told apart, so
+// connexd stops retrying at once (a single server asked for replicas, or no
+// JetStream at all).
+func TestOpenKVStoreUnrecoverable(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		jetstream bool
+		replicas  int
+	}{{"replicas on a single server", true, 3}, {"no JetStream", false, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: tc.jetstream, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			go srv.Start()
+			if !srv.ReadyForConnections(10 * time.Second) {
+				t.Fatal("not ready")
+			}
+			defer srv.Shutdown()
+			nc, err := nats.Connect(srv.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err = OpenKVStore(ctx, nc, tc.replicas, time.Hour, 1<<20)
+			if err == nil || !Unrecoverable(err) {
+				t.Fatalf("OpenKVStore: %v; Unrecoverable: %v", err, Unrecoverable(err))
+			}
+		})
+	}
+	if Unrecoverable(errors.New("nats: timeout")) {
+		t.Fatal("a timeout is not unrecoverable")
 	}
 }

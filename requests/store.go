@@ -2,6 +2,7 @@ package requests
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -31,7 +32,9 @@ const Bucket = "connex_requests"
 
 // KVStore is the JetStream KV implementation of Store.
 type KVStore struct {
+	// KV is the bucket; writes and watches go through it.
 	KV jetstream.KeyValue
+	nc *nats.Conn // for Get's reads from the stream leader
 }
 
 // OpenKVStore creates or opens the bucket. replicas is the JetStream
@@ -53,7 +56,24 @@ func OpenKVStore(ctx context.Context, nc *nats.Conn, replicas int, ttl time.Dura
 	if err != nil {
 		return nil, fmt.Errorf("requests: kv bucket %s: %w", Bucket, err)
 	}
-	return &KVStore{KV: kv}, nil
+	return &KVStore{KV: kv, nc: nc}, nil
+}
+
+// Unrecoverable reports an OpenKVStore error that waiting will not cure:
+// the server has no JetStream (or not for this account), or it is a single
+// server asked for replicas. Others, such as a cluster whose peers are
+// still joining ("no suitable peers for placement") or a meta leader being
+// elected, pass once the NATS cluster has formed.
+func Unrecoverable(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jetstream.JSErrCodeJetStreamNotEnabled, jetstream.JSErrCodeJetStreamNotEnabledForAccount,
+			10074: // replicas > 1 not supported in non-clustered mode
+			return true
+		}
+	}
+	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount)
 }
 
 // Key is the KV key of a request id (ids are hashed-free but must be valid
@@ -119,20 +139,61 @@ func isFull(err error) bool {
 	return strings.Contains(m, "maximum bytes exceeded") || strings.Contains(m, "insufficient resources") || strings.Contains(m, "insufficient storage")
 }
 
-// Get implements Store.
+// Get implements Store. It reads from the bucket's stream leader, not
+// from whichever replica answers first (KeyValue.Get's direct get): a
+// replica that was on the minority side of a partition serves the state
+// from before it for a while after the partition heals, and a member
+// deciding on it (who fenced it, whether it still owns a request) would act
+// on an owner that is no longer there.
 func (s *KVStore) Get(ctx context.Context, id string) (*messages.RequestState, uint64, error) {
-	e, err := s.KV.Get(ctx, Key(id))
-	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-		return nil, 0, fmt.Errorf("%w: %s", ErrNotFound, id)
+	req, err := json.Marshal(struct {
+		LastFor string `json:"last_by_subj"`
+	}{"$KV." + Bucket + "." + Key(id)})
+	if err != nil {
+		return nil, 0, err
 	}
+	m, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+Bucket, req)
 	if err != nil {
 		return nil, 0, fmt.Errorf("requests: get %s: %w", id, err)
 	}
+	var resp struct {
+		Error *struct {
+			Code        int    `json:"code"`
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message *struct {
+			Seq  uint64 `json:"seq"`
+			Hdrs []byte `json:"hdrs"`
+			Data []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return nil, 0, fmt.Errorf("requests: get %s: bad reply from JetStream: %w", id, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+		return nil, 0, fmt.Errorf("%w: %s", ErrNotFound, id)
+	case resp.Error != nil:
+		return nil, 0, fmt.Errorf("requests: get %s: %s (JetStream code %d)", id, resp.Error.Description, resp.Error.ErrCode)
+	case resp.Message == nil:
+		return nil, 0, fmt.Errorf("requests: get %s: empty reply from JetStream", id)
+	}
+	if len(resp.Message.Hdrs) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
+		if err != nil {
+			return nil, 0, fmt.Errorf("requests: get %s: headers: %w", id, err)
+		}
+		// A delete or purge leaves a marker as the key's last message.
+		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+			return nil, 0, fmt.Errorf("%w: %s", ErrNotFound, id)
+		}
+	}
 	st := new(messages.RequestState)
-	if err := proto.Unmarshal(e.Value(), st); err != nil {
+	if err := proto.Unmarshal(resp.Message.Data, st); err != nil {
 		return nil, 0, fmt.Errorf("requests: decode %s: %w", id, err)
 	}
-	return st, e.Revision(), nil
+	return st, resp.Message.Seq, nil
 }
 
 // Delete implements Store.
