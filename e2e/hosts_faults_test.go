@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/netlab"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 )
@@ -349,4 +351,124 @@ func TestHostsDecodeHostIsolated(t *testing.T) {
 	if err != nil || hs.State != "held" {
 		t.Fatalf("hold after the partition: %v %v", hs, err)
 	}
+}
+
+// TestHostsDataPlanePartition cuts only the data plane between a decode host
+// and the prefill host (nftables drops on the prefill member's data port,
+// both ways); NATS between them still works. connexd does not retry such a
+// pull: it fails it with a clear code within pull_stall_ms, and the hold
+// stays, so that the engine's retry, or a resume on a decode host that
+// reaches the prefill host, reads the same KV without a second prefill.
+func TestHostsDataPlanePartition(t *testing.T) {
+	c := newHostPD(t, 3)
+	src := []uint32{1, 2, 3, 4}
+	prm := c.hold(t, src, 64)
+	h1, h2 := c.lab.Hosts[0], c.lab.Hosts[1]
+	port := netlab.Port(c.prefill.dataAddr)
+	if err := h2.AddDrop(netlab.Drop{To: h1, Port: port}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h1.AddDrop(netlab.Drop{To: h2, Port: port}); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	d := c.pullOn(t, "d2", "cut", prm, []uint32{8, 9, 10, 11}, 30*time.Second)
+	if d.Ok || d.ErrorCode == 0 || d.Error == "" {
+		t.Fatalf("pull across the cut data plane: %v", d)
+	}
+	t.Logf("pull across the cut data plane failed after %s: code %d (%s): %s", time.Since(t0).Round(time.Millisecond), d.ErrorCode, api.Code(d.ErrorCode).Name(), d.Error)
+	// The control plane between the two hosts still works: the decode
+	// host's engine reads the hold on the prefill member.
+	holder := &api.Client{NC: c.ncs["d2"], Member: "p1"}
+	if hs, err := holder.Inspect(ctx5(t), &messages.HoldRef{TransferId: prm.TransferId}); err != nil || hs.State != "held" {
+		t.Fatalf("hold seen from the cut host: %v %v", hs, err)
+	}
+	// Another decode host reaches the prefill host meanwhile.
+	if d := c.pullOn(t, "d3", "other-host", prm, []uint32{8, 9, 10, 11}, 10*time.Second); !d.Ok {
+		t.Fatalf("pull from the other decode host: %v", d)
+	}
+	verifyBlocks(t, c.engP.region, c.engines["d3"].region, src, []uint32{8, 9, 10, 11}, nil)
+	if err := h2.ClearDrops(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h1.ClearDrops(); err != nil {
+		t.Fatal(err)
+	}
+	if d := c.pullOn(t, "d2", "retry", prm, []uint32{8, 9, 10, 11}, 10*time.Second); !d.Ok {
+		t.Fatalf("retry after the data plane is back: %v", d)
+	}
+	verifyBlocks(t, c.engP.region, c.engines["d2"].region, src, []uint32{8, 9, 10, 11}, nil)
+}
+
+// hostsLayout is 16 MiB per 32 blocks: enough bytes for loss and delay to
+// show in a pull's time.
+var hostsLayout = kvmem.Layout{Layers: 4, Planes: 2, Blocks: 64, BlockBytes: 64 << 10, BlockSize: 16, TPSize: 1}
+
+// TestHostsLossAndDelay pulls 16 MiB from the prefill host to a decode host
+// on a clean path, with 5 % of the data plane's packets dropped each way
+// (nftables), and through a relay that delays each direction by 50 ms (the
+// prefill member advertises it as its data address); every pull succeeds
+// with the hold's bytes, and the note has their times.
+func TestHostsLossAndDelay(t *testing.T) {
+	l := newHostLab(t, 3)
+	h1, h2 := l.lab.Hosts[0], l.lab.Hosts[1]
+	relay, err := netlab.NewRelay(l.lab.Gateway()+":0", h1.Addr(7411), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = relay.Close() })
+	c := l.startPD()
+	l.connexd(h1, "p1d", "--role", "prefill", "--data-listen", h1.Addr(7411), "--data-advertise", relay.Addr())
+	direct := newEngine(t, c.ncs["p1"], "p1", "engDirect", hostsLayout, true)
+	relayed := newEngine(t, c.ncs["p1"], "p1d", "engRelayed", hostsLayout, true)
+	dst := newEngine(t, c.ncs["d2"], "d2", "engBig", hostsLayout, false)
+	c.engines["big"] = dst
+	blocks := make([]uint32, 32)
+	for i := range blocks {
+		blocks[i] = uint32(i)
+	}
+	pull := func(from *engine, id string) time.Duration {
+		t.Helper()
+		h, err := from.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: from.id, RegionId: from.rid, BlockIds: blocks, NumTokens: 512})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := subscribe(t, c.ncs["d2"], api.PullDoneSubject(dst.id), func() *messages.PullDone { return new(messages.PullDone) })
+		t0 := time.Now()
+		if _, err := dst.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: h.Params, EngineId: dst.id, RegionId: dst.rid, BlockIds: blocks, PullId: id}); err != nil {
+			t.Fatal(err)
+		}
+		d := done.wait(t, 60*time.Second, func(m *messages.PullDone) bool { return m.PullId == id })
+		took := time.Since(t0)
+		if !d.Ok {
+			t.Fatalf("pull %s: %v", id, d)
+		}
+		verifyBlocks(t, from.region, dst.region, blocks, blocks, nil)
+		t.Logf("%-22s 16 MiB in %7s (%.2f Gbit/s)", id, took.Round(time.Millisecond), float64(d.Bytes)*8/took.Seconds()/1e9)
+		return took
+	}
+	pull(direct, "clean")
+	port := netlab.Port(c.prefill.dataAddr)
+	for _, drop := range []struct{ on, to *netlab.Host }{{h1, h2}, {h2, h1}} {
+		if err := drop.on.AddDrop(netlab.Drop{To: drop.to, Port: port, Percent: 5}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pull(direct, "5%-loss")
+	for _, h := range []*netlab.Host{h1, h2} {
+		n, err := h.Dropped()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h == h1 && n == 0 {
+			t.Fatal("the 5% loss dropped none of the holder's packets")
+		}
+		t.Logf("%s dropped %d packets of the pull", h.Name, n)
+		if err := h.ClearDrops(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pull(relayed, "relay-no-delay")
+	relay.SetDelay(50 * time.Millisecond)
+	pull(relayed, "relay-50ms-each-way")
 }

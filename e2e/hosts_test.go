@@ -310,7 +310,12 @@ type hostPD struct {
 // newHostPD starts the lab and members: "p1" (prefill) on h1 and "dN"
 // (decode) on each hN, N >= 2.
 func newHostPD(t *testing.T, hosts int, prefillArgs ...string) *hostPD {
-	l := newHostLab(t, hosts)
+	return newHostLab(t, hosts).startPD(prefillArgs...)
+}
+
+// startPD starts newHostPD's members on the lab.
+func (l *hostLab) startPD(prefillArgs ...string) *hostPD {
+	t := l.t
 	c := &hostPD{hostLab: l, procs: map[string]*proc{}, engines: map[string]*engine{}, ncs: map[string]*nats.Conn{}}
 	h1 := l.lab.Hosts[0]
 	c.prefill = l.connexd(h1, "p1", append([]string{"--role", "prefill"}, prefillArgs...)...)
@@ -323,7 +328,7 @@ func newHostPD(t *testing.T, hosts int, prefillArgs ...string) *hostPD {
 		c.ncs[name] = l.conn(h)
 		c.engines[name] = newEngine(t, c.ncs[name], name, "eng-"+name, testLayout, false)
 	}
-	c.waitMembers(hosts)
+	c.waitMembers(len(l.lab.Hosts))
 	return c
 }
 

@@ -38,13 +38,13 @@ func (d Drop) rules() ([]string, error) {
 	case d.Port < 0 || d.Port > 65535:
 		return nil, fmt.Errorf("netlab: port %d: want 0..65535", d.Port)
 	case d.Port == 0:
-		return []string{match + "drop"}, nil
+		return []string{match + "counter drop"}, nil
 	}
 	// The port on either side: the host's requests to it and its answers
 	// from it.
 	return []string{
-		fmt.Sprintf("%stcp dport %d drop", match, d.Port),
-		fmt.Sprintf("%stcp sport %d drop", match, d.Port),
+		fmt.Sprintf("%stcp dport %d counter drop", match, d.Port),
+		fmt.Sprintf("%stcp sport %d counter drop", match, d.Port),
 	}, nil
 }
 
@@ -100,6 +100,31 @@ func (h *Host) ClearDrops() error {
 		return nil // no table: nothing to clear
 	}
 	return h.nft("delete table inet netlab\n")
+}
+
+// Dropped is the number of packets the host's fault rules have dropped
+// since they were added (nftables counters), so that a test can tell that
+// its fault really hit traffic.
+func (h *Host) Dropped() (int, error) {
+	out, err := h.Command("nft", "list", "table", "inet", "netlab").CombinedOutput()
+	if err != nil {
+		if strings.Contains(string(out), "No such file") {
+			return 0, nil // no rules
+		}
+		return 0, fmt.Errorf("netlab: nft list on %s: %w: %s", h.Name, err, strings.TrimSpace(string(out)))
+	}
+	n := 0
+	f := strings.Fields(string(out))
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "packets" {
+			v, err := strconv.Atoi(f[i+1])
+			if err != nil {
+				return 0, fmt.Errorf("netlab: nft counter %q on %s: %w", f[i+1], h.Name, err)
+			}
+			n += v
+		}
+	}
+	return n, nil
 }
 
 // LinkDown takes the host's interface down: nothing goes in or out.

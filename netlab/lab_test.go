@@ -88,6 +88,9 @@ func TestLabHostsReachEachOtherAndFaultsCut(t *testing.T) {
 	if err := dialFrom(h1, echo, time.Second); err == nil {
 		t.Fatal("h1 reached a port it drops")
 	}
+	if n, err := h1.Dropped(); err != nil || n == 0 {
+		t.Fatalf("h1's drop counters after a cut dial: %d %v", n, err)
+	}
 	if err := dialFrom(h2, echo, 5*time.Second); err != nil {
 		t.Fatalf("h2, which drops nothing: %v", err)
 	}
@@ -168,9 +171,9 @@ func TestDropRules(t *testing.T) {
 		d    Drop
 		want string
 	}{
-		{Drop{}, "drop"},
-		{Drop{To: h, Percent: 5}, "ip daddr 10.0.0.2 numgen random mod 100 < 5 drop"},
-		{Drop{Port: 80}, "tcp dport 80 drop|tcp sport 80 drop"},
+		{Drop{}, "counter drop"},
+		{Drop{To: h, Percent: 5}, "ip daddr 10.0.0.2 numgen random mod 100 < 5 counter drop"},
+		{Drop{Port: 80}, "tcp dport 80 counter drop|tcp sport 80 counter drop"},
 	} {
 		got, err := c.d.rules()
 		if err != nil || strings.Join(got, "|") != c.want {

@@ -1,0 +1,80 @@
+package netlab
+
+import (
+	"bytes"
+	"crypto/rand"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// echoServer answers every connection with what it reads.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestRelayDelaysEachWay: bytes come back intact through the relay, a
+// round trip takes at least twice the delay (a lower bound: load can only
+// add to it), a changed delay applies to later bytes, and Close cuts the
+// relayed connection.
+func TestRelayDelaysEachWay(t *testing.T) {
+	const delay = 40 * time.Millisecond
+	r, err := NewRelay("127.0.0.1:0", echoServer(t), delay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", r.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	roundTrip := func(n int) time.Duration {
+		t.Helper()
+		msg := make([]byte, n)
+		_, _ = rand.Read(msg)
+		t0 := time.Now()
+		go func() { _, _ = c.Write(msg) }()
+		got := make([]byte, n)
+		if _, err := io.ReadFull(c, got); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, msg) {
+			t.Fatal("bytes changed in the relay")
+		}
+		return time.Since(t0)
+	}
+	if rt := roundTrip(1); rt < 2*delay {
+		t.Fatalf("round trip %s, want >= %s", rt, 2*delay)
+	}
+	if rt := roundTrip(3 << 20); rt < 2*delay {
+		t.Fatalf("3 MiB round trip %s, want >= %s", rt, 2*delay)
+	}
+	r.SetDelay(0)
+	roundTrip(1) // bytes read before the change may still wait; these do not
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("relayed connection still open after Close")
+	}
+	if _, err := NewRelay("127.0.0.1:0", "127.0.0.1:1", -time.Second); err == nil {
+		t.Fatal("negative delay accepted")
+	}
+}
