@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +84,13 @@ type Daemon struct {
 	pullCancel context.CancelFunc
 }
 
+// ClockSkewEnv names an environment variable, for fault tests only, that
+// shifts the wall clock this member's holds, leases, request states and
+// pull records read (a Go duration: "-30s"), to show that nothing depends
+// on members' clocks agreeing. Membership and timers use the monotonic
+// clock and are not shifted.
+const ClockSkewEnv = "CONNEX_FAULT_CLOCK_SKEW"
+
 // New starts a daemon. On error everything started so far is stopped.
 func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	if log == nil {
@@ -94,6 +102,17 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 			d.Close()
 		}
 	}()
+	if v := os.Getenv(ClockSkewEnv); v != "" {
+		skew, err := time.ParseDuration(v)
+		if err != nil {
+			return d, fmt.Errorf("%s=%q: %w (want a Go duration such as -30s)", ClockSkewEnv, v, err)
+		}
+		// time.Now().Add keeps the monotonic reading: durations and timers
+		// are as before, only wall-clock readings move, as on a host whose
+		// clock is off.
+		d.now = func() time.Time { return time.Now().Add(skew) }
+		log.Warn("this member's wall clock is shifted for a fault test", "env", ClockSkewEnv, "skew", skew)
+	}
 	if cfg.ShmDir != "" {
 		pages, err := kvmem.ShmDirPages(cfg.ShmDir)
 		if err != nil {

@@ -138,10 +138,16 @@ func (l *hostLab) urls(h *netlab.Host) string {
 // failure-detection preset, plus args.
 func (l *hostLab) connexd(h *netlab.Host, member string, args ...string) *proc {
 	l.t.Helper()
+	return l.connexdWith(h, member, nil, args...)
+}
+
+// connexdWith is connexd with environment variables added to the member's.
+func (l *hostLab) connexdWith(h *netlab.Host, member string, env []string, args ...string) *proc {
+	l.t.Helper()
 	all := append([]string{"--member-id", member, "--data-dir", l.t.TempDir(), "--log-level", "info",
 		"--nats-url", l.urls(h), "--backend", "tcp", "--data-listen", h.Addr(0), "--cluster-host", h.IP,
 		"--metrics-listen", h.Addr(0), "--js-replicas", "3", "--cluster-preset", "lan", "--orphan-scan-ms", "200"}, args...)
-	return startCmd(l.t, "connexd", member, h.Command(connexdBin, all...), all)
+	return startCmd(l.t, "connexd", member, h.Command(connexdBin, all...), all, env...)
 }
 
 // conn connects the test, playing an engine on host h, to h's server (and,
