@@ -6,7 +6,7 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build chaos chaos-soak run test test-race fuzz bench bench-pull bench-cluster bench-resume proto tidy clean
+.PHONY: all build chaos chaos-soak run test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts proto tidy clean
 
 all: build
 
@@ -52,6 +52,10 @@ bench-cluster:
 
 bench-resume:
 	bash scripts/bench.sh resume
+
+# A pull between two network-namespace hosts against iperf3 (root; iperf3).
+bench-hosts:
+	bash scripts/bench.sh hosts
 
 tidy:
 	$(GO) mod tidy

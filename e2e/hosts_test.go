@@ -26,14 +26,14 @@ import (
 // with JetStream, and connexd members started on the hosts, each with its
 // data plane and cluster remote on its host's address.
 type hostLab struct {
-	t    *testing.T
+	t    testing.TB
 	lab  *netlab.Lab
 	nats []*clusterNATS // nats[i] runs on lab.Hosts[i]
 }
 
 // newHostLab builds n hosts and starts the NATS cluster on them; it skips
 // the test where network namespaces cannot be made.
-func newHostLab(t *testing.T, n int) *hostLab {
+func newHostLab(t testing.TB, n int) *hostLab {
 	t.Helper()
 	if err := netlab.Available(); err != nil {
 		t.Skip(err)
@@ -190,7 +190,7 @@ func bucketInfo(ctx context.Context, nc *nats.Conn) (*jetstream.StreamInfo, erro
 // clusterNATS is one nats-server OS process of the lab's cluster, on its
 // host, restartable with the same configuration and store.
 type clusterNATS struct {
-	t          *testing.T
+	t          testing.TB
 	bin, conf  string
 	host       *netlab.Host
 	name, url  string
@@ -315,7 +315,7 @@ type hostPD struct {
 
 // newHostPD starts the lab and members: "p1" (prefill) on h1 and "dN"
 // (decode) on each hN, N >= 2.
-func newHostPD(t *testing.T, hosts int, prefillArgs ...string) *hostPD {
+func newHostPD(t testing.TB, hosts int, prefillArgs ...string) *hostPD {
 	return newHostLab(t, hosts).startPD(prefillArgs...)
 }
 
@@ -356,7 +356,7 @@ func (c *hostPD) waitMembers(n int) {
 	})
 }
 
-func (c *hostPD) hold(t *testing.T, blocks []uint32, tokens uint32) *messages.KVTransferParams {
+func (c *hostPD) hold(t testing.TB, blocks []uint32, tokens uint32) *messages.KVTransferParams {
 	t.Helper()
 	h, err := c.engP.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: c.engP.id, RegionId: c.engP.rid, BlockIds: blocks, NumTokens: tokens})
 	if err != nil {

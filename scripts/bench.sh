@@ -5,6 +5,8 @@
 #   bench.sh pull      data-plane pulls vs memcpy, ucx_perftest, TCP (RATIO ...)
 #   bench.sh cluster   failover timings (FAILOVER ...)
 #   bench.sh resume    what a decode death costs a streamed request, resumed vs re-prefilled (RESUME ...)
+#   bench.sh hosts     a TCP pull between two network-namespace hosts vs iperf3 on the same pair (HOSTS ...);
+#                      needs root, iproute2, nftables and iperf3
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -46,5 +48,9 @@ case "${1:-control}" in
     go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkResume$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"
     grep '^RESUME ' "$out" | tail -1
     ;;
-  *) echo "usage: $0 control|pull|cluster|resume" >&2; exit 2 ;;
+  hosts)
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkHosts$' -benchtime 1x -timeout 10m -v ./e2e/ | tee "$out"
+    grep '^HOSTS ' "$out" | tail -1 || { echo "bench.sh hosts: no HOSTS line (the benchmark skipped: see its SKIP reason above)" >&2; exit 1; }
+    ;;
+  *) echo "usage: $0 control|pull|cluster|resume|hosts" >&2; exit 2 ;;
 esac
