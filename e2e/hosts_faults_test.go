@@ -557,3 +557,53 @@ func TestHostsClockSkew(t *testing.T) {
 	}
 	t.Logf("an unrenewed 2 s lease on the member 30 s behind ended after %s", lived.Round(time.Millisecond))
 }
+
+// TestHostsUCXOverTCP pulls between hosts with the UCX data plane over its
+// TCP transport (UCX_TLS=tcp,self: what UCX has between machines without
+// RDMA), in checked and in one-sided reads. Skipped in a build without
+// -tags ucx.
+func TestHostsUCXOverTCP(t *testing.T) {
+	if buildTags() != "ucx" {
+		t.Skip("connexd built without -tags ucx (libucx not installed)")
+	}
+	for _, reads := range []string{"checked", "onesided"} {
+		t.Run(reads, func(t *testing.T) {
+			l := newHostLab(t, 3)
+			h1, h2 := l.lab.Hosts[0], l.lab.Hosts[1]
+			env := []string{"UCX_TLS=tcp,self", "UCX_NET_DEVICES=eth0"}
+			args := []string{"--backend", "ucx", "--ucx-reads", reads}
+			l.connexdMachine(h1, "p1", env, append(args, "--role", "prefill")...)
+			l.connexdMachine(h2, "d2", env, append(args, "--role", "decode")...)
+			pe := newEngine(t, l.conn(h1), "p1", "engP", testLayout, true)
+			nc2 := l.conn(h2)
+			de := newEngine(t, nc2, "d2", "engD", testLayout, false)
+			h, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: []uint32{1, 2, 3}, NumTokens: 48})
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := subscribe(t, nc2, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+			rx0, err := h2.RxBytes()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: h.Params, EngineId: de.id, RegionId: de.rid, BlockIds: []uint32{4, 5, 6}, PullId: "ucx"}); err != nil {
+				t.Fatal(err)
+			}
+			d := done.wait(t, 20*time.Second, func(m *messages.PullDone) bool { return m.PullId == "ucx" })
+			if !d.Ok {
+				t.Fatalf("UCX pull between hosts: %v", d)
+			}
+			verifyBlocks(t, pe.region, de.region, []uint32{1, 2, 3}, []uint32{4, 5, 6}, nil)
+			// The bytes came over the decode host's interface (no CMA
+			// shortcut between hosts).
+			rx1, err := h2.RxBytes()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rx1-rx0 < d.Bytes {
+				t.Fatalf("h2 received %d bytes during a %d-byte pull: the pull did not cross the network", rx1-rx0, d.Bytes)
+			}
+			t.Logf("%s: %d bytes pulled, h2 received %d", reads, d.Bytes, rx1-rx0)
+		})
+	}
+}

@@ -144,10 +144,26 @@ func (l *hostLab) connexd(h *netlab.Host, member string, args ...string) *proc {
 // connexdWith is connexd with environment variables added to the member's.
 func (l *hostLab) connexdWith(h *netlab.Host, member string, env []string, args ...string) *proc {
 	l.t.Helper()
+	return l.startMember(h, false, member, env, args...)
+}
+
+// connexdMachine is connexdWith with the member in a PID namespace of its
+// own (netlab's MachineCommand): no same-machine shortcut reaches it.
+func (l *hostLab) connexdMachine(h *netlab.Host, member string, env []string, args ...string) *proc {
+	l.t.Helper()
+	return l.startMember(h, true, member, env, args...)
+}
+
+func (l *hostLab) startMember(h *netlab.Host, machine bool, member string, env []string, args ...string) *proc {
+	l.t.Helper()
 	all := append([]string{"--member-id", member, "--data-dir", l.t.TempDir(), "--log-level", "info",
 		"--nats-url", l.urls(h), "--backend", "tcp", "--data-listen", h.Addr(0), "--cluster-host", h.IP,
 		"--metrics-listen", h.Addr(0), "--js-replicas", "3", "--cluster-preset", "lan", "--orphan-scan-ms", "200"}, args...)
-	return startCmd(l.t, "connexd", member, h.Command(connexdBin, all...), all, env...)
+	cmd := h.Command(connexdBin, all...)
+	if machine {
+		cmd = h.MachineCommand(connexdBin, all...)
+	}
+	return startCmd(l.t, "connexd", member, cmd, all, env...)
 }
 
 // conn connects the test, playing an engine on host h, to h's server (and,

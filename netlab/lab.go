@@ -22,6 +22,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 )
 
 // ErrUnavailable is wrapped by Available's answer when this machine cannot
@@ -150,6 +152,20 @@ func (l *Lab) Close() error {
 	if err := ipCmd("link", "del", l.bridge); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
 		errs = append(errs, err)
 	}
+	// The kernel destroys a deleted namespace, and the veth ends in it,
+	// in the background: wait, so that the next lab can take the names.
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for _, h := range l.Hosts {
+		for exec.Command("ip", "link", "show", h.peer).Run() == nil {
+			if time.Now().After(deadline) {
+				errs = append(errs, fmt.Errorf("netlab: %s still exists 10 s after its namespace was deleted", h.peer))
+				break
+			}
+			<-tick.C
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -157,6 +173,32 @@ func (l *Lab) Close() error {
 // process is name itself, in the host's namespace).
 func (h *Host) Command(name string, args ...string) *exec.Cmd {
 	return exec.Command("ip", append([]string{"netns", "exec", h.NS, name}, args...)...)
+}
+
+// MachineCommand is Command with the process also in a PID namespace of
+// its own (it is pid 1 there), so that it and the processes of other hosts
+// cannot name each other by pid: same-machine shortcuts that rely on it
+// (UCX's CMA reads with process_vm_readv) do not apply, as between two
+// machines. The process must handle the signals it is sent (a pid 1 gets
+// no default actions); SIGKILL always works.
+func (h *Host) MachineCommand(name string, args ...string) *exec.Cmd {
+	cmd := h.Command(name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+	return cmd
+}
+
+// RxBytes is the number of bytes the host's interface has received, so
+// that a test can tell its traffic crossed the lab's network.
+func (h *Host) RxBytes() (uint64, error) {
+	out, err := h.Command("cat", "/sys/class/net/"+h.veth+"/statistics/rx_bytes").Output()
+	if err != nil {
+		return 0, fmt.Errorf("netlab: rx_bytes of %s: %w", h.Name, err)
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(out)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("netlab: rx_bytes of %s: %w", h.Name, err)
+	}
+	return n, nil
 }
 
 // Addr is host:port on this host.
