@@ -41,13 +41,25 @@ func TestHostsPullAcrossHosts(t *testing.T) {
 	if !strings.HasPrefix(c.prefill.dataAddr, h1.IP+":") {
 		t.Fatalf("the prefill member's data address %q is not on its host %s", c.prefill.dataAddr, h1.IP)
 	}
-	for _, d := range []string{"d2", "d3"} {
+	for i, d := range []string{"d2", "d3"} {
+		h := c.lab.Hosts[i+1]
+		rx0, err := h.RxBytes()
+		if err != nil {
+			t.Fatal(err)
+		}
 		start := time.Now()
 		n := c.pullOn(t, d, "x-"+d, prm, []uint32{5, 6, 7}, 10*time.Second)
 		if !n.Ok {
 			t.Fatalf("pull on %s: %v", d, n)
 		}
-		t.Logf("%s pulled %d bytes from h1 in %s", d, n.Bytes, time.Since(start).Round(time.Millisecond))
+		rx1, err := h.RxBytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rx1-rx0 < n.Bytes {
+			t.Fatalf("%s received %d bytes during a %d-byte pull: it did not cross the network", h.Name, rx1-rx0, n.Bytes)
+		}
+		t.Logf("%s pulled %d bytes from h1 in %s (%s received %d)", d, n.Bytes, time.Since(start).Round(time.Millisecond), h.Name, rx1-rx0)
 		verifyBlocks(t, c.engP.region, c.engines[d].region, []uint32{1, 2, 3}, []uint32{5, 6, 7}, nil)
 	}
 	info, err := bucketInfo(ctx5(t), c.ncs["d2"])
