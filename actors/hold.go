@@ -238,8 +238,10 @@ func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 	// deadline is at most one lease away.
 	timeout := min(m.Timeout, a.h.Retain())
 	a.step(ctx, lease.PullStart{Now: now, By: m.By, PullID: m.PullID, Deadline: now.Add(timeout + a.deps.ReadSlack)}, func() Reply {
-		if err := a.spec.Region.Blocks.BeginRead(a.spec.Req.BlockIds); err == nil {
-			a.readers[m.PullID] = a.spec.Req.BlockIds
+		if _, again := a.readers[m.PullID]; !again { // a retried start counts once
+			if err := a.spec.Region.Blocks.BeginRead(a.spec.Req.BlockIds); err == nil {
+				a.readers[m.PullID] = a.spec.Req.BlockIds
+			}
 		}
 		a.pullBy[m.PullID] = m.By
 		st := a.h.Status()

@@ -179,9 +179,11 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	defer dcancel()
 	dch := make(chan descResult, 1)
 	go func() {
-		d, err := peer.Descriptors(dctx, &messages.DescriptorsRequest{
-			TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID, RequestId: prm.ConnexRequestId,
-			Layout: LayoutToProto(a.p.Dst.Region.Layout), TimeoutMs: uint32(a.p.Timeout / time.Millisecond),
+		d, err := descriptorsRetrying(dctx, a.p.Stall, func(ctx context.Context) (*messages.Descriptors, error) {
+			return peer.Descriptors(ctx, &messages.DescriptorsRequest{
+				TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID, RequestId: prm.ConnexRequestId,
+				Layout: LayoutToProto(a.p.Dst.Region.Layout), TimeoutMs: uint32(a.p.Timeout / time.Millisecond),
+			})
 		})
 		dch <- descResult{d, err}
 	}()

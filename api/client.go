@@ -47,7 +47,9 @@ func (c *Client) Call(ctx context.Context, ep string, in, out proto.Message) err
 	reply, err := c.NC.RequestMsgWithContext(ctx, msg)
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
-			return Errorf(CodePeerUnavailable, "%s on member %s: %v", ep, c.Member, err)
+			e := Errorf(CodePeerUnavailable, "%s on member %s: %v", ep, c.Member, err)
+			e.Cause = err // nothing received it: callers may send it again
+			return e
 		}
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
 			// A publish the server's permissions refuse is dropped and

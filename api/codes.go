@@ -32,9 +32,16 @@ func (c Code) Name() string {
 type Error struct {
 	Code Code
 	Msg  string
+	// Cause is the error behind a code the client itself decided (NATS'
+	// "no responders", a timeout), for errors.Is; nil for a code the member
+	// answered with.
+	Cause error
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s (%d): %s", e.Code.Name(), int(e.Code), e.Msg) }
+
+// Unwrap returns Cause.
+func (e *Error) Unwrap() error { return e.Cause }
 
 // Errorf builds an *Error.
 func Errorf(code Code, format string, args ...any) *Error {

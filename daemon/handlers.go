@@ -412,12 +412,22 @@ func (d *Daemon) StartPull(ctx context.Context, r *messages.StartPullRequest) (*
 	if err != nil {
 		return nil, err
 	}
+	// pull.start is idempotent while the pull runs: an engine whose call
+	// timed out (its NATS server died with the answer) sends it again and
+	// is told the pull runs; its pull.done comes once.
+	if claimed, same := d.inflight.claim(r.EngineId, pullID, p.TransferId, d.now()); !claimed {
+		if same {
+			return &messages.StartPullReply{PullId: pullID}, nil
+		}
+		return nil, api.Errorf(api.CodeBadRequest, "pull_id=%q is in use by another running pull; give each pull its own id", pullID)
+	}
 	dst, release, err := d.regions.Acquire(r.EngineId, r.RegionId)
 	if err != nil {
+		d.inflight.done(pullID)
 		return nil, api.Errorf(api.CodeUnknownRegion, "%v", err)
 	}
 	l := dst.Region.Layout
-	fail := func(err error) (*messages.StartPullReply, error) { release(); return nil, err }
+	fail := func(err error) (*messages.StartPullReply, error) { release(); d.inflight.done(pullID); return nil, err }
 	if err := dst.CheckBroken(); err != nil {
 		return fail(err)
 	}
@@ -434,7 +444,6 @@ func (d *Daemon) StartPull(ctx context.Context, r *messages.StartPullRequest) (*
 		return fail(err)
 	}
 	props := actors.PullerProps(d.pdeps, &actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Timeout: timeout, Stall: min(d.cfg.PullStall, timeout), ReleaseRegion: release})
-	d.inflight.start(r.EngineId, pullID, p.TransferId, d.now())
 	d.system.Root.Spawn(props)
 	return &messages.StartPullReply{PullId: pullID}, nil
 }

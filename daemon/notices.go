@@ -148,10 +148,18 @@ type pullEntry struct {
 
 func newPullTable() *pullTable { return &pullTable{pulls: map[string]pullEntry{}} }
 
-func (t *pullTable) start(engine, pullID, transfer string, now time.Time) {
+// claim records a pull about to start, unless one with its id runs: then
+// it reports whether that one is the same pull (same engine and transfer:
+// a pull.start sent again because its answer was lost) and records
+// nothing.
+func (t *pullTable) claim(engine, pullID, transfer string, now time.Time) (claimed, same bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if p, ok := t.pulls[pullID]; ok {
+		return false, p.engine == engine && p.info.TransferId == transfer
+	}
 	t.pulls[pullID] = pullEntry{engine: engine, info: &messages.PullInFlight{PullId: pullID, TransferId: transfer, StartedUnixMs: now.UnixMilli(), EngineId: engine}}
+	return true, false
 }
 
 func (t *pullTable) done(pullID string) {

@@ -86,7 +86,7 @@ type Hold struct {
 	cfg       Config
 	state     State
 	deadline  time.Time            // lease deadline while Held
-	pulls     map[string]time.Time // running pull id -> its deadline
+	pulls     map[string]pull // running pull id -> its reader and deadline
 	pullsDone int
 	freed     bool
 	// bindEpoch is the request epoch of the last Rebind (0: the binding
@@ -97,12 +97,18 @@ type Hold struct {
 	releasedByPull bool
 }
 
+// pull is one running read of the hold.
+type pull struct {
+	by       string
+	deadline time.Time
+}
+
 // New creates a held lease at now.
 func New(now time.Time, cfg Config) (*Hold, error) {
 	if cfg.Retain <= 0 {
 		return nil, fmt.Errorf("%w: retain must be > 0, got %s", ErrBadConfig, cfg.Retain)
 	}
-	return &Hold{cfg: cfg, deadline: now.Add(cfg.Retain), pulls: map[string]time.Time{}}, nil
+	return &Hold{cfg: cfg, deadline: now.Add(cfg.Retain), pulls: map[string]pull{}}, nil
 }
 
 // Effect is something the caller must do after a Step, in order.
@@ -138,7 +144,9 @@ type Renew struct {
 
 // PullStart records that a reader starts reading; it renews the lease. The
 // reader promises to end (PullEnd) before Deadline; if it does not, the
-// pull is abandoned at Deadline.
+// pull is abandoned at Deadline. A PullStart of a running pull by the same
+// reader (a retry whose first answer was lost) only renews the lease;
+// by another reader it is ErrDuplicate.
 type PullStart struct {
 	Now      time.Time
 	By       string
@@ -200,7 +208,7 @@ func (h *Hold) Step(ev Event) ([]Effect, error) {
 		if h.state.Terminal() {
 			return fx, h.terminalErr()
 		}
-		h.pulls = map[string]time.Time{}
+		h.pulls = map[string]pull{}
 		return h.finish(EngineGone, fx), nil
 	case Rebind:
 		if err := h.live(h.cfg.Consumer, false); err != nil {
@@ -224,10 +232,20 @@ func (h *Hold) Step(ev Event) ([]Effect, error) {
 		if err := h.live(e.By, false); err != nil {
 			return fx, err
 		}
-		if _, dup := h.pulls[e.PullID]; dup || e.PullID == "" {
+		if e.PullID == "" {
 			return fx, fmt.Errorf("%w: %q", ErrDuplicate, e.PullID)
 		}
-		h.pulls[e.PullID] = e.Deadline
+		if p, dup := h.pulls[e.PullID]; dup {
+			// The same reader asking again: its first start's answer was
+			// lost (a NATS server died under it). The pull stands as it
+			// was started; the lease is renewed.
+			if p.by != e.By {
+				return fx, fmt.Errorf("%w: %q", ErrDuplicate, e.PullID)
+			}
+			h.deadline = e.Now.Add(h.cfg.Retain)
+			return fx, nil
+		}
+		h.pulls[e.PullID] = pull{by: e.By, deadline: e.Deadline}
 		h.deadline = e.Now.Add(h.cfg.Retain)
 		return fx, nil
 	case PullEnd:
@@ -263,8 +281,8 @@ func (h *Hold) advance(now time.Time, fx []Effect) []Effect {
 		return fx
 	}
 	var overdue []string
-	for id, dl := range h.pulls {
-		if !now.Before(dl) {
+	for id, p := range h.pulls {
+		if !now.Before(p.deadline) {
 			overdue = append(overdue, id)
 		}
 	}
@@ -373,9 +391,9 @@ func (h *Hold) NextWake() (at time.Time, ok bool) {
 	if h.state == Held {
 		at = h.deadline
 	}
-	for _, dl := range h.pulls {
-		if at.IsZero() || dl.Before(at) {
-			at = dl
+	for _, p := range h.pulls {
+		if at.IsZero() || p.deadline.Before(at) {
+			at = p.deadline
 		}
 	}
 	return at, !at.IsZero()

@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
 )
 
 // Load failure policies (kv_load_failure_policy).
@@ -85,9 +87,19 @@ func (e *Engine) Pull(ctx context.Context, params *messages.KVTransferParams, ds
 		delete(e.pulls, id)
 		e.mu.Unlock()
 	}()
-	c, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
-	_, err := e.cli.StartPull(c, &messages.StartPullRequest{Params: params, EngineId: e.cfg.EngineID, RegionId: e.cfg.RegionID, BlockIds: dst, PullId: id, TimeoutMs: uint32(e.cfg.PullTimeout.Milliseconds())})
-	cancel()
+	req := &messages.StartPullRequest{Params: params, EngineId: e.cfg.EngineID, RegionId: e.cfg.RegionID, BlockIds: dst, PullId: id, TimeoutMs: uint32(e.cfg.PullTimeout.Milliseconds())}
+	var err error
+	// Sent again when the answer may have been lost with a NATS server
+	// (connexd treats a pull.start of a running pull id as the same pull).
+	for attempt := 1; ; attempt++ {
+		c, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
+		_, err = e.cli.StartPull(c, req)
+		cancel()
+		if err == nil || attempt == 3 || ctx.Err() != nil || !(errors.Is(err, nats.ErrNoResponders) || api.CodeOf(err) == api.CodeTimeout) {
+			break
+		}
+		e.log.Warn("pull.start not answered; sending it again", "engine", e.cfg.EngineID, "pull", id, "attempt", attempt, "err", err)
+	}
 	if err != nil {
 		code := api.CodeOf(err)
 		if ctx.Err() != nil && code == api.CodeTimeout {

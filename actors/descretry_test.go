@@ -1,0 +1,70 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+)
+
+func TestDescriptorsRetrying(t *testing.T) {
+	noResponders := &api.Error{Code: api.CodePeerUnavailable, Msg: "peer.descriptors: no responders", Cause: nats.ErrNoResponders}
+	want := &messages.Descriptors{TransferId: "t"}
+	for _, tc := range []struct {
+		name  string
+		steps []func(ctx context.Context) (*messages.Descriptors, error)
+		calls int
+		ok    bool
+	}{
+		{"answered at once", []func(context.Context) (*messages.Descriptors, error){
+			func(context.Context) (*messages.Descriptors, error) { return want, nil },
+		}, 1, true},
+		{"holder between NATS servers, then back", []func(context.Context) (*messages.Descriptors, error){
+			func(context.Context) (*messages.Descriptors, error) { return nil, noResponders },
+			func(context.Context) (*messages.Descriptors, error) { return nil, noResponders },
+			func(context.Context) (*messages.Descriptors, error) { return want, nil },
+		}, 3, true},
+		{"first request lost with its server", []func(context.Context) (*messages.Descriptors, error){
+			func(ctx context.Context) (*messages.Descriptors, error) {
+				<-ctx.Done()
+				return nil, api.Errorf(api.CodeTimeout, "peer.descriptors: %v", ctx.Err())
+			},
+			func(context.Context) (*messages.Descriptors, error) { return want, nil },
+		}, 2, true},
+		{"the holder's answer is final", []func(context.Context) (*messages.Descriptors, error){
+			func(context.Context) (*messages.Descriptors, error) {
+				return nil, api.Errorf(api.CodeExpired, "gone")
+			},
+		}, 1, false},
+		{"a timeout the holder answered is final", []func(context.Context) (*messages.Descriptors, error){
+			func(context.Context) (*messages.Descriptors, error) {
+				return nil, api.Errorf(api.CodeTimeout, "the holder said so")
+			},
+		}, 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			calls := 0
+			d, err := descriptorsRetrying(ctx, 300*time.Millisecond, func(c context.Context) (*messages.Descriptors, error) {
+				f := tc.steps[min(calls, len(tc.steps)-1)]
+				calls++
+				return f(c)
+			})
+			if calls != tc.calls || (err == nil) != tc.ok || (tc.ok && d != want) {
+				t.Fatalf("calls %d (want %d), descriptors %v, err %v", calls, tc.calls, d, err)
+			}
+		})
+	}
+	// The stall deadline ends the retries.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err := descriptorsRetrying(ctx, time.Second, func(context.Context) (*messages.Descriptors, error) { return nil, noResponders })
+	if !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("after the deadline: %v", err)
+	}
+}
