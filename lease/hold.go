@@ -85,7 +85,7 @@ type Config struct {
 type Hold struct {
 	cfg       Config
 	state     State
-	deadline  time.Time            // lease deadline while Held
+	deadline  time.Time       // lease deadline while Held
 	pulls     map[string]pull // running pull id -> its reader and deadline
 	pullsDone int
 	freed     bool
