@@ -154,10 +154,7 @@
 //     the rkey cache is keyed by the allocation id as well, or a reader
 //     would read the stale mapping (TestSharedReusedAddressReadsNewMemory).
 //
-// Measured (make bench-pull, 2 cores): 256 MiB from a created region
-// 12-18.5 GB/s end to end (StartPull to PullDone) against 11.7-17 GB/s for
-// a single-threaded memcpy of the same bytes; the holder spends 3-5 ms of
-// CPU per GB (polling), against ~180 ms for checked reads.
+// Throughput of each read path against memcpy: BENCHMARKS.md (make bench-pull).
 //
 // # Read modes: checked (default) and onesided
 //
@@ -195,14 +192,10 @@
 // OneSidedDefaultTLS ("tcp,self"), which lets UCX use peer error handling
 // for the endpoint it still needs (wire-up, checked keys, the fallback).
 //
-// Measured (make bench-pull, connexd pair, 2 cores; GB/s = 1e9 B/s, median
-// of 5): contiguous 256 MiB checked 3.9, onesided 6.5, memcpy 16.3
-// (ucx/memcpy 0.40); KV layout 4096 x 32 KiB checked 1.8, onesided 3.4.
-// The ceiling is the kernel: process_vm_readv pins and copies page by page,
-// 5-7.5 GB/s on one thread here and ~8.5 GB/s on two, about half of a
-// user-space memcpy, so CMA cannot reach 0.9x memcpy on this machine. Only
-// mapping the holder's pages into the reader (XPMEM, or mapping the shared
-// region file) would.
+// The kernel bounds this path: process_vm_readv pins and copies page by page,
+// about half of a user-space memcpy (figures: BENCHMARKS.md); only mapping the
+// holder's pages into the reader (XPMEM, or mapping the shared region file)
+// would reach memcpy.
 //
 // Tradeoffs of onesided mode:
 //
