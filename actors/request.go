@@ -314,10 +314,11 @@ func (a *requestActor) takeoverInPlace(ctx actor.Context, m *TakeoverRequest) {
 // background, so that the write that found the fence answers at once: a
 // store that has just said "fenced" can be recovering from the partition
 // that caused it (JetStream answers "temporarily unavailable" for a moment
-// after a partition heals). The notice goes out when the owner is known, or
+// after a partition heals, and a deposed leader may still answer a read with
+// the state from before). The notice goes out when the owner is known, or
 // with no owner after a few seconds of trying.
 func (a *requestActor) noticeFenced() {
-	id, engine, epoch := a.st.RequestId, a.st.EngineId, a.st.Epoch
+	id, engine, epoch, self := a.st.RequestId, a.st.EngineId, a.st.Epoch, a.st.Owner
 	store, log, publish, timeout := a.deps.Store, a.deps.Log, a.deps.Publish, a.deps.StoreTimeout
 	go func() {
 		owner := ""
@@ -326,6 +327,13 @@ func (a *requestActor) noticeFenced() {
 			c, cancel := context.WithTimeout(context.Background(), time.Second)
 			cur, _, err := store.Get(c, id)
 			cancel()
+			// The write was refused, so the state moved on: a read that
+			// shows it as this activation left it comes from a server that
+			// has not heard yet (a stream leader deposed by the partition
+			// that caused the fence answers for a moment after the heal).
+			if err == nil && cur.Owner == self && cur.Epoch == epoch {
+				err = fmt.Errorf("read the request as it was before the fence (a stale server)")
+			}
 			if err == nil {
 				owner = cur.Owner
 				break
