@@ -30,7 +30,14 @@ func newLab(t *testing.T, n int) *Lab {
 // gateway address, which every host reaches through the bridge.
 func listenGateway(t *testing.T, l *Lab) net.Listener {
 	t.Helper()
-	ln, err := net.Listen("tcp", l.Gateway()+":0")
+	return echoServer(t, l.Gateway()+":0")
+}
+
+// echoServer answers every connection on addr with what it reads, until
+// the test ends.
+func echoServer(t *testing.T, addr string) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,33 +9,13 @@ import (
 	"time"
 )
 
-// echoServer answers every connection with what it reads.
-func echoServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
-	return ln.Addr().String()
-}
-
 // TestRelayDelaysEachWay: bytes come back intact through the relay, a
 // round trip takes at least twice the delay (a lower bound: load can only
 // add to it), a changed delay applies to later bytes, and Close cuts the
 // relayed connection.
 func TestRelayDelaysEachWay(t *testing.T) {
 	const delay = 40 * time.Millisecond
-	r, err := NewRelay("127.0.0.1:0", echoServer(t), delay)
+	r, err := NewRelay("127.0.0.1:0", echoServer(t, "127.0.0.1:0").Addr().String(), delay)
 	if err != nil {
 		t.Fatal(err)
 	}

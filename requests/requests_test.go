@@ -95,8 +95,11 @@ func TestStateTransitions(t *testing.T) {
 	}
 }
 
-func TestKVStoreFencing(t *testing.T) {
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+// natsConn starts an in-process NATS server (with JetStream or not) for
+// the test and connects to it.
+func natsConn(t *testing.T, jetstream bool) *nats.Conn {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: jetstream, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,12 +107,17 @@ func TestKVStoreFencing(t *testing.T) {
 	if !srv.ReadyForConnections(10 * time.Second) {
 		t.Fatal("not ready")
 	}
-	defer srv.Shutdown()
+	t.Cleanup(srv.Shutdown)
 	nc, err := nats.Connect(srv.ClientURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func TestKVStoreFencing(t *testing.T) {
+	nc := natsConn(t, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := OpenKVStore(ctx, nc, 1, time.Hour, 1<<20)
@@ -232,23 +240,10 @@ func TestOpenKVStoreUnrecoverable(t *testing.T) {
 		replicas  int
 	}{{"replicas on a single server", true, 3}, {"no JetStream", false, 1}} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: tc.jetstream, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			go srv.Start()
-			if !srv.ReadyForConnections(10 * time.Second) {
-				t.Fatal("not ready")
-			}
-			defer srv.Shutdown()
-			nc, err := nats.Connect(srv.ClientURL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
+			nc := natsConn(t, tc.jetstream)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, err = OpenKVStore(ctx, nc, tc.replicas, time.Hour, 1<<20)
+			_, err := OpenKVStore(ctx, nc, tc.replicas, time.Hour, 1<<20)
 			if err == nil || !Unrecoverable(err) {
 				t.Fatalf("OpenKVStore: %v; Unrecoverable: %v", err, Unrecoverable(err))
 			}

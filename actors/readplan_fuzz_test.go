@@ -1,0 +1,85 @@
+package actors
+
+import (
+	"path/filepath"
+	"testing"
+	"unsafe"
+
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/messages"
+	"google.golang.org/protobuf/proto"
+)
+
+// FuzzPlanReads binds descriptors a peer sent (any bytes) to a pull into a
+// fixed destination: binding never panics, and a plan it accepts writes only
+// inside the destination blocks, exactly their bytes, with keys from the
+// descriptors.
+func FuzzPlanReads(f *testing.F) {
+	l := kvmem.Layout{Layers: 2, Planes: 2, Blocks: 8, BlockBytes: 16, BlockSize: 4, TPSize: 1}
+	r, err := kvmem.CreateRegion(filepath.Join(f.TempDir(), "r"), l)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer r.Close()
+	srcIDs := []uint32{1, 2, 3, 6}
+	dstIDs := []uint32{4, 5, 0, 7}
+	for _, d := range []*messages.Descriptors{
+		segmentDescriptors(l, srcIDs),
+		{Layout: LayoutToProto(l), BlockIds: srcIDs, ImpliedSegments: true, Rkeys: [][]byte{{1}}, RegionAddr: 1 << 20},
+	} {
+		seed, err := proto.Marshal(d)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(seed)
+	}
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(r.Bytes())))
+	// Block slots (offset / block size) of the destination blocks in
+	// every layer and plane.
+	isDst := map[uint64]bool{}
+	for layer := uint32(0); layer < l.Layers; layer++ {
+		for p := uint32(0); p < l.Planes; p++ {
+			for _, b := range dstIDs {
+				isDst[l.Offset(layer, p, b)/l.BlockBytes] = true
+			}
+		}
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		desc := new(messages.Descriptors)
+		if proto.Unmarshal(data, desc) != nil {
+			return
+		}
+		dst := &kvmem.Mapped{Engine: "e", ID: "r", Region: r, Blocks: kvmem.NewBlockTable(l.Blocks)}
+		ops, total, err := PlanReads(desc, srcIDs, dst, dstIDs)
+		if err != nil {
+			return
+		}
+		want := uint64(len(srcIDs)) * l.BlockBytes * uint64(l.Layers*l.Planes)
+		var sum uint64
+		for _, op := range ops {
+			n := uint64(len(op.Dst))
+			off := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(op.Dst))) - base)
+			if n == 0 || off+n > uint64(len(r.Bytes())) {
+				t.Fatalf("op writes [%d,+%d) outside the region", off, n)
+			}
+			for b := off / l.BlockBytes; b*l.BlockBytes < off+n; b++ {
+				if !isDst[b] {
+					t.Fatalf("op writes [%d,+%d): block slot %d is not a destination block", off, n, b)
+				}
+			}
+			known := false
+			for _, k := range desc.Rkeys {
+				if string(k) == string(op.RemoteKey) {
+					known = true
+				}
+			}
+			if !known {
+				t.Fatalf("op key %x not among the descriptors' keys", op.RemoteKey)
+			}
+			sum += n
+		}
+		if total != want || sum != want {
+			t.Fatalf("plan moves %d bytes (ops %d), want %d", total, sum, want)
+		}
+	})
+}
