@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/errcode"
 	"github.com/connex/connex/transport"
 )
 
@@ -43,8 +44,8 @@ func TestHolderWatchLeft(t *testing.T) {
 		if gone == nil {
 			t.Fatalf("pull %d: not cancelled with the holder's departure: %v", i, context.Cause(ctx))
 		}
-		if !errors.Is(gone, transport.ErrPeerGone) || api.CodeOf(gone) != api.CodePeerUnavailable {
-			t.Fatalf("pull %d: cause %v maps to %d", i, gone, api.CodeOf(gone))
+		if !errors.Is(gone, transport.ErrPeerGone) || errcode.Of(gone) != api.CodePeerUnavailable {
+			t.Fatalf("pull %d: cause %v maps to %d", i, gone, errcode.Of(gone))
 		}
 		if want := "holder member h1 left the cluster (unreachable)"; gone.Error() != want {
 			t.Fatalf("pull %d: %q, want %q", i, gone, want)
@@ -109,19 +110,19 @@ func TestReadErrPrefersHolderLeft(t *testing.T) {
 	w.Watch("h", cancel)
 	w.Left("h", "timeout")
 	err := descriptorsErr(ctx, "p1", "h", fmt.Errorf("api: peer.descriptors on member h: %w", context.Canceled))
-	if api.CodeOf(err) != api.CodePeerUnavailable {
-		t.Fatalf("code %d: %v", api.CodeOf(err), err)
+	if errcode.Of(err) != api.CodePeerUnavailable {
+		t.Fatalf("code %d: %v", errcode.Of(err), err)
 	}
-	if got := readErr(ctx, transport.ErrCanceled); api.CodeOf(got) != api.CodePeerUnavailable {
-		t.Fatalf("read: code %d: %v", api.CodeOf(got), got)
+	if got := readErr(ctx, transport.ErrCanceled); errcode.Of(got) != api.CodePeerUnavailable {
+		t.Fatalf("read: code %d: %v", errcode.Of(got), got)
 	}
 	// Shutdown (a plain cancel of the parent) stays transfer_failed.
 	parent, stop := context.WithCancel(context.Background())
 	child, cc := context.WithCancelCause(parent)
 	defer cc(nil)
 	stop()
-	if got := readErr(child, child.Err()); api.CodeOf(got) != api.CodeTransferFailed {
-		t.Fatalf("shutdown: code %d: %v", api.CodeOf(got), got)
+	if got := readErr(child, child.Err()); errcode.Of(got) != api.CodeTransferFailed {
+		t.Fatalf("shutdown: code %d: %v", errcode.Of(got), got)
 	}
 }
 
@@ -177,8 +178,8 @@ func TestReadsEndWhenHolderLeaves(t *testing.T) {
 	}
 	select {
 	case err := <-errc:
-		if api.CodeOf(err) != api.CodePeerUnavailable || !strings.Contains(err.Error(), "holder member h1 left the cluster (unreachable)") {
-			t.Fatalf("code %d: %v", api.CodeOf(err), err)
+		if errcode.Of(err) != api.CodePeerUnavailable || !strings.Contains(err.Error(), "holder member h1 left the cluster (unreachable)") {
+			t.Fatalf("code %d: %v", errcode.Of(err), err)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("reads still running 10 s after the holder left (stall deadline is 1 h)")

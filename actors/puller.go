@@ -11,6 +11,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/errcode"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/transport"
@@ -139,7 +140,7 @@ func (a *pullerActor) finish(r *pullResult) {
 		ReadUs: uint64(a.readDur / time.Microsecond),
 	}
 	if r.err != nil {
-		e := api.AsError(r.err)
+		e := errcode.AsError(r.err)
 		done.ErrorCode, done.Error = uint32(e.Code), e.Msg
 		a.deps.Metrics.PullsFailed.Add(1)
 		a.deps.Log.Info("pull failed", "pull", a.p.ID, "transfer", a.p.Params.TransferId, "request", done.RequestId, "engine", a.p.Dst.Engine,

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/errcode"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/transport"
@@ -105,7 +106,7 @@ func TestPlanReads(t *testing.T) {
 			t.Errorf("case %d: want ErrBadDescriptors, got %v", i, err)
 		}
 	}
-	if _, _, err := PlanReads(desc, srcIDs, dst, dstIDs[:3]); api.CodeOf(err) != api.CodeBadBlockIDs {
+	if _, _, err := PlanReads(desc, srcIDs, dst, dstIDs[:3]); errcode.Of(err) != api.CodeBadBlockIDs {
 		t.Errorf("count mismatch: %v", err)
 	}
 	other := l
@@ -270,7 +271,7 @@ func TestDescriptorsErrCodes(t *testing.T) {
 		{"no responders", api.Errorf(api.CodePeerUnavailable, "gone"), api.CodePeerUnavailable},
 	} {
 		err := descriptorsErr(context.Background(), "p1", "h", tc.err)
-		if got := api.CodeOf(err); got != tc.want {
+		if got := errcode.Of(err); got != tc.want {
 			t.Errorf("%s: code %d (%s), want %d: %v", tc.name, got, got.Name(), tc.want, err)
 		}
 		if !strings.Contains(err.Error(), "pull p1: descriptors from h") {

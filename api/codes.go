@@ -3,11 +3,6 @@ package api
 import (
 	"errors"
 	"fmt"
-
-	"github.com/connex/connex/kvmem"
-	"github.com/connex/connex/lease"
-	"github.com/connex/connex/requests"
-	"github.com/connex/connex/transport"
 )
 
 // Code is a stable numeric error code sent in the Nats-Service-Error-Code
@@ -48,8 +43,9 @@ func Errorf(code Code, format string, args ...any) *Error {
 	return &Error{Code: code, Msg: fmt.Sprintf(format, args...)}
 }
 
-// CodeOf maps any error to its API code: an *Error keeps its code; the
-// sentinels of lease, kvmem and transport map to theirs; the rest is internal.
+// CodeOf is the API code of err: an *Error's own (anywhere in its chain), 0
+// for nil, CodeInternal for anything else. On the serving side, domain
+// errors get their codes from package errcode (ServeOptions.Errors).
 func CodeOf(err error) Code {
 	var ae *Error
 	switch {
@@ -57,46 +53,6 @@ func CodeOf(err error) Code {
 		return 0
 	case errors.As(err, &ae):
 		return ae.Code
-	case errors.Is(err, lease.ErrExpired):
-		return CodeExpired
-	case errors.Is(err, lease.ErrReleased):
-		return CodeReleased
-	case errors.Is(err, lease.ErrNotYours), errors.Is(err, lease.ErrStaleBinding):
-		return CodeNotYours
-	case errors.Is(err, lease.ErrEngineGone):
-		return CodeEngineGone
-	case errors.Is(err, lease.ErrBadConfig), errors.Is(err, lease.ErrDuplicate), errors.Is(err, lease.ErrUnknownPull):
-		return CodeBadRequest
-	case errors.Is(err, requests.ErrFenced), errors.Is(err, requests.ErrNotOrphan):
-		return CodeFenced
-	case errors.Is(err, requests.ErrNotFound):
-		return CodeUnknownRequest
-	case errors.Is(err, requests.ErrExists):
-		return CodeRequestExists
-	case errors.Is(err, requests.ErrInvalid):
-		return CodeBadRequest
-	case errors.Is(err, kvmem.ErrBadBlockIDs):
-		return CodeBadBlockIDs
-	case errors.Is(err, kvmem.ErrOutsideRegionDir):
-		return CodeForbidden
-	case errors.Is(err, kvmem.ErrOverQuota), errors.Is(err, requests.ErrStoreFull):
-		return CodeOverloaded
-	case errors.Is(err, kvmem.ErrBadLayout):
-		return CodeBadLayout
-	case errors.Is(err, kvmem.ErrIncompatible):
-		return CodeIncompatible
-	case errors.Is(err, kvmem.ErrBlocksBusy):
-		return CodeBlocksBusy
-	case errors.Is(err, kvmem.ErrRegion):
-		return CodeRegionIO
-	case errors.Is(err, kvmem.ErrRegionBroken), errors.Is(err, transport.ErrFault):
-		return CodeRegionBroken
-	case errors.Is(err, transport.ErrTimeout):
-		return CodeTimeout
-	case errors.Is(err, transport.ErrPeerGone), errors.Is(err, transport.ErrUnavailable):
-		return CodePeerUnavailable
-	case errors.Is(err, transport.ErrNotRegistered), errors.Is(err, transport.ErrBadKey), errors.Is(err, transport.ErrCanceled), errors.Is(err, transport.ErrClosed):
-		return CodeTransferFailed
 	}
 	return CodeInternal
 }

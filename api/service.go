@@ -15,7 +15,7 @@ import (
 
 // Handler implements the endpoints. Methods are called concurrently, each
 // with a context that ends at the request's deadline. Returning an *Error
-// (or a sentinel CodeOf knows) picks the error code.
+// (or an error ServeOptions.Errors maps) picks the error code.
 type Handler interface {
 	RegisterRegion(context.Context, *messages.RegisterRegionRequest) (*messages.RegionInfo, error)
 	CreateRegion(context.Context, *messages.CreateRegionRequest) (*messages.RegionInfo, error)
@@ -50,6 +50,10 @@ type ServeOptions struct {
 	// Stats, if set, is reported as every endpoint's "data" in
 	// $SRV.STATS.connex (`nats micro stats connex`): the daemon's counters.
 	Stats func() any
+	// Errors turns a handler's error into the code and message its caller
+	// gets (connexd: errcode.AsError, which knows the domain packages'
+	// errors); nil: AsError, where only *Error keep their codes.
+	Errors func(error) *Error
 }
 
 // Serve registers the "connex" micro service on nc with every endpoint under
@@ -66,6 +70,9 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.Errors == nil {
+		o.Errors = AsError
 	}
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
@@ -197,7 +204,7 @@ func endpoint[Req any, PReq interface {
 			}
 			out, err := fn(ctx, in)
 			if err != nil {
-				s.fail(req, AsError(err))
+				s.fail(req, s.o.Errors(err))
 				return
 			}
 			data, err := Marshal(out, isJSON)

@@ -19,6 +19,7 @@ import (
 	"github.com/connex/connex/cluster"
 	"github.com/connex/connex/config"
 	"github.com/connex/connex/engines"
+	"github.com/connex/connex/errcode"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/notices"
@@ -219,7 +220,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	}
 	d.svc, err = api.Serve(d.Bus.Conn, d, api.ServeOptions{
 		Member: cfg.MemberID, Version: Version, MaxRequestBytes: cfg.MaxRequestBytes, Logger: log,
-		Stats: d.stats,
+		Stats: d.stats, Errors: errcode.AsError,
 	})
 	if err != nil {
 		return d, err

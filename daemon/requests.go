@@ -9,6 +9,7 @@ import (
 
 	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/errcode"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/requests"
 )
@@ -280,7 +281,7 @@ func (d *Daemon) adoptLeftovers() error {
 		if _, ok := d.reqTable.Lookup(req); ok {
 			continue
 		}
-		if _, err := d.Adopt(ctx, &messages.AdoptRequestMsg{RequestId: req, DeadOwner: owner}); err != nil && api.CodeOf(err) != api.CodeFenced {
+		if _, err := d.Adopt(ctx, &messages.AdoptRequestMsg{RequestId: req, DeadOwner: owner}); err != nil && errcode.Of(err) != api.CodeFenced {
 			errs = append(errs, fmt.Errorf("adopt %s: %w", req, err))
 		}
 	}
