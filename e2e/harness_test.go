@@ -175,12 +175,18 @@ func startCmd(t testing.TB, name, member string, cmd *exec.Cmd, args []string, e
 				p.dataAddr = v
 			}
 		}
+		// Entries end with the test: a later test's server may get the same
+		// port (and so the same URL) without this authority or CA.
 		if p.authDir != "" {
-			authorities.Store(p.natsURL, p.authDir)
+			url, dir := p.natsURL, p.authDir
+			authorities.Store(url, dir)
+			t.Cleanup(func() { authorities.CompareAndDelete(url, dir) })
 		}
 		for i, a := range args {
 			if a == "--nats-tls-ca" && i+1 < len(args) && !slices.Contains(args, "--nats-url") {
-				tlsCAs.Store(p.natsURL, args[i+1])
+				url, ca := p.natsURL, args[i+1]
+				tlsCAs.Store(url, ca)
+				t.Cleanup(func() { tlsCAs.CompareAndDelete(url, ca) })
 			}
 		}
 	case <-p.exited:

@@ -78,7 +78,9 @@ func startProduct(t testing.TB, mod func(*localcluster.Options)) *localcluster.C
 		}
 	})
 	if f := c.AdminCreds(); f != "" {
-		authorities.Store(c.NATSURL(), filepath.Dir(f))
+		url, dir := c.NATSURL(), filepath.Dir(f)
+		authorities.Store(url, dir)
+		t.Cleanup(func() { authorities.CompareAndDelete(url, dir) })
 	}
 	return c
 }
