@@ -63,11 +63,11 @@ type earlyResult struct {
 // backend's data plane and book vouches for the address; nil otherwise.
 // The connect has stall to succeed, as a connect after the descriptors
 // would.
-func connectEarly(ctx context.Context, backend transport.Backend, book *dataAddrBook, rc *messages.RemoteCtrl, stall time.Duration) *earlyEndpoint {
+func connectEarly(ctx context.Context, backend transport.Backend, book *dataAddrBook, rc *messages.RemoteCtrl, budget time.Duration) *earlyEndpoint {
 	if rc.GetBackend() != backend.Name() || !book.vouches(rc.GetMember(), rc.GetDataAddr()) {
 		return nil
 	}
-	cctx, cancel := context.WithTimeout(ctx, stall)
+	cctx, cancel := context.WithTimeout(ctx, budget)
 	e := &earlyEndpoint{addr: rc.GetDataAddr(), cancel: cancel, ch: make(chan earlyResult, 1)}
 	go func() {
 		ep, err := backend.Connect(cctx, e.addr)
@@ -75,6 +75,19 @@ func connectEarly(ctx context.Context, backend transport.Backend, book *dataAddr
 	}()
 	return e
 }
+
+// minConnectBudget is the least time a pull gives its data-plane connect:
+// Linux sends a lost SYN again after 1 s and then after 3 s more, so on a
+// lossy path (5 % loss: one connect in ten loses its SYN or SYN-ACK) a
+// connect bounded by a 1 s stall deadline would fail where the network
+// only needed a retransmit. A black-holed data plane fails the pull after
+// this long instead of pull_stall_ms; a dead holder's host still answers
+// with a reset at once, and a frozen holder's kernel still accepts.
+const minConnectBudget = 3500 * time.Millisecond
+
+// connectBudget is how long a pull may take to connect to its holder's
+// data plane: its stall deadline, but at least minConnectBudget.
+func connectBudget(stall time.Duration) time.Duration { return max(stall, minConnectBudget) }
 
 // take returns the early connect's outcome if it went to addr (tried is
 // then true; it waits for the connect to finish), or abandons it and

@@ -188,7 +188,7 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 		})
 		dch <- descResult{d, err}
 	}()
-	early := connectEarly(ctx, a.deps.Backend, &a.deps.addrs, prm.RemoteCtrl, a.p.Stall)
+	early := connectEarly(ctx, a.deps.Backend, &a.deps.addrs, prm.RemoteCtrl, connectBudget(a.p.Stall))
 	plan, planErr := planDst(a.p.Dst, prm.RemoteBlockIds, a.p.DstBlocks)
 	defer plan.release() // after read: every Get has returned by then
 	r := <-dch
@@ -271,7 +271,7 @@ func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan
 	// black-holed data plane takes to fail the pull).
 	ep, err, tried := early.take(addr)
 	if !tried {
-		cctx, ccancel := context.WithTimeout(ctx, a.p.Stall)
+		cctx, ccancel := context.WithTimeout(ctx, connectBudget(a.p.Stall))
 		ep, err = a.deps.Backend.Connect(cctx, addr)
 		ccancel()
 	}

@@ -165,6 +165,18 @@ func (b *Backend) Connect(ctx context.Context, addr []byte) (transport.Endpoint,
 		b.release(e)
 		return nil, err
 	}
+	// The endpoint's other connections now too, on the connect's clock:
+	// dialed lazily by a Get, a lost SYN (a second before Linux sends it
+	// again) would spend most of the Get's stall deadline. One that fails
+	// here is dialed by the Get that needs it.
+	if len(e.slots) > 1 {
+		var wg sync.WaitGroup
+		for i := 1; i < len(e.slots); i++ {
+			wg.Add(1)
+			go func() { defer wg.Done(); _, _ = e.conn(ctx, i) }()
+		}
+		wg.Wait()
+	}
 	return &endpointRef{e: e, done: make(chan struct{})}, nil
 }
 
