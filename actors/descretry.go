@@ -11,32 +11,52 @@ import (
 )
 
 // descriptorsRetrying asks for a pull's descriptors until ctx ends (the
-// stall deadline), again when the holder's member was between NATS servers:
-// "no responders" (nothing was received; its NATS server died and it is
-// reconnecting to the next one), or no answer within a third of stall (the
-// request or its answer was lost with the server). Asking again is safe:
-// the holder treats a start of a running pull by the same reader as the
-// same pull (lease.PullStart). Every other answer, an error included, ends
-// it.
+// stall deadline), and asks again when the holder's member may be between
+// NATS servers: soon after "no responders" (nothing was received; its NATS
+// server died and it is reconnecting to the next one), and alongside an ask
+// unanswered for a third of stall (the request or its answer may have been
+// lost with the server). Earlier asks stay outstanding, so a holder that is
+// merely slow still answers in time; the first answer wins. Asking again
+// is safe: the holder treats a start of a running pull by the same reader
+// as the same pull (lease.PullStart).
 func descriptorsRetrying(ctx context.Context, stall time.Duration, ask func(context.Context) (*messages.Descriptors, error)) (*messages.Descriptors, error) {
-	attempt := max(stall/3, 50*time.Millisecond)
-	pause := time.NewTimer(0)
-	<-pause.C
-	defer pause.Stop()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the asks still outstanding
+	type answer struct {
+		d   *messages.Descriptors
+		err error
+	}
+	answers := make(chan answer)
+	send := func() {
+		go func() {
+			d, err := ask(ctx)
+			select {
+			case answers <- answer{d, err}:
+			case <-ctx.Done():
+			}
+		}()
+	}
+	alongside := max(stall/3, 50*time.Millisecond)
+	next := time.NewTimer(alongside)
+	defer next.Stop()
+	send()
+	var last error
 	for {
-		actx, cancel := context.WithTimeout(ctx, attempt)
-		d, err := ask(actx)
-		timedOut := actx.Err() != nil
-		cancel()
-		if err == nil || ctx.Err() != nil || !(errors.Is(err, nats.ErrNoResponders) || api.CodeOf(err) == api.CodeTimeout && timedOut) {
-			return d, err
-		}
-		// No responders comes back at once: pace the next try.
-		pause.Reset(25 * time.Millisecond)
 		select {
-		case <-pause.C:
+		case a := <-answers:
+			if a.err == nil || !errors.Is(a.err, nats.ErrNoResponders) {
+				return a.d, a.err // descriptors, or the holder's error, or ctx's end
+			}
+			last = a.err
+			next.Reset(25 * time.Millisecond) // no responders comes back at once: pace the next ask
+		case <-next.C:
+			send()
+			next.Reset(alongside)
 		case <-ctx.Done():
-			return nil, err
+			if last == nil {
+				last = api.Errorf(api.CodeTimeout, "peer.descriptors: %v", ctx.Err())
+			}
+			return nil, last
 		}
 	}
 }

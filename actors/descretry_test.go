@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,6 +36,16 @@ func TestDescriptorsRetrying(t *testing.T) {
 			},
 			func(context.Context) (*messages.Descriptors, error) { return want, nil },
 		}, 2, true},
+		{"a slow holder: the first ask is answered after a second was sent", []func(context.Context) (*messages.Descriptors, error){
+			func(context.Context) (*messages.Descriptors, error) {
+				<-time.After(150 * time.Millisecond) // longer than a third of the stall
+				return want, nil
+			},
+			func(ctx context.Context) (*messages.Descriptors, error) {
+				<-ctx.Done() // this one's answer never comes
+				return nil, api.Errorf(api.CodeTimeout, "peer.descriptors: %v", ctx.Err())
+			},
+		}, 2, true},
 		{"the holder's answer is final", []func(context.Context) (*messages.Descriptors, error){
 			func(context.Context) (*messages.Descriptors, error) {
 				return nil, api.Errorf(api.CodeExpired, "gone")
@@ -49,12 +60,17 @@ func TestDescriptorsRetrying(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
+			var mu sync.Mutex
 			calls := 0
 			d, err := descriptorsRetrying(ctx, 300*time.Millisecond, func(c context.Context) (*messages.Descriptors, error) {
+				mu.Lock()
 				f := tc.steps[min(calls, len(tc.steps)-1)]
 				calls++
+				mu.Unlock()
 				return f(c)
 			})
+			mu.Lock()
+			defer mu.Unlock()
 			if calls != tc.calls || (err == nil) != tc.ok || (tc.ok && d != want) {
 				t.Fatalf("calls %d (want %d), descriptors %v, err %v", calls, tc.calls, d, err)
 			}

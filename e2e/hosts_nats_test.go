@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,7 +23,7 @@ import (
 // pull.
 type pullLoad struct {
 	name     string
-	ok       int
+	ok       atomic.Int64 // read by the test while the load runs
 	failures []string
 	slowest  time.Duration
 	stop     chan struct{}
@@ -74,7 +75,7 @@ func (c *hostPD) startPullLoad(t *testing.T, on string, nc *nats.Conn, prm *mess
 			case blocksDiffer(c.engP.region, e.region, src, dst) != nil:
 				l.failures = append(l.failures, fmt.Sprintf("%s: %v", id, blocksDiffer(c.engP.region, e.region, src, dst)))
 			default:
-				l.ok++
+				l.ok.Add(1)
 				l.slowest = max(l.slowest, time.Since(t0))
 			}
 		}
@@ -122,7 +123,7 @@ func (l *pullLoad) end(t *testing.T) {
 	t.Helper()
 	close(l.stop)
 	<-l.done
-	t.Logf("load on %s: %d pulls ok, slowest %s, %d failed", l.name, l.ok, l.slowest.Round(time.Millisecond), len(l.failures))
+	t.Logf("load on %s: %d pulls ok, slowest %s, %d failed", l.name, l.ok.Load(), l.slowest.Round(time.Millisecond), len(l.failures))
 	for _, f := range l.failures {
 		t.Errorf("load on %s: %s", l.name, f)
 	}
@@ -168,8 +169,8 @@ func TestHostsNATSServerKilledUnderLoad(t *testing.T) {
 	}
 	// Some pulls before the kill, and a while of them after it.
 	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
-		if loads[0].ok < 5 || loads[1].ok < 5 {
-			return fmt.Errorf("pulls ok before the kill: %d, %d", loads[0].ok, loads[1].ok)
+		if loads[0].ok.Load() < 5 || loads[1].ok.Load() < 5 {
+			return fmt.Errorf("pulls ok before the kill: %d, %d", loads[0].ok.Load(), loads[1].ok.Load())
 		}
 		return nil
 	})
@@ -188,7 +189,7 @@ func TestHostsNATSServerKilledUnderLoad(t *testing.T) {
 	if len(onVictim) == 0 {
 		t.Fatalf("no connexd on %s (%s): clients %q", victim.name, victim.host.Name, names)
 	}
-	before := loads[0].ok + loads[1].ok
+	before := loads[0].ok.Load() + loads[1].ok.Load()
 	killed := time.Now()
 	victim.kill()
 	t.Logf("killed %s (the request bucket's leader, on %s, serving %q)", victim.name, victim.host.Name, onVictim)
@@ -207,7 +208,7 @@ func TestHostsNATSServerKilledUnderLoad(t *testing.T) {
 	})
 	t.Logf("kill -> new bucket leader %s: %s", newLeader, time.Since(killed).Round(time.Millisecond))
 	checkFor(t, 30*time.Second, 20*time.Millisecond, func() error {
-		if n := loads[0].ok + loads[1].ok; n < before+20 {
+		if n := loads[0].ok.Load() + loads[1].ok.Load(); n < before+20 {
 			return fmt.Errorf("%d pulls ok since the kill", n-before)
 		}
 		return nil

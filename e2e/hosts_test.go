@@ -159,10 +159,11 @@ func (l *hostLab) startMember(h *netlab.Host, machine bool, member string, env [
 	all := append([]string{"--member-id", member, "--data-dir", l.t.TempDir(), "--log-level", "info",
 		"--nats-url", l.urls(h), "--backend", "tcp", "--data-listen", h.Addr(0), "--cluster-host", h.IP,
 		"--metrics-listen", h.Addr(0), "--js-replicas", "3", "--cluster-preset", "lan", "--orphan-scan-ms", "200"}, args...)
-	cmd := h.Command(connexdBin, all...)
+	command := h.Command
 	if machine {
-		cmd = h.MachineCommand(connexdBin, all...)
+		command = h.MachineCommand
 	}
+	cmd := command(connexdBin, all...)
 	return startCmd(l.t, "connexd", member, cmd, all, env...)
 }
 
