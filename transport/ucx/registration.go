@@ -1,0 +1,265 @@
+//go:build ucx && cgo
+
+package ucx
+
+/*
+#cgo pkg-config: ucx
+#include <stdlib.h>
+#include "cx.h"
+*/
+import "C"
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"github.com/connex/connex/transport"
+)
+
+// Registration is memory mapped with ucp_mem_map. Its remote key covers
+// exactly [RemoteAddr, RemoteAddr+Len).
+type Registration struct {
+	b     *Backend
+	memh  C.ucp_mem_h
+	ptr   unsafe.Pointer // first registered byte
+	base  uintptr
+	n     int
+	key   []byte
+	alloc bool      // UCX allocated the memory (Alloc)
+	rma   bool      // raw RMA key: Alloc, or Register in onesided mode
+	creg  *C.cx_reg // checked registrations: the holder's table entry
+	// shared is the allocation a checked registration lies in (its key is
+	// a shared key); nil otherwise.
+	shared *Allocation
+	pin    runtime.Pinner
+	gone   bool // under b.mu
+}
+
+var _ transport.Registration = (*Registration)(nil)
+
+// Register maps mem (Go or mmap'd memory) with ucp_mem_map. In checked mode
+// it enters mem in the holder's registration table and hands out a checked
+// key; in onesided mode it packs UCX's rkey into the key, and readers GET
+// with ucp_get_nbx. mem stays pinned until Deregister or Close.
+func (b *Backend) Register(mem []byte) (transport.Registration, error) {
+	if len(mem) == 0 {
+		return nil, fmt.Errorf("ucx: register: empty memory")
+	}
+	return b.register(mem, nil, b.cfg.Reads == ReadsOneSided)
+}
+
+// RegisterExtents exposes only the given extents of mem under one key
+// (transport.ExtentRegistrar): the holder's request handler checks every
+// read against the sorted extent list. A onesided key is read without the
+// holder, so it cannot restrict reads to extents: in onesided mode
+// RegisterExtents fails with errors.ErrUnsupported (callers register extent
+// by extent instead), except on memory from Allocate, which always gets a
+// shared key.
+func (b *Backend) RegisterExtents(mem []byte, extents []transport.Extent) (transport.Registration, error) {
+	if len(mem) == 0 || len(extents) == 0 {
+		return nil, fmt.Errorf("ucx: register extents: empty memory or extent list")
+	}
+	if err := transport.ValidateExtents(extents, uint64(len(mem))); err != nil {
+		return nil, fmt.Errorf("ucx: register: %w", err)
+	}
+	// The holder checks each read against a single extent, and this
+	// backend's readers join adjacent ops (runsOf): join adjacent extents.
+	joined := transport.JoinAdjacent(extents)
+	pairs := make([]uint64, 0, 2*len(joined))
+	for _, e := range joined {
+		pairs = append(pairs, e.Off, e.Len)
+	}
+	return b.register(mem, pairs, b.cfg.Reads == ReadsOneSided)
+}
+
+// register maps mem: with a shared key when it lies in an allocation from
+// Allocate, else with a onesided key (onesided, no extents) or a checked
+// key restricted to extents.
+func (b *Backend) register(mem []byte, extents []uint64, onesided bool) (transport.Registration, error) {
+	b.mu.Lock()
+	a := b.allocFor(mem)
+	b.mu.Unlock()
+	if a == nil && onesided && extents != nil {
+		return nil, fmt.Errorf("ucx: extents under one key need checked reads: %w", errors.ErrUnsupported)
+	}
+	r := &Registration{b: b, n: len(mem), rma: a == nil && onesided, shared: a}
+	r.pin.Pin(&mem[0])
+	if err := b.mapMem(r, unsafe.Pointer(&mem[0]), extents); err != nil {
+		r.pin.Unpin()
+		r.dropView()
+		return nil, err
+	}
+	return r, nil
+}
+
+// dropView releases r's view on its allocation, once.
+func (r *Registration) dropView() {
+	if r.shared == nil {
+		return
+	}
+	r.b.mu.Lock()
+	r.shared.views--
+	r.b.mu.Unlock()
+	r.shared = nil
+}
+
+// Alloc has UCX allocate n bytes (UCP_MEM_MAP_ALLOCATE) and registers them
+// with a raw RMA key: readers use ucp_get_nbx, which on shared memory is
+// truly one-sided (no holder CPU). Bytes returns the memory.
+//
+// Experimental: an RMA key is not revocable and UCX does not check it on
+// emulated transports (TCP), so after Deregister the memory stays mapped,
+// and readable by peers that kept the key, until the Backend closes.
+// Registrations made with Register do not have this problem.
+func (b *Backend) Alloc(n int) (*Registration, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("ucx: alloc: bad size %d", n)
+	}
+	r := &Registration{b: b, n: n, alloc: true, rma: true}
+	if err := b.mapMem(r, nil, nil); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (b *Backend) mapMem(r *Registration, p unsafe.Pointer, extents []uint64) error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return transport.ErrClosed
+	}
+	b.mu.Unlock()
+	var st C.ucs_status_t
+	alloc := C.int(0)
+	if r.alloc {
+		alloc = 1
+	}
+	var token uint64
+	if !r.rma {
+		var t [8]byte
+		if _, err := rand.Read(t[:]); err != nil {
+			return err
+		}
+		token = binary.LittleEndian.Uint64(t[:])
+	}
+	// Onesided keys name this process, so that a reader on the same host
+	// can copy with process_vm_readv; without /proc the key is a plain
+	// RMA key and readers use ucp_get_nbx.
+	proc, procErr := selfProc()
+	if r.rma && !r.alloc && procErr != nil {
+		b.cfg.Log().Warn("ucx: onesided register: cannot identify this process; readers will use ucp_get_nbx", "err", procErr)
+	}
+	err := b.w.call(func() {
+		var addr, rkey unsafe.Pointer
+		var rkeyLen C.size_t
+		if r.rma {
+			st = C.cx_mem_map(b.w.c, p, C.size_t(r.n), alloc, &r.memh, &addr, &rkey, &rkeyLen)
+		} else {
+			st = C.cx_mem_map(b.w.c, p, C.size_t(r.n), alloc, &r.memh, &addr, nil, nil)
+		}
+		if st != C.UCS_OK {
+			return
+		}
+		r.ptr = addr
+		r.base = uintptr(addr)
+		if r.rma {
+			if r.alloc || procErr != nil {
+				r.key = packRMAKey(uint64(r.base), r.n, C.GoBytes(rkey, C.int(rkeyLen)))
+			} else {
+				r.key = packOneSidedKey(uint64(r.base), r.n, proc, C.GoBytes(rkey, C.int(rkeyLen)))
+			}
+			C.cx_rkey_buffer_release(rkey)
+			return
+		}
+		r.creg = C.cx_reg_add(b.w.c, C.uint64_t(r.base), C.uint64_t(r.n), C.uint64_t(token), r.memh)
+		if r.creg == nil {
+			C.cx_mem_unmap(b.w.c, r.memh)
+			st = C.UCS_ERR_NO_MEMORY
+			return
+		}
+		if len(extents) > 0 {
+			// Before the key exists no request can name the registration,
+			// so restricting it here leaves no window.
+			if C.cx_reg_set_extents(r.creg, (*C.uint64_t)(unsafe.Pointer(&extents[0])), C.uint64_t(len(extents)/2)) != 0 {
+				C.cx_reg_disable(b.w.c, r.creg)
+				C.cx_reg_free(r.creg)
+				r.creg = nil
+				C.cx_mem_unmap(b.w.c, r.memh)
+				st = C.UCS_ERR_NO_MEMORY
+				return
+			}
+		}
+		r.key = packCheckedKey(uint64(r.base), r.n, uint64(r.creg.id), token)
+		if r.shared != nil {
+			r.key = packSharedKey(uint64(r.base), r.n, uint64(r.creg.id), token, r.shared.id, proc, r.shared.rkey)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if st != C.UCS_OK {
+		return statusErr("mem_map", st)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed { // Close ran meanwhile and did not see r
+		b.w.call(func() { b.w.unmap(r) })
+		return transport.ErrClosed
+	}
+	b.regs[r] = struct{}{}
+	return nil
+}
+
+// RemoteKey is the packed key: the registered extent followed by UCX's rkey.
+func (r *Registration) RemoteKey() []byte { return bytes.Clone(r.key) }
+
+// RemoteAddr is the virtual address of the first registered byte.
+func (r *Registration) RemoteAddr() uint64 { return uint64(r.base) }
+
+// Len is the number of registered bytes.
+func (r *Registration) Len() int { return r.n }
+
+// Bytes is the registered memory (for Alloc'd registrations, the only way to
+// reach it). Alloc'd memory is valid until the Backend closes.
+func (r *Registration) Bytes() []byte {
+	return unsafe.Slice((*byte)(r.ptr), r.n)
+}
+
+// Deregister revokes the registration and unmaps it (ucp_mem_unmap);
+// Alloc'd memory is kept mapped until Close. A onesided registration cannot
+// be revoked: a reader that kept the key can still read the memory while the
+// caller keeps it mapped (see the package documentation). For checked registrations the holder refuses
+// every request from then on, and Deregister waits until replies already
+// being sent from this memory have completed (force-closing the endpoints
+// they are on after DeregisterGrace), so the caller may reuse the memory
+// when it returns nil. Idempotent.
+func (r *Registration) Deregister() error {
+	b := r.b
+	b.mu.Lock()
+	if r.gone {
+		b.mu.Unlock()
+		return nil
+	}
+	r.gone = true
+	delete(b.regs, r)
+	b.mu.Unlock()
+	done := make(chan error, 1)
+	if err := b.w.call(func() { b.w.deregister(r, done) }); err != nil {
+		return nil // the worker is gone, and with it the mapping
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			r.pin.Unpin()
+			r.dropView()
+		}
+		return err
+	case <-b.w.done:
+		return nil
+	}
+}
