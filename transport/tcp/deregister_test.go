@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -180,24 +179,7 @@ func TestDeregisterDuringGet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		errc := make(chan error, 1)
-		go func() {
-			errc <- ep.Get(context.Background(), []transport.GetOp{{RemoteKey: reg.RemoteKey(), Dst: dst}})
-		}()
-		var getErr error
-		done := false
-		checkFor(t, 10*time.Second, 20*time.Microsecond, func() error {
-			select {
-			case getErr = <-errc:
-				done = true
-				return nil
-			default:
-			}
-			if serverWriting(server, reg) {
-				return nil
-			}
-			return errors.New("transfer not started")
-		})
+		finish, done := getWhileWriting(t, ep, server, reg, dst, 20*time.Microsecond)
 		_ = reg.Deregister()
 		if serverWriting(server, reg) {
 			t.Fatalf("attempt %d: server writing after Deregister returned", attempt)
@@ -205,8 +187,8 @@ func TestDeregisterDuringGet(t *testing.T) {
 		copy(mem, scribble)
 		if !done {
 			midFlight++
-			getErr = <-errc
 		}
+		getErr := finish()
 		switch {
 		case getErr == nil:
 			if !bytes.Equal(dst, orig) {

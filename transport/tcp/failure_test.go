@@ -181,28 +181,9 @@ func TestPeerGone(t *testing.T) {
 		server := openBackend(t, Config{})
 		reg := register(t, server, mem)
 		ep := connect(t, client, server)
-		errc := make(chan error, 1)
-		go func() {
-			errc <- ep.Get(context.Background(), []transport.GetOp{{RemoteKey: reg.RemoteKey(), Dst: dst}})
-		}()
-		var err error
-		done := false
-		checkFor(t, 10*time.Second, 50*time.Microsecond, func() error {
-			select {
-			case err = <-errc:
-				done = true
-				return nil
-			default:
-			}
-			if serverWriting(server, reg) {
-				return nil
-			}
-			return errors.New("transfer not started")
-		})
+		finish, _ := getWhileWriting(t, ep, server, reg, dst, 50*time.Microsecond)
 		_ = server.Close()
-		if !done {
-			err = <-errc
-		}
+		err := finish()
 		switch {
 		case err == nil:
 			continue // finished before the close; try again

@@ -121,3 +121,33 @@ func serverWriting(b *Backend, r transport.Registration) bool {
 	}
 	return false
 }
+
+// getWhileWriting starts a Get of reg into dst and returns once the server is
+// writing from reg or the Get has ended (polling every `every`). ended says
+// which; finish waits for the Get's result (at once if it had ended).
+func getWhileWriting(t testing.TB, ep transport.Endpoint, server *Backend, reg transport.Registration, dst []byte, every time.Duration) (finish func() error, ended bool) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		errc <- ep.Get(context.Background(), []transport.GetOp{{RemoteKey: reg.RemoteKey(), Dst: dst}})
+	}()
+	var err error
+	checkFor(t, 10*time.Second, every, func() error {
+		select {
+		case err = <-errc:
+			ended = true
+			return nil
+		default:
+		}
+		if serverWriting(server, reg) {
+			return nil
+		}
+		return errors.New("transfer not started")
+	})
+	return func() error {
+		if !ended {
+			err = <-errc
+		}
+		return err
+	}, ended
+}
