@@ -38,8 +38,8 @@ func holdEveryBlock(t *testing.T, pe *engine) ([]uint32, *messages.CreateHoldRep
 
 // TestHolderDiesDuringPull SIGKILLs, or SIGSTOPs, the prefill-side connexd
 // while a pull reads from it, and checks that the pull ends with a clear
-// error within the stall deadline (pull_stall_ms, default 1 s) plus slack
-// (a killed holder with peer_unavailable),
+// error well before its end-to-end deadline (ended by the stall deadline,
+// pull_stall_ms, or for a killed holder by peer_unavailable),
 // that the decode-side connexd keeps running, and that no destination
 // block stays claimed.
 func TestHolderDiesDuringPull(t *testing.T) {
@@ -106,11 +106,10 @@ func holderDies(t *testing.T, backend string, sig syscall.Signal) {
 			if sig == syscall.SIGKILL && api.Code(d.ErrorCode) != api.CodePeerUnavailable {
 				t.Fatalf("killed holder: code %d (%s), want peer_unavailable: %s", d.ErrorCode, api.Code(d.ErrorCode).Name(), d.Error)
 			}
-			// The default stall deadline is 1 s; allow generous slack for a
-			// loaded 2-core machine, but a hang would be far longer.
-			if elapsed > 3*time.Second {
-				t.Fatalf("pull took %s to fail after %s", elapsed, sig)
-			}
+			// No wall-clock bound here: done.wait above gives the pull 10 s,
+			// a third of pull_timeout_ms (30 s), so a pull ended by the end-to-end
+			// deadline instead of the stall deadline (1 s) or the failure
+			// detector fails the test; the time it took is logged above.
 			break
 		}
 		if sig == syscall.SIGSTOP {
