@@ -33,6 +33,8 @@ type Error struct {
 	Cause error
 }
 
+// Error formats the error as "name (code): message", the form logs and
+// shims print.
 func (e *Error) Error() string { return fmt.Sprintf("%s (%d): %s", e.Code.Name(), int(e.Code), e.Msg) }
 
 // Unwrap returns Cause.

@@ -147,10 +147,16 @@ func publicKey(kp nkeys.KeyPair) string {
 	return pub
 }
 
-// OperatorPublicKey, AccountPublicKey and SystemAccountPublicKey are the
-// public keys a server configuration names.
-func (a *Authority) OperatorPublicKey() string      { return publicKey(a.operator) }
-func (a *Authority) AccountPublicKey() string       { return publicKey(a.account) }
+// OperatorPublicKey is the operator's public key, as a server
+// configuration's "operator" names it.
+func (a *Authority) OperatorPublicKey() string { return publicKey(a.operator) }
+
+// AccountPublicKey is the public key of the account connexd and the shims
+// use, as a server configuration's resolver preload names it.
+func (a *Authority) AccountPublicKey() string { return publicKey(a.account) }
+
+// SystemAccountPublicKey is the system account's public key, as a server
+// configuration's "system_account" names it.
 func (a *Authority) SystemAccountPublicKey() string { return publicKey(a.system) }
 
 // OperatorJWT is the operator claim a server trusts (operator: in its

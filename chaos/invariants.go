@@ -25,6 +25,7 @@ type Violation struct {
 	Detail    string   `json:"detail"`
 }
 
+// String formats the violation as the report and the log print it.
 func (v Violation) String() string {
 	s := "invariant broken: " + v.Invariant + ": " + v.Detail
 	if len(v.Requests) > 0 {

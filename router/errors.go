@@ -23,6 +23,7 @@ type APIError struct {
 	Code string `json:"code"`
 }
 
+// Error formats the error as "status code: message".
 func (e *APIError) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message) }
 
 // Stable error codes the router answers with.

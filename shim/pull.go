@@ -30,6 +30,7 @@ type LoadError struct {
 	Detail     string   // the connexd's message
 }
 
+// Error says which transfer failed to load, why, and connexd's message.
 func (e *LoadError) Error() string {
 	return fmt.Sprintf("KV load of transfer %s failed: %s (%s)", e.TransferID, e.Reason, e.Detail)
 }

@@ -365,6 +365,7 @@ type StatusError struct {
 	Status string // UCX's text for it
 }
 
+// Error names the operation, UCX's status text and its code.
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("ucx: %s: %s (%d)", e.Op, e.Status, e.Code)
 }
