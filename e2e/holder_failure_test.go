@@ -182,7 +182,7 @@ func TestReaderShutdownDuringPull(t *testing.T) {
 		}
 		// The holder heard the PullEnd: it stops counting the pull well
 		// before the pull's own deadline (pull_timeout_ms, 30 s).
-		checkFor(t, 3*time.Second, 5*time.Millisecond, func() error {
+		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
 			st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
 			if err != nil || st.ActivePulls != 0 {
 				return fmt.Errorf("holder still counts the pull: %v %v", st, err)
