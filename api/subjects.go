@@ -2,8 +2,8 @@ package api
 
 import (
 	"strings"
-	"unicode"
-	"unicode/utf8"
+
+	"github.com/connex/connex/subject"
 )
 
 // Version is the subject API version; it is part of every subject.
@@ -115,16 +115,6 @@ func FreedSubject(engine string) string { return Prefix + ".engine." + engine + 
 func PullDoneSubject(engine string) string { return Prefix + ".engine." + engine + ".pull.done" }
 
 // ValidToken reports whether s can be used as one subject token (member
-// and engine ids): non-empty, at most 128 bytes of printable UTF-8, no
-// whitespace or control characters, '.', '*' or '>'.
-func ValidToken(s string) bool {
-	if s == "" || len(s) > 128 || !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if r <= ' ' || r == 0x7f || r == '.' || r == '*' || r == '>' || !unicode.IsPrint(r) {
-			return false
-		}
-	}
-	return true
-}
+// and engine ids); the rule is subject.ValidToken's, shared with auth and
+// cluster.
+func ValidToken(s string) bool { return subject.ValidToken(s) }

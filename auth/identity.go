@@ -3,10 +3,10 @@ package auth
 import (
 	"errors"
 	"fmt"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/nats-io/jwt/v2"
+
+	"github.com/connex/connex/subject"
 )
 
 // Roles of a NATS identity.
@@ -43,17 +43,17 @@ func (id Identity) Validate() error {
 			return fmt.Errorf("%w: an admin identity names no member or engine", ErrIdentity)
 		}
 	case RoleMember:
-		if !validToken(id.Member) {
+		if !subject.ValidToken(id.Member) {
 			return fmt.Errorf("%w: member id %q is not a subject token", ErrIdentity, id.Member)
 		}
 		if id.Engine != "" {
 			return fmt.Errorf("%w: a member identity names no engine", ErrIdentity)
 		}
 	case RoleEngine:
-		if !validToken(id.Member) {
+		if !subject.ValidToken(id.Member) {
 			return fmt.Errorf("%w: member id %q is not a subject token (an engine identity names the member it calls)", ErrIdentity, id.Member)
 		}
-		if !validToken(id.Engine) {
+		if !subject.ValidToken(id.Engine) {
 			return fmt.Errorf("%w: engine id %q is not a subject token", ErrIdentity, id.Engine)
 		}
 	default:
@@ -124,19 +124,4 @@ func (id Identity) Permissions() jwt.Permissions {
 		p.Sub.Allow.Add(">")
 	}
 	return p
-}
-
-// validToken is api.ValidToken (auth sits below api and cannot import it;
-// auth_test.go checks they agree): non-empty, at most 128 bytes of
-// printable UTF-8, none of whitespace, control characters, '.', '*', '>'.
-func validToken(s string) bool {
-	if s == "" || len(s) > 128 || !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if r <= ' ' || r == 0x7f || r == '.' || r == '*' || r == '>' || !unicode.IsPrint(r) {
-			return false
-		}
-	}
-	return true
 }

@@ -220,36 +220,26 @@ func (s *Scenario) expand() {
 	s.Faults = out
 }
 
+// defaults fills what the scenario file left out (a zero value means "not
+// given": no field has a meaningful zero).
 func (s *Scenario) defaults() {
-	if s.Timeout == 0 {
-		s.Timeout = Duration(5 * time.Minute)
-	}
-	if s.Nodes.Prefill == 0 {
-		s.Nodes.Prefill = 1
-	}
-	if s.Nodes.Decode == 0 {
-		s.Nodes.Decode = 2
-	}
-	if s.Engine.PrefillUSPerToken == 0 {
-		s.Engine.PrefillUSPerToken = 50
-	}
-	if s.Engine.DecodeMSPerToken == 0 {
-		s.Engine.DecodeMSPerToken = 10
-	}
-	if s.Load.Requests == 0 {
-		s.Load.Requests = 50
-	}
-	if s.Load.Concurrency == 0 {
-		s.Load.Concurrency = 4
-	}
-	if s.Load.PromptTokens == 0 {
-		s.Load.PromptTokens = 64
-	}
-	if s.Load.MaxTokens == 0 {
-		s.Load.MaxTokens = 64
-	}
-	if s.RetainS == 0 {
-		s.RetainS = 10
+	orDefault(&s.Timeout, Duration(5*time.Minute))
+	orDefault(&s.Nodes.Prefill, 1)
+	orDefault(&s.Nodes.Decode, 2)
+	orDefault(&s.Engine.PrefillUSPerToken, 50)
+	orDefault(&s.Engine.DecodeMSPerToken, 10)
+	orDefault(&s.Load.Requests, 50)
+	orDefault(&s.Load.Concurrency, 4)
+	orDefault(&s.Load.PromptTokens, 64)
+	orDefault(&s.Load.MaxTokens, 64)
+	orDefault(&s.RetainS, 10)
+}
+
+// orDefault sets *v to def when the file left it zero.
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/connex/connex/subject"
 )
 
 // DefaultSubjectPrefix is the NATS subject prefix membership traffic uses
@@ -137,15 +139,9 @@ func validSubjectPrefix(p string) bool {
 		return false
 	}
 	for _, tok := range strings.Split(p, ".") {
-		if !validToken(tok) {
+		if !subject.ValidToken(tok) {
 			return false
 		}
 	}
 	return true
-}
-
-// validToken is true for one non-empty NATS subject token without
-// wildcards or whitespace.
-func validToken(t string) bool {
-	return t != "" && !strings.ContainsAny(t, ".*> \t\r\n")
 }

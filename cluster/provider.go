@@ -15,6 +15,8 @@ import (
 	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/connex/connex/subject"
 )
 
 // ErrStarted is returned when a Provider is started a second time; a
@@ -96,7 +98,7 @@ func (p *Provider) StartClient(c *actorcluster.Cluster) error {
 }
 
 func (p *Provider) start(c *actorcluster.Cluster, self *Member) error {
-	if !validToken(c.Config.Name) {
+	if !subject.ValidToken(c.Config.Name) {
 		return fmt.Errorf("cluster: cluster name %q is not a NATS subject token", c.Config.Name)
 	}
 	if !p.started.CompareAndSwap(false, true) {

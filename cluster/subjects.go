@@ -1,6 +1,10 @@
 package cluster
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/connex/connex/subject"
+)
 
 // subjects names the NATS subjects of one cluster:
 //
@@ -28,13 +32,13 @@ func (s subjects) dead(id string) string      { return s.base + ".events." + kin
 func (s subjects) ping(id string) string      { return s.base + ".ping." + id }
 
 // parseEvent splits an events subject into its kind and member id.
-func (s subjects) parseEvent(subject string) (kind, id string, ok bool) {
-	rest, ok := strings.CutPrefix(subject, s.base+".events.")
+func (s subjects) parseEvent(subj string) (kind, id string, ok bool) {
+	rest, ok := strings.CutPrefix(subj, s.base+".events.")
 	if !ok {
 		return "", "", false
 	}
 	kind, id, ok = strings.Cut(rest, ".")
-	if !ok || !validToken(id) {
+	if !ok || !subject.ValidToken(id) {
 		return "", "", false
 	}
 	return kind, id, true

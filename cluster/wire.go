@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/connex/connex/messages"
+
+	"github.com/connex/connex/subject"
 )
 
 // wireVersion is the membership protocol version this code speaks.
@@ -35,7 +37,7 @@ func memberOf(a *messages.MemberAnnounce) (Member, error) {
 	switch {
 	case a.GetVersion() != wireVersion:
 		return Member{}, fmt.Errorf("announce version %d, want %d", a.GetVersion(), wireVersion)
-	case !validToken(a.GetMemberId()):
+	case !subject.ValidToken(a.GetMemberId()):
 		return Member{}, fmt.Errorf("announce member id %q", a.GetMemberId())
 	case a.GetHost() == "" || a.GetPort() <= 0 || a.GetPort() > 65535:
 		return Member{}, fmt.Errorf("announce of %s: address %q:%d", a.GetMemberId(), a.GetHost(), a.GetPort())

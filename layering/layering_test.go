@@ -22,7 +22,10 @@ var rules = map[string]struct {
 	// system calls.
 	pure bool
 }{
-	"lease":             {pure: true},
+	"lease": {pure: true},
+	// subject is the rule for ids spliced into NATS subjects (api, auth and
+	// cluster accept ids with it).
+	"subject":           {pure: true},
 	"notices":           {pure: true},
 	"engines":           {internal: []string{"messages"}, external: []string{"google.golang.org/protobuf/"}, pure: true},
 	"kvmem":             {external: []string{"golang.org/x/sys/unix"}},
@@ -33,17 +36,17 @@ var rules = map[string]struct {
 	"messages":          {external: []string{"google.golang.org/protobuf/"}},
 	// api is the wire: subjects, codec, error table, client, service. It
 	// knows no domain package; errcode maps their errors to its codes.
-	"api":     {internal: []string{"messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"api":     {internal: []string{"messages", "subject"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"errcode": {internal: []string{"api", "kvmem", "lease", "requests", "transport"}, pure: true},
 	// The error table's generator: pure rendering, and the command that
 	// writes its files.
 	"api/codetable": {pure: true},
 	"api/gencodes":  {internal: []string{"api/codetable"}},
 	"requests":      {internal: []string{"messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
-	"cluster":       {internal: []string{"messages"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"cluster":       {internal: []string{"messages", "subject"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"actors":        {internal: []string{"api", "errcode", "kvmem", "lease", "messages", "requests", "transport"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"bus":           {internal: []string{"auth"}, external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
-	"auth":          {external: []string{"github.com/nats-io/jwt/", "github.com/nats-io/nkeys"}},
+	"auth":          {internal: []string{"subject"}, external: []string{"github.com/nats-io/jwt/", "github.com/nats-io/nkeys"}},
 	"config":        {external: []string{"github.com/spf13/"}},
 	"router":        {internal: []string{"messages"}, external: []string{"github.com/prometheus/client_golang/"}},
 	"shim":          {internal: []string{"api", "kvmem", "messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},

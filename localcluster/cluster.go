@@ -248,14 +248,23 @@ func (c *Cluster) startNode(ctx context.Context, name string, part Part) error {
 	return nil
 }
 
+// routerAt is the router's process and URL, or an error when the cluster
+// runs none (yet).
+func (c *Cluster) routerAt() (*process, string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.router == nil || c.routerURL == "" {
+		return nil, "", errors.New("localcluster: no router")
+	}
+	return c.router, c.routerURL, nil
+}
+
 // WaitReady waits until the router's GET /ready answers 200 (it has seen a
 // prefill and a decode engine), within Options.StartTimeout.
 func (c *Cluster) WaitReady(ctx context.Context) error {
-	c.mu.Lock()
-	r, url := c.router, c.routerURL
-	c.mu.Unlock()
-	if r == nil || url == "" {
-		return errors.New("localcluster: no router")
+	r, url, err := c.routerAt()
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.opts.StartTimeout)
 	defer cancel()
@@ -272,11 +281,9 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 // Term of an engine, the router no longer picks it. A router without that
 // endpoint (404) is taken at its word (WaitReady).
 func (c *Cluster) WaitEngines(ctx context.Context) error {
-	c.mu.Lock()
-	r, url := c.router, c.routerURL
-	c.mu.Unlock()
-	if r == nil || url == "" {
-		return errors.New("localcluster: no router")
+	r, url, err := c.routerAt()
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.opts.StartTimeout)
 	defer cancel()
