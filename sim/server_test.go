@@ -174,6 +174,20 @@ func post(t *testing.T, url, body string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// prefillLeg runs the prefill leg of prompt (a JSON string) on the prefill
+// server at url and returns the kv_transfer_params it answers with.
+func prefillLeg(t *testing.T, url, prompt string) string {
+	t.Helper()
+	status, body := post(t, url+"/v1/completions", `{"prompt":`+prompt+`,"max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}`)
+	var r struct {
+		KV json.RawMessage `json:"kv_transfer_params"`
+	}
+	if status != 200 || json.Unmarshal([]byte(body), &r) != nil || !strings.Contains(string(r.KV), `"do_remote_prefill":true`) {
+		t.Fatalf("prefill leg: %d %s", status, body)
+	}
+	return string(r.KV)
+}
+
 func TestSimRequestValidation(t *testing.T) {
 	kv := newFakeKV(t, "e1", &holdTable{m: map[string]fakeHold{}})
 	ts := newTestServer(t, kv, 0)
@@ -328,18 +342,10 @@ func TestSimPrefillDecodeInProcess(t *testing.T) {
 	holds := &holdTable{m: map[string]fakeHold{}}
 	p, d := newFakeKV(t, "p", holds), newFakeKV(t, "d", holds)
 	pts, dts := newTestServer(t, p, 0), newTestServer(t, d, 0)
-	const prompt = `"prompt":"disaggregated prefill and decode, in one process"`
+	const text = `"disaggregated prefill and decode, in one process"`
+	const prompt = `"prompt":` + text
 	_, ref := post(t, dts.URL+"/v1/completions", `{`+prompt+`,"max_tokens":8,"return_token_ids":true}`)
-	legs := func() string {
-		status, body := post(t, pts.URL+"/v1/completions", `{`+prompt+`,"max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}`)
-		var r struct {
-			KV json.RawMessage `json:"kv_transfer_params"`
-		}
-		if status != 200 || json.Unmarshal([]byte(body), &r) != nil || !strings.Contains(string(r.KV), `"do_remote_prefill":true`) {
-			t.Fatalf("prefill leg: %d %s", status, body)
-		}
-		return string(r.KV)
-	}
+	legs := func() string { return prefillLeg(t, pts.URL, text) }
 	tokens := func(body string) string {
 		var r struct {
 			Choices []struct {
@@ -390,13 +396,9 @@ func TestSimClientDisconnectFinishesTheRequest(t *testing.T) {
 	holds := &holdTable{m: map[string]fakeHold{}}
 	p, d := newFakeKV(t, "p", holds), newFakeKV(t, "d", holds)
 	pts, dts := newTestServer(t, p, 0), newTestServer(t, d, 20*time.Millisecond)
-	_, body := post(t, pts.URL+"/v1/completions", `{"prompt":"go away midway","max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}`)
-	var r struct {
-		KV json.RawMessage `json:"kv_transfer_params"`
-	}
-	_ = json.Unmarshal([]byte(body), &r)
+	kv := prefillLeg(t, pts.URL, `"go away midway"`)
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, "POST", dts.URL+"/v1/completions", strings.NewReader(`{"prompt":"go away midway","max_tokens":200,"stream":true,"kv_transfer_params":`+string(r.KV)+`}`))
+	req, _ := http.NewRequestWithContext(ctx, "POST", dts.URL+"/v1/completions", strings.NewReader(`{"prompt":"go away midway","max_tokens":200,"stream":true,"kv_transfer_params":`+kv+`}`))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -431,12 +433,8 @@ func TestSimFencedStreamIsCut(t *testing.T) {
 	holds := &holdTable{m: map[string]fakeHold{}}
 	p, d := newFakeKV(t, "p", holds), newFakeKV(t, "d", holds)
 	pts, dts := newTestServer(t, p, 0), newTestServer(t, d, 10*time.Millisecond)
-	_, body := post(t, pts.URL+"/v1/completions", `{"prompt":"fence me","max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}`)
-	var r struct {
-		KV json.RawMessage `json:"kv_transfer_params"`
-	}
-	_ = json.Unmarshal([]byte(body), &r)
-	resp, err := http.Post(dts.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"fence me","max_tokens":300,"stream":true,"kv_transfer_params":`+string(r.KV)+`}`))
+	kv := prefillLeg(t, pts.URL, `"fence me"`)
+	resp, err := http.Post(dts.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"fence me","max_tokens":300,"stream":true,"kv_transfer_params":`+kv+`}`))
 	if err != nil {
 		t.Fatal(err)
 	}
