@@ -281,6 +281,13 @@ func connect(t testing.TB, url string) *nats.Conn {
 	if f := adminCreds(url); f != "" {
 		opts = append(opts, nats.UserCredentials(f))
 	}
+	return dial(t, url, opts...)
+}
+
+// dial connects to url with opts and, when url serves TLS, the server's CA;
+// the connection closes when the test ends.
+func dial(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
 	if ca, ok := tlsCAs.Load(url); ok {
 		opts = append(opts, nats.RootCAs(ca.(string)))
 	}

@@ -22,15 +22,7 @@ func engineConn(t testing.TB, url, member, engine string) *nats.Conn {
 	if f := credsFlags(t, url, "", "--role", "engine", "--member", member, "--engine", engine); len(f) == 2 {
 		opts = append(opts, nats.UserCredentials(f[1]))
 	}
-	if ca, ok := tlsCAs.Load(url); ok {
-		opts = append(opts, nats.RootCAs(ca.(string)))
-	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return dial(t, url, opts...)
 }
 
 // BenchmarkControlSecurity measures what authentication and TLS cost the
