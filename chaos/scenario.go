@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -223,24 +224,16 @@ func (s *Scenario) expand() {
 // defaults fills what the scenario file left out (a zero value means "not
 // given": no field has a meaningful zero).
 func (s *Scenario) defaults() {
-	orDefault(&s.Timeout, Duration(5*time.Minute))
-	orDefault(&s.Nodes.Prefill, 1)
-	orDefault(&s.Nodes.Decode, 2)
-	orDefault(&s.Engine.PrefillUSPerToken, 50)
-	orDefault(&s.Engine.DecodeMSPerToken, 10)
-	orDefault(&s.Load.Requests, 50)
-	orDefault(&s.Load.Concurrency, 4)
-	orDefault(&s.Load.PromptTokens, 64)
-	orDefault(&s.Load.MaxTokens, 64)
-	orDefault(&s.RetainS, 10)
-}
-
-// orDefault sets *v to def when the file left it zero.
-func orDefault[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
-	}
+	s.Timeout = cmp.Or(s.Timeout, Duration(5*time.Minute))
+	s.Nodes.Prefill = cmp.Or(s.Nodes.Prefill, 1)
+	s.Nodes.Decode = cmp.Or(s.Nodes.Decode, 2)
+	s.Engine.PrefillUSPerToken = cmp.Or(s.Engine.PrefillUSPerToken, 50)
+	s.Engine.DecodeMSPerToken = cmp.Or(s.Engine.DecodeMSPerToken, 10)
+	s.Load.Requests = cmp.Or(s.Load.Requests, 50)
+	s.Load.Concurrency = cmp.Or(s.Load.Concurrency, 4)
+	s.Load.PromptTokens = cmp.Or(s.Load.PromptTokens, 64)
+	s.Load.MaxTokens = cmp.Or(s.Load.MaxTokens, 64)
+	s.RetainS = cmp.Or(s.RetainS, 10)
 }
 
 func (s *Scenario) validate() error {

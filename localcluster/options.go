@@ -1,6 +1,7 @@
 package localcluster
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -120,24 +121,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.PrefillPerToken < 0 || o.DecodePerToken < 0 || o.Blocks < 0 || o.MaxModelLen < 0 {
 		return o, errors.New("localcluster: costs, Blocks and MaxModelLen must not be negative")
 	}
-	if o.Model == "" {
-		o.Model = "connex-sim"
-	}
-	if o.Layout == "" {
-		o.Layout = "small"
-	}
-	if o.RouterHTTP == "" {
-		o.RouterHTTP = "127.0.0.1:0"
-	}
-	if o.NATSListen == "" {
-		o.NATSListen = "127.0.0.1:0"
-	}
-	if o.ClusterPreset == "" {
-		o.ClusterPreset = "local"
-	}
-	if o.LogLevel == "" {
-		o.LogLevel = "warn"
-	}
+	o.Model = cmp.Or(o.Model, "connex-sim")
+	o.Layout = cmp.Or(o.Layout, "small")
+	o.RouterHTTP = cmp.Or(o.RouterHTTP, "127.0.0.1:0")
+	o.NATSListen = cmp.Or(o.NATSListen, "127.0.0.1:0")
+	o.ClusterPreset = cmp.Or(o.ClusterPreset, "local")
+	o.LogLevel = cmp.Or(o.LogLevel, "warn")
 	if o.StartTimeout <= 0 {
 		o.StartTimeout = 30 * time.Second
 	}
