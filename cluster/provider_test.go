@@ -89,14 +89,22 @@ func TestProviderJoinLoadAndGracefulLeave(t *testing.T) {
 	}
 }
 
-func TestProviderCrashedMemberIsRemovedFast(t *testing.T) {
-	skipUnderRace(t)
+// threeDecodeMembers starts three decode members on a fresh NATS server
+// and waits until each sees all three.
+func threeDecodeMembers(t *testing.T) (a, b, c *testMember) {
+	t.Helper()
 	s := runNATS(t)
 	ms := startMembers(t, s.ClientURL(), RoleDecode, RoleDecode, RoleDecode)
-	a, b, c := ms[0], ms[1], ms[2]
+	a, b, c = ms[0], ms[1], ms[2]
 	for _, m := range ms {
 		checkFor(t, 10*time.Second, 10*time.Millisecond, func() error { return m.sees(a.id(), b.id(), c.id()) })
 	}
+	return a, b, c
+}
+
+func TestProviderCrashedMemberIsRemovedFast(t *testing.T) {
+	skipUnderRace(t)
+	a, b, c := threeDecodeMembers(t)
 	// Let gossip open gRPC streams between all members, as in a running cluster.
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error { return gossipConnected(a, b, c) })
 
@@ -118,12 +126,7 @@ func TestProviderCrashedMemberIsRemovedFast(t *testing.T) {
 
 func TestProviderMemberWithoutNATSIsRemovedByProbe(t *testing.T) {
 	skipUnderRace(t)
-	s := runNATS(t)
-	ms := startMembers(t, s.ClientURL(), RoleDecode, RoleDecode, RoleDecode)
-	a, b, c := ms[0], ms[1], ms[2]
-	for _, m := range ms {
-		checkFor(t, 10*time.Second, 10*time.Millisecond, func() error { return m.sees(a.id(), b.id(), c.id()) })
-	}
+	a, b, c := threeDecodeMembers(t)
 
 	// c loses NATS but its protoactor remote stays up, so no gRPC hint:
 	// only silence and the "no responders" probe find it.
@@ -143,12 +146,7 @@ func TestProviderMemberWithoutNATSIsRemovedByProbe(t *testing.T) {
 
 func TestProviderHungMemberIsRemovedAtTTLAndEvicted(t *testing.T) {
 	skipUnderRace(t)
-	s := runNATS(t)
-	ms := startMembers(t, s.ClientURL(), RoleDecode, RoleDecode, RoleDecode)
-	a, b, c := ms[0], ms[1], ms[2]
-	for _, m := range ms {
-		checkFor(t, 10*time.Second, 10*time.Millisecond, func() error { return m.sees(a.id(), b.id(), c.id()) })
-	}
+	a, b, c := threeDecodeMembers(t)
 
 	// What SIGSTOP does to c, as the others see it: silence, probes time
 	// out, but its NATS subscriptions stay.
