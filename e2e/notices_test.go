@@ -138,6 +138,17 @@ func frozenPulls(t *testing.T, pre *engine, holder *proc, eng *shim.Engine, n in
 	return out
 }
 
+// patientPair starts a prefill connexd "p" (its engine "engP" returned)
+// and a decode connexd "d" whose pulls wait 10 s for a stalled holder, both
+// on url with the lan preset.
+func patientPair(t *testing.T, url string) (holder *proc, nc *nats.Conn, pre *engine) {
+	t.Helper()
+	holder = startConnexd(t, "p", "--backend", "tcp", "--nats-url", url, "--role", "prefill", "--cluster-preset", "lan")
+	startConnexd(t, "d", "--backend", "tcp", "--nats-url", url, "--role", "decode", "--cluster-preset", "lan", "--pull-stall-ms", "10000")
+	nc = connect(t, url)
+	return holder, nc, newEngine(t, nc, "p", "engP", testLayout, true)
+}
+
 // TestMissedPullDoneIsReplayed: pulls finish while their decode engine's
 // NATS link is down (connexd stays connected, so their PullDone notices go
 // out to nobody). When the link is back, the engine shim sees from its
@@ -146,10 +157,7 @@ func frozenPulls(t *testing.T, pre *engine, holder *proc, eng *shim.Engine, n in
 // its real outcome instead of timing out.
 func TestMissedPullDoneIsReplayed(t *testing.T) {
 	url := startNATS(t)
-	holder := startConnexd(t, "p", "--backend", "tcp", "--nats-url", url, "--role", "prefill", "--cluster-preset", "lan")
-	startConnexd(t, "d", "--backend", "tcp", "--nats-url", url, "--role", "decode", "--cluster-preset", "lan", "--pull-stall-ms", "10000")
-	nc := connect(t, url)
-	pre := newEngine(t, nc, "p", "engP", testLayout, true)
+	holder, nc, pre := patientPair(t, url)
 
 	proxy := newCutProxy(t, strings.TrimPrefix(url, "nats://"))
 	enc, err := nats.Connect("nats://"+proxy.addr(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
@@ -276,10 +284,7 @@ func TestJSONNoticesAndTheirJournal(t *testing.T) {
 func TestNATSRestartDuringPulls(t *testing.T) {
 	ns := newRestartableNATS(t, true)
 	url := ns.URL()
-	holder := startConnexd(t, "p", "--backend", "tcp", "--nats-url", url, "--role", "prefill", "--cluster-preset", "lan")
-	startConnexd(t, "d", "--backend", "tcp", "--nats-url", url, "--role", "decode", "--cluster-preset", "lan", "--pull-stall-ms", "10000")
-	nc := connect(t, url)
-	pre := newEngine(t, nc, "p", "engP", testLayout, true)
+	holder, nc, pre := patientPair(t, url)
 	enc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
