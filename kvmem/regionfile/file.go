@@ -26,8 +26,9 @@ func Create(path string, layout kvmem.Layout) (*kvmem.Region, error) {
 	return mapFile(f, path, layout)
 }
 
-// Open maps an existing region file, unconfined (connexd opens engines'
-// files through a Dir). The file must be exactly layout.Size()
+// Open maps an existing region file, unconfined: connexd opens engines'
+// files through a Dir; kvmem.RegionOpenerFunc(Open) gives a RegionTable
+// that maps any file (tests). The file must be exactly layout.Size()
 // bytes, so a layout that disagrees with the engine's is caught here
 // rather than by reading the wrong bytes.
 func Open(path string, layout kvmem.Layout) (*kvmem.Region, error) {
@@ -51,10 +52,6 @@ func Open(path string, layout kvmem.Layout) (*kvmem.Region, error) {
 	}
 	return mapFile(f, path, layout)
 }
-
-// Opener is Open as a kvmem.RegionOpener, for a RegionTable that maps
-// region files unconfined (tests; connexd confines them with a Dir).
-var Opener kvmem.RegionOpener = kvmem.RegionOpenerFunc(Open)
 
 // Attach maps a region connexd created (RegionInfo.path of
 // region.create), as an engine does. The file may be larger than the
