@@ -258,8 +258,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 				}
 			})
 		})
-		d.wg.Add(1)
-		go d.coordinate(cfg.OrphanScan)
+		d.startCoordinator(cfg.OrphanScan)
 	}
 	if cfg.Role == "router" {
 		if err := d.startRouter(); err != nil {
