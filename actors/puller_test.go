@@ -12,6 +12,7 @@ import (
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/errcode"
 	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/transport"
 	"google.golang.org/protobuf/proto"
@@ -38,7 +39,7 @@ func TestSplitOps(t *testing.T) {
 
 func mapped(t *testing.T, l kvmem.Layout) *kvmem.Mapped {
 	t.Helper()
-	r, err := kvmem.CreateRegion(filepath.Join(t.TempDir(), "r"), l)
+	r, err := regionfile.Create(filepath.Join(t.TempDir(), "r"), l)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/messages"
 	"google.golang.org/protobuf/proto"
 )
@@ -16,7 +17,7 @@ import (
 // descriptors.
 func FuzzPlanReads(f *testing.F) {
 	l := kvmem.Layout{Layers: 2, Planes: 2, Blocks: 8, BlockBytes: 16, BlockSize: 4, TPSize: 1}
-	r, err := kvmem.CreateRegion(filepath.Join(f.TempDir(), "r"), l)
+	r, err := regionfile.Create(filepath.Join(f.TempDir(), "r"), l)
 	if err != nil {
 		f.Fatal(err)
 	}

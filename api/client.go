@@ -78,7 +78,7 @@ func (c *Client) RegisterRegion(ctx context.Context, r *messages.RegisterRegionR
 }
 
 // CreateRegion has the member allocate a KV region for an engine; the
-// engine maps the reply's path (kvmem.AttachRegion).
+// engine maps the reply's path (regionfile.Attach).
 func (c *Client) CreateRegion(ctx context.Context, r *messages.CreateRegionRequest) (*messages.RegionInfo, error) {
 	out := new(messages.RegionInfo)
 	return out, c.Call(ctx, EpRegionCreate, r, out)

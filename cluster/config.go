@@ -102,6 +102,15 @@ func (c Config) TTL() time.Duration {
 	return deadAfter(c.HeartbeatInterval, c.DeadMult)
 }
 
+// SettleAfter is how long a member must have watched the cluster (or
+// another member must have been in its view) before an absence means
+// "gone" rather than "not heard of yet": one TTL plus two heartbeats, so
+// that every live member has announced itself at least once. Sightings
+// uses it as its grace.
+func (c Config) SettleAfter() time.Duration {
+	return c.TTL() + 2*c.HeartbeatInterval
+}
+
 // Validate reports the first setting that would make failure detection
 // wrong: a member suspected between two of its own heartbeats, or removed
 // before it could be probed.

@@ -12,6 +12,12 @@
 // Provider (provider.go, provider_loop.go) only wires NATS subscriptions,
 // one timer and protoactor's MemberList to it, from a single goroutine.
 //
+// Sightings (sightings.go) is the second pure part, on the subscriber's
+// side: fed the events by member name with now passed in, it remembers who
+// left and when, and since when each member has been in view, so that a
+// caller deciding orphans can tell "gone" from "not heard of yet"
+// (Roster). The daemon wires it to Subscribe and the clock.
+//
 // # Subjects and payloads
 //
 // With prefix P (Config.SubjectPrefix, default "connex.cluster") and the

@@ -21,6 +21,7 @@ import (
 	"github.com/connex/connex/engines"
 	"github.com/connex/connex/errcode"
 	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/notices"
 	"github.com/connex/connex/requests"
@@ -115,7 +116,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		log.Warn("this member's wall clock is shifted for a fault test", "env", ClockSkewEnv, "skew", skew)
 	}
 	if cfg.ShmDir != "" {
-		pages, err := kvmem.ShmDirPages(cfg.ShmDir)
+		pages, err := regionfile.ShmDirPages(cfg.ShmDir)
 		if err != nil {
 			return d, err
 		}
@@ -143,14 +144,14 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 	if tcfg.ServerTLS != nil && d.Backend.Name() != "tcp" {
 		log.Warn("data_tls applies to the TCP data plane only: this member's data plane is "+d.Backend.Name()+", whose traffic between hosts is not encrypted", "backend", d.Backend.Name())
 	}
-	rdir, err := kvmem.OpenRegionDir(cfg.RegionDir, cfg.RegionOwners)
+	rdir, err := regionfile.OpenDir(cfg.RegionDir, cfg.RegionOwners)
 	if err != nil {
 		return d, err
 	}
-	d.regions = kvmem.NewConfinedRegionTable(rdir)
+	d.regions = kvmem.NewRegionTable(rdir)
 	q := kvmem.Quota{MemberBytes: cfg.RegionMaxBytes, EngineBytes: cfg.RegionMaxBytesPerEngine, RegionsPerEngine: cfg.RegionMaxPerEngine}
 	if q.MemberBytes == 0 {
-		if total, err := kvmem.Meminfo("MemTotal"); err == nil {
+		if total, err := regionfile.Meminfo("MemTotal"); err == nil {
 			q.MemberBytes = total / 4 * 3
 		}
 	}
@@ -257,8 +258,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 				}
 			})
 		})
-		d.wg.Add(1)
-		go d.coordinate(cfg.OrphanScan)
+		d.startCoordinator(cfg.OrphanScan)
 	}
 	if cfg.Role == "router" {
 		if err := d.startRouter(); err != nil {

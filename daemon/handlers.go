@@ -11,6 +11,7 @@ import (
 	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/lease"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/transport"
@@ -111,7 +112,7 @@ func (d *Daemon) newRegion(name string, l kvmem.Layout) (*kvmem.Region, error) {
 			// a memfd is not bound by it).
 			reg, rerr := kvmem.NewRegion(mem.Path(), l, d.Backend.Name()+"-shared", mem.Bytes(), mem.Free)
 			if rerr == nil {
-				kvmem.Populate(mem.Bytes()[:l.Size()])
+				regionfile.Populate(mem.Bytes()[:l.Size()])
 				return reg, nil
 			}
 			_ = mem.Free()
@@ -121,9 +122,9 @@ func (d *Daemon) newRegion(name string, l kvmem.Layout) (*kvmem.Region, error) {
 			"backend", d.Backend.Name(), "err", err)
 	}
 	if d.cfg.ShmDir != "" {
-		return kvmem.CreateShmRegion(d.cfg.ShmDir, name, l)
+		return regionfile.CreateShm(d.cfg.ShmDir, name, l)
 	}
-	return kvmem.CreateMemfdRegion(name, l)
+	return regionfile.CreateMemfd(name, l)
 }
 
 // RegisterRegion maps an engine's region file.

@@ -27,19 +27,17 @@ type clusterMembers struct {
 	log    *slog.Logger
 	libLog *slog.Logger // for protoactor (see libHandler)
 
-	mu        sync.Mutex
-	sys       *actor.ActorSystem
-	cl        *actorcluster.Cluster
-	prov      *cluster.Provider
-	watchers  []func(*cluster.Provider, cluster.Event) // re-subscribed to each provider on rejoin
-	cancels   []func()
-	load      int64
-	engines   []*messages.EngineInfo
-	closed    bool
-	departed  map[string]time.Time // member names seen leaving, not back since, and when
-	firstSeen map[string]time.Time // when each present member entered our view
-	joinedAt  time.Time            // when the current provider started watching
-	grace     time.Duration        // TTL + 2 heartbeats: how long before "absent" means "gone"
+	mu       sync.Mutex
+	sys      *actor.ActorSystem
+	cl       *actorcluster.Cluster
+	prov     *cluster.Provider
+	watchers []func(*cluster.Provider, cluster.Event) // re-subscribed to each provider on rejoin
+	cancels  []func()
+	load     int64
+	engines  []*messages.EngineInfo
+	closed   bool
+	seen     *cluster.Sightings // departures and tenures by name; decides with now passed in
+	now      func() time.Time   // the clock seen feeds on: time.Now (monotonic, never skewed)
 
 	rejoins chan struct{}
 	done    chan struct{}
@@ -67,7 +65,8 @@ func clusterRole(role string) cluster.Role {
 
 // joinCluster starts membership and keeps it: on self-eviction it rejoins.
 func joinCluster(nc *nats.Conn, cfg config.Config, log, libLog *slog.Logger) (*clusterMembers, error) {
-	m := &clusterMembers{nc: nc, cfg: cfg, log: log, libLog: libLog, rejoins: make(chan struct{}, 1), done: make(chan struct{}), departed: map[string]time.Time{}, firstSeen: map[string]time.Time{}}
+	m := &clusterMembers{nc: nc, cfg: cfg, log: log, libLog: libLog, rejoins: make(chan struct{}, 1), done: make(chan struct{}), now: time.Now}
+	m.seen = cluster.NewSightings(cfg.MemberID, presetConfig(cfg.ClusterPreset).SettleAfter(), m.now())
 	if err := m.start(); err != nil {
 		return nil, err
 	}
@@ -92,15 +91,13 @@ func (m *clusterMembers) start() error {
 	// A (re)join starts from a clean slate: what a paused member believed
 	// about departures and ages is stale.
 	m.mu.Lock()
-	m.departed, m.firstSeen = map[string]time.Time{}, map[string]time.Time{}
-	m.joinedAt = time.Now()
+	m.seen.Rejoin(m.now())
 	m.mu.Unlock()
 	// Subscribe outside m.mu: Subscribe replays the live members to the
 	// callback at once, and track takes m.mu.
 	cancels := []func(){prov.Subscribe(m.track)}
 	m.mu.Lock()
 	m.sys, m.cl, m.prov = sys, cl, prov
-	m.grace = ccfg.TTL() + 2*ccfg.HeartbeatInterval
 	prov.SetLoad(m.load)
 	prov.SetEngines(m.engines)
 	watchers := append([]func(*cluster.Provider, cluster.Event){}, m.watchers...)
@@ -189,29 +186,14 @@ func (m *clusterMembers) live() (cands []requests.Candidate, names []string) {
 	return cands, names
 }
 
-// View implements Members.
+// View implements Members: the Sightings' roster of the names in the view
+// now.
 func (m *clusterMembers) View() requests.View {
 	_, names := m.live()
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	now := time.Now()
-	v := requests.View{Present: map[string]bool{}, Departed: map[string]bool{}, Settled: map[string]bool{}, Watched: now.Sub(m.joinedAt), Grace: m.grace}
-	for _, n := range names {
-		v.Present[n] = true
-		seen, ok := m.firstSeen[n]
-		if n == m.cfg.MemberID {
-			seen, ok = m.joinedAt, true
-		}
-		if ok && now.Sub(seen) >= m.grace {
-			v.Settled[n] = true
-		}
-	}
-	for n := range m.departed {
-		if !v.Present[n] {
-			v.Departed[n] = true
-		}
-	}
-	return v
+	r := m.seen.Roster(names, m.now())
+	m.mu.Unlock()
+	return requests.View{Present: r.Present, Departed: r.Departed, Settled: r.Settled, Watched: r.Watched, Grace: r.Grace}
 }
 
 // DepartedAt is when this member saw name leave (zero if it has not, or
@@ -219,28 +201,14 @@ func (m *clusterMembers) View() requests.View {
 func (m *clusterMembers) DepartedAt(name string) time.Time {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.departed[name]
+	return m.seen.DepartedAt(name)
 }
 
-// track records departures by name, from the membership events.
+// track feeds the membership events to the Sightings.
 func (m *clusterMembers) track(e cluster.Event) {
-	if e.Member.Name == "" {
-		return
-	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	switch e.Type {
-	case cluster.EventLeft:
-		if _, ok := m.departed[e.Member.Name]; !ok {
-			m.departed[e.Member.Name] = time.Now()
-		}
-		delete(m.firstSeen, e.Member.Name)
-	case cluster.EventJoined:
-		delete(m.departed, e.Member.Name)
-		if _, ok := m.firstSeen[e.Member.Name]; !ok {
-			m.firstSeen[e.Member.Name] = time.Now()
-		}
-	}
+	m.seen.Observe(e, m.now())
 }
 
 // OnChange implements Members.

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/asynkron/protoactor-go/actor"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/errcode"
@@ -14,18 +14,14 @@ import (
 	"github.com/connex/connex/requests"
 )
 
-// Members is what the request layer needs from cluster membership: the
-// live decode members (by API member id, suspects excluded) with their
-// load, change notifications, and this member's advertised load.
+// Members is what the request layer needs from cluster membership: what
+// the orphan coordinator needs (requests.Membership) and this member's
+// advertised load.
 type Members interface {
-	LiveDecode() []requests.Candidate
-	// View says which owners are present, which were seen leaving, and how
-	// long this member has watched (see requests.View).
-	View() requests.View
-	OnChange(fn func()) (cancel func())
+	requests.Membership
+	// SetLoad sets the in-flight request count the next heartbeat
+	// advertises (placement by load).
 	SetLoad(load int64)
-	// DepartedAt is when this member saw name leave (zero: it has not).
-	DepartedAt(name string) time.Time
 }
 
 func (d *Daemon) askRequest(id string, msg any) (*messages.RequestStatus, error) {
@@ -195,95 +191,46 @@ func (d *Daemon) updateLoad() {
 	}
 }
 
-// coordinate places orphaned requests whenever membership changes, and
-// rescans every interval in case a coordinator died mid-way.
-func (d *Daemon) coordinate(interval time.Duration) {
-	defer d.wg.Done()
-	kick := make(chan struct{}, 1)
-	cancel := d.members.OnChange(func() {
-		select {
-		case kick <- struct{}{}:
-		default:
-		}
-	})
-	defer cancel()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	leftovers := true
-	for {
-		if leftovers {
-			if err := d.adoptLeftovers(); err != nil {
-				d.log.Warn("adopting requests of this member's previous run failed; will retry", "err", err)
-			} else {
-				leftovers = false
+// startCoordinator runs this member's orphan coordinator
+// (requests.Coordinator) until d.stop: it asks live members over the API
+// to adopt departed owners' requests, and adopts its previous run's here.
+func (d *Daemon) startCoordinator(interval time.Duration) {
+	c := &requests.Coordinator{
+		Self:    d.cfg.MemberID,
+		Members: d.members,
+		Owners:  d.reqStore.Owners,
+		Adopt: func(ctx context.Context, a requests.Adoption) error {
+			cli := &api.Client{NC: d.Bus.Conn, Member: a.Target}
+			msg := &messages.AdoptRequestMsg{RequestId: a.Request, DeadOwner: a.DeadOwner}
+			if !a.DepartedAt.IsZero() {
+				msg.DepartedUnixMs = a.DepartedAt.UnixMilli()
 			}
-		}
-		select {
-		case <-d.stop:
-			return
-		case <-kick:
-		case <-t.C:
-		}
-		if err := d.placeOrphans(); err != nil {
-			d.log.Warn("placing orphaned requests failed; will retry", "err", err)
-		}
+			_, err := cli.Adopt(ctx, msg)
+			return asFenced(err)
+		},
+		AdoptHere: func(ctx context.Context, req, owner string) error {
+			_, err := d.Adopt(ctx, &messages.AdoptRequestMsg{RequestId: req, DeadOwner: owner})
+			return asFenced(err)
+		},
+		Running: func(req string) bool {
+			_, ok := d.reqTable.Lookup(req)
+			return ok
+		},
+		Interval: interval,
+		Log:      d.log,
 	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		c.Run(d.stop)
+	}()
 }
 
-func (d *Daemon) placeOrphans() error {
-	live := d.members.LiveDecode()
-	view := d.members.View()
-	if requests.CoordinatorIn(live, view) != d.cfg.MemberID {
-		return nil
+// asFenced makes an error with the API code fenced (someone adopted the
+// request already) one the coordinator recognises: requests.ErrFenced.
+func asFenced(err error) error {
+	if err != nil && !errors.Is(err, requests.ErrFenced) && errcode.Of(err) == api.CodeFenced {
+		return fmt.Errorf("%w: %w", requests.ErrFenced, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	owners, err := d.reqStore.Owners(ctx)
-	if err != nil {
-		return err
-	}
-	orphans := requests.OrphansIn(owners, view)
-	if len(orphans) == 0 {
-		return nil
-	}
-	var errs []error
-	for req, target := range requests.Place(orphans, live) {
-		cli := &api.Client{NC: d.Bus.Conn, Member: target}
-		msg := &messages.AdoptRequestMsg{RequestId: req, DeadOwner: owners[req]}
-		if at := d.members.DepartedAt(owners[req]); !at.IsZero() {
-			msg.DepartedUnixMs = at.UnixMilli()
-		}
-		if _, err := cli.Adopt(ctx, msg); err != nil {
-			if api.CodeOf(err) == api.CodeFenced {
-				continue // someone adopted it already
-			}
-			errs = append(errs, fmt.Errorf("adopt %s on %s: %w", req, target, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// adoptLeftovers resumes requests that a previous run of this member (same
-// member id) owned: at start no request actor runs here, so any request the
-// store says we own is an orphan of that run.
-func (d *Daemon) adoptLeftovers() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	owners, err := d.reqStore.Owners(ctx)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for req, owner := range owners {
-		if owner != d.cfg.MemberID {
-			continue
-		}
-		if _, ok := d.reqTable.Lookup(req); ok {
-			continue
-		}
-		if _, err := d.Adopt(ctx, &messages.AdoptRequestMsg{RequestId: req, DeadOwner: owner}); err != nil && errcode.Of(err) != api.CodeFenced {
-			errs = append(errs, fmt.Errorf("adopt %s: %w", req, err))
-		}
-	}
-	return errors.Join(errs...)
+	return err
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
@@ -322,7 +323,7 @@ func shmDir(t testing.TB) string {
 func newEngine(t testing.TB, nc *nats.Conn, member, id string, l kvmem.Layout, fill bool) *engine {
 	t.Helper()
 	path := filepath.Join(shmDir(t), id+".kv")
-	r, err := kvmem.CreateRegion(path, l)
+	r, err := regionfile.Create(path, l)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +334,7 @@ func newEngine(t testing.TB, nc *nats.Conn, member, id string, l kvmem.Layout, f
 // and registers it through cli.
 func newEngineAt(t testing.TB, cli *api.Client, id, path string, l kvmem.Layout, fill bool) *engine {
 	t.Helper()
-	r, err := kvmem.OpenRegion(path, l)
+	r, err := regionfile.Open(path, l)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,7 +385,7 @@ func newCreatedEngineAs(t testing.TB, cli *api.Client, id string, l kvmem.Layout
 	if err != nil {
 		t.Fatalf("create region of %s: %v", id, err)
 	}
-	r, err := kvmem.AttachRegion(info.Path, l)
+	r, err := regionfile.Attach(info.Path, l)
 	if err != nil {
 		t.Fatalf("map the created region %s: %v", info.Path, err)
 	}

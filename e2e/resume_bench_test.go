@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/localcluster"
 )
 
@@ -53,7 +53,7 @@ func BenchmarkResume(b *testing.B) {
 	})
 	shm := "memfd, 4 KiB pages"
 	if d := os.Getenv("BENCH_SHM_DIR"); d != "" {
-		pages, err := kvmem.ShmDirPages(d)
+		pages, err := regionfile.ShmDirPages(d)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -2,10 +2,7 @@ package kvmem
 
 import (
 	"errors"
-	"os"
-	"path/filepath"
 	"reflect"
-	"strings"
 	"testing"
 )
 
@@ -109,39 +106,6 @@ func TestCompatible(t *testing.T) {
 	}
 }
 
-func TestRegionSharedMapping(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "region")
-	l := testLayout()
-	eng, err := CreateRegion(path, l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
-	d, err := OpenRegion(path, l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	copy(eng.Block(2, 1, 5), "hello, kv block!")
-	if got := string(d.Block(2, 1, 5)); got != "hello, kv block!" {
-		t.Fatalf("shared mapping sees %q", got)
-	}
-	wrong := l
-	wrong.Blocks = 9
-	if _, err := OpenRegion(path, wrong); !errors.Is(err, ErrBadLayout) {
-		t.Fatalf("size mismatch: want ErrBadLayout, got %v", err)
-	}
-	if _, err := OpenRegion(filepath.Join(t.TempDir(), "missing"), l); !errors.Is(err, ErrRegion) {
-		t.Fatalf("missing file: want ErrRegion, got %v", err)
-	}
-	if _, err := OpenRegion(os.TempDir(), l); err == nil {
-		t.Fatal("a directory must not open as a region")
-	}
-	if err := d.Close(); err != nil || d.Close() != nil {
-		t.Fatal("close must be idempotent")
-	}
-}
-
 func TestBlockTable(t *testing.T) {
 	bt := NewBlockTable(8)
 	if err := bt.Hold([]uint32{1, 2}); err != nil {
@@ -178,14 +142,10 @@ func TestBlockTable(t *testing.T) {
 }
 
 func TestRegionTableRefcounts(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "r")
+	path := "/dev/shm/r"
 	l := testLayout()
-	eng, err := CreateRegion(path, l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
-	rt := NewRegionTable()
+	heap := &heapOpener{}
+	rt := NewRegionTable(heap)
 	if _, err := rt.Register("e", "r0", path, l); err != nil {
 		t.Fatal(err)
 	}
@@ -215,116 +175,11 @@ func TestRegionTableRefcounts(t *testing.T) {
 	if m.Region.Bytes() != nil {
 		t.Fatal("region still mapped after the last reference")
 	}
-}
-
-// A memfd region is mapped by another "engine" through its path, both
-// mappings see each other's writes, and nothing is left in the file system.
-func TestMemfdRegionSharedThroughPath(t *testing.T) {
-	l := Layout{Layers: 2, Planes: 2, Blocks: 8, BlockBytes: 4096, BlockSize: 16, TPSize: 1}
-	r, err := CreateMemfdRegion("test", l)
-	if err != nil {
-		t.Fatal(err)
+	if heap.opened != 1 || heap.freed != 1 {
+		t.Fatalf("opened %d regions and freed %d, want 1 and 1", heap.opened, heap.freed)
 	}
-	// Sealed: nobody who opens its path can shrink (or grow) it.
-	for _, size := range []int64{4096, int64(l.Size()) * 2} {
-		if err := os.Truncate(r.Path, size); err == nil {
-			t.Fatalf("truncating the created memfd to %d bytes succeeded; it must be sealed", size)
-		}
-	}
-	testCreatedRegionShared(t, r, l, MemoryMemfd)
-}
-
-// A region in shm_dir behaves as a memfd one and leaves no file in the
-// directory, even while it is live.
-func TestShmRegionSharedThroughPath(t *testing.T) {
-	dir := t.TempDir()
-	l := Layout{Layers: 2, Planes: 2, Blocks: 8, BlockBytes: 4096, BlockSize: 16, TPSize: 1}
-	r, err := CreateShmRegion(dir, "test", l)
-	if err != nil {
-		t.Skipf("the file system of %s has no unnamed files (O_TMPFILE): %v", dir, err)
-	}
-	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
-		t.Fatalf("shm_dir holds %d files while the region is live, want none", len(ents))
-	}
-	testCreatedRegionShared(t, r, l, MemoryShm)
-	if _, err := CreateShmRegion(filepath.Join(dir, "missing"), "test", l); !errors.Is(err, ErrRegion) || !strings.Contains(err.Error(), "missing") {
-		t.Fatalf("region in a missing shm_dir: %v, want ErrRegion naming the directory", err)
-	}
-}
-
-// Which pages a shm_dir's file system gives.
-func TestShmDirPages(t *testing.T) {
-	for _, c := range []struct{ fstype, opts, want string }{
-		{"tmpfs", "rw,relatime,size=4194304k,huge=always", "2MiB"},
-		{"tmpfs", "rw,huge=within_size", "2MiB"},
-		{"tmpfs", "rw,huge=advise", "4KiB"},
-		{"tmpfs", "rw,relatime", "4KiB"},
-		{"hugetlbfs", "rw,pagesize=2M", "2MiB"},
-		{"ext4", "rw,huge=always", "4KiB"},
-	} {
-		if got := pagesOf(c.fstype, c.opts); got != c.want {
-			t.Errorf("pagesOf(%s, %s) = %s, want %s", c.fstype, c.opts, got, c.want)
-		}
-	}
-	if got, err := ShmDirPages(t.TempDir()); err != nil || (got != "4KiB" && got != "2MiB") {
-		t.Fatalf("ShmDirPages(temp dir) = %q, %v", got, err)
-	}
-	f := filepath.Join(t.TempDir(), "file")
-	if err := os.WriteFile(f, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ShmDirPages(f); !errors.Is(err, ErrRegion) || !strings.Contains(err.Error(), "not a directory") {
-		t.Fatalf("ShmDirPages(a file) = %v, want ErrRegion: not a directory", err)
-	}
-}
-
-// testCreatedRegionShared checks a region connexd created (r, of layout l
-// and memory kind memory): an engine maps it through its path, both
-// mappings see each other's writes, and the engine's outlives connexd's.
-func testCreatedRegionShared(t *testing.T, r *Region, l Layout, memory string) {
-	t.Helper()
-	defer r.Close()
-	if r.Memory != memory || !strings.HasPrefix(r.Path, "/proc/") {
-		t.Fatalf("memory %q path %q", r.Memory, r.Path)
-	}
-	eng, err := AttachRegion(r.Path, l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
-	eng.Block(1, 1, 7)[5] = 0xAB
-	if r.Block(1, 1, 7)[5] != 0xAB {
-		t.Fatal("connexd's mapping does not see the engine's write")
-	}
-	r.Block(0, 0, 0)[0] = 0xCD
-	if eng.Block(0, 0, 0)[0] != 0xCD {
-		t.Fatal("the engine's mapping does not see connexd's write")
-	}
-	// A layout larger than the file is refused; a smaller one maps.
-	big := l
-	big.Blocks *= 2
-	if _, err := AttachRegion(r.Path, big); !errors.Is(err, ErrBadLayout) {
-		t.Fatalf("attach with a larger layout: %v, want ErrBadLayout", err)
-	}
-	if err := r.Close(); err != nil {
-		t.Fatal(err)
-	}
-	// The engine's mapping outlives connexd's.
-	if eng.Block(1, 1, 7)[5] != 0xAB {
-		t.Fatal("the engine lost its memory when connexd closed the region")
-	}
-}
-
-// Reserving more shared memory than the machine has fails up front with a
-// clear error, instead of SIGBUS at first touch (and without taking the
-// memory first: the check happens before fallocate).
-func TestMemfdRegionTooLargeFailsClearly(t *testing.T) {
-	l := Layout{Layers: 1024, Planes: 2, Blocks: 1 << 10, BlockBytes: 1 << 19, BlockSize: 16, TPSize: 1} // 1 TiB
-	if err := l.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	_, err := CreateMemfdRegion("huge", l)
-	if !errors.Is(err, ErrRegion) || !strings.Contains(err.Error(), "not enough shared memory") {
-		t.Fatalf("1 TiB memfd region: %v", err)
+	rt.Close()
+	if !heap.closed {
+		t.Fatal("the table's Close left its opener open")
 	}
 }

@@ -3,6 +3,7 @@ package kvmem
 import (
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"sync"
 )
@@ -64,13 +65,28 @@ func (m *Mapped) close() {
 	_ = m.Region.Close()
 }
 
+// RegionOpener maps the region file an engine registers (region.register)
+// for a RegionTable. regionfile.Dir is connexd's: it confines the files to
+// region_dir; tests may map heap bytes with NewRegion.
+type RegionOpener interface {
+	// Open maps the file at path as a region of layout l; the caller owns
+	// the region (Close). Errors wrap ErrRegion, ErrBadLayout or
+	// ErrOutsideRegionDir.
+	Open(path string, l Layout) (*Region, error)
+}
+
+// RegionOpenerFunc adapts a function (regionfile.Open) to a RegionOpener.
+type RegionOpenerFunc func(path string, l Layout) (*Region, error)
+
+// Open calls f.
+func (f RegionOpenerFunc) Open(path string, l Layout) (*Region, error) { return f(path, l) }
+
 // RegionTable is the set of regions mapped by this connexd, keyed by engine
 // and region id. It is safe for concurrent use.
 type RegionTable struct {
 	mu      sync.Mutex
 	regions map[[2]string]*Mapped
-	open    func(path string, l Layout) (*Region, error)
-	dir     *RegionDir // closed by Close; nil if unconfined
+	open    RegionOpener // closed by Close if it is an io.Closer (regionfile.Dir)
 	quota   Quota
 	guard   func(mem []byte) (Guard, error) // nil: regions unwatched
 }
@@ -118,15 +134,12 @@ func (t *RegionTable) dropBroken(key [2]string) bool {
 	return false
 }
 
-// NewRegionTable returns an empty table that maps region files with OpenRegion.
-func NewRegionTable() *RegionTable {
-	return &RegionTable{regions: map[[2]string]*Mapped{}, open: OpenRegion}
-}
-
-// NewConfinedRegionTable returns an empty table that maps only region
-// files dir allows (region_dir).
-func NewConfinedRegionTable(dir *RegionDir) *RegionTable {
-	return &RegionTable{regions: map[[2]string]*Mapped{}, open: dir.Open, dir: dir}
+// NewRegionTable returns an empty table that maps the region files
+// engines register with open: connexd passes a regionfile.Dir, so only
+// files beneath region_dir are mapped. The table owns open: if it has a
+// Close() error method, the table's Close calls it.
+func NewRegionTable(open RegionOpener) *RegionTable {
+	return &RegionTable{regions: map[[2]string]*Mapped{}, open: open}
 }
 
 // Register maps the region file. Registering the same engine, id, path and
@@ -145,7 +158,7 @@ func (t *RegionTable) Register(engine, id, path string, l Layout) (*Mapped, erro
 	if err := t.check(engine, l.Size()); err != nil {
 		return nil, err
 	}
-	r, err := t.open(path, l)
+	r, err := t.open.Open(path, l)
 	if err != nil {
 		return nil, err
 	}
@@ -239,8 +252,8 @@ func (t *RegionTable) Close() {
 	for e := range engines {
 		t.DropEngine(e)
 	}
-	if t.dir != nil {
-		_ = t.dir.Close()
+	if c, ok := t.open.(io.Closer); ok {
+		_ = c.Close()
 	}
 }
 

@@ -5,7 +5,7 @@
 //
 // What a shim does, in the order an engine meets it:
 //
-//   - Open: region.create (connexd allocates the KV region), kvmem.AttachRegion
+//   - Open: region.create (connexd allocates the KV region), regionfile.Attach
 //     (the engine maps it as its KV memory), subscriptions to the engine's
 //     notices (blocks.freed, pull.done, request.fenced), engine.register, and a
 //     renewal loop that refreshes the registration every renew_ms with fresh

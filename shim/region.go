@@ -8,6 +8,7 @@ import (
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/messages"
 )
 
@@ -44,7 +45,7 @@ func (e *Engine) createRegion(ctx context.Context) (*kvmem.Region, error) {
 		case <-t.C:
 		}
 	}
-	r, err := kvmem.AttachRegion(info.Path, l)
+	r, err := regionfile.Attach(info.Path, l)
 	if err != nil {
 		return nil, fmt.Errorf("shim: map the region connexd %s created at %s: %w", cfg.Member, info.Path, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/kvmem/regionfile"
 )
 
 func testRegion(t testing.TB, layout string, blocks uint32) *kvmem.Region {
@@ -17,7 +18,7 @@ func testRegion(t testing.TB, layout string, blocks uint32) *kvmem.Region {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := kvmem.CreateMemfdRegion("sim-test", l)
+	r, err := regionfile.CreateMemfd("sim-test", l)
 	if err != nil {
 		t.Fatal(err)
 	}

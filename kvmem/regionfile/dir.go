@@ -1,4 +1,4 @@
-package kvmem
+package regionfile
 
 import (
 	"errors"
@@ -7,46 +7,45 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/connex/connex/kvmem"
 	"golang.org/x/sys/unix"
 )
 
-// ErrOutsideRegionDir refuses a region.register path that is not a
-// regular file beneath region_dir, owned by an allowed user. Its messages
-// say nothing about what lies outside the directory.
-var ErrOutsideRegionDir = errors.New("kvmem: region file refused")
-
-// RegionDir confines the region files engines register (region.register)
+// Dir confines the region files engines register (region.register)
 // to one directory: paths are resolved beneath it without following
 // symbolic links or crossing mounts (openat2 RESOLVE_BENEATH |
 // RESOLVE_NO_SYMLINKS | RESOLVE_NO_XDEV), and the file must be a regular
 // file owned by an allowed user (connexd's own by default). A root connexd
 // thus cannot be made to open another user's file.
-type RegionDir struct {
+//
+// A Dir is a kvmem.RegionOpener: kvmem.NewRegionTable(dir) maps only the
+// files it allows, and the table's Close closes it.
+type Dir struct {
 	root string
 	dir  *os.File
 	uids map[int]bool
 }
 
-// OpenRegionDir opens root (it must exist; symbolic links in root itself
+// OpenDir opens root (it must exist; symbolic links in root itself
 // are resolved once, here) allowing files owned by uids, or by this
 // process's effective user when uids is empty.
-func OpenRegionDir(root string, uids []int) (*RegionDir, error) {
+func OpenDir(root string, uids []int) (*Dir, error) {
 	abs, err := filepath.Abs(root)
 	if err == nil {
 		abs, err = filepath.EvalSymlinks(abs)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: region_dir %s: %w", ErrRegion, root, err)
+		return nil, fmt.Errorf("%w: region_dir %s: %w", kvmem.ErrRegion, root, err)
 	}
 	f, err := os.Open(abs)
 	if err != nil {
-		return nil, fmt.Errorf("%w: region_dir %s: %w", ErrRegion, root, err)
+		return nil, fmt.Errorf("%w: region_dir %s: %w", kvmem.ErrRegion, root, err)
 	}
 	if st, err := f.Stat(); err != nil || !st.IsDir() {
 		f.Close()
-		return nil, fmt.Errorf("%w: region_dir %s is not a directory", ErrRegion, root)
+		return nil, fmt.Errorf("%w: region_dir %s is not a directory", kvmem.ErrRegion, root)
 	}
-	d := &RegionDir{root: abs, dir: f, uids: map[int]bool{}}
+	d := &Dir{root: abs, dir: f, uids: map[int]bool{}}
 	for _, u := range uids {
 		d.uids[u] = true
 	}
@@ -57,19 +56,19 @@ func OpenRegionDir(root string, uids []int) (*RegionDir, error) {
 }
 
 // Root is the confining directory (absolute, links resolved).
-func (d *RegionDir) Root() string { return d.root }
+func (d *Dir) Root() string { return d.root }
 
 // Close releases the directory.
-func (d *RegionDir) Close() error { return d.dir.Close() }
+func (d *Dir) Close() error { return d.dir.Close() }
 
-// Open maps the region file at path (absolute, beneath Root), as
-// OpenRegion does.
-func (d *RegionDir) Open(path string, layout Layout) (*Region, error) {
+// Open maps the region file at path (absolute, beneath Root), as the
+// package's Open does, refusing (kvmem.ErrOutsideRegionDir) any other.
+func (d *Dir) Open(path string, layout kvmem.Layout) (*kvmem.Region, error) {
 	if err := layout.Validate(); err != nil {
 		return nil, err
 	}
 	refuse := func(why string) error {
-		return fmt.Errorf("%w: %s: %s (region_dir is %s)", ErrOutsideRegionDir, path, why, d.root)
+		return fmt.Errorf("%w: %s: %s (region_dir is %s)", kvmem.ErrOutsideRegionDir, path, why, d.root)
 	}
 	if !filepath.IsAbs(path) {
 		return nil, refuse("not an absolute path")
@@ -105,7 +104,7 @@ func (d *RegionDir) Open(path string, layout Layout) (*Region, error) {
 		return nil, refuse(fmt.Sprintf("owned by uid %d, not an allowed region owner", st.Uid))
 	}
 	if uint64(st.Size) != layout.Size() {
-		return nil, fmt.Errorf("%w: %s is %d bytes but the layout needs %d", ErrBadLayout, path, st.Size, layout.Size())
+		return nil, fmt.Errorf("%w: %s is %d bytes but the layout needs %d", kvmem.ErrBadLayout, path, st.Size, layout.Size())
 	}
 	return mapFile(f, path, layout)
 }

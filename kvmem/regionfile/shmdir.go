@@ -1,4 +1,4 @@
-package kvmem
+package regionfile
 
 import (
 	"bufio"
@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/connex/connex/kvmem"
 )
 
 // ShmDirPages checks that dir can hold created regions' memory (shm_dir)
@@ -16,18 +18,18 @@ import (
 func ShmDirPages(dir string) (string, error) {
 	st, err := os.Stat(dir)
 	if err != nil {
-		return "", fmt.Errorf("%w: shm_dir: %w", ErrRegion, err)
+		return "", fmt.Errorf("%w: shm_dir: %w", kvmem.ErrRegion, err)
 	}
 	if !st.IsDir() {
-		return "", fmt.Errorf("%w: shm_dir %s is not a directory", ErrRegion, dir)
+		return "", fmt.Errorf("%w: shm_dir %s is not a directory", kvmem.ErrRegion, dir)
 	}
 	abs, err := filepath.EvalSymlinks(dir)
 	if err != nil {
-		return "", fmt.Errorf("%w: shm_dir: %w", ErrRegion, err)
+		return "", fmt.Errorf("%w: shm_dir: %w", kvmem.ErrRegion, err)
 	}
 	f, err := os.Open("/proc/self/mounts")
 	if err != nil {
-		return "", fmt.Errorf("%w: shm_dir: %w", ErrRegion, err)
+		return "", fmt.Errorf("%w: shm_dir: %w", kvmem.ErrRegion, err)
 	}
 	defer f.Close()
 	var best, fstype, opts string
