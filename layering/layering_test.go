@@ -22,7 +22,9 @@ var rules = map[string]struct {
 	// system calls.
 	pure bool
 }{
-	"lease":             {pure: true},
+	"lease": {pure: true},
+	// clock is the time seam (Clock, Real, Fake): no I/O.
+	"clock":             {pure: true},
 	"notices":           {pure: true},
 	"engines":           {internal: []string{"messages"}, external: []string{"google.golang.org/protobuf/"}, pure: true},
 	"kvmem":             {external: []string{"golang.org/x/sys/unix"}},
@@ -41,7 +43,7 @@ var rules = map[string]struct {
 	"api/gencodes":  {internal: []string{"api/codetable"}},
 	"requests":      {internal: []string{"messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"cluster":       {internal: []string{"messages"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
-	"actors":        {internal: []string{"api", "errcode", "kvmem", "lease", "messages", "requests", "transport"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"actors":        {internal: []string{"api", "clock", "errcode", "kvmem", "lease", "messages", "requests", "transport"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"bus":           {internal: []string{"auth"}, external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
 	"auth":          {external: []string{"github.com/nats-io/jwt/", "github.com/nats-io/nkeys"}},
 	"config":        {external: []string{"github.com/spf13/"}},
@@ -56,7 +58,7 @@ var rules = map[string]struct {
 	"localcluster": {},
 	// netlab builds network-namespace hosts with ip and nft; nothing of ours.
 	"netlab": {},
-	"daemon": {internal: []string{"actors", "api", "auth", "bus", "cluster", "config", "engines", "errcode", "kvmem", "lease", "messages", "notices", "requests", "router", "transport", "transport/tcp", "transport/ucx"},
+	"daemon": {internal: []string{"actors", "api", "auth", "bus", "clock", "cluster", "config", "engines", "errcode", "kvmem", "lease", "messages", "notices", "requests", "router", "transport", "transport/tcp", "transport/ucx"},
 		external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/", "github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
 	"layering": {},
 }
