@@ -92,7 +92,7 @@ func (a *holdActor) Receive(ctx actor.Context) {
 		// pull did not succeed, and a reader that waits for this answer
 		// fails it.
 		broken := a.spec.Region.CheckBroken()
-		a.step(ctx, lease.PullEnd{Now: a.deps.Now(), PullID: m.PullID, OK: m.OK && broken == nil}, func() Reply {
+		a.step(ctx, lease.PullEnd{Now: a.deps.Now(), By: m.By, PullID: m.PullID, OK: m.OK && broken == nil}, func() Reply {
 			if broken != nil && m.OK {
 				return Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), broken)}
 			}
