@@ -49,11 +49,9 @@ type holdActor struct {
 	regs    []transport.Registration
 	rkeys   [][]byte
 	segs    []*messages.Segment
-	held    bool // accounting Hold succeeded
-	freed   bool
-	timer   *time.Timer
-	readers map[string][]uint32 // pull id -> blocks marked BeginRead
-	pullBy  map[string]string   // pull id -> the reader that started it
+	held    bool        // creation only: accounting Hold succeeded, no lease owns it yet
+	timer   *time.Timer // the lease's next wake-up
+	linger  *time.Timer // the stop after the end (lingerAfterFree)
 	created time.Time
 	entry   *HoldEntry // this hold's directory entry
 	self    *actor.PID
@@ -65,7 +63,7 @@ type holdActor struct {
 }
 
 func newHoldActor(deps *HoldDeps) actor.Actor {
-	return &holdActor{deps: deps, readers: map[string][]uint32{}, pullBy: map[string]string{}}
+	return &holdActor{deps: deps}
 }
 
 func (a *holdActor) Receive(ctx actor.Context) {
@@ -82,12 +80,6 @@ func (a *holdActor) Receive(ctx actor.Context) {
 	case *StartRead:
 		a.startRead(ctx, m)
 	case *EndRead:
-		if by, ok := a.pullBy[m.PullID]; ok && by != m.By {
-			ctx.Respond(Reply{Err: fmt.Errorf("%w: pull %s of %s was started by %q, not %q", lease.ErrNotYours, m.PullID, a.id(), by, m.By)})
-			return
-		}
-		delete(a.pullBy, m.PullID)
-		a.endRead(m.PullID)
 		// A region that broke may have sent zeros as good bytes: the
 		// pull did not succeed, and a reader that waits for this answer
 		// fails it.
@@ -105,25 +97,11 @@ func (a *holdActor) Receive(ctx actor.Context) {
 	case *EngineGone:
 		a.step(ctx, lease.EngineGoneEvent{Now: a.deps.Now()}, func() Reply { return Reply{Status: a.status()} })
 	case *Shutdown:
-		a.free(ctx, lease.Released, "shutdown")
-		ctx.Respond(Reply{Status: a.status()})
+		a.step(ctx, lease.Shutdown{Now: a.deps.Now()}, func() Reply { return Reply{Status: a.status()} })
 	case tick:
-		a.step(nil, lease.Tick{Now: a.deps.Now()}, nil)
+		a.step(ctx, lease.Tick{Now: a.deps.Now()}, nil)
 	case *actor.Stopping:
-		// A hold that stops for any reason other than its own Free (a
-		// panic, the system shutting down) still gives everything back.
-		if a.spec != nil && !a.freed && (a.h != nil || a.held) {
-			a.deps.Log.Warn("hold stopped before it was freed; freeing now", "transfer", a.id())
-			reason := "aborted"
-			if a.h == nil {
-				reason = "" // creation failed: the engine never got params, nothing to tell
-			}
-			a.free(nil, lease.Released, reason)
-		}
-		a.deregister()
-		if a.timer != nil {
-			a.timer.Stop()
-		}
+		a.stopping(ctx)
 	case *actor.Stopped:
 		if a.spec != nil && a.spec.ReleaseRegion != nil {
 			a.spec.ReleaseRegion()
@@ -199,13 +177,17 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 		fail(fmt.Errorf("hold %s: %w", m.ID, err))
 		return
 	}
-	a.h = h
+	// From here on the lease owns the blocks and decides when they go back
+	// (lease.Free); until here a failed or panicking creation gave them back
+	// itself (held).
+	a.h, a.held = h, false
 	l0 := r.Region.Layout
 	a.entry = &HoldEntry{PID: ctx.Self(), Engine: r.Engine, Region: r.ID, Created: a.created, Blocks: len(m.Req.BlockIds),
 		Bytes: uint64(len(m.Req.BlockIds)) * uint64(l0.Layers) * uint64(l0.Planes) * l0.BlockBytes}
 	a.deps.Dir.put(m.ID, a.entry)
 	a.deps.Metrics.HoldsCreated.Add(1)
-	a.rearm(ctx)
+	a.self, a.system = ctx.Self(), ctx.ActorSystem()
+	a.rearm()
 	l := r.Region.Layout
 	ctx.Respond(Reply{Create: &messages.CreateHoldReply{
 		Params: &messages.KVTransferParams{
@@ -238,12 +220,6 @@ func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 	// deadline is at most one lease away.
 	timeout := min(m.Timeout, a.h.Retain())
 	a.step(ctx, lease.PullStart{Now: now, By: m.By, PullID: m.PullID, Deadline: now.Add(timeout + a.deps.ReadSlack)}, func() Reply {
-		if _, again := a.readers[m.PullID]; !again { // a retried start counts once
-			if err := a.spec.Region.Blocks.BeginRead(a.spec.Req.BlockIds); err == nil {
-				a.readers[m.PullID] = a.spec.Req.BlockIds
-			}
-		}
-		a.pullBy[m.PullID] = m.By
 		st := a.h.Status()
 		return Reply{Desc: &messages.Descriptors{
 			TransferId:        a.id(),
@@ -268,18 +244,37 @@ func (a *holdActor) incarnation() string {
 	return a.deps.Incarnation()
 }
 
-func (a *holdActor) endRead(pullID string) {
-	if ids, ok := a.readers[pullID]; ok {
-		a.spec.Region.Blocks.EndRead(ids)
-		delete(a.readers, pullID)
+// stopping runs in Stopping, whatever stops the actor: its own linger
+// after the end, a failed creation, or a panic (the supervisor stops it,
+// never restarts it). A hold that had not ended yet is aborted through the
+// lease, so its blocks go back once, with the engine told "aborted"; a
+// creation that died before the lease existed gives back what it took,
+// telling nobody (the engine never got the params).
+func (a *holdActor) stopping(ctx actor.Context) {
+	switch {
+	case a.h != nil:
+		if !a.h.Status().State.Terminal() {
+			a.deps.Log.Warn("hold stopped before it was freed; freeing now", "transfer", a.id())
+		}
+		a.step(ctx, lease.Abort{Now: a.deps.Now()}, nil)
+	case a.held:
+		_ = a.spec.Region.Blocks.Unhold(a.spec.Req.BlockIds)
+		a.held = false
+	}
+	a.deregister()
+	for _, t := range []*time.Timer{a.timer, a.linger} {
+		if t != nil {
+			t.Stop()
+		}
 	}
 }
 
 // step feeds ev to the state machine, performs the effects, re-arms the
-// timer and, if ctx is set, responds with ok() or the error.
+// timer and, if ok is set, responds with ok() or the error. The timer is
+// armed before the answer goes, so whoever gets the answer may count on it.
 func (a *holdActor) step(ctx actor.Context, ev lease.Event, ok func() Reply) {
 	if a.h == nil {
-		if ctx != nil {
+		if ok != nil {
 			ctx.Respond(Reply{Err: errors.New("hold not initialised")})
 		}
 		return
@@ -293,22 +288,10 @@ func (a *holdActor) step(ctx actor.Context, ev lease.Event, ok func() Reply) {
 		rep = ok()
 	}
 	for _, e := range fx {
-		switch e := e.(type) {
-		case lease.Deregister:
-			a.deregister()
-		case lease.Free:
-			reason := e.Reason.String()
-			if !e.Notify {
-				reason = ""
-			}
-			a.free(ctx, e.Reason, reason)
-		case lease.PullAbandoned:
-			a.endRead(e.PullID)
-			a.deps.Metrics.PullsAbandoned.Add(1)
-			a.deps.Log.Warn("pull abandoned: reader passed its deadline without reporting", "transfer", a.id(), "pull", e.PullID)
-		}
+		a.apply(e)
 	}
-	if ctx != nil && ok != nil {
+	a.rearm()
+	if ok != nil {
 		if err != nil {
 			rep = Reply{Err: fmt.Errorf("transfer %s: %w", a.id(), err)}
 		}
@@ -317,10 +300,25 @@ func (a *holdActor) step(ctx actor.Context, ev lease.Event, ok func() Reply) {
 		}
 		ctx.Respond(rep)
 	}
-	if ctx != nil {
-		a.rearm(ctx)
-	} else {
-		a.rearmSelf()
+}
+
+// apply performs one effect of the lease.
+func (a *holdActor) apply(e lease.Effect) {
+	blocks := a.spec.Region.Blocks
+	switch e := e.(type) {
+	case lease.BeginRead:
+		if err := blocks.BeginRead(a.spec.Req.BlockIds); err != nil {
+			a.deps.Log.Warn("block accounting refused a read mark", "transfer", a.id(), "pull", e.PullID, "err", err)
+		}
+	case lease.EndRead:
+		blocks.EndRead(a.spec.Req.BlockIds)
+	case lease.Deregister:
+		a.deregister()
+	case lease.Free:
+		a.free(e)
+	case lease.PullAbandoned:
+		a.deps.Metrics.PullsAbandoned.Add(1)
+		a.deps.Log.Warn("pull abandoned: reader passed its deadline without reporting", "transfer", a.id(), "pull", e.PullID)
 	}
 }
 
@@ -333,45 +331,30 @@ func (a *holdActor) deregister() {
 	a.regs = nil
 }
 
-// free gives the blocks back exactly once. notifyReason empty means no notice.
-func (a *holdActor) free(ctx actor.Context, st lease.State, notifyReason string) {
-	if a.freed {
-		return
-	}
-	a.freed = true
-	a.deregister()
-	for id := range a.readers {
-		a.endRead(id)
-	}
-	if a.held {
-		if err := a.spec.Region.Blocks.Unhold(a.spec.Req.BlockIds); err != nil {
-			a.deps.Metrics.DoubleFrees.Add(1)
-			a.deps.Log.Error("block accounting refused a free: double free prevented", "transfer", a.id(), "err", err)
-		}
-		a.held = false
+// free performs lease.Free, which the lease emits once, after Deregister:
+// the blocks go back to the accounting, the engine is told (unless it is
+// gone), the directory keeps a tombstone, and the actor lingers, then stops.
+func (a *holdActor) free(f lease.Free) {
+	if err := a.spec.Region.Blocks.Unhold(a.spec.Req.BlockIds); err != nil {
+		a.deps.Metrics.DoubleFrees.Add(1)
+		a.deps.Log.Error("block accounting refused a free: double free prevented", "transfer", a.id(), "err", err)
 	}
 	a.deps.Metrics.HoldsFreed.Add(1)
-	if notifyReason != "" {
+	if f.Notify {
 		a.deps.Notify(&messages.BlocksFreed{
 			TransferId: a.id(), EngineId: a.spec.Region.Engine, RegionId: a.spec.Region.ID,
-			BlockIds: a.spec.Req.BlockIds, Reason: notifyReason,
+			BlockIds: a.spec.Req.BlockIds, Reason: f.Reason.String(),
 		})
 	}
-	a.deps.Dir.end(a.id(), st)
-	if a.timer != nil {
-		a.timer.Stop()
-	}
+	a.deps.Dir.end(a.id(), f.Reason)
 	// Linger before stopping: a request that looked the hold up just before
 	// it ended is already on its way to this mailbox, and protoactor drops
 	// messages queued behind a stop without answering. While lingering the
 	// terminal state machine answers them with expired/released codes; new
 	// lookups find the directory's tombstone instead.
 	self, sys := a.self, a.system
-	if ctx != nil {
-		self, sys = ctx.Self(), ctx.ActorSystem()
-	}
 	if self != nil {
-		time.AfterFunc(lingerAfterFree, func() { sys.Root.Stop(self) })
+		a.linger = time.AfterFunc(lingerAfterFree, func() { sys.Root.Stop(self) })
 	}
 }
 
@@ -379,17 +362,13 @@ func (a *holdActor) free(ctx actor.Context, st lease.State, notifyReason string)
 // stops; longer than any in-flight ask to it can take to arrive.
 const lingerAfterFree = 2 * time.Second
 
-func (a *holdActor) rearm(ctx actor.Context) {
-	a.self, a.system = ctx.Self(), ctx.ActorSystem()
-	a.rearmSelf()
-}
-
-func (a *holdActor) rearmSelf() {
+// rearm sets the timer to the lease's next wake-up; none once it ended.
+func (a *holdActor) rearm() {
 	if a.timer != nil {
 		a.timer.Stop()
 		a.timer = nil
 	}
-	if a.h == nil || a.freed || a.self == nil {
+	if a.h == nil || a.self == nil {
 		return
 	}
 	at, ok := a.h.NextWake()
@@ -412,7 +391,7 @@ func (a *holdActor) status() *messages.HoldStatus {
 		PullsDone:     uint32(st.PullsDone),
 		ExpiresUnixMs: st.Deadline.UnixMilli(),
 		Release:       st.Mode.String(),
-		Freed:         st.Freed || a.freed,
+		Freed:         st.Freed,
 		CreatedUnixMs: a.created.UnixMilli(),
 		Bytes:         uint64(len(a.spec.Req.BlockIds)) * uint64(a.spec.Region.Region.Layout.Layers) * uint64(a.spec.Region.Region.Layout.Planes) * a.spec.Region.Region.Layout.BlockBytes,
 	}
