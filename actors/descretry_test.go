@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/clock"
 	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
 )
@@ -62,7 +63,7 @@ func TestDescriptorsRetrying(t *testing.T) {
 			defer cancel()
 			var mu sync.Mutex
 			calls := 0
-			d, err := descriptorsRetrying(ctx, 300*time.Millisecond, func(c context.Context) (*messages.Descriptors, error) {
+			d, err := descriptorsRetrying(ctx, clock.Real{}, 300*time.Millisecond, func(c context.Context) (*messages.Descriptors, error) {
 				mu.Lock()
 				f := tc.steps[min(calls, len(tc.steps)-1)]
 				calls++
@@ -79,7 +80,7 @@ func TestDescriptorsRetrying(t *testing.T) {
 	// The stall deadline ends the retries.
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	_, err := descriptorsRetrying(ctx, time.Second, func(context.Context) (*messages.Descriptors, error) { return nil, noResponders })
+	_, err := descriptorsRetrying(ctx, clock.Real{}, time.Second, func(context.Context) (*messages.Descriptors, error) { return nil, noResponders })
 	if !errors.Is(err, nats.ErrNoResponders) {
 		t.Fatalf("after the deadline: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/connex/connex/clock"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/lease"
 	"github.com/connex/connex/messages"
@@ -22,7 +23,9 @@ type HoldDeps struct {
 	Ctrl    *messages.RemoteCtrl // this member's control and data-plane address
 	Dir     *Directory
 	Notify  func(*messages.BlocksFreed) // publishes on the engine's freed subject
-	Now     func() time.Time
+	// Clock reads the time and runs the lease and linger timers; nil is
+	// the system clock (tests pass a clock.Fake).
+	Clock   clock.Clock
 	Log     *slog.Logger
 	Metrics *Metrics
 	// ReadSlack is added to a reader's own timeout before the holder
@@ -50,8 +53,8 @@ type holdActor struct {
 	rkeys   [][]byte
 	segs    []*messages.Segment
 	held    bool        // creation only: accounting Hold succeeded, no lease owns it yet
-	timer   *time.Timer // the lease's next wake-up
-	linger  *time.Timer // the stop after the end (lingerAfterFree)
+	timer   clock.Timer // the lease's next wake-up
+	linger  clock.Timer // the stop after the end (lingerAfterFree)
 	created time.Time
 	entry   *HoldEntry // this hold's directory entry
 	self    *actor.PID
@@ -71,12 +74,12 @@ func (a *holdActor) Receive(ctx actor.Context) {
 	case *CreateHold:
 		a.create(ctx, m)
 	case *RenewHold:
-		a.step(ctx, lease.Renew{Now: a.deps.Now(), By: m.By}, func() Reply {
+		a.step(ctx, lease.Renew{Now: a.now(), By: m.By}, func() Reply {
 			a.deps.Metrics.LeaseRenewals.Add(1)
 			return Reply{Status: a.status()}
 		})
 	case *RebindHold:
-		a.step(ctx, lease.Rebind{Now: a.deps.Now(), Consumer: m.Consumer, Epoch: m.Epoch}, func() Reply { return Reply{Status: a.status()} })
+		a.step(ctx, lease.Rebind{Now: a.now(), Consumer: m.Consumer, Epoch: m.Epoch}, func() Reply { return Reply{Status: a.status()} })
 	case *StartRead:
 		a.startRead(ctx, m)
 	case *EndRead:
@@ -84,22 +87,22 @@ func (a *holdActor) Receive(ctx actor.Context) {
 		// pull did not succeed, and a reader that waits for this answer
 		// fails it.
 		broken := a.spec.Region.CheckBroken()
-		a.step(ctx, lease.PullEnd{Now: a.deps.Now(), By: m.By, PullID: m.PullID, OK: m.OK && broken == nil}, func() Reply {
+		a.step(ctx, lease.PullEnd{Now: a.now(), By: m.By, PullID: m.PullID, OK: m.OK && broken == nil}, func() Reply {
 			if broken != nil && m.OK {
 				return Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), broken)}
 			}
 			return Reply{Status: a.status()}
 		})
 	case *ReleaseHold:
-		a.step(ctx, lease.Release{Now: a.deps.Now(), By: m.By}, func() Reply { return Reply{Status: a.status()} })
+		a.step(ctx, lease.Release{Now: a.now(), By: m.By}, func() Reply { return Reply{Status: a.status()} })
 	case *InspectHold:
 		ctx.Respond(Reply{Status: a.status()})
 	case *EngineGone:
-		a.step(ctx, lease.EngineGoneEvent{Now: a.deps.Now()}, func() Reply { return Reply{Status: a.status()} })
+		a.step(ctx, lease.EngineGoneEvent{Now: a.now()}, func() Reply { return Reply{Status: a.status()} })
 	case *Shutdown:
-		a.step(ctx, lease.Shutdown{Now: a.deps.Now()}, func() Reply { return Reply{Status: a.status()} })
+		a.step(ctx, lease.Shutdown{Now: a.now()}, func() Reply { return Reply{Status: a.status()} })
 	case tick:
-		a.step(ctx, lease.Tick{Now: a.deps.Now()}, nil)
+		a.step(ctx, lease.Tick{Now: a.now()}, nil)
 	case *actor.Stopping:
 		a.stopping(ctx)
 	case *actor.Stopped:
@@ -108,6 +111,10 @@ func (a *holdActor) Receive(ctx actor.Context) {
 		}
 	}
 }
+
+func (d *HoldDeps) clock() clock.Clock { return clock.Or(d.Clock) }
+
+func (a *holdActor) now() time.Time { return a.deps.clock().Now() }
 
 func (a *holdActor) id() string {
 	if a.spec == nil {
@@ -169,7 +176,7 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 		a.rkeys = append(a.rkeys, reg.RemoteKey())
 		a.segs = append(a.segs, &messages.Segment{RemoteAddr: reg.RemoteAddr(), Length: e.Len, Rkey: uint32(len(a.rkeys) - 1)})
 	}
-	a.created = a.deps.Now()
+	a.created = a.now()
 	h, err := lease.New(a.created, m.Lease)
 	if err != nil {
 		_ = r.Blocks.Unhold(m.Req.BlockIds)
@@ -215,7 +222,7 @@ func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 		ctx.Respond(Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), err)})
 		return
 	}
-	now := a.deps.Now()
+	now := a.now()
 	// A reader may not pin the blocks past the lease it renews: its
 	// deadline is at most one lease away.
 	timeout := min(m.Timeout, a.h.Retain())
@@ -256,13 +263,13 @@ func (a *holdActor) stopping(ctx actor.Context) {
 		if !a.h.Status().State.Terminal() {
 			a.deps.Log.Warn("hold stopped before it was freed; freeing now", "transfer", a.id())
 		}
-		a.step(ctx, lease.Abort{Now: a.deps.Now()}, nil)
+		a.step(ctx, lease.Abort{Now: a.now()}, nil)
 	case a.held:
 		_ = a.spec.Region.Blocks.Unhold(a.spec.Req.BlockIds)
 		a.held = false
 	}
 	a.deregister()
-	for _, t := range []*time.Timer{a.timer, a.linger} {
+	for _, t := range []clock.Timer{a.timer, a.linger} {
 		if t != nil {
 			t.Stop()
 		}
@@ -354,7 +361,7 @@ func (a *holdActor) free(f lease.Free) {
 	// lookups find the directory's tombstone instead.
 	self, sys := a.self, a.system
 	if self != nil {
-		a.linger = time.AfterFunc(lingerAfterFree, func() { sys.Root.Stop(self) })
+		a.linger = a.deps.clock().AfterFunc(lingerAfterFree, func() { sys.Root.Stop(self) })
 	}
 }
 
@@ -376,7 +383,7 @@ func (a *holdActor) rearm() {
 		return
 	}
 	self, sys := a.self, a.system
-	a.timer = time.AfterFunc(at.Sub(a.deps.Now()), func() { sys.Root.Send(self, tick{}) })
+	a.timer = a.deps.clock().AfterFunc(at.Sub(a.now()), func() { sys.Root.Send(self, tick{}) })
 }
 
 func (a *holdActor) status() *messages.HoldStatus {

@@ -69,10 +69,10 @@ func newHoldRig(t *testing.T) *holdRig {
 	rig := &holdRig{be: &fakeBackend{}, region: mapped(t, l)}
 	rig.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }))
 	t.Cleanup(rig.sys.Shutdown)
-	rig.dir = NewDirectory(time.Minute, time.Now)
+	rig.dir = NewDirectory(time.Minute, nil)
 	deps := &HoldDeps{
 		Backend: rig.be, Ctrl: &messages.RemoteCtrl{Member: "m"}, Dir: rig.dir,
-		Now: time.Now, Log: slog.New(slog.DiscardHandler), Metrics: &Metrics{}, ReadSlack: time.Second,
+		Log: slog.New(slog.DiscardHandler), Metrics: &Metrics{}, ReadSlack: time.Second,
 		Notify: func(m *messages.BlocksFreed) { rig.mu.Lock(); rig.notices = append(rig.notices, m); rig.mu.Unlock() },
 	}
 	rig.table = rig.sys.Root.Spawn(HoldTableProps(deps))
