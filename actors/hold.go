@@ -277,8 +277,9 @@ func (a *holdActor) stopping(ctx actor.Context) {
 }
 
 // step feeds ev to the state machine, performs the effects, re-arms the
-// timer and, if ok is set, responds with ok() or the error. The timer is
-// armed before the answer goes, so whoever gets the answer may count on it.
+// timer and, if ok is set, responds with ok() or the error. The effects are
+// done and the timer armed before the answer goes, so whoever gets the
+// answer may count on them.
 func (a *holdActor) step(ctx actor.Context, ev lease.Event, ok func() Reply) {
 	if a.h == nil {
 		if ok != nil {
@@ -290,15 +291,15 @@ func (a *holdActor) step(ctx actor.Context, ev lease.Event, ok func() Reply) {
 	if a.entry != nil {
 		a.entry.State.Store(int32(a.h.Status().State))
 	}
-	var rep Reply
-	if err == nil && ok != nil {
-		rep = ok()
-	}
 	for _, e := range fx {
 		a.apply(e)
 	}
 	a.rearm()
 	if ok != nil {
+		var rep Reply
+		if err == nil {
+			rep = ok()
+		}
 		if err != nil {
 			rep = Reply{Err: fmt.Errorf("transfer %s: %w", a.id(), err)}
 		}
