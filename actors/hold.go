@@ -297,11 +297,10 @@ func (a *holdActor) step(ctx actor.Context, ev lease.Event, ok func() Reply) {
 	a.rearm()
 	if ok != nil {
 		var rep Reply
-		if err == nil {
-			rep = ok()
-		}
 		if err != nil {
 			rep = Reply{Err: fmt.Errorf("transfer %s: %w", a.id(), err)}
+		} else {
+			rep = ok()
 		}
 		if rep.Status == nil && rep.Desc == nil && rep.Err == nil {
 			rep.Status = a.status()
