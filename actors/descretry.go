@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/clock"
 	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
 )
@@ -18,8 +19,8 @@ import (
 // lost with the server). Earlier asks stay outstanding, so a holder that is
 // merely slow still answers in time; the first answer wins. Asking again
 // is safe: the holder treats a start of a running pull by the same reader
-// as the same pull (lease.PullStart).
-func descriptorsRetrying(ctx context.Context, stall time.Duration, ask func(context.Context) (*messages.Descriptors, error)) (*messages.Descriptors, error) {
+// as the same pull (lease.PullStart). clk paces the re-asks.
+func descriptorsRetrying(ctx context.Context, clk clock.Clock, stall time.Duration, ask func(context.Context) (*messages.Descriptors, error)) (*messages.Descriptors, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the asks still outstanding
 	type answer struct {
@@ -37,7 +38,7 @@ func descriptorsRetrying(ctx context.Context, stall time.Duration, ask func(cont
 		}()
 	}
 	alongside := max(stall/3, 50*time.Millisecond)
-	next := time.NewTimer(alongside)
+	next, nextC := clk.NewTimer(alongside)
 	defer next.Stop()
 	send()
 	var last error
@@ -49,7 +50,7 @@ func descriptorsRetrying(ctx context.Context, stall time.Duration, ask func(cont
 			}
 			last = a.err
 			next.Reset(25 * time.Millisecond) // no responders comes back at once: pace the next ask
-		case <-next.C:
+		case <-nextC:
 			send()
 			next.Reset(alongside)
 		case <-ctx.Done():

@@ -3,11 +3,13 @@ package actors
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/clock"
 	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
 )
@@ -62,7 +64,7 @@ func TestDescriptorsRetrying(t *testing.T) {
 			defer cancel()
 			var mu sync.Mutex
 			calls := 0
-			d, err := descriptorsRetrying(ctx, 300*time.Millisecond, func(c context.Context) (*messages.Descriptors, error) {
+			d, err := descriptorsRetrying(ctx, clock.Real{}, 300*time.Millisecond, func(c context.Context) (*messages.Descriptors, error) {
 				mu.Lock()
 				f := tc.steps[min(calls, len(tc.steps)-1)]
 				calls++
@@ -79,8 +81,67 @@ func TestDescriptorsRetrying(t *testing.T) {
 	// The stall deadline ends the retries.
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	_, err := descriptorsRetrying(ctx, time.Second, func(context.Context) (*messages.Descriptors, error) { return nil, noResponders })
+	_, err := descriptorsRetrying(ctx, clock.Real{}, time.Second, func(context.Context) (*messages.Descriptors, error) { return nil, noResponders })
 	if !errors.Is(err, nats.ErrNoResponders) {
 		t.Fatalf("after the deadline: %v", err)
+	}
+}
+
+// TestDescriptorsRetryingOnTheClock drives the re-asks with a clock.Fake:
+// an ask unanswered for a third of the stall gets a second one alongside,
+// not a moment before; "no responders" is asked again 25ms later.
+func TestDescriptorsRetryingOnTheClock(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := clock.NewFake(t0)
+	noResponders := &api.Error{Code: api.CodePeerUnavailable, Msg: "peer.descriptors: no responders", Cause: nats.ErrNoResponders}
+	want := &messages.Descriptors{TransferId: "t"}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	calls := 0
+	count := func() int { mu.Lock(); defer mu.Unlock(); return calls }
+	type result struct {
+		d   *messages.Descriptors
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		d, err := descriptorsRetrying(ctx, clk, 3*time.Second, func(c context.Context) (*messages.Descriptors, error) {
+			mu.Lock()
+			calls++
+			n := calls
+			mu.Unlock()
+			switch n {
+			case 1: // lost with its server: never answered
+				<-c.Done()
+				return nil, c.Err()
+			case 2:
+				return nil, noResponders
+			}
+			return want, nil
+		})
+		done <- result{d, err}
+	}()
+	poll(t, "first ask, and the timer for the next", func() error {
+		if count() != 1 || clk.Pending() != 1 {
+			return fmt.Errorf("%d asks, %d timers", count(), clk.Pending())
+		}
+		return nil
+	})
+	clk.Advance(999 * time.Millisecond)
+	if n := count(); n != 1 {
+		t.Fatalf("%d asks before a third of the stall", n)
+	}
+	clk.Advance(time.Millisecond)
+	poll(t, "the second ask, answered no responders, paced 25ms", func() error {
+		if at, ok := clk.NextDue(); count() != 2 || !ok || at.Sub(t0) != time.Second+25*time.Millisecond {
+			return fmt.Errorf("%d asks, next due %v", count(), at.Sub(t0))
+		}
+		return nil
+	})
+	clk.Advance(25 * time.Millisecond)
+	r := <-done
+	if r.err != nil || r.d != want || count() != 3 {
+		t.Fatalf("%d asks, descriptors %v, err %v", count(), r.d, r.err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/connex/connex/clock"
 	"github.com/connex/connex/lease"
 )
 
@@ -17,7 +18,7 @@ type Directory struct {
 	live  map[string]*HoldEntry
 	ended map[string]tombstone
 	ttl   time.Duration
-	now   func() time.Time
+	clock clock.Clock
 }
 
 // HoldEntry is a live hold.
@@ -38,9 +39,10 @@ type tombstone struct {
 	at    time.Time
 }
 
-// NewDirectory returns an empty directory keeping tombstones for ttl.
-func NewDirectory(ttl time.Duration, now func() time.Time) *Directory {
-	return &Directory{live: map[string]*HoldEntry{}, ended: map[string]tombstone{}, ttl: ttl, now: now}
+// NewDirectory returns an empty directory keeping tombstones for ttl, as
+// measured by clk (nil: the system clock). Give it the hold actors' clock.
+func NewDirectory(ttl time.Duration, clk clock.Clock) *Directory {
+	return &Directory{live: map[string]*HoldEntry{}, ended: map[string]tombstone{}, ttl: ttl, clock: clock.Or(clk)}
 }
 
 func (d *Directory) put(id string, e *HoldEntry) {
@@ -52,7 +54,7 @@ func (d *Directory) put(id string, e *HoldEntry) {
 func (d *Directory) end(id string, st lease.State) {
 	d.mu.Lock()
 	delete(d.live, id)
-	d.ended[id] = tombstone{state: st, at: d.now()}
+	d.ended[id] = tombstone{state: st, at: d.clock.Now()}
 	d.mu.Unlock()
 }
 
@@ -64,7 +66,7 @@ func (d *Directory) Lookup(id string) (e *HoldEntry, st lease.State, ended bool)
 	if e, ok := d.live[id]; ok {
 		return e, 0, false
 	}
-	if t, ok := d.ended[id]; ok && d.now().Sub(t.at) < d.ttl {
+	if t, ok := d.ended[id]; ok && d.clock.Now().Sub(t.at) < d.ttl {
 		return nil, t.state, true
 	}
 	return nil, 0, false
@@ -118,7 +120,7 @@ func (d *Directory) All() map[string]*HoldEntry {
 func (d *Directory) Sweep() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	now := d.now()
+	now := d.clock.Now()
 	for id, t := range d.ended {
 		if now.Sub(t.at) >= d.ttl {
 			delete(d.ended, id)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/connex/connex/clock"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/lease"
 	"github.com/connex/connex/messages"
@@ -22,7 +23,9 @@ type HoldDeps struct {
 	Ctrl    *messages.RemoteCtrl // this member's control and data-plane address
 	Dir     *Directory
 	Notify  func(*messages.BlocksFreed) // publishes on the engine's freed subject
-	Now     func() time.Time
+	// Clock reads the time and runs the lease and linger timers; nil is
+	// the system clock (tests pass a clock.Fake).
+	Clock   clock.Clock
 	Log     *slog.Logger
 	Metrics *Metrics
 	// ReadSlack is added to a reader's own timeout before the holder
@@ -49,11 +52,9 @@ type holdActor struct {
 	regs    []transport.Registration
 	rkeys   [][]byte
 	segs    []*messages.Segment
-	held    bool // accounting Hold succeeded
-	freed   bool
-	timer   *time.Timer
-	readers map[string][]uint32 // pull id -> blocks marked BeginRead
-	pullBy  map[string]string   // pull id -> the reader that started it
+	held    bool        // creation only: accounting Hold succeeded, no lease owns it yet
+	timer   clock.Timer // the lease's next wake-up
+	linger  clock.Timer // the stop after the end (lingerAfterFree)
 	created time.Time
 	entry   *HoldEntry // this hold's directory entry
 	self    *actor.PID
@@ -65,7 +66,7 @@ type holdActor struct {
 }
 
 func newHoldActor(deps *HoldDeps) actor.Actor {
-	return &holdActor{deps: deps, readers: map[string][]uint32{}, pullBy: map[string]string{}}
+	return &holdActor{deps: deps}
 }
 
 func (a *holdActor) Receive(ctx actor.Context) {
@@ -73,63 +74,47 @@ func (a *holdActor) Receive(ctx actor.Context) {
 	case *CreateHold:
 		a.create(ctx, m)
 	case *RenewHold:
-		a.step(ctx, lease.Renew{Now: a.deps.Now(), By: m.By}, func() Reply {
+		a.step(ctx, lease.Renew{Now: a.now(), By: m.By}, func() Reply {
 			a.deps.Metrics.LeaseRenewals.Add(1)
 			return Reply{Status: a.status()}
 		})
 	case *RebindHold:
-		a.step(ctx, lease.Rebind{Now: a.deps.Now(), Consumer: m.Consumer, Epoch: m.Epoch}, func() Reply { return Reply{Status: a.status()} })
+		a.step(ctx, lease.Rebind{Now: a.now(), Consumer: m.Consumer, Epoch: m.Epoch}, func() Reply { return Reply{Status: a.status()} })
 	case *StartRead:
 		a.startRead(ctx, m)
 	case *EndRead:
-		if by, ok := a.pullBy[m.PullID]; ok && by != m.By {
-			ctx.Respond(Reply{Err: fmt.Errorf("%w: pull %s of %s was started by %q, not %q", lease.ErrNotYours, m.PullID, a.id(), by, m.By)})
-			return
-		}
-		delete(a.pullBy, m.PullID)
-		a.endRead(m.PullID)
 		// A region that broke may have sent zeros as good bytes: the
 		// pull did not succeed, and a reader that waits for this answer
 		// fails it.
 		broken := a.spec.Region.CheckBroken()
-		a.step(ctx, lease.PullEnd{Now: a.deps.Now(), PullID: m.PullID, OK: m.OK && broken == nil}, func() Reply {
+		a.step(ctx, lease.PullEnd{Now: a.now(), By: m.By, PullID: m.PullID, OK: m.OK && broken == nil}, func() Reply {
 			if broken != nil && m.OK {
 				return Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), broken)}
 			}
 			return Reply{Status: a.status()}
 		})
 	case *ReleaseHold:
-		a.step(ctx, lease.Release{Now: a.deps.Now(), By: m.By}, func() Reply { return Reply{Status: a.status()} })
+		a.step(ctx, lease.Release{Now: a.now(), By: m.By}, func() Reply { return Reply{Status: a.status()} })
 	case *InspectHold:
 		ctx.Respond(Reply{Status: a.status()})
 	case *EngineGone:
-		a.step(ctx, lease.EngineGoneEvent{Now: a.deps.Now()}, func() Reply { return Reply{Status: a.status()} })
+		a.step(ctx, lease.EngineGoneEvent{Now: a.now()}, func() Reply { return Reply{Status: a.status()} })
 	case *Shutdown:
-		a.free(ctx, lease.Released, "shutdown")
-		ctx.Respond(Reply{Status: a.status()})
+		a.step(ctx, lease.Shutdown{Now: a.now()}, func() Reply { return Reply{Status: a.status()} })
 	case tick:
-		a.step(nil, lease.Tick{Now: a.deps.Now()}, nil)
+		a.step(ctx, lease.Tick{Now: a.now()}, nil)
 	case *actor.Stopping:
-		// A hold that stops for any reason other than its own Free (a
-		// panic, the system shutting down) still gives everything back.
-		if a.spec != nil && !a.freed && (a.h != nil || a.held) {
-			a.deps.Log.Warn("hold stopped before it was freed; freeing now", "transfer", a.id())
-			reason := "aborted"
-			if a.h == nil {
-				reason = "" // creation failed: the engine never got params, nothing to tell
-			}
-			a.free(nil, lease.Released, reason)
-		}
-		a.deregister()
-		if a.timer != nil {
-			a.timer.Stop()
-		}
+		a.stopping(ctx)
 	case *actor.Stopped:
 		if a.spec != nil && a.spec.ReleaseRegion != nil {
 			a.spec.ReleaseRegion()
 		}
 	}
 }
+
+func (d *HoldDeps) clock() clock.Clock { return clock.Or(d.Clock) }
+
+func (a *holdActor) now() time.Time { return a.deps.clock().Now() }
 
 func (a *holdActor) id() string {
 	if a.spec == nil {
@@ -191,7 +176,7 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 		a.rkeys = append(a.rkeys, reg.RemoteKey())
 		a.segs = append(a.segs, &messages.Segment{RemoteAddr: reg.RemoteAddr(), Length: e.Len, Rkey: uint32(len(a.rkeys) - 1)})
 	}
-	a.created = a.deps.Now()
+	a.created = a.now()
 	h, err := lease.New(a.created, m.Lease)
 	if err != nil {
 		_ = r.Blocks.Unhold(m.Req.BlockIds)
@@ -199,13 +184,17 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 		fail(fmt.Errorf("hold %s: %w", m.ID, err))
 		return
 	}
-	a.h = h
+	// From here on the lease owns the blocks and decides when they go back
+	// (lease.Free); until here a failed or panicking creation gave them back
+	// itself (held).
+	a.h, a.held = h, false
 	l0 := r.Region.Layout
 	a.entry = &HoldEntry{PID: ctx.Self(), Engine: r.Engine, Region: r.ID, Created: a.created, Blocks: len(m.Req.BlockIds),
 		Bytes: uint64(len(m.Req.BlockIds)) * uint64(l0.Layers) * uint64(l0.Planes) * l0.BlockBytes}
 	a.deps.Dir.put(m.ID, a.entry)
 	a.deps.Metrics.HoldsCreated.Add(1)
-	a.rearm(ctx)
+	a.self, a.system = ctx.Self(), ctx.ActorSystem()
+	a.rearm()
 	l := r.Region.Layout
 	ctx.Respond(Reply{Create: &messages.CreateHoldReply{
 		Params: &messages.KVTransferParams{
@@ -233,17 +222,11 @@ func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 		ctx.Respond(Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), err)})
 		return
 	}
-	now := a.deps.Now()
+	now := a.now()
 	// A reader may not pin the blocks past the lease it renews: its
 	// deadline is at most one lease away.
 	timeout := min(m.Timeout, a.h.Retain())
 	a.step(ctx, lease.PullStart{Now: now, By: m.By, PullID: m.PullID, Deadline: now.Add(timeout + a.deps.ReadSlack)}, func() Reply {
-		if _, again := a.readers[m.PullID]; !again { // a retried start counts once
-			if err := a.spec.Region.Blocks.BeginRead(a.spec.Req.BlockIds); err == nil {
-				a.readers[m.PullID] = a.spec.Req.BlockIds
-			}
-		}
-		a.pullBy[m.PullID] = m.By
 		st := a.h.Status()
 		return Reply{Desc: &messages.Descriptors{
 			TransferId:        a.id(),
@@ -268,18 +251,38 @@ func (a *holdActor) incarnation() string {
 	return a.deps.Incarnation()
 }
 
-func (a *holdActor) endRead(pullID string) {
-	if ids, ok := a.readers[pullID]; ok {
-		a.spec.Region.Blocks.EndRead(ids)
-		delete(a.readers, pullID)
+// stopping runs in Stopping, whatever stops the actor: its own linger
+// after the end, a failed creation, or a panic (the supervisor stops it,
+// never restarts it). A hold that had not ended yet is aborted through the
+// lease, so its blocks go back once, with the engine told "aborted"; a
+// creation that died before the lease existed gives back what it took,
+// telling nobody (the engine never got the params).
+func (a *holdActor) stopping(ctx actor.Context) {
+	switch {
+	case a.h != nil:
+		if !a.h.Status().State.Terminal() {
+			a.deps.Log.Warn("hold stopped before it was freed; freeing now", "transfer", a.id())
+		}
+		a.step(ctx, lease.Abort{Now: a.now()}, nil)
+	case a.held:
+		_ = a.spec.Region.Blocks.Unhold(a.spec.Req.BlockIds)
+		a.held = false
+	}
+	a.deregister()
+	for _, t := range []clock.Timer{a.timer, a.linger} {
+		if t != nil {
+			t.Stop()
+		}
 	}
 }
 
 // step feeds ev to the state machine, performs the effects, re-arms the
-// timer and, if ctx is set, responds with ok() or the error.
+// timer and, if ok is set, responds with ok() or the error. The effects are
+// done and the timer armed before the answer goes, so whoever gets the
+// answer may count on them.
 func (a *holdActor) step(ctx actor.Context, ev lease.Event, ok func() Reply) {
 	if a.h == nil {
-		if ctx != nil {
+		if ok != nil {
 			ctx.Respond(Reply{Err: errors.New("hold not initialised")})
 		}
 		return
@@ -288,39 +291,41 @@ func (a *holdActor) step(ctx actor.Context, ev lease.Event, ok func() Reply) {
 	if a.entry != nil {
 		a.entry.State.Store(int32(a.h.Status().State))
 	}
-	var rep Reply
-	if err == nil && ok != nil {
-		rep = ok()
-	}
 	for _, e := range fx {
-		switch e := e.(type) {
-		case lease.Deregister:
-			a.deregister()
-		case lease.Free:
-			reason := e.Reason.String()
-			if !e.Notify {
-				reason = ""
-			}
-			a.free(ctx, e.Reason, reason)
-		case lease.PullAbandoned:
-			a.endRead(e.PullID)
-			a.deps.Metrics.PullsAbandoned.Add(1)
-			a.deps.Log.Warn("pull abandoned: reader passed its deadline without reporting", "transfer", a.id(), "pull", e.PullID)
-		}
+		a.apply(e)
 	}
-	if ctx != nil && ok != nil {
+	a.rearm()
+	if ok != nil {
+		var rep Reply
 		if err != nil {
 			rep = Reply{Err: fmt.Errorf("transfer %s: %w", a.id(), err)}
+		} else {
+			rep = ok()
 		}
 		if rep.Status == nil && rep.Desc == nil && rep.Err == nil {
 			rep.Status = a.status()
 		}
 		ctx.Respond(rep)
 	}
-	if ctx != nil {
-		a.rearm(ctx)
-	} else {
-		a.rearmSelf()
+}
+
+// apply performs one effect of the lease.
+func (a *holdActor) apply(e lease.Effect) {
+	blocks := a.spec.Region.Blocks
+	switch e := e.(type) {
+	case lease.BeginRead:
+		if err := blocks.BeginRead(a.spec.Req.BlockIds); err != nil {
+			a.deps.Log.Warn("block accounting refused a read mark", "transfer", a.id(), "pull", e.PullID, "err", err)
+		}
+	case lease.EndRead:
+		blocks.EndRead(a.spec.Req.BlockIds)
+	case lease.Deregister:
+		a.deregister()
+	case lease.Free:
+		a.free(e)
+	case lease.PullAbandoned:
+		a.deps.Metrics.PullsAbandoned.Add(1)
+		a.deps.Log.Warn("pull abandoned: reader passed its deadline without reporting", "transfer", a.id(), "pull", e.PullID)
 	}
 }
 
@@ -333,45 +338,30 @@ func (a *holdActor) deregister() {
 	a.regs = nil
 }
 
-// free gives the blocks back exactly once. notifyReason empty means no notice.
-func (a *holdActor) free(ctx actor.Context, st lease.State, notifyReason string) {
-	if a.freed {
-		return
-	}
-	a.freed = true
-	a.deregister()
-	for id := range a.readers {
-		a.endRead(id)
-	}
-	if a.held {
-		if err := a.spec.Region.Blocks.Unhold(a.spec.Req.BlockIds); err != nil {
-			a.deps.Metrics.DoubleFrees.Add(1)
-			a.deps.Log.Error("block accounting refused a free: double free prevented", "transfer", a.id(), "err", err)
-		}
-		a.held = false
+// free performs lease.Free, which the lease emits once, after Deregister:
+// the blocks go back to the accounting, the engine is told (unless it is
+// gone), the directory keeps a tombstone, and the actor lingers, then stops.
+func (a *holdActor) free(f lease.Free) {
+	if err := a.spec.Region.Blocks.Unhold(a.spec.Req.BlockIds); err != nil {
+		a.deps.Metrics.DoubleFrees.Add(1)
+		a.deps.Log.Error("block accounting refused a free: double free prevented", "transfer", a.id(), "err", err)
 	}
 	a.deps.Metrics.HoldsFreed.Add(1)
-	if notifyReason != "" {
+	if f.Notify {
 		a.deps.Notify(&messages.BlocksFreed{
 			TransferId: a.id(), EngineId: a.spec.Region.Engine, RegionId: a.spec.Region.ID,
-			BlockIds: a.spec.Req.BlockIds, Reason: notifyReason,
+			BlockIds: a.spec.Req.BlockIds, Reason: f.Reason.String(),
 		})
 	}
-	a.deps.Dir.end(a.id(), st)
-	if a.timer != nil {
-		a.timer.Stop()
-	}
+	a.deps.Dir.end(a.id(), f.Reason)
 	// Linger before stopping: a request that looked the hold up just before
 	// it ended is already on its way to this mailbox, and protoactor drops
 	// messages queued behind a stop without answering. While lingering the
 	// terminal state machine answers them with expired/released codes; new
 	// lookups find the directory's tombstone instead.
 	self, sys := a.self, a.system
-	if ctx != nil {
-		self, sys = ctx.Self(), ctx.ActorSystem()
-	}
 	if self != nil {
-		time.AfterFunc(lingerAfterFree, func() { sys.Root.Stop(self) })
+		a.linger = a.deps.clock().AfterFunc(lingerAfterFree, func() { sys.Root.Stop(self) })
 	}
 }
 
@@ -379,17 +369,13 @@ func (a *holdActor) free(ctx actor.Context, st lease.State, notifyReason string)
 // stops; longer than any in-flight ask to it can take to arrive.
 const lingerAfterFree = 2 * time.Second
 
-func (a *holdActor) rearm(ctx actor.Context) {
-	a.self, a.system = ctx.Self(), ctx.ActorSystem()
-	a.rearmSelf()
-}
-
-func (a *holdActor) rearmSelf() {
+// rearm sets the timer to the lease's next wake-up; none once it ended.
+func (a *holdActor) rearm() {
 	if a.timer != nil {
 		a.timer.Stop()
 		a.timer = nil
 	}
-	if a.h == nil || a.freed || a.self == nil {
+	if a.h == nil || a.self == nil {
 		return
 	}
 	at, ok := a.h.NextWake()
@@ -397,7 +383,7 @@ func (a *holdActor) rearmSelf() {
 		return
 	}
 	self, sys := a.self, a.system
-	a.timer = time.AfterFunc(at.Sub(a.deps.Now()), func() { sys.Root.Send(self, tick{}) })
+	a.timer = a.deps.clock().AfterFunc(at.Sub(a.now()), func() { sys.Root.Send(self, tick{}) })
 }
 
 func (a *holdActor) status() *messages.HoldStatus {
@@ -412,7 +398,7 @@ func (a *holdActor) status() *messages.HoldStatus {
 		PullsDone:     uint32(st.PullsDone),
 		ExpiresUnixMs: st.Deadline.UnixMilli(),
 		Release:       st.Mode.String(),
-		Freed:         st.Freed || a.freed,
+		Freed:         st.Freed,
 		CreatedUnixMs: a.created.UnixMilli(),
 		Bytes:         uint64(len(a.spec.Req.BlockIds)) * uint64(a.spec.Region.Region.Layout.Layers) * uint64(a.spec.Region.Region.Layout.Planes) * a.spec.Region.Region.Layout.BlockBytes,
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/connex/connex/clock"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/lease"
 	"github.com/connex/connex/messages"
@@ -54,6 +55,7 @@ func (b *fakeBackend) Connect(context.Context, []byte) (transport.Endpoint, erro
 }
 
 type holdRig struct {
+	t       *testing.T
 	sys     *actor.ActorSystem
 	table   *actor.PID
 	be      *fakeBackend
@@ -62,18 +64,33 @@ type holdRig struct {
 	notices []*messages.BlocksFreed
 	regRefs atomic.Int64
 	dir     *Directory
+	metrics *Metrics
+	// panicNext makes the hold actor's next call of Incarnation (while it
+	// answers a StartRead) panic, to exercise the Stopping path of a live
+	// hold.
+	panicNext atomic.Bool
 }
 
-func newHoldRig(t *testing.T) *holdRig {
+func newHoldRig(t *testing.T) *holdRig { return newHoldRigClock(t, nil) }
+
+// newHoldRigClock is newHoldRig with the hold actors and the directory on
+// clk (nil: the system clock).
+func newHoldRigClock(t *testing.T, clk clock.Clock) *holdRig {
 	l := kvmem.Layout{Layers: 2, Planes: 2, Blocks: 8, BlockBytes: 64, BlockSize: 4, TPSize: 1}
-	rig := &holdRig{be: &fakeBackend{}, region: mapped(t, l)}
+	rig := &holdRig{t: t, be: &fakeBackend{}, region: mapped(t, l), metrics: &Metrics{}}
 	rig.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }))
 	t.Cleanup(rig.sys.Shutdown)
-	rig.dir = NewDirectory(time.Minute, time.Now)
+	rig.dir = NewDirectory(time.Minute, clk)
 	deps := &HoldDeps{
-		Backend: rig.be, Ctrl: &messages.RemoteCtrl{Member: "m"}, Dir: rig.dir,
-		Now: time.Now, Log: slog.New(slog.DiscardHandler), Metrics: &Metrics{}, ReadSlack: time.Second,
+		Backend: rig.be, Ctrl: &messages.RemoteCtrl{Member: "m"}, Dir: rig.dir, Clock: clk,
+		Log: slog.New(slog.DiscardHandler), Metrics: rig.metrics, ReadSlack: time.Second,
 		Notify: func(m *messages.BlocksFreed) { rig.mu.Lock(); rig.notices = append(rig.notices, m); rig.mu.Unlock() },
+		Incarnation: func() string {
+			if rig.panicNext.Swap(false) {
+				panic("injected failure while answering a pull")
+			}
+			return "inc"
+		},
 	}
 	rig.table = rig.sys.Root.Spawn(HoldTableProps(deps))
 	return rig

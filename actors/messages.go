@@ -57,8 +57,10 @@ type InspectHold struct{}
 // EngineGone ends the hold because its engine went away. Reply: Status.
 type EngineGone struct{}
 
-// Shutdown ends the hold because connexd stops: blocks are freed and the
-// engine told. Reply: Status.
+// Shutdown ends the hold because connexd stops (lease.Shutdown): running
+// pulls' read marks go, the blocks are freed and the engine told, reason
+// "shutdown"; a hold that already ended is left as it was. Reply: Status
+// (state "shutdown", freed, unless it had ended before).
 type Shutdown struct{}
 
 type tick struct{}

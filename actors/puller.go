@@ -11,6 +11,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/clock"
 	"github.com/connex/connex/errcode"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
@@ -23,7 +24,10 @@ type PullDeps struct {
 	Backend transport.Backend
 	NC      *nats.Conn
 	Notify  func(*messages.PullDone) // publishes on the engine's pull.done subject
-	Now     func() time.Time
+	// Clock reads the time and paces renewals and descriptor re-asks; nil
+	// is the system clock. The data plane's deadlines (contexts) are the
+	// system clock's.
+	Clock   clock.Clock
 	Log     *slog.Logger
 	Metrics *Metrics
 	// LoadFailurePolicy is copied into every PullDone ("fail" or "recompute").
@@ -47,6 +51,8 @@ type PullDeps struct {
 	// name, since params come from engines and routers.
 	addrs dataAddrBook
 }
+
+func (d *PullDeps) clock() clock.Clock { return clock.Or(d.Clock) }
 
 func (d *PullDeps) goBackground(f func()) {
 	if d.Go != nil {
@@ -103,7 +109,7 @@ func PullerProps(deps *PullDeps, p *Pull) *actor.Props {
 func (a *pullerActor) Receive(ctx actor.Context) {
 	switch ctx.Message().(type) {
 	case *actor.Started:
-		a.start = a.deps.Now()
+		a.start = a.deps.clock().Now()
 		a.deps.Metrics.PullsStarted.Add(1)
 		base := a.deps.Ctx
 		if base == nil {
@@ -136,7 +142,7 @@ func (a *pullerActor) finish(r *pullResult) {
 	done := &messages.PullDone{
 		PullId: a.p.ID, TransferId: a.p.Params.TransferId, Ok: r.err == nil,
 		EngineId: a.p.Dst.Engine, RegionId: a.p.Dst.ID, KvLoadFailurePolicy: a.deps.LoadFailurePolicy,
-		DurationUs: uint64(a.deps.Now().Sub(a.start) / time.Microsecond), RequestId: a.p.Params.ConnexRequestId,
+		DurationUs: uint64(a.deps.clock().Now().Sub(a.start) / time.Microsecond), RequestId: a.p.Params.ConnexRequestId,
 		ReadUs: uint64(a.readDur / time.Microsecond),
 	}
 	if r.err != nil {
@@ -180,7 +186,7 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	defer dcancel()
 	dch := make(chan descResult, 1)
 	go func() {
-		d, err := descriptorsRetrying(dctx, a.p.Stall, func(ctx context.Context) (*messages.Descriptors, error) {
+		d, err := descriptorsRetrying(dctx, a.deps.clock(), a.p.Stall, func(ctx context.Context) (*messages.Descriptors, error) {
 			return peer.Descriptors(ctx, &messages.DescriptorsRequest{
 				TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID, RequestId: prm.ConnexRequestId,
 				Layout: LayoutToProto(a.p.Dst.Region.Layout), TimeoutMs: uint32(a.p.Timeout / time.Millisecond),
@@ -209,9 +215,9 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	var n uint64
 	getErr := planErr
 	if getErr == nil {
-		t0 := a.deps.Now()
+		t0 := a.deps.clock().Now()
 		n, getErr = a.read(ctx, desc, plan, early, peer, requester)
-		a.readDur = a.deps.Now().Sub(t0)
+		a.readDur = a.deps.clock().Now().Sub(t0)
 	} else {
 		early.drop()
 		getErr = fmt.Errorf("pull %s: %w", a.p.ID, getErr)
@@ -368,7 +374,7 @@ func (a *pullerActor) renewEvery(ctx context.Context, peer *api.Client, requeste
 	}
 	stop := make(chan struct{})
 	go func() {
-		t := time.NewTicker(every)
+		t, tc := a.deps.clock().NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
@@ -376,7 +382,7 @@ func (a *pullerActor) renewEvery(ctx context.Context, peer *api.Client, requeste
 				return
 			case <-ctx.Done():
 				return
-			case <-t.C:
+			case <-tc:
 				rctx, cancel := context.WithTimeout(ctx, every)
 				_, err := peer.Renew(rctx, &messages.HoldRef{TransferId: a.p.Params.TransferId, Requester: requester})
 				cancel()

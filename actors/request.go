@@ -10,6 +10,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/clock"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/requests"
 	"github.com/nats-io/nats.go"
@@ -18,10 +19,12 @@ import (
 
 // RequestDeps is what request actors need from their daemon.
 type RequestDeps struct {
-	Store   requests.Store
-	NC      *nats.Conn
-	Self    string // this member's id: the owner written into states
-	Now     func() time.Time
+	Store requests.Store
+	NC    *nats.Conn
+	Self  string // this member's id: the owner written into states
+	// Clock reads the time and runs the keep-alive timer; nil is the
+	// system clock.
+	Clock   clock.Clock
 	Log     *slog.Logger
 	Publish func(subject string, m proto.Message)
 	Table   *RequestTable
@@ -36,6 +39,8 @@ type RequestDeps struct {
 
 // unused absorbs the counts of RequestDeps without Metrics.
 var unused Metrics
+
+func (d *RequestDeps) clock() clock.Clock { return clock.Or(d.Clock) }
 
 func (d *RequestDeps) metrics() *Metrics {
 	if d.Metrics == nil {
@@ -156,7 +161,7 @@ type requestActor struct {
 	instance string // the engine instance that runs the request here
 	st       *messages.RequestState
 	rev      uint64
-	timer    *time.Timer
+	timer    clock.Timer
 	// holdLost is set once the holder answered that the hold is gone: the
 	// engine was told, and nothing renews or releases it any more.
 	holdLost bool
@@ -182,7 +187,7 @@ func (a *requestActor) Receive(ctx actor.Context) {
 	case *TakeoverRequest:
 		a.takeoverInPlace(ctx, m)
 	case *RequestProgress:
-		next, err := requests.Append(a.st, m.Epoch, m.Tokens, a.deps.Now())
+		next, err := requests.Append(a.st, m.Epoch, m.Tokens, a.deps.clock().Now())
 		if err != nil {
 			ctx.Respond(RequestReply{Err: err})
 			return
@@ -220,7 +225,7 @@ func (a *requestActor) fail(ctx actor.Context, err error) {
 }
 
 func (a *requestActor) start(ctx actor.Context, m *StartRequest) {
-	st, err := requests.New(m.Msg, a.deps.Self, a.deps.Now())
+	st, err := requests.New(m.Msg, a.deps.Self, a.deps.clock().Now())
 	if err != nil {
 		a.fail(ctx, err)
 		return
@@ -257,7 +262,7 @@ func (a *requestActor) takeover(c context.Context, start *messages.StartRequestM
 	for attempt := 0; ; attempt++ {
 		cur, rev, err := a.deps.Store.Get(c, start.RequestId)
 		if errors.Is(err, requests.ErrNotFound) {
-			st, err := requests.New(start, a.deps.Self, a.deps.Now())
+			st, err := requests.New(start, a.deps.Self, a.deps.clock().Now())
 			if err != nil {
 				return nil, err
 			}
@@ -269,7 +274,7 @@ func (a *requestActor) takeover(c context.Context, start *messages.StartRequestM
 		if err != nil {
 			return nil, err
 		}
-		next, err := requests.Takeover(cur, start, a.deps.Self, a.deps.Now())
+		next, err := requests.Takeover(cur, start, a.deps.Self, a.deps.clock().Now())
 		if err != nil {
 			return nil, err
 		}
@@ -287,7 +292,7 @@ func (a *requestActor) takeover(c context.Context, start *messages.StartRequestM
 // takeoverInPlace moves a request that runs here to the engine a
 // router-decided resume names, fencing the engine that ran it.
 func (a *requestActor) takeoverInPlace(ctx actor.Context, m *TakeoverRequest) {
-	next, err := requests.Takeover(a.st, m.Msg, a.deps.Self, a.deps.Now())
+	next, err := requests.Takeover(a.st, m.Msg, a.deps.Self, a.deps.clock().Now())
 	if err != nil {
 		ctx.Respond(RequestReply{Err: err})
 		return
@@ -319,10 +324,10 @@ func (a *requestActor) takeoverInPlace(ctx actor.Context, m *TakeoverRequest) {
 // with no owner after a few seconds of trying.
 func (a *requestActor) noticeFenced() {
 	id, engine, epoch, self := a.st.RequestId, a.st.EngineId, a.st.Epoch, a.st.Owner
-	store, log, publish, timeout := a.deps.Store, a.deps.Log, a.deps.Publish, a.deps.StoreTimeout
+	store, log, publish, timeout, clk := a.deps.Store, a.deps.Log, a.deps.Publish, a.deps.StoreTimeout, a.deps.clock()
 	go func() {
 		owner := ""
-		deadline := time.Now().Add(2 * timeout)
+		deadline := clk.Now().Add(2 * timeout)
 		for attempt := 1; ; attempt++ {
 			c, cancel := context.WithTimeout(context.Background(), time.Second)
 			cur, _, err := store.Get(c, id)
@@ -338,11 +343,12 @@ func (a *requestActor) noticeFenced() {
 				owner = cur.Owner
 				break
 			}
-			if errors.Is(err, requests.ErrNotFound) || time.Now().After(deadline) {
+			if errors.Is(err, requests.ErrNotFound) || clk.Now().After(deadline) {
 				log.Debug("the owner of a fenced request is unknown", "request", id, "attempts", attempt, "err", err)
 				break
 			}
-			<-time.After(200 * time.Millisecond)
+			_, wait := clk.NewTimer(200 * time.Millisecond)
+			<-wait
 		}
 		log.Warn("request fenced: it moved to another member", "request", id, "epoch", epoch, "new_owner", owner)
 		publish(api.FencedSubject(engine), &messages.FencedNotice{RequestId: id, StaleEpoch: epoch, NewOwner: owner})
@@ -385,7 +391,7 @@ func (a *requestActor) adopt(ctx actor.Context, m *AdoptRequest) {
 		a.fail(ctx, err)
 		return
 	}
-	next, err := requests.Adopt(st, m.DeadOwner, a.deps.Self, m.Engine, a.deps.Now())
+	next, err := requests.Adopt(st, m.DeadOwner, a.deps.Self, m.Engine, a.deps.clock().Now())
 	if err != nil {
 		a.fail(ctx, err)
 		return
@@ -511,5 +517,5 @@ func (a *requestActor) arm() {
 		every = 20 * time.Second
 	}
 	self, sys := a.self, a.system
-	a.timer = time.AfterFunc(every, func() { sys.Root.Send(self, renewTick{}) })
+	a.timer = a.deps.clock().AfterFunc(every, func() { sys.Root.Send(self, renewTick{}) })
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/bus"
+	"github.com/connex/connex/clock"
 	"github.com/connex/connex/cluster"
 	"github.com/connex/connex/config"
 	"github.com/connex/connex/engines"
@@ -64,7 +65,7 @@ type Daemon struct {
 	engMu     sync.Mutex
 	engines   engineTable
 	cluster   *clusterMembers
-	now       func() time.Time
+	clock     clock.Clock // the time and timers of everything below (WithClock)
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	closed    sync.Once
@@ -94,25 +95,30 @@ type Daemon struct {
 const ClockSkewEnv = "CONNEX_FAULT_CLOCK_SKEW"
 
 // New starts a daemon. On error everything started so far is stopped.
-func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
+func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	d = &Daemon{cfg: cfg, log: log, now: time.Now, started: time.Now(), Metrics: &actors.Metrics{}, stop: make(chan struct{}), engines: engineTable{reg: engines.NewRegistry()}}
+	d = &Daemon{cfg: cfg, log: log, clock: clock.Real{}, Metrics: &actors.Metrics{}, stop: make(chan struct{}), engines: engineTable{reg: engines.NewRegistry()}}
+	for _, o := range opts {
+		o(d)
+	}
+	d.started = d.now()
 	defer func() {
 		if err != nil {
 			d.Close()
 		}
 	}()
-	if v := os.Getenv(ClockSkewEnv); v != "" {
+	if _, system := d.clock.(clock.Real); system && os.Getenv(ClockSkewEnv) != "" {
+		v := os.Getenv(ClockSkewEnv)
 		skew, err := time.ParseDuration(v)
 		if err != nil {
 			return d, fmt.Errorf("%s=%q: %w (want a Go duration such as -30s)", ClockSkewEnv, v, err)
 		}
-		// time.Now().Add keeps the monotonic reading: durations and timers
+		// clock.Skewed keeps the monotonic reading: durations and timers
 		// are as before, only wall-clock readings move, as on a host whose
 		// clock is off.
-		d.now = func() time.Time { return time.Now().Add(skew) }
+		d.clock = clock.Skewed{Skew: skew}
 		log.Warn("this member's wall clock is shifted for a fault test", "env", ClockSkewEnv, "skew", skew)
 	}
 	if cfg.ShmDir != "" {
@@ -165,7 +171,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		d.regions.SetGuard(func(mem []byte) (kvmem.Guard, error) { return fg.Guard(mem) })
 	}
 	d.journal, d.journalID, d.inflight = notices.NewJournal(noticeJournalLimit, cfg.Tombstone), actors.NewTransferID()[:16], newPullTable()
-	d.dir = actors.NewDirectory(cfg.Tombstone, d.now)
+	d.dir = actors.NewDirectory(cfg.Tombstone, d.clock)
 	d.libLog = slog.New(libHandler{Handler: log.Handler(), stopping: &d.stopping})
 	d.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return d.libLog.With("lib", "protoactor")
@@ -175,7 +181,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		ctrl.DataAddr = []byte(cfg.DataAdvertise)
 	}
 	d.hdeps = &actors.HoldDeps{
-		Backend: d.Backend, Ctrl: ctrl, Dir: d.dir, Now: d.now, Log: log, Metrics: d.Metrics,
+		Backend: d.Backend, Ctrl: ctrl, Dir: d.dir, Clock: d.clock, Log: log, Metrics: d.Metrics,
 		ReadSlack: time.Second,
 		Notify: func(m *messages.BlocksFreed) {
 			if d.prom != nil {
@@ -185,7 +191,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		},
 	}
 	d.pdeps = &actors.PullDeps{
-		Backend: d.Backend, NC: d.Bus.Conn, Now: d.now, Log: log, Metrics: d.Metrics,
+		Backend: d.Backend, NC: d.Bus.Conn, Clock: d.clock, Log: log, Metrics: d.Metrics,
 		LoadFailurePolicy: cfg.KVLoadFailurePolicy,
 		Notify: func(m *messages.PullDone) {
 			d.inflight.done(m.PullId)
@@ -205,7 +211,7 @@ func New(cfg config.Config, log *slog.Logger) (d *Daemon, err error) {
 		log.Warn("JetStream unavailable: the request API (request.*) is disabled", "err", d.reqErr)
 	}
 	d.rdeps = &actors.RequestDeps{
-		Store: d.reqStore, NC: d.Bus.Conn, Self: cfg.MemberID, Now: d.now, Log: log, Table: d.reqTable,
+		Store: d.reqStore, NC: d.Bus.Conn, Self: cfg.MemberID, Clock: d.clock, Log: log, Table: d.reqTable,
 		Publish: d.publish, StoreTimeout: 5 * time.Second, LoadFailurePolicy: cfg.KVLoadFailurePolicy,
 		Metrics: d.Metrics,
 	}
@@ -284,13 +290,13 @@ func (d *Daemon) MemberID() string { return d.cfg.MemberID }
 
 func (d *Daemon) sweep() {
 	defer d.wg.Done()
-	t := time.NewTicker(time.Minute)
+	t, tc := d.clock.NewTicker(time.Minute)
 	defer t.Stop()
 	for {
 		select {
 		case <-d.stop:
 			return
-		case <-t.C:
+		case <-tc:
 			d.dir.Sweep()
 		}
 	}

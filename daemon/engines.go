@@ -81,7 +81,7 @@ func (d *Daemon) engineLost(ended engines.Ended) {
 	if d.system == nil || d.reqTable == nil {
 		return
 	}
-	time.AfterFunc(engineLostGrace, func() {
+	d.clock.AfterFunc(engineLostGrace, func() {
 		select {
 		case <-d.stop:
 			return
@@ -110,7 +110,7 @@ func (d *Daemon) advertiseEngines() {
 // expireEngines drops lapsed registrations as they lapse.
 func (d *Daemon) expireEngines() {
 	defer d.wg.Done()
-	t := time.NewTimer(time.Hour)
+	t, tc := d.clock.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
 		d.engMu.Lock()
@@ -126,7 +126,7 @@ func (d *Daemon) expireEngines() {
 		select {
 		case <-d.stop:
 			return
-		case <-t.C:
+		case <-tc:
 		}
 		d.engMu.Lock()
 		_, lapsed := d.engines.reg.Live(d.now())

@@ -324,6 +324,8 @@ func endedError(id string, st lease.State) error {
 		return api.Errorf(api.CodeExpired, "transfer %s expired; its blocks were freed", id)
 	case lease.EngineGone:
 		return api.Errorf(api.CodeEngineGone, "transfer %s ended: its engine went away", id)
+	case lease.ShutDown, lease.Aborted:
+		return api.Errorf(api.CodeReleased, "transfer %s ended (%s); its blocks were freed", id, st)
 	}
 	return api.Errorf(api.CodeReleased, "transfer %s was %s; its blocks were freed", id, st)
 }

@@ -25,7 +25,9 @@ var rules = map[string]struct {
 	"lease": {pure: true},
 	// subject is the rule for ids spliced into NATS subjects (api, auth and
 	// cluster accept ids with it).
-	"subject":           {pure: true},
+	"subject": {pure: true},
+	// clock is the time seam (Clock, Real, Fake): no I/O.
+	"clock":             {pure: true},
 	"notices":           {pure: true},
 	"engines":           {internal: []string{"messages"}, external: []string{"google.golang.org/protobuf/"}, pure: true},
 	"kvmem":             {pure: true},
@@ -45,7 +47,7 @@ var rules = map[string]struct {
 	"api/gencodes":  {internal: []string{"api/codetable"}},
 	"requests":      {internal: []string{"messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"cluster":       {internal: []string{"messages", "subject"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
-	"actors":        {internal: []string{"api", "errcode", "kvmem", "lease", "messages", "requests", "transport"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"actors":        {internal: []string{"api", "clock", "errcode", "kvmem", "lease", "messages", "requests", "transport"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"bus":           {internal: []string{"auth"}, external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
 	"auth":          {internal: []string{"subject"}, external: []string{"github.com/nats-io/jwt/", "github.com/nats-io/nkeys"}},
 	"config":        {external: []string{"github.com/spf13/"}},
@@ -60,7 +62,7 @@ var rules = map[string]struct {
 	"localcluster": {},
 	// netlab builds network-namespace hosts with ip and nft; nothing of ours.
 	"netlab": {},
-	"daemon": {internal: []string{"actors", "api", "auth", "bus", "cluster", "config", "engines", "errcode", "kvmem", "kvmem/regionfile", "lease", "messages", "notices", "requests", "router", "transport", "transport/tcp", "transport/ucx"},
+	"daemon": {internal: []string{"actors", "api", "auth", "bus", "clock", "cluster", "config", "engines", "errcode", "kvmem", "kvmem/regionfile", "lease", "messages", "notices", "requests", "router", "transport", "transport/tcp", "transport/ucx"},
 		external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/", "github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
 	"layering": {},
 }

@@ -20,7 +20,12 @@
 //	             │                                    ▼
 //	             └── (no pull running) ─────────► Freed: Released | Expired | Pulled
 //	 EngineGone from any live state ────────────► Freed: EngineGone
+//	 Shutdown (daemon stops) from any live state ► Freed: ShutDown
+//	 Abort (the owner stops) from any live state ─► Freed: Aborted
 //
 // The blocks are freed (Deregister then Free) exactly once, and never while
-// a pull that started is still within its deadline.
+// a pull that started is still within its deadline, except when the hold
+// ends under it (EngineGone, Shutdown, Abort). The hold also decides the
+// read accounting: BeginRead when a pull starts, EndRead when it ends, is
+// abandoned, or the hold ends under it.
 package lease

@@ -9,7 +9,9 @@ import (
 
 // Errors returned by Step. Callers map them to the API's stable codes.
 var (
-	ErrExpired    = errors.New("lease: transfer expired")
+	ErrExpired = errors.New("lease: transfer expired")
+	// ErrReleased refuses a hold that was released, pulled (after_pull),
+	// shut down or aborted.
 	ErrReleased   = errors.New("lease: transfer released")
 	ErrEngineGone = errors.New("lease: engine gone")
 	ErrNotYours   = errors.New("lease: not allowed for this requester")
@@ -54,7 +56,9 @@ func (m Mode) String() string {
 // State is where a hold is in its lifecycle.
 type State int
 
-// States; the last four are terminal (the blocks were freed).
+// States; Released and those after it are terminal (the blocks were
+// freed). Their names (String) are the wire's: HoldStatus.state and the
+// BlocksFreed notice's reason.
 const (
 	Held State = iota
 	Releasing
@@ -63,9 +67,13 @@ const (
 	Expired
 	Pulled
 	EngineGone
+	// ShutDown: the daemon stopped (Shutdown).
+	ShutDown
+	// Aborted: the hold's owner stopped for another reason (Abort).
+	Aborted
 )
 
-var stateNames = [...]string{"held", "releasing", "expiring", "released", "expired", "pulled", "engine_gone"}
+var stateNames = [...]string{"held", "releasing", "expiring", "released", "expired", "pulled", "engine_gone", "shutdown", "aborted"}
 
 func (s State) String() string { return stateNames[s] }
 
@@ -111,89 +119,6 @@ func New(now time.Time, cfg Config) (*Hold, error) {
 	return &Hold{cfg: cfg, deadline: now.Add(cfg.Retain), pulls: map[string]pull{}}, nil
 }
 
-// Effect is something the caller must do after a Step, in order.
-type Effect interface{ effect() }
-
-// Deregister revokes the data-plane registration of the hold's memory. It
-// always precedes Free.
-type Deregister struct{}
-
-// Free hands the blocks back to the engine. Notify is false when the engine
-// is gone and there is nobody to tell.
-type Free struct {
-	Reason State
-	Notify bool
-}
-
-// PullAbandoned reports a pull dropped because its deadline passed without
-// a PullEnd (the reader died or hung).
-type PullAbandoned struct{ PullID string }
-
-func (Deregister) effect()    {}
-func (Free) effect()          {}
-func (PullAbandoned) effect() {}
-
-// Event is an input to Step.
-type Event interface{ event() }
-
-// Renew extends the lease by Retain from Now.
-type Renew struct {
-	Now time.Time
-	By  string
-}
-
-// PullStart records that a reader starts reading; it renews the lease. The
-// reader promises to end (PullEnd) before Deadline; if it does not, the
-// pull is abandoned at Deadline. A PullStart of a running pull by the same
-// reader (a retry whose first answer was lost) only renews the lease;
-// by another reader it is ErrDuplicate.
-type PullStart struct {
-	Now      time.Time
-	By       string
-	PullID   string
-	Deadline time.Time
-}
-
-// PullEnd records that a reader stopped reading, successfully or not.
-type PullEnd struct {
-	Now    time.Time
-	PullID string
-	OK     bool
-}
-
-// Release ends the hold at the consumer's or owner's request.
-type Release struct {
-	Now time.Time
-	By  string
-}
-
-// Rebind moves a consumer-bound hold to another consumer: the engine that
-// runs the hold's request at Epoch, after a resume moved it there. The
-// caller has checked that (the request's durable state names Consumer at
-// Epoch, fenced by compare-and-set); the hold only orders bindings: an
-// epoch not newer than the current binding's is ErrStaleBinding. A hold
-// created without a consumer accepts every requester and ignores Rebind.
-type Rebind struct {
-	Now      time.Time
-	Consumer string
-	Epoch    uint64
-}
-
-// Tick tells the hold the time; it expires the lease and abandons pulls
-// whose deadline passed.
-type Tick struct{ Now time.Time }
-
-// EngineGoneEvent ends the hold because its engine went away.
-type EngineGoneEvent struct{ Now time.Time }
-
-func (Renew) event()           {}
-func (PullStart) event()       {}
-func (PullEnd) event()         {}
-func (Release) event()         {}
-func (Rebind) event()          {}
-func (Tick) event()            {}
-func (EngineGoneEvent) event() {}
-
 // Step applies ev and returns the effects to perform. On error no state
 // changed except what Tick-style time passage implies (an expired lease is
 // noticed by any event, not only Tick).
@@ -208,8 +133,17 @@ func (h *Hold) Step(ev Event) ([]Effect, error) {
 		if h.state.Terminal() {
 			return fx, h.terminalErr()
 		}
-		h.pulls = map[string]pull{}
-		return h.finish(EngineGone, fx), nil
+		return h.finish(EngineGone, h.endReads(fx)), nil
+	case Shutdown:
+		if h.state.Terminal() {
+			return fx, nil
+		}
+		return h.finish(ShutDown, h.endReads(fx)), nil
+	case Abort:
+		if h.state.Terminal() {
+			return fx, nil
+		}
+		return h.finish(Aborted, h.endReads(fx)), nil
 	case Rebind:
 		if err := h.live(h.cfg.Consumer, false); err != nil {
 			return fx, err
@@ -247,12 +181,17 @@ func (h *Hold) Step(ev Event) ([]Effect, error) {
 		}
 		h.pulls[e.PullID] = pull{by: e.By, deadline: e.Deadline}
 		h.deadline = e.Now.Add(h.cfg.Retain)
-		return fx, nil
+		return append(fx, BeginRead{PullID: e.PullID}), nil
 	case PullEnd:
-		if _, ok := h.pulls[e.PullID]; !ok {
+		p, ok := h.pulls[e.PullID]
+		if !ok {
 			return fx, fmt.Errorf("%w: %q", ErrUnknownPull, e.PullID)
 		}
+		if p.by != e.By {
+			return fx, fmt.Errorf("%w: pull %q was started by %q, not %q", ErrNotYours, e.PullID, p.by, e.By)
+		}
 		delete(h.pulls, e.PullID)
+		fx = append(fx, EndRead{PullID: e.PullID})
 		if e.OK {
 			h.pullsDone++
 		}
@@ -289,7 +228,7 @@ func (h *Hold) advance(now time.Time, fx []Effect) []Effect {
 	sort.Strings(overdue)
 	for _, id := range overdue {
 		delete(h.pulls, id)
-		fx = append(fx, PullAbandoned{PullID: id})
+		fx = append(fx, EndRead{PullID: id}, PullAbandoned{PullID: id})
 	}
 	if h.state == Held && !now.Before(h.deadline) {
 		h.state = Expiring
@@ -325,6 +264,23 @@ func (h *Hold) drain(reason State, fx []Effect) []Effect {
 	return h.finish(reason, fx)
 }
 
+// endReads ends every running pull's read, in pull id order: the hold ends
+// under them.
+func (h *Hold) endReads(fx []Effect) []Effect {
+	ids := make([]string, 0, len(h.pulls))
+	for id := range h.pulls {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		fx = append(fx, EndRead{PullID: id})
+	}
+	h.pulls = map[string]pull{}
+	return fx
+}
+
+// finish ends the hold in reason; the blocks are freed once, by the first
+// ending.
 func (h *Hold) finish(reason State, fx []Effect) []Effect {
 	h.state = reason
 	if h.freed {
@@ -359,26 +315,6 @@ func (h *Hold) terminalErr() error {
 		return ErrEngineGone
 	}
 	return ErrReleased
-}
-
-func eventTime(ev Event) time.Time {
-	switch e := ev.(type) {
-	case Renew:
-		return e.Now
-	case PullStart:
-		return e.Now
-	case PullEnd:
-		return e.Now
-	case Release:
-		return e.Now
-	case Tick:
-		return e.Now
-	case Rebind:
-		return e.Now
-	case EngineGoneEvent:
-		return e.Now
-	}
-	return time.Time{}
 }
 
 // NextWake is when the owner must deliver a Tick: the lease deadline while

@@ -20,9 +20,11 @@ var rewrite = flag.Bool("rewrite", false, "rewrite expected output in testdata/*
 //	advance 10s             (moves the clock and delivers a Tick)
 //	renew [by=d]
 //	pull-start id=a [by=d] timeout=5s
-//	pull-end id=a ok=true|false
+//	pull-end id=a [by=d] ok=true|false
 //	release [by=d]
 //	engine-gone
+//	shutdown
+//	abort
 //	rebind consumer=d2 epoch=1
 //
 // Run with -rewrite to regenerate the expected outputs after a deliberate change.
@@ -37,6 +39,9 @@ func TestScripts(t *testing.T) {
 }
 
 type scriptCase struct {
+	// comment is the comment lines just above the command (kept by
+	// -rewrite).
+	comment   string
 	cmd, want string
 }
 
@@ -46,7 +51,7 @@ func parseScript(t *testing.T, path string) (header string, cases []scriptCase) 
 		t.Fatal(err)
 	}
 	sc := bufio.NewScanner(strings.NewReader(string(data)))
-	var hdr []string
+	var hdr, comment []string
 	var cur *scriptCase
 	inOut := false
 	for sc.Scan() {
@@ -55,10 +60,16 @@ func parseScript(t *testing.T, path string) (header string, cases []scriptCase) 
 		case cur == nil && (strings.HasPrefix(line, "#") || strings.TrimSpace(line) == ""):
 			if len(cases) == 0 {
 				hdr = append(hdr, line)
+			} else if strings.HasPrefix(line, "#") {
+				comment = append(comment, line)
 			}
 		case cur == nil:
 			cases = append(cases, scriptCase{cmd: line})
 			cur = &cases[len(cases)-1]
+			if len(comment) > 0 {
+				cur.comment = strings.Join(comment, "\n") + "\n"
+				comment = nil
+			}
 		case !inOut && line == "----":
 			inOut = true
 		case inOut && line == "":
@@ -86,7 +97,7 @@ func runScript(t *testing.T, path string) {
 		if !*rewrite && got != c.want {
 			t.Errorf("%s\n%s\n----\ngot:\n%swant:\n%s", path, c.cmd, got, c.want)
 		}
-		fmt.Fprintf(&out, "%s\n----\n%s\n", c.cmd, got)
+		fmt.Fprintf(&out, "%s%s\n----\n%s\n", c.comment, c.cmd, got)
 	}
 	if *rewrite {
 		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
@@ -135,11 +146,15 @@ func runCommand(t *testing.T, line string, h **Hold, now *time.Time, t0 time.Tim
 	case "pull-start":
 		fx, err = (*h).Step(PullStart{Now: *now, By: args["by"], PullID: args["id"], Deadline: now.Add(dur(args["timeout"]))})
 	case "pull-end":
-		fx, err = (*h).Step(PullEnd{Now: *now, PullID: args["id"], OK: args["ok"] == "true"})
+		fx, err = (*h).Step(PullEnd{Now: *now, By: args["by"], PullID: args["id"], OK: args["ok"] == "true"})
 	case "release":
 		fx, err = (*h).Step(Release{Now: *now, By: args["by"]})
 	case "engine-gone":
 		fx, err = (*h).Step(EngineGoneEvent{Now: *now})
+	case "shutdown":
+		fx, err = (*h).Step(Shutdown{Now: *now})
+	case "abort":
+		fx, err = (*h).Step(Abort{Now: *now})
 	case "rebind":
 		var epoch uint64
 		if _, err := fmt.Sscan(args["epoch"], &epoch); err != nil {
@@ -158,6 +173,12 @@ func runCommand(t *testing.T, line string, h **Hold, now *time.Time, t0 time.Tim
 			fmt.Fprintf(&b, "effect: free reason=%s notify=%v\n", e.Reason, e.Notify)
 		case PullAbandoned:
 			fmt.Fprintf(&b, "effect: pull-abandoned id=%s\n", e.PullID)
+		case BeginRead:
+			fmt.Fprintf(&b, "effect: begin-read id=%s\n", e.PullID)
+		case EndRead:
+			fmt.Fprintf(&b, "effect: end-read id=%s\n", e.PullID)
+		default:
+			t.Fatalf("%q: unknown effect %T", line, e)
 		}
 	}
 	if err != nil {
