@@ -12,6 +12,7 @@ import "C"
 import (
 	"bytes"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 // transport.Backend; all methods are safe for concurrent use.
 type Backend struct {
 	cfg   Config
+	log   *slog.Logger // transport.Options.Log()
 	w     *worker
 	addr  []byte
 	chunk uint64
@@ -62,11 +64,13 @@ func Available() bool {
 // Open starts a UCX backend with UCX's transports chosen by the environment
 // (UCX_TLS) or UCX's defaults.
 func Open(opts transport.Options) (*Backend, error) {
-	return OpenConfig(Config{Options: opts})
+	return OpenConfig(opts, Config{})
 }
 
-// OpenConfig starts a UCX backend configured by cfg.
-func OpenConfig(cfg Config) (*Backend, error) {
+// OpenConfig starts a UCX backend with the options every backend shares
+// (opts: its logger; UCX listens on no socket, so ListenAddr is unused) and
+// the UCX-specific configuration cfg.
+func OpenConfig(opts transport.Options, cfg Config) (*Backend, error) {
 	reads, err := cfg.reads()
 	if err != nil {
 		return nil, err
@@ -108,13 +112,14 @@ func OpenConfig(cfg Config) (*Backend, error) {
 		// someone asks for it.
 		tls, set = SafeDefaultTLS, SafeDefaultTLS
 	}
-	log := cfg.Log()
+	log := opts.Log()
 	w, err := startWorker(set, peerErrMode(tls), log.Warn)
 	if err != nil {
 		return nil, err
 	}
 	b := &Backend{
 		cfg:   cfg,
+		log:   log,
 		w:     w,
 		chunk: uint64(cfg.chunk()),
 		regs:  map[*Registration]struct{}{},

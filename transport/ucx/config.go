@@ -8,9 +8,10 @@ import (
 	"github.com/connex/connex/transport"
 )
 
-// Config is Open's configuration with the UCX-specific knobs.
+// Config is the UCX backend's own configuration: the knobs OpenConfig takes
+// besides the options every backend shares (transport.Options). The zero
+// value is checked reads on UCX's safe default transports.
 type Config struct {
-	transport.Options
 	// TLS selects UCX transports ("tcp", "sm", "posix,sysv,self", ...),
 	// overriding UCX_TLS for this Backend only. Empty keeps UCX_TLS from the
 	// environment, or SafeDefaultTLS when that is unset.

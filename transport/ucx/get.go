@@ -76,7 +76,7 @@ func (h *Endpoint) get(ctx context.Context, ops []transport.GetOp) error {
 		}
 		// No ptrace access to the holder: use UCX from now on.
 		if e.noCMA.CompareAndSwap(false, true) {
-			e.b.cfg.Log().Warn("ucx: one-sided CMA reads not permitted; falling back to ucp_get_nbx", "err", err)
+			e.b.log.Warn("ucx: one-sided CMA reads not permitted; falling back to ucp_get_nbx", "err", err)
 		}
 	}
 	for _, p := range holders {

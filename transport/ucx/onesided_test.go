@@ -16,7 +16,7 @@ import (
 
 func openOneSided(t testing.TB) *Backend {
 	t.Helper()
-	b, err := OpenConfig(Config{Reads: ReadsOneSided})
+	b, err := OpenConfig(transport.Options{}, Config{Reads: ReadsOneSided})
 	if err != nil {
 		t.Fatalf("open ucx onesided: %v", err)
 	}
@@ -25,7 +25,7 @@ func openOneSided(t testing.TB) *Backend {
 }
 
 func TestReadsConfig(t *testing.T) {
-	if _, err := OpenConfig(Config{Reads: "raw"}); err == nil {
+	if _, err := OpenConfig(transport.Options{}, Config{Reads: "raw"}); err == nil {
 		t.Fatal("Reads=raw accepted")
 	}
 	if os.Getenv("UCX_TLS") == "" {

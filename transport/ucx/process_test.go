@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 // key).
 func runHolder() int {
 	reads := os.Getenv(readsEnv)
-	b, err := OpenConfig(Config{Reads: strings.TrimPrefix(reads, "shared")})
+	b, err := OpenConfig(transport.Options{}, Config{Reads: strings.TrimPrefix(reads, "shared")})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -152,7 +152,7 @@ func (b *Backend) mapMem(r *Registration, p unsafe.Pointer, extents []uint64) er
 	// RMA key and readers use ucp_get_nbx.
 	proc, procErr := selfProc()
 	if r.rma && !r.alloc && procErr != nil {
-		b.cfg.Log().Warn("ucx: onesided register: cannot identify this process; readers will use ucp_get_nbx", "err", procErr)
+		b.log.Warn("ucx: onesided register: cannot identify this process; readers will use ucp_get_nbx", "err", procErr)
 	}
 	err := b.w.call(func() {
 		var addr, rkey unsafe.Pointer

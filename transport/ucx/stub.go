@@ -16,7 +16,7 @@ func Available() bool { return false }
 func Open(opts transport.Options) (*Backend, error) { return nil, errNoUCX }
 
 // OpenConfig fails like Open.
-func OpenConfig(cfg Config) (*Backend, error) { return nil, errNoUCX }
+func OpenConfig(opts transport.Options, cfg Config) (*Backend, error) { return nil, errNoUCX }
 
 // Backend is the UCX backend; without UCX none can be opened.
 type Backend struct{}

@@ -29,7 +29,7 @@ func tlsName(tls string) string {
 
 func openT(t testing.TB, tls string) *Backend {
 	t.Helper()
-	b, err := OpenConfig(Config{TLS: tls})
+	b, err := OpenConfig(transport.Options{}, Config{TLS: tls})
 	if err != nil {
 		t.Fatalf("open ucx (tls %q): %v", tls, err)
 	}
