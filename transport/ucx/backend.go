@@ -150,11 +150,26 @@ func OpenConfig(opts transport.Options, cfg Config) (*Backend, error) {
 func (b *Backend) Name() string { return "ucx" }
 
 // Caps: in checked mode GETs on registered memory are served by the
-// holder's CPU (OneSided false); in onesided mode a reader on the same host
-// copies them with process_vm_readv (OneSided true). Ranges are split and
-// pipelined internally, so callers pass whole pulls to one Get.
+// holder's CPU (OneSided false), the holder checks every read against the
+// registration's extents (ExtentKeys) and Deregister cuts them (Revocable);
+// in onesided mode a reader on the same host copies them with
+// process_vm_readv (OneSided true), without the holder, so a key can be
+// neither restricted to extents nor revoked. Registrations on memory from
+// Allocate are checked in either mode (AllocationExtentKeys). Allocate
+// works when the transport list has UCX's shared-memory transport. Ranges
+// are split and pipelined internally, so callers pass whole pulls to one
+// Get.
 func (b *Backend) Caps() transport.Caps {
-	return transport.Caps{OneSided: b.cfg.Reads == ReadsOneSided, MaxInFlight: 0, MaxGetBytes: 0}
+	checked := b.cfg.Reads != ReadsOneSided
+	return transport.Caps{
+		OneSided:             !checked,
+		ExtentKeys:           checked,
+		AllocationExtentKeys: true,
+		Allocate:             allocates(b.tls),
+		Revocable:            checked,
+		MaxInFlight:          0,
+		MaxGetBytes:          0,
+	}
 }
 
 // Reads is the read mode of memory this Backend registers (ReadsChecked or

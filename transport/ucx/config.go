@@ -3,6 +3,7 @@ package ucx
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/connex/connex/transport"
@@ -157,6 +158,28 @@ func tlsHas(tls, t string) bool {
 		}
 	}
 	return false
+}
+
+// posixNames are the UCX_TLS names that include the posix shared-memory
+// transport, the one Allocate needs (its memory is a file another process
+// can map): the transport itself and the aliases that cover it.
+var posixNames = []string{"posix", "sm", "shm", "mm", "all"}
+
+// allocates reports whether the transport list tls includes UCX's posix
+// transport: UCX's defaults (""), a "^" list that does not exclude it, or a
+// list that names it.
+func allocates(tls string) bool {
+	tls = strings.TrimSpace(tls)
+	if tls == "" {
+		return true
+	}
+	exclude := strings.HasPrefix(tls, "^")
+	for _, x := range strings.Split(strings.TrimPrefix(tls, "^"), ",") {
+		if slices.Contains(posixNames, strings.TrimSpace(x)) {
+			return !exclude
+		}
+	}
+	return exclude
 }
 
 // Packed formats. Both carry a magic so that bytes meant for another backend

@@ -23,8 +23,10 @@ type Backend struct{}
 
 var _ transport.Backend = (*Backend)(nil)
 
+// Caps claims nothing: without UCX no backend exists to do anything.
+func (*Backend) Caps() transport.Caps { return transport.Caps{} }
+
 func (*Backend) Name() string                                                { return "ucx" }
-func (*Backend) Caps() transport.Caps                                        { return transport.Caps{} }
 func (*Backend) Address() []byte                                             { return nil }
 func (*Backend) Register([]byte) (transport.Registration, error)             { return nil, errNoUCX }
 func (*Backend) Alloc(int) (*Registration, error)                            { return nil, errNoUCX }
