@@ -26,13 +26,19 @@ const (
 	MemoryShm = "shm"
 )
 
+// MemoryAllocated is the Memory kind of a region whose memory the data-plane
+// backend named backend allocated (transport.Allocator): "<backend>-shared".
+// Registrations on such memory follow the backend's rules for its own
+// allocations (transport.Caps.OneKeyForExtents).
+func MemoryAllocated(backend string) string { return backend + "-shared" }
+
 // Region is KV memory mapped shared into this process: an engine's region
 // file, or memory connexd allocated for an engine, which maps Path.
 type Region struct {
 	Path   string
 	Layout Layout
 	// Memory says where the memory comes from: MemoryFile, MemoryMemfd, or
-	// what NewRegion was given (connexd: "<backend>-shared").
+	// what NewRegion was given (connexd: MemoryAllocated).
 	Memory string
 	mem    []byte
 	free   func() error // releases mem; nil: munmap
