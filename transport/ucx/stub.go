@@ -26,20 +26,40 @@ var _ transport.Backend = (*Backend)(nil)
 // Caps claims nothing: without UCX no backend exists to do anything.
 func (*Backend) Caps() transport.Caps { return transport.Caps{} }
 
-func (*Backend) Name() string                                                { return "ucx" }
-func (*Backend) Address() []byte                                             { return nil }
-func (*Backend) Register([]byte) (transport.Registration, error)             { return nil, errNoUCX }
-func (*Backend) Alloc(int) (*Registration, error)                            { return nil, errNoUCX }
+// Name is "ucx", so errors and metrics name the backend the binary lacks.
+func (*Backend) Name() string { return "ucx" }
+
+// Address is empty: there is nothing to connect to.
+func (*Backend) Address() []byte { return nil }
+
+// Register fails with an error wrapping transport.ErrUnavailable.
+func (*Backend) Register([]byte) (transport.Registration, error) { return nil, errNoUCX }
+
+// Alloc fails with an error wrapping transport.ErrUnavailable.
+func (*Backend) Alloc(int) (*Registration, error) { return nil, errNoUCX }
+
+// Connect fails with an error wrapping transport.ErrUnavailable.
 func (*Backend) Connect(context.Context, []byte) (transport.Endpoint, error) { return nil, errNoUCX }
-func (*Backend) Close() error                                                { return nil }
+
+// Close does nothing.
+func (*Backend) Close() error { return nil }
 
 // Registration is memory registered with UCX; without UCX there is none.
 type Registration struct{}
 
 var _ transport.Registration = (*Registration)(nil)
 
-func (*Registration) RemoteKey() []byte  { return nil }
+// RemoteKey is empty: no Registration exists without UCX.
+func (*Registration) RemoteKey() []byte { return nil }
+
+// RemoteAddr is 0.
 func (*Registration) RemoteAddr() uint64 { return 0 }
-func (*Registration) Len() int           { return 0 }
-func (*Registration) Bytes() []byte      { return nil }
-func (*Registration) Deregister() error  { return nil }
+
+// Len is 0.
+func (*Registration) Len() int { return 0 }
+
+// Bytes is nil.
+func (*Registration) Bytes() []byte { return nil }
+
+// Deregister does nothing.
+func (*Registration) Deregister() error { return nil }
