@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -49,9 +48,6 @@ type holdActor struct {
 	deps    *HoldDeps
 	spec    *CreateHold
 	h       *lease.Hold
-	regs    []transport.Registration
-	rkeys   [][]byte
-	segs    []*messages.Segment
 	held    bool        // creation only: accounting Hold succeeded, no lease owns it yet
 	timer   clock.Timer // the lease's next wake-up
 	linger  clock.Timer // the stop after the end (lingerAfterFree)
@@ -59,10 +55,9 @@ type holdActor struct {
 	entry   *HoldEntry // this hold's directory entry
 	self    *actor.PID
 	system  *actor.ActorSystem
-	// implied: one registration covers every extent (ExtentRegistrar);
-	// descriptors then carry regionAddr instead of a segment list.
-	implied    bool
-	regionAddr uint64
+	// the data-plane registrations (regs, rkeys, segs, implied,
+	// regionAddr) made at create, registerHold
+	holdRegistration
 }
 
 func newHoldActor(deps *HoldDeps) actor.Actor {
@@ -136,46 +131,14 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 		return
 	}
 	a.held = true
-	if xr, ok := a.deps.Backend.(transport.ExtentRegistrar); ok {
-		// One key for every extent of the hold: descriptors stay small
-		// however scattered the blocks are.
-		exts := r.Region.Layout.Extents(m.Req.BlockIds)
-		sorted := make([]transport.Extent, len(exts))
-		for i, e := range exts {
-			sorted[i] = transport.Extent{Off: e.Off, Len: e.Len}
-		}
-		sort.Slice(sorted, func(i, j int) bool { return sorted[i].Off < sorted[j].Off })
-		reg, err := xr.RegisterExtents(r.Region.Bytes(), sorted)
-		switch {
-		case errors.Is(err, errors.ErrUnsupported):
-			// This configuration cannot restrict one key to extents
-			// (UCX onesided reads): register extent by extent below.
-		case err != nil:
-			_ = r.Blocks.Unhold(m.Req.BlockIds)
-			a.held = false
-			fail(fmt.Errorf("hold %s: register %d extents: %w", m.ID, len(sorted), err))
-			return
-		default:
-			a.regs = []transport.Registration{reg}
-			a.rkeys = [][]byte{reg.RemoteKey()}
-			a.implied, a.regionAddr = true, reg.RemoteAddr()
-		}
+	hr, err := registerHold(a.deps.Backend, r.Region, m.Req.BlockIds)
+	if err != nil {
+		_ = r.Blocks.Unhold(m.Req.BlockIds)
+		a.held = false
+		fail(fmt.Errorf("hold %s: %w", m.ID, err))
+		return
 	}
-	for _, e := range r.Region.Layout.Extents(m.Req.BlockIds) {
-		if a.implied {
-			break
-		}
-		reg, err := a.deps.Backend.Register(r.Region.Slice(e))
-		if err != nil {
-			_ = r.Blocks.Unhold(m.Req.BlockIds)
-			a.held = false
-			fail(fmt.Errorf("hold %s: register %d bytes at %d: %w", m.ID, e.Len, e.Off, err))
-			return
-		}
-		a.regs = append(a.regs, reg)
-		a.rkeys = append(a.rkeys, reg.RemoteKey())
-		a.segs = append(a.segs, &messages.Segment{RemoteAddr: reg.RemoteAddr(), Length: e.Len, Rkey: uint32(len(a.rkeys) - 1)})
-	}
+	a.holdRegistration = hr
 	a.created = a.now()
 	h, err := lease.New(a.created, m.Lease)
 	if err != nil {

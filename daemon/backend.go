@@ -8,37 +8,54 @@ import (
 	"github.com/connex/connex/transport/ucx"
 )
 
-// OpenBackend opens the data plane named by the backend config key: "tcp",
-// "ucx" (fails if the binary lacks UCX or libucp does not load) or "auto"
-// (UCX when available, else TCP). cfg carries the ucx_reads and
-// ucx_shared_reads config keys, used when UCX is opened, and the options
-// of either backend; tcfg tunes the TCP data plane (its TLS: data_tls).
-func OpenBackend(name string, cfg ucx.Config, tcfg tcp.Config) (transport.Backend, error) {
-	opts := cfg.Options
-	switch name {
+// BackendConfig names the data plane to open and configures each backend
+// with its own config type; only the named backend's is used.
+type BackendConfig struct {
+	// Name is the backend config key: "tcp", "ucx" (fails if the binary
+	// lacks UCX or libucp does not load) or "auto" (UCX when available,
+	// else TCP).
+	Name string
+	// Options are what every backend shares: the listen address (data_listen;
+	// TCP only) and the logger.
+	Options transport.Options
+	// UCX carries the ucx_reads, ucx_shared_reads and shm_dir config keys.
+	UCX ucx.Config
+	// TCP tunes the TCP data plane (its TLS: data_tls).
+	TCP tcp.Config
+}
+
+// OpenBackend opens the data plane cfg.Name names, with that backend's own
+// configuration. An unknown name fails with the allowed ones; a failure to
+// open says which backend failed ("backend=ucx: ...").
+func OpenBackend(cfg BackendConfig) (transport.Backend, error) {
+	switch cfg.Name {
 	case "tcp":
-		return openTCP(opts, tcfg)
+		return openTCP(cfg)
 	case "ucx":
-		b, err := ucx.OpenConfig(cfg)
-		if err != nil {
-			return nil, fmt.Errorf("backend=ucx: %w", err)
-		}
-		return b, nil
+		return openUCX(cfg)
 	case "auto":
 		if ucx.Available() {
-			b, err := ucx.OpenConfig(cfg)
+			b, err := openUCX(cfg)
 			if err == nil {
 				return b, nil
 			}
-			opts.Log().Warn("UCX available but failed to open; using TCP", "err", err)
+			cfg.Options.Log().Warn("UCX available but failed to open; using TCP", "err", err)
 		}
-		return openTCP(opts, tcfg)
+		return openTCP(cfg)
 	}
-	return nil, fmt.Errorf("backend=%q, allowed: auto, ucx, tcp", name)
+	return nil, fmt.Errorf("backend=%q, allowed: auto, ucx, tcp", cfg.Name)
 }
 
-func openTCP(opts transport.Options, tcfg tcp.Config) (transport.Backend, error) {
-	b, err := tcp.OpenConfig(opts, tcfg)
+func openUCX(cfg BackendConfig) (transport.Backend, error) {
+	b, err := ucx.OpenConfig(cfg.Options, cfg.UCX)
+	if err != nil {
+		return nil, fmt.Errorf("backend=ucx: %w", err)
+	}
+	return b, nil
+}
+
+func openTCP(cfg BackendConfig) (transport.Backend, error) {
+	b, err := tcp.OpenConfig(cfg.Options, cfg.TCP)
 	if err != nil {
 		return nil, fmt.Errorf("backend=tcp: %w", err)
 	}

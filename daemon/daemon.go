@@ -138,12 +138,12 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 	if err != nil {
 		return d, err
 	}
-	d.Backend, err = OpenBackend(cfg.Backend, ucx.Config{
-		Options:     transport.Options{ListenAddr: cfg.DataListen, Logger: log},
-		Reads:       cfg.UCXReads,
-		SharedReads: cfg.UCXSharedReads,
-		ShmDir:      cfg.ShmDir,
-	}, tcfg)
+	d.Backend, err = OpenBackend(BackendConfig{
+		Name:    cfg.Backend,
+		Options: transport.Options{ListenAddr: cfg.DataListen, Logger: log},
+		UCX:     ucx.Config{Reads: cfg.UCXReads, SharedReads: cfg.UCXSharedReads, ShmDir: cfg.ShmDir},
+		TCP:     tcfg,
+	})
 	if err != nil {
 		return d, err
 	}

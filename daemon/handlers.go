@@ -104,13 +104,13 @@ func (d *Daemon) CreateRegion(ctx context.Context, r *messages.CreateRegionReque
 
 // newRegion allocates memory for a created region.
 func (d *Daemon) newRegion(name string, l kvmem.Layout) (*kvmem.Region, error) {
-	if al, ok := d.Backend.(transport.Allocator); ok {
+	if al, ok := d.Backend.(transport.Allocator); ok && d.Backend.Caps().Allocate {
 		mem, err := al.Allocate(int(l.Size()))
 		if err == nil {
 			// UCX commits the memory when it allocates (Allocate checks
 			// the room in /dev/shm, which containers often keep small;
 			// a memfd is not bound by it).
-			reg, rerr := kvmem.NewRegion(mem.Path(), l, d.Backend.Name()+"-shared", mem.Bytes(), mem.Free)
+			reg, rerr := kvmem.NewRegion(mem.Path(), l, kvmem.MemoryAllocated(d.Backend.Name()), mem.Bytes(), mem.Free)
 			if rerr == nil {
 				regionfile.Populate(mem.Bytes()[:l.Size()])
 				return reg, nil

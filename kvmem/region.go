@@ -27,6 +27,12 @@ const (
 	MemoryShm = "shm"
 )
 
+// MemoryAllocated is the Memory kind of a region whose memory the data-plane
+// backend named backend allocated (transport.Allocator): "<backend>-shared".
+// Registrations on such memory follow the backend's rules for its own
+// allocations (transport.Caps.OneKeyForExtents).
+func MemoryAllocated(backend string) string { return backend + "-shared" }
+
 // Region is KV memory mapped shared into this process: an engine's region
 // file, or memory connexd allocated for an engine, which maps Path. It is
 // only bytes laid out by Layout and the func that releases them; the
@@ -36,7 +42,7 @@ type Region struct {
 	Path   string
 	Layout Layout
 	// Memory says where the memory comes from: MemoryFile, MemoryMemfd,
-	// MemoryShm, or what NewRegion was given (connexd: "<backend>-shared").
+	// MemoryShm, or what NewRegion was given (connexd: MemoryAllocated).
 	Memory string
 	mem    []byte
 	free   func() error // releases mem (munmap, an allocator's free); nil: nothing to release

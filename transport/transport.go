@@ -51,26 +51,13 @@ var (
 	ErrFault = errors.New("transport: memory fault (a region's file shrank under the copy)")
 )
 
-// Caps describes what a backend can do, so callers can pick strategies
-// (for example how many GETs to keep in flight) without type switches.
-type Caps struct {
-	// OneSided is true when a GET completes without the holder's CPU copying
-	// the bytes (RDMA, CMA, UCX-allocated shared memory).
-	OneSided bool
-	// MaxInFlight is the number of GETs a reader should keep outstanding
-	// per endpoint for full bandwidth; 0 means "no preference".
-	MaxInFlight int
-	// MaxGetBytes is the largest single GET the backend handles well;
-	// callers split larger ranges. 0 means no limit.
-	MaxGetBytes int
-}
-
 // Backend is one data-plane implementation. All methods are safe for
 // concurrent use.
 type Backend interface {
 	// Name is the configured backend name ("tcp", "ucx").
 	Name() string
-	// Caps reports the backend's capabilities.
+	// Caps reports what the backend can do in its current configuration;
+	// callers choose registration and read strategies from it.
 	Caps() Caps
 	// Address is what a reader passes to Connect to reach this backend (a
 	// host:port for TCP, a packed worker address for UCX). Opaque bytes.
@@ -147,7 +134,9 @@ type Extent struct {
 // has thousands of extents (layer × plane × run of blocks); one key for all
 // of them keeps its descriptors small. Reads must lie within one extent,
 // else they fail with ErrNotRegistered; byte Off of the buffer is at
-// RemoteAddr()+Off.
+// RemoteAddr()+Off. Whether it works in the backend's current
+// configuration, and on which memory, is Caps.OneKeyForExtents: decide
+// from that, not from the type or an error.
 type ExtentRegistrar interface {
 	// RegisterExtents exposes the extents of mem (sorted by Off, not
 	// overlapping, inside mem) until Deregister.
@@ -191,7 +180,8 @@ func JoinAdjacent(extents []Extent) []Extent {
 // copies from it). connexd uses it for regions it creates for an engine
 // (region.create): the engine maps Allocation.Path, and holds on that
 // memory get keys that carry the one-sided path besides the backend's usual
-// one.
+// one. Caps.Allocate says whether the backend's current configuration
+// allocates such memory; decide from that, not from the type.
 type Allocator interface {
 	// Allocate returns at least n bytes of shareable memory, zeroed.
 	Allocate(n int) (Allocation, error)

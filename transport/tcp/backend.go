@@ -80,11 +80,20 @@ func OpenConfig(opts transport.Options, cfg Config) (*Backend, error) {
 // Name returns "tcp".
 func (b *Backend) Name() string { return "tcp" }
 
-// Caps reports that the holder's CPU copies the bytes (not one-sided), how
-// many requests a Get keeps in flight, and that Gets of any size are split
-// internally.
+// Caps reports that the holder's CPU copies the bytes (not one-sided), that
+// RegisterExtents gives one key for many extents of any memory, that
+// Deregister cuts running reads (revocable), that it allocates no memory,
+// how many requests a Get keeps in flight, and that Gets of any size are
+// split internally.
 func (b *Backend) Caps() transport.Caps {
-	return transport.Caps{OneSided: false, MaxInFlight: b.cfg.WindowOps, MaxGetBytes: 0}
+	return transport.Caps{
+		OneSided:    false,
+		ExtentKeys:  true,
+		Allocate:    false,
+		Revocable:   true,
+		MaxInFlight: b.cfg.WindowOps,
+		MaxGetBytes: 0,
+	}
 }
 
 // Address returns the listener's host:port. When the backend listens on an

@@ -145,9 +145,10 @@ func TestDeregisterStalledReader(t *testing.T) {
 	start := time.Now()
 	_ = reg.Deregister()
 	took := time.Since(start)
-	if took < grace || took > grace+2*time.Second {
+	if took < grace || took > hangGuard {
 		t.Fatalf("Deregister took %v with a %v grace", took, grace)
 	}
+	t.Logf("Deregister of a stalled reader: %v with a %v grace", took, grace)
 	if serverWriting(server, reg) {
 		t.Fatalf("server still writing after Deregister returned")
 	}

@@ -32,6 +32,46 @@ func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
 	}
 }
 
+// hangGuard is how long a test waits, after a Get's context ended (or a
+// call that must end by itself started), before it calls it hung. It is far
+// above any deadline the tests set: they assert that a Get ends with its
+// context and how, not how soon after (a loaded machine delays that by a
+// varying amount); the overshoot is BenchmarkGetPastDeadline's figure.
+const hangGuard = 10 * time.Second
+
+// waitGet waits for the result of a Get running under ctx, sent on errc.
+// A Get must end when ctx does: one still running hangGuard after that
+// fails the test.
+func waitGet(t testing.TB, ctx context.Context, errc <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(hangGuard):
+		t.Fatalf("Get still running %v after its context ended (%v)", hangGuard, ctx.Err())
+		return nil
+	}
+}
+
+// getWithin runs ep.Get(ops) with deadline d and returns how long it took
+// and its error, failing the test if it does not end with its deadline
+// (waitGet).
+func getWithin(t testing.TB, ep transport.Endpoint, d time.Duration, ops []transport.GetOp) (time.Duration, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	start := time.Now()
+	errc := make(chan error, 1)
+	go func() { errc <- ep.Get(ctx, ops) }()
+	err := waitGet(t, ctx, errc)
+	return time.Since(start), err
+}
+
 // testLogger discards logs unless CONNEX_TEST_LOG is set.
 func testLogger() *slog.Logger {
 	if os.Getenv("CONNEX_TEST_LOG") != "" {

@@ -79,15 +79,8 @@ func TestFrozenHolderProcess(t *testing.T) {
 
 	timedGet := func(what string, deadline time.Duration) {
 		t.Helper()
-		tctx, cancel := context.WithTimeout(ctx, deadline)
-		defer cancel()
-		start := time.Now()
-		err := ep.Get(tctx, whole)
-		took := time.Since(start)
+		took, err := getWithin(t, ep, deadline, whole)
 		wantErr(t, err, transport.ErrTimeout)
-		if took > deadline+500*time.Millisecond {
-			t.Fatalf("%s: Get took %v with a %v deadline", what, took, deadline)
-		}
 		t.Logf("%s: timed out after %v", what, took)
 	}
 
@@ -116,16 +109,14 @@ func TestFrozenHolderProcess(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	err = <-errc
+	err = waitGet(t, tctx, errc)
 	took := time.Since(start)
 	cancel()
 	if err == nil {
 		t.Log("transfer finished before SIGSTOP took effect")
 	} else {
 		wantErr(t, err, transport.ErrTimeout)
-		if took > 2*time.Second+500*time.Millisecond {
-			t.Fatalf("mid-transfer freeze: Get took %v with a 2s deadline", took)
-		}
+		t.Logf("mid-transfer freeze: timed out after %v", took)
 	}
 	timedGet("frozen, idle connection", 200*time.Millisecond)
 	timedGet("frozen again", 100*time.Millisecond)

@@ -12,6 +12,7 @@ import "C"
 import (
 	"bytes"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 // transport.Backend; all methods are safe for concurrent use.
 type Backend struct {
 	cfg   Config
+	log   *slog.Logger // transport.Options.Log()
 	w     *worker
 	addr  []byte
 	chunk uint64
@@ -62,11 +64,13 @@ func Available() bool {
 // Open starts a UCX backend with UCX's transports chosen by the environment
 // (UCX_TLS) or UCX's defaults.
 func Open(opts transport.Options) (*Backend, error) {
-	return OpenConfig(Config{Options: opts})
+	return OpenConfig(opts, Config{})
 }
 
-// OpenConfig starts a UCX backend configured by cfg.
-func OpenConfig(cfg Config) (*Backend, error) {
+// OpenConfig starts a UCX backend with the options every backend shares
+// (opts: its logger; UCX listens on no socket, so ListenAddr is unused) and
+// the UCX-specific configuration cfg.
+func OpenConfig(opts transport.Options, cfg Config) (*Backend, error) {
 	reads, err := cfg.reads()
 	if err != nil {
 		return nil, err
@@ -108,13 +112,14 @@ func OpenConfig(cfg Config) (*Backend, error) {
 		// someone asks for it.
 		tls, set = SafeDefaultTLS, SafeDefaultTLS
 	}
-	log := cfg.Log()
+	log := opts.Log()
 	w, err := startWorker(set, peerErrMode(tls), log.Warn)
 	if err != nil {
 		return nil, err
 	}
 	b := &Backend{
 		cfg:   cfg,
+		log:   log,
 		w:     w,
 		chunk: uint64(cfg.chunk()),
 		regs:  map[*Registration]struct{}{},
@@ -145,11 +150,26 @@ func OpenConfig(cfg Config) (*Backend, error) {
 func (b *Backend) Name() string { return "ucx" }
 
 // Caps: in checked mode GETs on registered memory are served by the
-// holder's CPU (OneSided false); in onesided mode a reader on the same host
-// copies them with process_vm_readv (OneSided true). Ranges are split and
-// pipelined internally, so callers pass whole pulls to one Get.
+// holder's CPU (OneSided false), the holder checks every read against the
+// registration's extents (ExtentKeys) and Deregister cuts them (Revocable);
+// in onesided mode a reader on the same host copies them with
+// process_vm_readv (OneSided true), without the holder, so a key can be
+// neither restricted to extents nor revoked. Registrations on memory from
+// Allocate are checked in either mode (AllocationExtentKeys). Allocate
+// works when the transport list has UCX's shared-memory transport. Ranges
+// are split and pipelined internally, so callers pass whole pulls to one
+// Get.
 func (b *Backend) Caps() transport.Caps {
-	return transport.Caps{OneSided: b.cfg.Reads == ReadsOneSided, MaxInFlight: 0, MaxGetBytes: 0}
+	checked := b.cfg.Reads != ReadsOneSided
+	return transport.Caps{
+		OneSided:             !checked,
+		ExtentKeys:           checked,
+		AllocationExtentKeys: true,
+		Allocate:             allocates(b.tls),
+		Revocable:            checked,
+		MaxInFlight:          0,
+		MaxGetBytes:          0,
+	}
 }
 
 // Reads is the read mode of memory this Backend registers (ReadsChecked or

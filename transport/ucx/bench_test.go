@@ -93,12 +93,12 @@ func benchMemcpy(b *testing.B, l layout) {
 
 func benchUCX(b *testing.B, l layout, cfg Config, alloc bool) {
 	cfg.ChunkBytes, _ = strconv.Atoi(os.Getenv("CX_CHUNK"))
-	h, err := OpenConfig(cfg)
+	h, err := OpenConfig(transport.Options{}, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer h.Close()
-	r, err := OpenConfig(cfg)
+	r, err := OpenConfig(transport.Options{}, cfg)
 	if err != nil {
 		b.Fatal(err)
 	}

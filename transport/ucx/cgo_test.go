@@ -56,6 +56,19 @@ func TestPeerErrMode(t *testing.T) {
 	}
 }
 
+// TestAllocates: Caps.Allocate follows whether the transport list has
+// UCX's posix shared memory, which Allocate needs.
+func TestAllocates(t *testing.T) {
+	for tls, want := range map[string]bool{
+		"": true, SafeDefaultTLS: true, OneSidedDefaultTLS: false, "tcp": false, "posix,sysv,self": true, " sm ": true,
+		"shm,tcp": true, "all": true, "^sm": false, "^posix,tcp": false, "^cma": true, "sysv,self": false, "rc,mm": true,
+	} {
+		if got := allocates(tls); got != want {
+			t.Errorf("allocates(%q) = %v, want %v", tls, got, want)
+		}
+	}
+}
+
 func TestKeyFormat(t *testing.T) {
 	k := packCheckedKey(0x1000, 4096, 7<<32|3, 0xdeadbeef)
 	rk, err := parseKey(k)

@@ -145,6 +145,49 @@ type iovec struct {
 
 type cmaCall struct{ lo, hi int } // a range of the iovec arrays
 
+// cmaRead serves a Get with process_vm_readv when every key is a onesided
+// key of one process on this host and the kernel has not refused CMA on
+// this endpoint. handled is false when it did not serve it: then UCX does.
+func (h *Endpoint) cmaRead(ctx context.Context, ops []transport.GetOp, keys []keyInfo, runs []run) (handled bool, err error) {
+	e := h.e
+	p, ok := cmaTarget(keys)
+	if !ok || e.noCMA.Load() {
+		return false, nil
+	}
+	var pin runtime.Pinner
+	for i := range ops {
+		if len(ops[i].Dst) > 0 {
+			pin.Pin(&ops[i].Dst[0])
+		}
+	}
+	err = cmaGet(ctx, p, runs)
+	pin.Unpin()
+	if !errors.Is(err, errCMADenied) {
+		return true, err
+	}
+	// No ptrace access to the holder: use UCX from now on.
+	if e.noCMA.CompareAndSwap(false, true) {
+		e.b.log.Warn("ucx: one-sided CMA reads not permitted; falling back to ucp_get_nbx", "err", err)
+	}
+	return false, nil
+}
+
+// cmaTarget reports whether every key is a one-sided key of one process on
+// this host, so that the Get can be served with process_vm_readv.
+func cmaTarget(keys []keyInfo) (procID, bool) {
+	self, err := selfProc()
+	if err != nil || len(keys) == 0 {
+		return procID{}, false
+	}
+	p := keys[0].rk.proc
+	for _, k := range keys {
+		if k.rk.kind != keyOneSided || k.rk.proc != p {
+			return procID{}, false
+		}
+	}
+	return p, p.host == self.host
+}
+
 // cmaGet copies runs from process p into this process. Every run lies
 // inside an extent its key carries (checked by plan).
 func cmaGet(ctx context.Context, p procID, runs []run) error {

@@ -3,14 +3,16 @@ package ucx
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/connex/connex/transport"
 )
 
-// Config is Open's configuration with the UCX-specific knobs.
+// Config is the UCX backend's own configuration: the knobs OpenConfig takes
+// besides the options every backend shares (transport.Options). The zero
+// value is checked reads on UCX's safe default transports.
 type Config struct {
-	transport.Options
 	// TLS selects UCX transports ("tcp", "sm", "posix,sysv,self", ...),
 	// overriding UCX_TLS for this Backend only. Empty keeps UCX_TLS from the
 	// environment, or SafeDefaultTLS when that is unset.
@@ -156,6 +158,28 @@ func tlsHas(tls, t string) bool {
 		}
 	}
 	return false
+}
+
+// posixNames are the UCX_TLS names that include the posix shared-memory
+// transport, the one Allocate needs (its memory is a file another process
+// can map): the transport itself and the aliases that cover it.
+var posixNames = []string{"posix", "sm", "shm", "mm", "all"}
+
+// allocates reports whether the transport list tls includes UCX's posix
+// transport: UCX's defaults (""), a "^" list that does not exclude it, or a
+// list that names it.
+func allocates(tls string) bool {
+	tls = strings.TrimSpace(tls)
+	if tls == "" {
+		return true
+	}
+	exclude := strings.HasPrefix(tls, "^")
+	for _, x := range strings.Split(strings.TrimPrefix(tls, "^"), ",") {
+		if slices.Contains(posixNames, strings.TrimSpace(x)) {
+			return !exclude
+		}
+	}
+	return exclude
 }
 
 // Packed formats. Both carry a magic so that bytes meant for another backend

@@ -57,7 +57,7 @@ func TestRegisterExtents(t *testing.T) {
 	if _, err := h.RegisterExtents(mem, []transport.Extent{{Off: 100, Len: 10}, {Off: 50, Len: 10}}); err == nil {
 		t.Fatal("unsorted extents accepted")
 	}
-	one, err := OpenConfig(Config{Reads: ReadsOneSided})
+	one, err := OpenConfig(transport.Options{}, Config{Reads: ReadsOneSided})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,21 +2,11 @@
 
 package ucx
 
-/*
-#cgo pkg-config: ucx
-#include <stdlib.h>
-#include "cx.h"
-*/
-import "C"
-
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"runtime"
 	"slices"
-	"time"
 	"unsafe"
 
 	"github.com/connex/connex/transport"
@@ -37,7 +27,11 @@ func (h *Endpoint) Get(ctx context.Context, ops []transport.GetOp) error {
 	return err
 }
 
-// get is Get before the fault check.
+// get is Get before the fault check. It plans the batch (planKeys,
+// runsOf) and hands it to one read path: copies from UCX's mapping of the
+// holders' shared segments (mapread.go), process_vm_readv from one
+// holder's onesided keys on this host (cma.go), or GETs posted to UCX,
+// checked or raw (post.go).
 func (h *Endpoint) get(ctx context.Context, ops []transport.GetOp) error {
 	if h.closed.Load() {
 		return transport.ErrClosed
@@ -45,7 +39,6 @@ func (h *Endpoint) get(ctx context.Context, ops []transport.GetOp) error {
 	if err := ctx.Err(); err != nil {
 		return transport.CtxErr(err)
 	}
-	e, w := h.e, h.e.b.w
 	keys, opKey, err := planKeys(ops)
 	if err != nil || len(keys) == 0 {
 		return err
@@ -62,74 +55,11 @@ func (h *Endpoint) get(ctx context.Context, ops []transport.GetOp) error {
 		}
 	}
 	runs := runsOf(ops, opKey)
-	if p, ok := cmaTarget(keys); ok && !e.noCMA.Load() {
-		var pin runtime.Pinner
-		for i := range ops {
-			if len(ops[i].Dst) > 0 {
-				pin.Pin(&ops[i].Dst[0])
-			}
-		}
-		err := cmaGet(ctx, p, runs)
-		pin.Unpin()
-		if !errors.Is(err, errCMADenied) {
-			return err
-		}
-		// No ptrace access to the holder: use UCX from now on.
-		if e.noCMA.CompareAndSwap(false, true) {
-			e.b.cfg.Log().Warn("ucx: one-sided CMA reads not permitted; falling back to ucp_get_nbx", "err", err)
-		}
+	if handled, err := h.cmaRead(ctx, ops, keys, runs); handled {
+		return err
 	}
-	for _, p := range holders {
-		if err := checkAlive(p); err != nil {
-			return err
-		}
-	}
-	bt := h.e.b.buildBatch(ops, keys, runs)
-	if len(holders) > 0 {
-		h.e.shared.Store(true)
-	}
-	if !w.submit(func() {
-		u, err := e.current()
-		if err != nil {
-			w.finish(bt, err)
-			return
-		}
-		w.post(bt, u)
-	}) {
-		C.free(unsafe.Pointer(bt.c))
-		C.free(unsafe.Pointer(bt.ops))
-		bt.pin.Unpin()
-		return transport.ErrClosed
-	}
-	select {
-	case err := <-bt.result:
-		if err == nil && bt.local {
-			for _, p := range holders {
-				if err := checkAlive(p); err != nil {
-					return err
-				}
-			}
-		}
-		return wrapGet(err)
-	case <-ctx.Done():
-	}
-	why := transport.CtxErr(ctx.Err())
-	w.submit(func() { w.cancel(bt, why) })
-	t := time.NewTimer(cancelGrace)
-	defer t.Stop()
-	select {
-	case err := <-bt.result:
-		if err == nil { // completed just before the cancel
-			return nil
-		}
-		return wrapGet(err)
-	case <-t.C:
-		// UCX still holds the destination buffers; they stay pinned.
-		return fmt.Errorf("ucx: get: %w (UCX did not release the buffers within %v)", why, cancelGrace)
-	}
+	return h.post(ctx, ops, keys, runs, holders)
 }
-
-func wrapGet(err error) error { return err }
 
 type run struct {
 	local, remote, n uint64
@@ -165,22 +95,6 @@ func allShared(keys []keyInfo) bool {
 		}
 	}
 	return true
-}
-
-// cmaTarget reports whether every key is a one-sided key of one process on
-// this host, so that the Get can be served with process_vm_readv.
-func cmaTarget(keys []keyInfo) (procID, bool) {
-	self, err := selfProc()
-	if err != nil || len(keys) == 0 {
-		return procID{}, false
-	}
-	p := keys[0].rk.proc
-	for _, k := range keys {
-		if k.rk.kind != keyOneSided || k.rk.proc != p {
-			return procID{}, false
-		}
-	}
-	return p, p.host == self.host
 }
 
 // planKeys parses the distinct keys of ops and validates every op against
@@ -250,59 +164,4 @@ func runsOf(ops []transport.GetOp, opKey []int32) []run {
 		runs = append(runs, run{local: local, remote: op.RemoteAddr, n: n, key: ki})
 	}
 	return runs
-}
-
-// buildBatch splits runs into GETs of at most Config.ChunkBytes and builds
-// the C batch.
-func (b *Backend) buildBatch(ops []transport.GetOp, keys []keyInfo, runs []run) *batch {
-	total := 0
-	for _, r := range runs {
-		total += chunks(r.n, b.chunk)
-	}
-	bt := &batch{n: total, result: make(chan error, 1)}
-	for _, k := range keys {
-		bk := batchKey{rkey: k.rk.rkey, base: k.rk.base} // rkey nil for checked keys
-		if k.rk.kind == keyShared {
-			bk.shared = k.rk.sharedCacheKey()
-		}
-		bt.keys = append(bt.keys, bk)
-	}
-	bt.c = (*C.cx_batch)(C.calloc(1, C.sizeof_cx_batch))
-	bt.ops = (*C.cx_get)(C.calloc(C.size_t(total), C.sizeof_cx_get))
-	cops := bt.opsSlice()
-	j := 0
-	for _, r := range runs {
-		for off := uint64(0); off < r.n; {
-			n := r.n - off
-			if b.chunk > 0 && n > b.chunk {
-				n = b.chunk
-			}
-			k := &keys[r.key].rk
-			cops[j] = C.cx_get{
-				local:  C.uint64_t(r.local + off),
-				remote: C.uint64_t(r.remote + off),
-				len:    C.uint64_t(n),
-				rkey:   C.uint64_t(r.key),
-				reg:    C.uint64_t(k.reg),
-				token:  C.uint64_t(k.token),
-			}
-			j++
-			off += n
-		}
-	}
-	// UCX writes into the destinations after this goroutine moved on; pin
-	// them (a no-op for mmap'd memory) so they stay put and alive.
-	for i := range ops {
-		if len(ops[i].Dst) > 0 {
-			bt.pin.Pin(&ops[i].Dst[0])
-		}
-	}
-	return bt
-}
-
-func chunks(n, chunk uint64) int {
-	if chunk == 0 {
-		return 1
-	}
-	return int((n + chunk - 1) / chunk)
 }

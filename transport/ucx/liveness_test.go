@@ -4,6 +4,7 @@ package ucx
 
 import (
 	"errors"
+	"fmt"
 	"os/exec"
 	"testing"
 	"time"
@@ -34,20 +35,18 @@ func startSleeper(t *testing.T) (*exec.Cmd, procID) {
 // waitGone polls l.check(p) until it reports ErrPeerGone.
 func waitGone(t *testing.T, l *liveness, p procID) error {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		err := l.check(p)
-		if errors.Is(err, transport.ErrPeerGone) {
-			return err
-		}
-		if err != nil {
+	var err error
+	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+		err = l.check(p)
+		if err != nil && !errors.Is(err, transport.ErrPeerGone) {
 			t.Fatalf("check: want nil or ErrPeerGone, got %v", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("holder %d killed 5 s ago, still reported alive", p.pid)
+		if err == nil {
+			return fmt.Errorf("holder %d killed, still reported alive", p.pid)
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
+	return err
 }
 
 // TestLivenessWatchesWithPidfd: a live process is alive and watched

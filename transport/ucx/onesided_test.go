@@ -4,7 +4,6 @@ package ucx
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"os"
 	"syscall"
@@ -16,7 +15,7 @@ import (
 
 func openOneSided(t testing.TB) *Backend {
 	t.Helper()
-	b, err := OpenConfig(Config{Reads: ReadsOneSided})
+	b, err := OpenConfig(transport.Options{}, Config{Reads: ReadsOneSided})
 	if err != nil {
 		t.Fatalf("open ucx onesided: %v", err)
 	}
@@ -25,7 +24,7 @@ func openOneSided(t testing.TB) *Backend {
 }
 
 func TestReadsConfig(t *testing.T) {
-	if _, err := OpenConfig(Config{Reads: "raw"}); err == nil {
+	if _, err := OpenConfig(transport.Options{}, Config{Reads: "raw"}); err == nil {
 		t.Fatal("Reads=raw accepted")
 	}
 	if os.Getenv("UCX_TLS") == "" {
@@ -156,8 +155,10 @@ func TestOneSidedDeregisterThenGet(t *testing.T) {
 	}
 }
 
-// TestOneSidedCanceled: a Get whose context ends stops within one
-// process_vm_readv call.
+// TestOneSidedCanceled: a Get whose context ends stops copying instead of
+// finishing the whole range first: one that reports the timeout left
+// destination bytes uncopied. (How soon it returns is
+// BenchmarkGetPastDeadline's figure.)
 func TestOneSidedCanceled(t *testing.T) {
 	h, r := openOneSided(t), openOneSided(t)
 	src := randBytes(256<<20, 13)
@@ -167,15 +168,12 @@ func TestOneSidedCanceled(t *testing.T) {
 	}
 	ep := connectT(t, r, h)
 	dst := make([]byte, len(src))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
-	defer cancel()
-	t0 := time.Now()
-	err = ep.Get(ctx, []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr(), Dst: dst}})
-	t.Logf("1 ms deadline on a 256 MiB Get: %v after %v", err, time.Since(t0))
+	took, err := getWithin(t, ep, time.Millisecond, []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr(), Dst: dst}})
+	t.Logf("1 ms deadline on a 256 MiB Get: %v after %v", err, took)
 	if err != nil && !errors.Is(err, transport.ErrTimeout) {
 		t.Fatalf("got %v", err)
 	}
-	if time.Since(t0) > 200*time.Millisecond {
-		t.Fatalf("returned after %v", time.Since(t0))
+	if err != nil && bytes.Equal(dst, src) {
+		t.Fatal("the Get timed out only after copying all 256 MiB")
 	}
 }

@@ -57,9 +57,10 @@ func (b *Backend) Register(mem []byte) (transport.Registration, error) {
 // (transport.ExtentRegistrar): the holder's request handler checks every
 // read against the sorted extent list. A onesided key is read without the
 // holder, so it cannot restrict reads to extents: in onesided mode
-// RegisterExtents fails with errors.ErrUnsupported (callers register extent
-// by extent instead), except on memory from Allocate, which always gets a
-// shared key.
+// RegisterExtents fails with errors.ErrUnsupported, except on memory from
+// Allocate, which always gets a shared key. Caps says so beforehand
+// (ExtentKeys false, AllocationExtentKeys true): callers decide from it and
+// register extent by extent instead.
 func (b *Backend) RegisterExtents(mem []byte, extents []transport.Extent) (transport.Registration, error) {
 	if len(mem) == 0 || len(extents) == 0 {
 		return nil, fmt.Errorf("ucx: register extents: empty memory or extent list")
@@ -152,7 +153,7 @@ func (b *Backend) mapMem(r *Registration, p unsafe.Pointer, extents []uint64) er
 	// RMA key and readers use ucp_get_nbx.
 	proc, procErr := selfProc()
 	if r.rma && !r.alloc && procErr != nil {
-		b.cfg.Log().Warn("ucx: onesided register: cannot identify this process; readers will use ucp_get_nbx", "err", procErr)
+		b.log.Warn("ucx: onesided register: cannot identify this process; readers will use ucp_get_nbx", "err", procErr)
 	}
 	err := b.w.call(func() {
 		var addr, rkey unsafe.Pointer

@@ -69,7 +69,7 @@ func TestSharedKeyReadsOneSided(t *testing.T) {
 
 func openShared(t *testing.T, how string) *Backend {
 	t.Helper()
-	b, err := OpenConfig(Config{SharedReads: how})
+	b, err := OpenConfig(transport.Options{}, Config{SharedReads: how})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,28 +16,50 @@ func Available() bool { return false }
 func Open(opts transport.Options) (*Backend, error) { return nil, errNoUCX }
 
 // OpenConfig fails like Open.
-func OpenConfig(cfg Config) (*Backend, error) { return nil, errNoUCX }
+func OpenConfig(opts transport.Options, cfg Config) (*Backend, error) { return nil, errNoUCX }
 
 // Backend is the UCX backend; without UCX none can be opened.
 type Backend struct{}
 
 var _ transport.Backend = (*Backend)(nil)
 
-func (*Backend) Name() string                                                { return "ucx" }
-func (*Backend) Caps() transport.Caps                                        { return transport.Caps{} }
-func (*Backend) Address() []byte                                             { return nil }
-func (*Backend) Register([]byte) (transport.Registration, error)             { return nil, errNoUCX }
-func (*Backend) Alloc(int) (*Registration, error)                            { return nil, errNoUCX }
+// Caps claims nothing: without UCX no backend exists to do anything.
+func (*Backend) Caps() transport.Caps { return transport.Caps{} }
+
+// Name is "ucx", so errors and metrics name the backend the binary lacks.
+func (*Backend) Name() string { return "ucx" }
+
+// Address is empty: there is nothing to connect to.
+func (*Backend) Address() []byte { return nil }
+
+// Register fails with an error wrapping transport.ErrUnavailable.
+func (*Backend) Register([]byte) (transport.Registration, error) { return nil, errNoUCX }
+
+// Alloc fails with an error wrapping transport.ErrUnavailable.
+func (*Backend) Alloc(int) (*Registration, error) { return nil, errNoUCX }
+
+// Connect fails with an error wrapping transport.ErrUnavailable.
 func (*Backend) Connect(context.Context, []byte) (transport.Endpoint, error) { return nil, errNoUCX }
-func (*Backend) Close() error                                                { return nil }
+
+// Close does nothing.
+func (*Backend) Close() error { return nil }
 
 // Registration is memory registered with UCX; without UCX there is none.
 type Registration struct{}
 
 var _ transport.Registration = (*Registration)(nil)
 
-func (*Registration) RemoteKey() []byte  { return nil }
+// RemoteKey is empty: no Registration exists without UCX.
+func (*Registration) RemoteKey() []byte { return nil }
+
+// RemoteAddr is 0.
 func (*Registration) RemoteAddr() uint64 { return 0 }
-func (*Registration) Len() int           { return 0 }
-func (*Registration) Bytes() []byte      { return nil }
-func (*Registration) Deregister() error  { return nil }
+
+// Len is 0.
+func (*Registration) Len() int { return 0 }
+
+// Bytes is nil.
+func (*Registration) Bytes() []byte { return nil }
+
+// Deregister does nothing.
+func (*Registration) Deregister() error { return nil }

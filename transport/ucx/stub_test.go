@@ -17,3 +17,11 @@ func TestStubUnavailable(t *testing.T) {
 		t.Fatalf("Open: %v, want ErrUnavailable", err)
 	}
 }
+
+// TestStubCaps: a binary without UCX claims no capability, so no caller
+// takes a path the stub cannot serve.
+func TestStubCaps(t *testing.T) {
+	if got := (&Backend{}).Caps(); got != (transport.Caps{}) {
+		t.Fatalf("stub Caps = %+v, want none", got)
+	}
+}

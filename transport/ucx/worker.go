@@ -66,7 +66,10 @@ type worker struct {
 	// quarantine holds deregistered Alloc'd memory until shutdown.
 	quarantine []*Registration
 	epErrors   int64
-	stop       func() // set by the shutdown command
+	// forcedDeregs counts deregistrations whose replies outlived
+	// DeregisterGrace, so that their endpoints were force-closed (tests).
+	forcedDeregs int
+	stop         func() // set by the shutdown command
 }
 
 type closingEP struct {
@@ -559,6 +562,7 @@ func (w *worker) pollDeregs(now time.Time) {
 				"replies", int64(d.r.creg.inflight))
 			C.cx_reg_kill_replies(d.r.creg)
 			d.killed = true
+			w.forcedDeregs++
 			d.deadline = now.Add(DeregisterGrace)
 			keep = append(keep, d)
 		case now.After(d.deadline):

@@ -1,0 +1,72 @@
+package actors
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/messages"
+	"github.com/connex/connex/transport"
+)
+
+// holdRegistration is a hold's data-plane registrations and what its
+// descriptors tell readers about them.
+type holdRegistration struct {
+	regs  []transport.Registration
+	rkeys [][]byte
+	segs  []*messages.Segment
+	// implied: one registration covers every extent (Caps.OneKeyForExtents);
+	// descriptors then carry regionAddr instead of a segment list.
+	implied    bool
+	regionAddr uint64
+}
+
+// registerHold registers the extents of blocks in region with b, choosing
+// the strategy from b's Caps: one key over every extent where the backend
+// gives one for this memory (descriptors stay small however scattered the
+// blocks are), else one registration per extent (layer × plane × run of
+// blocks), in the layout's order. On error nothing stays registered.
+func registerHold(b transport.Backend, region *kvmem.Region, blocks []uint32) (holdRegistration, error) {
+	var hr holdRegistration
+	exts := region.Layout.Extents(blocks)
+	allocated := region.Memory == kvmem.MemoryAllocated(b.Name())
+	if xr, ok := b.(transport.ExtentRegistrar); ok && b.Caps().OneKeyForExtents(allocated) {
+		sorted := make([]transport.Extent, len(exts))
+		for i, e := range exts {
+			sorted[i] = transport.Extent{Off: e.Off, Len: e.Len}
+		}
+		sort.Slice(sorted, func(i, j int) bool { return sorted[i].Off < sorted[j].Off })
+		reg, err := xr.RegisterExtents(region.Bytes(), sorted)
+		if err != nil {
+			return holdRegistration{}, fmt.Errorf("register %d extents: %w", len(sorted), err)
+		}
+		hr.regs = []transport.Registration{reg}
+		hr.rkeys = [][]byte{reg.RemoteKey()}
+		hr.implied, hr.regionAddr = true, reg.RemoteAddr()
+		return hr, nil
+	}
+	for _, e := range exts {
+		reg, err := b.Register(region.Slice(e))
+		if err != nil {
+			err = fmt.Errorf("register %d bytes at %d: %w", e.Len, e.Off, err)
+			return holdRegistration{}, errors.Join(err, hr.deregisterAll())
+		}
+		hr.regs = append(hr.regs, reg)
+		hr.rkeys = append(hr.rkeys, reg.RemoteKey())
+		hr.segs = append(hr.segs, &messages.Segment{RemoteAddr: reg.RemoteAddr(), Length: e.Len, Rkey: uint32(len(hr.rkeys) - 1)})
+	}
+	return hr, nil
+}
+
+// deregisterAll revokes every registration in hr, returning the failures.
+func (hr *holdRegistration) deregisterAll() error {
+	var errs []error
+	for _, r := range hr.regs {
+		if err := r.Deregister(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	hr.regs = nil
+	return errors.Join(errs...)
+}
