@@ -46,6 +46,7 @@ func ParseMode(s string) (Mode, error) {
 	return 0, fmt.Errorf("%w: release=%q, allowed: on_finish, after_pull", ErrBadConfig, s)
 }
 
+// String is the mode as the release config key spells it.
 func (m Mode) String() string {
 	if m == AfterPull {
 		return "after_pull"
@@ -75,6 +76,8 @@ const (
 
 var stateNames = [...]string{"held", "releasing", "expiring", "released", "expired", "pulled", "engine_gone", "shutdown", "aborted"}
 
+// String is the state's name in status replies, tombstones and the
+// BlocksFreed notice's reason ("held", "released", "expired", …).
 func (s State) String() string { return stateNames[s] }
 
 // Terminal reports whether the blocks were freed.
