@@ -15,6 +15,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/connex/connex/poll"
 )
 
 // These helpers start real servers and protoactor systems. protoactor's own
@@ -56,20 +58,11 @@ func runNATS(t *testing.T) *server.Server {
 	return s
 }
 
-// checkFor polls f every `every` until it returns nil or total passes.
-func checkFor(t *testing.T, total, every time.Duration, f func() error) {
+// checkFor polls fn until it returns nil; poll.Until fails the test with
+// fn's last error once total has passed.
+func checkFor(t *testing.T, total, every time.Duration, fn func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", total, err)
-		}
-		time.Sleep(every)
-	}
+	poll.Until(t, total, every, fn)
 }
 
 // testMember is one protoactor system with its cluster and provider.

@@ -24,6 +24,8 @@ import (
 	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/connex/connex/poll"
 )
 
 var connexdBin string
@@ -50,20 +52,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// checkFor polls fn every `every` until it returns nil or total passes.
+// checkFor polls fn until it returns nil; poll.Until fails the test with
+// fn's last error once total has passed.
 func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	var err error
-	for {
-		if err = fn(); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s: %v", total, err)
-		}
-		time.Sleep(every)
-	}
+	poll.Until(t, total, every, fn)
 }
 
 // proc is one connexd OS process.

@@ -13,23 +13,15 @@ import (
 	"time"
 
 	"github.com/connex/connex/transport"
+
+	"github.com/connex/connex/poll"
 )
 
-// checkFor polls fn every `every` until it returns nil or total passes, in
-// which case the test fails with fn's last error (nats-server's helper).
+// checkFor polls fn until it returns nil; poll.Until fails the test with
+// fn's last error once total has passed.
 func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	var err error
-	for {
-		if err = fn(); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met after %v: %v", total, err)
-		}
-		time.Sleep(every)
-	}
+	poll.Until(t, total, every, fn)
 }
 
 // hangGuard is how long a test waits, after a Get's context ended (or a
