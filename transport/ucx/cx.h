@@ -167,4 +167,15 @@ int cx_wait(cx_worker *w, int timeout_ms);
 // cx_wake wakes a worker sleeping in cx_wait.
 void cx_wake(cx_worker *w);
 
+// Internal to cx.c and cx_checked.c (not for Go): the checked GET's active
+// message handlers that cx_open installs, and the reader's slots that
+// cx_post and cx_batch_abort use.
+ucs_status_t cx_on_get_req(void *arg, const void *header, size_t header_length, void *data, size_t length,
+			   const ucp_am_recv_param_t *param);
+ucs_status_t cx_on_get_rep(void *arg, const void *header, size_t header_length, void *data, size_t length,
+			   const ucp_am_recv_param_t *param);
+void cx_req_sent(void *req, ucs_status_t status, void *user_data);
+int cx_slot_alloc(cx_worker *w, uint32_t *idx);
+void cx_slot_done(cx_worker *w, uint32_t idx, ucs_status_t st);
+
 #endif
