@@ -6,7 +6,7 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build chaos chaos-soak run test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts proto tidy clean
+.PHONY: all build chaos chaos-soak run test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline proto tidy clean
 
 all: build
 
@@ -56,6 +56,10 @@ bench-resume:
 # A pull between two network-namespace hosts against iperf3 (root; iperf3).
 bench-hosts:
 	bash scripts/bench.sh hosts
+
+# How late a Get returns after its deadline against a silent or stalled peer.
+bench-deadline:
+	bash scripts/bench.sh deadline
 
 tidy:
 	$(GO) mod tidy

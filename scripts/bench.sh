@@ -7,6 +7,8 @@
 #   bench.sh resume    what a decode death costs a streamed request, resumed vs re-prefilled (RESUME ...)
 #   bench.sh hosts     a TCP pull between two network-namespace hosts vs iperf3 on the same pair (HOSTS ...);
 #                      needs root, iproute2, nftables and iperf3
+#   bench.sh deadline  how long after its context's deadline a Get returns against a silent or stalled
+#                      peer, TCP and UCX (DEADLINE ...); the tests only bound it by a 10 s hang guard
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -52,5 +54,17 @@ case "${1:-control}" in
     go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkHosts$' -benchtime 1x -timeout 10m -v ./e2e/ | tee "$out"
     grep '^HOSTS ' "$out" | tail -1 || { echo "bench.sh hosts: no HOSTS line (the benchmark skipped: see its SKIP reason above)" >&2; exit 1; }
     ;;
-  *) echo "usage: $0 control|pull|cluster|resume|hosts" >&2; exit 2 ;;
+  deadline)
+    pkgs=(./transport/tcp/)
+    [ ${#TAGS[@]} -gt 0 ] && pkgs+=(./transport/ucx/)
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkGetPastDeadline$' -benchtime "${BENCH_N:-20}x" "${pkgs[@]}" | tee "$out"
+    # The reference is the deadline itself: 20 ms against a silent or stalled peer (ratio = lateness / 20 ms);
+    # the onesided 256 MiB copy has a 1 ms deadline and is reported alone.
+    awk '/^pkg:/ { pkg = $2; sub(/.*\//, "", pkg) }
+         /^BenchmarkGetPastDeadline/ { name = $1; sub(/^BenchmarkGetPastDeadline\/?/, "", name); sub(/-[0-9]+$/, "", name); gsub(/[\/-]/, "_", name)
+           for (i = 1; i < NF; i++) if ($(i+1) == "ms-past-deadline") { n++; s = s sprintf(" %s%s_ms=%s", pkg, name == "" ? "" : "_" name, $i)
+             if (name !~ /onesided/ && $i > worst) worst = $i } }
+         END { if (!n) exit 1; printf "DEADLINE%s worst_vs_20ms_deadline=%.3f\n", s, worst / 20 }' "$out"
+    ;;
+  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline" >&2; exit 2 ;;
 esac
