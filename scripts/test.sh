@@ -54,7 +54,7 @@ CGO_ENABLED=0 go build ./...
 
 # Packages that start no protoactor actor system run under the race
 # detector (protoactor-go's own code trips it; see ARCHITECTURE.md).
-RACE_PKGS=(./lease/ ./auth/ ./kvmem/... ./config/ ./api/ ./bus/ ./requests/ ./actors/ ./transport/... ./engines/ ./notices/ ./router/ ./shim/ ./sim/ ./localcluster/)
+RACE_PKGS=(./lease/ ./clock/ ./subject/ ./poll/ ./auth/ ./kvmem/... ./config/ ./api/ ./bus/ ./requests/ ./actors/ ./transport/... ./engines/ ./notices/ ./router/ ./shim/ ./sim/ ./localcluster/)
 echo "== race detector: ${RACE_PKGS[*]}"
 go test "${TAGS[@]}" -race -count=1 "${RACE_PKGS[@]}"
 
