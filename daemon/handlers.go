@@ -45,6 +45,25 @@ func requireToken(field, v string) error {
 	return nil
 }
 
+// engineCall checks an engine-scoped call: under NATS authentication the
+// caller's own engine replaces *engineID (acting), and the id must be a
+// valid subject token.
+func engineCall(ctx context.Context, engineID *string) error {
+	if err := acting(ctx, "engine_id", engineID); err != nil {
+		return err
+	}
+	return requireToken("engine_id", *engineID)
+}
+
+// engineRegionCall is engineCall for a call about one of the engine's
+// regions: regionID must be a valid subject token too.
+func engineRegionCall(ctx context.Context, engineID *string, regionID string) error {
+	if err := engineCall(ctx, engineID); err != nil {
+		return err
+	}
+	return requireToken("region_id", regionID)
+}
+
 func regionInfo(m *kvmem.Mapped) *messages.RegionInfo {
 	c := m.Blocks.Counts()
 	return &messages.RegionInfo{
@@ -59,13 +78,7 @@ func regionInfo(m *kvmem.Mapped) *messages.RegionInfo {
 // one-sided reads on this host), else a memfd. Creating the same engine,
 // id and layout again returns the existing region.
 func (d *Daemon) CreateRegion(ctx context.Context, r *messages.CreateRegionRequest) (*messages.RegionInfo, error) {
-	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
-		return nil, err
-	}
-	if err := requireToken("engine_id", r.EngineId); err != nil {
-		return nil, err
-	}
-	if err := requireToken("region_id", r.RegionId); err != nil {
+	if err := engineRegionCall(ctx, &r.EngineId, r.RegionId); err != nil {
 		return nil, err
 	}
 	l := actors.LayoutFromProto(r.Layout)
@@ -129,13 +142,7 @@ func (d *Daemon) newRegion(name string, l kvmem.Layout) (*kvmem.Region, error) {
 
 // RegisterRegion maps an engine's region file.
 func (d *Daemon) RegisterRegion(ctx context.Context, r *messages.RegisterRegionRequest) (*messages.RegionInfo, error) {
-	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
-		return nil, err
-	}
-	if err := requireToken("engine_id", r.EngineId); err != nil {
-		return nil, err
-	}
-	if err := requireToken("region_id", r.RegionId); err != nil {
+	if err := engineRegionCall(ctx, &r.EngineId, r.RegionId); err != nil {
 		return nil, err
 	}
 	if r.Path == "" {
@@ -153,13 +160,7 @@ func (d *Daemon) RegisterRegion(ctx context.Context, r *messages.RegisterRegionR
 
 // InspectRegion returns a region's accounting.
 func (d *Daemon) InspectRegion(ctx context.Context, r *messages.RegionRef) (*messages.RegionInfo, error) {
-	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
-		return nil, err
-	}
-	if err := requireToken("engine_id", r.EngineId); err != nil {
-		return nil, err
-	}
-	if err := requireToken("region_id", r.RegionId); err != nil {
+	if err := engineRegionCall(ctx, &r.EngineId, r.RegionId); err != nil {
 		return nil, err
 	}
 	m, err := d.regions.Lookup(r.EngineId, r.RegionId)
@@ -171,10 +172,7 @@ func (d *Daemon) InspectRegion(ctx context.Context, r *messages.RegionRef) (*mes
 
 // EngineGone ends every hold of the engine and unmaps its regions.
 func (d *Daemon) EngineGone(ctx context.Context, r *messages.EngineGoneRequest) (*messages.EngineGoneReply, error) {
-	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
-		return nil, err
-	}
-	if err := requireToken("engine_id", r.EngineId); err != nil {
+	if err := engineCall(ctx, &r.EngineId); err != nil {
 		return nil, err
 	}
 	var out messages.EngineGoneReply
@@ -192,10 +190,7 @@ func (d *Daemon) EngineGone(ctx context.Context, r *messages.EngineGoneRequest) 
 
 // CreateHold holds blocks of a registered region and returns the params.
 func (d *Daemon) CreateHold(ctx context.Context, r *messages.CreateHoldRequest) (*messages.CreateHoldReply, error) {
-	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
-		return nil, err
-	}
-	if err := requireToken("engine_id", r.EngineId); err != nil {
+	if err := engineCall(ctx, &r.EngineId); err != nil {
 		return nil, err
 	}
 	if r.Consumer != "" {
