@@ -32,25 +32,7 @@ func Create(path string, layout kvmem.Layout) (*kvmem.Region, error) {
 // bytes, so a layout that disagrees with the engine's is caught here
 // rather than by reading the wrong bytes.
 func Open(path string, layout kvmem.Layout) (*kvmem.Region, error) {
-	if err := layout.Validate(); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return nil, fmt.Errorf("%w: open %s: %w", kvmem.ErrRegion, path, err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("%w: stat %s: %w", kvmem.ErrRegion, path, err)
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: %s is not a regular file", kvmem.ErrRegion, path)
-	}
-	if uint64(st.Size()) != layout.Size() {
-		return nil, fmt.Errorf("%w: %s is %d bytes but the layout needs %d", kvmem.ErrBadLayout, path, st.Size(), layout.Size())
-	}
-	return mapFile(f, path, layout)
+	return openSized(path, layout, true)
 }
 
 // Attach maps a region connexd created (RegionInfo.path of
@@ -58,6 +40,13 @@ func Open(path string, layout kvmem.Layout) (*kvmem.Region, error) {
 // layout (allocators round up to pages); only layout.Size() bytes are
 // mapped.
 func Attach(path string, layout kvmem.Layout) (*kvmem.Region, error) {
+	return openSized(path, layout, false)
+}
+
+// openSized maps the first layout.Size() bytes of the file at path. exact
+// (an engine's region file) wants a regular file of exactly that size;
+// otherwise (connexd's allocation, rounded up) it may be larger.
+func openSized(path string, layout kvmem.Layout, exact bool) (*kvmem.Region, error) {
 	if err := layout.Validate(); err != nil {
 		return nil, err
 	}
@@ -70,7 +59,10 @@ func Attach(path string, layout kvmem.Layout) (*kvmem.Region, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: stat %s: %w", kvmem.ErrRegion, path, err)
 	}
-	if uint64(st.Size()) < layout.Size() {
+	if exact && !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: %s is not a regular file", kvmem.ErrRegion, path)
+	}
+	if size := uint64(st.Size()); size < layout.Size() || exact && size != layout.Size() {
 		return nil, fmt.Errorf("%w: %s is %d bytes but the layout needs %d", kvmem.ErrBadLayout, path, st.Size(), layout.Size())
 	}
 	return mapFile(f, path, layout)
