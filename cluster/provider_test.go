@@ -113,15 +113,7 @@ func TestProviderCrashedMemberIsRemovedFast(t *testing.T) {
 	c.nc.Close()
 	c.cl.Remote.Shutdown(false)
 
-	guard := detectGuard(a.p.cfg.SuspectAfter() + a.p.cfg.ProbeTimeout)
-	for _, m := range []*testMember{a, b} {
-		checkFor(t, guard, 5*time.Millisecond, func() error { return m.sees(a.id(), b.id()) })
-		e, _ := m.firstEvent(EventLeft, c.id())
-		if e.Reason != ReasonUnreachable && e.Reason != ReasonReported {
-			t.Fatalf("%s saw c leave with reason %q", m.id(), e.Reason)
-		}
-		t.Logf("kill detected by %s after %v (%s)", m.id(), e.at.Sub(killed), e.Reason)
-	}
+	seeUnreachableLeave(t, "kill", killed, detectGuard(a.p.cfg.SuspectAfter()+a.p.cfg.ProbeTimeout), c, a, b)
 }
 
 func TestProviderMemberWithoutNATSIsRemovedByProbe(t *testing.T) {
@@ -133,14 +125,26 @@ func TestProviderMemberWithoutNATSIsRemovedByProbe(t *testing.T) {
 	silenced := time.Now()
 	c.nc.Close()
 
-	guard := detectGuard(maxHeartbeatGap(a.p.cfg.HeartbeatInterval, a.p.cfg.HeartbeatJitter) + a.p.cfg.SuspectAfter())
-	for _, m := range []*testMember{a, b} {
-		checkFor(t, guard, 5*time.Millisecond, func() error { return m.sees(a.id(), b.id()) })
-		e, _ := m.firstEvent(EventLeft, c.id())
+	seeUnreachableLeave(t, "lost NATS link", silenced, detectGuard(maxHeartbeatGap(a.p.cfg.HeartbeatInterval, a.p.cfg.HeartbeatJitter)+a.p.cfg.SuspectAfter()), c, a, b)
+}
+
+// seeUnreachableLeave waits (up to guard) until each of the others sees
+// only itself and its peers, checks that gone left as unreachable (or
+// reported so by a peer), and logs how long after the fault, what, each
+// took.
+func seeUnreachableLeave(t *testing.T, what string, fault time.Time, guard time.Duration, gone *testMember, others ...*testMember) {
+	t.Helper()
+	ids := make([]string, len(others))
+	for i, m := range others {
+		ids[i] = m.id()
+	}
+	for _, m := range others {
+		checkFor(t, guard, 5*time.Millisecond, func() error { return m.sees(ids...) })
+		e, _ := m.firstEvent(EventLeft, gone.id())
 		if e.Reason != ReasonUnreachable && e.Reason != ReasonReported {
-			t.Fatalf("%s saw c leave with reason %q", m.id(), e.Reason)
+			t.Fatalf("%s saw %s leave with reason %q", m.id(), gone.id(), e.Reason)
 		}
-		t.Logf("lost NATS link detected by %s after %v (%s)", m.id(), e.at.Sub(silenced), e.Reason)
+		t.Logf("%s detected by %s after %v (%s)", what, m.id(), e.at.Sub(fault), e.Reason)
 	}
 }
 
