@@ -18,13 +18,7 @@ func TestResumePullsConsumerBoundHold(t *testing.T) {
 	c := newDecodeCluster(t, "d1", "d2", "d3")
 	src := []uint32{2, 3, 4, 5}
 	d1, d2, d3 := c.engines["d1"], c.engines["d2"], c.engines["d3"]
-	h, err := c.prefill.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{
-		EngineId: c.prefill.id, RegionId: c.prefill.rid, BlockIds: src, NumTokens: 64, Consumer: d1.id,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prm := proto.CloneOf(h.Params)
+	prm := proto.CloneOf(c.holdWith(t, &messages.CreateHoldRequest{BlockIds: src, NumTokens: 64, Consumer: d1.id}))
 	prm.ConnexRequestId = "r-bound"
 	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
 	pull := func(e *engine, id string, dst []uint32) *messages.PullDone {

@@ -68,7 +68,15 @@ func (c *decodeCluster) waitMembers(n int) {
 }
 
 func (c *decodeCluster) hold(t testing.TB, blocks []uint32, tokens uint32) *messages.KVTransferParams {
-	h, err := c.prefill.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: c.prefill.id, RegionId: c.prefill.rid, BlockIds: blocks, NumTokens: tokens})
+	return c.holdWith(t, &messages.CreateHoldRequest{BlockIds: blocks, NumTokens: tokens})
+}
+
+// holdWith creates a hold on the prefill engine's region as r asks (its
+// engine and region ids are filled in) and returns its params.
+func (c *decodeCluster) holdWith(t testing.TB, r *messages.CreateHoldRequest) *messages.KVTransferParams {
+	t.Helper()
+	r.EngineId, r.RegionId = c.prefill.id, c.prefill.rid
+	h, err := c.prefill.cli.CreateHold(ctx5(t), r)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,20 +17,15 @@ import (
 func TestHolderRestartTellsTheDecodeEngine(t *testing.T) {
 	c := newDecodeCluster(t, "d1")
 	d1 := c.engines["d1"]
-	h, err := c.prefill.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{
-		EngineId: c.prefill.id, RegionId: c.prefill.rid, BlockIds: []uint32{1, 2}, NumTokens: 32, RetainS: 3,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	prm := c.holdWith(t, &messages.CreateHoldRequest{BlockIds: []uint32{1, 2}, NumTokens: 32, RetainS: 3})
 	lost := subscribe(t, c.nc, api.HoldLostSubject(d1.id), func() *messages.HoldLostNotice { return new(messages.HoldLostNotice) })
-	c.startRequest(t, "d1", "r-lost", h.Params, prompt(32))
+	c.startRequest(t, "d1", "r-lost", prm, prompt(32))
 
 	c.procs["prefill"].stop()
 	c.procs["prefill"] = startConnexd(t, "prefill", "--backend", "tcp", "--nats-url", c.url, "--role", "prefill", "--cluster-preset", "local")
 	// Keep-alives run every retain_s/3 = 1 s.
 	n := lost.wait(t, 15*time.Second, func(m *messages.HoldLostNotice) bool { return m.RequestId == "r-lost" })
-	if n.TransferId != h.Params.TransferId || n.Holder != "prefill" || n.Epoch != 1 ||
+	if n.TransferId != prm.TransferId || n.Holder != "prefill" || n.Epoch != 1 ||
 		api.Code(n.ErrorCode) != api.CodeUnknownTransfer || n.Reason != "unknown_transfer" || n.KvLoadFailurePolicy != "fail" {
 		t.Fatalf("hold-lost notice: %v", n)
 	}
@@ -46,23 +41,18 @@ func TestHolderRestartTellsTheDecodeEngine(t *testing.T) {
 func TestLapsedEngineEndsItsRequests(t *testing.T) {
 	c := newDecodeCluster(t, "d1")
 	d1 := c.engines["d1"]
-	h, err := c.prefill.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{
-		EngineId: c.prefill.id, RegionId: c.prefill.rid, BlockIds: []uint32{1, 2}, NumTokens: 32, RetainS: 60,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	prm := c.holdWith(t, &messages.CreateHoldRequest{BlockIds: []uint32{1, 2}, NumTokens: 32, RetainS: 60})
 	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
 	if _, err := d1.cli.RegisterEngine(ctx5(t), &messages.RegisterEngineRequest{
 		Engine: &messages.EngineInfo{EngineId: d1.id, Role: "decode", Model: "m", BaseUrl: "http://127.0.0.1:1", InstanceId: "i1"}, TtlMs: 500,
 	}); err != nil {
 		t.Fatal(err)
 	}
-	c.startRequest(t, "d1", "r-orphan", h.Params, prompt(32))
+	c.startRequest(t, "d1", "r-orphan", prm, prompt(32))
 	lapse := time.Now()
 	// No renewal: the registration lapses after 500 ms, the request ends
 	// after the takeover grace (2 s), and the hold is released.
-	f := freed.wait(t, 15*time.Second, func(m *messages.BlocksFreed) bool { return m.TransferId == h.Params.TransferId })
+	f := freed.wait(t, 15*time.Second, func(m *messages.BlocksFreed) bool { return m.TransferId == prm.TransferId })
 	t.Logf("lapse -> blocks freed: %s", time.Since(lapse).Round(time.Millisecond))
 	if f.Reason != "released" {
 		t.Fatalf("blocks freed as %q, want released (not expired after retain_s)", f.Reason)
