@@ -1,31 +1,26 @@
 package actors
 
 import (
-	"bufio"
 	"errors"
-	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/cockroachdb/datadriven"
 	"github.com/connex/connex/clock"
 	"github.com/connex/connex/errcode"
 	"github.com/connex/connex/lease"
 	"github.com/connex/connex/messages"
 )
 
-var rewrite = flag.Bool("rewrite", false, "rewrite expected output in testdata/hold/*.txt")
-
-// TestHoldScripts runs the scripts in testdata/hold/ against a real hold
-// actor (under a HoldTable, in a real actor system) on a clock.Fake, with
-// an in-memory backend and region. Each case is a command, a line "----",
-// the expected output and a blank line; comment lines (#) before a command
-// are kept. Commands:
+// TestHoldScripts runs the scripts in testdata/hold/ with datadriven
+// against a real hold actor (under a HoldTable, in a real actor system) on
+// a clock.Fake, with an in-memory backend and region; each file has its own
+// rig and clock. Each case is a command, a line "----", the expected output
+// and a blank line; lines starting with # are comments. Commands:
 //
 //	create blocks=1,2,5 retain=60s [mode=after_pull] [owner=e] [consumer=d]
 //	start-read id=a by=d timeout=10s [panic]   (panic: the actor panics answering it)
@@ -37,16 +32,22 @@ var rewrite = flag.Bool("rewrite", false, "rewrite expected output in testdata/h
 // After each command the output has the answer, the BlocksFreed notices
 // sent since the last command, and a line of what the test can see: block
 // accounting (held, reading), live registrations, the directory's view of
-// the transfer, holds freed and pending fake timers. Run with -rewrite to
-// regenerate the expected outputs after a deliberate change.
+// the transfer, holds freed and pending fake timers. Run with -rewrite
+// (datadriven's flag) to regenerate the expected outputs after a deliberate
+// change.
 func TestHoldScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/hold/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts: %v", err)
-	}
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) { runHoldScript(t, f) })
-	}
+	datadriven.Walk(t, "testdata/hold", func(t *testing.T, path string) {
+		s := &holdScript{t: t, t0: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		s.clk = clock.NewFake(s.t0)
+		s.rig = newHoldRigClock(t, s.clk)
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			got := s.run(d)
+			if n := s.rig.metrics.DoubleFrees.Load(); n != 0 {
+				d.Fatalf(t, "after %q: %d double frees", d.Cmd, n)
+			}
+			return got
+		})
+	})
 }
 
 // askTimeout bounds the wait for one answer of the actor; it is no claim
@@ -63,90 +64,32 @@ type holdScript struct {
 	seen int // notices already shown
 }
 
-type holdCase struct{ comment, cmd, want string }
-
-func runHoldScript(t *testing.T, path string) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cases []holdCase
-	var header, comment []string
-	var cur *holdCase
-	inOut := false
-	sc := bufio.NewScanner(strings.NewReader(string(data)))
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case cur == nil && (strings.HasPrefix(line, "#") || strings.TrimSpace(line) == ""):
-			if len(cases) == 0 {
-				header = append(header, line)
-			} else if strings.HasPrefix(line, "#") {
-				comment = append(comment, line+"\n")
-			}
-		case cur == nil:
-			cases = append(cases, holdCase{comment: strings.Join(comment, ""), cmd: line})
-			cur, comment = &cases[len(cases)-1], nil
-		case !inOut && line == "----":
-			inOut = true
-		case inOut && line == "":
-			cur, inOut = nil, false
-		case inOut:
-			cur.want += line + "\n"
-		default:
-			t.Fatalf("%s: expected ---- after %q, got %q", path, cur.cmd, line)
-		}
-	}
-	s := &holdScript{t: t, t0: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	s.clk = clock.NewFake(s.t0)
-	s.rig = newHoldRigClock(t, s.clk)
-	var out strings.Builder
-	if len(header) > 0 {
-		out.WriteString(strings.Join(header, "\n") + "\n")
-	}
-	for _, c := range cases {
-		got := s.run(c.cmd)
-		if !*rewrite && got != c.want {
-			t.Errorf("%s\n%s\n----\ngot:\n%swant:\n%s", path, c.cmd, got, c.want)
-		}
-		fmt.Fprintf(&out, "%s%s\n----\n%s\n", c.comment, c.cmd, got)
-		if n := s.rig.metrics.DoubleFrees.Load(); n != 0 {
-			t.Fatalf("%s: after %q: %d double frees", path, c.cmd, n)
-		}
-	}
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+// str is the value of d's optional argument key, or "".
+func (s *holdScript) str(d *datadriven.TestData, key string) string {
+	var v string
+	d.MaybeScanArgs(s.t, key, &v)
+	return v
 }
 
-func (s *holdScript) run(line string) string {
+// run runs one script command and returns what it shows.
+func (s *holdScript) run(d *datadriven.TestData) string {
 	t := s.t
-	fields := strings.Fields(line)
-	args := map[string]string{}
-	var pos []string
-	for _, f := range fields[1:] {
-		if k, v, ok := strings.Cut(f, "="); ok {
-			args[k] = v
-		} else {
-			pos = append(pos, f)
-		}
+	line := d.FullCmd()
+	dur := func(key string) time.Duration {
+		var v time.Duration
+		d.ScanArgs(t, key, &v)
+		return v
 	}
-	dur := func(v string) time.Duration {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			t.Fatalf("%q: %v", line, err)
-		}
-		return d
+	if s.pid == nil && d.Cmd != "create" {
+		d.Fatalf(t, "%s before create", d.Cmd)
 	}
 	var b strings.Builder
-	switch fields[0] {
+	switch d.Cmd {
 	case "create":
-		s.create(&b, line, args, dur(args["retain"]))
+		s.create(&b, d, dur("retain"))
 	case "start-read":
-		m := &StartRead{By: args["by"], PullID: args["id"], Timeout: dur(args["timeout"]), Layout: s.rig.region.Region.Layout}
-		if len(pos) == 1 && pos[0] == "panic" {
+		m := &StartRead{By: s.str(d, "by"), PullID: s.str(d, "id"), Timeout: dur("timeout"), Layout: s.rig.region.Region.Layout}
+		if d.HasArg("panic") {
 			s.rig.panicNext.Store(true)
 			s.rig.sys.Root.Send(s.pid, m)
 			s.waitStopped()
@@ -155,11 +98,13 @@ func (s *holdScript) run(line string) string {
 		}
 		s.ask(&b, m)
 	case "end-read":
-		s.ask(&b, &EndRead{PullID: args["id"], By: args["by"], OK: args["ok"] == "true"})
+		var ok bool
+		d.ScanArgs(t, "ok", &ok)
+		s.ask(&b, &EndRead{PullID: s.str(d, "id"), By: s.str(d, "by"), OK: ok})
 	case "renew":
-		s.ask(&b, &RenewHold{By: args["by"]})
+		s.ask(&b, &RenewHold{By: s.str(d, "by")})
 	case "release":
-		s.ask(&b, &ReleaseHold{By: args["by"]})
+		s.ask(&b, &ReleaseHold{By: s.str(d, "by")})
 	case "inspect":
 		s.ask(&b, &InspectHold{})
 	case "engine-gone":
@@ -167,14 +112,14 @@ func (s *holdScript) run(line string) string {
 	case "shutdown":
 		s.ask(&b, &Shutdown{})
 	case "advance":
-		s.clk.Advance(dur(pos[0]))
+		s.clk.Advance(advanceBy(t, d))
 		s.settle()
 		fmt.Fprintf(&b, "t=%s\n", s.clk.Now().Sub(s.t0))
 	case "wait-stopped":
 		s.waitStopped()
 		b.WriteString("stopped\n")
 	default:
-		t.Fatalf("unknown command %q", line)
+		d.Fatalf(t, "unknown command %q", d.Cmd)
 	}
 	s.rig.mu.Lock()
 	for _, n := range s.rig.notices[s.seen:] {
@@ -197,17 +142,22 @@ func (s *holdScript) run(line string) string {
 	return b.String()
 }
 
-func (s *holdScript) create(b *strings.Builder, line string, args map[string]string, retain time.Duration) {
+// create asks the table for a hold as d says and shows the answer; the
+// blocks are a comma-separated list (blocks=1,2,5).
+func (s *holdScript) create(b *strings.Builder, d *datadriven.TestData, retain time.Duration) {
+	line := d.FullCmd()
+	var list string
+	d.ScanArgs(s.t, "blocks", &list)
 	var blocks []uint32
-	for _, v := range strings.Split(args["blocks"], ",") {
+	for _, v := range strings.Split(list, ",") {
 		n, err := strconv.ParseUint(v, 10, 32)
 		if err != nil {
-			s.t.Fatalf("%q: blocks: %v", line, err)
+			d.Fatalf(s.t, "blocks: %v", err)
 		}
 		blocks = append(blocks, uint32(n))
 	}
 	mode := lease.OnFinish
-	if m, ok := args["mode"]; ok {
+	if m := s.str(d, "mode"); m != "" {
 		var err error
 		if mode, err = lease.ParseMode(m); err != nil {
 			s.t.Fatal(err)
@@ -218,7 +168,7 @@ func (s *holdScript) create(b *strings.Builder, line string, args map[string]str
 	res, err := s.rig.sys.Root.RequestFuture(s.rig.table, &CreateHold{
 		ID: s.id, Req: &messages.CreateHoldRequest{EngineId: "e", RegionId: "r", BlockIds: blocks},
 		Region: s.rig.region, ReleaseRegion: func() { s.rig.regRefs.Add(-1) },
-		Lease: lease.Config{Retain: retain, Mode: mode, Owner: args["owner"], Consumer: args["consumer"]},
+		Lease: lease.Config{Retain: retain, Mode: mode, Owner: s.str(d, "owner"), Consumer: s.str(d, "consumer")},
 	}, askTimeout).Result()
 	if err != nil {
 		s.t.Fatalf("%q: %v", line, err)
@@ -298,4 +248,17 @@ func (s *holdScript) waitStopped() {
 		}
 		return nil
 	})
+}
+
+// advanceBy is the duration of "advance 10s": its one argument, a key
+// without a value.
+func advanceBy(t *testing.T, d *datadriven.TestData) time.Duration {
+	if len(d.CmdArgs) != 1 || len(d.CmdArgs[0].Vals) != 0 {
+		d.Fatalf(t, "advance takes one duration, as in \"advance 10s\"")
+	}
+	v, err := time.ParseDuration(d.CmdArgs[0].Key)
+	if err != nil {
+		d.Fatalf(t, "advance: %v", err)
+	}
+	return v
 }

@@ -58,6 +58,27 @@ func segmentDescriptors(l kvmem.Layout, ids []uint32) *messages.Descriptors {
 	return d
 }
 
+// readAndCompare executes ops against src's region (an op's RemoteAddr
+// less base is its offset there), then checks that in every layer and
+// plane dst's block dstIDs[i] holds src's block srcIDs[i].
+func readAndCompare(t *testing.T, src, dst *kvmem.Mapped, base uint64, ops []transport.GetOp, srcIDs, dstIDs []uint32) {
+	t.Helper()
+	for _, op := range ops {
+		off := op.RemoteAddr - base
+		copy(op.Dst, src.Region.Bytes()[off:off+uint64(len(op.Dst))])
+	}
+	l := src.Region.Layout
+	for layer := uint32(0); layer < l.Layers; layer++ {
+		for p := uint32(0); p < l.Planes; p++ {
+			for i := range srcIDs {
+				if !bytes.Equal(src.Region.Block(layer, p, srcIDs[i]), dst.Region.Block(layer, p, dstIDs[i])) {
+					t.Fatalf("layer %d plane %d block %d->%d differs", layer, p, srcIDs[i], dstIDs[i])
+				}
+			}
+		}
+	}
+}
+
 // TestPlanReads checks the mapping of source blocks to destination blocks
 // in every layer and plane, and that hostile descriptors are refused.
 func TestPlanReads(t *testing.T) {
@@ -79,18 +100,7 @@ func TestPlanReads(t *testing.T) {
 		t.Fatalf("total %d", total)
 	}
 	// Execute the plan against the source region (RemoteAddr is the offset).
-	for _, op := range ops {
-		copy(op.Dst, src.Region.Bytes()[op.RemoteAddr:op.RemoteAddr+uint64(len(op.Dst))])
-	}
-	for layer := uint32(0); layer < 2; layer++ {
-		for p := uint32(0); p < 2; p++ {
-			for i := range srcIDs {
-				if !bytes.Equal(src.Region.Block(layer, p, srcIDs[i]), dst.Region.Block(layer, p, dstIDs[i])) {
-					t.Fatalf("layer %d plane %d block %d->%d differs", layer, p, srcIDs[i], dstIDs[i])
-				}
-			}
-		}
-	}
+	readAndCompare(t, src, dst, 0, ops, srcIDs, dstIDs)
 	// Hostile or mismatched descriptors.
 	bad := []func(d *messages.Descriptors){
 		func(d *messages.Descriptors) { d.Segments = d.Segments[1:] },
@@ -137,19 +147,7 @@ func TestPlanReadsImpliedSegments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, op := range ops {
-		off := op.RemoteAddr - 1000
-		copy(op.Dst, src.Region.Bytes()[off:off+uint64(len(op.Dst))])
-	}
-	for layer := uint32(0); layer < 2; layer++ {
-		for p := uint32(0); p < 2; p++ {
-			for i := range srcIDs {
-				if !bytes.Equal(src.Region.Block(layer, p, srcIDs[i]), dst.Region.Block(layer, p, dstIDs[i])) {
-					t.Fatalf("layer %d plane %d block %d->%d differs", layer, p, srcIDs[i], dstIDs[i])
-				}
-			}
-		}
-	}
+	readAndCompare(t, src, dst, 1000, ops, srcIDs, dstIDs)
 	bad := proto.Clone(desc).(*messages.Descriptors)
 	bad.Rkeys = [][]byte{{1}, {2}}
 	if _, _, err := PlanReads(bad, srcIDs, dst, dstIDs); !errors.Is(err, ErrBadDescriptors) {
@@ -192,18 +190,7 @@ func TestPlanReadsSourceOrder(t *testing.T) {
 			t.Fatalf("op %d reads %d after op %d read %d: not in ascending source order", i, ops[i].RemoteAddr, i-1, ops[i-1].RemoteAddr)
 		}
 	}
-	for _, op := range ops {
-		copy(op.Dst, src.Region.Bytes()[op.RemoteAddr:op.RemoteAddr+uint64(len(op.Dst))])
-	}
-	for layer := uint32(0); layer < l.Layers; layer++ {
-		for p := uint32(0); p < l.Planes; p++ {
-			for i := range srcIDs {
-				if !bytes.Equal(src.Region.Block(layer, p, srcIDs[i]), dst.Region.Block(layer, p, dstIDs[i])) {
-					t.Fatalf("layer %d plane %d block %d->%d differs", layer, p, srcIDs[i], dstIDs[i])
-				}
-			}
-		}
-	}
+	readAndCompare(t, src, dst, 0, ops, srcIDs, dstIDs)
 }
 
 // TestPlanBuffersReused: a released plan's storage serves the next plan,
@@ -223,18 +210,7 @@ func TestPlanBuffersReused(t *testing.T) {
 		if err := p.bind(segmentDescriptors(l, srcIDs), srcIDs); err != nil {
 			t.Fatal(err)
 		}
-		for _, op := range p.ops {
-			copy(op.Dst, src.Region.Bytes()[op.RemoteAddr:op.RemoteAddr+uint64(len(op.Dst))])
-		}
-		for layer := uint32(0); layer < l.Layers; layer++ {
-			for pl := uint32(0); pl < l.Planes; pl++ {
-				for i := range srcIDs {
-					if !bytes.Equal(src.Region.Block(layer, pl, srcIDs[i]), dst.Region.Block(layer, pl, dstIDs[i])) {
-						t.Fatalf("layer %d plane %d block %d->%d differs", layer, pl, srcIDs[i], dstIDs[i])
-					}
-				}
-			}
-		}
+		readAndCompare(t, src, dst, 0, p.ops, srcIDs, dstIDs)
 		return p, dst
 	}
 	for len(planBufs) > 0 { // start from an empty free list

@@ -1,20 +1,18 @@
 package lease
 
 import (
-	"bufio"
-	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/datadriven"
 )
 
-var rewrite = flag.Bool("rewrite", false, "rewrite expected output in testdata/*.txt")
-
-// TestScripts runs the interaction scripts in testdata/. Each case is a
-// command, a line "----", the expected output and a blank line. Commands:
+// TestScripts runs the interaction scripts in testdata/ with datadriven:
+// each case is a command, a line "----", the expected output and a blank
+// line; lines starting with # are comments. Each file starts with no hold
+// and the clock at t=0. Commands:
 //
 //	new retain=60s [mode=after_pull] [owner=p] [consumer=d]
 //	advance 10s             (moves the clock and delivers a Tick)
@@ -27,128 +25,63 @@ var rewrite = flag.Bool("rewrite", false, "rewrite expected output in testdata/*
 //	abort
 //	rebind consumer=d2 epoch=1
 //
-// Run with -rewrite to regenerate the expected outputs after a deliberate change.
+// Run with -rewrite (datadriven's flag) to regenerate the expected outputs
+// after a deliberate change.
 func TestScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts: %v", err)
-	}
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) { runScript(t, f) })
-	}
+	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+		t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		now := t0
+		var h *Hold
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			return runCommand(t, d, &h, &now, t0)
+		})
+	})
 }
 
-type scriptCase struct {
-	// comment is the comment lines just above the command (kept by
-	// -rewrite).
-	comment   string
-	cmd, want string
-}
-
-func parseScript(t *testing.T, path string) (header string, cases []scriptCase) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
+// runCommand runs one script command on *h at *now and returns its
+// effects, error and the hold's status.
+func runCommand(t *testing.T, d *datadriven.TestData, h **Hold, now *time.Time, t0 time.Time) string {
+	// str is the value of the optional argument key, or "".
+	str := func(key string) string {
+		var s string
+		d.MaybeScanArgs(t, key, &s)
+		return s
 	}
-	sc := bufio.NewScanner(strings.NewReader(string(data)))
-	var hdr, comment []string
-	var cur *scriptCase
-	inOut := false
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case cur == nil && (strings.HasPrefix(line, "#") || strings.TrimSpace(line) == ""):
-			if len(cases) == 0 {
-				hdr = append(hdr, line)
-			} else if strings.HasPrefix(line, "#") {
-				comment = append(comment, line)
-			}
-		case cur == nil:
-			cases = append(cases, scriptCase{cmd: line})
-			cur = &cases[len(cases)-1]
-			if len(comment) > 0 {
-				cur.comment = strings.Join(comment, "\n") + "\n"
-				comment = nil
-			}
-		case !inOut && line == "----":
-			inOut = true
-		case inOut && line == "":
-			cur, inOut = nil, false
-		case inOut:
-			cur.want += line + "\n"
-		default:
-			t.Fatalf("%s: expected ---- after %q, got %q", path, cur.cmd, line)
-		}
-	}
-	return strings.Join(hdr, "\n"), cases
-}
-
-func runScript(t *testing.T, path string) {
-	header, cases := parseScript(t, path)
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	now := t0
-	var h *Hold
-	var out strings.Builder
-	if header != "" {
-		out.WriteString(header + "\n")
-	}
-	for _, c := range cases {
-		got := runCommand(t, c.cmd, &h, &now, t0)
-		if !*rewrite && got != c.want {
-			t.Errorf("%s\n%s\n----\ngot:\n%swant:\n%s", path, c.cmd, got, c.want)
-		}
-		fmt.Fprintf(&out, "%s%s\n----\n%s\n", c.comment, c.cmd, got)
-	}
-	if *rewrite {
-		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-func runCommand(t *testing.T, line string, h **Hold, now *time.Time, t0 time.Time) string {
-	fields := strings.Fields(line)
-	args := map[string]string{}
-	var pos []string
-	for _, f := range fields[1:] {
-		if k, v, ok := strings.Cut(f, "="); ok {
-			args[k] = v
-		} else {
-			pos = append(pos, f)
-		}
-	}
-	dur := func(s string) time.Duration {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			t.Fatalf("%q: %v", line, err)
-		}
-		return d
+	dur := func(key string) time.Duration {
+		var v time.Duration
+		d.ScanArgs(t, key, &v)
+		return v
 	}
 	var fx []Effect
 	var err error
-	switch fields[0] {
+	if d.Cmd != "new" && *h == nil {
+		d.Fatalf(t, "%s before new", d.Cmd)
+	}
+	switch d.Cmd {
 	case "new":
 		mode := OnFinish
-		if m, ok := args["mode"]; ok {
+		if m := str("mode"); m != "" {
 			if mode, err = ParseMode(m); err != nil {
-				t.Fatal(err)
+				d.Fatalf(t, "%v", err)
 			}
 		}
-		*h, err = New(*now, Config{Retain: dur(args["retain"]), Mode: mode, Owner: args["owner"], Consumer: args["consumer"]})
+		*h, err = New(*now, Config{Retain: dur("retain"), Mode: mode, Owner: str("owner"), Consumer: str("consumer")})
 		if err != nil {
 			return fmt.Sprintf("error: %v\n", err)
 		}
 	case "advance":
-		*now = now.Add(dur(pos[0]))
+		*now = now.Add(advanceBy(t, d))
 		fx, err = (*h).Step(Tick{Now: *now})
 	case "renew":
-		fx, err = (*h).Step(Renew{Now: *now, By: args["by"]})
+		fx, err = (*h).Step(Renew{Now: *now, By: str("by")})
 	case "pull-start":
-		fx, err = (*h).Step(PullStart{Now: *now, By: args["by"], PullID: args["id"], Deadline: now.Add(dur(args["timeout"]))})
+		fx, err = (*h).Step(PullStart{Now: *now, By: str("by"), PullID: str("id"), Deadline: now.Add(dur("timeout"))})
 	case "pull-end":
-		fx, err = (*h).Step(PullEnd{Now: *now, By: args["by"], PullID: args["id"], OK: args["ok"] == "true"})
+		var ok bool
+		d.ScanArgs(t, "ok", &ok)
+		fx, err = (*h).Step(PullEnd{Now: *now, By: str("by"), PullID: str("id"), OK: ok})
 	case "release":
-		fx, err = (*h).Step(Release{Now: *now, By: args["by"]})
+		fx, err = (*h).Step(Release{Now: *now, By: str("by")})
 	case "engine-gone":
 		fx, err = (*h).Step(EngineGoneEvent{Now: *now})
 	case "shutdown":
@@ -157,12 +90,10 @@ func runCommand(t *testing.T, line string, h **Hold, now *time.Time, t0 time.Tim
 		fx, err = (*h).Step(Abort{Now: *now})
 	case "rebind":
 		var epoch uint64
-		if _, err := fmt.Sscan(args["epoch"], &epoch); err != nil {
-			t.Fatalf("%q: epoch: %v", line, err)
-		}
-		fx, err = (*h).Step(Rebind{Now: *now, Consumer: args["consumer"], Epoch: epoch})
+		d.ScanArgs(t, "epoch", &epoch)
+		fx, err = (*h).Step(Rebind{Now: *now, Consumer: str("consumer"), Epoch: epoch})
 	default:
-		t.Fatalf("unknown command %q", line)
+		d.Fatalf(t, "unknown command %q", d.Cmd)
 	}
 	var b strings.Builder
 	for _, e := range fx {
@@ -178,7 +109,7 @@ func runCommand(t *testing.T, line string, h **Hold, now *time.Time, t0 time.Tim
 		case EndRead:
 			fmt.Fprintf(&b, "effect: end-read id=%s\n", e.PullID)
 		default:
-			t.Fatalf("%q: unknown effect %T", line, e)
+			d.Fatalf(t, "unknown effect %T", e)
 		}
 	}
 	if err != nil {
@@ -191,4 +122,17 @@ func runCommand(t *testing.T, line string, h **Hold, now *time.Time, t0 time.Tim
 	}
 	b.WriteString("\n")
 	return b.String()
+}
+
+// advanceBy is the duration of "advance 10s": its one argument, a key
+// without a value.
+func advanceBy(t *testing.T, d *datadriven.TestData) time.Duration {
+	if len(d.CmdArgs) != 1 || len(d.CmdArgs[0].Vals) != 0 {
+		d.Fatalf(t, "advance takes one duration, as in \"advance 10s\"")
+	}
+	v, err := time.ParseDuration(d.CmdArgs[0].Key)
+	if err != nil {
+		d.Fatalf(t, "advance: %v", err)
+	}
+	return v
 }
