@@ -379,11 +379,13 @@ func (c *clientConn) rideKick(err error) bool {
 	return true
 }
 
-// readFull is io.ReadFull that rides out kicks.
-func (c *clientConn) readFull(br *bufio.Reader, p []byte) error {
-	for got := 0; got < len(p); {
-		n, err := br.Read(p[got:])
-		got += n
+// rideKicks calls step until it has consumed n bytes in all, riding out
+// kicks: step gets the count consumed so far and returns how many more it
+// consumed; an error that is not a kick's deadline ends it.
+func (c *clientConn) rideKicks(n int, step func(done int) (int, error)) error {
+	for done := 0; done < n; {
+		m, err := step(done)
+		done += m
 		if err != nil {
 			c.mu.Lock()
 			kick := c.rideKick(err)
@@ -394,6 +396,11 @@ func (c *clientConn) readFull(br *bufio.Reader, p []byte) error {
 		}
 	}
 	return nil
+}
+
+// readFull is io.ReadFull that rides out kicks.
+func (c *clientConn) readFull(br *bufio.Reader, p []byte) error {
+	return c.rideKicks(len(p), func(got int) (int, error) { return br.Read(p[got:]) })
 }
 
 // readPayload reads r's payload straight into r.dst. It returns early, with
@@ -427,17 +434,5 @@ func (c *clientConn) readPayload(br *bufio.Reader, r *pendingReq) (int, error) {
 
 // discard skips n payload bytes, riding out kicks.
 func (c *clientConn) discard(br *bufio.Reader, n int) error {
-	for n > 0 {
-		m, err := br.Discard(n)
-		n -= m
-		if err != nil {
-			c.mu.Lock()
-			kick := c.rideKick(err)
-			c.mu.Unlock()
-			if !kick {
-				return err
-			}
-		}
-	}
-	return nil
+	return c.rideKicks(n, func(done int) (int, error) { return br.Discard(n - done) })
 }

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"cmp"
 	"crypto/tls"
 	"fmt"
 	"time"
@@ -78,39 +79,17 @@ func DefaultConfig() Config {
 // withDefaults fills zero fields from DefaultConfig and checks the result.
 func (c Config) withDefaults() (Config, error) {
 	d := DefaultConfig()
-	if c.ConnsPerEndpoint == 0 {
-		c.ConnsPerEndpoint = d.ConnsPerEndpoint
-	}
-	if c.ChunkBytes == 0 {
-		c.ChunkBytes = d.ChunkBytes
-	}
-	if c.WindowBytes == 0 {
-		c.WindowBytes = d.WindowBytes
-	}
-	if c.WindowOps == 0 {
-		c.WindowOps = d.WindowOps
-	}
-	if c.WriteTimeout == 0 {
-		c.WriteTimeout = d.WriteTimeout
-	}
-	if c.HandshakeTimeout == 0 {
-		c.HandshakeTimeout = d.HandshakeTimeout
-	}
-	if c.DeregisterGrace == 0 {
-		c.DeregisterGrace = d.DeregisterGrace
-	}
-	if c.MaxConns == 0 {
-		c.MaxConns = d.MaxConns
-	}
-	if c.MaxConnsPerPeer == 0 {
-		c.MaxConnsPerPeer = d.MaxConnsPerPeer
-	}
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = d.IdleTimeout
-	}
-	if c.ClientIdle == 0 {
-		c.ClientIdle = d.ClientIdle
-	}
+	c.ConnsPerEndpoint = cmp.Or(c.ConnsPerEndpoint, d.ConnsPerEndpoint)
+	c.ChunkBytes = cmp.Or(c.ChunkBytes, d.ChunkBytes)
+	c.WindowBytes = cmp.Or(c.WindowBytes, d.WindowBytes)
+	c.WindowOps = cmp.Or(c.WindowOps, d.WindowOps)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, d.WriteTimeout)
+	c.HandshakeTimeout = cmp.Or(c.HandshakeTimeout, d.HandshakeTimeout)
+	c.DeregisterGrace = cmp.Or(c.DeregisterGrace, d.DeregisterGrace)
+	c.MaxConns = cmp.Or(c.MaxConns, d.MaxConns)
+	c.MaxConnsPerPeer = cmp.Or(c.MaxConnsPerPeer, d.MaxConnsPerPeer)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, d.IdleTimeout)
+	c.ClientIdle = cmp.Or(c.ClientIdle, d.ClientIdle)
 	switch {
 	case c.ConnsPerEndpoint < 0 || c.ConnsPerEndpoint > 64:
 		return c, fmt.Errorf("tcp config: ConnsPerEndpoint %d out of range 1..64", c.ConnsPerEndpoint)

@@ -68,10 +68,7 @@ func TestDeregisterWaitsForWrite(t *testing.T) {
 	checkNoLeaks(t)
 	server := openBackend(t, Config{DeregisterGrace: time.Minute})
 	mem := randomBytes(19, MaxRequestBytes+8192)
-	reg, err := server.Register(mem)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := register(t, server, mem)
 	c := dialRaw(t, server)
 	// 16 MiB does not fit in the socket buffers (net.core.wmem_max plus
 	// the untouched receive buffer); two small requests queue behind it.
@@ -79,12 +76,7 @@ func TestDeregisterWaitsForWrite(t *testing.T) {
 	c.get(2, reg.RemoteKey(), MaxRequestBytes, 4096)
 	c.get(3, reg.RemoteKey(), 100, 4096)
 	// Nobody reads, so the first 16 MiB answer cannot leave the socket.
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
-		if !serverWriting(server, reg) {
-			return errors.New("server not writing yet")
-		}
-		return nil
-	})
+	waitServerWriting(t, server, reg)
 	deregistered := make(chan struct{})
 	go func() { _ = reg.Deregister(); close(deregistered) }()
 	checkFor(t, 5*time.Second, time.Millisecond, func() error {
@@ -129,19 +121,11 @@ func TestDeregisterStalledReader(t *testing.T) {
 	const grace = 100 * time.Millisecond
 	server := openBackend(t, Config{DeregisterGrace: grace})
 	mem := randomBytes(23, MaxRequestBytes+4096)
-	reg, err := server.Register(mem)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := register(t, server, mem)
 	c := dialRaw(t, server)
 	c.get(1, reg.RemoteKey(), 0, MaxRequestBytes)
 	c.get(2, reg.RemoteKey(), MaxRequestBytes, 4096)
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
-		if !serverWriting(server, reg) {
-			return errors.New("server not writing yet")
-		}
-		return nil
-	})
+	waitServerWriting(t, server, reg)
 	start := time.Now()
 	_ = reg.Deregister()
 	took := time.Since(start)

@@ -154,6 +154,18 @@ func serverWriting(b *Backend, r transport.Registration) bool {
 	return false
 }
 
+// waitServerWriting waits (5s at most) until a server connection of b is
+// writing from r.
+func waitServerWriting(t testing.TB, b *Backend, r transport.Registration) {
+	t.Helper()
+	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+		if !serverWriting(b, r) {
+			return errors.New("server not writing yet")
+		}
+		return nil
+	})
+}
+
 // getWhileWriting starts a Get of reg into dst and returns once the server is
 // writing from reg or the Get has ended (polling every `every`). ended says
 // which; finish waits for the Get's result (at once if it had ended).

@@ -4,6 +4,8 @@ package ucx
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -86,4 +88,63 @@ func forcedDeregs(b *Backend) int {
 		return 0
 	}
 	return n
+}
+
+// pulled is what pullOnce set up: a holder h with src registered as reg, and
+// reader r's endpoint ep to it; op is one GET of all of reg into dst.
+type pulled struct {
+	h, r     *Backend
+	src, dst []byte
+	reg      transport.Registration
+	ep       transport.Endpoint
+	op       []transport.GetOp
+}
+
+// pullOnce opens a holder and a reader (tls as for openT), registers n
+// seeded random bytes on the holder, connects the reader and runs op once
+// (5s deadline), failing the test on any error. The bytes are not compared.
+func pullOnce(t testing.TB, tls string, n int, seed uint64) pulled {
+	t.Helper()
+	p := pulled{h: openT(t, tls), r: openT(t, tls), src: randBytes(n, seed)}
+	var err error
+	if p.reg, err = p.h.Register(p.src); err != nil {
+		t.Fatal(err)
+	}
+	p.ep = connectT(t, p.r, p.h)
+	p.dst = make([]byte, len(p.src))
+	p.op = []transport.GetOp{{RemoteKey: p.reg.RemoteKey(), RemoteAddr: p.reg.RemoteAddr(), Dst: p.dst}}
+	if err := getT(p.ep, 5*time.Second, p.op); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// pullFromKilled pulls ops over ep, each pull with deadline, up to tries
+// times until one fails (with inGet, when not nil, true during each pull),
+// logs that failure under label, and fails the test unless it is
+// ErrPeerGone or ErrTimeout. The endpoint stays usable as an object: a
+// next pull must fail too and end with its deadline, and Close must not
+// hang.
+func pullFromKilled(t testing.TB, ep transport.Endpoint, ops []transport.GetOp, deadline time.Duration, tries int, inGet *atomic.Bool, label string) {
+	t.Helper()
+	var err error
+	var took time.Duration
+	for i := 0; i < tries && err == nil; i++ {
+		if inGet != nil {
+			inGet.Store(true)
+		}
+		took, err = getWithin(t, ep, deadline, ops)
+		if inGet != nil {
+			inGet.Store(false)
+		}
+	}
+	t.Logf("%s: %v after %v", label, err, took)
+	if !errors.Is(err, transport.ErrPeerGone) && !errors.Is(err, transport.ErrTimeout) {
+		t.Fatalf("got %v, want ErrPeerGone or ErrTimeout", err)
+	}
+	took, err = getWithin(t, ep, 300*time.Millisecond, ops)
+	t.Logf("next pull: %v after %v", err, took)
+	if err == nil {
+		t.Fatal("pull from a dead holder succeeded")
+	}
 }

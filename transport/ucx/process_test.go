@@ -185,22 +185,7 @@ func TestHolderProcessKilled(t *testing.T) {
 			// Pull repeatedly; kill the holder while a pull is posted.
 			const deadline = time.Second
 			killWhile(h, func() bool { return postedBatches(r) > 0 })
-			var err error
-			var took time.Duration
-			for i := 0; i < 100 && err == nil; i++ {
-				took, err = getWithin(t, ep, deadline, ops)
-			}
-			t.Logf("SIGKILLed holder (tls %s): %v after %v", tlsName(tls), err, took)
-			if !errors.Is(err, transport.ErrPeerGone) && !errors.Is(err, transport.ErrTimeout) {
-				t.Fatalf("got %v, want ErrPeerGone or ErrTimeout", err)
-			}
-			// The endpoint stays usable as an object: later pulls fail
-			// and end with their deadline too, and Close does not hang.
-			took, err = getWithin(t, ep, 300*time.Millisecond, ops)
-			t.Logf("next pull: %v after %v", err, took)
-			if err == nil {
-				t.Fatal("pull from a dead holder succeeded")
-			}
+			pullFromKilled(t, ep, ops, deadline, 100, nil, fmt.Sprintf("SIGKILLed holder (tls %s)", tlsName(tls)))
 		})
 	}
 }
@@ -228,22 +213,7 @@ func TestOneSidedHolderProcessKilled(t *testing.T) {
 				running = func() bool { return postedBatches(r) > 0 }
 			}
 			killWhile(h, running)
-			var err error
-			var took time.Duration
-			for i := 0; i < 200 && err == nil; i++ {
-				inGet.Store(true)
-				took, err = getWithin(t, ep, deadline, ops)
-				inGet.Store(false)
-			}
-			t.Logf("SIGKILLed onesided holder (%s): %v after %v", map[bool]string{false: "cma", true: "ucp_get_nbx"}[viaUCX], err, took)
-			if !errors.Is(err, transport.ErrPeerGone) && !errors.Is(err, transport.ErrTimeout) {
-				t.Fatalf("got %v, want ErrPeerGone or ErrTimeout", err)
-			}
-			took, err = getWithin(t, ep, 300*time.Millisecond, ops)
-			t.Logf("next pull: %v after %v", err, took)
-			if err == nil {
-				t.Fatal("pull from a dead holder succeeded")
-			}
+			pullFromKilled(t, ep, ops, deadline, 200, &inGet, fmt.Sprintf("SIGKILLed onesided holder (%s)", map[bool]string{false: "cma", true: "ucp_get_nbx"}[viaUCX]))
 		})
 	}
 }

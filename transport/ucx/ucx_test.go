@@ -244,18 +244,8 @@ func TestGetOutsideRegistration(t *testing.T) {
 func TestDeregisterThenGet(t *testing.T) {
 	for _, tls := range tlsCases {
 		t.Run(tlsName(tls), func(t *testing.T) {
-			h, r := openT(t, tls), openT(t, tls)
-			src := randBytes(1<<20, 7)
-			reg, err := h.Register(src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ep := connectT(t, r, h)
-			dst := make([]byte, len(src))
-			op := []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr(), Dst: dst}}
-			if err := getT(ep, 5*time.Second, op); err != nil {
-				t.Fatal(err)
-			}
+			p := pullOnce(t, tls, 1<<20, 7)
+			h, ep, reg, op, src, dst := p.h, p.ep, p.reg, p.op, p.src, p.dst
 			if err := reg.Deregister(); err != nil {
 				t.Fatal(err)
 			}
@@ -336,18 +326,8 @@ func pauseHolder(t testing.TB, h *Backend) func() {
 func TestGetDeadlineStalledHolder(t *testing.T) {
 	for _, tls := range tlsCases {
 		t.Run(tlsName(tls), func(t *testing.T) {
-			h, r := openT(t, tls), openT(t, tls)
-			src := randBytes(16<<20, 9)
-			reg, err := h.Register(src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ep := connectT(t, r, h)
-			dst := make([]byte, len(src))
-			op := []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr(), Dst: dst}}
-			if err := getT(ep, 5*time.Second, op); err != nil {
-				t.Fatal(err)
-			}
+			p := pullOnce(t, tls, 16<<20, 9)
+			h, r, ep, op, src, dst := p.h, p.r, p.ep, p.op, p.src, p.dst
 			resume := pauseHolder(t, h)
 			defer resume()
 
