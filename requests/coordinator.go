@@ -99,35 +99,39 @@ func (c *Coordinator) placeOrphans() error {
 	if CoordinatorIn(live, view) != c.Self {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), passTimeout)
-	defer cancel()
-	owners, err := c.Owners(ctx)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, a := range Adoptions(owners, live, view, c.Members.DepartedAt) {
-		if err := c.Adopt(ctx, a); err != nil && !errors.Is(err, ErrFenced) {
-			errs = append(errs, fmt.Errorf("adopt %s on %s: %w", a.Request, a.Target, err))
+	return c.pass(func(ctx context.Context, owners map[string]string) []error {
+		var errs []error
+		for _, a := range Adoptions(owners, live, view, c.Members.DepartedAt) {
+			if err := c.Adopt(ctx, a); err != nil && !errors.Is(err, ErrFenced) {
+				errs = append(errs, fmt.Errorf("adopt %s on %s: %w", a.Request, a.Target, err))
+			}
 		}
-	}
-	return errors.Join(errs...)
+		return errs
+	})
 }
 
 // adoptLeftovers resumes here the requests a previous run of this member
 // owned.
 func (c *Coordinator) adoptLeftovers() error {
+	return c.pass(func(ctx context.Context, owners map[string]string) []error {
+		var errs []error
+		for _, req := range Leftovers(owners, c.Self, c.Running) {
+			if err := c.AdoptHere(ctx, req, c.Self); err != nil && !errors.Is(err, ErrFenced) {
+				errs = append(errs, fmt.Errorf("adopt %s: %w", req, err))
+			}
+		}
+		return errs
+	})
+}
+
+// pass reads the owners of every request and hands them to adopt, all
+// within passTimeout, and joins the errors adopt returns.
+func (c *Coordinator) pass(adopt func(ctx context.Context, owners map[string]string) []error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), passTimeout)
 	defer cancel()
 	owners, err := c.Owners(ctx)
 	if err != nil {
 		return err
 	}
-	var errs []error
-	for _, req := range Leftovers(owners, c.Self, c.Running) {
-		if err := c.AdoptHere(ctx, req, c.Self); err != nil && !errors.Is(err, ErrFenced) {
-			errs = append(errs, fmt.Errorf("adopt %s: %w", req, err))
-		}
-	}
-	return errors.Join(errs...)
+	return errors.Join(adopt(ctx, owners)...)
 }
