@@ -149,6 +149,18 @@ func patientPair(t *testing.T, url string) (holder *proc, nc *nats.Conn, pre *en
 	return holder, nc, newEngine(t, nc, "p", "engP", testLayout, true)
 }
 
+// reconnectingShim opens the decode engine "engD" of member "d" on its own
+// NATS connection to url, which reconnects forever every 50 ms.
+func reconnectingShim(t *testing.T, url string) *shim.Engine {
+	t.Helper()
+	enc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(enc.Close)
+	return openDecodeShim(t, enc, "d", "engD")
+}
+
 // TestMissedPullDoneIsReplayed: pulls finish while their decode engine's
 // NATS link is down (connexd stays connected, so their PullDone notices go
 // out to nobody). When the link is back, the engine shim sees from its
@@ -160,12 +172,7 @@ func TestMissedPullDoneIsReplayed(t *testing.T) {
 	holder, nc, pre := patientPair(t, url)
 
 	proxy := newCutProxy(t, strings.TrimPrefix(url, "nats://"))
-	enc, err := nats.Connect("nats://"+proxy.addr(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(enc.Close)
-	eng := openDecodeShim(t, enc, "d", "engD")
+	eng := reconnectingShim(t, "nats://"+proxy.addr())
 
 	const pulls = 4
 	// The holder freezes (for less than the lan preset's 5 s hang
@@ -285,12 +292,7 @@ func TestNATSRestartDuringPulls(t *testing.T) {
 	ns := newRestartableNATS(t, true)
 	url := ns.URL()
 	holder, nc, pre := patientPair(t, url)
-	enc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(enc.Close)
-	eng := openDecodeShim(t, enc, "d", "engD")
+	eng := reconnectingShim(t, url)
 	const pulls = 4
 	// The holder freezes so that the pulls are still waiting when NATS
 	// goes down.
