@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/connex/connex/api"
@@ -54,6 +55,11 @@ func descriptorsRetrying(ctx context.Context, clk clock.Clock, stall time.Durati
 			send()
 			next.Reset(alongside)
 		case <-ctx.Done():
+			if err := ctx.Err(); !errors.Is(err, context.DeadlineExceeded) {
+				// Canceled (connexd stopping, the holder left): the
+				// caller says why; never a timeout.
+				return nil, fmt.Errorf("peer.descriptors: %w", err)
+			}
 			if last == nil {
 				last = api.Errorf(api.CodeTimeout, "peer.descriptors: %v", ctx.Err())
 			}

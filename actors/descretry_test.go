@@ -87,6 +87,26 @@ func TestDescriptorsRetrying(t *testing.T) {
 	}
 }
 
+// TestDescriptorsRetryingCanceled: a pull canceled while its descriptors
+// travel (connexd stopping) ends canceled, never as a timeout, whichever
+// of the outstanding ask and the cancellation is seen first (found by
+// e2e's TestReaderShutdownDuringPull: 504 instead of transfer_failed).
+func TestDescriptorsRetryingCanceled(t *testing.T) {
+	for i := range 50 {
+		ctx, cancel := context.WithCancel(context.Background())
+		asked := make(chan struct{})
+		go func() { <-asked; cancel() }()
+		_, err := descriptorsRetrying(ctx, clock.Real{}, time.Second, func(c context.Context) (*messages.Descriptors, error) {
+			close(asked)
+			<-c.Done()
+			return nil, c.Err()
+		})
+		if !errors.Is(err, context.Canceled) || api.CodeOf(err) == api.CodeTimeout {
+			t.Fatalf("run %d: canceled ask ended with %v (code %d), want context.Canceled", i, err, api.CodeOf(err))
+		}
+	}
+}
+
 // TestDescriptorsRetryingOnTheClock drives the re-asks with a clock.Fake:
 // an ask unanswered for a third of the stall gets a second one alongside,
 // not a moment before; "no responders" is asked again 25ms later.
