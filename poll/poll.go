@@ -14,16 +14,20 @@ import (
 // cond's last error once total has passed.
 func Until(t testing.TB, total, every time.Duration, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v: %v", total, err)
-			return // a TB whose Fatalf returns (a recorder) must not spin
-		}
-		time.Sleep(every)
+	var err error
+	if !Wait(total, every, func() bool { err = cond(); return err == nil }) {
+		t.Fatalf("condition not met within %v: %v", total, err)
 	}
+}
+
+// Wait calls cond every `every` until it returns true, for at most total,
+// and reports whether it did. Unlike Until it never touches a testing.TB,
+// so goroutines other than the test's may use it.
+func Wait(total, every time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(total); !cond(); time.Sleep(every) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
 }

@@ -151,6 +151,9 @@ func TestCoordinatorLoop(t *testing.T) {
 		members.mu.Lock()
 		members.view.Settled = map[string]bool{"m2": true}
 		members.mu.Unlock()
+		// Inside the synctest bubble a sleep is the fake clock moving one
+		// orphan_scan interval, at once; synctest.Wait then waits for the
+		// tick's work to be done.
 		time.Sleep(c.Interval)
 		synctest.Wait()
 		mu.Lock()

@@ -32,12 +32,7 @@ func checkFor(t testing.TB, total, every time.Duration, fn func() error) {
 // it held: checkFor for goroutines other than the test's, which must not
 // call t.Fatal.
 func waitUntil(total, every time.Duration, cond func() bool) bool {
-	for deadline := time.Now().Add(total); !cond(); time.Sleep(every) {
-		if time.Now().After(deadline) {
-			return false
-		}
-	}
-	return true
+	return poll.Wait(total, every, cond)
 }
 
 // getEnds runs ep.Get(ctx, ops) and returns how long it took and its
