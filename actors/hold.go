@@ -292,13 +292,12 @@ func (a *holdActor) apply(e lease.Effect) {
 	}
 }
 
+// deregister revokes the hold's registrations (idempotent: none are left
+// after the first call).
 func (a *holdActor) deregister() {
-	for _, r := range a.regs {
-		if err := r.Deregister(); err != nil {
-			a.deps.Log.Warn("deregister failed", "transfer", a.id(), "err", err)
-		}
+	if err := a.deregisterAll(); err != nil {
+		a.deps.Log.Warn("deregister failed", "transfer", a.id(), "err", err)
 	}
-	a.regs = nil
 }
 
 // free performs lease.Free, which the lease emits once, after Deregister:
