@@ -40,7 +40,8 @@ type pendingReq struct {
 	key   remoteKey
 	off   uint64
 	dst   []byte
-	slot  int // index in the Get's in-flight list
+	slot  int   // index in the Get's in-flight list
+	sent  int64 // monoNow when its frame was written (the Get's goroutine only)
 
 	id        uint64 // guarded by conn.mu once sent
 	abandoned bool   // guarded by conn.mu: discard the payload

@@ -48,6 +48,14 @@ type Config struct {
 	// closes it itself; shorter than IdleTimeout, so that a reader never
 	// sends a request on a connection the holder is about to close.
 	ClientIdle time.Duration
+	// HedgeAfter is how long a connection may receive nothing while it
+	// carries a Get's requests before the Get cuts it and sends those
+	// requests on another connection: a connection in TCP's retransmission
+	// backoff under packet loss goes silent for seconds. Above Linux's
+	// minimum retransmission timeout (200 ms), so that one lost segment does
+	// not cost a connection, and well below a pull's stall deadline. Negative
+	// never cuts.
+	HedgeAfter time.Duration
 	// ServerTLS, if set, makes the holder side speak TLS on every accepted
 	// connection (the handshake counts against HandshakeTimeout); set
 	// ClientAuth to require readers' certificates. Nil: plaintext.
@@ -73,6 +81,7 @@ func DefaultConfig() Config {
 		MaxConnsPerPeer:  64,               // readers open ConnsPerEndpoint each; a few processes per host
 		IdleTimeout:      2 * time.Minute,  // idle connections are dropped, not kept for ever
 		ClientIdle:       time.Minute,      // the reader closes first
+		HedgeAfter:       300 * time.Millisecond,
 	}
 }
 
@@ -90,6 +99,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.MaxConnsPerPeer = cmp.Or(c.MaxConnsPerPeer, d.MaxConnsPerPeer)
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, d.IdleTimeout)
 	c.ClientIdle = cmp.Or(c.ClientIdle, d.ClientIdle)
+	c.HedgeAfter = cmp.Or(c.HedgeAfter, d.HedgeAfter)
 	switch {
 	case c.ConnsPerEndpoint < 0 || c.ConnsPerEndpoint > 64:
 		return c, fmt.Errorf("tcp config: ConnsPerEndpoint %d out of range 1..64", c.ConnsPerEndpoint)

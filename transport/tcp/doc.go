@@ -72,6 +72,15 @@
 // (nothing received for a second, or thousands of abandoned requests), so a
 // peer that wakes up does not stream a backlog nobody wants.
 //
+// A connection that receives nothing for Config.HedgeAfter (300 ms) while it
+// carries a Get's requests is cut by that Get, and the requests are sent
+// again on another connection, whose slot is redialed in the background:
+// under packet loss one connection can sit in TCP's retransmission backoff
+// for seconds while its siblings flow, longer than a pull's stall deadline.
+// Each Get cuts at most ConnsPerEndpoint connections; against a frozen
+// holder the resent requests go unanswered too and the Get still ends with
+// its context.
+//
 // A connection that fails by EOF or reset fails its requests with
 // transport.ErrPeerGone; Gets resend those requests once more on a fresh
 // connection (GETs are idempotent, and an idle connection may have been

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,53 +16,22 @@ import (
 // silentPeer is a TCP listener that accepts connections and reads them but
 // never answers: a holder whose process is frozen.
 type silentPeer struct {
-	ln   net.Listener
-	got  atomic.Int64 // bytes received on all connections
-	mu   sync.Mutex
-	cons []net.Conn
-	wg   sync.WaitGroup
+	*rawPeer
+	got atomic.Int64 // bytes received on all connections
 }
 
 func newSilentPeer(t testing.TB) *silentPeer {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &silentPeer{ln: ln}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
+	p := &silentPeer{}
+	p.rawPeer = newRawPeer(t, func(_ int, c net.Conn) {
+		buf := make([]byte, 4096)
 		for {
-			c, err := ln.Accept()
+			n, err := c.Read(buf)
+			p.got.Add(int64(n))
 			if err != nil {
 				return
 			}
-			p.mu.Lock()
-			p.cons = append(p.cons, c)
-			p.mu.Unlock()
-			p.wg.Add(1)
-			go func() {
-				defer p.wg.Done()
-				buf := make([]byte, 4096)
-				for {
-					n, err := c.Read(buf)
-					p.got.Add(int64(n))
-					if err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.mu.Lock()
-		for _, c := range p.cons {
-			_ = c.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
 	})
 	return p
 }

@@ -99,6 +99,17 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 		perSlot       = make([][]*pendingReq, nslots)
 		slot          = int(e.rr.Add(1)) % nslots
 	)
+	// watch ticks while requests are out, to find connections gone silent
+	// under them (hedge.go); cuts counts the ones this Get cut.
+	var (
+		watch <-chan time.Time
+		cuts  int
+	)
+	if cfg.HedgeAfter > 0 {
+		t := time.NewTicker(cfg.HedgeAfter / 4)
+		defer t.Stop()
+		watch = t.C
+	}
 	fail := func(mode abandonMode, err error) error {
 		e.abandon(call, inflight, mode)
 		return err
@@ -112,6 +123,10 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 			return nil
 		}
 		ch := &chunks[r.chunk]
+		if errors.Is(r.err, errConnSilent) {
+			resend = append(resend, r.chunk) // not a try: see hedge.go
+			return nil
+		}
 		if (errors.Is(r.err, errConnAborted) || errors.Is(r.err, errConnLost)) && ch.tries < maxTries {
 			ch.tries++
 			resend = append(resend, r.chunk)
@@ -129,15 +144,15 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 		// batches (one write per connection) rather than one per answer.
 		if len(inflight) <= maxOps/2 && inflightBytes <= cfg.WindowBytes/2 {
 			for len(inflight) < maxOps && (next < len(chunks) || len(resend) > 0) {
-				i := next
-				if len(resend) > 0 {
+				i, again := next, len(resend) > 0
+				if again {
 					i = resend[len(resend)-1]
 				}
 				n := len(chunks[i].dst)
 				if inflightBytes > 0 && inflightBytes+n > cfg.WindowBytes {
 					break
 				}
-				if len(resend) > 0 {
+				if again {
 					resend = resend[:len(resend)-1]
 				} else {
 					next++
@@ -146,7 +161,11 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 				r := &pendingReq{call: call, chunk: i, key: ch.key, off: ch.off, dst: ch.dst, slot: len(inflight)}
 				inflight = append(inflight, r)
 				inflightBytes += n
-				perSlot[slot] = append(perSlot[slot], r)
+				s := slot
+				if again {
+					s = e.liveSlot(slot) // away from a cut connection
+				}
+				perSlot[s] = append(perSlot[s], r)
 				slot = (slot + 1) % nslots
 			}
 			for s := range perSlot {
@@ -159,6 +178,10 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 					for _, r := range perSlot[s] {
 						inflight, inflightBytes = dropInflight(inflight, r), inflightBytes-len(r.dst)
 					}
+				}
+				sent := monoNow()
+				for _, r := range perSlot[s] {
+					r.sent = sent
 				}
 				clear(perSlot[s])
 				perSlot[s] = perSlot[s][:0]
@@ -176,6 +199,13 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 		case r := <-call.done:
 			if err := handle(r); err != nil {
 				return err
+			}
+		case <-watch:
+			now := monoNow()
+			for _, c := range silentConns(inflight, now, int64(cfg.HedgeAfter)) {
+				if cuts < nslots && e.cutSilent(c, time.Duration(now-c.lastRecv.Load())) {
+					cuts++
+				}
 			}
 		case <-ctx.Done():
 			return fail(abandonCtx, fmt.Errorf("tcp get %s: %d of %d requests outstanding: %w",

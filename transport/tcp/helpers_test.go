@@ -7,8 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"os"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -194,4 +196,51 @@ func getWhileWriting(t testing.TB, ep transport.Endpoint, server *Backend, reg t
 		}
 		return err
 	}, ended
+}
+
+// rawPeer is a TCP listener whose connections a test serves by hand: serve
+// runs for each accepted connection (k counts them from 0) until it returns.
+// Cleanup closes the listener and every connection, and waits for serve.
+type rawPeer struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+func newRawPeer(t testing.TB, serve func(k int, c net.Conn)) *rawPeer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &rawPeer{ln: ln}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for k := 0; ; k++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c)
+			p.mu.Unlock()
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				serve(k, c)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.mu.Lock()
+		for _, c := range p.conns {
+			_ = c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
 }
