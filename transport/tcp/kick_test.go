@@ -86,7 +86,9 @@ func nextGet(t *testing.T, c net.Conn) request {
 func TestKickMidPayload(t *testing.T) {
 	checkNoLeaks(t)
 	holder := newFakeHolder(t)
-	client := openBackend(t, Config{ConnsPerEndpoint: 1})
+	// Hedging off: the holder's pause mid-payload is what this test steers,
+	// and a Get that outlived HedgeAfter would cut the connection it checks.
+	client := openBackend(t, Config{ConnsPerEndpoint: 1, HedgeAfter: -1})
 	ep, err := client.Connect(context.Background(), []byte(holder.ln.Addr().String()))
 	if err != nil {
 		t.Fatal(err)
