@@ -71,14 +71,16 @@ type Pull struct {
 	Dst           *kvmem.Mapped
 	DstBlocks     []uint32
 	Timeout       time.Duration // the whole pull
-	Stall         time.Duration // each step (descriptors, one batch of reads) must finish within this
+	Stall         time.Duration // descriptors must come within this; reads fail after this long without progress (stallwatch.go)
 	ReleaseRegion func()
 }
 
-// batchBytes is how many bytes one batch of reads carries. Each batch must
-// complete within Pull.Stall, which is how a frozen holder is detected
-// without bounding the whole pull by the stall time; at the slowest data
-// plane here (~1 GB/s) a batch takes ~32 ms.
+// batchBytes is how many bytes one batch of reads carries. Against an
+// endpoint without progress reports each batch must complete within
+// Pull.Stall, which is how a frozen holder is detected without bounding the
+// whole pull by the stall time (stallWatch measures progress instead where
+// the endpoint reports it); at the slowest data plane here (~1 GB/s) a
+// batch takes ~32 ms.
 const batchBytes = 32 << 20
 
 // batchOps bounds the reads in one batch too: a scattered hold of tiny
@@ -299,8 +301,10 @@ func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan
 const batchesInFlight = 2
 
 // readBatches reads ops in batches of at most batchBytes, batchesInFlight
-// at a time; each batch must complete within the stall deadline. The first
-// error cancels the rest.
+// at a time. Against an endpoint that reports progress the reads fail once
+// no byte has landed for the stall deadline (stallWatch); against one that
+// does not, each batch must complete within it. The first error cancels the
+// rest.
 func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, ops []transport.GetOp, total uint64, member string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -314,9 +318,17 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 		batches = append(batches, ops[:n])
 		ops = ops[n:]
 	}
+	watch := newStallWatch(a.deps.clock(), a.p.Stall)
+	pe, progressive := ep.(transport.ProgressEndpoint)
+	readCtx := ctx // what the Gets run under
+	if progressive {
+		wctx, stalled := context.WithCancelCause(ctx)
+		defer stalled(nil)
+		defer watch.start(stalled)()
+		readCtx = wctx
+	}
 	var (
 		mu      sync.Mutex
-		done    uint64
 		firstEr error
 		wg      sync.WaitGroup
 	)
@@ -325,9 +337,9 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 	for _, b := range batches {
 		select {
 		case sem <- struct{}{}:
-		case <-ctx.Done():
+		case <-readCtx.Done():
 		}
-		if ctx.Err() != nil {
+		if readCtx.Err() != nil {
 			break
 		}
 		wg.Add(1)
@@ -335,27 +347,27 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 		go func(b []transport.GetOp) {
 			defer wg.Done()
 			defer func() { <-sem }()
-			var size uint64
-			for _, op := range b {
-				size += uint64(len(op.Dst))
+			var err error
+			if progressive {
+				err = pe.GetProgress(readCtx, b, watch.progress)
+			} else {
+				bctx, bcancel := context.WithTimeout(ctx, a.p.Stall)
+				err = ep.Get(bctx, b)
+				bcancel()
+				if err == nil {
+					for _, op := range b {
+						watch.landed.Add(uint64(len(op.Dst)))
+					}
+				}
 			}
-			bctx, bcancel := context.WithTimeout(ctx, a.p.Stall)
-			err := ep.Get(bctx, b)
-			bcancel()
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
 				if firstEr == nil {
-					if ctx.Err() == nil && errors.Is(transport.CtxErr(err), transport.ErrTimeout) {
-						firstEr = fmt.Errorf("pull %s: holder %s made no progress for %s after %d of %d bytes: %w", a.p.ID, member, a.p.Stall, done, total, transport.CtxErr(err))
-					} else {
-						firstEr = fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, member, done, readErr(ctx, err))
-					}
+					firstEr = a.batchErr(ctx, readCtx, err, watch.landed.Load(), total, member)
 				}
 				cancel()
-				return
 			}
-			done += size
 		}(b)
 	}
 	wg.Wait()
@@ -363,9 +375,22 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 	// ctx ended as the last Get returned (a departure or shutdown that
 	// arrived too late to matter).
 	if firstEr == nil && launched < len(batches) {
-		firstEr = fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, member, done, readErr(ctx, ctx.Err()))
+		firstEr = a.batchErr(ctx, readCtx, readCtx.Err(), watch.landed.Load(), total, member)
 	}
 	return firstEr
+}
+
+// batchErr is the error of a pull whose batch failed with err after landed
+// of total bytes: a stall (the watch's cause on readCtx, or a batch's own
+// deadline) is a timeout that says so, anything else keeps its cause.
+func (a *pullerActor) batchErr(ctx, readCtx context.Context, err error, landed, total uint64, member string) error {
+	stalled := errors.Is(context.Cause(readCtx), errStalled) ||
+		errors.Is(transport.CtxErr(err), transport.ErrTimeout)
+	if ctx.Err() == nil && stalled {
+		return fmt.Errorf("pull %s: holder %s made no progress for %s after %d of %d bytes: %w",
+			a.p.ID, member, a.p.Stall, landed, total, errors.Join(transport.ErrTimeout, err))
+	}
+	return fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, member, landed, readErr(ctx, err))
 }
 
 func (a *pullerActor) renewEvery(ctx context.Context, peer *api.Client, requester string, every time.Duration) func() {

@@ -70,9 +70,10 @@ var hostsLayout = kvmem.Layout{Layers: 4, Planes: 2, Blocks: 64, BlockBytes: 64 
 
 // TestHostsLossAndDelay pulls 16 MiB from the prefill host to a decode host
 // on a clean path, with 5 % of the data plane's packets dropped each way
-// (nftables), and through a relay that delays each direction by 50 ms (the
-// prefill member advertises it as its data address); every pull succeeds
-// with the hold's bytes, and the note has their times.
+// (nftables), through a relay that delays each direction by 50 ms (the
+// prefill member advertises it as its data address), and through the relay
+// limited to 2 MiB/s per connection; every pull succeeds with the hold's
+// bytes under the default 1 s stall deadline, and the note has their times.
 func TestHostsLossAndDelay(t *testing.T) {
 	l := newHostLab(t, 3)
 	h1, h2 := l.lab.Hosts[0], l.lab.Hosts[1]
@@ -139,6 +140,12 @@ func TestHostsLossAndDelay(t *testing.T) {
 	pull(relayed, "relay-no-delay")
 	relay.SetDelay(50 * time.Millisecond)
 	pull(relayed, "relay-50ms-each-way")
+	// A slow link: 16 MiB over two connections of 2 MiB/s takes ~4 s, four
+	// stall deadlines; bytes keep landing, so the pull goes on (a deadline
+	// per 16 MiB batch failed it after 1 s).
+	relay.SetDelay(0)
+	relay.SetRate(2 << 20)
+	pull(relayed, "relay-2MiB/s-per-conn")
 }
 
 // TestHostsUCXOverTCP pulls between hosts with the UCX data plane over its

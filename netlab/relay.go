@@ -23,6 +23,7 @@ type Relay struct {
 	ln     net.Listener
 	target string
 	delay  atomic.Int64 // nanoseconds
+	rate   atomic.Int64 // bytes per second per connection and direction; 0: unlimited
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -59,6 +60,10 @@ func (r *Relay) Addr() string { return r.ln.Addr().String() }
 
 // SetDelay changes the delay of bytes read from now on.
 func (r *Relay) SetDelay(d time.Duration) { r.delay.Store(int64(max(d, 0))) }
+
+// SetRate limits each connection's each direction to bytesPerSec from its
+// next chunk on (a slow or shared link); 0 lifts the limit.
+func (r *Relay) SetRate(bytesPerSec int64) { r.rate.Store(max(bytesPerSec, 0)) }
 
 // Close stops listening, cuts every relayed connection and waits for the
 // relay's goroutines.
@@ -151,8 +156,14 @@ func (r *Relay) pipe(dst, src net.Conn) {
 	timer := time.NewTimer(0)
 	<-timer.C
 	defer timer.Stop()
+	var paced time.Time // when the bytes written so far may have left at the rate
 	for c := range q {
-		if wait := time.Until(c.due); wait > 0 {
+		due := c.due
+		if rate := r.rate.Load(); rate > 0 {
+			paced = later(paced, time.Now()).Add(time.Duration(int64(len(c.b)) * int64(time.Second) / rate))
+			due = later(due, paced)
+		}
+		if wait := time.Until(due); wait > 0 {
 			timer.Reset(wait)
 			<-timer.C
 		}
@@ -171,4 +182,12 @@ func (r *Relay) pipe(dst, src net.Conn) {
 		return
 	}
 	_ = dst.Close()
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

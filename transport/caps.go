@@ -34,6 +34,12 @@ type Caps struct {
 	// Allocate is never revocable for readers on its host, which copy
 	// from their own mapping of it.
 	Revocable bool
+	// Progress is true when the backend's endpoints implement
+	// ProgressEndpoint: a Get reports bytes as they land (TCP: each
+	// Config.ChunkBytes request, and bytes arriving toward one), so a
+	// reader's stall deadline can measure progress instead of how long a
+	// whole batch takes.
+	Progress bool
 	// MaxInFlight is the number of GETs a reader should keep outstanding
 	// per endpoint for full bandwidth; 0 means "no preference".
 	MaxInFlight int

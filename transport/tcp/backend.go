@@ -83,14 +83,15 @@ func (b *Backend) Name() string { return "tcp" }
 // Caps reports that the holder's CPU copies the bytes (not one-sided), that
 // RegisterExtents gives one key for many extents of any memory, that
 // Deregister cuts running reads (revocable), that it allocates no memory,
-// how many requests a Get keeps in flight, and that Gets of any size are
-// split internally.
+// that Gets report progress chunk by chunk, how many requests a Get keeps
+// in flight, and that Gets of any size are split internally.
 func (b *Backend) Caps() transport.Caps {
 	return transport.Caps{
 		OneSided:    false,
 		ExtentKeys:  true,
 		Allocate:    false,
 		Revocable:   true,
+		Progress:    true,
 		MaxInFlight: b.cfg.WindowOps,
 		MaxGetBytes: 0,
 	}

@@ -14,7 +14,7 @@ func TestCapsMatchBehaviour(t *testing.T) {
 	server := openBackend(t, Config{})
 	client := openBackend(t, Config{})
 	caps := server.Caps()
-	if !caps.ExtentKeys || !caps.OneKeyForExtents(false) || caps.OneSided || caps.Allocate || !caps.Revocable || caps.MaxInFlight != DefaultConfig().WindowOps {
+	if !caps.ExtentKeys || !caps.OneKeyForExtents(false) || caps.OneSided || caps.Allocate || !caps.Revocable || !caps.Progress || caps.MaxInFlight != DefaultConfig().WindowOps {
 		t.Fatalf("Caps = %+v", caps)
 	}
 	mem := randomBytes(3, 1<<16)
@@ -31,6 +31,14 @@ func TestCapsMatchBehaviour(t *testing.T) {
 	op := []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr() + 8192, Dst: make([]byte, 4096)}}
 	if err := ep.Get(ctx, op); err != nil {
 		t.Fatal(err)
+	}
+	pe, ok := ep.(transport.ProgressEndpoint)
+	if !ok {
+		t.Fatal("Caps.Progress, but the endpoint is not a ProgressEndpoint")
+	}
+	var landed, calls int
+	if err := pe.GetProgress(ctx, op, func(n int) { landed += n; calls++ }); err != nil || landed != 4096 || calls != 1 {
+		t.Fatalf("GetProgress of 4096 bytes: err %v, progress %d bytes in %d calls", err, landed, calls)
 	}
 	if err := reg.Deregister(); err != nil {
 		t.Fatal(err)

@@ -100,18 +100,24 @@ type endpointRef struct {
 	done chan struct{} // closed by Close: fails this caller's Gets
 }
 
-var _ transport.Endpoint = (*endpointRef)(nil)
+var _ transport.ProgressEndpoint = (*endpointRef)(nil)
 
 // Get reads every op; see transport.Endpoint. Ops may name different
 // registrations of the same holder and are split into Config.ChunkBytes
 // requests.
 func (r *endpointRef) Get(ctx context.Context, ops []transport.GetOp) error {
+	return r.GetProgress(ctx, ops, nil)
+}
+
+// GetProgress is Get, calling progress (when not nil) with the length of
+// each request as it completes; see transport.ProgressEndpoint.
+func (r *endpointRef) GetProgress(ctx context.Context, ops []transport.GetOp, progress func(n int)) error {
 	select {
 	case <-r.done:
 		return fmt.Errorf("tcp get %s: %w", r.e.addr, transport.ErrClosed)
 	default:
 	}
-	return r.e.get(ctx, r.done, ops)
+	return r.e.get(ctx, r.done, ops, progress)
 }
 
 // Close releases this reference; the connections close with the last one.

@@ -73,8 +73,9 @@ const (
 
 // get runs one Get: it keeps up to the window of chunks in flight, spread
 // over the endpoint's connections, and resends chunks whose connection was
-// cut on behalf of another Get.
-func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transport.GetOp) error {
+// cut on behalf of another Get. progress, if not nil, hears of each chunk
+// that completed.
+func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transport.GetOp, progress func(n int)) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("tcp get %s: %w", e.addr, transport.CtxErr(err))
 	}
@@ -100,13 +101,21 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 		slot          = int(e.rr.Add(1)) % nslots
 	)
 	// watch ticks while requests are out, to find connections gone silent
-	// under them (hedge.go); cuts counts the ones this Get cut.
+	// under them (hedge.go; cuts counts the ones this Get cut) and to tell
+	// progress that bytes are arriving on them (heard: the newest receive
+	// seen), so that a slow link is not taken for a stalled one between two
+	// completed chunks.
 	var (
 		watch <-chan time.Time
 		cuts  int
+		heard = call.start
 	)
-	if cfg.HedgeAfter > 0 {
-		t := time.NewTicker(cfg.HedgeAfter / 4)
+	if cfg.HedgeAfter > 0 || progress != nil {
+		every := watchEvery
+		if cfg.HedgeAfter > 0 {
+			every = cfg.HedgeAfter / 4
+		}
+		t := time.NewTicker(every)
 		defer t.Stop()
 		watch = t.C
 	}
@@ -120,6 +129,9 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 		inflight, inflightBytes = dropInflight(inflight, r), inflightBytes-len(r.dst)
 		if r.err == nil {
 			remaining--
+			if progress != nil {
+				progress(len(r.dst))
+			}
 			return nil
 		}
 		ch := &chunks[r.chunk]
@@ -202,6 +214,15 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 			}
 		case <-watch:
 			now := monoNow()
+			if last := lastHeard(inflight); last > heard {
+				heard = last
+				if progress != nil {
+					progress(0)
+				}
+			}
+			if cfg.HedgeAfter <= 0 {
+				break
+			}
 			for _, c := range silentConns(inflight, now, int64(cfg.HedgeAfter)) {
 				if cuts < nslots && e.cutSilent(c, time.Duration(now-c.lastRecv.Load())) {
 					cuts++

@@ -48,6 +48,22 @@ func silentConns(inflight []*pendingReq, now, after int64) []*clientConn {
 	return silent
 }
 
+// lastHeard is the newest receive (monoNow) on the connections carrying
+// requests of inflight, 0 if none has any.
+func lastHeard(inflight []*pendingReq) int64 {
+	var last int64
+	for _, r := range inflight {
+		if r.conn != nil && r.sent != 0 {
+			last = max(last, r.conn.lastRecv.Load())
+		}
+	}
+	return last
+}
+
+// watchEvery is how often a Get with hedging off still looks for bytes
+// arriving, to report them as progress.
+const watchEvery = 75 * time.Millisecond
+
 // cutSilent cuts c (when it is still usable) so that its requests come back
 // with errConnSilent, and redials its slot in the background so that the
 // resent requests and later Gets do not wait on a dial (a lost SYN costs a

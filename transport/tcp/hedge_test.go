@@ -183,3 +183,71 @@ func TestHedgeSilentConnection(t *testing.T) {
 		}
 	})
 }
+
+// TestProgressWhileBytesArrive: a Get whose one request is answered slowly
+// reports progress(0) while its payload is still arriving, before the
+// request completes and reports its bytes.
+func TestProgressWhileBytesArrive(t *testing.T) {
+	checkNoLeaks(t)
+	const n = 64 << 10
+	finish := make(chan struct{})
+	h := newRawPeer(t, func(_ int, c net.Conn) {
+		var hello [helloLen]byte
+		if _, err := io.ReadFull(c, hello[:]); err != nil {
+			return
+		}
+		if _, err := c.Write(appendHello(nil)); err != nil {
+			return
+		}
+		var b [requestLen]byte
+		if _, err := io.ReadFull(c, b[:]); err != nil {
+			return
+		}
+		r, err := decodeRequest(b[:])
+		if err != nil {
+			return
+		}
+		out := make([]byte, responseLen, responseLen+n)
+		putResponse(out, response{id: r.id, status: statusOK, length: r.length})
+		out = append(out, bytes.Repeat([]byte{0x5A}, n)...)
+		if _, err := c.Write(out[:responseLen+n/2]); err != nil {
+			return
+		}
+		<-finish
+		_, _ = c.Write(out[responseLen+n/2:])
+	})
+	client := openBackend(t, Config{ConnsPerEndpoint: 1, HedgeAfter: -1})
+	ep, err := client.Connect(context.Background(), []byte(h.ln.Addr().String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	var calls []int
+	sawZero := make(chan struct{})
+	errc := make(chan error, 1)
+	dst := make([]byte, n)
+	go func() {
+		errc <- ep.(transport.ProgressEndpoint).GetProgress(context.Background(), []transport.GetOp{{RemoteKey: anyKey, Dst: dst}}, func(m int) {
+			if m == 0 && len(calls) == 0 {
+				close(sawZero)
+			}
+			calls = append(calls, m)
+		})
+	}()
+	select {
+	case <-sawZero:
+	case err := <-errc:
+		close(finish)
+		t.Fatalf("Get ended (%v) without reporting the half payload that arrived", err)
+	case <-time.After(hangGuard):
+		close(finish)
+		t.Fatal("no progress reported in 10 s while half the payload had arrived")
+	}
+	close(finish)
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if last := calls[len(calls)-1]; last != n {
+		t.Fatalf("progress calls %v: want the request's %d bytes last", calls, n)
+	}
+}

@@ -34,6 +34,9 @@ func TestCapsMatchBehaviour(t *testing.T) {
 			defer h.Close()
 			caps := h.Caps()
 			t.Logf("tls %q: %+v", h.TLS(), caps)
+			if _, ok := any(&Endpoint{}).(transport.ProgressEndpoint); ok != caps.Progress {
+				t.Fatalf("Caps.Progress %v, endpoints a ProgressEndpoint: %v", caps.Progress, ok)
+			}
 			mem := randBytes(1<<16, 3)
 			exts := []transport.Extent{{Off: 0, Len: 4096}, {Off: 8192, Len: 4096}}
 			reg, err := h.RegisterExtents(mem, exts)
