@@ -13,6 +13,7 @@ import (
 // holdRegistration is a hold's data-plane registrations and what its
 // descriptors tell readers about them.
 type holdRegistration struct {
+	b     transport.Backend // that made regs
 	regs  []transport.Registration
 	rkeys [][]byte
 	segs  []*messages.Segment
@@ -28,7 +29,7 @@ type holdRegistration struct {
 // blocks are), else one registration per extent (layer × plane × run of
 // blocks), in the layout's order. On error nothing stays registered.
 func registerHold(b transport.Backend, region *kvmem.Region, blocks []uint32) (holdRegistration, error) {
-	var hr holdRegistration
+	hr := holdRegistration{b: b}
 	exts := region.Layout.Extents(blocks)
 	allocated := region.Memory == kvmem.MemoryAllocated(b.Name())
 	if xr, ok := b.(transport.ExtentRegistrar); ok && b.Caps().OneKeyForExtents(allocated) {
@@ -59,8 +60,15 @@ func registerHold(b transport.Backend, region *kvmem.Region, blocks []uint32) (h
 	return hr, nil
 }
 
-// deregisterAll revokes every registration in hr, returning the failures.
+// deregisterAll revokes every registration in hr, returning the failures:
+// in one call where the backend deregisters many at once (a hold of
+// onesided UCX keys has one per extent, tens of thousands).
 func (hr *holdRegistration) deregisterAll() error {
+	if md, ok := hr.b.(transport.ManyDeregisterer); ok && len(hr.regs) > 1 {
+		err := md.DeregisterAll(hr.regs)
+		hr.regs = nil
+		return err
+	}
 	var errs []error
 	for _, r := range hr.regs {
 		if err := r.Deregister(); err != nil {

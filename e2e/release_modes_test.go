@@ -163,9 +163,11 @@ func scatteredHold(t *testing.T, backend string, args []string) {
 		}
 		return nil
 	})
+	t0 := time.Now()
 	if _, err := pe.cli.Release(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId, Requester: pe.id}); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("%s: release of %d extents answered in %s", backend, len(src)*128, time.Since(t0).Round(time.Millisecond))
 	freed.wait(t, 5*time.Second, func(m *messages.BlocksFreed) bool { return m.TransferId == hold.Params.TransferId })
 }
 

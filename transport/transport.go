@@ -200,3 +200,12 @@ type Allocation interface {
 	// been deregistered. Idempotent.
 	Free() error
 }
+
+// ManyDeregisterer is implemented by backends that deregister many
+// registrations at once faster than one by one (UCX: one hand-off to its
+// worker thread instead of one per registration). DeregisterAll does what
+// Deregister does for each of regs, all from this backend, and returns the
+// failures joined.
+type ManyDeregisterer interface {
+	DeregisterAll(regs []Registration) error
+}

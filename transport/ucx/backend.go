@@ -41,7 +41,10 @@ type Backend struct {
 	mappedGets atomic.Int64 // Gets served by mapGet (tests)
 }
 
-var _ transport.Backend = (*Backend)(nil)
+var (
+	_ transport.Backend          = (*Backend)(nil)
+	_ transport.ManyDeregisterer = (*Backend)(nil)
+)
 
 var (
 	availOnce sync.Once
