@@ -47,17 +47,37 @@ func registerHold(b transport.Backend, region *kvmem.Region, blocks []uint32) (h
 		hr.implied, hr.regionAddr = true, reg.RemoteAddr()
 		return hr, nil
 	}
+	if mr, ok := b.(transport.ManyRegisterer); ok && len(exts) > 1 {
+		mems := make([][]byte, len(exts))
+		for i, e := range exts {
+			mems[i] = region.Slice(e)
+		}
+		regs, err := mr.RegisterMany(mems)
+		if err != nil {
+			return holdRegistration{}, fmt.Errorf("register %d extents one key each: %w", len(exts), err)
+		}
+		for i, reg := range regs {
+			hr.addExtent(reg, exts[i].Len)
+		}
+		return hr, nil
+	}
 	for _, e := range exts {
 		reg, err := b.Register(region.Slice(e))
 		if err != nil {
 			err = fmt.Errorf("register %d bytes at %d: %w", e.Len, e.Off, err)
 			return holdRegistration{}, errors.Join(err, hr.deregisterAll())
 		}
-		hr.regs = append(hr.regs, reg)
-		hr.rkeys = append(hr.rkeys, reg.RemoteKey())
-		hr.segs = append(hr.segs, &messages.Segment{RemoteAddr: reg.RemoteAddr(), Length: e.Len, Rkey: uint32(len(hr.rkeys) - 1)})
+		hr.addExtent(reg, e.Len)
 	}
 	return hr, nil
+}
+
+// addExtent adds reg, the registration of one extent of n bytes, with its
+// segment.
+func (hr *holdRegistration) addExtent(reg transport.Registration, n uint64) {
+	hr.regs = append(hr.regs, reg)
+	hr.rkeys = append(hr.rkeys, reg.RemoteKey())
+	hr.segs = append(hr.segs, &messages.Segment{RemoteAddr: reg.RemoteAddr(), Length: n, Rkey: uint32(len(hr.rkeys) - 1)})
 }
 
 // deregisterAll revokes every registration in hr, returning the failures:

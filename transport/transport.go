@@ -209,3 +209,11 @@ type Allocation interface {
 type ManyDeregisterer interface {
 	DeregisterAll(regs []Registration) error
 }
+
+// ManyRegisterer is implemented by backends that register many buffers at
+// once faster than one by one (UCX: one hand-off to its worker thread).
+// RegisterMany does what Register does for each of mems; on error none
+// stays registered.
+type ManyRegisterer interface {
+	RegisterMany(mems [][]byte) ([]Registration, error)
+}

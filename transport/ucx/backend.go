@@ -44,6 +44,7 @@ type Backend struct {
 var (
 	_ transport.Backend          = (*Backend)(nil)
 	_ transport.ManyDeregisterer = (*Backend)(nil)
+	_ transport.ManyRegisterer   = (*Backend)(nil)
 )
 
 var (

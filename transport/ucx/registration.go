@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"unsafe"
 
 	"github.com/connex/connex/transport"
@@ -37,7 +38,8 @@ type Registration struct {
 	// a shared key); nil otherwise.
 	shared *Allocation
 	pin    runtime.Pinner
-	gone   bool // under b.mu
+	gone   bool           // under b.mu
+	src    unsafe.Pointer // the caller's memory to map (nil: UCX allocates)
 }
 
 var _ transport.Registration = (*Registration)(nil)
@@ -82,20 +84,70 @@ func (b *Backend) RegisterExtents(mem []byte, extents []transport.Extent) (trans
 // Allocate, else with a onesided key (onesided, no extents) or a checked
 // key restricted to extents.
 func (b *Backend) register(mem []byte, extents []uint64, onesided bool) (transport.Registration, error) {
-	b.mu.Lock()
-	a := b.allocFor(mem)
-	b.mu.Unlock()
-	if a == nil && onesided && extents != nil {
-		return nil, fmt.Errorf("ucx: extents under one key need checked reads: %w", errors.ErrUnsupported)
+	r, err := b.newReg(mem, extents, onesided)
+	if err != nil {
+		return nil, err
 	}
-	r := &Registration{b: b, n: len(mem), rma: a == nil && onesided, shared: a}
-	r.pin.Pin(&mem[0])
-	if err := b.mapMem(r, unsafe.Pointer(&mem[0]), extents); err != nil {
-		r.pin.Unpin()
-		r.dropView()
+	if err := b.mapMany([]*Registration{r}, [][]uint64{extents}); err != nil {
+		r.release()
 		return nil, err
 	}
 	return r, nil
+}
+
+// RegisterMany registers each of mems as Register does, in one hand-off to
+// the worker thread: a scattered hold registers one onesided key per
+// extent, tens of thousands, which one by one took seconds
+// (transport.ManyRegisterer). On error none stays registered.
+func (b *Backend) RegisterMany(mems [][]byte) ([]transport.Registration, error) {
+	rs := make([]*Registration, 0, len(mems))
+	undo := func() {
+		for _, r := range rs {
+			r.release()
+		}
+	}
+	for i, mem := range mems {
+		if len(mem) == 0 {
+			undo()
+			return nil, fmt.Errorf("ucx: register memory %d of %d: empty", i, len(mems))
+		}
+		r, err := b.newReg(mem, nil, b.cfg.Reads == ReadsOneSided)
+		if err != nil {
+			undo()
+			return nil, err
+		}
+		rs = append(rs, r)
+	}
+	if err := b.mapMany(rs, make([][]uint64, len(rs))); err != nil {
+		undo()
+		return nil, err
+	}
+	out := make([]transport.Registration, len(rs))
+	for i, r := range rs {
+		out[i] = r
+	}
+	return out, nil
+}
+
+// newReg is an unmapped registration of mem with mem pinned: what kind of
+// key it gets follows register.
+func (b *Backend) newReg(mem []byte, extents []uint64, onesided bool) (*Registration, error) {
+	b.mu.Lock()
+	a := b.allocFor(mem)
+	b.mu.Unlock()
+	r := &Registration{b: b, n: len(mem), rma: a == nil && onesided, shared: a, src: unsafe.Pointer(&mem[0])}
+	if a == nil && onesided && extents != nil {
+		r.dropView()
+		return nil, fmt.Errorf("ucx: extents under one key need checked reads: %w", errors.ErrUnsupported)
+	}
+	r.pin.Pin(&mem[0])
+	return r, nil
+}
+
+// release undoes newReg for a registration that was never mapped.
+func (r *Registration) release() {
+	r.pin.Unpin()
+	r.dropView()
 }
 
 // dropView releases r's view on its allocation, once.
@@ -122,82 +174,55 @@ func (b *Backend) Alloc(n int) (*Registration, error) {
 		return nil, fmt.Errorf("ucx: alloc: bad size %d", n)
 	}
 	r := &Registration{b: b, n: n, alloc: true, rma: true}
-	if err := b.mapMem(r, nil, nil); err != nil {
+	if err := b.mapMem(r, nil); err != nil {
 		return nil, err
 	}
 	return r, nil
 }
 
-func (b *Backend) mapMem(r *Registration, p unsafe.Pointer, extents []uint64) error {
+// mapMem maps r (ucp_mem_map of r.src, or of memory UCX allocates when
+// r.src is nil) and gives it its key; see mapMany.
+func (b *Backend) mapMem(r *Registration, extents []uint64) error {
+	return b.mapMany([]*Registration{r}, [][]uint64{extents})
+}
+
+// mapMany maps every registration of rs (extents[i] restricts rs[i]'s
+// checked key) in one call on the worker thread, and enters them in the
+// backend's table. On error none stays mapped.
+func (b *Backend) mapMany(rs []*Registration, extents [][]uint64) error {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
 		return transport.ErrClosed
 	}
 	b.mu.Unlock()
-	var st C.ucs_status_t
-	alloc := C.int(0)
-	if r.alloc {
-		alloc = 1
-	}
-	var token uint64
-	if !r.rma {
+	tokens := make([]uint64, len(rs))
+	for i, r := range rs {
+		if r.rma {
+			continue
+		}
 		var t [8]byte
 		if _, err := rand.Read(t[:]); err != nil {
 			return err
 		}
-		token = binary.LittleEndian.Uint64(t[:])
+		tokens[i] = binary.LittleEndian.Uint64(t[:])
 	}
 	// Onesided keys name this process, so that a reader on the same host
 	// can copy with process_vm_readv; without /proc the key is a plain
 	// RMA key and readers use ucp_get_nbx.
 	proc, procErr := selfProc()
-	if r.rma && !r.alloc && procErr != nil {
+	if procErr != nil && slices.ContainsFunc(rs, func(r *Registration) bool { return r.rma && !r.alloc }) {
 		b.log.Warn("ucx: onesided register: cannot identify this process; readers will use ucp_get_nbx", "err", procErr)
 	}
+	var st C.ucs_status_t
 	err := b.w.call(func() {
-		var addr, rkey unsafe.Pointer
-		var rkeyLen C.size_t
-		if r.rma {
-			st = C.cx_mem_map(b.w.c, p, C.size_t(r.n), alloc, &r.memh, &addr, &rkey, &rkeyLen)
-		} else {
-			st = C.cx_mem_map(b.w.c, p, C.size_t(r.n), alloc, &r.memh, &addr, nil, nil)
-		}
-		if st != C.UCS_OK {
-			return
-		}
-		r.ptr = addr
-		r.base = uintptr(addr)
-		if r.rma {
-			if r.alloc || procErr != nil {
-				r.key = packRMAKey(uint64(r.base), r.n, C.GoBytes(rkey, C.int(rkeyLen)))
-			} else {
-				r.key = packOneSidedKey(uint64(r.base), r.n, proc, C.GoBytes(rkey, C.int(rkeyLen)))
-			}
-			C.cx_rkey_buffer_release(rkey)
-			return
-		}
-		r.creg = C.cx_reg_add(b.w.c, C.uint64_t(r.base), C.uint64_t(r.n), C.uint64_t(token), r.memh)
-		if r.creg == nil {
-			C.cx_mem_unmap(b.w.c, r.memh)
-			st = C.UCS_ERR_NO_MEMORY
-			return
-		}
-		if len(extents) > 0 {
-			// Before the key exists no request can name the registration,
-			// so restricting it here leaves no window.
-			if C.cx_reg_set_extents(r.creg, (*C.uint64_t)(unsafe.Pointer(&extents[0])), C.uint64_t(len(extents)/2)) != 0 {
-				C.cx_reg_disable(b.w.c, r.creg)
-				C.cx_reg_free(r.creg)
-				r.creg = nil
-				C.cx_mem_unmap(b.w.c, r.memh)
-				st = C.UCS_ERR_NO_MEMORY
+		for i, r := range rs {
+			if st = b.mapOnWorker(r, extents[i], tokens[i], proc, procErr); st != C.UCS_OK {
+				for _, done := range rs[:i] {
+					_ = b.w.unmap(done)
+				}
 				return
 			}
-		}
-		r.key = packCheckedKey(uint64(r.base), r.n, uint64(r.creg.id), token)
-		if r.shared != nil {
-			r.key = packSharedKey(uint64(r.base), r.n, uint64(r.creg.id), token, r.shared.id, proc, r.shared.rkey)
 		}
 	})
 	if err != nil {
@@ -208,12 +233,67 @@ func (b *Backend) mapMem(r *Registration, p unsafe.Pointer, extents []uint64) er
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed { // Close ran meanwhile and did not see r
-		b.w.call(func() { b.w.unmap(r) })
+	if b.closed { // Close ran meanwhile and did not see rs
+		b.w.call(func() {
+			for _, r := range rs {
+				_ = b.w.unmap(r)
+			}
+		})
 		return transport.ErrClosed
 	}
-	b.regs[r] = struct{}{}
+	for _, r := range rs {
+		b.regs[r] = struct{}{}
+	}
 	return nil
+}
+
+// mapOnWorker maps one registration; it runs on the worker thread.
+func (b *Backend) mapOnWorker(r *Registration, extents []uint64, token uint64, proc procID, procErr error) C.ucs_status_t {
+	alloc := C.int(0)
+	if r.alloc {
+		alloc = 1
+	}
+	var addr, rkey unsafe.Pointer
+	var rkeyLen C.size_t
+	if r.rma {
+		if st := C.cx_mem_map(b.w.c, r.src, C.size_t(r.n), alloc, &r.memh, &addr, &rkey, &rkeyLen); st != C.UCS_OK {
+			return st
+		}
+	} else if st := C.cx_mem_map(b.w.c, r.src, C.size_t(r.n), alloc, &r.memh, &addr, nil, nil); st != C.UCS_OK {
+		return st
+	}
+	r.ptr = addr
+	r.base = uintptr(addr)
+	if r.rma {
+		if r.alloc || procErr != nil {
+			r.key = packRMAKey(uint64(r.base), r.n, C.GoBytes(rkey, C.int(rkeyLen)))
+		} else {
+			r.key = packOneSidedKey(uint64(r.base), r.n, proc, C.GoBytes(rkey, C.int(rkeyLen)))
+		}
+		C.cx_rkey_buffer_release(rkey)
+		return C.UCS_OK
+	}
+	r.creg = C.cx_reg_add(b.w.c, C.uint64_t(r.base), C.uint64_t(r.n), C.uint64_t(token), r.memh)
+	if r.creg == nil {
+		C.cx_mem_unmap(b.w.c, r.memh)
+		return C.UCS_ERR_NO_MEMORY
+	}
+	if len(extents) > 0 {
+		// Before the key exists no request can name the registration,
+		// so restricting it here leaves no window.
+		if C.cx_reg_set_extents(r.creg, (*C.uint64_t)(unsafe.Pointer(&extents[0])), C.uint64_t(len(extents)/2)) != 0 {
+			C.cx_reg_disable(b.w.c, r.creg)
+			C.cx_reg_free(r.creg)
+			r.creg = nil
+			C.cx_mem_unmap(b.w.c, r.memh)
+			return C.UCS_ERR_NO_MEMORY
+		}
+	}
+	r.key = packCheckedKey(uint64(r.base), r.n, uint64(r.creg.id), token)
+	if r.shared != nil {
+		r.key = packSharedKey(uint64(r.base), r.n, uint64(r.creg.id), token, r.shared.id, proc, r.shared.rkey)
+	}
+	return C.UCS_OK
 }
 
 // RemoteKey is the packed key: the registered extent followed by UCX's rkey.

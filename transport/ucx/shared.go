@@ -76,7 +76,7 @@ func (b *Backend) Allocate(n int) (transport.Allocation, error) {
 		return nil, err
 	}
 	r := &Registration{b: b, n: n, alloc: true, rma: true}
-	if err := b.mapMem(r, nil, nil); err != nil {
+	if err := b.mapMem(r, nil); err != nil {
 		return nil, fmt.Errorf("ucx: allocate %d bytes: %w", n, err)
 	}
 	rk, err := parseKey(r.key)
