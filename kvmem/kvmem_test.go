@@ -17,7 +17,8 @@ func TestLayoutValidate(t *testing.T) {
 	}
 	bad := []func(*Layout){
 		func(l *Layout) { l.Layers = 0 },
-		func(l *Layout) { l.Planes = 1 },
+		func(l *Layout) { l.Planes = 0 },
+		func(l *Layout) { l.Planes = 3 },
 		func(l *Layout) { l.Blocks = 0 },
 		func(l *Layout) { l.BlockBytes = 0 },
 		func(l *Layout) { l.BlockSize = 0 },
@@ -30,6 +31,26 @@ func TestLayoutValidate(t *testing.T) {
 		if err := l.Validate(); !errors.Is(err, ErrBadLayout) {
 			t.Errorf("case %d: want ErrBadLayout, got %v", i, err)
 		}
+	}
+}
+
+// TestOnePlaneLayout: vLLM's CPU layout keeps K and V inside each block
+// (one plane); a layer is Blocks*BlockBytes contiguous bytes, and it cannot
+// exchange blocks with a two-plane region of the same bytes per layer.
+func TestOnePlaneLayout(t *testing.T) {
+	l := Layout{Layers: 2, Planes: 1, Blocks: 8, BlockBytes: 32, BlockSize: 16, TPSize: 1}
+	if err := l.Validate(); err != nil {
+		t.Fatalf("one-plane layout rejected: %v", err)
+	}
+	if got, want := l.Offset(1, 0, 3), uint64((1*8+3)*32); got != want {
+		t.Fatalf("offset = %d, want %d", got, want)
+	}
+	if got, want := l.Size(), uint64(2*8*32); got != want {
+		t.Fatalf("size = %d, want %d", got, want)
+	}
+	two := Layout{Layers: 2, Planes: 2, Blocks: 8, BlockBytes: 16, BlockSize: 16, TPSize: 1}
+	if err := l.CompatibleWith(two); !errors.Is(err, ErrIncompatible) {
+		t.Fatalf("one plane vs two planes: want ErrIncompatible, got %v", err)
 	}
 }
 

@@ -21,11 +21,14 @@ const MaxRegionBytes = 1 << 40
 const MaxBlocks = 1 << 22
 
 // Layout is the geometry of a KV region: layers × planes × blocks × bytes,
-// laid out layer-major. Block b of plane p (0 = K, 1 = V) of layer l starts
-// at ((l*Planes+p)*Blocks+b)*BlockBytes.
+// laid out layer-major. Block b of plane p of layer l starts at
+// ((l*Planes+p)*Blocks+b)*BlockBytes. Planes is 2 when K and V are separate
+// planes (plane 0 = K, 1 = V: vLLM's GPU attention backends) and 1 when K
+// and V share each block (vLLM's CPU backend keeps a layer as [blocks,
+// kv_heads, block_size, 2*head_size]); either way a block moves whole.
 type Layout struct {
 	Layers     uint32 // transformer layers in this region
-	Planes     uint32 // 2 (K and V) for full attention, the only kind supported
+	Planes     uint32 // 2: K and V planes; 1: K and V inside each block
 	Blocks     uint32 // blocks per layer and plane
 	BlockBytes uint64 // bytes of one block in one layer and plane
 	BlockSize  uint32 // tokens per block
@@ -37,8 +40,8 @@ func (l Layout) Validate() error {
 	switch {
 	case l.Layers == 0:
 		return fmt.Errorf("%w: num_layers must be > 0", ErrBadLayout)
-	case l.Planes != 2:
-		return fmt.Errorf("%w: kv_planes=%d, only full-attention KV (2 planes) is supported", ErrBadLayout, l.Planes)
+	case l.Planes != 1 && l.Planes != 2:
+		return fmt.Errorf("%w: kv_planes=%d, want 2 (K and V planes) or 1 (K and V inside each block); only full-attention KV is supported", ErrBadLayout, l.Planes)
 	case l.Blocks == 0 || l.Blocks > MaxBlocks:
 		return fmt.Errorf("%w: num_blocks=%d, allowed: 1..%d", ErrBadLayout, l.Blocks, MaxBlocks)
 	case l.BlockBytes == 0:

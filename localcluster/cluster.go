@@ -216,6 +216,21 @@ func (c *Cluster) startNode(ctx context.Context, name string, part Part) error {
 			return err
 		}
 	}
+	if (part == PartBoth || part == PartEngine) && c.opts.VLLM != nil {
+		p, url, err := c.startVLLM(ctx, n, c.index(name), natsURL)
+		if p != nil {
+			c.mu.Lock()
+			n.engine = p
+			c.mu.Unlock()
+		}
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		n.url = url
+		c.mu.Unlock()
+		return nil
+	}
 	if part == PartBoth || part == PartEngine {
 		args := c.opts.simArgs(name, n.role, natsURL)
 		dataDir := filepath.Join(c.dir, name)
@@ -246,6 +261,18 @@ func (c *Cluster) startNode(ctx context.Context, name string, part Part) error {
 		c.mu.Unlock()
 	}
 	return nil
+}
+
+// index is engine name's position in start order (its core with vLLM).
+func (c *Cluster) index(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, n := range c.order {
+		if n == name {
+			return i
+		}
+	}
+	return 0
 }
 
 // routerAt is the router's process and URL, or an error when the cluster

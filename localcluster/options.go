@@ -68,6 +68,10 @@ type Options struct {
 	DecodeConnexdArgs  []string
 	// SimArgs are extra flags for every connex-sim.
 	SimArgs []string
+	// VLLM, when set, starts real `vllm serve` engines instead of
+	// connex-sim (Sim is then unused, and Layout, Blocks and the costs do
+	// not apply: the model decides them).
+	VLLM *VLLM
 	// LogLevel is every process's --log-level (default "warn").
 	LogLevel string
 
@@ -106,7 +110,16 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Connexd == "" {
 		return o, errors.New("localcluster: Options.Connexd (the connexd binary) is empty")
 	}
-	if o.Sim == "" {
+	if o.VLLM != nil {
+		v, err := o.VLLM.withDefaults()
+		if err != nil {
+			return o, err
+		}
+		o.VLLM = v
+		if o.StartTimeout <= 0 {
+			o.StartTimeout = vllmStartTimeout
+		}
+	} else if o.Sim == "" {
 		return o, errors.New("localcluster: Options.Sim (the connex-sim binary) is empty")
 	}
 	if o.Prefill < 0 || o.Decode < 0 {

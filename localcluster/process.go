@@ -40,12 +40,18 @@ type process struct {
 // startProcess starts path with args; its stdout and stderr go to log,
 // line by line, and the last lines are kept.
 func startProcess(name, path string, args []string, readyPrefix string, log *lineLog) (*process, error) {
+	return startProcessEnv(name, path, args, readyPrefix, log, os.Environ())
+}
+
+// startProcessEnv is startProcess with the child's environment. An empty
+// readyPrefix means the caller learns readiness another way (e.g. HTTP).
+func startProcessEnv(name, path string, args []string, readyPrefix string, log *lineLog, env []string) (*process, error) {
 	p := &process{
 		name: name, path: path, args: args, readyPrefix: readyPrefix, log: log,
 		exited: make(chan struct{}), ready: make(chan map[string]string, 1),
 	}
 	cmd := exec.Command(path, args...)
-	cmd.Env = os.Environ()
+	cmd.Env = env
 	cmd.Stdout = &lineWriter{line: p.stdoutLine}
 	cmd.Stderr = &lineWriter{line: p.outputLine}
 	cmd.SysProcAttr = sysProcAttr()
@@ -77,7 +83,7 @@ func (p *process) wait() {
 }
 
 func (p *process) stdoutLine(line string) {
-	if fields, ok := parseReady(line, p.readyPrefix); ok {
+	if fields, ok := parseReady(line, p.readyPrefix); ok && p.readyPrefix != "" {
 		p.mu.Lock()
 		first := p.fields == nil
 		if first {
@@ -157,7 +163,7 @@ func (p *process) signal(s syscall.Signal) error {
 	if !p.running() {
 		return fmt.Errorf("localcluster: %s (pid %d) is not running", p.name, p.pid())
 	}
-	if err := p.cmd.Process.Signal(s); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if err := p.signalGroup(s); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("localcluster: signal %s to %s: %w", s, p.name, err)
 	}
 	return nil
@@ -173,17 +179,18 @@ func (p *process) term(grace time.Duration) error {
 	if !p.running() {
 		return nil
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	_ = p.signalGroup(syscall.SIGCONT)
 	p.setStopped(false)
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.signalGroup(syscall.SIGTERM)
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
 	case <-p.exited:
+		_ = p.signalGroup(syscall.SIGKILL) // what the leader left behind (vLLM's engine core)
 		return nil
 	case <-t.C:
 	}
-	_ = p.cmd.Process.Kill()
+	_ = p.signalGroup(syscall.SIGKILL)
 	<-p.exited
 	return fmt.Errorf("localcluster: %s (pid %d) did not exit within %s of SIGTERM and was killed; last output:\n%s",
 		p.name, p.pid(), grace, p.logs())
@@ -191,10 +198,23 @@ func (p *process) term(grace time.Duration) error {
 
 // kill sends SIGKILL and waits for the exit.
 func (p *process) kill() {
-	if p.running() {
-		_ = p.cmd.Process.Kill()
-	}
+	_ = p.signalGroup(syscall.SIGKILL)
 	<-p.exited
+}
+
+// signalGroup sends s to the process's whole group (each child leads its
+// own: Setpgid): a `vllm serve` is an API server and an engine-core child,
+// and killing an engine means both. After the leader exited, the group's
+// remaining members still get s; with none left it is a no-op.
+func (p *process) signalGroup(s syscall.Signal) error {
+	err := syscall.Kill(-p.pid(), s)
+	if errors.Is(err, syscall.ESRCH) {
+		if p.running() {
+			return p.cmd.Process.Signal(s)
+		}
+		return os.ErrProcessDone
+	}
+	return err
 }
 
 // lineWriter calls line for each complete line written to it; a last line

@@ -34,7 +34,8 @@ const (
 type Layout struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	NumLayers uint32                 `protobuf:"varint,1,opt,name=num_layers,json=numLayers,proto3" json:"num_layers,omitempty"`
-	// 2 for full attention (K and V). Other values are rejected in this version.
+	// 2: K and V planes (plane 0 = K, 1 = V: vLLM's GPU backends); 1: K and V
+	// inside each block (vLLM's CPU backend). Other values are rejected.
 	KvPlanes  uint32 `protobuf:"varint,2,opt,name=kv_planes,json=kvPlanes,proto3" json:"kv_planes,omitempty"`
 	NumBlocks uint32 `protobuf:"varint,3,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`
 	// Bytes of one block in one layer and one plane.

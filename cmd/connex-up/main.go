@@ -82,6 +82,10 @@ func parseFlags(args []string, stderr io.Writer) (localcluster.Options, bool, er
 	logLevel := fs.String("log-level", "warn", "every process's log level: debug, info, warn or error")
 	dir := fs.String("dir", "", "directory for the connexds' data (default: a temporary one, removed at exit)")
 	quiet := fs.Bool("quiet", false, "do not show the processes' log lines")
+	vllmBin := fs.String("vllm", "", "run real `vllm serve` engines with this vllm command instead of connex-sim (make run-vllm sets it up)")
+	vllmModel := fs.String("vllm-model", "", "with --vllm: the model directory to serve (--model is its served name)")
+	vllmMaxLen := fs.Int("vllm-max-model-len", 4096, "with --vllm: vllm serve --max-model-len")
+	vllmPolicy := fs.String("kv-load-failure-policy", "fail", "with --vllm: vLLM's kv_load_failure_policy on decode engines, fail or recompute")
 	if err := fs.Parse(args); err != nil {
 		return d, false, err
 	}
@@ -103,6 +107,11 @@ func parseFlags(args []string, stderr io.Writer) (localcluster.Options, bool, er
 	d.ConnexdArgs = *connexdArgs
 	d.LogLevel = *logLevel
 	d.Dir = *dir
+	if *vllmBin != "" {
+		d.VLLM = &localcluster.VLLM{Bin: *vllmBin, Model: *vllmModel, MaxModelLen: *vllmMaxLen, LoadFailurePolicy: *vllmPolicy}
+	} else if *vllmModel != "" {
+		return d, false, errors.New("--vllm-model needs --vllm")
+	}
 	return d, *quiet, nil
 }
 
@@ -117,16 +126,22 @@ func banner(c *localcluster.Cluster, o localcluster.Options) string {
 			decode = append(decode, e)
 		}
 	}
+	engine, pace := "connex-sim", fmt.Sprintf("300 tokens at %s each", o.DecodePerToken)
+	tokens, kill := 300, "kill -9 %d"
+	if o.VLLM != nil {
+		// A vllm serve is a process group (API server and engine core).
+		engine, pace, tokens, kill = "vllm serve", "greedy, from a real vLLM", 3000, "kill -9 -- -%d"
+	}
 	s += fmt.Sprintf(`
-A streamed completion (%d tokens at %s each):
+A streamed completion (%s):
   curl -N -i %s/v1/completions -H 'Content-Type: application/json' \
-    -d '{"model":"%s","prompt":"Once upon a time","max_tokens":300,"stream":true}'
+    -d '{"model":"%s","prompt":"Once upon a time","max_tokens":%d,"stream":true}'
 
 Watch a resume: while it streams, kill the decode engine serving it (the X-Connex-Decode-Engine
 header names it); the stream carries on from another decode engine, with no second prefill:
-`, 300, o.DecodePerToken, c.RouterURL(), o.Model)
+`, pace, c.RouterURL(), o.Model, tokens)
 	for _, e := range decode {
-		s += fmt.Sprintf("  kill -9 %d    # %s's connex-sim\n", e.EnginePID, e.Name)
+		s += fmt.Sprintf("  "+kill+"    # %s's %s\n", e.EnginePID, e.Name, engine)
 	}
 	creds := ""
 	if f := c.AdminCreds(); f != "" {

@@ -78,6 +78,20 @@ def check_limits(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None)
     return settings, engine_id
 
 
+def layer_views(vllm_config: VllmConfig) -> list[torch.Tensor]:
+    """The KV cache tensors vLLM bound to its attention layers (``layer.kv_cache``): views of the tensors
+    ``register_kv_caches`` gets (kernel-block views on some backends), which must move to connexd's region
+    with them."""
+    ctx = getattr(vllm_config.compilation_config, "static_forward_context", None) or {}
+    out: list[torch.Tensor] = []
+    for layer in ctx.values():
+        kv = getattr(layer, "kv_cache", None)
+        for t in kv if isinstance(kv, (list, tuple)) else [kv]:
+            if isinstance(t, torch.Tensor) and t.numel() > 0:
+                out.append(t)
+    return out
+
+
 class ConnexConnector(KVConnectorBase_V1):
     """Prefill (kv_producer) keeps a request's KV as a renewable hold in connexd; decode (kv_consumer) pulls it,
     possibly again after a resume. See "The vLLM connector" in ARCHITECTURE.md."""
@@ -108,13 +122,14 @@ class ConnexConnector(KVConnectorBase_V1):
                 int(mc.max_model_len) if mc is not None else 0,
             )
         else:
-            self.connector_worker = ConnexWorker(settings, engine_id, block_size, 1)
+            num_blocks = int(kv_cache_config.num_blocks) if kv_cache_config is not None else 0
+            self.connector_worker = ConnexWorker(settings, engine_id, block_size, 1, num_blocks=num_blocks)
 
     # ---- worker role
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self.connector_worker is not None
-        self.connector_worker.register_kv_caches(kv_caches)
+        self.connector_worker.register_kv_caches(kv_caches, layer_views(self._vllm_config))
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)

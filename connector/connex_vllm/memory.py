@@ -1,15 +1,18 @@
 """KV memory that connexd can serve: the seam between vLLM's KV cache tensors and connexd's regions.
 
 connexd reads and writes KV blocks in a *region* it owns (``region.create``), laid out as
-``((layer * 2 + plane) * num_blocks + block) * block_bytes``. vLLM's attention backends keep one tensor per
-layer shaped ``(2, num_blocks, ...)`` (K/V plane first, then blocks): the same order, so a layer's tensor is one
-contiguous slice of the region.
+``((layer * planes + plane) * num_blocks + block) * block_bytes``. The layout is derived from the tensors vLLM
+hands ``register_kv_caches`` (``geometry``): GPU attention backends keep one tensor per layer shaped
+``(2, num_blocks, ...)`` (K/V plane first: ``planes`` 2); vLLM's CPU backend keeps ``[num_blocks, num_kv_heads,
+block_size, 2 * head_size]`` (K and V inside each block: ``planes`` 1). Either way a layer's tensor is one
+contiguous slice of the region, and a block is moved whole.
 
 Backends (``KVMemory``):
 
 - ``SharedRegionMemory`` (CPU KV caches, this version): connexd creates the region, the worker maps it
   (``mmap`` of the returned ``/proc/<connexd pid>/fd/<n>`` path) and rebinds every KV cache tensor onto its slice
-  with ``Tensor.set_`` (in place: the attention layers keep the same tensor objects). Zero copies: what the model
+  with ``Tensor.set_``, and with it every view the attention layers were bound to (in place: the layers keep
+  the same tensor objects). Zero copies: what the model
   writes is what connexd serves, and a pull writes straight into the decode engine's KV cache. Chosen over a
   staging copy because a copy costs a full pass over every block on both sides and puts it in the step loop.
 - CUDA (not built yet): a backend with the same three hooks. ``attach`` would export the cache with CUDA IPC
@@ -22,7 +25,7 @@ from __future__ import annotations
 import abc
 import mmap
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,10 +39,20 @@ class LayoutError(ValueError):
 
 @dataclass(frozen=True)
 class Geometry:
-    """KV geometry shared by every layer: what connexd's Layout needs."""
+    """KV geometry shared by every layer: what connexd's Layout needs.
+
+    Two per-layer layouts are served, each told apart by where the block dimension is:
+
+    - ``planes`` 2: ``(2, num_blocks, ...)``, K and V planes first (vLLM's GPU attention backends);
+    - ``planes`` 1: ``(num_blocks, ...)``, K and V inside each block (vLLM's CPU backend:
+      ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` with K transposed inside each page).
+
+    Either way a block is moved whole (never per token), and a layer is one contiguous slice of the region.
+    """
 
     layer_names: tuple[str, ...]
     num_blocks: int
+    planes: int  # 2: K and V planes first; 1: K and V inside each block
     block_bytes: int  # bytes of one block of one plane of one layer
     block_size: int  # tokens per block
     dtype: torch.dtype
@@ -47,8 +60,8 @@ class Geometry:
 
     @property
     def layer_bytes(self) -> int:
-        """Bytes of one layer (both planes, every block)."""
-        return 2 * self.num_blocks * self.block_bytes
+        """Bytes of one layer (every plane, every block)."""
+        return self.planes * self.num_blocks * self.block_bytes
 
     @property
     def bytes(self) -> int:
@@ -59,7 +72,7 @@ class Geometry:
         """connexd's Layout of this geometry."""
         return pb.Layout(
             num_layers=len(self.layer_names),
-            kv_planes=2,
+            kv_planes=self.planes,
             num_blocks=self.num_blocks,
             block_bytes=self.block_bytes,
             block_size=self.block_size,
@@ -67,28 +80,55 @@ class Geometry:
         )
 
 
-def geometry(kv_caches: dict[str, torch.Tensor], block_size: int) -> Geometry:
-    """Checks vLLM's KV cache tensors (full attention: K and V planes first, one shape for all layers)."""
+def _planes(shape: tuple[int, ...], num_blocks: int) -> int:
+    """2 for a (2, num_blocks, ...) tensor, 1 for (num_blocks, ...), 0 for neither. num_blocks 0 = unknown
+    (then a leading 2 followed by the block dimension means planes first)."""
+    if len(shape) >= 3 and shape[0] == 2 and (num_blocks == 0 or shape[1] == num_blocks):
+        return 2
+    if len(shape) >= 2 and (num_blocks == 0 or shape[0] == num_blocks):
+        return 1
+    return 0
+
+
+def geometry(kv_caches: dict[str, torch.Tensor], block_size: int, num_blocks: int = 0) -> Geometry:
+    """Derives the region geometry from vLLM's KV cache tensors (full attention, one shape for all layers).
+
+    num_blocks is vLLM's block count (``KVCacheConfig.num_blocks``) when known: it says which dimension holds
+    the blocks. A tensor in neither served layout, not contiguous, or unlike the others is refused."""
     if not kv_caches:
         raise LayoutError("ConnexConnector: no KV cache tensors to register")
     names = tuple(kv_caches)
     first = kv_caches[names[0]]
+    planes = _planes(tuple(first.shape), num_blocks)
     for name, t in kv_caches.items():
-        if t.dim() < 3 or t.shape[0] != 2:
-            raise LayoutError(
-                f"ConnexConnector: KV cache of layer {name} has shape {tuple(t.shape)}; this version serves only "
-                "full-attention caches shaped (2, num_blocks, ...) (K and V planes first)"
-            )
         if t.shape != first.shape or t.dtype != first.dtype:
             raise LayoutError(
                 f"ConnexConnector: KV cache of layer {name} is {tuple(t.shape)} {t.dtype}, layer {names[0]} is "
                 f"{tuple(first.shape)} {first.dtype}; every layer must share one geometry"
             )
+        if planes == 0:
+            raise LayoutError(
+                f"ConnexConnector: KV cache of layer {name} has shape {tuple(t.shape)} (vLLM's KV blocks: "
+                f"{num_blocks or 'unknown'}); this version serves full-attention caches shaped (2, num_blocks, ...) "
+                "(K and V planes first) or (num_blocks, ...) (K and V inside each block, vLLM's CPU layout)"
+            )
         if not t.is_contiguous():
-            raise LayoutError(f"ConnexConnector: KV cache of layer {name} is not contiguous (stride {t.stride()})")
-    num_blocks = int(first.shape[1])
-    block_bytes = first[0, 0].numel() * first.element_size()
-    return Geometry(names, num_blocks, block_bytes, block_size, first.dtype, tuple(first.shape))
+            raise LayoutError(
+                f"ConnexConnector: KV cache of layer {name} is not contiguous (shape {tuple(t.shape)}, stride "
+                f"{t.stride()}); this version moves whole blocks of a contiguous per-layer tensor"
+            )
+    blocks = int(first.shape[1] if planes == 2 else first.shape[0])
+    page = first[0, 0] if planes == 2 else first[0]
+    block_bytes = page.numel() * first.element_size()
+    return Geometry(names, blocks, planes, block_bytes, block_size, first.dtype, tuple(first.shape))
+
+
+def _storage_span(t: torch.Tensor) -> tuple[int, int, int]:
+    """(storage base address, first byte, end byte) of what t addresses in its storage."""
+    es = t.element_size()
+    start = t.storage_offset() * es
+    extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1 if t.numel() else 0
+    return t.untyped_storage().data_ptr(), start, start + extent * es
 
 
 class KVMemory(abc.ABC):
@@ -97,8 +137,14 @@ class KVMemory(abc.ABC):
     geometry: Geometry
 
     @abc.abstractmethod
-    def attach(self, kv_caches: dict[str, torch.Tensor], create_region: Callable[[pb.Layout], pb.RegionInfo]) -> None:
-        """Makes kv_caches connexd-servable; create_region runs region.create for a layout (blocking, at start)."""
+    def attach(
+        self,
+        kv_caches: dict[str, torch.Tensor],
+        create_region: Callable[[pb.Layout], pb.RegionInfo],
+        views: Sequence[torch.Tensor] = (),
+    ) -> None:
+        """Makes kv_caches connexd-servable; create_region runs region.create for a layout (blocking, at start).
+        views are the other tensors the model reads the same KV through (the attention layers' bound caches)."""
 
     def before_hold(self, block_ids: list[int]) -> None:  # noqa: B027 (optional hook)
         """The model wrote these blocks and a hold will serve them: make the bytes visible to connexd."""
@@ -112,22 +158,33 @@ class KVMemory(abc.ABC):
 
 
 class SharedRegionMemory(KVMemory):
-    """CPU KV caches rebound onto a region connexd created (zero copies)."""
+    """CPU KV caches rebound onto a region connexd created (zero copies).
 
-    def __init__(self, tp_size: int, block_size: int) -> None:
+    vLLM binds each attention layer to a view of the manager's KV tensor (``layer.kv_cache``: the same tensor or
+    a kernel-block view of it); every such view is rebound to the same bytes of the region, so the model writes
+    what connexd serves and a pull lands where attention reads. A view left on the old memory is an error at
+    start (it would serve stale KV), never a silent copy."""
+
+    def __init__(self, tp_size: int, block_size: int, num_blocks: int = 0) -> None:
         self.tp_size = tp_size
         self.block_size = block_size
+        self.num_blocks = num_blocks
         self._mm: mmap.mmap | None = None
         self.info: pb.RegionInfo | None = None
 
-    def attach(self, kv_caches: dict[str, torch.Tensor], create_region: Callable[[pb.Layout], pb.RegionInfo]) -> None:
+    def attach(
+        self,
+        kv_caches: dict[str, torch.Tensor],
+        create_region: Callable[[pb.Layout], pb.RegionInfo],
+        views: Sequence[torch.Tensor] = (),
+    ) -> None:
         for name, t in kv_caches.items():
             if t.device.type != "cpu":
                 raise LayoutError(
                     f"ConnexConnector: KV cache of layer {name} is on {t.device}; this version serves CPU KV "
                     "caches through a shared region (CUDA IPC / GPUDirect: see memory.KVMemory)"
                 )
-        self.geometry = geometry(kv_caches, self.block_size)
+        self.geometry = geometry(kv_caches, self.block_size, self.num_blocks)
         g = self.geometry
         info = create_region(g.layout(self.tp_size))
         if info.bytes and info.bytes < g.bytes:
@@ -139,11 +196,29 @@ class SharedRegionMemory(KVMemory):
             os.close(fd)  # the mapping keeps the memory; connexd's path names its own descriptor
         self.info = info
         whole = torch.frombuffer(self._mm, dtype=torch.uint8)
+        region = whole.untyped_storage()
+        # Where each layer's old bytes go: (old storage, old first byte, old end byte, region byte offset).
+        moves = []
+        for i, name in enumerate(g.layer_names):
+            base, start, end = _storage_span(kv_caches[name])
+            moves.append((base, start, end, i * g.layer_bytes))
+        targets = {id(t): t for t in views}
+        targets.update({id(t): t for t in kv_caches.values()})
         with torch.no_grad():
-            for i, name in enumerate(g.layer_names):
-                t = kv_caches[name]
-                view = whole[i * g.layer_bytes : (i + 1) * g.layer_bytes].view(g.dtype).view(g.shape)
-                t.set_(view)  # type: ignore[call-overload]  # in place: every holder of t now sees the region
+            for t in targets.values():
+                base, start, end = _storage_span(t)
+                if t.numel() == 0:
+                    continue
+                for mbase, mstart, mend, off in moves:
+                    if base == mbase and mstart <= start and end <= mend:
+                        es = t.element_size()
+                        t.set_(region, (off + start - mstart) // es, t.shape, t.stride())  # type: ignore[call-overload]
+                        break
+                else:
+                    raise LayoutError(
+                        f"ConnexConnector: a KV cache view {tuple(t.shape)} {t.dtype} the model reads lies outside "
+                        "every registered layer's KV tensor; serving it would read stale memory"
+                    )
 
     def close(self) -> None:
         # The tensors still point into the mapping; it goes with the process (closing an mmap with exported

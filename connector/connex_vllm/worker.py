@@ -12,7 +12,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -138,11 +138,17 @@ class ConnexWorker:
     """One worker rank's side of the connector."""
 
     def __init__(
-        self, settings: Settings, engine_id: str, block_size: int, tp_size: int, memory: KVMemory | None = None
+        self,
+        settings: Settings,
+        engine_id: str,
+        block_size: int,
+        tp_size: int,
+        memory: KVMemory | None = None,
+        num_blocks: int = 0,
     ) -> None:
         self.settings = settings
         self.engine_id = engine_id
-        self.memory = memory or SharedRegionMemory(tp_size, block_size)
+        self.memory = memory or SharedRegionMemory(tp_size, block_size, num_blocks)
         self.done = Completions()
         self.cursor = notices.NoticeCursor()
         self._bus: Bus | None = None
@@ -154,8 +160,9 @@ class ConnexWorker:
             raise RuntimeError("ConnexConnector worker: register_kv_caches has not run")
         return self._bus
 
-    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        """At start: connect, subscribe to this engine's notices, back the KV caches with a connexd region."""
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], views: Sequence[torch.Tensor] = ()) -> None:
+        """At start: connect, subscribe to this engine's notices, back the KV caches (and the views of them the
+        attention layers read) with a connexd region."""
         s = self.settings
         self._bus = Bus(
             s.nats_url,
@@ -175,7 +182,7 @@ class ConnexWorker:
             # region.create reserves the memory up front; large regions take a while.
             return self.bus.request_sync("region.create", req, pb.RegionInfo, max(s.call_timeout_s, 60.0))
 
-        self.memory.attach(kv_caches, create)
+        self.memory.attach(kv_caches, create, views)
         self.region = getattr(self.memory, "info", None)
         log.info("connex: engine %s KV caches backed by connexd %s region %s", self.engine_id, s.member, REGION_ID)
 
