@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/connex/connex/localcluster"
 )
@@ -147,7 +148,10 @@ func vllmSource(t *testing.T, url, source string) float64 {
 	return total
 }
 
-// TestVLLMResume: a streamed completion and a streamed chat through the
+// TestVLLM runs every real-vLLM check on one cluster (three vLLMs take a
+// few minutes to start on 2 cores).
+//
+// resume: a streamed completion and a streamed chat through the
 // router onto real vLLM engines; the decode engine SIGKILLed (its process
 // group) or SIGSTOPped mid-stream; the client's stream equals what one vLLM
 // serving the same request alone returns, token for token, with one
@@ -155,8 +159,14 @@ func vllmSource(t *testing.T, url, source string) float64 {
 // resumed engine loads the prompt's KV (vLLM's external_kv_transfer count)
 // and computes only the generated tokens; the prefill vLLM's KV blocks are
 // all free again afterwards.
-func TestVLLMResume(t *testing.T) {
+func TestVLLM(t *testing.T) {
 	c := startVLLM(t)
+	t.Run("resume", func(t *testing.T) { testVLLMResume(t, c) })
+	t.Run("stop-strings", func(t *testing.T) { testVLLMStopStrings(t, c) })
+	t.Run("hold-gone", func(t *testing.T) { testVLLMHoldGone(t, c) })
+}
+
+func testVLLMResume(t *testing.T, c *localcluster.Cluster) {
 	prefillURL := engineURL(t, c, "prefill-0")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -258,5 +268,184 @@ func waitEnginesFor(t testing.TB, c *localcluster.Cluster, d time.Duration) {
 	defer cancel()
 	if err := c.WaitEngines(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// runeStart moves i back to the start of the UTF-8 character holding it.
+func runeStart(s string, i int) int {
+	for i > 0 && i < len(s) && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return i
+}
+
+// testVLLMStopStrings: a request with a stop string whose first characters
+// the dead engine was holding back (vLLM withholds len(stop)-1 characters
+// while it checks for a match) when it was frozen. NVIDIA Dynamo's
+// migration lost that text (its PR #14378). Two stops: one that never
+// completes (the answer is the whole text) and one that completes on the
+// engine the request resumed on, across the resume. Each answer must equal
+// what one vLLM returns for the same request.
+func testVLLMStopStrings(t *testing.T, c *localcluster.Cluster) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const max, faultAt = 80, 24
+	alone := engineURL(t, c, "decode-1") + "/v1/completions"
+	prompt := vllmPrompt(99, 300)
+	plain, err := postStream(ctx, alone, vllmCompletion(prompt, max), nil)
+	if err != nil || plain.status != 200 || len(plain.texts) < faultAt+4 {
+		t.Fatalf("reference: %v %d %s (%d chunks)", err, plain.status, plain.body, len(plain.texts))
+	}
+	full := plain.text()
+	atFault := len(strings.Join(plain.texts[:faultAt], "")) // the text generated when the fault lands
+	cases := []struct {
+		name string
+		stop string
+	}{
+		// Begins 3 bytes before the fault point; "@@@" never follows.
+		{"never-completes", full[runeStart(full, atFault-3):runeStart(full, atFault+1)] + "@@@"},
+		// Begins 2 bytes before the fault point, ends 4 after: completes on
+		// the engine the request resumed on.
+		{"completes-after-resume", full[runeStart(full, atFault-2):runeStart(full, atFault+4)]},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if i := strings.Index(full, tc.stop); i >= 0 && i < atFault-4 {
+				t.Skipf("stop %q occurs earlier in this model's output (at %d): no fault point to test", tc.stop, i)
+			}
+			body := func() map[string]any {
+				b := vllmCompletion(prompt, max)
+				b["stop"] = []string{tc.stop}
+				return b
+			}
+			ref, err := postStream(ctx, alone, body(), nil)
+			if err != nil || ref.status != 200 || ref.dones != 1 {
+				t.Fatalf("reference with stop %q: %v %d %s", tc.stop, err, ref.status, ref.body)
+			}
+			var victim string
+			var faultErr error
+			got, err := postStream(ctx, c.RouterURL()+"/v1/completions", body(), func(n int, s *streamed) {
+				if n == faultAt-2 { // vLLM sends a chunk per token, some with no text while it holds back
+					victim = s.header.Get("X-Connex-Decode-Engine")
+					faultErr = c.Stop(victim + "/engine")
+				}
+			})
+			if victim != "" {
+				if err := c.Cont(victim + "/engine"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err != nil || faultErr != nil || victim == "" {
+				t.Fatalf("stream: %v; fault on %q: %v", err, victim, faultErr)
+			}
+			if got.status != 200 || got.dones != 1 || len(got.errors) > 0 {
+				t.Fatalf("status %d %s, %d [DONE], errors %v", got.status, got.body, got.dones, got.errors)
+			}
+			if got.text() != ref.text() || got.finish != ref.finish {
+				t.Fatalf("stop %q, frozen %s: the answer differs from vLLM alone:\n got %q (finish %s)\nwant %q (finish %s)", tc.stop, victim, got.text(), got.finish, ref.text(), ref.finish)
+			}
+			waitEnginesFor(t, c, 2*time.Minute)
+		})
+	}
+}
+
+// testVLLMHoldGone: the hold is gone (its prefill connexd killed) when the
+// decode engine dies too, so the engine the request resumes on cannot load
+// the KV; vLLM's kv_load_failure_policy decides. decode-1 runs with
+// recompute: it prefills locally and the answer still equals vLLM alone's.
+// decode-0 runs with fail: the stream ends with one kv_load_failed error
+// event, then [DONE]. The decode engine to fail first is steered by keeping
+// the other busy (the router picks the least loaded).
+func testVLLMHoldGone(t *testing.T, c *localcluster.Cluster) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	const max, faultAt = 120, 16
+	policyOf := map[string]string{"decode-0": "fail", "decode-1": "recompute"}
+	seen := map[string]bool{}
+	// Ties go to the lower engine id, so the first round fails decode-0 and
+	// decode-1 recomputes; the next keeps decode-0 busy to fail decode-1.
+	for round := 0; len(seen) < 2 && round < 4; round++ {
+		want := []string{"decode-0", "decode-1"}[len(seen)]
+		t.Run(fmt.Sprintf("round-%d", round), func(t *testing.T) {
+			prompt := vllmPrompt(int64(100+round), 300)
+			ref, err := postStream(ctx, engineURL(t, c, "decode-0")+"/v1/completions", vllmCompletion(prompt, max), nil)
+			if err != nil || ref.status != 200 || len(ref.ids) != max {
+				t.Fatalf("reference: %v %d %s", err, ref.status, ref.body)
+			}
+			bctx, bcancel := context.WithCancel(ctx)
+			busy := make(chan struct{})
+			if want == "decode-1" {
+				// A long request through the router lands on decode-0 and
+				// keeps it the busier: the next goes to decode-1.
+				go func() {
+					defer close(busy)
+					var once bool
+					_, _ = postStream(bctx, c.RouterURL()+"/v1/completions", vllmCompletion("keep busy", 1500), func(int, *streamed) {
+						if !once {
+							once = true
+							busy <- struct{}{}
+						}
+					})
+				}()
+				select {
+				case <-busy:
+				case <-ctx.Done():
+					t.Fatal("the busy request never streamed")
+				}
+			} else {
+				close(busy)
+			}
+			computed := map[string]float64{}
+			for d := range policyOf {
+				computed[d] = vllmSource(t, engineURL(t, c, d), "local_compute")
+			}
+			var victim string
+			var faultErr error
+			got, err := postStream(ctx, c.RouterURL()+"/v1/completions", vllmCompletion(prompt, max), func(n int, s *streamed) {
+				if n == faultAt {
+					victim = s.header.Get("X-Connex-Decode-Engine")
+					faultErr = errorsJoin(c.Kill("prefill-0/connexd"), c.Kill(victim+"/engine"))
+				}
+			})
+			bcancel()
+			<-busy
+			if err != nil || faultErr != nil || victim == "" {
+				t.Fatalf("stream: %v; fault on %q: %v", err, victim, faultErr)
+			}
+			resumer := "decode-0"
+			if victim == "decode-0" {
+				resumer = "decode-1"
+			}
+			policy := policyOf[resumer]
+			seen[policy] = true
+			t.Logf("hold gone: %s killed after %d tokens, %s (%s) took over", victim, faultAt, resumer, policy)
+			switch policy {
+			case "recompute":
+				if got.status != 200 || got.dones != 1 || len(got.errors) > 0 || got.text() != ref.text() {
+					t.Fatalf("recompute: status %d %s, errors %v\n got %q\nwant %q", got.status, got.body, got.errors, got.text(), ref.text())
+				}
+				if d := vllmSource(t, engineURL(t, c, resumer), "local_compute") - computed[resumer]; d < 300 {
+					t.Fatalf("%s computed %v prompt tokens: with the hold gone, recompute prefills the prompt locally", resumer, d)
+				}
+			case "fail":
+				if got.status != 200 || got.dones != 1 || len(got.errors) != 1 || !strings.Contains(got.errors[0], "kv_load_failed") {
+					t.Fatalf("fail: status %d %s, %d [DONE], errors %v: want one kv_load_failed error event then [DONE]", got.status, got.body, got.dones, got.errors)
+				}
+			}
+			// Bring back the prefill engine (its connexd and its vLLM) and the
+			// victim for what follows.
+			rctx, rcancel := context.WithTimeout(ctx, 6*time.Minute)
+			defer rcancel()
+			errs := make(chan error, 2)
+			go func() { errs <- c.Restart(rctx, "prefill-0") }()
+			go func() { errs <- c.Restart(rctx, victim+"/engine") }()
+			if err := errorsJoin(<-errs, <-errs); err != nil {
+				t.Fatal(err)
+			}
+			waitEnginesFor(t, c, 3*time.Minute)
+		})
+	}
+	if len(seen) < 2 {
+		t.Fatalf("policies seen on a resume with the hold gone: %v; want fail and recompute", seen)
 	}
 }

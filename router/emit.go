@@ -22,6 +22,10 @@ type emitter struct {
 	connex  map[string]any
 	// dropNext drops the next tokens relayed: a planted bug (plant_on.go).
 	dropNext bool
+	// stops, once a request resumed, applies its stop strings across the
+	// resume (stopfilter.go); stopped: one matched, the answer is complete.
+	stops   *stopFilter
+	stopped bool
 }
 
 func newEmitter(w http.ResponseWriter, c *ClientRequest, id string, created int64) *emitter {
@@ -102,6 +106,17 @@ func (e *emitter) tokens(text string, ids []uint32, finish *string) {
 	if e.dropNext && (text != "" || len(ids) > 0) {
 		e.dropNext = false
 		return
+	}
+	if e.stopped {
+		return
+	}
+	if e.stops != nil {
+		var matched bool
+		if text, matched = e.stops.feed(text, finish != nil); matched {
+			e.stopped = true
+			stop := "stop"
+			finish = &stop
+		}
 	}
 	e.text.WriteString(text)
 	e.ids = append(e.ids, ids...)

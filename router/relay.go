@@ -260,6 +260,9 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 				out.dropNext = true
 			}
 			body, err = ResumeBody(c, pre.promptIDs, out.ids, pre.params, rid)
+			if stops, include := stopStrings(c.Body); err == nil && len(stops) > 0 {
+				out.stops = newStopFilter(stops, include, out.text.String(), s.withheld(ctx, e, c.Model, out.ids, out.text.String(), rid))
+			}
 		}
 		if err != nil {
 			return serverError(CodeResumeFailed, "request %s: %v", rid, err)
@@ -393,6 +396,10 @@ func (s *Server) leg(ctx context.Context, e Engine, path string, body []byte, ou
 				stall.Token(now)
 			}
 			out.tokens(text, ids, fin)
+			if out.stopped { // a stop string matched across the resume: the answer is complete
+				abandon()
+				return legResult{end: legDone}
+			}
 			timer.Reset(time.Until(stall.Deadline(legStart)))
 		}
 	}
