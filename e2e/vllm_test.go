@@ -2,10 +2,15 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand"
+	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -163,6 +168,8 @@ func TestVLLM(t *testing.T) {
 	c := startVLLM(t)
 	t.Run("resume", func(t *testing.T) { testVLLMResume(t, c) })
 	t.Run("stop-strings", func(t *testing.T) { testVLLMStopStrings(t, c) })
+	t.Run("vllm-router", func(t *testing.T) { testVLLMRouter(t, c) })
+	t.Run("vllm-bench-serve", func(t *testing.T) { testVLLMBenchServe(t, c) })
 	t.Run("hold-gone", func(t *testing.T) { testVLLMHoldGone(t, c) })
 }
 
@@ -448,4 +455,130 @@ func testVLLMHoldGone(t *testing.T, c *localcluster.Cluster) {
 	if len(seen) < 2 {
 		t.Fatalf("policies seen on a resume with the hold gone: %v; want fail and recompute", seen)
 	}
+}
+
+// testVLLMRouter: vLLM's own P/D router (vllm-router 0.1.17,
+// --vllm-pd-disaggregation, from the same environment) in front of the
+// real engines with ConnexConnector serves completions, streamed and not,
+// equal to one vLLM's (no resume behind it: that part is ours).
+func testVLLMRouter(t *testing.T, c *localcluster.Cluster) {
+	bin := filepath.Join(filepath.Dir(os.Getenv("CONNEX_VLLM")), "vllm-router")
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("vllm-router is not in the vLLM environment (connector/vllm-cpu/requirements-lock.txt pins it): %v", err)
+	}
+	port := freeTCPPort(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var logs safeBuffer
+	cmd := exec.CommandContext(ctx, bin, "--vllm-pd-disaggregation", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--policy", "round_robin",
+		"--prefill", engineURL(t, c, "prefill-0"),
+		"--decode", engineURL(t, c, "decode-0"), "--decode", engineURL(t, c, "decode-1"))
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("vllm-router log:\n%s", logs.String())
+		}
+	})
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	checkFor(t, 2*time.Minute, 200*time.Millisecond, func() error {
+		resp, err := http.Get(base + "/health")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("vllm-router /health: %d", resp.StatusCode)
+		}
+		return nil
+	})
+	for i := range 4 {
+		prompt := vllmPrompt(int64(200+i), 300)
+		ref, err := postStream(ctx, engineURL(t, c, "decode-1")+"/v1/completions", vllmCompletion(prompt, 32), nil)
+		if err != nil || ref.status != 200 {
+			t.Fatalf("reference: %v %d %s", err, ref.status, ref.body)
+		}
+		got, err := postStream(ctx, base+"/v1/completions", vllmCompletion(prompt, 32), nil)
+		if err != nil || got.status != 200 || got.dones != 1 || got.text() != ref.text() {
+			t.Fatalf("through vllm-router (request %d): %v status %d %s\n got %q\nwant %q", i, err, got.status, got.body, got.text(), ref.text())
+		}
+		body := vllmCompletion(prompt, 32)
+		body["stream"] = false
+		delete(body, "stream_options")
+		status, ans, err := postJSON(ctx, base+"/v1/completions", body)
+		if err != nil || status != 200 {
+			t.Fatalf("through vllm-router, not streamed: %v %d %v", err, status, ans)
+		}
+		choices, _ := ans["choices"].([]any)
+		if len(choices) != 1 || choices[0].(map[string]any)["text"] != ref.text() {
+			t.Fatalf("through vllm-router, not streamed: %v\nwant %q", ans, ref.text())
+		}
+	}
+	// Each decode engine loaded KV from a hold (vLLM's own count).
+	for _, d := range []string{"decode-0", "decode-1"} {
+		if n := vllmSource(t, engineURL(t, c, d), "external_kv_transfer"); n == 0 {
+			t.Fatalf("%s loaded no KV behind vllm-router", d)
+		}
+	}
+}
+
+// testVLLMBenchServe: `vllm bench serve` from the same environment (the
+// tiny model's tokenizer, random prompts) against the Connex router: every
+// request completes. Its report is logged (BENCHMARKS.md has a run's).
+func testVLLMBenchServe(t *testing.T, c *localcluster.Cluster) {
+	_, model := vllmEnv(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	n := envInt("BENCH_SERVE_PROMPTS", 24)
+	cmd := exec.CommandContext(ctx, os.Getenv("CONNEX_VLLM"), "bench", "serve", "--backend", "openai",
+		"--base-url", c.RouterURL(), "--endpoint", "/v1/completions", "--model", vllmModel, "--tokenizer", model,
+		"--dataset-name", "random", "--random-input-len", "256", "--random-output-len", "64", "--ignore-eos",
+		"--num-prompts", strconv.Itoa(n), "--max-concurrency", "4", "--seed", "7",
+		"--save-result", "--result-dir", dir, "--result-filename", "bench.json")
+	cmd.Env = append(os.Environ(), "HF_HUB_OFFLINE=1", "VLLM_NO_USAGE_STATS=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("vllm bench serve: %v\n%s", err, out)
+	}
+	var res struct {
+		Completed    int     `json:"completed"`
+		Failed       int     `json:"failed"`
+		ReqPerSec    float64 `json:"request_throughput"`
+		OutTokPerSec float64 `json:"output_throughput"`
+		MedianTTFT   float64 `json:"median_ttft_ms"`
+		P99TTFT      float64 `json:"p99_ttft_ms"`
+		MedianITL    float64 `json:"median_itl_ms"`
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "bench.json"))
+	if err != nil || json.Unmarshal(b, &res) != nil {
+		t.Fatalf("vllm bench serve wrote no result: %v\n%s", err, out)
+	}
+	t.Logf("vllm bench serve through the Connex router: %d prompts of 256 tokens, 64 out, concurrency 4: completed %d, failed %d, %.2f req/s, %.1f output tok/s, TTFT p50 %.1f ms p99 %.1f ms, ITL p50 %.1f ms",
+		n, res.Completed, res.Failed, res.ReqPerSec, res.OutTokPerSec, res.MedianTTFT, res.P99TTFT, res.MedianITL)
+	if res.Completed != n || res.Failed != 0 {
+		t.Fatalf("vllm bench serve: %d of %d completed, %d failed\n%s", res.Completed, n, res.Failed, out)
+	}
+}
+
+func freeTCPPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
 }
