@@ -73,14 +73,6 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 	out.connex["request_id"] = rid
 	out.connex["prefill_engine"] = pre.engine
 	out.connex["prefills"] = 1
-	// The hold every decode leg pulls: ties the request to its transfer in
-	// connexd's logs, notices and `connexd status`.
-	var kv struct {
-		TransferID string `json:"transfer_id"`
-	}
-	if json.Unmarshal(pre.params, &kv) == nil && kv.TransferID != "" {
-		out.connex["transfer_id"] = kv.TransferID
-	}
 	if e := s.decode(r.Context(), c, rid, pre, out, start); e != nil {
 		status = e.Status
 		s.metrics.errors.WithLabelValues(e.Code).Inc()
@@ -123,7 +115,14 @@ func (s *Server) prefill(ctx context.Context, c *ClientRequest, rid string) (*pr
 		s.metrics.prefills.WithLabelValues(c.Model).Inc()
 		p, err := s.prefillOn(ctx, e, c, body)
 		if err == nil {
-			s.log.Info("prefilled", "request_id", rid, "engine", id, "prompt_tokens", len(p.promptIDs))
+			// The transfer id goes to the log only: it names the hold every
+			// decode leg pulls, which no client may learn (it would be the
+			// handle of a takeover).
+			var kv struct {
+				TransferID string `json:"transfer_id"`
+			}
+			_ = json.Unmarshal(p.params, &kv)
+			s.log.Info("prefilled", "request_id", rid, "engine", id, "prompt_tokens", len(p.promptIDs), "transfer", kv.TransferID)
 			return p, nil
 		}
 		last = err
