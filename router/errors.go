@@ -37,6 +37,10 @@ const (
 	CodeResumeFailed   = "resume_failed"
 	CodeNotFound       = "not_found"
 	CodeMethod         = "method_not_allowed"
+	// CodeUnauthorized: no valid API key (router_api_key*, router_admin_api_key*).
+	CodeUnauthorized = "invalid_api_key"
+	// CodeOverloaded: the router runs router_max_in_flight requests already.
+	CodeOverloaded = "overloaded"
 )
 
 func badRequest(param, format string, args ...any) *APIError {

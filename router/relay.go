@@ -28,12 +28,12 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 	defer s.metrics.inFlight.Dec()
 	status, model := http.StatusOK, ""
 	defer func() {
-		s.metrics.requests.WithLabelValues(model, kind.Path(), fmt.Sprint(status)).Inc()
+		s.metrics.requests.WithLabelValues(model, kind.Path(), statusLabel(status)).Inc()
 		s.metrics.e2e.Observe(s.now().Sub(start).Seconds())
 	}()
 	reject := func(e *APIError) {
 		status = e.Status
-		s.metrics.errors.WithLabelValues(e.Code).Inc()
+		s.metrics.errors.WithLabelValues(codeLabel(e.Code)).Inc()
 		writeError(w, e)
 	}
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
@@ -52,8 +52,8 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		reject(aerr)
 		return
 	}
-	model = c.Model
 	all, servable := Models(s.live())
+	model = modelLabel(c.Model, all)
 	if !servable[c.Model] {
 		if contains(all, c.Model) {
 			reject(unavailable(CodeNoEngine, "model %q has no live prefill and decode engine pair right now; retry later", c.Model))
@@ -75,7 +75,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 	out.connex["prefills"] = 1
 	if e := s.decode(r.Context(), c, rid, pre, out, start); e != nil {
 		status = e.Status
-		s.metrics.errors.WithLabelValues(e.Code).Inc()
+		s.metrics.errors.WithLabelValues(codeLabel(e.Code)).Inc()
 		s.log.Warn("request failed", "request_id", rid, "code", e.Code, "err", e.Message)
 		out.fail(e)
 		return
@@ -375,7 +375,7 @@ func (s *Server) leg(ctx context.Context, e Engine, path string, body []byte, ou
 				if json.Unmarshal(ch.Connex, &cx) == nil {
 					if kl, ok := cx["kv_load"].(string); ok {
 						out.connex["kv_load"] = kl
-						s.metrics.kvLoads.WithLabelValues(kl).Inc()
+						s.metrics.kvLoads.WithLabelValues(kvLoadLabel(kl)).Inc()
 						if kl == "recomputed" {
 							out.connex["prefills"] = 2
 						}
