@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -23,6 +24,15 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 	if !allow(w, r, http.MethodPost) {
 		return
 	}
+	leave, ok := s.admit.enter()
+	if !ok {
+		s.metrics.errors.WithLabelValues(CodeOverloaded).Inc()
+		s.metrics.requests.WithLabelValues("unknown", kind.Path(), statusLabel(http.StatusServiceUnavailable)).Inc()
+		w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter/time.Second)))
+		writeError(w, overloaded(s.cfg.MaxInFlight))
+		return
+	}
+	defer leave()
 	start := s.now()
 	s.metrics.inFlight.Inc()
 	defer s.metrics.inFlight.Dec()

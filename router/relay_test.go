@@ -26,7 +26,8 @@ type fakeEngine struct {
 	id, role  string
 	failAfter int
 	hang      bool
-	status    int // non-zero: answer every leg with this status
+	gap       time.Duration // the engine's time per token (a paced decode)
+	status    int           // non-zero: answer every leg with this status
 	code      string
 	// served, if set, is closed when the engine gets its first leg.
 	served chan struct{}
@@ -92,6 +93,13 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		fmt.Fprintf(w, "data: {\"choices\":[{\"text\":\" w%d\",\"token_ids\":[%d],\"finish_reason\":%s}]}\n\n", tok, tok, fin)
 		fl.Flush()
+		if f.gap > 0 {
+			select {
+			case <-time.After(f.gap):
+			case <-r.Context().Done():
+				return
+			}
+		}
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 }
