@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -82,6 +83,7 @@ func parseFlags(args []string, stderr io.Writer) (localcluster.Options, bool, er
 	logLevel := fs.String("log-level", "warn", "every process's log level: debug, info, warn or error")
 	dir := fs.String("dir", "", "directory for the connexds' data (default: a temporary one, removed at exit)")
 	quiet := fs.Bool("quiet", false, "do not show the processes' log lines")
+	apiKeyFile := fs.String("api-key-file", "", "file whose first line is the API key the router then requires on /v1/* (default: none)")
 	if err := fs.Parse(args); err != nil {
 		return d, false, err
 	}
@@ -103,6 +105,16 @@ func parseFlags(args []string, stderr io.Writer) (localcluster.Options, bool, er
 	d.ConnexdArgs = *connexdArgs
 	d.LogLevel = *logLevel
 	d.Dir = *dir
+	if *apiKeyFile != "" {
+		data, err := os.ReadFile(*apiKeyFile)
+		if err != nil {
+			return d, false, fmt.Errorf("--api-key-file: %w", err)
+		}
+		key, _, _ := strings.Cut(string(data), "\n")
+		if d.APIKey = strings.TrimSpace(key); d.APIKey == "" {
+			return d, false, fmt.Errorf("--api-key-file %s: the first line is empty", *apiKeyFile)
+		}
+	}
 	return d, *quiet, nil
 }
 
@@ -117,17 +129,23 @@ func banner(c *localcluster.Cluster, o localcluster.Options) string {
 			decode = append(decode, e)
 		}
 	}
+	auth := ""
+	if o.APIKey != "" {
+		auth = ` -H "Authorization: Bearer $(head -1 <your --api-key-file>)"`
+	}
 	s += fmt.Sprintf(`
 A streamed completion (%d tokens at %s each):
-  curl -N -i %s/v1/completions -H 'Content-Type: application/json' \
+  curl -N -i %s/v1/completions%s -H 'Content-Type: application/json' \
     -d '{"model":"%s","prompt":"Once upon a time","max_tokens":300,"stream":true}'
 
 Watch a resume: while it streams, kill the decode engine serving it (the X-Connex-Decode-Engine
 header names it); the stream carries on from another decode engine, with no second prefill:
-`, 300, o.DecodePerToken, c.RouterURL(), o.Model)
+`, 300, o.DecodePerToken, c.RouterURL(), auth, o.Model)
 	for _, e := range decode {
 		s += fmt.Sprintf("  kill -9 %d    # %s's connex-sim\n", e.EnginePID, e.Name)
 	}
+	s += fmt.Sprintf("\nThe router's engines and metrics take its admin key (written to %s):\n  curl -H \"Authorization: Bearer $(cat %s)\" %s/connex/v1/engines\n",
+		c.AdminKeyFile(), c.AdminKeyFile(), c.RouterURL())
 	creds := ""
 	if f := c.AdminCreds(); f != "" {
 		creds = " --creds " + f
