@@ -155,3 +155,23 @@ func FuzzParseClient(f *testing.F) {
 		}
 	})
 }
+
+// TestEngineErrorsNameNoTransfer: an engine's error relayed to the client
+// (a failed KV load names its transfer) reaches it without the transfer id
+// or anything shaped like one; the client's own request id stays.
+func TestEngineErrorsNameNoTransfer(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d := (&fakeEngine{t: t, id: "d", role: "decode", status: 503, code: CodeKVLoadFailed,
+		msg: "KV load of transfer t1 failed: expired (hold 0123456789abcdef0123456789ABCDEF of request cmpl-00000000000000000000000000000000)"}).start()
+	s := newTestRouter(t, p, d)
+	status, _, body := call(t, "POST", s.URL()+"/v1/completions", "", `{"model":"m","prompt":"abc","stream":true}`)
+	var e struct {
+		Error APIError `json:"error"`
+	}
+	_ = json.Unmarshal([]byte(body), &e)
+	msg := e.Error.Message
+	if status != 503 || strings.Contains(msg, "t1") || strings.Contains(strings.ToLower(msg), "0123456789abcdef") ||
+		!strings.Contains(msg, "cmpl-00000000000000000000000000000000") || !strings.Contains(msg, "transfer <transfer> failed") {
+		t.Fatalf("%d %s: want a 503 naming no transfer", status, body)
+	}
+}

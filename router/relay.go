@@ -76,7 +76,8 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 	rid := newRequestID(kind)
 	pre, aerr := s.prefill(r.Context(), c, rid)
 	if aerr != nil {
-		reject(aerr)
+		s.log.Warn("prefill failed", "request_id", rid, "code", aerr.Code, "err", aerr.Message)
+		reject(aerr.redacted(""))
 		return
 	}
 	out := newEmitter(w, c, rid, start.Unix())
@@ -87,7 +88,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		status = e.Status
 		s.metrics.errors.WithLabelValues(codeLabel(e.Code)).Inc()
 		s.log.Warn("request failed", "request_id", rid, "code", e.Code, "err", e.Message)
-		out.fail(e)
+		out.fail(e.redacted(transferOf(pre.params))) // the log above keeps the ids
 		return
 	}
 	out.done(len(pre.promptIDs))
@@ -100,6 +101,15 @@ func contains(xs []string, x string) bool {
 		}
 	}
 	return false
+}
+
+// transferOf is the transfer id in a prefill's kv_transfer_params ("" if none).
+func transferOf(params json.RawMessage) string {
+	var kv struct {
+		TransferID string `json:"transfer_id"`
+	}
+	_ = json.Unmarshal(params, &kv)
+	return kv.TransferID
 }
 
 // prefilled is what the prefill leg produced.
@@ -128,11 +138,7 @@ func (s *Server) prefill(ctx context.Context, c *ClientRequest, rid string) (*pr
 			// The transfer id goes to the log only: it names the hold every
 			// decode leg pulls, which no client may learn (it would be the
 			// handle of a takeover).
-			var kv struct {
-				TransferID string `json:"transfer_id"`
-			}
-			_ = json.Unmarshal(p.params, &kv)
-			s.log.Info("prefilled", "request_id", rid, "engine", id, "prompt_tokens", len(p.promptIDs), "transfer", kv.TransferID)
+			s.log.Info("prefilled", "request_id", rid, "engine", id, "prompt_tokens", len(p.promptIDs), "transfer", transferOf(p.params))
 			return p, nil
 		}
 		last = err
