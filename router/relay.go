@@ -76,7 +76,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 	rid := newRequestID(kind)
 	pre, aerr := s.prefill(r.Context(), c, rid)
 	if aerr != nil {
-		s.log.Warn("prefill failed", "request_id", rid, "code", aerr.Code, "err", aerr.Message)
+		s.log.Info("prefill failed", "request_id", rid, "code", aerr.Code, "err", aerr.Message)
 		reject(aerr.redacted(""))
 		return
 	}
