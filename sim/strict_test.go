@@ -48,3 +48,33 @@ func TestSimKeysAreExact(t *testing.T) {
 		t.Fatalf("exact keys: %d %s", status, body)
 	}
 }
+
+// FuzzSimDecodeWire: a body the engine accepts has each of its keys once
+// and no key that folds to a request field without being it.
+func FuzzSimDecodeWire(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt":"hi","max_tokens":1}`,
+		`{"prompt":"hi","` + "\u212A" + `v_transfer_params":{"do_remote_decode":true}}`,
+		`{"prompt":"hi","prompt":"x"}`,
+		`{"Prompt":"hi","ſtream":true,"stream_options":{"include_usage":true,"INCLUDE_usage":false}}`,
+		`{"kv_transfer_params":null,"kv_transfer_params":{}}`,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		if _, herr := decodeWire([]byte(body)); herr != nil {
+			return
+		}
+		obj, herr := strictObject([]byte(body), "")
+		if herr != nil {
+			t.Fatalf("accepted, yet not a strict object: %v", herr)
+		}
+		for key := range obj {
+			for _, k := range wireKeys {
+				if key != k && strings.EqualFold(key, k) {
+					t.Fatalf("accepted key %q folds to %q", key, k)
+				}
+			}
+		}
+	})
+}
