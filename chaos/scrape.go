@@ -51,6 +51,7 @@ func (r *run) routerPrefills(ctx context.Context) int {
 	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(cctx, http.MethodGet, r.c.RouterURL()+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+r.c.AdminKey()) // the router's /metrics is an admin endpoint
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return -1

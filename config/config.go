@@ -163,6 +163,21 @@ type Config struct {
 	RouterMaxResumes int
 	// RouterMaxBodyBytes bounds a client request body.
 	RouterMaxBodyBytes int
+	// RouterReadHeaderTimeout, RouterReadTimeout and RouterIdleTimeout
+	// bound a client's headers, its whole request, and an idle keep-alive
+	// connection.
+	RouterReadHeaderTimeout, RouterReadTimeout, RouterIdleTimeout time.Duration
+	// RouterMaxConns caps the router's open client connections.
+	RouterMaxConns int
+	// RouterMaxInFlight caps the completions the router serves at once
+	// (more: 503 overloaded with Retry-After).
+	RouterMaxInFlight int
+	// APIKeys, if any, are required on the router's /v1/* (from api_key,
+	// comma-separated, and api_key_file, one per line).
+	APIKeys []string
+	// AdminKeys, if any, are required on the router's /connex/v1/* and
+	// /metrics (admin_api_key, admin_api_key_file).
+	AdminKeys []string
 }
 
 // keys and their defaults; the flag of key k is --k with '_' as '-'.
@@ -219,6 +234,15 @@ var defaults = []struct {
 	{"router_prefill_timeout_ms", 120000, "router: deadline (ms) of the prefill leg"},
 	{"router_max_resumes", 3, "router: how often one request may move to another decode engine"},
 	{"router_max_body_bytes", 8 << 20, "router: largest accepted client request body in bytes"},
+	{"router_read_header_timeout_ms", 10000, "router: a client's deadline (ms) to send its request headers"},
+	{"router_read_timeout_ms", 60000, "router: a client's deadline (ms) to send its whole request, body included"},
+	{"router_idle_timeout_ms", 120000, "router: an idle keep-alive client connection is closed after this (ms)"},
+	{"router_max_conns", 4096, "router: open client connections at most (more wait in the accept queue)"},
+	{"router_max_in_flight", 256, "router: completions served at once (more: 503 overloaded, Retry-After)"},
+	{"api_key", "", "router: API keys required on /v1/* (comma-separated; prefer api_key_file or CONNEX_API_KEY: flags show in ps)"},
+	{"api_key_file", "", "router: file of API keys required on /v1/*, one per line (# comments)"},
+	{"admin_api_key", "", "router: admin keys required on /connex/v1/* and /metrics (comma-separated)"},
+	{"admin_api_key_file", "", "router: file of admin keys, one per line (# comments)"},
 }
 
 // Flags returns the flag set connexd parses: --config plus one flag per key.
@@ -399,6 +423,27 @@ func build(v *viper.Viper) (Config, error) {
 	if c.RouterMaxBodyBytes, err = positive(v, "router_max_body_bytes", 1<<30); err != nil {
 		return c, err
 	}
+	if c.RouterReadHeaderTimeout, err = ms("router_read_header_timeout_ms", 3600*1000); err != nil {
+		return c, err
+	}
+	if c.RouterReadTimeout, err = ms("router_read_timeout_ms", 3600*1000); err != nil {
+		return c, err
+	}
+	if c.RouterIdleTimeout, err = ms("router_idle_timeout_ms", 3600*1000); err != nil {
+		return c, err
+	}
+	if c.RouterMaxConns, err = positive(v, "router_max_conns", 1<<20); err != nil {
+		return c, err
+	}
+	if c.RouterMaxInFlight, err = positive(v, "router_max_in_flight", 1<<20); err != nil {
+		return c, err
+	}
+	if c.APIKeys, err = apiKeys(v, "api_key", "api_key_file"); err != nil {
+		return c, err
+	}
+	if c.AdminKeys, err = apiKeys(v, "admin_api_key", "admin_api_key_file"); err != nil {
+		return c, err
+	}
 	c.NATSURL = strings.TrimSpace(v.GetString("nats_url"))
 	c.NATSListen = strings.TrimSpace(v.GetString("nats_listen"))
 	c.DataDir = v.GetString("data_dir")
@@ -509,4 +554,33 @@ func defaultMemberID() string {
 		host = "connexd"
 	}
 	return host + "-" + hex.EncodeToString(b[:])
+}
+
+// apiKeys are the keys of listKey (comma-separated) and of the file named by
+// fileKey (one per line; blank lines and lines starting with # skipped).
+func apiKeys(v *viper.Viper, listKey, fileKey string) ([]string, error) {
+	var keys []string
+	for _, k := range strings.Split(v.GetString(listKey), ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			keys = append(keys, k)
+		}
+	}
+	path := strings.TrimSpace(v.GetString(fileKey))
+	if path == "" {
+		return keys, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s=%q: %w", ErrInvalid, fileKey, path, err)
+	}
+	n := len(keys)
+	for _, line := range strings.Split(string(data), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			keys = append(keys, line)
+		}
+	}
+	if len(keys) == n {
+		return nil, fmt.Errorf("%w: %s=%q holds no key (one per line)", ErrInvalid, fileKey, path)
+	}
+	return keys, nil
 }

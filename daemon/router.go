@@ -16,15 +16,22 @@ func (d *Daemon) startRouter() error {
 		return fmt.Errorf("role router needs cluster membership, which needs JetStream: %v", d.reqErr)
 	}
 	srv, err := router.New(router.Config{
-		Listen:         d.cfg.HTTPListen,
-		Engines:        d.advertisedEngines,
-		StallMin:       d.cfg.RouterStall,
-		StallFactor:    d.cfg.RouterStallFactor,
-		FirstToken:     d.cfg.RouterFirstToken,
-		PrefillTimeout: d.cfg.RouterPrefillTimeout,
-		MaxResumes:     d.cfg.RouterMaxResumes,
-		MaxBodyBytes:   int64(d.cfg.RouterMaxBodyBytes),
-		Log:            d.log.With("component", "router"),
+		Listen:            d.cfg.HTTPListen,
+		Engines:           d.advertisedEngines,
+		StallMin:          d.cfg.RouterStall,
+		StallFactor:       d.cfg.RouterStallFactor,
+		FirstToken:        d.cfg.RouterFirstToken,
+		PrefillTimeout:    d.cfg.RouterPrefillTimeout,
+		MaxResumes:        d.cfg.RouterMaxResumes,
+		MaxBodyBytes:      int64(d.cfg.RouterMaxBodyBytes),
+		ReadHeaderTimeout: d.cfg.RouterReadHeaderTimeout,
+		ReadTimeout:       d.cfg.RouterReadTimeout,
+		IdleTimeout:       d.cfg.RouterIdleTimeout,
+		MaxConns:          d.cfg.RouterMaxConns,
+		MaxInFlight:       d.cfg.RouterMaxInFlight,
+		APIKeys:           d.cfg.APIKeys,
+		AdminKeys:         d.cfg.AdminKeys,
+		Log:               d.log.With("component", "router"),
 	})
 	if err != nil {
 		return err

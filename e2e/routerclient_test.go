@@ -127,12 +127,26 @@ func postJSON(ctx context.Context, url string, body map[string]any) (int, map[st
 
 // scrape reads a Prometheus text endpoint into series → value; labels are
 // kept as written ("name{a=\"b\"}").
-func scrape(url string) (map[string]float64, error) {
-	resp, err := http.Get(url)
+func scrape(url string) (map[string]float64, error) { return scrapeAs(url, "") }
+
+// scrapeAs is scrape with "Authorization: Bearer <key>" (the router's
+// /metrics wants its admin key: localcluster.Cluster.AdminKey).
+func scrapeAs(url, key string) (map[string]float64, error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
 	out := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {

@@ -122,6 +122,11 @@ func (c *Cluster) startRouter(ctx context.Context, natsListen, httpListen string
 		return fmt.Errorf("localcluster: router data dir: %w", err)
 	}
 	args := c.opts.routerArgs(dataDir, natsListen, httpListen)
+	keys, err := writeKeyFiles(dataDir, c.opts.APIKey, c.opts.AdminKey)
+	if err != nil {
+		return err
+	}
+	args = append(args, keys...)
 	if c.opts.NATSURL != "" && c.opts.AuthDir != "" {
 		c.mu.Lock()
 		c.authDir = c.opts.AuthDir
@@ -320,7 +325,7 @@ func (c *Cluster) WaitEngines(ctx context.Context) error {
 	last := "no answer yet"
 	for {
 		want := c.advertised()
-		listed, err := getEngines(ctx, client, url+"/connex/v1/engines")
+		listed, err := getEngines(ctx, client, url+"/connex/v1/engines", c.opts.AdminKey)
 		switch {
 		case errors.Is(err, errNoEngineList):
 			return nil
@@ -374,4 +379,27 @@ func (c *Cluster) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.closed
+}
+
+// adminKeyFile is the router's admin key file in its data dir.
+const adminKeyFile = "admin.key"
+
+// writeKeyFiles writes the router's keys into files only its user reads
+// (flags would show them in ps) and returns the flags naming them.
+func writeKeyFiles(dir, apiKey, adminKey string) ([]string, error) {
+	var flags []string
+	for _, k := range []struct{ flag, name, key string }{
+		{"--api-key-file", "api.key", apiKey},
+		{"--admin-api-key-file", adminKeyFile, adminKey},
+	} {
+		if k.key == "" {
+			continue
+		}
+		path := filepath.Join(dir, k.name)
+		if err := os.WriteFile(path, []byte(k.key+"\n"), 0o600); err != nil {
+			return nil, fmt.Errorf("localcluster: router key file: %w", err)
+		}
+		flags = append(flags, k.flag, path)
+	}
+	return flags, nil
 }

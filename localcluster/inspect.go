@@ -2,6 +2,7 @@ package localcluster
 
 import (
 	"fmt"
+	"path/filepath"
 	"sort"
 )
 
@@ -11,6 +12,17 @@ func (c *Cluster) RouterURL() string {
 	defer c.mu.Unlock()
 	return c.routerURL
 }
+
+// APIKey is the key the router requires on /v1/* (Options.APIKey; empty:
+// none).
+func (c *Cluster) APIKey() string { return c.opts.APIKey }
+
+// AdminKey is the key the router requires on /connex/v1/* and /metrics:
+// send it as "Authorization: Bearer <key>".
+func (c *Cluster) AdminKey() string { return c.opts.AdminKey }
+
+// AdminKeyFile is the file holding AdminKey (readable by its owner only).
+func (c *Cluster) AdminKeyFile() string { return filepath.Join(c.dir, RouterName, adminKeyFile) }
 
 // NATSURL is the URL every member uses (the router's embedded server unless
 // Options.NATSURL named one).

@@ -2,6 +2,8 @@ package localcluster
 
 import (
 	"cmp"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -62,6 +64,13 @@ type Options struct {
 	ConnexdArgs []string
 	// RouterArgs are extra flags for the router's connexd only.
 	RouterArgs []string
+	// APIKey, if set, is the key the router requires on /v1/* (passed in
+	// a file, --api-key-file); clients send "Authorization: Bearer <key>".
+	APIKey string
+	// AdminKey is the key the router requires on /connex/v1/* and /metrics
+	// (--admin-api-key-file); empty: a random one, which Cluster.AdminKey
+	// returns. The cluster's own engine-list checks use it.
+	AdminKey string
 	// PrefillConnexdArgs and DecodeConnexdArgs are extra flags for the
 	// connexd of each prefill / decode engine only.
 	PrefillConnexdArgs []string
@@ -140,6 +149,11 @@ func (o Options) withDefaults() (Options, error) {
 	o.NATSListen = cmp.Or(o.NATSListen, "127.0.0.1:0")
 	o.ClusterPreset = cmp.Or(o.ClusterPreset, "local")
 	o.LogLevel = cmp.Or(o.LogLevel, "warn")
+	if o.AdminKey == "" {
+		var b [16]byte
+		_, _ = rand.Read(b[:])
+		o.AdminKey = "connex-admin-" + hex.EncodeToString(b[:])
+	}
 	if o.StartTimeout <= 0 {
 		o.StartTimeout = 30 * time.Second
 	}

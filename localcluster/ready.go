@@ -113,11 +113,15 @@ func enginesDiff(listed []routerEngine, want map[string]string) string {
 // errNoEngineList means the router has no GET /connex/v1/engines.
 var errNoEngineList = errors.New("the router lists no engines (404)")
 
-// getEngines reads the router's engine list.
-func getEngines(ctx context.Context, client *http.Client, url string) ([]routerEngine, error) {
+// getEngines reads the router's engine list (with adminKey, base URLs
+// included).
+func getEngines(ctx context.Context, client *http.Client, url, adminKey string) ([]routerEngine, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	if adminKey != "" {
+		req.Header.Set("Authorization", "Bearer "+adminKey)
 	}
 	resp, err := client.Do(req)
 	if err != nil {

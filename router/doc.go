@@ -17,6 +17,8 @@
 // unbroken stream. No second prefill happens while the hold lives.
 //
 // Decisions are pure and tested on their own: which engine (pick.go), when a
-// stream counts as stalled (stall.go), what each leg's body is (legs.go).
-// server.go and relay.go only wire them to HTTP.
+// stream counts as stalled (stall.go), what each leg's body is (legs.go,
+// built only from the client fields body.go accepts: clients are not
+// trusted). server.go and relay.go only wire them to HTTP; auth.go (API and
+// admin keys) and limits.go (timeouts, connection cap, admission) guard it.
 package router

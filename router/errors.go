@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"regexp"
+	"strings"
 )
 
 // APIError is an OpenAI-shaped error: what the router answers with, and how
@@ -37,6 +39,10 @@ const (
 	CodeResumeFailed   = "resume_failed"
 	CodeNotFound       = "not_found"
 	CodeMethod         = "method_not_allowed"
+	// CodeUnauthorized: no valid API key (router_api_key*, router_admin_api_key*).
+	CodeUnauthorized = "invalid_api_key"
+	// CodeOverloaded: the router runs router_max_in_flight requests already.
+	CodeOverloaded = "overloaded"
 )
 
 func badRequest(param, format string, args ...any) *APIError {
@@ -107,4 +113,33 @@ func truncate(b []byte, n int) []byte {
 		return b[:n]
 	}
 	return b
+}
+
+// hexID is what a transfer id looks like (128 random bits in hex).
+var hexID = regexp.MustCompile(`[0-9a-fA-F]{32}`)
+
+// redacted is e with the request's transfer id, and anything shaped like
+// one, taken out of its message: engines' errors ("KV load of transfer
+// <id> failed") are relayed to the client, and a transfer id is the handle
+// of a hold, which no client is given. The router's own request ids
+// ("cmpl-<hex>", "chatcmpl-<hex>") stay: they are the client's.
+func (e *APIError) redacted(transferID string) *APIError {
+	msg := e.Message
+	if transferID != "" {
+		msg = strings.ReplaceAll(msg, transferID, "<transfer>")
+	}
+	var b strings.Builder
+	last := 0
+	for _, m := range hexID.FindAllStringIndex(msg, -1) {
+		if strings.HasSuffix(msg[:m[0]], "cmpl-") {
+			continue
+		}
+		b.WriteString(msg[last:m[0]])
+		b.WriteString("<id>")
+		last = m[1]
+	}
+	b.WriteString(msg[last:])
+	out := *e
+	out.Message = b.String()
+	return &out
 }

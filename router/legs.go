@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 )
@@ -29,9 +30,9 @@ func (k Kind) Path() string {
 // for exactly the tokens still missing.
 const defaultCompletionMaxTokens = 16
 
-// ClientRequest is a client's request as the router needs it. Body keeps
-// every field the client sent, so that the legs pass through what the router
-// does not interpret.
+// ClientRequest is a client's request as the router needs it. Body holds
+// the client's fields that passed ParseClient (known keys only, each
+// exactly once, values re-encoded); the legs are built from it.
 type ClientRequest struct {
 	Kind  Kind
 	Body  map[string]json.RawMessage
@@ -59,14 +60,18 @@ var resumeDrops = []string{
 // ParseClient validates a client's body for endpoint kind.
 func ParseClient(kind Kind, data []byte) (*ClientRequest, *APIError) {
 	c := &ClientRequest{Kind: kind}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	if err := dec.Decode(&c.Body); err != nil || c.Body == nil {
-		return nil, badRequest("", "the body is not a JSON object: %v", errText(err))
+	body, err := decodeObject(data)
+	if err != nil {
+		var ke *keyError
+		if errors.As(err, &ke) {
+			return nil, badRequest(ke.key, "%s", ke.msg)
+		}
+		return nil, badRequest("", "%v", err)
 	}
-	if dec.More() {
-		return nil, badRequest("", "the body has data after its JSON object")
+	if ke := checkKeys(body); ke != nil {
+		return nil, badRequest(ke.key, "%s", ke.msg)
 	}
+	c.Body = body
 	if err := field(c.Body, "model", &c.Model); err != nil || c.Model == "" {
 		return nil, badRequest("model", "model must be a non-empty string")
 	}
@@ -77,13 +82,11 @@ func ParseClient(kind Kind, data []byte) (*ClientRequest, *APIError) {
 		return nil, badRequest("return_token_ids", "return_token_ids must be a boolean")
 	}
 	if raw, ok := c.Body["stream_options"]; ok && !isNull(raw) {
-		var so struct {
-			IncludeUsage *bool `json:"include_usage"`
-		}
-		if err := json.Unmarshal(raw, &so); err != nil {
+		// Exact keys only: the legs carry the router's own stream_options.
+		var so map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &so); err != nil || field(so, "include_usage", &c.IncludeUsage) != nil {
 			return nil, badRequest("stream_options", "stream_options must be an object such as {\"include_usage\": true}")
 		}
-		c.IncludeUsage = so.IncludeUsage != nil && *so.IncludeUsage
 	}
 	for _, key := range []string{"max_tokens", "max_completion_tokens"} {
 		var n *int
@@ -106,9 +109,6 @@ func ParseClient(kind Kind, data []byte) (*ClientRequest, *APIError) {
 	var echo bool
 	if err := field(c.Body, "echo", &echo); err != nil || echo {
 		return nil, badRequest("echo", "echo is not supported by the router")
-	}
-	if raw, ok := c.Body["kv_transfer_params"]; ok && !isNull(raw) {
-		return nil, badRequest("kv_transfer_params", "kv_transfer_params is set by the router, not by clients")
 	}
 	switch kind {
 	case Completions:

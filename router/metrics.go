@@ -1,8 +1,62 @@
 package router
 
 import (
+	"slices"
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
+
+// Label values come only from bounded sets: a label taken from what a client
+// or an engine wrote (a model name, an engine's error code) would let either
+// grow the router's memory and /metrics without end, one series per value.
+
+// labelOther stands for every value outside a label's bounded set.
+const labelOther = "other"
+
+// maxModelLabel bounds a model name used as a label (engines' served names
+// are far shorter).
+const maxModelLabel = 256
+
+// modelLabel is model if some engine serves it (known), else "unknown".
+func modelLabel(model string, known []string) string {
+	if len(model) <= maxModelLabel && slices.Contains(known, model) {
+		return model
+	}
+	return "unknown"
+}
+
+// routerCodes are the error codes the router itself answers with, plus the
+// engines' codes it acts on.
+var routerCodes = []string{CodeInvalidRequest, CodeModelNotFound, CodeBodyTooLarge, CodeNoEngine, CodeEngineFailed,
+	CodeKVLoadFailed, CodeResumeFailed, CodeNotFound, CodeMethod, CodeUnauthorized, CodeOverloaded}
+
+// codeLabel is code if it is one of routerCodes, else "other" (engines'
+// codes are relayed to clients as they are, but not made into series).
+func codeLabel(code string) string {
+	if slices.Contains(routerCodes, code) {
+		return code
+	}
+	return labelOther
+}
+
+// kvLoadLabel is an engine's connex.kv_load if it is one the router knows.
+func kvLoadLabel(kind string) string {
+	switch kind {
+	case "pulled", "recomputed", "local":
+		return kind
+	}
+	return labelOther
+}
+
+// statusLabel is an HTTP status as a label; an engine's status outside
+// 100..599 is "other".
+func statusLabel(status int) string {
+	if status < 100 || status > 599 {
+		return labelOther
+	}
+	return strconv.Itoa(status)
+}
 
 // metrics are the router's Prometheus series, served on its /metrics.
 type metrics struct {

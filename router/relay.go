@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -23,17 +24,26 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 	if !allow(w, r, http.MethodPost) {
 		return
 	}
+	leave, ok := s.admit.enter()
+	if !ok {
+		s.metrics.errors.WithLabelValues(CodeOverloaded).Inc()
+		s.metrics.requests.WithLabelValues("unknown", kind.Path(), statusLabel(http.StatusServiceUnavailable)).Inc()
+		w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter/time.Second)))
+		writeError(w, overloaded(s.cfg.MaxInFlight))
+		return
+	}
+	defer leave()
 	start := s.now()
 	s.metrics.inFlight.Inc()
 	defer s.metrics.inFlight.Dec()
 	status, model := http.StatusOK, ""
 	defer func() {
-		s.metrics.requests.WithLabelValues(model, kind.Path(), fmt.Sprint(status)).Inc()
+		s.metrics.requests.WithLabelValues(model, kind.Path(), statusLabel(status)).Inc()
 		s.metrics.e2e.Observe(s.now().Sub(start).Seconds())
 	}()
 	reject := func(e *APIError) {
 		status = e.Status
-		s.metrics.errors.WithLabelValues(e.Code).Inc()
+		s.metrics.errors.WithLabelValues(codeLabel(e.Code)).Inc()
 		writeError(w, e)
 	}
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
@@ -52,8 +62,8 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		reject(aerr)
 		return
 	}
-	model = c.Model
 	all, servable := Models(s.live())
+	model = modelLabel(c.Model, all)
 	if !servable[c.Model] {
 		if contains(all, c.Model) {
 			reject(unavailable(CodeNoEngine, "model %q has no live prefill and decode engine pair right now; retry later", c.Model))
@@ -66,26 +76,19 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 	rid := newRequestID(kind)
 	pre, aerr := s.prefill(r.Context(), c, rid)
 	if aerr != nil {
-		reject(aerr)
+		s.log.Info("prefill failed", "request_id", rid, "code", aerr.Code, "err", aerr.Message)
+		reject(aerr.redacted(""))
 		return
 	}
 	out := newEmitter(w, c, rid, start.Unix())
 	out.connex["request_id"] = rid
 	out.connex["prefill_engine"] = pre.engine
 	out.connex["prefills"] = 1
-	// The hold every decode leg pulls: ties the request to its transfer in
-	// connexd's logs, notices and `connexd status`.
-	var kv struct {
-		TransferID string `json:"transfer_id"`
-	}
-	if json.Unmarshal(pre.params, &kv) == nil && kv.TransferID != "" {
-		out.connex["transfer_id"] = kv.TransferID
-	}
 	if e := s.decode(r.Context(), c, rid, pre, out, start); e != nil {
 		status = e.Status
-		s.metrics.errors.WithLabelValues(e.Code).Inc()
+		s.metrics.errors.WithLabelValues(codeLabel(e.Code)).Inc()
 		s.log.Warn("request failed", "request_id", rid, "code", e.Code, "err", e.Message)
-		out.fail(e)
+		out.fail(e.redacted(transferOf(pre.params))) // the log above keeps the ids
 		return
 	}
 	out.done(len(pre.promptIDs))
@@ -98,6 +101,15 @@ func contains(xs []string, x string) bool {
 		}
 	}
 	return false
+}
+
+// transferOf is the transfer id in a prefill's kv_transfer_params ("" if none).
+func transferOf(params json.RawMessage) string {
+	var kv struct {
+		TransferID string `json:"transfer_id"`
+	}
+	_ = json.Unmarshal(params, &kv)
+	return kv.TransferID
 }
 
 // prefilled is what the prefill leg produced.
@@ -123,7 +135,10 @@ func (s *Server) prefill(ctx context.Context, c *ClientRequest, rid string) (*pr
 		s.metrics.prefills.WithLabelValues(c.Model).Inc()
 		p, err := s.prefillOn(ctx, e, c, body)
 		if err == nil {
-			s.log.Info("prefilled", "request_id", rid, "engine", id, "prompt_tokens", len(p.promptIDs))
+			// The transfer id goes to the log only: it names the hold every
+			// decode leg pulls, which no client may learn (it would be the
+			// handle of a takeover).
+			s.log.Info("prefilled", "request_id", rid, "engine", id, "prompt_tokens", len(p.promptIDs), "transfer", transferOf(p.params))
 			return p, nil
 		}
 		last = err
@@ -379,7 +394,7 @@ func (s *Server) leg(ctx context.Context, e Engine, path string, body []byte, ou
 				if json.Unmarshal(ch.Connex, &cx) == nil {
 					if kl, ok := cx["kv_load"].(string); ok {
 						out.connex["kv_load"] = kl
-						s.metrics.kvLoads.WithLabelValues(kl).Inc()
+						s.metrics.kvLoads.WithLabelValues(kvLoadLabel(kl)).Inc()
 						if kl == "recomputed" {
 							out.connex["prefills"] = 2
 						}

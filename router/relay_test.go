@@ -26,8 +26,10 @@ type fakeEngine struct {
 	id, role  string
 	failAfter int
 	hang      bool
-	status    int // non-zero: answer every leg with this status
+	gap       time.Duration // the engine's time per token (a paced decode)
+	status    int           // non-zero: answer every leg with this status
 	code      string
+	msg       string // the error's message (default "no")
 	// served, if set, is closed when the engine gets its first leg.
 	served chan struct{}
 
@@ -60,7 +62,11 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Unlock()
 	if f.status != 0 {
 		w.WriteHeader(f.status)
-		fmt.Fprintf(w, `{"error":{"message":"no","type":"server_error","code":%q}}`, f.code)
+		msg := f.msg
+		if msg == "" {
+			msg = "no"
+		}
+		fmt.Fprintf(w, `{"error":{"message":%q,"type":"server_error","code":%q}}`, msg, f.code)
 		return
 	}
 	prompt := []int{1, 2, 3}
@@ -92,6 +98,13 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		fmt.Fprintf(w, "data: {\"choices\":[{\"text\":\" w%d\",\"token_ids\":[%d],\"finish_reason\":%s}]}\n\n", tok, tok, fin)
 		fl.Flush()
+		if f.gap > 0 {
+			select {
+			case <-time.After(f.gap):
+			case <-r.Context().Done():
+				return
+			}
+		}
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 }

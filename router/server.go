@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -35,6 +36,23 @@ type Config struct {
 	MaxResumes int
 	// MaxBodyBytes bounds a client body.
 	MaxBodyBytes int64
+	// ReadHeaderTimeout, ReadTimeout and IdleTimeout bound how long a
+	// client may take to send its headers, its whole request, and how long
+	// an idle keep-alive connection stays open (zero: the Default*
+	// constants). A streamed answer has no write deadline.
+	ReadHeaderTimeout, ReadTimeout, IdleTimeout time.Duration
+	// MaxConns caps open client connections (0: DefaultMaxConns).
+	MaxConns int
+	// APIKeys, if any, are required on /v1/* ("Authorization: Bearer
+	// <key>"); without one a request is answered 401 invalid_api_key.
+	APIKeys []string
+	// AdminKeys, if any, are required on the operator endpoints
+	// (/connex/v1/*, /metrics). Engines' base URLs are listed only to a
+	// caller that presents one: without admin keys they are never listed.
+	AdminKeys []string
+	// MaxInFlight caps completions served at once; one more is answered
+	// 503 overloaded with Retry-After (0: DefaultMaxInFlight).
+	MaxInFlight int
 	// Log gets one line per request event worth an operator's attention.
 	Log *slog.Logger
 }
@@ -47,7 +65,10 @@ type Server struct {
 	srv     *http.Server
 	client  *http.Client
 	metrics *metrics
-	now     func() time.Time
+	admit   *admission
+	// apiKeys guard /v1/*, adminKeys the operator endpoints.
+	apiKeys, adminKeys *keyring
+	now                func() time.Time
 
 	mu   sync.Mutex
 	busy map[string]int // legs this router has running per engine id
@@ -62,12 +83,19 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
+	cfg.ReadHeaderTimeout = cmp.Or(cfg.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	cfg.ReadTimeout = cmp.Or(cfg.ReadTimeout, DefaultReadTimeout)
+	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout)
+	cfg.MaxConns = cmp.Or(cfg.MaxConns, DefaultMaxConns)
+	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, DefaultMaxInFlight)
+	tl, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("router: listen on %s (http_listen): %w", cfg.Listen, err)
 	}
+	ln := newCappedListener(tl, cfg.MaxConns)
 	s := &Server{
 		cfg: cfg, log: cfg.Log, ln: ln, metrics: newMetrics(), now: time.Now, busy: map[string]int{}, done: make(chan struct{}),
+		admit: newAdmission(cfg.MaxInFlight), apiKeys: newKeyring(cfg.APIKeys), adminKeys: newKeyring(cfg.AdminKeys),
 		client: &http.Client{Transport: &http.Transport{
 			DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
 			MaxIdleConnsPerHost: 64,
@@ -86,7 +114,8 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &APIError{Status: http.StatusNotFound, Type: "not_found_error", Code: CodeNotFound, Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
 	})
-	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug)}
+	s.srv = &http.Server{Handler: s.guard(mux), ReadHeaderTimeout: cfg.ReadHeaderTimeout, ReadTimeout: cfg.ReadTimeout, IdleTimeout: cfg.IdleTimeout,
+		MaxHeaderBytes: 64 << 10, ErrorLog: slog.NewLogLogger(cfg.Log.Handler(), slog.LevelDebug)}
 	go func() {
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("router HTTP server stopped", "err", err)
@@ -161,18 +190,25 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 }
 
 // engines lists the engines this router sees (operators, tests): JSON
-// [{engine_id, role, model, member, base_url, in_flight, blocks_free,
-// blocks_total, suspect}], by engine id.
+// [{engine_id, role, model, member, in_flight, blocks_free, blocks_total,
+// suspect}], by engine id, plus each base_url for a caller with an admin
+// key: an engine's own HTTP API has no authentication of its own, so its
+// address is not handed to anyone who asks.
 func (s *Server) engines(w http.ResponseWriter, r *http.Request) {
 	if !allow(w, r, http.MethodGet) {
 		return
 	}
+	admin := s.adminKeys.allows(r)
 	es := s.cfg.Engines()
 	out := make([]map[string]any, 0, len(es))
 	for _, e := range es {
-		out = append(out, map[string]any{"engine_id": e.Info.GetEngineId(), "role": e.Info.GetRole(), "model": e.Info.GetModel(),
-			"member": e.Member, "base_url": e.Info.GetBaseUrl(), "in_flight": e.Info.GetInFlight(), "blocks_free": e.Info.GetBlocksFree(),
-			"blocks_total": e.Info.GetBlocksTotal(), "suspect": e.Suspect})
+		m := map[string]any{"engine_id": e.Info.GetEngineId(), "role": e.Info.GetRole(), "model": e.Info.GetModel(),
+			"member": e.Member, "in_flight": e.Info.GetInFlight(), "blocks_free": e.Info.GetBlocksFree(),
+			"blocks_total": e.Info.GetBlocksTotal(), "suspect": e.Suspect}
+		if admin {
+			m["base_url"] = e.Info.GetBaseUrl()
+		}
+		out = append(out, m)
 	}
 	slices.SortFunc(out, func(a, b map[string]any) int {
 		return strings.Compare(a["engine_id"].(string), b["engine_id"].(string))

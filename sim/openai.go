@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 
 	"github.com/connex/connex/messages"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -62,6 +64,101 @@ type wireRequest struct {
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 
+// wireKeys are wireRequest's keys. The body is matched against them
+// exactly: encoding/json matches struct keys case-insensitively with
+// Unicode folding ("\u212Av_transfer_params", with a Kelvin sign, would
+// fill KVTransferParams), so a key that folds to one of these without being
+// it is refused, as is a key given twice; other keys are ignored, as vLLM
+// ignores fields it does not use.
+var wireKeys = []string{"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options",
+	"n", "return_token_ids", "kv_transfer_params"}
+
+// decodeWire decodes body into a wireRequest by exact keys.
+func decodeWire(body []byte) (*wireRequest, *httpError) {
+	obj, herr := strictObject(body, "")
+	if herr != nil {
+		return nil, herr
+	}
+	known := map[string]json.RawMessage{}
+	for key, raw := range obj {
+		for _, k := range wireKeys {
+			switch {
+			case key == k:
+				known[k] = raw
+			case strings.EqualFold(key, k):
+				return nil, badRequest("invalid_value", key, "field %q is not %q: keys are case-sensitive", key, k)
+			}
+		}
+	}
+	if raw, ok := known["stream_options"]; ok {
+		so, herr := strictObject(raw, "stream_options")
+		if herr != nil && !isNullJSON(raw) {
+			return nil, herr
+		}
+		for key := range so {
+			if key != "include_usage" && strings.EqualFold(key, "include_usage") {
+				return nil, badRequest("invalid_value", "stream_options", "stream_options: field %q is not \"include_usage\": keys are case-sensitive", key)
+			}
+		}
+	}
+	// Every key left is exactly a wireRequest key, present once: the
+	// struct decode below can no longer fold or pick between copies.
+	w := new(wireRequest)
+	if err := json.Unmarshal(mustJSON(known), w); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return nil, badRequest("invalid_type", te.Field, "field %q: expected %s, got a JSON %s", te.Field, te.Type, te.Value)
+		}
+		return nil, badRequest("invalid_json", "", "request body is not valid JSON: %v", err)
+	}
+	return w, nil
+}
+
+func isNullJSON(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
+
+// strictObject reads data as one JSON object whose keys appear once each.
+// what names it in errors ("" for the body).
+func strictObject(data []byte, what string) (map[string]json.RawMessage, *httpError) {
+	name := what
+	if name == "" {
+		name = "request body"
+	}
+	bad := func(format string, a ...any) *httpError {
+		return badRequest("invalid_json", what, "%s: %s", name, fmt.Sprintf(format, a...))
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, bad("not valid JSON: %v", err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, bad("not a JSON object")
+	}
+	out := map[string]json.RawMessage{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, bad("not valid JSON: %v", err)
+		}
+		key, _ := tok.(string)
+		if _, dup := out[key]; dup {
+			return nil, badRequest("invalid_value", key, "%s: the key %q appears more than once", name, key)
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, bad("not valid JSON: %v", err)
+		}
+		out[key] = raw
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, bad("not valid JSON: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, bad("data after the JSON object")
+	}
+	return out, nil
+}
+
 // genRequest is a validated request.
 type genRequest struct {
 	chat         bool
@@ -77,17 +174,9 @@ type genRequest struct {
 // parseRequest decodes and validates a request body. model is the served
 // model name.
 func parseRequest(body []byte, chat bool, model string) (*genRequest, *httpError) {
-	var w wireRequest
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&w); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return nil, badRequest("invalid_type", te.Field, "field %q: expected %s, got a JSON %s", te.Field, te.Type, te.Value)
-		}
-		return nil, badRequest("invalid_json", "", "request body is not valid JSON: %v", err)
-	}
-	if dec.More() {
-		return nil, badRequest("invalid_json", "", "request body has data after the JSON object")
+	w, herr := decodeWire(body)
+	if herr != nil {
+		return nil, herr
 	}
 	if w.Model != "" && w.Model != model {
 		return nil, &httpError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
@@ -115,7 +204,6 @@ func parseRequest(body []byte, chat bool, model string) (*genRequest, *httpError
 			return nil, badRequest("invalid_value", "max_tokens", "max_tokens=%d: must be at least 1", g.maxTokens)
 		}
 	}
-	var herr *httpError
 	if chat {
 		g.tokens, herr = chatTokens(w.Messages)
 	} else {

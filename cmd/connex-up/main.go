@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -86,6 +87,7 @@ func parseFlags(args []string, stderr io.Writer) (localcluster.Options, bool, er
 	vllmModel := fs.String("vllm-model", "", "with --vllm: the model directory to serve (--model is its served name)")
 	vllmMaxLen := fs.Int("vllm-max-model-len", 4096, "with --vllm: vllm serve --max-model-len")
 	vllmPolicy := fs.String("kv-load-failure-policy", "fail", "with --vllm: vLLM's kv_load_failure_policy on decode engines, fail or recompute")
+	apiKeyFile := fs.String("api-key-file", "", "file whose first line is the API key the router then requires on /v1/* (default: none)")
 	if err := fs.Parse(args); err != nil {
 		return d, false, err
 	}
@@ -112,6 +114,16 @@ func parseFlags(args []string, stderr io.Writer) (localcluster.Options, bool, er
 	} else if *vllmModel != "" {
 		return d, false, errors.New("--vllm-model needs --vllm")
 	}
+	if *apiKeyFile != "" {
+		data, err := os.ReadFile(*apiKeyFile)
+		if err != nil {
+			return d, false, fmt.Errorf("--api-key-file: %w", err)
+		}
+		key, _, _ := strings.Cut(string(data), "\n")
+		if d.APIKey = strings.TrimSpace(key); d.APIKey == "" {
+			return d, false, fmt.Errorf("--api-key-file %s: the first line is empty", *apiKeyFile)
+		}
+	}
 	return d, *quiet, nil
 }
 
@@ -132,17 +144,23 @@ func banner(c *localcluster.Cluster, o localcluster.Options) string {
 		// A vllm serve is a process group (API server and engine core).
 		engine, pace, tokens, kill = "vllm serve", "greedy, from a real vLLM", 3000, "kill -9 -- -%d"
 	}
+	auth := ""
+	if o.APIKey != "" {
+		auth = ` -H "Authorization: Bearer $(head -1 <your --api-key-file>)"`
+	}
 	s += fmt.Sprintf(`
 A streamed completion (%s):
-  curl -N -i %s/v1/completions -H 'Content-Type: application/json' \
+  curl -N -i %s/v1/completions%s -H 'Content-Type: application/json' \
     -d '{"model":"%s","prompt":"Once upon a time","max_tokens":%d,"stream":true}'
 
 Watch a resume: while it streams, kill the decode engine serving it (the X-Connex-Decode-Engine
 header names it); the stream carries on from another decode engine, with no second prefill:
-`, pace, c.RouterURL(), o.Model, tokens)
+`, pace, c.RouterURL(), auth, o.Model, tokens)
 	for _, e := range decode {
 		s += fmt.Sprintf("  "+kill+"    # %s's %s\n", e.EnginePID, e.Name, engine)
 	}
+	s += fmt.Sprintf("\nThe router's engines and metrics take its admin key (written to %s):\n  curl -H \"Authorization: Bearer $(cat %s)\" %s/connex/v1/engines\n",
+		c.AdminKeyFile(), c.AdminKeyFile(), c.RouterURL())
 	creds := ""
 	if f := c.AdminCreds(); f != "" {
 		creds = " --creds " + f
