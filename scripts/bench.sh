@@ -9,6 +9,9 @@
 #                      needs root, iproute2, nftables and iperf3
 #   bench.sh deadline  how long after its context's deadline a Get returns against a silent or stalled
 #                      peer, TCP and UCX (DEADLINE ...); the tests only bound it by a 10 s hang guard
+#   bench.sh scale     CPU per request over the first and last 10k of 100k requests through the request store
+#                      and its orphan scan, and idle CPU before and after (SCALE ...); BENCH_SCALE_REQUESTS=n
+#                      for fewer, BENCH_SCALE_IDLE_S=s for the idle windows
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -66,5 +69,9 @@ case "${1:-control}" in
              if (name !~ /onesided/ && $i > worst) worst = $i } }
          END { if (!n) exit 1; printf "DEADLINE%s worst_vs_20ms_deadline=%.3f\n", s, worst / 20 }' "$out"
     ;;
-  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline" >&2; exit 2 ;;
+  scale)
+    go test -run '^$' -bench '^BenchmarkScale$' -benchtime 1x -timeout 30m ./requests/ | tee "$out"
+    grep '^SCALE ' "$out" | tail -1
+    ;;
+  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale" >&2; exit 2 ;;
 esac
