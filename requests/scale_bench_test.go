@@ -80,13 +80,20 @@ func BenchmarkScale(b *testing.B) {
 			coord.Run(stop)
 		}()
 
-		before := idleCPU(idleSeconds)
+		msgs := func() int64 {
+			v, err := srv.Varz(nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return v.InMsgs + v.OutMsgs
+		}
+		before := idleCPU(idleSeconds, msgs)
 		var windows []phase
 		for from := 0; from < total; from += window {
-			windows = append(windows, drive(b, ctx, store, from, min(from+window, total)))
+			windows = append(windows, drive(b, ctx, store, from, min(from+window, total), msgs))
 		}
 		first, last := windows[0], windows[len(windows)-1]
-		after := idleCPU(idleSeconds)
+		after := idleCPU(idleSeconds, msgs)
 
 		close(stop)
 		<-done
@@ -101,30 +108,37 @@ func BenchmarkScale(b *testing.B) {
 		perFirst, perLast := first.cpu/time.Duration(first.n), last.cpu/time.Duration(last.n)
 		fmt.Printf("scale: %d requests (create, 1 progress, finish; 16 at a time), orphan scan every %v (%d scans), this process's CPU (embedded NATS + store)\n",
 			total, coord.Interval, scans.Load())
-		fmt.Printf("  µs CPU per request by %d:", window)
+		fmt.Printf("  by %d requests, µs CPU per request:", window)
 		for _, w := range windows {
 			fmt.Printf(" %.0f", micros(w.cpu/time.Duration(w.n)))
+		}
+		fmt.Printf("\n  by %d requests, NATS messages per request (server in + out):", window)
+		for _, w := range windows {
+			fmt.Printf(" %.1f", float64(w.msgs)/float64(w.n))
 		}
 		fmt.Println()
 		fmt.Printf("  first %d: %v wall, %.1f µs CPU per request\n", first.n, first.wall.Round(time.Millisecond), micros(perFirst))
 		fmt.Printf("  last %d:  %v wall, %.1f µs CPU per request\n", last.n, last.wall.Round(time.Millisecond), micros(perLast))
 		fmt.Printf("  idle before, ms CPU per s: %v (median %.2f)\n", before.samples, before.median)
 		fmt.Printf("  idle after,  ms CPU per s: %v (median %.2f)\n", after.samples, after.median)
+		fmt.Printf("  idle NATS messages per s: before %.1f, after %.1f\n", before.msgsPerSecond, after.msgsPerSecond)
 		fmt.Printf("  bucket after: %d messages\n", status.Values())
 		fmt.Printf("SCALE cpu_per_req_ratio_last_vs_first=%.3f idle_cpu_after_vs_before=%.3f\n",
 			float64(perLast)/float64(perFirst), after.median/before.median)
 	}
 }
 
-// phase is the wall and CPU time of n requests.
+// phase is the wall and CPU time of n requests, and the messages the
+// NATS server handled meanwhile.
 type phase struct {
 	n         int
 	wall, cpu time.Duration
+	msgs      int64
 }
 
 // drive runs requests from..to-1 through store, 16 at a time: create, one
-// progress checkpoint, finish.
-func drive(b *testing.B, ctx context.Context, store *KVStore, from, to int) phase {
+// progress checkpoint, finish. msgs counts the server's messages.
+func drive(b testing.TB, ctx context.Context, store *KVStore, from, to int, msgs func() int64) phase {
 	var (
 		next     atomic.Int64
 		wg       sync.WaitGroup
@@ -132,7 +146,7 @@ func drive(b *testing.B, ctx context.Context, store *KVStore, from, to int) phas
 		failed   error
 	)
 	next.Store(int64(from))
-	t0, c0 := time.Now(), processCPU()
+	t0, c0, m0 := time.Now(), processCPU(), msgs()
 	for range 16 {
 		wg.Add(1)
 		go func() {
@@ -149,7 +163,7 @@ func drive(b *testing.B, ctx context.Context, store *KVStore, from, to int) phas
 	if failed != nil {
 		b.Fatal(failed)
 	}
-	return phase{n: to - from, wall: time.Since(t0), cpu: processCPU() - c0}
+	return phase{n: to - from, wall: time.Since(t0), cpu: processCPU() - c0, msgs: msgs() - m0}
 }
 
 // oneRequest is request i's life in the store as a request actor lives it.
@@ -175,24 +189,28 @@ func oneRequest(ctx context.Context, store *KVStore, i int64) error {
 	return store.Delete(ctx, st.RequestId, rev)
 }
 
-// idle is CPU use over seconds 1 s samples, in ms of CPU per s; the
-// median keeps a rare background flush from deciding the figure.
+// idle is CPU use over 1 s samples, in ms of CPU per s; the median keeps
+// a rare background flush, or a second without a scan, from deciding the
+// figure.
 type idle struct {
-	samples []float64
-	median  float64
+	samples       []float64
+	median        float64
+	msgsPerSecond float64 // NATS server messages, over all samples
 }
 
-func idleCPU(seconds int) idle {
+func idleCPU(seconds int, msgs func() int64) idle {
 	// Neither the garbage the requests left nor the runtime handing its
 	// pages back to the OS afterwards (the scavenger) counts as idle cost.
 	debug.FreeOSMemory()
 	time.Sleep(time.Second) // settling, not waiting for a condition
 	var out idle
+	m0, start := msgs(), time.Now()
 	for range seconds {
 		c0, t0 := processCPU(), time.Now()
 		time.Sleep(time.Second) // measuring a second of idleness, not waiting for a condition
 		out.samples = append(out.samples, float64((processCPU()-c0).Microseconds())/1000/time.Since(t0).Seconds())
 	}
+	out.msgsPerSecond = float64(msgs()-m0) / time.Since(start).Seconds()
 	sorted := slices.Sorted(slices.Values(out.samples))
 	out.median = sorted[len(sorted)/2]
 	for i, s := range out.samples {
