@@ -236,6 +236,46 @@ func (s *KVStore) Delete(ctx context.Context, id string, rev uint64) error {
 	return nil
 }
 
+// PurgeMarkers removes the delete markers finished requests left before
+// Delete purged them (a connexd before this one, or a failed purge), each
+// up to its own sequence, and says how many it removed. It reads the whole
+// bucket once: connexd calls it once at start, never per scan, so that an
+// upgraded cluster's orphan scans stop reading its old markers at once
+// rather than after request_ttl_s.
+func (s *KVStore) PurgeMarkers(ctx context.Context) (int, error) {
+	w, err := s.KV.WatchAll(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("requests: purge markers: watch: %w", err)
+	}
+	defer w.Stop()
+	var markers []jetstream.KeyValueEntry
+collect:
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil { // initial values done
+				break collect
+			}
+			if op := e.Operation(); op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge {
+				markers = append(markers, e)
+			}
+		case <-ctx.Done():
+			return 0, fmt.Errorf("requests: purge markers: %w", ctx.Err())
+		}
+	}
+	// Stopped before purging, so the watch does not follow the purges.
+	if err := w.Stop(); err != nil {
+		return 0, fmt.Errorf("requests: purge markers: stop watch: %w", err)
+	}
+	for i, e := range markers {
+		subject := "$KV." + Bucket + "." + e.Key()
+		if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(e.Revision()+1)); err != nil {
+			return i, fmt.Errorf("requests: purge marker of %s: %w", e.Key(), err)
+		}
+	}
+	return len(markers), nil
+}
+
 // Owners reads the owner of every live request the cluster resumes (for
 // orphan scans); requests whose router decides where they resume
 // (resume_authority "router") are not listed. It reads the bucket's live

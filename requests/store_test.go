@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // TestKVStoreForgetsFinished pins what made an idle connexd burn a core
@@ -99,5 +100,58 @@ func TestKVStoreForgetsFinished(t *testing.T) {
 	}
 	if got, _, err := s.Get(ctx, "done-0"); err != nil || got.Owner != "d2" {
 		t.Fatalf("the request created again: %v %v", got, err)
+	}
+}
+
+// TestPurgeMarkers: the delete markers a connexd before Delete purged
+// them left (a bare KV delete) go in one sweep, and nothing live with
+// them; a scan then reads as little as in a bucket that never held them.
+func TestPurgeMarkers(t *testing.T) {
+	nc := natsConn(t, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := OpenKVStore(ctx, nc, 1, time.Hour, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		m := start()
+		m.RequestId = fmt.Sprintf("r%d", i)
+		st, _ := New(m, "d1", time.Now())
+		rev, err := s.Create(ctx, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%10 == 0 { // still running
+			continue
+		}
+		if err := s.KV.Delete(ctx, Key(st.RequestId), jetstream.LastRevision(rev)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	values := func() uint64 {
+		t.Helper()
+		info, err := s.KV.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Values()
+	}
+	if got := values(); got != 50 {
+		t.Fatalf("%d messages before the sweep, want 5 live requests and 45 markers", got)
+	}
+	n, err := s.PurgeMarkers(ctx)
+	if err != nil || n != 45 {
+		t.Fatalf("PurgeMarkers: %d, %v; want 45", n, err)
+	}
+	if got := values(); got != 5 {
+		t.Fatalf("%d messages after the sweep, want the 5 live requests", got)
+	}
+	owners, err := s.Owners(ctx)
+	if err != nil || len(owners) != 5 {
+		t.Fatalf("owners after the sweep: %v %v", owners, err)
+	}
+	if n, err := s.PurgeMarkers(ctx); err != nil || n != 0 {
+		t.Fatalf("a second sweep: %d, %v; want none", n, err)
 	}
 }
