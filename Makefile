@@ -6,7 +6,7 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline proto tidy clean
+.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale proto tidy clean
 
 all: build
 
@@ -71,6 +71,11 @@ bench-hosts:
 # How late a Get returns after its deadline against a silent or stalled peer.
 bench-deadline:
 	bash scripts/bench.sh deadline
+
+# Whether connexd's cost grows with finished requests: 100k requests through
+# the request store and its orphan scan (BENCH_SCALE_REQUESTS=20000 for fewer).
+bench-scale:
+	bash scripts/bench.sh scale
 
 tidy:
 	$(GO) mod tidy

@@ -219,11 +219,46 @@ func (d *Daemon) startCoordinator(interval time.Duration) {
 		Interval: interval,
 		Log:      d.log,
 	}
-	d.wg.Add(1)
+	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
 		c.Run(d.stop)
 	}()
+	go func() {
+		defer d.wg.Done()
+		d.purgeRequestMarkers()
+	}()
+}
+
+// markerSweepTimeout bounds the one sweep of old delete markers at start.
+const markerSweepTimeout = 5 * time.Minute
+
+// purgeRequestMarkers removes, once, the delete markers finished requests
+// left in the request bucket before finishes purged them (an upgrade, or a
+// failed purge), so that the orphan scans stop reading them now rather
+// than after request_ttl_s. It gives up when connexd stops.
+func (d *Daemon) purgeRequestMarkers() {
+	ctx, cancel := context.WithTimeout(context.Background(), markerSweepTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-d.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	n, err := d.reqStore.PurgeMarkers(ctx)
+	select {
+	case <-d.stop:
+		return
+	default:
+	}
+	switch {
+	case err != nil:
+		d.log.Warn("purging old delete markers from the request bucket failed; they expire after request_ttl_s", "purged", n, "err", err)
+	case n > 0:
+		d.log.Info("purged old delete markers from the request bucket", "purged", n)
+	}
 }
 
 // asFenced makes an error with the API code fenced (someone adopted the

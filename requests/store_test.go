@@ -1,0 +1,157 @@
+package requests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestKVStoreForgetsFinished pins what made an idle connexd burn a core
+// after 78k requests: a finished request must leave nothing in the bucket,
+// so the orphan scan reads as many messages after n finished requests as
+// before them (it used to read one delete marker per finished request, on
+// every scan, each second).
+func TestKVStoreForgetsFinished(t *testing.T) {
+	nc := natsConn(t, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := OpenKVStore(ctx, nc, 1, time.Hour, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(id string) *messages.StartRequestMsg {
+		m := start()
+		m.RequestId = id
+		return m
+	}
+	live, _ := New(run("live"), "d1", time.Now())
+	if _, err := s.Create(ctx, live); err != nil {
+		t.Fatal(err)
+	}
+	// scan is one orphan scan: what it returns and how many messages
+	// reached this connection (the store's only user) while it ran.
+	scan := func() (map[string]string, uint64) {
+		t.Helper()
+		before := nc.Stats().InMsgs
+		owners, err := s.Owners(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return owners, nc.Stats().InMsgs - before
+	}
+	_, base := scan()
+
+	const n = 300
+	for i := range n {
+		st, _ := New(run(fmt.Sprintf("done-%d", i)), "d1", time.Now())
+		rev, err := s.Create(ctx, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next, _ := Append(st, st.Epoch, []uint32{7}, time.Now())
+		if rev, err = s.Update(ctx, next, rev); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Delete(ctx, st.RequestId, rev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owners, read := scan()
+	if len(owners) != 1 || owners["live"] != "d1" {
+		t.Fatalf("owners after %d finished requests: %v, want only the live one", n, owners)
+	}
+	// A few messages of slack for the consumer's own traffic; a replay of
+	// the finished requests is n more.
+	if read > base+3 {
+		t.Fatalf("the orphan scan read %d messages after %d finished requests, %d before them: it replays what is over", read, n, base)
+	}
+	info, err := s.KV.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := info.Values(); got != 1 {
+		t.Fatalf("the bucket holds %d messages after %d finished requests and one live one, want 1", got, n)
+	}
+
+	// The fence still holds: a delete at a stale revision is refused and
+	// leaves the request; an id used again after its finish starts afresh.
+	rev, err := s.Create(ctx, live)
+	if !errors.Is(err, ErrExists) {
+		t.Fatalf("create over a live request: %v", err)
+	}
+	_, rev, err = s.Get(ctx, "live")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "live", rev-1); !errors.Is(err, ErrFenced) {
+		t.Fatalf("delete at a stale revision: %v, want ErrFenced", err)
+	}
+	if _, _, err := s.Get(ctx, "live"); err != nil {
+		t.Fatalf("a refused delete removed the request: %v", err)
+	}
+	again, _ := New(run("done-0"), "d2", time.Now())
+	if _, err := s.Create(ctx, again); err != nil {
+		t.Fatalf("an id used again after its request finished: %v", err)
+	}
+	if got, _, err := s.Get(ctx, "done-0"); err != nil || got.Owner != "d2" {
+		t.Fatalf("the request created again: %v %v", got, err)
+	}
+}
+
+// TestPurgeMarkers: the delete markers a connexd before Delete purged
+// them left (a bare KV delete) go in one sweep, and nothing live with
+// them; a scan then reads as little as in a bucket that never held them.
+func TestPurgeMarkers(t *testing.T) {
+	nc := natsConn(t, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := OpenKVStore(ctx, nc, 1, time.Hour, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		m := start()
+		m.RequestId = fmt.Sprintf("r%d", i)
+		st, _ := New(m, "d1", time.Now())
+		rev, err := s.Create(ctx, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%10 == 0 { // still running
+			continue
+		}
+		if err := s.KV.Delete(ctx, Key(st.RequestId), jetstream.LastRevision(rev)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	values := func() uint64 {
+		t.Helper()
+		info, err := s.KV.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Values()
+	}
+	if got := values(); got != 50 {
+		t.Fatalf("%d messages before the sweep, want 5 live requests and 45 markers", got)
+	}
+	n, err := s.PurgeMarkers(ctx)
+	if err != nil || n != 45 {
+		t.Fatalf("PurgeMarkers: %d, %v; want 45", n, err)
+	}
+	if got := values(); got != 5 {
+		t.Fatalf("%d messages after the sweep, want the 5 live requests", got)
+	}
+	owners, err := s.Owners(ctx)
+	if err != nil || len(owners) != 5 {
+		t.Fatalf("owners after the sweep: %v %v", owners, err)
+	}
+	if n, err := s.PurgeMarkers(ctx); err != nil || n != 0 {
+		t.Fatalf("a second sweep: %d, %v; want none", n, err)
+	}
+}
