@@ -225,6 +225,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 	var (
 		pending   func() // the failed leg still to abandon
 		failedAt  time.Time
+		lastErr   string // why the last leg failed, for the answer when no engine is left
 		firstSeen bool
 		lastTok   time.Time
 		decoders  []string
@@ -253,7 +254,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			if resumes == 0 {
 				return unavailable(CodeNoEngine, "no live decode engine serves model %q", c.Model)
 			}
-			return unavailable(CodeResumeFailed, "request %s: its decode engine failed after %d tokens and no other live decode engine serves model %q", rid, len(out.ids), c.Model)
+			return unavailable(CodeResumeFailed, "request %s: its decode engine failed after %d tokens (%s) and no other live decode engine serves model %q", rid, len(out.ids), lastErr, c.Model)
 		}
 		id := e.Info.GetEngineId()
 		skip[id] = true
@@ -306,6 +307,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		}
 		pending = res.abandon
 		failedAt = s.now()
+		lastErr = res.err.Message
 		s.metrics.resumes.WithLabelValues(res.reason).Inc()
 		if resumes >= s.cfg.MaxResumes {
 			return serverError(CodeResumeFailed, "request %s: decode failed %d times (router_max_resumes=%d); last: %s", rid, resumes+1, s.cfg.MaxResumes, res.err.Message)

@@ -91,9 +91,7 @@ def make_tokenizer(out: Path, vocab: int) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(corpus(20000, random.Random(SEED)), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>"
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>")
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
 
