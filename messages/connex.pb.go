@@ -29,7 +29,7 @@ const (
 )
 
 // Layout describes how KV blocks lie in a region: the bytes of block b of
-// plane p (0 = K, 1 = V) of layer l start at
+// plane p of layer l start at
 // ((l * kv_planes + p) * num_blocks + b) * block_bytes.
 type Layout struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
