@@ -78,11 +78,19 @@ func startVLLM(t *testing.T) *localcluster.Cluster {
 			t.Errorf("close cluster: %v", err)
 		}
 		if t.Failed() {
+			// The whole log to a file (vLLM is verbose; the end is mostly
+			// shutdown), its tail here.
 			l := logs.String()
-			if len(l) > 40000 {
-				l = "…" + l[len(l)-40000:]
+			f, err := os.CreateTemp("", "connex-vllm-cluster-*.log")
+			if err == nil {
+				_, _ = f.WriteString(l)
+				_ = f.Close()
+				t.Logf("the whole cluster log: %s", f.Name())
 			}
-			t.Logf("cluster log:\n%s", l)
+			if len(l) > 20000 {
+				l = "…" + l[len(l)-20000:]
+			}
+			t.Logf("cluster log (tail):\n%s", l)
 		}
 	})
 	return c

@@ -148,8 +148,11 @@ func (s *Server) withheld(ctx context.Context, e Engine, model string, ids []uin
 	}
 	rest, ok := strings.CutPrefix(out.Prompt, relayed)
 	if !ok {
-		s.log.Warn("resume with stop strings: the generated tokens' text does not extend what was relayed", "request_id", rid, "engine", e.Info.GetEngineId())
+		s.log.Warn("resume with stop strings: the generated tokens' text does not extend what was relayed", "request_id", rid, "engine", e.Info.GetEngineId(),
+			"relayed_bytes", len(relayed), "text_bytes", len(out.Prompt))
 		return ""
 	}
+	s.log.Info("resume with stop strings: text the failed engine held back is sent first", "request_id", rid, "engine", e.Info.GetEngineId(),
+		"tokens", len(ids), "held_back", rest)
 	return rest
 }
