@@ -248,9 +248,10 @@ func (a *requestActor) start(ctx actor.Context, m *StartRequest) {
 	}
 	a.st = st
 	a.self, a.system = ctx.Self(), ctx.ActorSystem()
-	if m.Msg.Takeover {
-		a.renewHold()
-	}
+	// The first renewal, now, names the request: its holder binds the hold
+	// to this engine (the request's state says so), and from then on serves
+	// nobody else. A takeover moves the binding the same way.
+	a.renewHold()
 	a.arm()
 	ctx.Respond(RequestReply{Status: a.status("running")})
 }

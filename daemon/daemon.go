@@ -227,7 +227,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 	}
 	d.svc, err = api.Serve(d.Bus.Conn, d, api.ServeOptions{
 		Member: cfg.MemberID, Version: Version, MaxRequestBytes: cfg.MaxRequestBytes, Logger: log,
-		Stats: d.stats, Errors: errcode.AsError,
+		Stats: d.stats, Errors: errcode.AsError, EngineInbox: engineInbox(cfg),
 	})
 	if err != nil {
 		return d, err
