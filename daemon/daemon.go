@@ -64,6 +64,10 @@ type Daemon struct {
 	inflight  *pullTable
 	engMu     sync.Mutex
 	engines   engineTable
+	// credChecks are the engines' credentials last checked against their
+	// registrations (checkEngineCreds).
+	credMu     sync.Mutex
+	credChecks map[string]engines.CredCheck
 	cluster   *clusterMembers
 	clock     clock.Clock // the time and timers of everything below (WithClock)
 	stop      chan struct{}

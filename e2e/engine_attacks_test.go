@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -235,4 +236,90 @@ func TestEngineRepliesStayInItsInbox(t *testing.T) {
 	if err != nil || req.State.EngineId != "engD" || req.State.Epoch != 1 || req.Status != "running" {
 		t.Fatalf("the victim's request after the steered replies: %v %v", req, err)
 	}
+}
+
+// TestRogueEngineRefused is issue 29's finding 5 (and finding 11's first
+// half): credentials minted for an engine on a decode member registered it
+// as prefill, with any model and blocks_free = 2^31, and carried unlimited
+// NATS limits. Now a member hosts only engines of its role, credentials
+// carry the role and model an engine may register (checked through the
+// NATS server, which verified them), advertised blocks are bounded by the
+// engine's real regions, and an engine's connection has bounded limits.
+func TestRogueEngineRefused(t *testing.T) {
+	n := startSecuredNATS(t)
+	for _, m := range []struct{ id, role string }{{"d", "decode"}, {"x", "all"}} {
+		startConnexd(t, m.id, "--role", m.role, "--backend", "tcp", "--cluster-preset", "lan",
+			"--nats-url", n.url, "--nats-creds", n.creds(t, "--role", "member", "--member", m.id))
+	}
+	adminNC := n.connectAs(t, auth.Identity{Role: auth.RoleAdmin}, filepath.Join(n.authDir, auth.AdminCredsFile))
+	engineAs := func(member, engine string, extra ...string) (*nats.Conn, *api.Client) {
+		id := auth.Identity{Role: auth.RoleEngine, Member: member, Engine: engine}
+		nc := n.connectAs(t, id, n.creds(t, append([]string{"--role", "engine", "--member", member, "--engine", engine}, extra...)...))
+		return nc, &api.Client{NC: nc, Member: member, Engine: engine}
+	}
+	register := func(cli *api.Client, role, model string, free, total uint32) error {
+		_, err := cli.RegisterEngine(ctx5(t), &messages.RegisterEngineRequest{Engine: &messages.EngineInfo{
+			EngineId: cli.Engine, Role: role, Model: model, BaseUrl: "http://127.0.0.1:9", BlocksFree: free, BlocksTotal: total, InstanceId: "i1",
+		}, TtlMs: 60000})
+		return err
+	}
+
+	// Credentials without a role (as minted before): the decode member
+	// still hosts no prefill engine.
+	_, plain := engineAs("d", "rogue")
+	wantCode(t, "a prefill registration on a decode member", register(plain, "prefill", "m", 1<<31, 1<<31), api.CodeForbidden)
+	// Credentials for a decode engine of model m, on a member of role all:
+	// neither prefill nor another model.
+	rogueNC, rogue := engineAs("x", "rogue", "--engine-role", "decode", "--model", "m")
+	wantCode(t, "a prefill registration with decode credentials", register(rogue, "prefill", "m", 8, 8), api.CodeForbidden)
+	wantCode(t, "a registration of another model", register(rogue, "decode", "M", 8, 8), api.CodeForbidden)
+
+	// What they allow is accepted, with the blocks it has: its region's.
+	if _, err := rogue.CreateRegion(ctx5(t), &messages.CreateRegionRequest{RegionId: "r0", Layout: (&engine{}).layoutProto()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := register(rogue, "decode", "m", 1<<31, 1<<31); err != nil {
+		t.Fatalf("a registration its credentials allow: %v", err)
+	}
+	hb, err := adminNC.SubscribeSync("connex.cluster.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		m, err := hb.NextMsg(2 * time.Second)
+		if err != nil {
+			return err
+		}
+		var a messages.MemberAnnounce
+		if err := proto.Unmarshal(m.Data, &a); err != nil {
+			return fmt.Errorf("%s: %w", m.Subject, err)
+		}
+		for _, e := range a.Engines {
+			if e.EngineId == "rogue" {
+				if e.BlocksFree > testLayout.Blocks || e.BlocksTotal > testLayout.Blocks {
+					t.Fatalf("advertised %d free of %d blocks; its region has %d", e.BlocksFree, e.BlocksTotal, testLayout.Blocks)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("x does not advertise rogue yet")
+	})
+
+	// Bounded NATS limits: the payload the server allows it, and its
+	// subscriptions.
+	if mp := rogueNC.MaxPayload(); mp != auth.EngineLimits.Payload {
+		t.Fatalf("the engine's max payload is %d, want %d", mp, auth.EngineLimits.Payload)
+	}
+	for i := 0; i <= int(auth.EngineLimits.Subs); i++ {
+		if _, err := rogueNC.SubscribeSync(fmt.Sprintf("_INBOX.e.rogue.s%d", i)); err != nil {
+			break
+		}
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		_ = rogueNC.Flush()
+		if le := rogueNC.LastError(); le != nil && strings.Contains(strings.ToLower(le.Error()), "maximum subscriptions") {
+			return nil
+		}
+		return fmt.Errorf("no subscription limit yet (last error %v)", rogueNC.LastError())
+	})
 }
