@@ -37,6 +37,7 @@ type Handler interface {
 	FinishRequest(context.Context, *messages.FinishRequestMsg) (*messages.RequestStatus, error)
 	InspectRequest(context.Context, *messages.RequestRef) (*messages.RequestStatus, error)
 	Adopt(context.Context, *messages.AdoptRequestMsg) (*messages.RequestStatus, error)
+	GrantTakeover(context.Context, *messages.StartRequestMsg) (*messages.RequestStatus, error)
 }
 
 // ServeOptions tune the service.
@@ -122,6 +123,7 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 		{EpRequestFinish, endpoint(s, h.FinishRequest)},
 		{EpRequestInspect, endpoint(s, h.InspectRequest)},
 		{EpPeerAdopt, endpoint(s, h.Adopt)},
+		{EpPeerGrant, endpoint(s, h.GrantTakeover)},
 	}
 	for _, ep := range eps {
 		name := strings.ReplaceAll(ep.name, ".", "_")

@@ -68,11 +68,13 @@ type Daemon struct {
 	// registrations (checkEngineCreds).
 	credMu     sync.Mutex
 	credChecks map[string]engines.CredCheck
-	cluster    *clusterMembers
-	clock      clock.Clock // the time and timers of everything below (WithClock)
-	stop       chan struct{}
-	wg         sync.WaitGroup
-	closed     sync.Once
+	// grants are the takeovers the router allowed here (peer.grant).
+	grants  requests.Grants
+	cluster *clusterMembers
+	clock   clock.Clock // the time and timers of everything below (WithClock)
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	closed  sync.Once
 	// bg tracks pullers' reads and background PullEnds; Close waits for
 	// them (cancelled reads end within a grain or the cancel grace, each
 	// PullEnd within pull_stall_ms) before the data plane and NATS close.

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -117,20 +118,29 @@ func TestStolenRequestIDReadsNothing(t *testing.T) {
 		wantCode(t, q.what+" of the victim's hold", err, api.CodeNotYours)
 		noSecret(t, q.what, err.Error(), "engP", "engD")
 	}
-	// A request of the attacker's own on the victim's transfer, taken over
-	// (by itself) to a high epoch and finished: its connexd renews and
-	// releases the hold as the attacker, naming a request whose state says
-	// so. The hold stays bound to the victim's request.
+	// A takeover of the victim's request needs the router's word, even
+	// with the right transfer id; an engine cannot give that word itself
+	// (peer.grant is in the member scope).
+	right := proto.Clone(v.hold.Params).(*messages.KVTransferParams)
+	right.ConnexRequestId, right.ConnexResume = "r-victim", true
+	_, err = evil.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: "r-victim", Params: right, PromptTokenIds: prompt(32), EngineId: "evilD", Takeover: true, ResumeAuthority: "router"})
+	wantCode(t, "a takeover with the right transfer id but no grant", err, api.CodeForbidden)
+	short, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err = (&api.Client{NC: evilNC, Member: "d"}).GrantTakeover(short, &messages.StartRequestMsg{RequestId: "r-victim", EngineId: "evilD", Takeover: true})
+	wantCode(t, "peer.grant from an engine", err, api.CodeForbidden)
+
+	// A request of the attacker's own on the victim's transfer: its
+	// connexd renews and releases the hold as the attacker, naming a
+	// request whose state says so. The hold stays bound to the victim's
+	// request (lease.Rebind keeps a binding to one request).
 	own := proto.Clone(v.hold.Params).(*messages.KVTransferParams)
 	own.ConnexRequestId = "r-evil"
-	var epoch uint64
-	for i := 0; i < 3; i++ {
-		st, err := evil.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: "r-evil", Params: own, PromptTokenIds: prompt(32), EngineId: "evilD", Takeover: i > 0, ResumeAuthority: "router"})
-		if err != nil {
-			t.Fatalf("the attacker's own request, start %d: %v", i, err)
-		}
-		epoch = st.State.Epoch
+	st, err := evil.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: "r-evil", Params: own, PromptTokenIds: prompt(32), EngineId: "evilD", ResumeAuthority: "router"})
+	if err != nil {
+		t.Fatalf("the attacker's own request: %v", err)
 	}
+	epoch := st.State.Epoch
 	done, _ = evilShim.Pull(ctx5(t), own, []uint32{5, 6})
 	if done == nil || done.Ok || api.Code(done.ErrorCode) != api.CodeNotYours {
 		t.Fatalf("the attacker's pull under a request of its own at epoch %d: %v, want not_yours", epoch, done)
@@ -157,9 +167,9 @@ func TestStolenRequestIDReadsNothing(t *testing.T) {
 	if _, err := v.dcli.FinishRequest(ctx5(t), &messages.FinishRequestMsg{RequestId: "r-victim", Epoch: 1}); err != nil {
 		t.Fatalf("the victim's request.finish: %v", err)
 	}
-	st, err := (&api.Client{NC: v.adminNC, Member: "p"}).Inspect(ctx5(t), &messages.HoldRef{TransferId: tid})
-	if err != nil || !st.Freed || st.State != "released" {
-		t.Fatalf("the victim's hold after its request finished: %v %v", st, err)
+	hs, err := (&api.Client{NC: v.adminNC, Member: "p"}).Inspect(ctx5(t), &messages.HoldRef{TransferId: tid})
+	if err != nil || !hs.Freed || hs.State != "released" {
+		t.Fatalf("the victim's hold after its request finished: %v %v", hs, err)
 	}
 }
 

@@ -260,6 +260,12 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 				out.dropNext = true
 			}
 			body, err = ResumeBody(c, pre.promptIDs, out.ids, pre.params, rid)
+			if err == nil && s.cfg.Authorize != nil {
+				if aerr := s.cfg.Authorize(ctx, e, rid); aerr != nil {
+					s.log.Warn("resume: the engine's member refused the router's grant; trying another", "request_id", rid, "engine", id, "err", aerr)
+					continue
+				}
+			}
 		}
 		if err != nil {
 			return serverError(CodeResumeFailed, "request %s: %v", rid, err)

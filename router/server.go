@@ -35,6 +35,11 @@ type Config struct {
 	MaxResumes int
 	// MaxBodyBytes bounds a client body.
 	MaxBodyBytes int64
+	// Authorize, if set, gives the router's word that engine e may take
+	// request requestID over, before a resumed leg is sent to it (connexd:
+	// peer.grant to e's member; an engine's takeover needs it). An engine
+	// it fails for is skipped.
+	Authorize func(ctx context.Context, e Engine, requestID string) error
 	// Log gets one line per request event worth an operator's attention.
 	Log *slog.Logger
 }
