@@ -53,6 +53,16 @@ func startVictims(t *testing.T) *victimSetup {
 	if _, err := v.dcli.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: "r-victim", Params: params, PromptTokenIds: prompt(32), EngineId: "engD", ResumeAuthority: "router"}); err != nil {
 		t.Fatal(err)
 	}
+	// request.start answered; its first renewal binds the hold to engD
+	// right after. Once bound, another engine's renewal is refused.
+	_, probe := n.engine(t, "p", "probe")
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		_, err := probe.Renew(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
+		if api.CodeOf(err) == api.CodeNotYours {
+			return nil
+		}
+		return fmt.Errorf("the hold is not bound to the request's engine yet (a renewal by another engine: %v)", err)
+	})
 	return v
 }
 

@@ -84,7 +84,7 @@ type Release struct {
 // compare-and-set); the hold orders bindings and keeps them to one request.
 // A hold created without a consumer accepts every requester until its
 // first Rebind binds it (the decode leg's request.start); one created with
-// a consumer is first bound to a request only by that consumer. From then
+// a consumer is first bound to a request at epoch 1 only by that consumer. From then
 // on only a Rebind for the same request moves it (a resume), and only at a
 // newer epoch (else ErrStaleBinding); another request's is ErrNotYours, so
 // an engine cannot bind a hold by starting a request of its own on it.

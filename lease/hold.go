@@ -217,7 +217,10 @@ func (h *Hold) rebind(e Rebind) error {
 	switch {
 	case e.Consumer == "" || e.Request == "":
 		return fmt.Errorf("%w: a binding names a consumer and a request", ErrBadConfig)
-	case h.request == "" && h.cfg.Consumer != "" && e.Consumer != h.cfg.Consumer:
+	case h.request == "" && h.cfg.Consumer != "" && e.Consumer != h.cfg.Consumer && e.Epoch <= 1:
+		// Bound at creation: a request's first activation binds it only
+		// for that consumer; a later one (a takeover, which the router
+		// granted) may arrive before the first activation's binding.
 		return fmt.Errorf("%w: %q", ErrNotYours, e.Consumer)
 	case h.request != "" && e.Request != h.request:
 		return fmt.Errorf("%w: %q", ErrNotYours, e.Consumer)
