@@ -74,7 +74,7 @@ func (a *holdActor) Receive(ctx actor.Context) {
 			return Reply{Status: a.status()}
 		})
 	case *RebindHold:
-		a.step(ctx, lease.Rebind{Now: a.now(), Consumer: m.Consumer, Epoch: m.Epoch}, func() Reply { return Reply{Status: a.status()} })
+		a.step(ctx, lease.Rebind{Now: a.now(), Consumer: m.Consumer, Request: m.Request, Epoch: m.Epoch}, func() Reply { return Reply{Status: a.status()} })
 	case *StartRead:
 		a.startRead(ctx, m)
 	case *EndRead:
@@ -91,7 +91,8 @@ func (a *holdActor) Receive(ctx actor.Context) {
 	case *ReleaseHold:
 		a.step(ctx, lease.Release{Now: a.now(), By: m.By}, func() Reply { return Reply{Status: a.status()} })
 	case *InspectHold:
-		ctx.Respond(Reply{Status: a.status()})
+		st := a.h.Status()
+		ctx.Respond(Reply{Status: a.status(), Consumer: st.Consumer, Request: st.Request})
 	case *EngineGone:
 		a.step(ctx, lease.EngineGoneEvent{Now: a.now()}, func() Reply { return Reply{Status: a.status()} })
 	case *Shutdown:

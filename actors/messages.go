@@ -22,10 +22,11 @@ type CreateHold struct {
 	Lease         lease.Config
 }
 
-// RebindHold moves a consumer-bound hold to the engine that runs its
-// request at Epoch (lease.Rebind). Reply: Status or Err.
+// RebindHold binds a hold to the engine that runs its request at Epoch
+// (lease.Rebind). Reply: Status or Err.
 type RebindHold struct {
 	Consumer string
+	Request  string
 	Epoch    uint64
 }
 
@@ -51,7 +52,7 @@ type EndRead struct {
 // ReleaseHold ends the hold. Reply: Status or Err.
 type ReleaseHold struct{ By string }
 
-// InspectHold asks for the status. Reply: Status.
+// InspectHold asks for the status. Reply: Status, Consumer and Request.
 type InspectHold struct{}
 
 // EngineGone ends the hold because its engine went away. Reply: Status.
@@ -70,5 +71,8 @@ type Reply struct {
 	Create *messages.CreateHoldReply
 	Status *messages.HoldStatus
 	Desc   *messages.Descriptors
-	Err    error
+	// Consumer is the engine the hold serves ("" while unbound) and
+	// Request the request it is bound to, in InspectHold's reply.
+	Consumer, Request string
+	Err               error
 }

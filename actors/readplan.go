@@ -106,13 +106,10 @@ func planDst(dst *kvmem.Mapped, srcIDs, dstIDs []uint32) (*readPlan, error) {
 // so that a bad peer can never make us read outside its hold or write
 // outside the destination blocks, and fills in every read's source.
 func (p *readPlan) bind(desc *messages.Descriptors, srcIDs []uint32) error {
-	if len(desc.BlockIds) != len(srcIDs) {
-		return fmt.Errorf("%w: holder lists %d blocks, params %d", ErrBadDescriptors, len(desc.BlockIds), len(srcIDs))
-	}
-	for i := range srcIDs {
-		if desc.BlockIds[i] != srcIDs[i] {
-			return fmt.Errorf("%w: block %d is %d at the holder, %d in params", ErrBadDescriptors, i, desc.BlockIds[i], srcIDs[i])
-		}
+	// The error names neither the holder's blocks nor their count: a
+	// caller with wrong params must learn nothing of the hold from it.
+	if !slices.Equal(desc.BlockIds, srcIDs) {
+		return fmt.Errorf("%w: params.remote_block_ids (%d blocks) are not the hold's blocks", ErrBadDescriptors, len(srcIDs))
 	}
 	holderLayout := LayoutFromProto(desc.Layout)
 	if err := holderLayout.CompatibleWith(p.layout); err != nil {

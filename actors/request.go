@@ -248,11 +248,20 @@ func (a *requestActor) start(ctx actor.Context, m *StartRequest) {
 	}
 	a.st = st
 	a.self, a.system = ctx.Self(), ctx.ActorSystem()
+	// The first renewal, now, names the request: its holder binds the hold
+	// to this engine (the request's state says so), and from then on serves
+	// nobody else. A takeover moves the binding the same way, before it
+	// answers (the engine pulls next); a new request answers first, so that
+	// a slow holder does not delay its start (until bound, the hold serves
+	// whoever has its transfer id, as before).
 	if m.Msg.Takeover {
 		a.renewHold()
 	}
 	a.arm()
 	ctx.Respond(RequestReply{Status: a.status("running")})
+	if !m.Msg.Takeover {
+		a.renewHold()
+	}
 }
 
 // takeover moves the stored request here with the next epoch, or creates it

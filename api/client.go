@@ -190,6 +190,13 @@ func (c *Client) InspectRequest(ctx context.Context, r *messages.RequestRef) (*m
 	return out, c.Call(ctx, EpRequestInspect, r, out)
 }
 
+// GrantTakeover tells member that r.EngineId may take request r.RequestId
+// over there (peer.grant; members only: the router before a resumed leg).
+func (c *Client) GrantTakeover(ctx context.Context, r *messages.StartRequestMsg) (*messages.RequestStatus, error) {
+	out := new(messages.RequestStatus)
+	return out, c.Call(ctx, EpPeerGrant, r, out)
+}
+
 // Adopt asks a member to take over an orphaned request (member to member).
 func (c *Client) Adopt(ctx context.Context, r *messages.AdoptRequestMsg) (*messages.RequestStatus, error) {
 	out := new(messages.RequestStatus)

@@ -37,6 +37,7 @@ type Handler interface {
 	FinishRequest(context.Context, *messages.FinishRequestMsg) (*messages.RequestStatus, error)
 	InspectRequest(context.Context, *messages.RequestRef) (*messages.RequestStatus, error)
 	Adopt(context.Context, *messages.AdoptRequestMsg) (*messages.RequestStatus, error)
+	GrantTakeover(context.Context, *messages.StartRequestMsg) (*messages.RequestStatus, error)
 }
 
 // ServeOptions tune the service.
@@ -54,6 +55,14 @@ type ServeOptions struct {
 	// gets (connexd: errcode.AsError, which knows the domain packages'
 	// errors); nil: AsError, where only *Error keep their codes.
 	Errors func(error) *Error
+	// EngineInbox, if set, is the reply-subject prefix of each engine (its
+	// credentials' inbox, auth.Identity.InboxPrefix): a call on an
+	// engine-scoped subject whose reply subject lies outside
+	// EngineInbox(engine)+"." is dropped unanswered, so connexd (a member,
+	// which may publish anywhere) never publishes on an engine's say-so
+	// outside that engine's own scope. Nil (no NATS authentication)
+	// answers any reply subject.
+	EngineInbox func(engine string) string
 }
 
 // Serve registers the "connex" micro service on nc with every endpoint under
@@ -114,6 +123,7 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 		{EpRequestFinish, endpoint(s, h.FinishRequest)},
 		{EpRequestInspect, endpoint(s, h.InspectRequest)},
 		{EpPeerAdopt, endpoint(s, h.Adopt)},
+		{EpPeerGrant, endpoint(s, h.GrantTakeover)},
 	}
 	for _, ep := range eps {
 		name := strings.ReplaceAll(ep.name, ".", "_")
@@ -145,7 +155,16 @@ func scoped(s *server, member, ep string, fn micro.HandlerFunc) micro.HandlerFun
 			engine, ok = strings.CutSuffix(engine, tail)
 		}
 		if !ok || !ValidToken(engine) {
-			s.fail(req, Errorf(CodeBadRequest, "subject %q: the engine token is not a valid id", req.Subject()))
+			if s.o.EngineInbox == nil {
+				s.fail(req, Errorf(CodeBadRequest, "subject %q: the engine token is not a valid id", req.Subject()))
+			}
+			return
+		}
+		if !s.replyAllowed(engine, req.Reply()) {
+			// Answering would publish where the engine says, with a
+			// member's rights: another engine's notices, the request
+			// bucket, the cluster's events. Nobody is told.
+			s.o.Logger.Warn("api call dropped: its reply subject is outside the calling engine's inbox", "subject", req.Subject(), "reply", req.Reply())
 			return
 		}
 		fn(callerRequest{Request: req, engine: engine})
@@ -227,6 +246,22 @@ func endpoint[Req any, PReq interface {
 			}
 		}()
 	}
+}
+
+// replyAllowed reports whether a call of engine may be answered on reply.
+func (s *server) replyAllowed(engine, reply string) bool {
+	if s.o.EngineInbox == nil {
+		return true
+	}
+	return ReplyInScope(s.o.EngineInbox(engine), reply)
+}
+
+// ReplyInScope reports whether reply is a subject under inbox (an
+// identity's inbox prefix): inbox + "." + at least one more token, and no
+// wildcard.
+func ReplyInScope(inbox, reply string) bool {
+	rest, ok := strings.CutPrefix(reply, inbox+".")
+	return ok && rest != "" && !strings.ContainsAny(reply, "*> \t\r\n")
 }
 
 func (s *server) fail(req micro.Request, e *Error) {

@@ -37,6 +37,10 @@ const (
 	EpRequestFinish   = "request.finish"   // FinishRequestMsg -> RequestStatus
 	EpRequestInspect  = "request.inspect"  // RequestRef -> RequestStatus
 	EpPeerAdopt       = "peer.adopt"       // AdoptRequestMsg -> RequestStatus (member to member)
+	// EpPeerGrant: StartRequestMsg (request_id, engine_id) -> RequestStatus
+	// (member to member): the router's word that engine_id may take the
+	// request over (request.start with takeover) on this member.
+	EpPeerGrant = "peer.grant"
 )
 
 // ResumeSubject carries ResumeNotice for an engine.
@@ -102,7 +106,7 @@ func EngineSubject(member, engine, ep string) string {
 // too (every endpoint except the peer ones and member.status).
 func EngineScoped(ep string) bool {
 	switch ep {
-	case EpPeerDescriptors, EpPeerPullEnd, EpPeerAdopt, EpMemberStatus:
+	case EpPeerDescriptors, EpPeerPullEnd, EpPeerAdopt, EpPeerGrant, EpMemberStatus:
 		return false
 	}
 	return true

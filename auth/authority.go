@@ -207,6 +207,10 @@ func (a *Authority) Creds(id Identity, ttl time.Duration) ([]byte, error) {
 	uc.Name = id.Name()
 	uc.Permissions = id.Permissions()
 	uc.Tags.Add("connex-role:" + id.Role)
+	if id.Role == RoleEngine {
+		uc.Tags.Add(id.engineTags()...)
+		uc.Limits.NatsLimits = EngineLimits
+	}
 	if ttl > 0 {
 		uc.Expires = time.Now().Add(ttl).Unix()
 	}

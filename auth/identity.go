@@ -29,6 +29,11 @@ type Identity struct {
 	Role   string // RoleMember, RoleEngine or RoleAdmin
 	Member string // the member (RoleMember, RoleEngine)
 	Engine string // the engine (RoleEngine)
+	// EngineRole and Model (RoleEngine) are what the engine may register
+	// (engine.register's role and model); "" allows any. Carried in the
+	// user JWT's tags; connexd checks registrations against them.
+	EngineRole string
+	Model      string
 }
 
 // ErrIdentity means an Identity cannot be given credentials; the message
@@ -37,6 +42,12 @@ var ErrIdentity = errors.New("auth: bad identity")
 
 // Validate checks the role and that each id it needs is a subject token.
 func (id Identity) Validate() error {
+	switch id.Role {
+	case RoleAdmin, RoleMember:
+		if id.EngineRole != "" || id.Model != "" {
+			return fmt.Errorf("%w: only an engine identity names an engine role or model", ErrIdentity)
+		}
+	}
 	switch id.Role {
 	case RoleAdmin:
 		if id.Member != "" || id.Engine != "" {
@@ -56,6 +67,15 @@ func (id Identity) Validate() error {
 		if !subject.ValidToken(id.Engine) {
 			return fmt.Errorf("%w: engine id %q is not a subject token", ErrIdentity, id.Engine)
 		}
+		switch id.EngineRole {
+		case "", EngineRolePrefill, EngineRoleDecode:
+		default:
+			return fmt.Errorf("%w: engine role %q (want %s or %s)", ErrIdentity, id.EngineRole, EngineRolePrefill, EngineRoleDecode)
+		}
+		if len(id.Model) > 256 {
+			return fmt.Errorf("%w: model name longer than 256 bytes", ErrIdentity)
+		}
+		return nil
 	default:
 		return fmt.Errorf("%w: role %q (want %s, %s or %s)", ErrIdentity, id.Role, RoleMember, RoleEngine, RoleAdmin)
 	}

@@ -64,11 +64,17 @@ type Daemon struct {
 	inflight  *pullTable
 	engMu     sync.Mutex
 	engines   engineTable
-	cluster   *clusterMembers
-	clock     clock.Clock // the time and timers of everything below (WithClock)
-	stop      chan struct{}
-	wg        sync.WaitGroup
-	closed    sync.Once
+	// credChecks are the engines' credentials last checked against their
+	// registrations (checkEngineCreds).
+	credMu     sync.Mutex
+	credChecks map[string]engines.CredCheck
+	// grants are the takeovers the router allowed here (peer.grant).
+	grants  requests.Grants
+	cluster *clusterMembers
+	clock   clock.Clock // the time and timers of everything below (WithClock)
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	closed  sync.Once
 	// bg tracks pullers' reads and background PullEnds; Close waits for
 	// them (cancelled reads end within a grain or the cancel grace, each
 	// PullEnd within pull_stall_ms) before the data plane and NATS close.
@@ -227,7 +233,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 	}
 	d.svc, err = api.Serve(d.Bus.Conn, d, api.ServeOptions{
 		Member: cfg.MemberID, Version: Version, MaxRequestBytes: cfg.MaxRequestBytes, Logger: log,
-		Stats: d.stats, Errors: errcode.AsError,
+		Stats: d.stats, Errors: errcode.AsError, EngineInbox: engineInbox(cfg),
 	})
 	if err != nil {
 		return d, err

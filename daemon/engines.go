@@ -29,6 +29,21 @@ func (d *Daemon) RegisterEngine(ctx context.Context, r *messages.RegisterEngineR
 	if err != nil {
 		return nil, api.Errorf(api.CodeBadRequest, "%v", err)
 	}
+	e := r.GetEngine()
+	// Nothing an engine says about itself is believed unchecked: its role
+	// must be one this member hosts and its credentials allow, with a
+	// model they allow; its blocks are at most those of its regions here.
+	if err := engines.CheckRole(e.GetRole(), d.cfg.Role); err != nil {
+		return nil, api.Errorf(api.CodeForbidden, "engine.register of %s on member %s: %v", e.GetEngineId(), d.cfg.MemberID, err)
+	}
+	if _, scoped := api.CallerEngine(ctx); scoped && natsAuthenticated(d.cfg) {
+		if err := d.checkEngineCreds(ctx, e.GetEngineId(), e.GetRole(), e.GetModel()); err != nil {
+			return nil, err
+		}
+	}
+	if engines.ClampBlocks(e, d.regions.EngineBlocks(e.GetEngineId())) {
+		d.log.Debug("engine.register: blocks clamped to the engine's regions", "engine", e.GetEngineId(), "blocks_free", e.GetBlocksFree(), "blocks_total", e.GetBlocksTotal())
+	}
 	d.engMu.Lock()
 	replaced, err := d.engines.reg.Register(r.GetEngine(), ttl, d.now())
 	d.engMu.Unlock()
@@ -55,6 +70,7 @@ func (d *Daemon) dropEngine(id string) {
 	ended, removed := d.engines.reg.Remove(id)
 	d.engMu.Unlock()
 	d.journal.Forget(id) // it said goodbye: nobody will replay its notices
+	d.forgetEngineCreds(id)
 	if removed {
 		d.advertiseEngines()
 	}

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"strings"
 	"time"
@@ -290,27 +291,39 @@ func (d *Daemon) holderAnswers(member string) bool {
 }
 
 // askBound is askHold for an operation of requester on behalf of request
-// requestID. A hold bound to another consumer refuses it (not_yours);
-// then, if the request's durable state names requester as its engine and
-// this hold as its transfer (a resume moved the request, fenced by the
-// store's compare-and-set), the hold is rebound to requester at the
-// request's epoch and asked again. The caller's claim alone moves nothing.
+// requestID. When the request's durable state names requester as its
+// engine and this hold as its transfer (written by the request's current
+// activation, moved only by the store's compare-and-set), the hold is first
+// bound to requester at the request's epoch: an unbound hold at the decode
+// leg's request.start, a bound one after a resume moved the request (at a
+// newer epoch). A bound hold then serves only its consumer (and its owner's
+// release). The caller's claim alone binds or moves nothing.
 func (d *Daemon) askBound(id, requester, requestID string, msg any) (actors.Reply, error) {
-	rep, err := d.askHold(id, msg)
-	if requestID == "" || d.reqStore == nil || !errors.Is(err, lease.ErrNotYours) {
-		return rep, err
+	if requestID != "" && requester != "" && d.reqStore != nil {
+		d.bindToRequest(id, requester, requestID)
+	}
+	return d.askHold(id, msg)
+}
+
+// bindToRequest binds hold id to requester if request requestID's stored
+// state says requester runs it on this transfer; otherwise it leaves the
+// hold as it is (the operation that follows is judged by the binding).
+func (d *Daemon) bindToRequest(id, requester, requestID string) {
+	rep, err := d.askHold(id, &actors.InspectHold{})
+	if err != nil || (rep.Consumer == requester && rep.Request == requestID) {
+		return
 	}
 	c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	st, _, gerr := d.reqStore.Get(c, requestID)
 	if gerr != nil || st.GetParams().GetTransferId() != id || st.GetEngineId() != requester {
-		return rep, err
+		return
 	}
-	if _, rerr := d.askHold(id, &actors.RebindHold{Consumer: requester, Epoch: st.GetEpoch()}); rerr != nil {
-		return rep, rerr
+	if _, rerr := d.askHold(id, &actors.RebindHold{Consumer: requester, Request: requestID, Epoch: st.GetEpoch()}); rerr != nil {
+		d.log.Info("hold not bound to the request's engine", "transfer", id, "request", requestID, "consumer", requester, "epoch", st.GetEpoch(), "err", rerr)
+		return
 	}
-	d.log.Info("hold rebound to the request's new engine", "transfer", id, "request", requestID, "consumer", requester, "epoch", st.GetEpoch())
-	return d.askHold(id, msg)
+	d.log.Info("hold bound to the request's engine", "transfer", id, "request", requestID, "consumer", requester, "epoch", st.GetEpoch(), "was", rep.Consumer)
 }
 
 func endedError(id string, st lease.State) error {
@@ -344,8 +357,13 @@ func (d *Daemon) Release(ctx context.Context, r *messages.HoldRef) (*messages.Ho
 }
 
 // Inspect returns a hold's status; an ended hold reports its final state.
-func (d *Daemon) Inspect(_ context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
+// An engine may inspect only a hold it owns or that is bound to it (the
+// status names the holder engine's blocks).
+func (d *Daemon) Inspect(ctx context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
 	rep, err := d.askHold(r.TransferId, &actors.InspectHold{})
+	if caller, ok := api.CallerEngine(ctx); ok && err == nil && caller != rep.Status.GetEngineId() && caller != rep.Consumer {
+		return nil, fmt.Errorf("hold.inspect by %q: %w", caller, lease.ErrNotYours)
+	}
 	if err != nil {
 		if _, st, ended := d.dir.Lookup(r.TransferId); ended {
 			return &messages.HoldStatus{TransferId: r.TransferId, State: st.String(), Freed: true}, nil

@@ -102,3 +102,23 @@ func (d *Daemon) callerOwns(ctx context.Context, requestID string) error {
 	}
 	return nil
 }
+
+// natsAuthenticated reports whether this member's NATS connection is
+// authenticated (the embedded server with nats_auth, or nats_creds for an
+// external one): then engines hold their own credentials and connexd checks
+// what they may do against them.
+func natsAuthenticated(cfg config.Config) bool {
+	return (cfg.NATSURL == "" && cfg.NATSAuth) || cfg.NATSCreds != ""
+}
+
+// engineInbox is the reply prefix each engine's credentials subscribe to
+// (api.ServeOptions.EngineInbox) under NATS authentication; nil without
+// it, where any process may publish anywhere anyway.
+func engineInbox(cfg config.Config) func(engine string) string {
+	if !natsAuthenticated(cfg) {
+		return nil
+	}
+	return func(engine string) string {
+		return auth.Identity{Role: auth.RoleEngine, Member: cfg.MemberID, Engine: engine}.InboxPrefix()
+	}
+}

@@ -94,6 +94,12 @@ func (d *Daemon) StartRequest(ctx context.Context, r *messages.StartRequestMsg) 
 		return nil, api.Errorf(api.CodeOverloaded, "member %s runs %d requests (requests_max=%d)", d.cfg.MemberID, d.reqTable.Len(), d.cfg.RequestsMax)
 	}
 	if r.Takeover {
+		// A request id is a name, not a capability: an engine takes a
+		// request over only with the word of the authority that placed
+		// it (the router's peer.grant, members only), used once.
+		if _, scoped := api.CallerEngine(ctx); scoped && natsAuthenticated(d.cfg) && !d.grants.Take(r.RequestId, r.EngineId, d.now()) {
+			return nil, api.Errorf(api.CodeForbidden, "request.start with takeover of request %s by engine %s: no grant from the router that placed it there", r.RequestId, r.EngineId)
+		}
 		if _, ok := d.reqTable.Lookup(r.RequestId); ok {
 			return d.askRequest(r.RequestId, &actors.TakeoverRequest{Msg: r, Instance: inst})
 		}
@@ -144,6 +150,20 @@ func (d *Daemon) InspectRequest(ctx context.Context, r *messages.RequestRef) (*m
 		return nil, api.Errorf(api.CodeForbidden, "request %s belongs to another engine than %q", r.RequestId, caller)
 	}
 	return &messages.RequestStatus{State: st, Status: "stored"}, nil
+}
+
+// GrantTakeover records the router's word that engine r.EngineId may take
+// request r.RequestId over on this member (peer.grant, member scope only),
+// for requests.GrantTTL.
+func (d *Daemon) GrantTakeover(_ context.Context, r *messages.StartRequestMsg) (*messages.RequestStatus, error) {
+	if err := requireRequestID(r.RequestId); err != nil {
+		return nil, err
+	}
+	if err := requireToken("engine_id", r.EngineId); err != nil {
+		return nil, err
+	}
+	d.grants.Grant(r.RequestId, r.EngineId, d.now())
+	return &messages.RequestStatus{Status: "granted"}, nil
 }
 
 // Adopt takes over an orphaned request on this member.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/messages"
 	"github.com/connex/connex/router"
 )
 
@@ -31,12 +33,25 @@ func (d *Daemon) startRouter() error {
 		MaxInFlight:       d.cfg.RouterMaxInFlight,
 		APIKeys:           d.cfg.APIKeys,
 		AdminKeys:         d.cfg.AdminKeys,
+		Authorize:         d.grantTakeover,
 		Log:               d.log.With("component", "router"),
 	})
 	if err != nil {
 		return err
 	}
 	d.Router = srv
+	return nil
+}
+
+// grantTakeover gives the router's word to e's member that e may take
+// request requestID over (peer.grant).
+func (d *Daemon) grantTakeover(ctx context.Context, e router.Engine, requestID string) error {
+	c, cancel := context.WithTimeout(ctx, askTimeout)
+	defer cancel()
+	_, err := (&api.Client{NC: d.Bus.Conn, Member: e.Member}).GrantTakeover(c, &messages.StartRequestMsg{RequestId: requestID, EngineId: e.Info.GetEngineId(), Takeover: true})
+	if err != nil {
+		return fmt.Errorf("peer.grant of request %s to engine %s on %s: %w", requestID, e.Info.GetEngineId(), e.Member, err)
+	}
 	return nil
 }
 

@@ -264,6 +264,11 @@ func TestSimPrefillDecodeResume(t *testing.T) {
 			t.Fatalf("first %d streamed tokens %v, want %v", k, got, ref.Choices[0].TokenIDs[:k])
 		}
 		before := simMetrics(t, d1.httpURL)
+		// The test plays the router: its word that sim-d1 may take the
+		// request over (peer.grant, members and admins only).
+		if _, err := (&api.Client{NC: nc, Member: "simd1"}).GrantTakeover(ctx5(t), &messages.StartRequestMsg{RequestId: "sim-req-b", EngineId: "sim-d1", Takeover: true}); err != nil {
+			t.Fatal(err)
+		}
 		resumed := complete(t, d1.httpURL, map[string]any{
 			"prompt": append(slices.Clone(ref.Choices[0].PromptTokenIDs), got...), "max_tokens": n - k,
 			"kv_transfer_params": paramsWith(t, raw, map[string]any{"connex_request_id": "sim-req-b", "connex_resume": true}),

@@ -272,3 +272,17 @@ func (t *RegionTable) Engines() []string {
 	sort.Strings(out)
 	return out
 }
+
+// EngineBlocks is the number of blocks in engine's regions (what it may
+// advertise at most; see engines.ClampBlocks).
+func (t *RegionTable) EngineBlocks(engine string) uint32 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var n uint64
+	for key, m := range t.regions {
+		if key[0] == engine {
+			n += uint64(m.Region.Layout.Blocks)
+		}
+	}
+	return uint32(min(n, uint64(^uint32(0))))
+}

@@ -78,15 +78,20 @@ type Release struct {
 	By  string
 }
 
-// Rebind moves a consumer-bound hold to another consumer: the engine that
-// runs the hold's request at Epoch, after a resume moved it there. The
-// caller has checked that (the request's durable state names Consumer at
-// Epoch, fenced by compare-and-set); the hold only orders bindings: an
-// epoch not newer than the current binding's is ErrStaleBinding. A hold
-// created without a consumer accepts every requester and ignores Rebind.
+// Rebind binds a hold to Consumer, the engine that runs the hold's request
+// Request at Epoch. The caller has checked that (the request's durable
+// state names Consumer and this transfer at Epoch, fenced by
+// compare-and-set); the hold orders bindings and keeps them to one request.
+// A hold created without a consumer accepts every requester until its
+// first Rebind binds it (the decode leg's request.start); one created with
+// a consumer is first bound to a request at epoch 1 only by that consumer. From then
+// on only a Rebind for the same request moves it (a resume), and only at a
+// newer epoch (else ErrStaleBinding); another request's is ErrNotYours, so
+// an engine cannot bind a hold by starting a request of its own on it.
 type Rebind struct {
 	Now      time.Time
 	Consumer string
+	Request  string
 	Epoch    uint64
 }
 

@@ -100,8 +100,10 @@ type Hold struct {
 	pulls     map[string]pull // running pull id -> its reader and deadline
 	pullsDone int
 	freed     bool
-	// bindEpoch is the request epoch of the last Rebind (0: the binding
-	// of Config.Consumer at creation).
+	// request and bindEpoch are the request and its epoch of the last
+	// Rebind ("" and 0: unbound, or the binding of Config.Consumer at
+	// creation).
+	request   string
 	bindEpoch uint64
 	// releasedByPull is set when an after_pull hold's first successful pull
 	// ended while other pulls still ran: it ends as Pulled, not Released.
@@ -151,14 +153,7 @@ func (h *Hold) Step(ev Event) ([]Effect, error) {
 		if err := h.live(h.cfg.Consumer, false); err != nil {
 			return fx, err
 		}
-		if h.cfg.Consumer == "" || e.Consumer == h.cfg.Consumer {
-			return fx, nil
-		}
-		if e.Epoch <= h.bindEpoch {
-			return fx, fmt.Errorf("%w: epoch %d, bound at %d", ErrStaleBinding, e.Epoch, h.bindEpoch)
-		}
-		h.cfg.Consumer, h.bindEpoch = e.Consumer, e.Epoch
-		return fx, nil
+		return fx, h.rebind(e)
 	case Renew:
 		if err := h.live(e.By, false); err != nil {
 			return fx, err
@@ -215,6 +210,25 @@ func (h *Hold) Step(ev Event) ([]Effect, error) {
 		return h.drain(Released, fx), nil
 	}
 	return fx, fmt.Errorf("lease: unknown event %T", ev)
+}
+
+// rebind applies a Rebind (see Rebind for the rules).
+func (h *Hold) rebind(e Rebind) error {
+	switch {
+	case e.Consumer == "" || e.Request == "":
+		return fmt.Errorf("%w: a binding names a consumer and a request", ErrBadConfig)
+	case h.request == "" && h.cfg.Consumer != "" && e.Consumer != h.cfg.Consumer && e.Epoch <= 1:
+		// Bound at creation: a request's first activation binds it only
+		// for that consumer; a later one (a takeover, which the router
+		// granted) may arrive before the first activation's binding.
+		return fmt.Errorf("%w: %q", ErrNotYours, e.Consumer)
+	case h.request != "" && e.Request != h.request:
+		return fmt.Errorf("%w: %q", ErrNotYours, e.Consumer)
+	case h.request != "" && e.Consumer != h.cfg.Consumer && e.Epoch <= h.bindEpoch:
+		return fmt.Errorf("%w: epoch %d, bound at %d", ErrStaleBinding, e.Epoch, h.bindEpoch)
+	}
+	h.cfg.Consumer, h.request, h.bindEpoch = e.Consumer, e.Request, max(h.bindEpoch, e.Epoch)
+	return nil
 }
 
 // advance applies the passage of time: abandon overdue pulls, expire the lease.
@@ -346,6 +360,9 @@ type Status struct {
 	ActivePulls int
 	PullsDone   int
 	Freed       bool
+	// Consumer is the engine the hold serves ("" while unbound), and
+	// Request the request it is bound to ("" before the first Rebind).
+	Consumer, Request string
 }
 
 // Retain is the lease length: every renewal and pull restarts it.
@@ -353,5 +370,5 @@ func (h *Hold) Retain() time.Duration { return h.cfg.Retain }
 
 // Status returns a snapshot.
 func (h *Hold) Status() Status {
-	return Status{State: h.state, Mode: h.cfg.Mode, Deadline: h.deadline, ActivePulls: len(h.pulls), PullsDone: h.pullsDone, Freed: h.freed}
+	return Status{State: h.state, Mode: h.cfg.Mode, Deadline: h.deadline, ActivePulls: len(h.pulls), PullsDone: h.pullsDone, Freed: h.freed, Consumer: h.cfg.Consumer, Request: h.request}
 }

@@ -23,7 +23,7 @@ import (
 //	engine-gone
 //	shutdown
 //	abort
-//	rebind consumer=d2 epoch=1
+//	rebind consumer=d2 request=r1 epoch=1
 //
 // Run with -rewrite (datadriven's flag) to regenerate the expected outputs
 // after a deliberate change.
@@ -91,7 +91,7 @@ func runCommand(t *testing.T, d *datadriven.TestData, h **Hold, now *time.Time, 
 	case "rebind":
 		var epoch uint64
 		d.ScanArgs(t, "epoch", &epoch)
-		fx, err = (*h).Step(Rebind{Now: *now, Consumer: str("consumer"), Epoch: epoch})
+		fx, err = (*h).Step(Rebind{Now: *now, Consumer: str("consumer"), Request: str("request"), Epoch: epoch})
 	default:
 		d.Fatalf(t, "unknown command %q", d.Cmd)
 	}

@@ -85,7 +85,9 @@ func Takeover(st *messages.RequestState, start *messages.StartRequestMsg, owner 
 		return nil, err
 	}
 	if st.GetParams().GetTransferId() != start.GetParams().GetTransferId() {
-		return nil, fmt.Errorf("%w: takeover of request %s names transfer %s, the request uses %s", ErrInvalid, st.RequestId, start.GetParams().GetTransferId(), st.GetParams().GetTransferId())
+		// Never name the request's transfer: a request id is not a
+		// secret, its transfer id is.
+		return nil, fmt.Errorf("%w: takeover of request %s: params.transfer_id is not the request's transfer", ErrInvalid, st.RequestId)
 	}
 	fresh.Epoch = st.Epoch + 1
 	fresh.PreviousOwners = append(append([]string(nil), st.PreviousOwners...), st.Owner)

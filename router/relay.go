@@ -276,6 +276,12 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 				out.dropNext = true
 			}
 			body, err = ResumeBody(c, pre.promptIDs, out.ids, pre.params, rid)
+			if err == nil && s.cfg.Authorize != nil {
+				if aerr := s.cfg.Authorize(ctx, e, rid); aerr != nil {
+					s.log.Warn("resume: the engine's member refused the router's grant; trying another", "request_id", rid, "engine", id, "err", aerr)
+					continue
+				}
+			}
 			if stops, include := stopStrings(c.Body); err == nil && len(stops) > 0 {
 				out.stops = newStopFilter(stops, include, out.text.String(), s.withheld(ctx, e, c.Model, out.ids, out.text.String(), rid))
 			}

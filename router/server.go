@@ -53,6 +53,11 @@ type Config struct {
 	// MaxInFlight caps completions served at once; one more is answered
 	// 503 overloaded with Retry-After (0: DefaultMaxInFlight).
 	MaxInFlight int
+	// Authorize, if set, gives the router's word that engine e may take
+	// request requestID over, before a resumed leg is sent to it (connexd:
+	// peer.grant to e's member; an engine's takeover needs it). An engine
+	// it fails for is skipped.
+	Authorize func(ctx context.Context, e Engine, requestID string) error
 	// Log gets one line per request event worth an operator's attention.
 	Log *slog.Logger
 }

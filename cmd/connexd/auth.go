@@ -16,6 +16,7 @@ const authUsage = `usage: connexd auth <command> [--dir DIR] ...
   server-config  print the nats-server configuration that trusts DIR's authority
   creds          mint a credentials file: --role member --member M
                                           --role engine --member M --engine E
+                                          [--engine-role prefill|decode] [--model NAME]
                                           --role admin
                  (-o FILE writes it 0600; without -o it goes to stdout)
 
@@ -39,6 +40,8 @@ func runAuth(args []string, stdout, stderr io.Writer) int {
 	role := fs.String("role", "", "creds: member, engine or admin")
 	member := fs.String("member", "", "creds: the member id (member and engine roles)")
 	engine := fs.String("engine", "", "creds: the engine id (engine role)")
+	engineRole := fs.String("engine-role", "", "creds: the role the engine may register, prefill or decode (engine role; empty: any)")
+	model := fs.String("model", "", "creds: the model the engine may register (engine role; empty: any)")
 	ttl := fs.Duration("ttl", 0, "creds: expire after this long (0: never)")
 	out := fs.StringP("out", "o", "", "creds: write to this file (0600) instead of stdout")
 	fs.Usage = func() { fmt.Fprint(stderr, authUsage); fs.PrintDefaults() }
@@ -80,7 +83,7 @@ func runAuth(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail(err)
 		}
-		id := auth.Identity{Role: *role, Member: *member, Engine: *engine}
+		id := auth.Identity{Role: *role, Member: *member, Engine: *engine, EngineRole: *engineRole, Model: *model}
 		if err := id.Validate(); err != nil {
 			fmt.Fprintf(stderr, "connexd auth creds: %v\n", err)
 			return 2
