@@ -113,7 +113,7 @@
 //	prov, _ := cluster.NewProvider(nc, cfg)
 //	sys := actor.NewActorSystem()
 //	c := actorcluster.New(sys, actorcluster.Configure(name, prov, lookup,
-//		cluster.NewRemoteConfig(host, port), actorcluster.WithKinds(kinds...)))
+//		cluster.NewRemoteConfig(host, port, ro), actorcluster.WithKinds(kinds...)))
 //	c.StartMember()                 // calls prov.StartMember
 //	cancel := prov.Subscribe(onEvent) // replays live members, then changes
 //	prov.SetLoad(inFlight)          // whenever it changes

@@ -134,6 +134,12 @@ type Config struct {
 	// ClusterHost is the address protoactor's remote listens on and
 	// advertises; the port is picked at start.
 	ClusterHost string
+	// ClusterTLS says whether protoactor's remote speaks mutual TLS with
+	// certificates made from this member's NATS credentials (only members
+	// of the same authority complete the handshake): "auto" (when the
+	// member has credentials: the embedded server with nats_auth on, or
+	// nats_creds), "on" or "off".
+	ClusterTLS string
 	// OrphanScan is how often the coordinator rescans for requests whose
 	// owner left, besides reacting to membership changes at once.
 	OrphanScan time.Duration
@@ -209,6 +215,7 @@ var defaults = []struct {
 	{"cluster_preset", "lan", "failure-detection timings: local, lan or wan"},
 	{"cluster_name", "connex", "protoactor cluster name"},
 	{"cluster_host", "127.0.0.1", "address the cluster's remote listens on and advertises"},
+	{"cluster_tls", "auto", "mutual TLS on the cluster's remote with member credentials: auto (when the member has NATS credentials), on or off"},
 	{"orphan_scan_ms", 1000, "how often orphaned requests are rescanned, in milliseconds"},
 	{"log_level", "warn", "log level: debug, info, warn or error"},
 	{"metrics_listen", "", "Prometheus metrics listen address (GET /metrics); empty: off"},
@@ -432,6 +439,15 @@ func build(v *viper.Viper) (Config, error) {
 	if c.NATSURL == "" && c.NATSTLSCert != "" && c.NATSTLSCA == "" {
 		return c, fmt.Errorf("%w: nats_tls_cert without nats_tls_ca: connexd connects to its own embedded server and must verify it (for a self-signed certificate, nats_tls_ca is the certificate itself)", ErrInvalid)
 	}
+	switch c.ClusterTLS = strings.TrimSpace(v.GetString("cluster_tls")); c.ClusterTLS {
+	case "auto", "off":
+	case "on":
+		if !c.HasCreds() {
+			return c, fmt.Errorf("%w: cluster_tls=on needs member credentials: nats_auth=on with the embedded server, or nats_creds", ErrInvalid)
+		}
+	default:
+		return c, fmt.Errorf("%w: cluster_tls=%q, allowed: auto, on or off", ErrInvalid, c.ClusterTLS)
+	}
 	c.ShmDir = strings.TrimSpace(v.GetString("shm_dir"))
 	if c.RegionDir = strings.TrimSpace(v.GetString("region_dir")); c.RegionDir == "" {
 		return c, fmt.Errorf("%w: region_dir is empty, allowed: the directory engines' region files live in (e.g. /dev/shm)", ErrInvalid)
@@ -509,4 +525,17 @@ func defaultMemberID() string {
 		host = "connexd"
 	}
 	return host + "-" + hex.EncodeToString(b[:])
+}
+
+// HasCreds reports whether this member connects to NATS with credentials:
+// minted by its embedded server's authority (nats_auth on) or read from
+// nats_creds.
+func (c Config) HasCreds() bool {
+	return (c.NATSURL == "" && c.NATSAuth) || c.NATSCreds != ""
+}
+
+// RemoteTLS reports whether protoactor's remote speaks mutual TLS
+// (cluster_tls on, or auto with credentials).
+func (c Config) RemoteTLS() bool {
+	return c.ClusterTLS == "on" || (c.ClusterTLS == "auto" && c.HasCreds())
 }

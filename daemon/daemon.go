@@ -130,7 +130,12 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 			log.Warn("shm_dir gives created regions 4 KiB pages; mount a tmpfs with huge=always there for 2 MiB pages", "shm_dir", cfg.ShmDir)
 		}
 	}
-	d.Bus, err = openBus(cfg, log)
+	var creds []byte
+	d.Bus, creds, err = openBus(cfg, log)
+	if err != nil {
+		return d, err
+	}
+	remoteOpts, err := remoteOptions(cfg, creds, log)
 	if err != nil {
 		return d, err
 	}
@@ -233,7 +238,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 		return d, err
 	}
 	if d.reqStore != nil {
-		cm, err := joinCluster(d.Bus.Conn, cfg, log, d.libLog)
+		cm, err := joinCluster(d.Bus.Conn, cfg, remoteOpts, log, d.libLog)
 		if err != nil {
 			return d, err
 		}
