@@ -32,8 +32,16 @@ type Backend struct {
 
 	mu        sync.Mutex
 	closed    bool
-	conns     map[*serverConn]struct{}
-	perPeer   map[string]int // served connections per remote IP (MaxConnsPerPeer)
+	conns     map[*serverConn]struct{} // every accepted connection, in its handshake or served
+	perPeer   map[string]int           // served connections per remote IP (MaxConnsPerPeer)
+	served    int                      // served connections (MaxConns)
+	// pending are the connections still in their handshake (TLS and
+	// hello), oldest first, and pendingPerPeer their count per remote IP:
+	// capped by the same numbers as served ones, but the oldest gives way
+	// to a newcomer, so connections that never finish cannot keep a
+	// member's out.
+	pending        []*serverConn
+	pendingPerPeer map[string]int
 	endpoints map[string]*endpoint
 }
 
@@ -69,6 +77,8 @@ func OpenConfig(opts transport.Options, cfg Config) (*Backend, error) {
 		regs:      make(map[uint64]*registration),
 		conns:     make(map[*serverConn]struct{}),
 		perPeer:   make(map[string]int),
+
+		pendingPerPeer: make(map[string]int),
 		endpoints: make(map[string]*endpoint),
 	}
 	b.wg.Add(1)
