@@ -72,9 +72,11 @@ type Config struct {
 	// server, and the certificate this client presents (or, embedded, the
 	// certificate the server serves).
 	NATSTLSCA, NATSTLSCert, NATSTLSKey string
-	// DataTLS says whether the TCP data plane speaks mutual TLS with the
-	// nats_tls_* certificate and CA: "auto" (when nats_tls_cert and
-	// nats_tls_ca are set), "on" or "off".
+	// DataTLS says whether the TCP data plane speaks mutual TLS: with the
+	// nats_tls_* certificate and CA when they are set, else with a
+	// certificate made from the member's NATS credentials (as
+	// cluster_tls): "auto" (when either exists: the default with
+	// nats_auth on), "on" or "off".
 	DataTLS string
 	// RegionDir confines region.register: only regular files beneath it,
 	// reached without symbolic links, owned by RegionOwners.
@@ -192,7 +194,7 @@ var defaults = []struct {
 	{"nats_tls_ca", "", "CA certificate (PEM) that verifies the NATS server"},
 	{"nats_tls_cert", "", "TLS certificate (PEM): presented to an external server, served by the embedded one"},
 	{"nats_tls_key", "", "TLS private key (PEM) of nats_tls_cert"},
-	{"data_tls", "auto", "mutual TLS on the TCP data plane with nats_tls_cert/key/ca: auto (when they are set), on or off"},
+	{"data_tls", "auto", "mutual TLS on the TCP data plane with nats_tls_cert/key/ca, else member credentials: auto (when either exists), on or off"},
 	{"region_dir", "/dev/shm", "region.register accepts only regular files beneath this directory (no symbolic links)"},
 	{"region_owner_uids", "", "comma-separated uids whose files region.register accepts (empty: connexd's own user)"},
 	{"shm_dir", "", "directory for created regions' memory (a huge=always tmpfs for 2 MiB pages); empty: memfd"},
@@ -430,8 +432,8 @@ func build(v *viper.Viper) (Config, error) {
 	switch c.DataTLS = strings.TrimSpace(v.GetString("data_tls")); c.DataTLS {
 	case "auto", "off":
 	case "on":
-		if c.NATSTLSCert == "" || c.NATSTLSCA == "" {
-			return c, fmt.Errorf("%w: data_tls=on needs nats_tls_cert, nats_tls_key and nats_tls_ca (the member's certificate and the cluster's CA)", ErrInvalid)
+		if (c.NATSTLSCert == "" || c.NATSTLSCA == "") && !c.HasCreds() {
+			return c, fmt.Errorf("%w: data_tls=on needs nats_tls_cert, nats_tls_key and nats_tls_ca (the member's certificate and the cluster's CA), or member credentials (nats_auth=on with the embedded server, or nats_creds)", ErrInvalid)
 		}
 	default:
 		return c, fmt.Errorf("%w: data_tls=%q, allowed: auto, on or off", ErrInvalid, c.DataTLS)

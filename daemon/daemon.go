@@ -139,7 +139,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 	if err != nil {
 		return d, err
 	}
-	tcfg, err := dataTLS(cfg)
+	tcfg, err := dataTLS(cfg, creds)
 	if err != nil {
 		return d, err
 	}
@@ -152,7 +152,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 	if err != nil {
 		return d, err
 	}
-	if tcfg.ServerTLS != nil && d.Backend.Name() != "tcp" {
+	if tcfg.ServerTLS != nil && d.Backend.Name() != "tcp" && (cfg.DataTLS == "on" || cfg.NATSTLSCert != "") {
 		log.Warn("data_tls applies to the TCP data plane only: this member's data plane is "+d.Backend.Name()+", whose traffic between hosts is not encrypted", "backend", d.Backend.Name())
 	}
 	rdir, err := regionfile.OpenDir(cfg.RegionDir, cfg.RegionOwners)
