@@ -186,4 +186,3 @@ func TestMemberTLS(t *testing.T) {
 		t.Fatalf("member dialled another authority's server: %v", ce)
 	}
 }
-

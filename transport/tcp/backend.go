@@ -30,11 +30,11 @@ type Backend struct {
 	regs  map[uint64]*registration
 	regID uint64 // last id handed out; guarded by regMu
 
-	mu        sync.Mutex
-	closed    bool
-	conns     map[*serverConn]struct{} // every accepted connection, in its handshake or served
-	perPeer   map[string]int           // served connections per remote IP (MaxConnsPerPeer)
-	served    int                      // served connections (MaxConns)
+	mu      sync.Mutex
+	closed  bool
+	conns   map[*serverConn]struct{} // every accepted connection, in its handshake or served
+	perPeer map[string]int           // served connections per remote IP (MaxConnsPerPeer)
+	served  int                      // served connections (MaxConns)
 	// pending are the connections still in their handshake (TLS and
 	// hello), oldest first, and pendingPerPeer their count per remote IP:
 	// capped by the same numbers as served ones, but the oldest gives way
@@ -42,7 +42,7 @@ type Backend struct {
 	// member's out.
 	pending        []*serverConn
 	pendingPerPeer map[string]int
-	endpoints map[string]*endpoint
+	endpoints      map[string]*endpoint
 }
 
 var _ transport.Backend = (*Backend)(nil)
@@ -69,17 +69,16 @@ func OpenConfig(opts transport.Options, cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("tcp backend: listen %s: %w", addr, err)
 	}
 	b := &Backend{
-		cfg:       cfg,
-		log:       opts.Log().With("backend", "tcp"),
-		ln:        ln,
-		addr:      []byte(ln.Addr().String()),
-		quit:      make(chan struct{}),
-		regs:      make(map[uint64]*registration),
-		conns:     make(map[*serverConn]struct{}),
-		perPeer:   make(map[string]int),
-
+		cfg:            cfg,
+		log:            opts.Log().With("backend", "tcp"),
+		ln:             ln,
+		addr:           []byte(ln.Addr().String()),
+		quit:           make(chan struct{}),
+		regs:           make(map[uint64]*registration),
+		conns:          make(map[*serverConn]struct{}),
+		perPeer:        make(map[string]int),
 		pendingPerPeer: make(map[string]int),
-		endpoints: make(map[string]*endpoint),
+		endpoints:      make(map[string]*endpoint),
 	}
 	b.wg.Add(1)
 	go b.acceptLoop()

@@ -32,7 +32,7 @@ const (
 type serverConn struct {
 	b      *Backend
 	nc     net.Conn
-	peerIP string // counted in Backend.pendingPerPeer, then perPeer
+	peerIP string    // counted in Backend.pendingPerPeer, then perPeer
 	stage  connStage // guarded by Backend.mu
 
 	queue  chan request  // read ahead, not answered yet
