@@ -240,7 +240,7 @@ func (b *Backend) close() {
 	// Closing server connections first unblocks their writes, so the
 	// deregistrations below never wait on a slow reader.
 	for _, sc := range conns {
-		_ = sc.nc.Close()
+		_ = sc.raw.Close() // not nc: run may be wrapping it in TLS
 	}
 	for _, e := range eps {
 		e.shutdown(fmt.Errorf("tcp endpoint %s: %w", e.addr, transport.ErrClosed))

@@ -32,6 +32,7 @@ const (
 type serverConn struct {
 	b      *Backend
 	nc     net.Conn
+	raw    net.Conn  // the accepted socket, never replaced (nc becomes its TLS wrapper): what eviction closes
 	peerIP string    // counted in Backend.pendingPerPeer, then perPeer
 	stage  connStage // guarded by Backend.mu
 
@@ -80,7 +81,7 @@ func (b *Backend) evictPending(ip string) bool {
 		if ip == "" || sc.peerIP == ip {
 			b.dropPending(sc)
 			sc.stage = stageGone
-			_ = sc.nc.Close() // its handshake read fails; run cleans up
+			_ = sc.raw.Close() // its handshake read fails; run cleans up
 			return true
 		}
 	}
@@ -153,7 +154,7 @@ func (b *Backend) acceptLoop() {
 		// and hello): until then it is pending, and the oldest pending
 		// connection makes room for a new one, so strangers who connect
 		// and never finish cannot fill the slots members need.
-		sc := &serverConn{b: b, nc: nc, peerIP: remoteIP(nc)}
+		sc := &serverConn{b: b, nc: nc, raw: nc, peerIP: remoteIP(nc)}
 		b.mu.Lock()
 		if b.closed {
 			b.mu.Unlock()
