@@ -3,6 +3,7 @@ package cluster
 import (
 	"crypto/tls"
 	"log/slog"
+	"time"
 
 	"github.com/asynkron/protoactor-go/remote"
 	"google.golang.org/grpc"
@@ -14,6 +15,12 @@ import (
 // per peer connection up front, which the GC scans on every cycle; the
 // queue grows on demand, so a small start costs nothing.
 const endpointWriterQueueSize = 1024
+
+// remoteHandshakeTimeout bounds a connection's TLS and HTTP/2 handshake on
+// the remote's server (gRPC's default is 120 s): a peer that connects and
+// never finishes, a stranger without a member certificate, holds a socket
+// for this long at most.
+const remoteHandshakeTimeout = 10 * time.Second
 
 // RemoteOptions says how a member's protoactor remote (gRPC) accepts and
 // dials peers.
@@ -50,6 +57,7 @@ func NewRemoteConfig(host string, port int, ro RemoteOptions, opts ...remote.Con
 	}
 	g := &remoteGuard{log: log}
 	c.ServerOptions = append(c.ServerOptions, g.serverOptions()...)
+	c.ServerOptions = append(c.ServerOptions, grpc.ConnectionTimeout(remoteHandshakeTimeout))
 	if ro.ServerTLS != nil && ro.ClientTLS != nil {
 		c.ServerOptions = append(c.ServerOptions, grpc.Creds(credentials.NewTLS(ro.ServerTLS)))
 		// gRPC applies dial options in order, so this overrides
