@@ -87,6 +87,12 @@
 //     On a client it then stops the ActorSystem and Remote directly.
 //   - Cluster.StartMember sleeps 1 s and a graceful Cluster.Shutdown sleeps
 //     2 s; neither affects detection, but budget them in start/stop paths.
+//   - protoactor's remote server indexes a MessageBatch's target, sender
+//     and type tables unchecked and two RPCs are panic("implement me");
+//     gRPC does not recover handler panics, so one message from anyone who
+//     reaches the port killed the process. NewRemoteConfig checks every
+//     batch and recovers handler panics, ending only that stream, and with
+//     RemoteOptions' TLS configs makes server and dialler speak TLS.
 //   - remote.Config.MaxRetryCount defaults to 5 dials with a 2 s sleep after
 //     each failure; NewRemoteConfig sets 1 (0 would be taken as connected).
 //   - remote.Config.EndpointWriterQueueSize defaults to 1,000,000: 16 MB of
@@ -113,7 +119,7 @@
 //	prov, _ := cluster.NewProvider(nc, cfg)
 //	sys := actor.NewActorSystem()
 //	c := actorcluster.New(sys, actorcluster.Configure(name, prov, lookup,
-//		cluster.NewRemoteConfig(host, port), actorcluster.WithKinds(kinds...)))
+//		cluster.NewRemoteConfig(host, port, ro), actorcluster.WithKinds(kinds...)))
 //	c.StartMember()                 // calls prov.StartMember
 //	cancel := prov.Subscribe(onEvent) // replays live members, then changes
 //	prov.SetLoad(inFlight)          // whenever it changes

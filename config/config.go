@@ -72,9 +72,11 @@ type Config struct {
 	// server, and the certificate this client presents (or, embedded, the
 	// certificate the server serves).
 	NATSTLSCA, NATSTLSCert, NATSTLSKey string
-	// DataTLS says whether the TCP data plane speaks mutual TLS with the
-	// nats_tls_* certificate and CA: "auto" (when nats_tls_cert and
-	// nats_tls_ca are set), "on" or "off".
+	// DataTLS says whether the TCP data plane speaks mutual TLS: with the
+	// nats_tls_* certificate and CA when they are set, else with a
+	// certificate made from the member's NATS credentials (as
+	// cluster_tls): "auto" (when either exists: the default with
+	// nats_auth on), "on" or "off".
 	DataTLS string
 	// RegionDir confines region.register: only regular files beneath it,
 	// reached without symbolic links, owned by RegionOwners.
@@ -134,6 +136,12 @@ type Config struct {
 	// ClusterHost is the address protoactor's remote listens on and
 	// advertises; the port is picked at start.
 	ClusterHost string
+	// ClusterTLS says whether protoactor's remote speaks mutual TLS with
+	// certificates made from this member's NATS credentials (only members
+	// of the same authority complete the handshake): "auto" (when the
+	// member has credentials: the embedded server with nats_auth on, or
+	// nats_creds), "on" or "off".
+	ClusterTLS string
 	// OrphanScan is how often the coordinator rescans for requests whose
 	// owner left, besides reacting to membership changes at once.
 	OrphanScan time.Duration
@@ -201,7 +209,7 @@ var defaults = []struct {
 	{"nats_tls_ca", "", "CA certificate (PEM) that verifies the NATS server"},
 	{"nats_tls_cert", "", "TLS certificate (PEM): presented to an external server, served by the embedded one"},
 	{"nats_tls_key", "", "TLS private key (PEM) of nats_tls_cert"},
-	{"data_tls", "auto", "mutual TLS on the TCP data plane with nats_tls_cert/key/ca: auto (when they are set), on or off"},
+	{"data_tls", "auto", "mutual TLS on the TCP data plane with nats_tls_cert/key/ca, else member credentials: auto (when either exists), on or off"},
 	{"region_dir", "/dev/shm", "region.register accepts only regular files beneath this directory (no symbolic links)"},
 	{"region_owner_uids", "", "comma-separated uids whose files region.register accepts (empty: connexd's own user)"},
 	{"shm_dir", "", "directory for created regions' memory (a huge=always tmpfs for 2 MiB pages); empty: memfd"},
@@ -224,6 +232,7 @@ var defaults = []struct {
 	{"cluster_preset", "lan", "failure-detection timings: local, lan or wan"},
 	{"cluster_name", "connex", "protoactor cluster name"},
 	{"cluster_host", "127.0.0.1", "address the cluster's remote listens on and advertises"},
+	{"cluster_tls", "auto", "mutual TLS on the cluster's remote with member credentials: auto (when the member has NATS credentials), on or off"},
 	{"orphan_scan_ms", 1000, "how often orphaned requests are rescanned, in milliseconds"},
 	{"log_level", "warn", "log level: debug, info, warn or error"},
 	{"metrics_listen", "", "Prometheus metrics listen address (GET /metrics); empty: off"},
@@ -468,14 +477,23 @@ func build(v *viper.Viper) (Config, error) {
 	switch c.DataTLS = strings.TrimSpace(v.GetString("data_tls")); c.DataTLS {
 	case "auto", "off":
 	case "on":
-		if c.NATSTLSCert == "" || c.NATSTLSCA == "" {
-			return c, fmt.Errorf("%w: data_tls=on needs nats_tls_cert, nats_tls_key and nats_tls_ca (the member's certificate and the cluster's CA)", ErrInvalid)
+		if (c.NATSTLSCert == "" || c.NATSTLSCA == "") && !c.HasCreds() {
+			return c, fmt.Errorf("%w: data_tls=on needs nats_tls_cert, nats_tls_key and nats_tls_ca (the member's certificate and the cluster's CA), or member credentials (nats_auth=on with the embedded server, or nats_creds)", ErrInvalid)
 		}
 	default:
 		return c, fmt.Errorf("%w: data_tls=%q, allowed: auto, on or off", ErrInvalid, c.DataTLS)
 	}
 	if c.NATSURL == "" && c.NATSTLSCert != "" && c.NATSTLSCA == "" {
 		return c, fmt.Errorf("%w: nats_tls_cert without nats_tls_ca: connexd connects to its own embedded server and must verify it (for a self-signed certificate, nats_tls_ca is the certificate itself)", ErrInvalid)
+	}
+	switch c.ClusterTLS = strings.TrimSpace(v.GetString("cluster_tls")); c.ClusterTLS {
+	case "auto", "off":
+	case "on":
+		if !c.HasCreds() {
+			return c, fmt.Errorf("%w: cluster_tls=on needs member credentials: nats_auth=on with the embedded server, or nats_creds", ErrInvalid)
+		}
+	default:
+		return c, fmt.Errorf("%w: cluster_tls=%q, allowed: auto, on or off", ErrInvalid, c.ClusterTLS)
 	}
 	c.ShmDir = strings.TrimSpace(v.GetString("shm_dir"))
 	if c.RegionDir = strings.TrimSpace(v.GetString("region_dir")); c.RegionDir == "" {
@@ -583,4 +601,17 @@ func apiKeys(v *viper.Viper, listKey, fileKey string) ([]string, error) {
 		return nil, fmt.Errorf("%w: %s=%q holds no key (one per line)", ErrInvalid, fileKey, path)
 	}
 	return keys, nil
+}
+
+// HasCreds reports whether this member connects to NATS with credentials:
+// minted by its embedded server's authority (nats_auth on) or read from
+// nats_creds.
+func (c Config) HasCreds() bool {
+	return (c.NATSURL == "" && c.NATSAuth) || c.NATSCreds != ""
+}
+
+// RemoteTLS reports whether protoactor's remote speaks mutual TLS
+// (cluster_tls on, or auto with credentials).
+func (c Config) RemoteTLS() bool {
+	return c.ClusterTLS == "on" || (c.ClusterTLS == "auto" && c.HasCreds())
 }

@@ -108,3 +108,34 @@ func TestUnknownFileKey(t *testing.T) {
 		t.Fatalf("a misspelt key must fail loudly, got %v", err)
 	}
 }
+
+// TestRemoteAndDataTLSDefaults: with authentication on (the default)
+// protoactor's remote and the TCP data plane speak mutual TLS; with it off
+// and no credentials, auto means plaintext and on is refused.
+func TestRemoteAndDataTLSDefaults(t *testing.T) {
+	c, err := Load(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ClusterTLS != "auto" || c.DataTLS != "auto" || !c.HasCreds() || !c.RemoteTLS() {
+		t.Fatalf("defaults: cluster_tls=%q data_tls=%q creds=%v remote TLS=%v", c.ClusterTLS, c.DataTLS, c.HasCreds(), c.RemoteTLS())
+	}
+	if c, err = Load([]string{"--cluster-tls", "off"}, nil); err != nil || c.RemoteTLS() {
+		t.Fatalf("--cluster-tls off: remote TLS %v, %v", c.RemoteTLS(), err)
+	}
+	if c, err = Load([]string{"--nats-auth", "off"}, nil); err != nil || c.HasCreds() || c.RemoteTLS() {
+		t.Fatalf("--nats-auth off: creds %v, remote TLS %v, %v", c.HasCreds(), c.RemoteTLS(), err)
+	}
+	if c, err = Load([]string{"--nats-url", "nats://x:4222", "--nats-creds", "m.creds"}, nil); err != nil || !c.RemoteTLS() {
+		t.Fatalf("external server with credentials: remote TLS %v, %v", c.RemoteTLS(), err)
+	}
+	for _, args := range [][]string{
+		{"--nats-auth", "off", "--cluster-tls", "on"},
+		{"--nats-auth", "off", "--data-tls", "on"},
+		{"--cluster-tls", "maybe"},
+	} {
+		if _, err := Load(args, nil); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%v: %v, want ErrInvalid", args, err)
+		}
+	}
+}

@@ -136,11 +136,16 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 			log.Warn("shm_dir gives created regions 4 KiB pages; mount a tmpfs with huge=always there for 2 MiB pages", "shm_dir", cfg.ShmDir)
 		}
 	}
-	d.Bus, err = openBus(cfg, log)
+	var creds []byte
+	d.Bus, creds, err = openBus(cfg, log)
 	if err != nil {
 		return d, err
 	}
-	tcfg, err := dataTLS(cfg)
+	remoteOpts, err := remoteOptions(cfg, creds, log)
+	if err != nil {
+		return d, err
+	}
+	tcfg, err := dataTLS(cfg, creds)
 	if err != nil {
 		return d, err
 	}
@@ -153,7 +158,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 	if err != nil {
 		return d, err
 	}
-	if tcfg.ServerTLS != nil && d.Backend.Name() != "tcp" {
+	if tcfg.ServerTLS != nil && d.Backend.Name() != "tcp" && (cfg.DataTLS == "on" || cfg.NATSTLSCert != "") {
 		log.Warn("data_tls applies to the TCP data plane only: this member's data plane is "+d.Backend.Name()+", whose traffic between hosts is not encrypted", "backend", d.Backend.Name())
 	}
 	rdir, err := regionfile.OpenDir(cfg.RegionDir, cfg.RegionOwners)
@@ -239,7 +244,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 		return d, err
 	}
 	if d.reqStore != nil {
-		cm, err := joinCluster(d.Bus.Conn, cfg, log, d.libLog)
+		cm, err := joinCluster(d.Bus.Conn, cfg, remoteOpts, log, d.libLog)
 		if err != nil {
 			return d, err
 		}

@@ -3,21 +3,40 @@ package daemon
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"os"
 
+	"github.com/connex/connex/auth"
 	"github.com/connex/connex/config"
 	"github.com/connex/connex/transport/tcp"
 )
 
-// dataTLS is the TCP data plane's TLS: with data_tls on (or auto, when
-// the member has a NATS certificate and the cluster's CA), holders require
-// readers' certificates signed by nats_tls_ca and readers verify holders'
-// against it, so only members of the cluster read KV bytes and no one on
-// the path sees them.
-func dataTLS(cfg config.Config) (tcp.Config, error) {
-	if cfg.DataTLS == "off" || cfg.NATSTLSCert == "" || cfg.NATSTLSCA == "" {
+// dataTLS is the TCP data plane's TLS, so that only members of the
+// cluster read KV bytes (or take a connection slot: slots are counted
+// after the handshake) and no one on the path sees them. With data_tls on
+// or auto: when the member has a NATS certificate and the cluster's CA,
+// holders require readers' certificates signed by nats_tls_ca and readers
+// verify holders' against it; otherwise, with member credentials (the
+// default: nats_auth on), both sides present a certificate made from them
+// and accept only members of the same authority (auth.MemberTLS, as the
+// cluster's remote). Without either, plaintext.
+func dataTLS(cfg config.Config, creds []byte) (tcp.Config, error) {
+	if cfg.DataTLS == "off" {
 		return tcp.Config{}, nil
+	}
+	if cfg.NATSTLSCert == "" || cfg.NATSTLSCA == "" {
+		if len(creds) == 0 {
+			if cfg.DataTLS == "on" {
+				return tcp.Config{}, errors.New("data_tls=on: no nats_tls_cert/ca and no member credentials to make a certificate from")
+			}
+			return tcp.Config{}, nil
+		}
+		server, client, err := auth.MemberTLS(creds)
+		if err != nil {
+			return tcp.Config{}, fmt.Errorf("data_tls: %w", err)
+		}
+		return tcp.Config{ServerTLS: server, ClientTLS: client}, nil
 	}
 	cert, err := tls.LoadX509KeyPair(cfg.NATSTLSCert, cfg.NATSTLSKey)
 	if err != nil {

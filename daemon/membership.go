@@ -24,6 +24,7 @@ import (
 type clusterMembers struct {
 	nc     *nats.Conn
 	cfg    config.Config
+	remote cluster.RemoteOptions // TLS and logger of protoactor's remote
 	log    *slog.Logger
 	libLog *slog.Logger // for protoactor (see libHandler)
 
@@ -64,8 +65,8 @@ func clusterRole(role string) cluster.Role {
 }
 
 // joinCluster starts membership and keeps it: on self-eviction it rejoins.
-func joinCluster(nc *nats.Conn, cfg config.Config, log, libLog *slog.Logger) (*clusterMembers, error) {
-	m := &clusterMembers{nc: nc, cfg: cfg, log: log, libLog: libLog, rejoins: make(chan struct{}, 1), done: make(chan struct{}), now: time.Now}
+func joinCluster(nc *nats.Conn, cfg config.Config, ro cluster.RemoteOptions, log, libLog *slog.Logger) (*clusterMembers, error) {
+	m := &clusterMembers{nc: nc, cfg: cfg, remote: ro, log: log, libLog: libLog, rejoins: make(chan struct{}, 1), done: make(chan struct{}), now: time.Now}
 	m.seen = cluster.NewSightings(cfg.MemberID, presetConfig(cfg.ClusterPreset).SettleAfter(), m.now())
 	if err := m.start(); err != nil {
 		return nil, err
@@ -86,7 +87,7 @@ func (m *clusterMembers) start() error {
 	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return m.libLog.With("lib", "protoactor-cluster")
 	}))
-	cl := actorcluster.New(sys, actorcluster.Configure(m.cfg.ClusterName, prov, disthash.New(), cluster.NewRemoteConfig(m.cfg.ClusterHost, 0)))
+	cl := actorcluster.New(sys, actorcluster.Configure(m.cfg.ClusterName, prov, disthash.New(), cluster.NewRemoteConfig(m.cfg.ClusterHost, 0, m.remote)))
 	cl.StartMember()
 	// A (re)join starts from a clean slate: what a paused member believed
 	// about departures and ages is stale.

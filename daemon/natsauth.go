@@ -20,8 +20,9 @@ import (
 // authority in auth_dir, makes its server trust it, connects with member
 // credentials it mints for itself, and writes admin.creds there for the
 // operator's tools. Against an external server it connects with
-// nats_creds, if given.
-func openBus(cfg config.Config, log *slog.Logger) (*bus.Bus, error) {
+// nats_creds, if given. It returns the credentials it connected with (nil
+// without), from which protoactor's remote makes its TLS identity.
+func openBus(cfg config.Config, log *slog.Logger) (*bus.Bus, []byte, error) {
 	me := auth.Identity{Role: auth.RoleMember, Member: cfg.MemberID}
 	o := bus.Options{
 		URL: cfg.NATSURL, Listen: cfg.NATSListen, DataDir: cfg.DataDir, Name: cfg.MemberID, Logger: log,
@@ -32,14 +33,14 @@ func openBus(cfg config.Config, log *slog.Logger) (*bus.Bus, error) {
 	case cfg.NATSURL == "" && cfg.NATSAuth:
 		a, err := auth.Open(cfg.AuthDir, true)
 		if err != nil {
-			return nil, fmt.Errorf("nats_auth: %w", err)
+			return nil, nil, fmt.Errorf("nats_auth: %w", err)
 		}
 		if o.Creds, err = a.Creds(me, 0); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		admin := filepath.Join(cfg.AuthDir, auth.AdminCredsFile)
 		if err := a.WriteCreds(admin, auth.Identity{Role: auth.RoleAdmin}, 0); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		o.Authority = a
 	case cfg.NATSURL == "":
@@ -47,21 +48,22 @@ func openBus(cfg config.Config, log *slog.Logger) (*bus.Bus, error) {
 	case cfg.NATSCreds != "":
 		creds, err := os.ReadFile(cfg.NATSCreds)
 		if err != nil {
-			return nil, fmt.Errorf("nats_creds: %w", err)
+			return nil, nil, fmt.Errorf("nats_creds: %w", err)
 		}
 		_, _, claims, err := auth.ParseCreds(creds)
 		if err != nil {
-			return nil, fmt.Errorf("nats_creds=%s: %w", cfg.NATSCreds, err)
+			return nil, nil, fmt.Errorf("nats_creds=%s: %w", cfg.NATSCreds, err)
 		}
 		if claims.Name != me.Name() && claims.Name != (auth.Identity{Role: auth.RoleAdmin}).Name() {
-			return nil, fmt.Errorf("nats_creds=%s are %q's, not member %s's (mint them with connexd creds --role member --member %s)", cfg.NATSCreds, claims.Name, cfg.MemberID, cfg.MemberID)
+			return nil, nil, fmt.Errorf("nats_creds=%s are %q's, not member %s's (mint them with connexd creds --role member --member %s)", cfg.NATSCreds, claims.Name, cfg.MemberID, cfg.MemberID)
 		}
 		if claims.Name == (auth.Identity{Role: auth.RoleAdmin}).Name() {
 			o.InboxPrefix = auth.Identity{Role: auth.RoleAdmin}.InboxPrefix()
 		}
 		o.Creds = creds
 	}
-	return bus.Open(o)
+	b, err := bus.Open(o)
+	return b, o.Creds, err
 }
 
 // AuthDir is the directory of the authority the embedded server trusts

@@ -8,6 +8,7 @@ import (
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/transport/tcp"
 )
 
 // TestIdleDataPlaneConnectionsRefuseNoPull: a hostile client on another
@@ -85,4 +86,45 @@ func stillOpen(c net.Conn) bool {
 		ne, ok := err.(net.Error)
 		return ok && ne.Timeout()
 	}
+}
+
+// TestDataPlaneSlotsFromStrangers (issue 29, finding 10): 1024 connections
+// from 16 loopback addresses (64 each, every per-peer and the whole cap),
+// each sending the data plane's plaintext hello as a stranger holding no
+// credential would, and then nothing, filled the holder's slots and every
+// pull from it failed. With auth on (the default) data_tls is on with the
+// members' credentials: the strangers never finish a handshake, take no
+// served slot, and the pull moves every byte.
+func TestDataPlaneSlotsFromStrangers(t *testing.T) {
+	pre, dec, pn, _ := cluster2(t, "tcp")
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	hello := append([]byte("CNXT"), tcp.ProtocolVersion, 0, 0, 0) // the data plane's hello, in plaintext
+	for ip := range 16 {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 1, byte(1+ip))}, Timeout: 2 * time.Second}
+		for range 64 {
+			c, err := d.Dial("tcp", pn.dataAddr)
+			if err != nil {
+				continue // refused at the kernel's backlog: also fine
+			}
+			_, _ = c.Write(hello)
+			conns = append(conns, c)
+		}
+	}
+	h, err := pre.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pre.id, RegionId: pre.rid, BlockIds: []uint32{3, 4, 5}, NumTokens: 48})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := subscribe(t, dec.cli.NC, api.PullDoneSubject(dec.id), func() *messages.PullDone { return new(messages.PullDone) })
+	if _, err := dec.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: h.Params, EngineId: dec.id, RegionId: dec.rid, BlockIds: []uint32{6, 7, 8}, PullId: "strangers"}); err != nil {
+		t.Fatal(err)
+	}
+	if d := done.wait(t, 10*time.Second, func(m *messages.PullDone) bool { return m.PullId == "strangers" }); !d.Ok {
+		t.Fatalf("a pull while strangers hold every slot: %s (%d)", d.Error, d.ErrorCode)
+	}
+	verifyBlocks(t, pre.region, dec.region, []uint32{3, 4, 5}, []uint32{6, 7, 8}, nil)
 }

@@ -46,7 +46,7 @@ var rules = map[string]struct {
 	"api/codetable": {pure: true},
 	"api/gencodes":  {internal: []string{"api/codetable"}},
 	"requests":      {internal: []string{"messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
-	"cluster":       {internal: []string{"messages", "subject"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"cluster":       {internal: []string{"messages", "subject"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/grpc", "google.golang.org/protobuf/"}},
 	"actors":        {internal: []string{"api", "clock", "errcode", "kvmem", "lease", "messages", "requests", "transport"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"bus":           {internal: []string{"auth"}, external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
 	"auth":          {internal: []string{"subject"}, external: []string{"github.com/nats-io/jwt/", "github.com/nats-io/nkeys"}},

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Benchmarks; each prints its figures and ends with one summary line.
-#   bench.sh control   control-plane round trip vs bare NATS (CONTROL ...), and what NATS
-#                      authentication and TLS cost it (SECURITY ...)
+#   bench.sh control   control-plane round trip vs bare NATS (CONTROL ...), what NATS
+#                      authentication and TLS cost it (SECURITY ...), and what member TLS
+#                      costs a round trip on protoactor's remote (REMOTE ...) and a TCP pull's
+#                      throughput (TLSDATA ...): both on by default with auth
 #   bench.sh pull      data-plane pulls vs memcpy, ucx_perftest, TCP (RATIO ...)
 #   bench.sh cluster   failover timings (FAILOVER ...)
 #   bench.sh resume    what a decode death costs a streamed request, resumed vs re-prefilled (RESUME ...)
@@ -32,6 +34,10 @@ case "${1:-control}" in
     go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkControl(RTT|Security)$' -benchtime "${BENCH_N:-3000}x" ./e2e/ | tee "$out"
     grep '^CONTROL ' "$out" | tail -1
     grep '^SECURITY ' "$out" | tail -1
+    go test -run '^$' -bench '^BenchmarkRemoteTLS$' -benchtime "${BENCH_N:-3000}x" ./cluster/ | tee -a "$out"
+    go test -run '^$' -bench '^BenchmarkGetTLS$' -benchtime 20x ./transport/tcp/ | tee -a "$out"
+    grep '^REMOTE ' "$out" | tail -1
+    grep '^TLSDATA ' "$out" | tail -1
     ;;
   pull)
     go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkPull$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"

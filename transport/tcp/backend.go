@@ -30,11 +30,19 @@ type Backend struct {
 	regs  map[uint64]*registration
 	regID uint64 // last id handed out; guarded by regMu
 
-	mu        sync.Mutex
-	closed    bool
-	conns     map[*serverConn]struct{}
-	perPeer   map[string]int // served connections per remote IP (MaxConnsPerPeer)
-	endpoints map[string]*endpoint
+	mu      sync.Mutex
+	closed  bool
+	conns   map[*serverConn]struct{} // every accepted connection, in its handshake or served
+	perPeer map[string]int           // served connections per remote IP (MaxConnsPerPeer)
+	served  int                      // served connections (MaxConns)
+	// pending are the connections still in their handshake (TLS and
+	// hello), oldest first, and pendingPerPeer their count per remote IP:
+	// capped by the same numbers as served ones, but the oldest gives way
+	// to a newcomer, so connections that never finish cannot keep a
+	// member's out.
+	pending        []*serverConn
+	pendingPerPeer map[string]int
+	endpoints      map[string]*endpoint
 }
 
 var _ transport.Backend = (*Backend)(nil)
@@ -61,15 +69,16 @@ func OpenConfig(opts transport.Options, cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("tcp backend: listen %s: %w", addr, err)
 	}
 	b := &Backend{
-		cfg:       cfg,
-		log:       opts.Log().With("backend", "tcp"),
-		ln:        ln,
-		addr:      []byte(ln.Addr().String()),
-		quit:      make(chan struct{}),
-		regs:      make(map[uint64]*registration),
-		conns:     make(map[*serverConn]struct{}),
-		perPeer:   make(map[string]int),
-		endpoints: make(map[string]*endpoint),
+		cfg:            cfg,
+		log:            opts.Log().With("backend", "tcp"),
+		ln:             ln,
+		addr:           []byte(ln.Addr().String()),
+		quit:           make(chan struct{}),
+		regs:           make(map[uint64]*registration),
+		conns:          make(map[*serverConn]struct{}),
+		perPeer:        make(map[string]int),
+		pendingPerPeer: make(map[string]int),
+		endpoints:      make(map[string]*endpoint),
 	}
 	b.wg.Add(1)
 	go b.acceptLoop()
@@ -231,7 +240,7 @@ func (b *Backend) close() {
 	// Closing server connections first unblocks their writes, so the
 	// deregistrations below never wait on a slow reader.
 	for _, sc := range conns {
-		_ = sc.nc.Close()
+		_ = sc.raw.Close() // not nc: run may be wrapping it in TLS
 	}
 	for _, e := range eps {
 		e.shutdown(fmt.Errorf("tcp endpoint %s: %w", e.addr, transport.ErrClosed))

@@ -35,11 +35,16 @@ type Config struct {
 	// DeregisterGrace is how long Deregister lets in-progress writes from the
 	// memory finish before it closes the connections carrying them.
 	DeregisterGrace time.Duration
-	// MaxConns caps concurrently served connections; more are closed on
-	// accept.
+	// MaxConns caps concurrently served connections: a connection takes
+	// a slot once its handshake (TLS, then the hello) is done, and is
+	// closed if none is free. Connections still in their handshake are
+	// capped by the same number apart, the oldest closed to make room for
+	// a new one, so connections that never finish (strangers without a
+	// certificate) cannot keep a member out.
 	MaxConns int
 	// MaxConnsPerPeer caps the connections served to one remote address
-	// (IP), so one peer cannot take every slot of MaxConns.
+	// (IP), so one peer cannot take every slot of MaxConns; it caps that
+	// address's connections in their handshake the same way.
 	MaxConnsPerPeer int
 	// IdleTimeout closes a served connection that sends no request for
 	// this long (after its hello, which HandshakeTimeout bounds).

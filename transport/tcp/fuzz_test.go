@@ -206,7 +206,7 @@ func FuzzServerStream(f *testing.F) {
 		nreq := len(data) / requestLen
 		limit := helloLen + nreq*(responseLen+1000)
 		conn := &fuzzConn{in: bytes.NewReader(data), limit: limit}
-		sc := &serverConn{b: b, nc: conn}
+		sc := &serverConn{b: b, nc: conn, raw: conn}
 		done := make(chan error, 1)
 		go func() { done <- sc.serve() }()
 		select {

@@ -113,3 +113,57 @@ func TestConnectionsPerPeerAreCapped(t *testing.T) {
 		t.Fatalf("a connection within the cap got no hello: %v", err)
 	}
 }
+
+// TestStrangersCannotTakeSlots (issue 29, finding 10): connections that
+// never finish their handshake — strangers without a certificate, or who
+// send nothing — from one address and from many, up to every slot, do not
+// keep a member out: slots are counted after the handshake, and the
+// oldest pending connection makes room for a newer one. Before, slots were
+// counted at accept and the member's Get failed.
+func TestStrangersCannotTakeSlots(t *testing.T) {
+	pool, cert := testCA(t, "127.0.0.1")
+	cfg := tlsConfigs(pool, cert)
+	cfg.MaxConns, cfg.MaxConnsPerPeer = 8, 4
+	srv, cli := openBackend(t, cfg), openBackend(t, cfg)
+	src := randomBytes(7, 64<<10)
+	reg := register(t, srv, src)
+	var strangers []net.Conn
+	t.Cleanup(func() {
+		for _, c := range strangers {
+			c.Close()
+		}
+	})
+	// 2 × MaxConns connections from 8 loopback addresses (127.0.0.1
+	// included, the member's own) that never start TLS. (A plaintext hello
+	// fails the handshake at once.)
+	for i := range 2 * cfg.MaxConns {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(1+i%8))}, Timeout: 2 * time.Second}
+		c, err := d.Dial("tcp", string(srv.Address()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		strangers = append(strangers, c)
+	}
+	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		srv.mu.Lock()
+		n := len(srv.conns)
+		srv.mu.Unlock()
+		if n != cfg.MaxConns {
+			return fmt.Errorf("%d connections at the server, want the strangers at the cap (%d)", n, cfg.MaxConns)
+		}
+		return nil
+	})
+	ep := connect(t, cli, srv)
+	dst := make([]byte, len(src))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := ep.Get(ctx, []transport.GetOp{{RemoteKey: reg.RemoteKey(), Dst: dst}}); err != nil {
+		t.Fatalf("a member's Get while strangers hold every slot: %v", err)
+	}
+	srv.mu.Lock()
+	served, pending := srv.served, len(srv.pending)
+	srv.mu.Unlock()
+	if served < 1 || served > DefaultConfig().ConnsPerEndpoint || pending > cfg.MaxConns {
+		t.Fatalf("served %d (the member's only), pending %d (at most %d)", served, pending, cfg.MaxConns)
+	}
+}

@@ -71,8 +71,8 @@ func (b *Backend) abortWriters(r *registration) {
 	for sc := range b.conns {
 		if sc.writing.Load() == r {
 			b.log.Warn("tcp deregister: reader not draining; closing its connection",
-				"reg", r.id, "peer", sc.nc.RemoteAddr().String(), "grace", b.cfg.DeregisterGrace)
-			_ = sc.nc.Close()
+				"reg", r.id, "peer", sc.raw.RemoteAddr().String(), "grace", b.cfg.DeregisterGrace)
+			_ = sc.raw.Close()
 		}
 	}
 }

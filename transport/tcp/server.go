@@ -5,8 +5,10 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,7 +32,9 @@ const (
 type serverConn struct {
 	b      *Backend
 	nc     net.Conn
-	peerIP string // counted in Backend.perPeer
+	raw    net.Conn  // the accepted socket, never replaced (nc becomes its TLS wrapper): what eviction closes
+	peerIP string    // counted in Backend.pendingPerPeer, then perPeer
+	stage  connStage // guarded by Backend.mu
 
 	queue  chan request  // read ahead, not answered yet
 	stop   chan struct{} // closed when answer returns
@@ -47,6 +51,82 @@ type serverConn struct {
 	nOps   int
 	nBytes int
 }
+
+// connStage is where a served connection is counted.
+type connStage int
+
+const (
+	stagePending connStage = iota // in its handshake: Backend.pending
+	stageServed                   // handshake done: Backend.served, perPeer
+	stageGone                     // counted nowhere (evicted or refused)
+)
+
+// admitPending counts a new connection as pending, first closing the
+// oldest pending connection of its peer, and then the oldest of all, while
+// those are at their caps. Called with b.mu held.
+func (b *Backend) admitPending(sc *serverConn) {
+	for b.pendingPerPeer[sc.peerIP] >= b.cfg.MaxConnsPerPeer && b.evictPending(sc.peerIP) {
+	}
+	for len(b.pending) >= b.cfg.MaxConns && b.evictPending("") {
+	}
+	sc.stage = stagePending
+	b.pending = append(b.pending, sc)
+	b.pendingPerPeer[sc.peerIP]++
+}
+
+// evictPending closes the oldest pending connection (of peer ip, or of
+// anyone when ip is ""); false if there is none. Called with b.mu held.
+func (b *Backend) evictPending(ip string) bool {
+	for _, sc := range b.pending {
+		if ip == "" || sc.peerIP == ip {
+			b.dropPending(sc)
+			sc.stage = stageGone
+			_ = sc.raw.Close() // its handshake read fails; run cleans up
+			return true
+		}
+	}
+	return false
+}
+
+// dropPending removes sc from the pending counts. Called with b.mu held.
+func (b *Backend) dropPending(sc *serverConn) {
+	if i := slices.Index(b.pending, sc); i >= 0 {
+		b.pending = slices.Delete(b.pending, i, i+1)
+	}
+	if b.pendingPerPeer[sc.peerIP]--; b.pendingPerPeer[sc.peerIP] <= 0 {
+		delete(b.pendingPerPeer, sc.peerIP)
+	}
+}
+
+// serveConn moves sc from pending to served once its handshake is done (TLS,
+// when on, proved a member's certificate), or refuses it: evicted while it
+// shook hands, or over MaxConns or MaxConnsPerPeer.
+func (b *Backend) serveConn(sc *serverConn) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if sc.stage != stagePending {
+		return errEvicted
+	}
+	b.dropPending(sc)
+	if b.served >= b.cfg.MaxConns || b.perPeer[sc.peerIP] >= b.cfg.MaxConnsPerPeer {
+		sc.stage = stageGone
+		if b.served >= b.cfg.MaxConns {
+			return fmt.Errorf("%w: %d connections served (max)", errFull, b.served)
+		}
+		return fmt.Errorf("%w: %d connections from %s (max per peer)", errFull, b.perPeer[sc.peerIP], sc.peerIP)
+	}
+	sc.stage = stageServed
+	b.served++
+	b.perPeer[sc.peerIP]++
+	return nil
+}
+
+// errEvicted and errFull end a connection that finished its handshake
+// without a slot to serve it in.
+var (
+	errEvicted = errors.New("tcp: closed during its handshake to make room for newer connections")
+	errFull    = errors.New("tcp: too many connections")
+)
 
 func (b *Backend) acceptLoop() {
 	defer b.wg.Done()
@@ -70,24 +150,19 @@ func (b *Backend) acceptLoop() {
 			continue
 		}
 		backoff = 0
-		peerIP := remoteIP(nc)
+		// A connection takes a served slot only after its handshake (TLS
+		// and hello): until then it is pending, and the oldest pending
+		// connection makes room for a new one, so strangers who connect
+		// and never finish cannot fill the slots members need.
+		sc := &serverConn{b: b, nc: nc, raw: nc, peerIP: remoteIP(nc)}
 		b.mu.Lock()
-		if b.closed || len(b.conns) >= b.cfg.MaxConns || b.perPeer[peerIP] >= b.cfg.MaxConnsPerPeer {
-			closed, perPeer := b.closed, b.perPeer[peerIP] >= b.cfg.MaxConnsPerPeer
+		if b.closed {
 			b.mu.Unlock()
 			_ = nc.Close()
-			switch {
-			case closed:
-			case perPeer:
-				b.log.Warn("tcp: too many connections from one peer; refusing one", "peer", nc.RemoteAddr().String(), "max_per_peer", b.cfg.MaxConnsPerPeer)
-			default:
-				b.log.Warn("tcp: too many connections; refusing one", "peer", nc.RemoteAddr().String(), "max", b.cfg.MaxConns)
-			}
 			continue
 		}
-		sc := &serverConn{b: b, nc: nc, peerIP: peerIP}
+		b.admitPending(sc)
 		b.conns[sc] = struct{}{}
-		b.perPeer[peerIP]++
 		b.wg.Add(1)
 		b.mu.Unlock()
 		go sc.run()
@@ -100,9 +175,16 @@ func (sc *serverConn) run() {
 	defer func() {
 		b.mu.Lock()
 		delete(b.conns, sc)
-		if b.perPeer[sc.peerIP]--; b.perPeer[sc.peerIP] <= 0 {
-			delete(b.perPeer, sc.peerIP)
+		switch sc.stage {
+		case stagePending:
+			b.dropPending(sc)
+		case stageServed:
+			b.served--
+			if b.perPeer[sc.peerIP]--; b.perPeer[sc.peerIP] <= 0 {
+				delete(b.perPeer, sc.peerIP)
+			}
 		}
+		sc.stage = stageGone
 		b.mu.Unlock()
 	}()
 	b.tuneConn(sc.nc)
@@ -114,6 +196,13 @@ func (sc *serverConn) run() {
 	err := sc.serve()
 	_ = sc.nc.Close()
 	switch {
+	case errors.Is(err, errFull):
+		b.log.Warn("tcp: refusing a connection", "peer", peer, "err", err)
+	case sc.handshaking():
+		// A stranger (no member certificate, a bad hello), a silent
+		// connection or one evicted for a newer: debug only, or a flood of
+		// them floods the log.
+		b.log.Debug("tcp: connection closed in its handshake", "peer", peer, "err", err)
 	case errors.Is(err, errProtocol):
 		b.log.Warn("tcp: closing connection after bad input", "peer", peer, "err", err)
 	case err == nil || isClosedErr(err) || b.isClosed():
@@ -121,6 +210,13 @@ func (sc *serverConn) run() {
 	default:
 		b.log.Warn("tcp: reader connection failed", "peer", peer, "err", err)
 	}
+}
+
+// handshaking reports whether sc ended before it was served.
+func (sc *serverConn) handshaking() bool {
+	sc.b.mu.Lock()
+	defer sc.b.mu.Unlock()
+	return sc.stage != stageServed
 }
 
 // serve runs the handshake and then answers requests until the connection
@@ -134,6 +230,9 @@ func (sc *serverConn) serve() error {
 		return err
 	}
 	if err := decodeHello(hello[:]); err != nil {
+		return err
+	}
+	if err := b.serveConn(sc); err != nil {
 		return err
 	}
 	_ = sc.nc.SetReadDeadline(time.Time{})
