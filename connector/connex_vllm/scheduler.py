@@ -13,7 +13,7 @@ import concurrent.futures
 import logging
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from . import bus as busmod
@@ -235,19 +235,21 @@ class ConnexScheduler:
             bad = ""
         except ValueError as e:
             m, bad = pb.KVTransferParams(), str(e)
+        spec: LoadSpec | None = None
         if num_external_tokens > 0:
             nblocks = math.ceil(num_external_tokens / self.block_size)
             dst = tuple(block_ids[:nblocks])
             bad = bad or self._incompatible(m, num_external_tokens, nblocks)
-            with self._mu:
-                self._pending.loads.append(LoadSpec(request.request_id, m.SerializeToString(), dst, bad))
+            spec = LoadSpec(request.request_id, m.SerializeToString(), dst, bad)
             if bad:
+                with self._mu:
+                    self._pending.loads.append(spec)
                 self.stats.loads_refused += 1
                 log.error("connex: request %s cannot load its KV: %s", request.request_id, bad)
             else:
                 self.stats.loads_started += 1
         if not bad:
-            self._start_request(request, m, len(block_ids))
+            self._start_request(request, m, len(block_ids), spec)
 
     def _incompatible(self, m: pb.KVTransferParams, tokens: int, nblocks: int) -> str:
         if m.block_size and m.block_size != self.block_size:
@@ -261,7 +263,12 @@ class ConnexScheduler:
             return f"incompatible: the hold has {len(m.remote_block_ids)} blocks, {tokens} tokens need {nblocks}"
         return ""
 
-    def _start_request(self, request: RequestLike, m: pb.KVTransferParams, nblocks: int) -> None:
+    def _start_request(
+        self, request: RequestLike, m: pb.KVTransferParams, nblocks: int, spec: LoadSpec | None = None
+    ) -> None:
+        """request.start on the bus thread; the load (spec) goes to the worker only once it answered. connexd binds
+        the hold to this engine when the request starts (or moves to it at a resume's takeover), and a bound hold
+        serves only its engine: a pull sent before would be refused."""
         connex_id = m.connex_request_id or request.request_id
         tokens = list(request.all_token_ids)
         d = _Decode(request.request_id, connex_id, request, len(tokens), blocks=nblocks)
@@ -276,14 +283,26 @@ class ConnexScheduler:
                 takeover=m.connex_resume,
                 resume_authority="router",
             )
-            st = await self._bus.call("request.start", msg, rpb.RequestStatus, self.settings.call_timeout_s)
+            try:
+                st = await self._bus.call("request.start", msg, rpb.RequestStatus, self.settings.call_timeout_s)
+            except ConnexError as e:
+                if spec is not None:  # the load fails; vLLM's kv_load_failure_policy decides
+                    self._load_ready(replace(spec, error=f"{busmod.reason(e.code)}: request.start: {e}"))
+                raise
             d.epoch = st.state.epoch
+            if spec is not None:
+                self._load_ready(spec)
 
         with self._mu:
             self._decodes[d.req_id] = d
             self._by_connex[connex_id] = d
         self.stats.requests_started += 1
         self._then(d, start, "request.start")
+
+    def _load_ready(self, spec: LoadSpec) -> None:
+        """Hands a load to the worker with the next step's metadata. Bus thread."""
+        with self._mu:
+            self._pending.loads.append(spec)
 
     def _then(self, d: _Decode, step: Any, what: str) -> None:
         """Runs step on the bus thread after the request's previous call ended (calls of one request stay ordered)."""

@@ -105,6 +105,14 @@ def test_resume_on_third_scheduler_loads_only_remote_tokens(cluster: Cluster, en
     k = len(generated)
     resumed = PROMPT + generated
     rparams = dict(params, connex_resume=True)
+    # The test plays the router: its word that the third engine may take the request over (peer.grant, members and
+    # admins only; under NATS auth an engine's takeover without it is refused).
+    grant = rpb.StartRequestMsg(request_id="conn-r2", engine_id=ed2.engine_id, takeover=True)
+    router = cluster.on(cluster.decode2.member)
+    try:
+        router.request_sync("peer.grant", grant, rpb.RequestStatus, 5.0)
+    finally:
+        router.close()
     ed2.add("r2-resumed", resumed, 3, rparams)
     n, is_async = ed2.connector_sched.get_num_new_matched_tokens(ed2.sched.requests["r2-resumed"], 0)
     assert (n, is_async) == (len(PROMPT), True), "a resume loads remote_num_tokens, not prompt + k"
