@@ -103,6 +103,13 @@ func (d *Daemon) engineLost(ended engines.Ended) {
 			return
 		default:
 		}
+		if ended.Instance != "" && d.engineInstance(ended.Engine) == ended.Instance {
+			// The same process registered again within the grace: it was
+			// paused (SIGSTOP, a long GC), not gone. Its requests go on, and
+			// one it started since is not this departure's to end.
+			d.log.Info("engine registered again after its registration lapsed: its requests go on", "engine", ended.Engine)
+			return
+		}
 		for _, pid := range d.reqTable.All() {
 			d.system.Root.Send(pid, &actors.EngineLost{Engine: ended.Engine, Instance: ended.Instance})
 		}

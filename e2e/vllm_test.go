@@ -221,6 +221,7 @@ func testVLLMResume(t *testing.T, c *localcluster.Cluster) {
 					faultErr = c.Kill(victim + "/engine")
 				} else {
 					faultErr = c.Stop(victim + "/engine")
+					t.Cleanup(func() { _ = c.Cont(victim + "/engine") }) // also when a check below fails
 				}
 			})
 			if err != nil || faultErr != nil {

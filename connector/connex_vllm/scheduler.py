@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import logging
 import math
+import re
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -78,6 +80,18 @@ class _Decode:
 class _Pending:
     loads: list[LoadSpec] = field(default_factory=list)
     holds: dict[str, str] = field(default_factory=dict)
+
+
+_STORE_ID = re.compile(r"[A-Za-z0-9_=/-]{1,128}")
+
+
+def store_id(vllm_request_id: str) -> str:
+    """A connexd request id for a request no Connex router named (connex_request_id unset: vLLM's own proxy or
+    vllm-router): vLLM's id when connexd's request store can key it, else a digest of it (vllm-router's ids carry
+    the engines' host:port)."""
+    if _STORE_ID.fullmatch(vllm_request_id):
+        return vllm_request_id
+    return "vllm-" + hashlib.sha256(vllm_request_id.encode()).hexdigest()[:40]
 
 
 class ConnexScheduler:
@@ -269,7 +283,7 @@ class ConnexScheduler:
         """request.start on the bus thread; the load (spec) goes to the worker only once it answered. connexd binds
         the hold to this engine when the request starts (or moves to it at a resume's takeover), and a bound hold
         serves only its engine: a pull sent before would be refused."""
-        connex_id = m.connex_request_id or request.request_id
+        connex_id = m.connex_request_id or store_id(request.request_id)
         tokens = list(request.all_token_ids)
         d = _Decode(request.request_id, connex_id, request, len(tokens), blocks=nblocks)
 

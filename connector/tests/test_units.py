@@ -137,3 +137,12 @@ def test_notice_cursor_orders_live_and_replayed_notices() -> None:
     assert c.live("j2", 3) is Verdict.CATCH_UP
     assert c.position() == ("j2", 0)
     assert c.live("j2", 0) is Verdict.DELIVER  # unnumbered (an older connexd)
+
+
+def test_store_id_keeps_valid_ids_and_digests_the_rest() -> None:
+    from connex_vllm.scheduler import store_id
+
+    assert store_id("cmpl-abc_1=2/3") == "cmpl-abc_1=2/3"
+    odd = "cmpl-___prefill_addr_127.0.0.1:36709___decode_addr_127.0.0.1:41769_38713fe4-0-94da35db"
+    got = store_id(odd)
+    assert got.startswith("vllm-") and len(got) == 45 and got == store_id(odd) and "." not in got and ":" not in got
