@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/auth"
 	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
 )
@@ -83,8 +84,10 @@ func TestNATSOverTLS(t *testing.T) {
 	})
 	// A pull between them crosses the TCP data plane with mutual TLS
 	// (data_tls=auto: both have the cluster's certificate and CA).
-	pre := newEngine(t, nc, "tls-p", "engP", testLayout, true)
-	dec := openDecodeShim(t, nc, "tls-d", "engD")
+	// connexd answers an engine-scoped call only on the calling engine's
+	// inbox: the test's admin connections use each engine's inbox prefix.
+	pre := newEngine(t, adminAsEngine(t, p.natsURL, "engP"), "tls-p", "engP", testLayout, true)
+	dec := openDecodeShim(t, engineConn(t, p.natsURL, "tls-d", "engD"), "tls-d", "engD")
 	h, err := pre.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pre.id, RegionId: pre.rid, BlockIds: []uint32{5, 6}, NumTokens: 32})
 	if err != nil {
 		t.Fatal(err)
@@ -100,4 +103,16 @@ func TestNATSOverTLS(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "tls-d") || !strings.Contains(string(out), "tls-p") {
 		t.Fatalf("connexd status over TLS: %v\n%s", err, out)
 	}
+}
+
+// adminAsEngine is an admin connection to url whose replies arrive on
+// engine's inbox, for calls the test makes in that engine's name (an
+// admin may also call member-scoped endpoints an engine may not).
+func adminAsEngine(t testing.TB, url, engine string) *nats.Conn {
+	t.Helper()
+	opts := []nats.Option{nats.CustomInboxPrefix(auth.Identity{Role: auth.RoleEngine, Engine: engine}.InboxPrefix())}
+	if f := adminCreds(url); f != "" {
+		opts = append(opts, nats.UserCredentials(f))
+	}
+	return dial(t, url, opts...)
 }
