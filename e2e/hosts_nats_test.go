@@ -137,12 +137,14 @@ func (l *pullLoad) end(t *testing.T) {
 // started again, catches up.
 func TestHostsNATSServerKilledUnderLoad(t *testing.T) {
 	c := newHostPD(t, 3)
-	src := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
-	prm := c.hold(t, src, 128)
+	// One hold per request: connexd binds a hold to its request's engine,
+	// and a bound hold serves only that engine.
+	srcs := map[string][]uint32{"d2": {1, 2, 3, 4, 5, 6, 7, 8}, "d3": {11, 12, 13, 14, 15, 16, 17, 18}}
+	prms := map[string]*messages.KVTransferParams{"d2": c.hold(t, srcs["d2"], 128), "d3": c.hold(t, srcs["d3"], 128)}
 	p := prompt(128)
 	for d, toks := range map[string][]uint32{"d2": {7, 8}, "d3": {9}} {
 		e := c.engines[d]
-		if _, err := e.cli.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: "r-" + d, Params: prm, PromptTokenIds: p, EngineId: e.id}); err != nil {
+		if _, err := e.cli.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: "r-" + d, Params: prms[d], PromptTokenIds: p, EngineId: e.id}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := e.cli.Progress(ctx5(t), &messages.RequestProgress{RequestId: "r-" + d, Epoch: 1, TokenIds: toks}); err != nil {
@@ -164,8 +166,8 @@ func TestHostsNATSServerKilledUnderLoad(t *testing.T) {
 	}
 	ncStable := c.conn(stable.host)
 	loads := []*pullLoad{
-		c.startPullLoad(t, "d2", ncStable, prm, src, []uint32{10, 11, 12, 13, 14, 15, 16, 17}),
-		c.startPullLoad(t, "d3", ncStable, prm, src, []uint32{20, 21, 22, 23, 24, 25, 26, 27}),
+		c.startPullLoad(t, "d2", ncStable, prms["d2"], srcs["d2"], []uint32{10, 11, 12, 13, 14, 15, 16, 17}),
+		c.startPullLoad(t, "d3", ncStable, prms["d3"], srcs["d3"], []uint32{20, 21, 22, 23, 24, 25, 26, 27}),
 	}
 	// Some pulls before the kill, and a while of them after it.
 	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
@@ -233,9 +235,11 @@ func TestHostsNATSServerKilledUnderLoad(t *testing.T) {
 		}
 		t.Logf("r-%s: progress after the kill took %s", d, time.Since(wrote).Round(time.Millisecond))
 	}
-	hs, err := c.engP.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: prm.TransferId})
-	if err != nil || hs.State != "held" {
-		t.Fatalf("hold after the kill: %v %v", hs, err)
+	for d, prm := range prms {
+		hs, err := c.engP.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: prm.TransferId})
+		if err != nil || hs.State != "held" {
+			t.Fatalf("r-%s's hold after the kill: %v %v", d, hs, err)
+		}
 	}
 	// The killed server comes back and its replica catches up.
 	victim.start()
