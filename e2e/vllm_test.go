@@ -178,6 +178,7 @@ func TestVLLM(t *testing.T) {
 	t.Run("stop-strings", func(t *testing.T) { testVLLMStopStrings(t, c) })
 	t.Run("vllm-router", func(t *testing.T) { testVLLMRouter(t, c) })
 	t.Run("vllm-bench-serve", func(t *testing.T) { testVLLMBenchServe(t, c) })
+	t.Run("connexd-restart", func(t *testing.T) { testVLLMConnexdRestart(t, c) })
 	t.Run("hold-gone", func(t *testing.T) { testVLLMHoldGone(t, c) })
 }
 
@@ -402,6 +403,109 @@ func detokenize(t *testing.T, engine string, ids []uint32) string {
 // decode-0 runs with fail: vLLM fails the request; the stream ends with one
 // error event naming it, then [DONE]. The decode engine to fail first is steered by keeping
 // the other busy (the router picks the least loaded).
+// newRegionLine is what the connector logs once it made a new KV region on
+// a restarted connexd (connector/connex_vllm/worker.py).
+const newRegionLine = "has a new KV region on connexd"
+
+// testVLLMConnexdRestart: an engine's connexd dies and comes back while its
+// vLLM lives on (issue 33 item 6). The connector sees the new connexd (a new
+// notice journal, or unknown_region on a pull), makes a new region there and
+// carries the KV over between two steps: a stream decoding on that engine
+// goes on with the same tokens; the prefill engine's holds of the dead
+// connexd give their blocks back; later requests load KV with one prefill.
+func testVLLMConnexdRestart(t *testing.T, c *localcluster.Cluster) {
+	prefillURL := engineURL(t, c, "prefill-0")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	const max, faultAt = 160, 24
+	regions := func(engine string) int { return strings.Count(c.Logs(engine+"/engine"), newRegionLine) }
+	restart := func(target string) {
+		t.Helper()
+		rctx, rcancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer rcancel()
+		if err := errorsJoin(c.Kill(target), c.Restart(rctx, target)); err != nil {
+			t.Fatalf("restart %s: %v", target, err)
+		}
+	}
+	waitRegion := func(engine string, before int) {
+		t.Helper()
+		checkFor(t, time.Minute, 100*time.Millisecond, func() error {
+			if n := regions(engine); n <= before {
+				return fmt.Errorf("%s's vLLM has not logged %q since its connexd restarted", engine, newRegionLine)
+			}
+			return nil
+		})
+	}
+
+	// 1. A stream decoding while its engine's connexd is killed and restarted.
+	prompt := vllmPrompt(200, 300)
+	ref, err := postStream(ctx, engineURL(t, c, "decode-0")+"/v1/completions", vllmCompletion(prompt, max), nil)
+	if err != nil || ref.status != 200 || len(ref.ids) != max {
+		t.Fatalf("reference from vLLM alone: %v, status %d %s, %d tokens", err, ref.status, ref.body, len(ref.ids))
+	}
+	var victim string
+	var before int
+	got, err := postStream(ctx, c.RouterURL()+"/v1/completions", vllmCompletion(prompt, max), func(n int, s *streamed) {
+		if n == faultAt {
+			victim = s.header.Get("X-Connex-Decode-Engine")
+			before = regions(victim)
+			restart(victim + "/connexd")
+		}
+	})
+	if err != nil || victim == "" {
+		t.Fatalf("stream: %v (decode engine %q)", err, victim)
+	}
+	if got.status != 200 || got.dones != 1 || len(got.errors) > 0 {
+		t.Fatalf("after %s's connexd restarted: status %d %s, %d [DONE], errors %v", victim, got.status, got.body, got.dones, got.errors)
+	}
+	if fmt.Sprint(got.ids) != fmt.Sprint(ref.ids) {
+		t.Fatalf("the stream differs from vLLM alone after its connexd restarted:\n got %v\nwant %v", got.ids, ref.ids)
+	}
+	waitRegion(victim, before)
+	waitEnginesFor(t, c, time.Minute)
+
+	// 2. The prefill engine's connexd restarts: the holds it kept died with
+	// it; the connector gives their blocks back and serves new holds from a
+	// new region.
+	before = regions("prefill-0")
+	restart("prefill-0/connexd")
+	waitRegion("prefill-0", before)
+	waitEnginesFor(t, c, time.Minute)
+	checkFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if u := vllmMetric(t, prefillURL, "vllm:kv_cache_usage_perc"); u != 0 {
+			return fmt.Errorf("the prefill vLLM's KV cache is %.4f used after its connexd restarted: held blocks not back", u)
+		}
+		return nil
+	})
+	for i := range 2 {
+		prompt := vllmPrompt(int64(210+i), 300)
+		ref, err := postStream(ctx, engineURL(t, c, "decode-0")+"/v1/completions", vllmCompletion(prompt, 32), nil)
+		if err != nil || ref.status != 200 {
+			t.Fatalf("reference: %v %d %s", err, ref.status, ref.body)
+		}
+		promptTokens := float64(ref.usage["prompt_tokens"])
+		computed := vllmSource(t, prefillURL, "local_compute")
+		loaded := map[string]float64{}
+		for _, d := range []string{"decode-0", "decode-1"} {
+			loaded[d] = vllmSource(t, engineURL(t, c, d), "external_kv_transfer")
+		}
+		got, err := postStream(ctx, c.RouterURL()+"/v1/completions", vllmCompletion(prompt, 32), nil)
+		if err != nil || got.status != 200 || got.dones != 1 || len(got.errors) > 0 {
+			t.Fatalf("request %d after the restarts: %v, status %d %s, errors %v", i, err, got.status, got.body, got.errors)
+		}
+		if fmt.Sprint(got.ids) != fmt.Sprint(ref.ids) {
+			t.Fatalf("request %d after the restarts differs from vLLM alone:\n got %v\nwant %v", i, got.ids, ref.ids)
+		}
+		if d := vllmSource(t, prefillURL, "local_compute") - computed; d != promptTokens {
+			t.Fatalf("request %d: the prefill vLLM computed %v prompt tokens, want %v (one prefill)", i, d, promptTokens)
+		}
+		dec := got.header.Get("X-Connex-Decode-Engine")
+		if l := vllmSource(t, engineURL(t, c, dec), "external_kv_transfer") - loaded[dec]; l < promptTokens-128 {
+			t.Fatalf("request %d: %s loaded %v tokens of KV, want the prompt's %v from the hold", i, dec, l, promptTokens)
+		}
+	}
+}
+
 func testVLLMHoldGone(t *testing.T, c *localcluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()

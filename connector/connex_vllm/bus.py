@@ -34,6 +34,7 @@ _HDR_ERROR = "Nats-Service-Error"
 
 # Stable error codes of the subject API (api/codes.go) that the connector branches on.
 CODE_UNKNOWN_TRANSFER = 404
+CODE_UNKNOWN_REGION = 405
 CODE_RELEASED = 409
 CODE_EXPIRED = 410
 CODE_FORBIDDEN = 406
@@ -43,6 +44,7 @@ CODE_FENCED = 428
 CODE_UNKNOWN_REQUEST = 430
 CODE_PEER_UNAVAILABLE = 503
 CODE_TIMEOUT = 504
+CODE_REGION_BROKEN = 508
 
 _REASONS = {
     CODE_EXPIRED: "expired",
@@ -52,6 +54,8 @@ _REASONS = {
     CODE_UNKNOWN_TRANSFER: "unknown transfer",
     CODE_TIMEOUT: "timeout",
     CODE_INCOMPATIBLE: "incompatible",
+    CODE_UNKNOWN_REGION: "region lost",
+    CODE_REGION_BROKEN: "region lost",
     423: "incompatible",
 }
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 log = logging.getLogger("connex_vllm")
@@ -194,6 +195,11 @@ class ConnexConnector(KVConnectorBase_V1):
             ok = request.status in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
             return self.connector_scheduler.request_finished_prefill(request, block_ids, ok)
         return self.connector_scheduler.request_finished_decode(request)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        super().update_connector_output(connector_output)
+        if self.connector_scheduler is not None and connector_output.finished_sending:
+            self.connector_scheduler.finished_sending(connector_output.finished_sending)
 
     def has_pending_block_frees(self) -> bool:
         # Held prefill blocks come back when their holds end (release or retain_s): waiting beats preempting.

@@ -152,6 +152,11 @@ class KVMemory(abc.ABC):
     def after_load(self, block_ids: list[int]) -> None:  # noqa: B027 (optional hook)
         """A pull wrote these blocks: make the bytes visible to the model."""
 
+    def move(self, create_region: Callable[[pb.Layout], pb.RegionInfo]) -> None:
+        """connexd lost the region (it restarted): create a new one and carry the KV over, so that requests
+        running on this engine keep their KV. Called between forward passes (nothing writes the KV meanwhile)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot move to a new region")
+
     @abc.abstractmethod
     def close(self) -> None:
         """Releases what attach took; the tensors must not be used afterwards."""
@@ -170,7 +175,21 @@ class SharedRegionMemory(KVMemory):
         self.block_size = block_size
         self.num_blocks = num_blocks
         self._mm: mmap.mmap | None = None
+        self._targets: list[torch.Tensor] = []  # every tensor rebound onto the region (caches and views)
         self.info: pb.RegionInfo | None = None
+
+    def _map(self, create_region: Callable[[pb.Layout], pb.RegionInfo]) -> tuple[pb.RegionInfo, mmap.mmap]:
+        """region.create for this geometry, and the new region mapped shared."""
+        g = self.geometry
+        info = create_region(g.layout(self.tp_size))
+        if info.bytes and info.bytes < g.bytes:
+            raise LayoutError(f"ConnexConnector: region {info.region_id} has {info.bytes} bytes, need {g.bytes}")
+        fd = os.open(info.path, os.O_RDWR)
+        try:
+            mm = mmap.mmap(fd, g.bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)  # the mapping keeps the memory; connexd's path names its own descriptor
+        return info, mm
 
     def attach(
         self,
@@ -186,14 +205,7 @@ class SharedRegionMemory(KVMemory):
                 )
         self.geometry = geometry(kv_caches, self.block_size, self.num_blocks)
         g = self.geometry
-        info = create_region(g.layout(self.tp_size))
-        if info.bytes and info.bytes < g.bytes:
-            raise LayoutError(f"ConnexConnector: region {info.region_id} has {info.bytes} bytes, need {g.bytes}")
-        fd = os.open(info.path, os.O_RDWR)
-        try:
-            self._mm = mmap.mmap(fd, g.bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)  # the mapping keeps the memory; connexd's path names its own descriptor
+        info, self._mm = self._map(create_region)
         self.info = info
         whole = torch.frombuffer(self._mm, dtype=torch.uint8)
         region = whole.untyped_storage()
@@ -213,12 +225,26 @@ class SharedRegionMemory(KVMemory):
                     if base == mbase and mstart <= start and end <= mend:
                         es = t.element_size()
                         t.set_(region, (off + start - mstart) // es, t.shape, t.stride())  # type: ignore[call-overload]
+                        self._targets.append(t)
                         break
                 else:
                     raise LayoutError(
                         f"ConnexConnector: a KV cache view {tuple(t.shape)} {t.dtype} the model reads lies outside "
                         "every registered layer's KV tensor; serving it would read stale memory"
                     )
+
+    def move(self, create_region: Callable[[pb.Layout], pb.RegionInfo]) -> None:
+        if self._mm is None:
+            raise RuntimeError("ConnexConnector: no region to move from (attach has not run)")
+        info, mm = self._map(create_region)
+        new = torch.frombuffer(mm, dtype=torch.uint8)
+        with torch.no_grad():
+            new.copy_(torch.frombuffer(self._mm, dtype=torch.uint8)[: new.numel()])
+            region = new.untyped_storage()
+            for t in self._targets:  # same layout, same offsets: only the storage changes
+                t.set_(region, t.storage_offset(), t.shape, t.stride())  # type: ignore[call-overload]
+        # The old mapping goes once nothing points into it (closing an mmap with exported buffers raises).
+        self._mm, self.info = mm, info
 
     def close(self) -> None:
         # The tensors still point into the mapping; it goes with the process (closing an mmap with exported

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from . import bus as busmod
+from . import notices
 from .bus import Bus, ConnexError
 from .metadata import ConnexMetadata, LoadSpec
 from .params import load_tokens, to_dict, to_proto
 from .pb import connex_pb2 as pb
+from .pb import notices_pb2 as npb
 from .pb import request_pb2 as rpb
 from .settings import Settings
 from .worker import REGION_ID
@@ -121,7 +123,7 @@ class ConnexScheduler:
         self._pending = _Pending()
         self._decodes: dict[str, _Decode] = {}  # vLLM request id -> decode request
         self._by_connex: dict[str, _Decode] = {}  # request actor id -> decode request
-        self._held: dict[str, int] = {}  # transfer id -> blocks (prefill side, until its freed notice)
+        self._held: dict[str, int] = {}  # vLLM request id -> blocks held (prefill side, until finished_sending)
         self._inflight: set[concurrent.futures.Future[Any]] = set()  # request calls queued or running
         self._bus = Bus(
             settings.nats_url,
@@ -132,11 +134,13 @@ class ConnexScheduler:
             creds=settings.nats_creds,
             tls_ca=settings.nats_tls_ca,
         )
+        # The notices this half acts on (request.fenced), in journal order, missed ones fetched again when a
+        # renewal reply shows the journal moved past us. Held blocks come back through the worker's
+        # finished_sending (update_connector_output), which has its own catch-up.
+        self.notices = notices.Follower(self._fetch_notices, self._deliver, name=f" of engine {engine_id} (scheduler)")
         try:
             if kv_role == CONSUMER:
-                self._bus.subscribe(busmod.engine_subject(engine_id, "request.fenced"), self._on_fenced)
-            else:
-                self._bus.subscribe(busmod.engine_subject(engine_id, "blocks.freed"), self._on_freed)
+                self._bus.subscribe_async(busmod.engine_subject(engine_id, ">"), self._on_notice)
             rep = self._bus.request_sync(
                 "engine.register", self._registration(), pb.RegisterEngineReply, settings.call_timeout_s
             )
@@ -146,6 +150,7 @@ class ConnexScheduler:
                 f"ConnexConnector: engine.register of {engine_id} on connexd {settings.member}: {e}"
             ) from e
         self._renew_s = max(rep.renew_ms, 100) / 1000.0
+        self.notices.seed(rep.notice_journal, rep.notice_seq)
         self._bus.every(lambda: self._renew_s, self._renew)
 
     # ---- registration (engine.register with load figures, renewed on the bus thread)
@@ -171,7 +176,21 @@ class ConnexScheduler:
         rep = await self._bus.call(
             "engine.register", self._registration(), pb.RegisterEngineReply, self.settings.call_timeout_s
         )
+        journal, seq = self.notices.cursor.position()
+        if self.kv_role == CONSUMER and (rep.notice_journal != journal or rep.notice_seq > seq):
+            await self.notices.catch_up()  # some notices never reached us (or connexd restarted)
         return max(rep.renew_ms, 100) / 1000.0
+
+    async def _fetch_notices(self, journal: str, seq: int) -> npb.NoticesReply:
+        req = npb.NoticesRequest(engine_id=self.engine_id, after_seq=seq, journal=journal)
+        return await self._bus.call("engine.notices", req, npb.NoticesReply, self.settings.call_timeout_s)
+
+    async def _on_notice(self, subj: str, data: bytes, headers: dict[str, str]) -> None:
+        await self.notices.live(subj.removeprefix(busmod.engine_subject(self.engine_id, "")), data, headers)
+
+    def _deliver(self, n: npb.Notice) -> None:
+        if n.HasField("fenced"):
+            self._on_fenced(n.fenced)
 
     # ---- prefill side
 
@@ -207,15 +226,15 @@ class ConnexScheduler:
         params.do_remote_prefill, params.do_remote_decode = True, False
         with self._mu:
             self._pending.holds[request.request_id] = params.transfer_id
-            self._held[params.transfer_id] = nblocks
+            self._held[request.request_id] = nblocks
         self.stats.holds_created += 1
         return True, to_dict(params)
 
-    def _on_freed(self, data: bytes) -> None:
-        n = pb.BlocksFreed()
-        n.ParseFromString(data)
+    def finished_sending(self, req_ids: set[str] | frozenset[str]) -> None:
+        """The worker gave these requests' held blocks back to vLLM (their holds ended)."""
         with self._mu:
-            self._held.pop(n.transfer_id, None)
+            for r in req_ids:
+                self._held.pop(r, None)
 
     # ---- decode side
 
@@ -351,9 +370,7 @@ class ConnexScheduler:
             self.stats.fenced += 1
             log.warning("connex: request %s was taken over elsewhere (%s): it reports nothing more", d.connex_id, why)
 
-    def _on_fenced(self, data: bytes) -> None:
-        n = rpb.FencedNotice()
-        n.ParseFromString(data)
+    def _on_fenced(self, n: rpb.FencedNotice) -> None:
         with self._mu:
             d = self._by_connex.get(n.request_id)
         if d is not None and n.stale_epoch >= d.epoch:

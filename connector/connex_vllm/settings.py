@@ -37,6 +37,8 @@ class Settings:
     register_ttl_ms: int = 0  # engine.register TTL; 0 uses the member's default (3 s)
     progress_every: int = 8  # generated tokens per request.progress checkpoint (batched, asynchronous)
     model: str = ""  # served model name to advertise; "" uses vLLM's served_model_name
+    notice_poll_s: float = 1.0  # how often each half asks connexd for missed notices (and sees it restarted)
+    pull_start_attempts: int = 3  # pull.start sends when its answer is lost (same pull id: one pull)
 
 
 _DEFAULTS = Settings(member="", base_url="")
@@ -107,9 +109,16 @@ def parse(extra: dict[str, Any] | None) -> Settings:
         out["retain_s"] = _int("retain_s", extra["retain_s"], 1, 86400)
     if "register_ttl_ms" in extra:
         out["register_ttl_ms"] = _int("register_ttl_ms", extra["register_ttl_ms"], 500, 60000)
+    if "pull_start_attempts" in extra:
+        out["pull_start_attempts"] = _int("pull_start_attempts", extra["pull_start_attempts"], 1, 20)
     if "progress_every" in extra:
         out["progress_every"] = _int("progress_every", extra["progress_every"], 1, 1 << 20)
-    for key, hi in (("call_timeout_s", 600.0), ("pull_timeout_s", 3600.0), ("connect_timeout_s", 600.0)):
+    for key, hi in (
+        ("call_timeout_s", 600.0),
+        ("pull_timeout_s", 3600.0),
+        ("connect_timeout_s", 600.0),
+        ("notice_poll_s", 60.0),
+    ):
         if key in extra:
             out[key] = _float(key, extra[key], 0.001, hi)
     s = Settings(**{**_DEFAULTS.__dict__, **out})

@@ -7,7 +7,6 @@ Runs in each vLLM worker process (with one rank, beside the scheduler). The step
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import secrets
 import threading
@@ -38,6 +37,7 @@ class _Pull:
     dst_blocks: tuple[int, ...]
     deadline: float  # monotonic: no pull.done by then means the load failed (timeout)
     started: float = 0.0  # monotonic
+    spec: LoadSpec | None = None  # what to send again into a new region after connexd lost ours
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Completions:
     def pull_started(self, pull_id: str, spec: LoadSpec, transfer_id: str, timeout_s: float) -> None:
         with self._mu:
             now = self.now()
-            self._pulls[pull_id] = _Pull(spec.req_id, transfer_id, spec.dst_blocks, now + timeout_s, now)
+            self._pulls[pull_id] = _Pull(spec.req_id, transfer_id, spec.dst_blocks, now + timeout_s, now, spec)
 
     def overdue(self, after_s: float) -> bool:
         """Whether a pull has been running for more than after_s."""
@@ -124,6 +124,24 @@ class Completions:
             self._sending, self._recving = set(), set()
             return s, r
 
+    def requeue(self) -> list[LoadSpec]:
+        """Takes every pull in flight back (their connexd lost the region they write): the loads to start again
+        once a new region is in place. Their late pull.done notices, if any, are ignored."""
+        with self._mu:
+            specs = [p.spec for p in self._pulls.values() if p.spec is not None]
+            self._pulls.clear()
+            return specs
+
+    def drop_holds(self) -> int:
+        """Every hold watched so far died with its connexd (it restarted): their blocks are vLLM's again, in the
+        next get_finished. Returns how many."""
+        with self._mu:
+            n = len(self._holds)
+            self._sending.update(self._holds.values())
+            self._holds.clear()
+            self._freed_early.clear()
+            return n
+
     def take_bad_blocks(self) -> set[int]:
         with self._mu:
             b, self._bad_blocks = self._bad_blocks, set()
@@ -145,20 +163,31 @@ class ConnexWorker:
         tp_size: int,
         memory: KVMemory | None = None,
         num_blocks: int = 0,
+        now: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.engine_id = engine_id
         self.memory = memory or SharedRegionMemory(tp_size, block_size, num_blocks)
-        self.done = Completions()
-        self.cursor = notices.NoticeCursor()
+        self.done = Completions(now=now)
+        self.notices = notices.Follower(self._fetch_notices, self._deliver, self._on_restart, f" of engine {engine_id}")
+        self._now = now
         self._bus: Bus | None = None
         self.region: pb.RegionInfo | None = None
+        # Set (bus thread) when connexd lost this engine's region; the step loop makes a new one (bind).
+        self._lost: str = ""
+        self._lost_mu = threading.Lock()
+        self._next_recovery = 0.0  # monotonic: when the step loop may try region.create again
+        self.regions_made = 0  # regions made after the first (connexd restarts survived)
 
     @property
     def bus(self) -> Bus:
         if self._bus is None:
             raise RuntimeError("ConnexConnector worker: register_kv_caches has not run")
         return self._bus
+
+    @property
+    def cursor(self) -> notices.NoticeCursor:
+        return self.notices.cursor
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor], views: Sequence[torch.Tensor] = ()) -> None:
         """At start: connect, subscribe to this engine's notices, back the KV caches (and the views of them the
@@ -175,21 +204,87 @@ class ConnexWorker:
         )
         # One subscription for every notice, handled in order; missed ones are replayed from connexd.
         self.bus.subscribe_async(busmod.engine_subject(self.engine_id, ">"), self._on_notice)
-        self.bus.every(lambda: 1.0, self._catch_up_if_overdue)
-
-        def create(layout: pb.Layout) -> pb.RegionInfo:
-            req = pb.CreateRegionRequest(engine_id=self.engine_id, region_id=REGION_ID, layout=layout)
-            # region.create reserves the memory up front; large regions take a while.
-            return self.bus.request_sync("region.create", req, pb.RegionInfo, max(s.call_timeout_s, 60.0))
-
-        self.memory.attach(kv_caches, create, views)
+        self.memory.attach(kv_caches, self._create_region, views)
         self.region = getattr(self.memory, "info", None)
+        # Where the journal stands now: notices of an earlier run of this engine are not news.
+        try:
+            rep = self.bus.request_sync(
+                "engine.notices",
+                npb.NoticesRequest(engine_id=self.engine_id, max=1),
+                npb.NoticesReply,
+                s.call_timeout_s,
+            )
+            self.notices.seed(rep.journal, rep.last_seq)
+        except ConnexError as e:
+            log.warning("connex: engine.notices at start failed (notices are fetched at the next poll): %s", e)
+        # Once a second: missed notices, and a restarted connexd (a new journal), even when nothing else calls it.
+        self.bus.every(lambda: s.notice_poll_s, self._poll)
         log.info("connex: engine %s KV caches backed by connexd %s region %s", self.engine_id, s.member, REGION_ID)
 
+    def _create_region(self, layout: pb.Layout) -> pb.RegionInfo:
+        req = pb.CreateRegionRequest(engine_id=self.engine_id, region_id=REGION_ID, layout=layout)
+        # region.create reserves the memory up front; large regions take a while.
+        return self.bus.request_sync("region.create", req, pb.RegionInfo, max(self.settings.call_timeout_s, 60.0))
+
+    # ---- a connexd that lost this engine's region (it restarted, or the region broke)
+
+    def _region_lost(self, why: str) -> None:
+        """Marks the region lost (any thread); the step loop makes a new one at its next bind."""
+        with self._lost_mu:
+            if not self._lost:
+                log.warning(
+                    "connex: connexd %s lost engine %s's KV region: %s", self.settings.member, self.engine_id, why
+                )
+            self._lost = self._lost or why
+
+    def _on_restart(self, old: str, new: str) -> None:
+        self._region_lost(f"connexd restarted (notice journal {old} -> {new})")
+
+    def _recover(self) -> None:
+        """Step loop, between forward passes: a new region on the (restarted) connexd, the KV caches moved onto
+        it (running requests keep their KV), the old connexd's holds given back, loads in flight sent again.
+        Runs here, not on the bus thread, so that no hold is created on the new region before the KV is in it."""
+        with self._lost_mu:
+            why = self._lost
+        if not why or self._now() < self._next_recovery:
+            return
+        t0 = time.monotonic()
+        try:
+            self.memory.move(self._create_region)
+        except Exception as e:
+            self._next_recovery = self._now() + 1.0
+            log.warning(
+                "connex: a new KV region for engine %s could not be made yet (%s); trying again", self.engine_id, e
+            )
+            return
+        with self._lost_mu:
+            self._lost = ""
+        self.region = getattr(self.memory, "info", None)
+        self.regions_made += 1
+        dropped = self.done.drop_holds()
+        specs = self.done.requeue()
+        for spec in specs:
+            self._start_pull(spec)
+        log.warning(
+            "connex: engine %s has a new KV region on connexd %s after %s (%.0f ms, KV moved; %d holds of the old "
+            "connexd given back, %d loads sent again)",
+            self.engine_id,
+            self.settings.member,
+            why,
+            (time.monotonic() - t0) * 1000,
+            dropped,
+            len(specs),
+        )
+
+    # ---- the step loop's hooks
+
     def bind(self, meta: ConnexMetadata) -> None:
-        """Takes a step's metadata: watch the holds it names."""
+        """Takes a step's metadata: watch the holds it names (and, after connexd lost the region, make a new
+        one: the holds named so far were the old connexd's)."""
         for req_id, tid in meta.holds.items():
             self.done.watch_hold(req_id, tid)
+        if self._lost:
+            self._recover()
 
     def start_load(self, meta: ConnexMetadata) -> None:
         """Starts the step's pulls on the bus thread; returns at once."""
@@ -214,76 +309,54 @@ class ConnexWorker:
             pull_id=pull_id,
             timeout_ms=int(s.pull_timeout_s * 1000),
         )
-        fut = self.bus.request("pull.start", req, pb.StartPullReply, s.call_timeout_s)
+        self.bus.submit(self._send_pull(pull_id, req))
 
-        def started(f: concurrent.futures.Future[pb.StartPullReply]) -> None:
-            e = f.exception()
-            if e is not None:
-                code = e.code if isinstance(e, ConnexError) else 500
-                self.done.pull_ended(pull_id, False, f"{busmod.reason(code)}: pull.start: {e}")
+    async def _send_pull(self, pull_id: str, req: pb.StartPullRequest) -> None:
+        """pull.start, sent again (same pull id: connexd treats it as the same pull) when its answer may have
+        been lost with a NATS server; a lost region parks the load until a new region is in place."""
+        s = self.settings
+        for attempt in range(1, s.pull_start_attempts + 1):
+            try:
+                await self.bus.call("pull.start", req, pb.StartPullReply, s.call_timeout_s)
+                return
+            except ConnexError as e:
+                if e.code in (busmod.CODE_UNKNOWN_REGION, busmod.CODE_REGION_BROKEN):
+                    self._region_lost(f"pull.start answered {busmod.reason(e.code)}: {e}")
+                    return  # the pull stays in flight: requeued by _recover (or failed at its deadline)
+                if e.code in (busmod.CODE_TIMEOUT, busmod.CODE_PEER_UNAVAILABLE) and attempt < s.pull_start_attempts:
+                    log.warning("connex: pull.start %s not answered (%s); sending it again", pull_id, e)
+                    continue
+                self.done.pull_ended(pull_id, False, f"{busmod.reason(e.code)}: pull.start: {e}")
+                return
+            except Exception as e:
+                self.done.pull_ended(pull_id, False, f"{busmod.reason(500)}: pull.start: {e!r}")
+                return
 
-        fut.add_done_callback(started)
+    # ---- notices
+
+    async def _fetch_notices(self, journal: str, seq: int) -> npb.NoticesReply:
+        req = npb.NoticesRequest(engine_id=self.engine_id, after_seq=seq, journal=journal)
+        return await self.bus.call("engine.notices", req, npb.NoticesReply, self.settings.call_timeout_s)
 
     async def _on_notice(self, subj: str, data: bytes, headers: dict[str, str]) -> None:
-        """A live notice: in sequence it is handled; after a gap (notices lost while NATS reconnected) the
-        missed ones are fetched from connexd first (engine.notices); a repeat is dropped. Bus thread only."""
+        """A live notice: handed on in journal order (see notices.Follower). Bus thread only."""
         kind = subj.removeprefix(busmod.engine_subject(self.engine_id, ""))
-        journal, seq = headers.get(notices.HDR_JOURNAL, ""), int(headers.get(notices.HDR_SEQ, "0") or 0)
-        verdict = self.cursor.live(journal, seq)
-        if verdict is notices.Verdict.REPEAT:
-            return
-        if verdict is notices.Verdict.CATCH_UP:
-            await self._catch_up()
-        if seq <= 0 or self.cursor.seen(journal, seq):
-            self._handle(kind, data)
+        await self.notices.live(kind, data, headers)
 
-    def _handle(self, kind: str, data: bytes) -> None:
-        if kind == "pull.done":
-            d = pb.PullDone()
-            d.ParseFromString(data)
-            self._pull_done(d)
-        elif kind == "blocks.freed":
-            n = pb.BlocksFreed()
-            n.ParseFromString(data)
-            self.done.blocks_freed(n.transfer_id)
+    def _deliver(self, n: npb.Notice) -> None:
+        if n.HasField("pull_done"):
+            d = n.pull_done
+            if d.ok:
+                self.done.pull_ended(d.pull_id, True, duration_us=int(d.duration_us))
+            else:
+                self.done.pull_ended(d.pull_id, False, f"{busmod.reason(d.error_code)}: {d.error}")
+        elif n.HasField("blocks_freed"):
+            self.done.blocks_freed(n.blocks_freed.transfer_id)
 
-    def _pull_done(self, d: pb.PullDone) -> None:
-        if d.ok:
-            self.done.pull_ended(d.pull_id, True, duration_us=int(d.duration_us))
-        else:
-            self.done.pull_ended(d.pull_id, False, f"{busmod.reason(d.error_code)}: {d.error}")
-
-    async def _catch_up(self) -> None:
-        """Fetches and handles the notices after the cursor (engine.notices). Bus thread only."""
-        journal, seq = self.cursor.position()
-        req = npb.NoticesRequest(engine_id=self.engine_id, after_seq=seq, journal=journal)
-        try:
-            rep = await self.bus.call("engine.notices", req, npb.NoticesReply, self.settings.call_timeout_s)
-        except ConnexError as e:
-            log.warning("connex: engine.notices failed; missed notices are fetched again in a second: %s", e)
-            return
-        if rep.gap:
-            log.warning(
-                "connex: some missed notices are no longer kept by connexd; "
-                "the pulls waiting for them fail at their deadline"
-            )
-        replayed = 0
-        for n in rep.notices:
-            if not self.cursor.seen(rep.journal, n.seq):
-                continue
-            replayed += 1
-            if n.HasField("pull_done"):
-                self._pull_done(n.pull_done)
-            elif n.HasField("blocks_freed"):
-                self.done.blocks_freed(n.blocks_freed.transfer_id)
-        if replayed:
-            log.info("connex: %d missed notices replayed (engine %s)", replayed, self.engine_id)
-
-    async def _catch_up_if_overdue(self) -> float | None:
-        """Once a second while a pull has waited over a second for its pull.done: ask connexd what was missed
-        (nothing else would tell us after NATS dropped the notice)."""
-        if self.done.overdue(1.0):
-            await self._catch_up()
+    async def _poll(self) -> float | None:
+        """Asks connexd what was missed (nothing else would tell us after NATS dropped a notice) and, from its
+        journal, whether it restarted (then the region is gone with it)."""
+        await self.notices.catch_up()
         return None
 
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:

@@ -83,3 +83,37 @@ def test_a_view_outside_the_registered_tensors_is_refused(tmp_path: Path) -> Non
     mem, _ = region(tmp_path)
     with pytest.raises(LayoutError, match="stale memory"):
         mem.attach(caches, mem.create, [stray])  # type: ignore[attr-defined]
+
+
+def test_move_carries_the_kv_to_a_new_region_and_rebinds_every_view(tmp_path: Path) -> None:
+    caches = cpu_caches()
+    views = [t.view(BLOCKS, HEADS, BLOCK_SIZE, 2 * HEAD)[:, :, :, :] for t in caches.values()]
+    mem, _ = region(tmp_path)
+    mem.attach(caches, mem.create, views)  # type: ignore[attr-defined]
+    views[0][2].fill_(3.0)  # KV a running request computed before connexd restarted
+    moved = tmp_path / "moved"
+
+    def create_again(layout: pb.Layout) -> pb.RegionInfo:  # the restarted connexd's new region
+        size = layout.num_layers * layout.kv_planes * layout.num_blocks * layout.block_bytes
+        with open(moved, "wb") as f:
+            f.truncate(size)
+        return pb.RegionInfo(region_id="r0", path=str(moved), bytes=size)
+
+    mem.move(create_again)
+    assert mem.info is not None and mem.info.path == str(moved)
+    g = mem.geometry
+    raw = moved.read_bytes()
+    at = 2 * g.block_bytes
+    got = torch.frombuffer(bytearray(raw[at : at + g.block_bytes]), dtype=torch.float32)
+    assert bool((got == 3.0).all()), "the KV written before the move is in the new region"
+    # From now on the model writes (through views and caches) land in the new region only.
+    views[1][4].fill_(9.0)
+    caches["l0"][5].fill_(5.0)
+    raw = moved.read_bytes()
+    for layer, block, want in ((1, 4, 9.0), (0, 5, 5.0)):
+        at = layer * g.layer_bytes + block * g.block_bytes
+        got = torch.frombuffer(bytearray(raw[at : at + g.block_bytes]), dtype=torch.float32)
+        assert bool((got == want).all()), (layer, block)
+    old = (tmp_path / "region").read_bytes()
+    at = g.layer_bytes + 4 * g.block_bytes
+    assert not any(old[at : at + g.block_bytes]), "nothing is written to the old region after the move"
