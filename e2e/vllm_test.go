@@ -49,7 +49,7 @@ func vllmEnv(t *testing.T) (bin, model string) {
 // startVLLM starts the router, one prefill and two decode `vllm serve`
 // engines, each with its connexd. decode-0 fails a request whose KV cannot
 // be loaded, decode-1 recomputes it.
-func startVLLM(t *testing.T) *localcluster.Cluster {
+func startVLLM(t *testing.T) (*localcluster.Cluster, *safeBuffer) {
 	t.Helper()
 	bin, model := vllmEnv(t)
 	bins := productBinaries(t)
@@ -63,8 +63,8 @@ func startVLLM(t *testing.T) *localcluster.Cluster {
 	}
 	// Each decode connexd's own policy follows its engine's (the router's
 	// answer to a failed load).
-	var logs safeBuffer
-	o.Log = &logs
+	logs := &safeBuffer{}
+	o.Log = logs
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	start := time.Now()
@@ -93,7 +93,7 @@ func startVLLM(t *testing.T) *localcluster.Cluster {
 			t.Logf("cluster log (tail):\n%s", l)
 		}
 	})
-	return c
+	return c, logs
 }
 
 // vllmPrompt is a seeded prompt of n words: long enough to fill several KV
@@ -173,12 +173,12 @@ func vllmSource(t *testing.T, url, source string) float64 {
 // and computes only the generated tokens; the prefill vLLM's KV blocks are
 // all free again afterwards.
 func TestVLLM(t *testing.T) {
-	c := startVLLM(t)
+	c, logs := startVLLM(t)
 	t.Run("resume", func(t *testing.T) { testVLLMResume(t, c) })
 	t.Run("stop-strings", func(t *testing.T) { testVLLMStopStrings(t, c) })
 	t.Run("vllm-router", func(t *testing.T) { testVLLMRouter(t, c) })
 	t.Run("vllm-bench-serve", func(t *testing.T) { testVLLMBenchServe(t, c) })
-	t.Run("connexd-restart", func(t *testing.T) { testVLLMConnexdRestart(t, c) })
+	t.Run("connexd-restart", func(t *testing.T) { testVLLMConnexdRestart(t, c, logs) })
 	t.Run("hold-gone", func(t *testing.T) { testVLLMHoldGone(t, c) })
 }
 
@@ -407,18 +407,31 @@ func detokenize(t *testing.T, engine string, ids []uint32) string {
 // a restarted connexd (connector/connex_vllm/worker.py).
 const newRegionLine = "has a new KV region on connexd"
 
+// lostRegionLine is what it logs when it notices that connexd lost the
+// region (the move follows at the engine's next step).
+const lostRegionLine = "KV region: connexd restarted"
+
 // testVLLMConnexdRestart: an engine's connexd dies and comes back while its
 // vLLM lives on (issue 33 item 6). The connector sees the new connexd (a new
 // notice journal, or unknown_region on a pull), makes a new region there and
 // carries the KV over between two steps: a stream decoding on that engine
 // goes on with the same tokens; the prefill engine's holds of the dead
 // connexd give their blocks back; later requests load KV with one prefill.
-func testVLLMConnexdRestart(t *testing.T, c *localcluster.Cluster) {
+func testVLLMConnexdRestart(t *testing.T, c *localcluster.Cluster, logs *safeBuffer) {
 	prefillURL := engineURL(t, c, "prefill-0")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	const max, faultAt = 160, 24
-	regions := func(engine string) int { return strings.Count(c.Logs(engine+"/engine"), newRegionLine) }
+	// count is how many lines of engine's vLLM in the whole cluster log hold text.
+	count := func(engine, text string) int {
+		n := 0
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.HasPrefix(l, engine+"/engine") && strings.Contains(l, text) {
+				n++
+			}
+		}
+		return n
+	}
 	restart := func(target string) {
 		t.Helper()
 		rctx, rcancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -427,11 +440,12 @@ func testVLLMConnexdRestart(t *testing.T, c *localcluster.Cluster) {
 			t.Fatalf("restart %s: %v", target, err)
 		}
 	}
-	waitRegion := func(engine string, before int) {
+	// waitLine polls engine's vLLM log until line shows more often than before.
+	waitLine := func(engine, line string, before int) {
 		t.Helper()
 		checkFor(t, time.Minute, 100*time.Millisecond, func() error {
-			if n := regions(engine); n <= before {
-				return fmt.Errorf("%s's vLLM has not logged %q since its connexd restarted", engine, newRegionLine)
+			if n := count(engine, line); n <= before {
+				return fmt.Errorf("%s's vLLM has not logged %q since its connexd restarted", engine, line)
 			}
 			return nil
 		})
@@ -444,11 +458,11 @@ func testVLLMConnexdRestart(t *testing.T, c *localcluster.Cluster) {
 		t.Fatalf("reference from vLLM alone: %v, status %d %s, %d tokens", err, ref.status, ref.body, len(ref.ids))
 	}
 	var victim string
-	var before int
+	moved, lost := map[string]int{}, map[string]int{}
 	got, err := postStream(ctx, c.RouterURL()+"/v1/completions", vllmCompletion(prompt, max), func(n int, s *streamed) {
 		if n == faultAt {
 			victim = s.header.Get("X-Connex-Decode-Engine")
-			before = regions(victim)
+			moved[victim], lost[victim] = count(victim, newRegionLine), count(victim, lostRegionLine)
 			restart(victim + "/connexd")
 		}
 	})
@@ -461,22 +475,20 @@ func testVLLMConnexdRestart(t *testing.T, c *localcluster.Cluster) {
 	if fmt.Sprint(got.ids) != fmt.Sprint(ref.ids) {
 		t.Fatalf("the stream differs from vLLM alone after its connexd restarted:\n got %v\nwant %v", got.ids, ref.ids)
 	}
-	waitRegion(victim, before)
+	// The worker noticed (its poll sees a new journal); the region moves at
+	// the engine's next step (under the stream if it still ran, else at the
+	// next request's).
+	waitLine(victim, lostRegionLine, lost[victim])
 	waitEnginesFor(t, c, time.Minute)
 
-	// 2. The prefill engine's connexd restarts: the holds it kept died with
-	// it; the connector gives their blocks back and serves new holds from a
-	// new region.
-	before = regions("prefill-0")
+	// 2. The prefill engine's connexd restarts while it is idle: its worker
+	// notices and moves at its next step, which the next request's prefill
+	// runs, before its hold is created.
+	moved["prefill-0"], lost["prefill-0"] = count("prefill-0", newRegionLine), count("prefill-0", lostRegionLine)
 	restart("prefill-0/connexd")
-	waitRegion("prefill-0", before)
+	waitLine("prefill-0", lostRegionLine, lost["prefill-0"])
 	waitEnginesFor(t, c, time.Minute)
-	checkFor(t, 30*time.Second, 100*time.Millisecond, func() error {
-		if u := vllmMetric(t, prefillURL, "vllm:kv_cache_usage_perc"); u != 0 {
-			return fmt.Errorf("the prefill vLLM's KV cache is %.4f used after its connexd restarted: held blocks not back", u)
-		}
-		return nil
-	})
+	served := map[string]bool{"prefill-0": true}
 	for i := range 2 {
 		prompt := vllmPrompt(int64(210+i), 300)
 		ref, err := postStream(ctx, engineURL(t, c, "decode-0")+"/v1/completions", vllmCompletion(prompt, 32), nil)
@@ -500,10 +512,37 @@ func testVLLMConnexdRestart(t *testing.T, c *localcluster.Cluster) {
 			t.Fatalf("request %d: the prefill vLLM computed %v prompt tokens, want %v (one prefill)", i, d, promptTokens)
 		}
 		dec := got.header.Get("X-Connex-Decode-Engine")
+		served[dec] = true
 		if l := vllmSource(t, engineURL(t, c, dec), "external_kv_transfer") - loaded[dec]; l < promptTokens-128 {
 			t.Fatalf("request %d: %s loaded %v tokens of KV, want the prompt's %v from the hold", i, dec, l, promptTokens)
 		}
 	}
+	// Each engine whose connexd restarted moved its region exactly once by
+	// the time it served a request (the decode victim may also have moved
+	// under its stream).
+	for engine, before := range moved {
+		if n := count(engine, newRegionLine) - before; n > 1 || (served[engine] && n != 1) {
+			t.Fatalf("%s's vLLM logged %q %d times since its connexd restarted (served a request since: %v), want once", engine, newRegionLine, n, served[engine])
+		}
+		t.Logf("%s: %s", engine, lastLine(logs.String(), engine+"/engine", newRegionLine))
+	}
+	checkFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if u := vllmMetric(t, prefillURL, "vllm:kv_cache_usage_perc"); u != 0 {
+			return fmt.Errorf("the prefill vLLM's KV cache is %.4f used after the requests: its blocks are not back", u)
+		}
+		return nil
+	})
+}
+
+// lastLine is the last line of prefix's output in log holding text.
+func lastLine(log, prefix, text string) string {
+	lines := strings.Split(log, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.HasPrefix(lines[i], prefix) && strings.Contains(lines[i], text) {
+			return lines[i]
+		}
+	}
+	return ""
 }
 
 func testVLLMHoldGone(t *testing.T, c *localcluster.Cluster) {

@@ -18,6 +18,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 
+try:  # vLLM 0.32 on: failed loads reported by request id (get_transfer_results)
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+except ImportError:  # pragma: no cover (older vLLM: get_finished and invalid block ids only)
+    KVConnectorTransferResults = None  # type: ignore[assignment,misc]
+
 from .metadata import ConnexMetadata
 from .scheduler import ConnexScheduler
 from .settings import ROLES, Settings, SettingsError, parse, valid_token
@@ -157,6 +162,13 @@ class ConnexConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         assert self.connector_worker is not None
         return self.connector_worker.get_finished()
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        assert self.connector_worker is not None
+        if KVConnectorTransferResults is None:  # pragma: no cover
+            return super().get_transfer_results(finished_req_ids)  # type: ignore[misc]
+        sending, recving, failed = self.connector_worker.transfer_results()
+        return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving, failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         assert self.connector_worker is not None

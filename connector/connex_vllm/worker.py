@@ -50,6 +50,7 @@ class Completions:
     _mu: threading.Lock = field(default_factory=threading.Lock)
     _pulls: dict[str, _Pull] = field(default_factory=dict)  # pull_id -> pull in flight
     _recving: set[str] = field(default_factory=set)
+    _failed: set[str] = field(default_factory=set)  # requests in _recving whose load failed
     _sending: set[str] = field(default_factory=set)
     _bad_blocks: set[int] = field(default_factory=set)
     _holds: dict[str, str] = field(default_factory=dict)  # transfer id -> request id
@@ -83,6 +84,7 @@ class Completions:
     def _end(self, p: _Pull, ok: bool, why: str) -> None:
         self._recving.add(p.req_id)
         if not ok:
+            self._failed.add(p.req_id)
             self._bad_blocks.update(p.dst_blocks)
             self.failures[p.req_id] = why
             if len(self.failures) > 1024:
@@ -111,6 +113,12 @@ class Completions:
 
     def take(self) -> tuple[set[str], set[str]]:
         """(finished sending, finished receiving) since the last call; also times out silent pulls."""
+        s, r, _ = self.take_results()
+        return s, r
+
+    def take_results(self) -> tuple[set[str], set[str], set[str]]:
+        """(finished sending, finished receiving, failed receiving ⊆ finished receiving) since the last call;
+        also times out silent pulls."""
         with self._mu:
             now = self.now()
             for pid, p in list(self._pulls.items()):
@@ -120,9 +128,9 @@ class Completions:
             for tid, t in list(self._freed_early.items()):
                 if now - t > self.unclaimed_ttl_s:
                     del self._freed_early[tid]
-            s, r = self._sending, self._recving
-            self._sending, self._recving = set(), set()
-            return s, r
+            s, r, f = self._sending, self._recving, self._failed
+            self._sending, self._recving, self._failed = set(), set(), set()
+            return s, r, f
 
     def requeue(self) -> list[LoadSpec]:
         """Takes every pull in flight back (their connexd lost the region they write): the loads to start again
@@ -362,6 +370,11 @@ class ConnexWorker:
     def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         sending, recving = self.done.take()
         return (sending or None), (recving or None)
+
+    def transfer_results(self) -> tuple[set[str], set[str], set[str]]:
+        """(finished sending, finished receiving, failed receiving): a failed load named by its request, which
+        vLLM (0.32 on) fails or recomputes by id — unambiguous where block ids alone could be matched late."""
+        return self.done.take_results()
 
     def load_errors(self) -> set[int]:
         return self.done.take_bad_blocks()

@@ -99,6 +99,17 @@ def test_completions_ok_failed_and_timeout() -> None:
     assert c.take() == (set(), {"r4"}) and c.take_bad_blocks() == {3}
 
 
+def test_completions_name_failed_loads_by_request() -> None:
+    c = Completions()
+    c.pull_started("p1", spec("r1"), "t1", 5.0)
+    c.pull_started("p2", spec("r2", (7,)), "t2", 5.0)
+    c.pull_ended("p1", True)
+    c.pull_ended("p2", False, "expired: gone")
+    # vLLM's get_transfer_results: a failed receive is also a finished one (it leaves the wait state).
+    assert c.take_results() == (set(), {"r1", "r2"}, {"r2"})
+    assert c.take_results() == (set(), set(), set())
+
+
 def test_completions_freed_before_or_after_the_hold_is_known() -> None:
     c = Completions()
     c.watch_hold("r1", "t1")
