@@ -18,6 +18,15 @@ type emitter struct {
 	started bool // stream: headers and the first chunk are out
 	text    strings.Builder
 	ids     []uint32
+	// textIDs is how many of ids the engines' text covers: the ids up to
+	// the last chunk that carried text. vLLM withholds the text of a token
+	// that ends inside a UTF-8 character (its detokenizer sends the ids
+	// with empty text until the character completes), so ids past textIDs
+	// end mid-character. A resume starts at textIDs (resumePoint).
+	textIDs int
+	// skipIDs is how many leading ids of the next leg to leave out: the
+	// resumed engine regenerates the ids past textIDs, already relayed.
+	skipIDs int
 	finish  string
 	connex  map[string]any
 	// dropNext drops the next tokens relayed: a planted bug (plant_on.go).
@@ -110,6 +119,11 @@ func (e *emitter) tokens(text string, ids []uint32, finish *string) {
 	if e.stopped {
 		return
 	}
+	if e.skipIDs > 0 && len(ids) > 0 {
+		n := min(e.skipIDs, len(ids))
+		ids, e.skipIDs = ids[n:], e.skipIDs-n
+	}
+	engineText := text != ""
 	if e.stops != nil {
 		var matched bool
 		if text, matched = e.stops.feed(text, finish != nil); matched {
@@ -120,6 +134,9 @@ func (e *emitter) tokens(text string, ids []uint32, finish *string) {
 	}
 	e.text.WriteString(text)
 	e.ids = append(e.ids, ids...)
+	if engineText && e.skipIDs == 0 {
+		e.textIDs = len(e.ids)
+	}
 	if finish != nil {
 		e.finish = *finish
 	}
@@ -130,6 +147,17 @@ func (e *emitter) tokens(text string, ids []uint32, finish *string) {
 	m := e.envelope(true)
 	m["choices"] = []any{e.choice(text, ids, finish)}
 	e.send(m)
+}
+
+// resumePoint is the generated ids a resume sends with the prompt: those
+// the text relayed so far covers. A token-id prompt that ends inside a
+// UTF-8 character makes vLLM 0.32 stream the prompt's own text back
+// (connector/vllm-cpu/partial_char_prompt.py), so the ids past textIDs —
+// whose text the engine still withheld — are left to the resumed engine to
+// generate again, and their ids, already relayed, are not relayed twice.
+func (e *emitter) resumePoint() []uint32 {
+	e.skipIDs = len(e.ids) - e.textIDs
+	return e.ids[:e.textIDs]
 }
 
 func (e *emitter) usage(promptTokens int) map[string]int {

@@ -275,7 +275,8 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			if planted("drop-token-on-resume") { // a planted bug (chaos harness tests only)
 				out.dropNext = true
 			}
-			body, err = ResumeBody(c, pre.promptIDs, out.ids, pre.params, rid)
+			gen := out.resumePoint()
+			body, err = ResumeBody(c, pre.promptIDs, gen, pre.params, rid)
 			if err == nil && s.cfg.Authorize != nil {
 				if aerr := s.cfg.Authorize(ctx, e, rid); aerr != nil {
 					s.log.Warn("resume: the engine's member refused the router's grant; trying another", "request_id", rid, "engine", id, "err", aerr)
@@ -283,7 +284,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 				}
 			}
 			if stops, include := stopStrings(c.Body); err == nil && len(stops) > 0 {
-				out.stops = newStopFilter(stops, include, out.text.String(), s.withheld(ctx, e, c.Model, out.ids, out.text.String(), rid))
+				out.stops = newStopFilter(stops, include, out.text.String(), s.withheld(ctx, e, c.Model, gen, out.text.String(), rid))
 			}
 		}
 		if err != nil {

@@ -32,6 +32,10 @@ type fakeEngine struct {
 	msg       string // the error's message (default "no")
 	// served, if set, is closed when the engine gets its first leg.
 	served chan struct{}
+	// withhold: tokens whose text the engine holds back until the next
+	// token (as vLLM does for a token that ends inside a UTF-8 character):
+	// their chunk carries the id and no text.
+	withhold map[int]bool
 
 	mu     sync.Mutex
 	bodies []map[string]any
@@ -84,6 +88,7 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	fl := w.(http.Flusher)
 	generated := len(prompt) - 3
+	held := ""
 	for i := 0; i < max; i++ {
 		if f.failAfter > 0 && i == f.failAfter {
 			if f.hang {
@@ -96,7 +101,12 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		if i == max-1 {
 			fin = `"length"`
 		}
-		fmt.Fprintf(w, "data: {\"choices\":[{\"text\":\" w%d\",\"token_ids\":[%d],\"finish_reason\":%s}]}\n\n", tok, tok, fin)
+		text := held + fmt.Sprintf(" w%d", tok)
+		held = ""
+		if f.withhold[tok] && i < max-1 {
+			text, held = "", text
+		}
+		fmt.Fprintf(w, "data: {\"choices\":[{\"text\":%q,\"token_ids\":[%d],\"finish_reason\":%s}]}\n\n", text, tok, fin)
 		fl.Flush()
 		if f.gap > 0 {
 			select {
@@ -210,6 +220,69 @@ func TestResumeAfterBrokenAndStalledStreams(t *testing.T) {
 				t.Fatalf("resume leg: %v", rb)
 			}
 		})
+	}
+}
+
+// TestResumeStartsAtWholeText: the decode engine dies right after a token
+// whose text it held back (a partial UTF-8 character in vLLM). The resume
+// starts before that token — a token-id prompt ending mid-character makes
+// vLLM 0.32 stream the prompt back — and the client gets every token's
+// text and id exactly once.
+func TestResumeStartsAtWholeText(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", failAfter: 4, withhold: map[int]bool{1002: true, 1003: true}}).start()
+	d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
+	s := newTestRouter(t, p, d1, d2)
+	resp, err := http.Post(s.URL()+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"m","prompt":"abc","max_tokens":10,"stream":true,"return_token_ids":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var text strings.Builder
+	var ids []int
+	var dones int
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if line == "[DONE]" {
+			dones++
+			continue
+		}
+		var ch struct {
+			Choices []struct {
+				Text     string `json:"text"`
+				TokenIDs []int  `json:"token_ids"`
+			} `json:"choices"`
+			Error map[string]any `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(line), &ch); err != nil || ch.Error != nil {
+			t.Fatalf("chunk %q: %v", line, err)
+		}
+		for _, c := range ch.Choices {
+			text.WriteString(c.Text)
+			ids = append(ids, c.TokenIDs...)
+		}
+	}
+	if got, want := text.String(), strings.Join(want(10), ""); got != want || dones != 1 {
+		t.Fatalf("text %q (%d [DONE]), want %q once", got, dones, want)
+	}
+	for i, id := range ids {
+		if id != 1000+i || len(ids) != 10 {
+			t.Fatalf("token ids %v: want 1000..1009 once each", ids)
+		}
+	}
+	if len(d2.bodies) != 1 {
+		t.Fatalf("%d resume legs, want 1", len(d2.bodies))
+	}
+	// d1 relayed the ids of 1000..1003 but the text of 1000 and 1001 only:
+	// the resume sends those two and asks for the 8 tokens after them.
+	rb := d2.bodies[0]
+	if prompt := rb["prompt"].([]any); len(prompt) != 3+2 || rb["max_tokens"].(float64) != 8 {
+		t.Fatalf("resume leg: prompt %v, max_tokens %v; want the prompt and 2 generated ids, 8 more", prompt, rb["max_tokens"])
 	}
 }
 
