@@ -1,0 +1,109 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/localcluster"
+)
+
+// nobody is the uid and gid the engines run as here (Debian's nobody and
+// nogroup): any uid other than connexd's shows the same.
+var nobody = localcluster.User{UID: 65534, GID: 65534}
+
+// TestEngineUnderItsOwnUID is issue 29's finding 6: engines had to run
+// as connexd's user, because the region connexd creates was handed over as
+// /proc/<connexd pid>/fd/<n>, which another uid cannot open; and as
+// connexd's user they could read member.creds and act as a member. Here
+// every connex-sim runs as nobody while each connexd runs as root: the
+// engines still get their regions (connexd hands the descriptor over its
+// region socket), a request goes through with its KV pulled from the
+// prefill engine's region into the decode engine's, and nobody cannot read
+// any connexd's member.creds.
+func TestEngineUnderItsOwnUID(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: starts connex-sim as uid 65534 (SysProcAttr.Credential) next to root connexds; CI runs as root")
+	}
+	bins := productBinaries(t)
+	// productBinaries' directory is MkdirTemp's 0700: let nobody run connex-sim.
+	if err := os.Chmod(filepath.Dir(bins.Sim), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := startProduct(t, func(o *localcluster.Options) {
+		o.Decode = 1
+		o.EngineUser = &nobody
+	})
+
+	// The engines do run as nobody, their connexds as root.
+	for name, pid := range c.PIDs() {
+		uid, err := procUID(pid)
+		if err != nil {
+			t.Fatalf("%s (pid %d): %v", name, pid, err)
+		}
+		want := uint32(0)
+		if strings.HasSuffix(name, "/engine") {
+			want = nobody.UID
+		}
+		if uid != want {
+			t.Fatalf("%s runs as uid %d, want %d", name, uid, want)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	status, ans, err := postJSON(ctx, c.RouterURL()+"/v1/completions", map[string]any{
+		"model": "connex-sim", "prompt": "the engines run under their own uid", "max_tokens": 8})
+	if err != nil || status != 200 {
+		t.Fatalf("completion: %d %v %v", status, ans, err)
+	}
+	if loaded := engineMetric(t, c, "decode", "connex_sim_kv_loaded_tokens_total"); loaded == 0 {
+		t.Fatalf("the decode engine loaded no KV (connex_sim_kv_loaded_tokens_total 0): the prefill was not pulled; answer %v", ans)
+	}
+
+	// nobody reads its own engine.creds (the check can pass) but no
+	// member.creds.
+	for _, e := range c.Engines() {
+		dir := filepath.Join(c.Dir(), e.Name)
+		if out, err := readAs(nobody, filepath.Join(dir, "engine.creds")); err != nil {
+			t.Fatalf("the engine's user cannot read its own engine.creds (the test's control): %v: %s", err, out)
+		}
+		out, err := readAs(nobody, filepath.Join(dir, "member.creds"))
+		if err == nil {
+			t.Fatalf("the engine's user read %s/member.creds (%d bytes): it could act as member %s", dir, len(out), e.Name)
+		}
+		if !strings.Contains(out, "Permission denied") {
+			t.Fatalf("reading %s/member.creds as the engine's user: %v: %s; want Permission denied", dir, err, out)
+		}
+	}
+}
+
+// procUID is the real uid of process pid.
+func procUID(pid int) (uint32, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for l := range strings.Lines(string(b)) {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "Uid:" {
+			var uid uint32
+			_, err := fmt.Sscan(f[1], &uid)
+			return uid, err
+		}
+	}
+	return 0, fmt.Errorf("no Uid line in /proc/%d/status", pid)
+}
+
+// readAs reads path with cat running as u, and returns cat's output.
+func readAs(u localcluster.User, path string) (string, error) {
+	cmd := exec.Command("cat", path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: u.UID, Gid: u.GID}}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
