@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/kvmem/handover"
 	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/messages"
 )
@@ -45,9 +47,36 @@ func (e *Engine) createRegion(ctx context.Context) (*kvmem.Region, error) {
 		case <-t.C:
 		}
 	}
-	r, err := regionfile.Attach(info.Path, l)
+	r, err := MapCreated(ctx, info, l)
 	if err != nil {
-		return nil, fmt.Errorf("shim: map the region connexd %s created at %s: %w", cfg.Member, info.Path, err)
+		return nil, fmt.Errorf("shim: engine %s, connexd %s: %w", cfg.EngineID, cfg.Member, err)
+	}
+	return r, nil
+}
+
+// MapCreated maps the region region.create answered with info, laid out
+// as l. With a region socket in the answer (handover_socket, connexd's
+// default) it receives the memory's descriptor there for the one-use
+// token, so the engine may run under any uid; without one (region_socket
+// off, or an older connexd) it opens info.Path, /proc/<connexd pid>/fd/<n>,
+// which only connexd's own uid (and root) may open.
+func MapCreated(ctx context.Context, info *messages.RegionInfo, l kvmem.Layout) (*kvmem.Region, error) {
+	if info.HandoverSocket == "" {
+		r, err := regionfile.Attach(info.Path, l)
+		if err != nil {
+			return nil, fmt.Errorf("map the created region at %s (no region socket in region.create's answer): %w", info.Path, err)
+		}
+		return r, nil
+	}
+	f, err := handover.Receive(ctx, info.HandoverSocket, info.EngineId, info.RegionId, info.HandoverToken)
+	if err != nil {
+		return nil, fmt.Errorf("receive the created region %s: %w", info.RegionId, err)
+	}
+	defer f.Close() // the mapping keeps the memory
+	name := cmp.Or(info.Path, "region "+info.RegionId+" from "+info.HandoverSocket)
+	r, err := regionfile.AttachFile(f, name, l)
+	if err != nil {
+		return nil, fmt.Errorf("map the created region %s received from %s: %w", info.RegionId, info.HandoverSocket, err)
 	}
 	return r, nil
 }

@@ -77,11 +77,11 @@ func (g *grants) take(engine, region, token string, now time.Time) (any, error) 
 	return ref, nil
 }
 
-// forget drops every token of engine's region (the region went away).
-func (g *grants) forget(engine, region string) {
+// forget drops every token of engine's regions (the engine went away).
+func (g *grants) forget(engine string) {
 	kept := g.list[:0]
 	for _, gr := range g.list {
-		if gr.engine != engine || gr.region != region {
+		if gr.engine != engine {
 			kept = append(kept, gr)
 		}
 	}

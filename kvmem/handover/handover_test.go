@@ -146,9 +146,9 @@ func TestHandover(t *testing.T) {
 	wantRefused(t, "engine B's token after its TTL", err, "no valid token")
 
 	tokC, _ := s.Grant("engC", "r0", "memory of C")
-	s.Forget("engC", "r0")
+	s.Forget("engC")
 	_, err = receiveContent(t, s, "engC", "r0", tokC)
-	wantRefused(t, "a token of a forgotten region", err, "no valid token")
+	wantRefused(t, "a token of a forgotten engine", err, "no valid token")
 
 	tokG, _ := s.Grant("engG", "r0", "gone")
 	_, err = receiveContent(t, s, "engG", "r0", tokG)

@@ -154,11 +154,11 @@ func (s *Server) Grant(engine, region string, ref any) (string, error) {
 	return s.grants.issue(engine, region, ref, s.o.Now(), s.o.TTL)
 }
 
-// Forget drops the tokens of engine's region (it went away).
-func (s *Server) Forget(engine, region string) {
+// Forget drops the tokens of engine's regions (the engine went away).
+func (s *Server) Forget(engine string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.grants.forget(engine, region)
+	s.grants.forget(engine)
 }
 
 // Close stops serving, closes the connections being served and waits for
