@@ -107,3 +107,28 @@ func readAs(u localcluster.User, path string) (string, error) {
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
+
+// TestConnexdRefusesMemberCredsOthersCanRead: connexd does not start on a
+// member credentials file that other users (an engine under its own uid)
+// could read, and says how to fix it.
+func TestConnexdRefusesMemberCredsOthersCanRead(t *testing.T) {
+	creds := filepath.Join(t.TempDir(), "member.creds")
+	if err := os.WriteFile(creds, []byte("not read: the mode is checked first\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(creds, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, connexdBin, "--role", "decode", "--member-id", "decode-0",
+		"--nats-url", "nats://127.0.0.1:1", "--nats-creds", creds, "--data-dir", t.TempDir()).CombinedOutput()
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("connexd with a 0644 nats_creds: %v (context %v); want it to exit with an error\n%s", err, ctx.Err(), out)
+	}
+	for _, want := range []string{"mode 0644", "act as the member", "chmod 600 " + creds} {
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("connexd's error does not say %q:\n%s", want, out)
+		}
+	}
+}
