@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -44,15 +45,12 @@ func regionFile(t *testing.T, content string) *os.File {
 }
 
 // startServer serves refs (strings) as files holding the ref.
-func startServer(t *testing.T, addr string) (*Server, *fakeClock, *int) {
+func startServer(t *testing.T, addr string) (*Server, *fakeClock, *atomic.Int32) {
 	t.Helper()
 	clk := &fakeClock{t: time.Unix(1000, 0)}
-	opened := new(int)
-	var mu sync.Mutex
+	opened := new(atomic.Int32)
 	s, err := Listen(Options{Addr: addr, Now: clk.now, Open: func(engine, region string, ref any) (*os.File, error) {
-		mu.Lock()
-		*opened++
-		mu.Unlock()
+		opened.Add(1)
 		if ref == "gone" {
 			return nil, errors.New("the region went away")
 		}
@@ -154,8 +152,8 @@ func TestHandover(t *testing.T) {
 	_, err = receiveContent(t, s, "engG", "r0", tokG)
 	wantRefused(t, "a region whose memory cannot be opened", err, "the region went away")
 
-	if *opened != 2 {
-		t.Fatalf("Open called %d times; want 2 (only for valid tokens)", *opened)
+	if n := opened.Load(); n != 2 {
+		t.Fatalf("Open called %d times; want 2 (only for valid tokens)", n)
 	}
 	noLeakedFDs(t, before)
 }
@@ -223,8 +221,8 @@ func TestHandoverBadInput(t *testing.T) {
 	}
 	c.Close()
 
-	if *opened != 0 {
-		t.Fatalf("Open called %d times for bad requests", *opened)
+	if n := opened.Load(); n != 0 {
+		t.Fatalf("Open called %d times for bad requests", n)
 	}
 	// The token survived all of it: the engine still gets its region.
 	got, err := receiveContent(t, s, "eng", "r0", tok)
