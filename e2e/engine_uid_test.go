@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,7 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/kvmem/handover"
 	"github.com/connex/connex/localcluster"
+	"github.com/connex/connex/messages"
+	"github.com/connex/connex/shim"
 )
 
 // nobody is the uid and gid the engines run as here (Debian's nobody and
@@ -130,5 +136,79 @@ func TestConnexdRefusesMemberCredsOthersCanRead(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Fatalf("connexd's error does not say %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestRegionSocketHandsARegionOnlyToItsEngine: against a real connexd with
+// engine credentials, the region socket hands engine A's region only to the
+// bearer of the token A's region.create returned, once; engine B's own
+// token, a guess and garbage are refused with a reason, and none of them
+// burns A's token or hurts connexd. region.inspect never shows a token.
+func TestRegionSocketHandsARegionOnlyToItsEngine(t *testing.T) {
+	n := startSecuredNATS(t)
+	startConnexd(t, "p", "--role", "prefill", "--backend", "tcp", "--cluster-preset", "lan",
+		"--nats-url", n.url, "--nats-creds", n.creds(t, "--role", "member", "--member", "p"))
+	_, acli := n.engine(t, "p", "engA")
+	_, bcli := n.engine(t, "p", "engB")
+	create := func(cli *api.Client, id string) *messages.RegionInfo {
+		t.Helper()
+		l := testLayout
+		info, err := cli.CreateRegion(ctx5(t), &messages.CreateRegionRequest{EngineId: id, RegionId: "r0",
+			Layout: &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize}})
+		if err != nil {
+			t.Fatalf("region.create of %s: %v", id, err)
+		}
+		if info.HandoverSocket == "" || len(info.HandoverToken) != 32 {
+			t.Fatalf("region.create of %s names no region socket and token: %v", id, info)
+		}
+		return info
+	}
+	a, b := create(acli, "engA"), create(bcli, "engB")
+	receive := func(engine, token string) error {
+		f, err := handover.Receive(ctx5(t), a.HandoverSocket, engine, "r0", token)
+		if err == nil {
+			f.Close()
+		}
+		return err
+	}
+	refused := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, handover.ErrRefused) || !strings.Contains(err.Error(), "no valid token") {
+			t.Fatalf("%s: %v; want refused (no valid token)", what, err)
+		}
+	}
+	refused("engine B's token for engine A's region", receive("engA", b.HandoverToken))
+	refused("a guessed token for engine A's region", receive("engA", strings.Repeat("f", 32)))
+	c, err := net.Dial("unixpacket", a.HandoverSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	_, _ = c.Write([]byte("\x00\xffgarbage"))
+	buf := make([]byte, 512)
+	k, _ := c.Read(buf)
+	c.Close()
+	if !strings.HasPrefix(string(buf[:k]), "ERR ") {
+		t.Fatalf("garbage on the region socket: answer %q; want ERR", buf[:k])
+	}
+
+	if err := receive("engA", a.HandoverToken); err != nil {
+		t.Fatalf("engine A with its own token, after the refused tries: %v", err)
+	}
+	refused("engine A's token a second time", receive("engA", a.HandoverToken))
+
+	// region.create again (same layout: the same region) gives a new token,
+	// with which the shim maps it.
+	ra, err := shim.MapCreated(ctx5(t), create(acli, "engA"), testLayout)
+	if err != nil {
+		t.Fatalf("engine A maps its region again with a new token: %v", err)
+	}
+	defer ra.Close()
+	if err := receive("engB", b.HandoverToken); err != nil {
+		t.Fatalf("engine B with its own token: %v", err)
+	}
+	info, err := acli.InspectRegion(ctx5(t), &messages.RegionRef{EngineId: "engA", RegionId: "r0"})
+	if err != nil || info.HandoverToken != "" {
+		t.Fatalf("region.inspect: %v %v; want no token in it", info, err)
 	}
 }
