@@ -254,7 +254,7 @@ func peerOf(c *net.UnixConn) peer {
 func (s *Server) serve(c *net.UnixConn) {
 	_ = c.SetDeadline(time.Now().Add(ioTimeout))
 	who := peerOf(c)
-	engine, region, err := s.handle(c, who)
+	engine, region, err := s.handle(c)
 	if err != nil {
 		s.o.Log.Warn("region socket: handover refused", append(who.attrs(), "socket", s.addr, "engine", engine, "region", region, "err", err)...)
 		_, _ = c.Write([]byte("ERR " + err.Error()))
@@ -264,7 +264,7 @@ func (s *Server) serve(c *net.UnixConn) {
 }
 
 // handle reads the request, checks the token and sends the descriptor.
-func (s *Server) handle(c *net.UnixConn, who peer) (engine, region string, err error) {
+func (s *Server) handle(c *net.UnixConn) (engine, region string, err error) {
 	buf := make([]byte, maxMessage+1)
 	oob := make([]byte, unix.CmsgSpace(4*4))
 	n, oobn, flags, _, err := c.ReadMsgUnix(buf, oob)
