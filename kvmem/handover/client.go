@@ -17,7 +17,8 @@ const receiveTimeout = 10 * time.Second
 // Receive asks the region socket at addr for engine's region with token
 // (RegionInfo.handover_socket and handover_token) and returns the region's
 // descriptor, which the caller maps (regionfile.AttachFile) and closes. A
-// refusal wraps ErrRefused with connexd's reason.
+// refusal wraps ErrRefused with connexd's reason; ErrBusy means try again
+// (the token was not used).
 func Receive(ctx context.Context, addr, engine, region, token string) (*os.File, error) {
 	ctx, cancel := context.WithTimeout(ctx, receiveTimeout)
 	defer cancel()
@@ -52,6 +53,9 @@ func Receive(ctx context.Context, addr, engine, region, token string) (*os.File,
 	answer := string(buf[:n])
 	if after, ok := strings.CutPrefix(answer, "ERR "); ok {
 		closeAll()
+		if strings.HasPrefix(after, "busy") {
+			return nil, fmt.Errorf("%w: %s: %s", ErrBusy, addr, after)
+		}
 		return nil, fmt.Errorf("%w by connexd at %s: %s", ErrRefused, addr, after)
 	}
 	if answer != "OK" || len(fds) != 1 || flags&unix.MSG_CTRUNC != 0 {

@@ -24,6 +24,10 @@ const MaxGrants = 1024
 // message says which, without naming anything the caller did not send.
 var ErrRefused = errors.New("handover: refused")
 
+// ErrBusy means the socket served as many handovers as it takes at once
+// (a local user may be filling them); the token is still valid: try again.
+var ErrBusy = errors.New("handover: region socket busy")
+
 // grant is one outstanding token.
 type grant struct {
 	engine, region string

@@ -290,3 +290,42 @@ func TestGrantsBounded(t *testing.T) {
 		t.Fatalf("the newest token: %v %v", ref, err)
 	}
 }
+
+// TestHandoverBusy: a local user holding every slot gets the next caller
+// ErrBusy, not a hang; the token survives and works once slots free up.
+func TestHandoverBusy(t *testing.T) {
+	s, _, _ := startServer(t, "")
+	tok, _ := s.Grant("eng", "r0", "memory")
+	var hogs []*net.UnixConn
+	for range maxConns {
+		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: s.Addr(), Net: "unixpacket"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hogs = append(hogs, c)
+	}
+	// The hogs are accepted one by one: wait until every slot is taken.
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if n := len(s.slots); n != maxConns {
+			return fmt.Errorf("%d of %d slots taken", n, maxConns)
+		}
+		return nil
+	})
+	_, err := receiveContent(t, s, "eng", "r0", tok)
+	if !errors.Is(err, ErrBusy) || errors.Is(err, ErrRefused) {
+		t.Fatalf("with every slot taken: %v; want ErrBusy", err)
+	}
+	for _, c := range hogs {
+		c.Close()
+	}
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		got, err := receiveContent(t, s, "eng", "r0", tok)
+		if err != nil {
+			return err
+		}
+		if got != "memory" {
+			t.Fatalf("got %q", got)
+		}
+		return nil
+	})
+}

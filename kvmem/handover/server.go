@@ -31,6 +31,9 @@ const (
 	// maxConns bounds connections served at once; the next ones are
 	// answered "ERR busy" and closed.
 	maxConns = 64
+	// busyDrain bounds the wait for a request on a connection answered
+	// "ERR busy".
+	busyDrain = 50 * time.Millisecond
 )
 
 // Opener opens the memory granted as ref for engine's region, as a
@@ -201,9 +204,7 @@ func (s *Server) accept() {
 		select {
 		case s.slots <- struct{}{}:
 		default:
-			_ = c.SetDeadline(time.Now().Add(time.Second))
-			_, _ = c.Write([]byte("ERR busy: too many handovers at once, try again"))
-			_ = c.Close()
+			s.busy(c)
 			continue
 		}
 		s.mu.Lock()
@@ -228,6 +229,22 @@ func (s *Server) accept() {
 			s.serve(c)
 		}()
 	}
+}
+
+// busy answers a connection over the limit "ERR busy" and closes it. The
+// request is read first (for at most busyDrain): closing a unix socket
+// with a message still unread resets the connection, and the caller would
+// read ECONNRESET instead of the answer. This runs on the accept loop, so
+// a flood of connections while every slot is taken is accepted at most
+// one per busyDrain; nobody else was being served then anyway.
+func (s *Server) busy(c *net.UnixConn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(busyDrain))
+	buf := make([]byte, maxMessage+1)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	_, oobn, _, _, _ := c.ReadMsgUnix(buf, oob)
+	closeRights(oob[:oobn])
+	_, _ = c.Write([]byte("ERR busy: too many handovers at once, try again"))
 }
 
 // peer is the caller as the kernel saw it at connect (SO_PEERCRED).
