@@ -101,6 +101,11 @@ type Config struct {
 	// regions (region.create): a tmpfs mounted with huge=always gives them
 	// 2 MiB pages. Empty: a memfd (and UCX's UCX_POSIX_DIR or /dev/shm).
 	ShmDir string
+	// RegionSocket is where engines receive the descriptors of created
+	// regions (kvmem/handover): a path, "@name" (Linux's abstract
+	// namespace), empty for a unique abstract name, or "off" (engines then
+	// map /proc/<pid>/fd/<n>, which only connexd's own uid can open).
+	RegionSocket string
 	// Role is this member's role: prefill, decode, router or all.
 	Role string
 	// MemberID names this connexd on the subject API and in the cluster.
@@ -213,6 +218,7 @@ var defaults = []struct {
 	{"region_dir", "/dev/shm", "region.register accepts only regular files beneath this directory (no symbolic links)"},
 	{"region_owner_uids", "", "comma-separated uids whose files region.register accepts (empty: connexd's own user)"},
 	{"shm_dir", "", "directory for created regions' memory (a huge=always tmpfs for 2 MiB pages); empty: memfd"},
+	{"region_socket", "", "unix socket where engines of any uid receive created regions' descriptors: a path, @name (abstract), empty for a unique abstract name, off"},
 	{"role", "all", "member role: prefill, decode, router or all"},
 	{"member_id", "", "member id on the subject API (default: hostname-random)"},
 	{"data_listen", "127.0.0.1:0", "TCP data-plane listen address"},
@@ -496,6 +502,10 @@ func build(v *viper.Viper) (Config, error) {
 		return c, fmt.Errorf("%w: cluster_tls=%q, allowed: auto, on or off", ErrInvalid, c.ClusterTLS)
 	}
 	c.ShmDir = strings.TrimSpace(v.GetString("shm_dir"))
+	c.RegionSocket = strings.TrimSpace(v.GetString("region_socket"))
+	if len(c.RegionSocket) > 107 { // sockaddr_un's sun_path, less its NUL
+		return c, fmt.Errorf("%w: region_socket=%q is %d bytes, allowed: at most 107 (a unix socket address)", ErrInvalid, c.RegionSocket, len(c.RegionSocket))
+	}
 	if c.RegionDir = strings.TrimSpace(v.GetString("region_dir")); c.RegionDir == "" {
 		return c, fmt.Errorf("%w: region_dir is empty, allowed: the directory engines' region files live in (e.g. /dev/shm)", ErrInvalid)
 	}

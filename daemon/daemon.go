@@ -22,6 +22,7 @@ import (
 	"github.com/connex/connex/engines"
 	"github.com/connex/connex/errcode"
 	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/kvmem/handover"
 	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/notices"
@@ -45,10 +46,13 @@ type Daemon struct {
 	holds   *actor.PID
 	dir     *actors.Directory
 	regions *kvmem.RegionTable
-	svc     micro.Service
-	Metrics *actors.Metrics
-	hdeps   *actors.HoldDeps
-	pdeps   *actors.PullDeps
+	// handover serves created regions' descriptors to their engines
+	// (region_socket); nil when off or on a router.
+	handover *handover.Server
+	svc      micro.Service
+	Metrics  *actors.Metrics
+	hdeps    *actors.HoldDeps
+	pdeps    *actors.PullDeps
 	// Request actors (decode side).
 	reqTable *actors.RequestTable
 	reqStore *requests.KVStore
@@ -176,6 +180,12 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 		q.EngineBytes = q.MemberBytes
 	}
 	d.regions.SetQuota(q)
+	if cfg.RegionSocket != "off" && cfg.Role != "router" {
+		d.handover, err = handover.Listen(handover.Options{Addr: cfg.RegionSocket, Open: d.openCreated, Log: log})
+		if err != nil {
+			return d, fmt.Errorf("region_socket: %w", err)
+		}
+	}
 	if fg, ok := d.Backend.(transport.FaultGuard); ok {
 		// The data plane copies region memory outside Go: a region whose
 		// file an engine shrinks must break, not kill connexd.
@@ -348,6 +358,11 @@ func (d *Daemon) Close() {
 		d.prom.close()
 		if d.Backend != nil {
 			_ = d.Backend.Close()
+		}
+		if d.handover != nil {
+			if err := d.handover.Close(); err != nil {
+				d.log.Warn("region socket did not close cleanly", "err", err)
+			}
 		}
 		if d.regions != nil {
 			d.regions.Close()

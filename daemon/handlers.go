@@ -90,7 +90,7 @@ func (d *Daemon) CreateRegion(ctx context.Context, r *messages.CreateRegionReque
 	createdAs := func(m *kvmem.Mapped) bool { return m.Region.Memory != kvmem.MemoryFile && m.Region.Layout == l }
 	if m, err := d.regions.Lookup(r.EngineId, r.RegionId); err == nil && !m.Broken() {
 		if createdAs(m) {
-			return regionInfo(m), nil
+			return d.createdInfo(m)
 		}
 		return nil, api.Errorf(api.CodeBadRequest, "region %s/%s already exists (%s, %s) with another layout or memory",
 			r.EngineId, r.RegionId, m.Region.Memory, m.Region.Path)
@@ -108,12 +108,12 @@ func (d *Daemon) CreateRegion(ctx context.Context, r *messages.CreateRegionReque
 		// A concurrent create (a client retrying) may have won: same
 		// answer as above.
 		if m, lerr := d.regions.Lookup(r.EngineId, r.RegionId); lerr == nil && createdAs(m) && !m.Broken() {
-			return regionInfo(m), nil
+			return d.createdInfo(m)
 		}
 		return nil, api.Errorf(api.CodeBadRequest, "%v", err)
 	}
 	d.log.Info("region created", "engine", r.EngineId, "region", r.RegionId, "bytes", l.Size(), "memory", reg.Memory, "path", reg.Path)
-	return regionInfo(m), nil
+	return d.createdInfo(m)
 }
 
 // newRegion allocates memory for a created region.
@@ -185,6 +185,9 @@ func (d *Daemon) EngineGone(ctx context.Context, r *messages.EngineGoneRequest) 
 		out.HoldsDropped++
 	}
 	out.RegionsDropped = uint32(d.regions.DropEngine(r.EngineId))
+	if d.handover != nil {
+		d.handover.Forget(r.EngineId)
+	}
 	d.dropEngine(r.EngineId)
 	return &out, nil
 }

@@ -7,7 +7,6 @@ import (
 	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
 	"log/slog"
-	"os"
 	"path/filepath"
 
 	"github.com/connex/connex/auth"
@@ -46,9 +45,9 @@ func openBus(cfg config.Config, log *slog.Logger) (*bus.Bus, []byte, error) {
 	case cfg.NATSURL == "":
 		log.Warn("NATS AUTHENTICATION IS OFF (nats_auth=off): any process that reaches nats_listen can call every member's API, read every notice and prompt, and write the request bucket; use this for development only", "nats_listen", cfg.NATSListen)
 	case cfg.NATSCreds != "":
-		creds, err := os.ReadFile(cfg.NATSCreds)
+		creds, err := readMemberCreds(cfg.NATSCreds, log)
 		if err != nil {
-			return nil, nil, fmt.Errorf("nats_creds: %w", err)
+			return nil, nil, err
 		}
 		_, _, claims, err := auth.ParseCreds(creds)
 		if err != nil {

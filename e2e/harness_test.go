@@ -22,6 +22,7 @@ import (
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/shim"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 
@@ -378,7 +379,7 @@ func newCreatedEngineAs(t testing.TB, cli *api.Client, id string, l kvmem.Layout
 	if err != nil {
 		t.Fatalf("create region of %s: %v", id, err)
 	}
-	r, err := regionfile.Attach(info.Path, l)
+	r, err := shim.MapCreated(ctx, info, l)
 	if err != nil {
 		t.Fatalf("map the created region %s: %v", info.Path, err)
 	}

@@ -32,6 +32,7 @@ var rules = map[string]struct {
 	"engines":           {internal: []string{"messages"}, external: []string{"google.golang.org/protobuf/"}, pure: true},
 	"kvmem":             {pure: true},
 	"kvmem/regionfile":  {internal: []string{"kvmem"}, external: []string{"golang.org/x/sys/unix"}}, // kvmem's Regions from files: mmap, memfd, fallocate, openat2, /proc
+	"kvmem/handover":    {external: []string{"golang.org/x/sys/unix"}},                              // created regions' descriptors over a unix socket (SCM_RIGHTS)
 	"transport":         {},
 	"transport/tcp":     {internal: []string{"transport"}},
 	"transport/ucx":     {internal: []string{"transport", "transport/memcopy"}, external: []string{"golang.org/x/sys/unix"}},
@@ -52,7 +53,7 @@ var rules = map[string]struct {
 	"auth":          {internal: []string{"subject"}, external: []string{"github.com/nats-io/jwt/", "github.com/nats-io/nkeys"}},
 	"config":        {external: []string{"github.com/spf13/"}},
 	"router":        {internal: []string{"messages"}, external: []string{"github.com/prometheus/client_golang/"}},
-	"shim":          {internal: []string{"api", "kvmem", "kvmem/regionfile", "messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"shim":          {internal: []string{"api", "kvmem", "kvmem/handover", "kvmem/regionfile", "messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"sim":           {internal: []string{"kvmem", "messages", "shim"}, external: []string{"github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
 	"status":        {internal: []string{"api", "messages"}, external: []string{"github.com/nats-io/nats.go"}},
 	// chaos drives the product as an operator would: localcluster's
@@ -62,7 +63,7 @@ var rules = map[string]struct {
 	"localcluster": {},
 	// netlab builds network-namespace hosts with ip and nft; nothing of ours.
 	"netlab": {},
-	"daemon": {internal: []string{"actors", "api", "auth", "bus", "clock", "cluster", "config", "engines", "errcode", "kvmem", "kvmem/regionfile", "lease", "messages", "notices", "requests", "router", "transport", "transport/tcp", "transport/ucx"},
+	"daemon": {internal: []string{"actors", "api", "auth", "bus", "clock", "cluster", "config", "engines", "errcode", "kvmem", "kvmem/handover", "kvmem/regionfile", "lease", "messages", "notices", "requests", "router", "transport", "transport/tcp", "transport/ucx"},
 		external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/", "github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
 	"layering": {},
 	// poll is for tests: wait for a condition with a deadline.

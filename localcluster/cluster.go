@@ -71,6 +71,13 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, fmt.Errorf("localcluster: temp dir: %w", err)
 	}
 	c.ownDir = o.Dir == ""
+	if o.EngineUser != nil {
+		// Engines under their own uid reach their own data dir (and the
+		// engine.creds inside) only through this one.
+		if err := os.Chmod(c.dir, 0o711); err != nil {
+			return nil, fmt.Errorf("localcluster: make %s traversable for the engines' user: %w", c.dir, err)
+		}
+	}
 	if err := c.start(ctx); err != nil {
 		_ = c.Close()
 		return nil, err
@@ -250,7 +257,12 @@ func (c *Cluster) startNode(ctx context.Context, name string, part Part) error {
 			return err
 		}
 		args = append(args, flags...)
-		p, err := startProcess(processName(name, PartEngine), c.opts.Sim, args, simReady, c.log)
+		if u := c.opts.EngineUser; u != nil && len(flags) == 2 {
+			if err := os.Chown(flags[1], int(u.UID), int(u.GID)); err != nil {
+				return fmt.Errorf("localcluster: hand %s to the engines' user %d: %w", flags[1], u.UID, err)
+			}
+		}
+		p, err := startProcessAs(processName(name, PartEngine), c.opts.Sim, args, simReady, c.log, os.Environ(), c.opts.EngineUser)
 		if err != nil {
 			return err
 		}

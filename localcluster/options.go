@@ -77,6 +77,13 @@ type Options struct {
 	DecodeConnexdArgs  []string
 	// SimArgs are extra flags for every connex-sim.
 	SimArgs []string
+	// EngineUser, when set, runs every connex-sim under that uid and gid
+	// (the launcher must be root): its engine.creds is handed to that user
+	// (0600), the cluster's directory made traversable (0711) but not
+	// listable, and each connexd's member.creds stays 0600 and the
+	// launcher's, so the engine cannot read it (README "Engines under
+	// their own uid"). Sim must be executable by that user.
+	EngineUser *User
 	// VLLM, when set, starts real `vllm serve` engines instead of
 	// connex-sim (Sim is then unused, and Layout, Blocks and the costs do
 	// not apply: the model decides them).
@@ -98,6 +105,11 @@ type Options struct {
 	// StopTimeout is how long Close and Term wait after SIGTERM before
 	// SIGKILL (default 10 s).
 	StopTimeout time.Duration
+}
+
+// User is a uid and gid to run a process as.
+type User struct {
+	UID, GID uint32
 }
 
 // Defaults returns the options of `make run`: one prefill and two decode

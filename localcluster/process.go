@@ -40,12 +40,17 @@ type process struct {
 // startProcess starts path with args; its stdout and stderr go to log,
 // line by line, and the last lines are kept.
 func startProcess(name, path string, args []string, readyPrefix string, log *lineLog) (*process, error) {
-	return startProcessEnv(name, path, args, readyPrefix, log, os.Environ())
+	return startProcessAs(name, path, args, readyPrefix, log, os.Environ(), nil)
 }
 
 // startProcessEnv is startProcess with the child's environment. An empty
 // readyPrefix means the caller learns readiness another way (e.g. HTTP).
 func startProcessEnv(name, path string, args []string, readyPrefix string, log *lineLog, env []string) (*process, error) {
+	return startProcessAs(name, path, args, readyPrefix, log, env, nil)
+}
+
+// startProcessAs is startProcessEnv run as user (nil: the launcher's own).
+func startProcessAs(name, path string, args []string, readyPrefix string, log *lineLog, env []string, user *User) (*process, error) {
 	p := &process{
 		name: name, path: path, args: args, readyPrefix: readyPrefix, log: log,
 		exited: make(chan struct{}), ready: make(chan map[string]string, 1),
@@ -55,6 +60,9 @@ func startProcessEnv(name, path string, args []string, readyPrefix string, log *
 	cmd.Stdout = &lineWriter{line: p.stdoutLine}
 	cmd.Stderr = &lineWriter{line: p.outputLine}
 	cmd.SysProcAttr = sysProcAttr()
+	if user != nil {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: user.UID, Gid: user.GID}
+	}
 	// Output copying stops this long after the process exits, even if
 	// something it started still holds the pipes.
 	cmd.WaitDelay = 2 * time.Second

@@ -261,9 +261,11 @@ type RegionInfo struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	EngineId string                 `protobuf:"bytes,1,opt,name=engine_id,json=engineId,proto3" json:"engine_id,omitempty"`
 	RegionId string                 `protobuf:"bytes,2,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
-	// The region file. For a created region: the path to map, e.g.
-	// /proc/<connexd pid>/fd/<n>; map it right away (it names connexd's
-	// descriptor), and keep the mapping (it stays valid after connexd exits).
+	// The region file. For a created region: /proc/<connexd pid>/fd/<n>,
+	// which only connexd's own uid can open (and root); engines under their
+	// own uid take the descriptor from handover_socket instead. Map it right
+	// away (it names connexd's descriptor), and keep the mapping (it stays
+	// valid after connexd exits).
 	Path          string  `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
 	Layout        *Layout `protobuf:"bytes,4,opt,name=layout,proto3" json:"layout,omitempty"`
 	Bytes         uint64  `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
@@ -274,7 +276,18 @@ type RegionInfo struct {
 	// Where the memory comes from: "file" (region.register: the engine's
 	// file), "ucx-shared" (region.create on UCX: one-sided reads on this
 	// host) or "memfd" (region.create otherwise).
-	Memory        string `protobuf:"bytes,10,opt,name=memory,proto3" json:"memory,omitempty"`
+	Memory string `protobuf:"bytes,10,opt,name=memory,proto3" json:"memory,omitempty"`
+	// region.create only, when connexd serves region_socket: the unix socket
+	// (SOCK_SEQPACKET; "@name" is Linux's abstract namespace) where the
+	// engine receives the region's descriptor (SCM_RIGHTS) by sending
+	// "CONNEX-REGION/1 <engine_id> <region_id> <handover_token>", then maps
+	// it. How engines of any uid get the memory (README "Engines under their
+	// own uid").
+	HandoverSocket string `protobuf:"bytes,11,opt,name=handover_socket,json=handoverSocket,proto3" json:"handover_socket,omitempty"`
+	// The one-use secret for handover_socket (32 hex digits), valid for
+	// 60 s and only for this engine's region: present it once; create the
+	// region again for a new one.
+	HandoverToken string `protobuf:"bytes,12,opt,name=handover_token,json=handoverToken,proto3" json:"handover_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -375,6 +388,20 @@ func (x *RegionInfo) GetBlocksWriting() uint32 {
 func (x *RegionInfo) GetMemory() string {
 	if x != nil {
 		return x.Memory
+	}
+	return ""
+}
+
+func (x *RegionInfo) GetHandoverSocket() string {
+	if x != nil {
+		return x.HandoverSocket
+	}
+	return ""
+}
+
+func (x *RegionInfo) GetHandoverToken() string {
+	if x != nil {
+		return x.HandoverToken
 	}
 	return ""
 }
@@ -2099,7 +2126,7 @@ const file_connex_proto_rawDesc = "" +
 	"\x13CreateRegionRequest\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
 	"\tregion_id\x18\x02 \x01(\tR\bregionId\x12)\n" +
-	"\x06layout\x18\x03 \x01(\v2\x11.connex.v1.LayoutR\x06layout\"\xc3\x02\n" +
+	"\x06layout\x18\x03 \x01(\v2\x11.connex.v1.LayoutR\x06layout\"\x93\x03\n" +
 	"\n" +
 	"RegionInfo\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
@@ -2114,7 +2141,9 @@ const file_connex_proto_rawDesc = "" +
 	"\x0eblocks_reading\x18\b \x01(\rR\rblocksReading\x12%\n" +
 	"\x0eblocks_writing\x18\t \x01(\rR\rblocksWriting\x12\x16\n" +
 	"\x06memory\x18\n" +
-	" \x01(\tR\x06memory\"0\n" +
+	" \x01(\tR\x06memory\x12'\n" +
+	"\x0fhandover_socket\x18\v \x01(\tR\x0ehandoverSocket\x12%\n" +
+	"\x0ehandover_token\x18\f \x01(\tR\rhandoverToken\"0\n" +
 	"\x11EngineGoneRequest\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\"_\n" +
 	"\x0fEngineGoneReply\x12#\n" +

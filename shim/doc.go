@@ -5,8 +5,10 @@
 //
 // What a shim does, in the order an engine meets it:
 //
-//   - Open: region.create (connexd allocates the KV region), regionfile.Attach
-//     (the engine maps it as its KV memory), subscriptions to the engine's
+//   - Open: region.create (connexd allocates the KV region), MapCreated (the
+//     engine receives the region's descriptor on connexd's region socket for
+//     the reply's one-use token, whatever its uid, and maps it as its KV
+//     memory), subscriptions to the engine's
 //     notices (blocks.freed, pull.done, request.fenced), engine.register, and a
 //     renewal loop that refreshes the registration every renew_ms with fresh
 //     load figures (in-flight requests, free blocks).

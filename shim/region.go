@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/kvmem/handover"
 	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/messages"
 )
@@ -20,34 +22,65 @@ import (
 // elsewhere — it is not a KV-load failure, and the hold it needed is alive.
 var ErrRegionLost = errors.New("shim: the engine's connexd lost its KV region (it restarted)")
 
-// createRegion creates the engine's region on its connexd, retrying while
-// the connexd is not up yet, and maps it.
+// createRegion creates the engine's region on its connexd and maps it,
+// retrying while the connexd is not up yet or its region socket is busy.
 func (e *Engine) createRegion(ctx context.Context) (*kvmem.Region, error) {
 	cfg, l := e.cfg, e.cfg.Layout
 	pl := &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize}
-	var info *messages.RegionInfo
+	var last error // why the previous try failed
 	for {
 		c, cancel := context.WithTimeout(ctx, max(cfg.CallTimeout, 30*time.Second))
-		var err error
-		info, err = e.cli.CreateRegion(c, &messages.CreateRegionRequest{EngineId: cfg.EngineID, RegionId: cfg.RegionID, Layout: pl})
+		info, err := e.cli.CreateRegion(c, &messages.CreateRegionRequest{EngineId: cfg.EngineID, RegionId: cfg.RegionID, Layout: pl})
 		cancel()
 		if err == nil {
-			break
-		}
-		if code := api.CodeOf(err); (code != api.CodePeerUnavailable && code != api.CodeTimeout) || ctx.Err() != nil {
+			r, err := MapCreated(ctx, info, l)
+			if err == nil {
+				return r, nil
+			}
+			// A region socket whose slots are taken (a local user can
+			// fill them) is worth another try with a new token.
+			if !errors.Is(err, handover.ErrBusy) || ctx.Err() != nil {
+				return nil, fmt.Errorf("shim: engine %s, connexd %s: %w", cfg.EngineID, cfg.Member, err)
+			}
+			last = err
+		} else if code := api.CodeOf(err); (code != api.CodePeerUnavailable && code != api.CodeTimeout) || ctx.Err() != nil {
 			return nil, fmt.Errorf("shim: region.create of engine %s on member %s: %w", cfg.EngineID, cfg.Member, err)
+		} else {
+			last = err
 		}
-		t := time.NewTimer(100 * time.Millisecond) // connexd not up yet: try again shortly
+		t := time.NewTimer(100 * time.Millisecond) // connexd not up yet, or its region socket busy: try again shortly
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("shim: region.create of engine %s on member %s: %w", cfg.EngineID, cfg.Member, err)
+			return nil, fmt.Errorf("shim: region of engine %s on member %s: %w", cfg.EngineID, cfg.Member, last)
 		case <-t.C:
 		}
 	}
-	r, err := regionfile.Attach(info.Path, l)
+}
+
+// MapCreated maps the region region.create answered with info, laid out
+// as l. With a region socket in the answer (handover_socket, connexd's
+// default) it receives the memory's descriptor there for the one-use
+// token, so the engine may run under any uid; without one (region_socket
+// off, or an older connexd) it opens info.Path, /proc/<connexd pid>/fd/<n>,
+// which only connexd's own uid (and root) may open.
+func MapCreated(ctx context.Context, info *messages.RegionInfo, l kvmem.Layout) (*kvmem.Region, error) {
+	if info.HandoverSocket == "" {
+		r, err := regionfile.Attach(info.Path, l)
+		if err != nil {
+			return nil, fmt.Errorf("map the created region at %s (no region socket in region.create's answer): %w", info.Path, err)
+		}
+		return r, nil
+	}
+	f, err := handover.Receive(ctx, info.HandoverSocket, info.EngineId, info.RegionId, info.HandoverToken)
 	if err != nil {
-		return nil, fmt.Errorf("shim: map the region connexd %s created at %s: %w", cfg.Member, info.Path, err)
+		return nil, fmt.Errorf("receive the created region %s: %w", info.RegionId, err)
+	}
+	defer f.Close() // the mapping keeps the memory
+	name := cmp.Or(info.Path, "region "+info.RegionId+" from "+info.HandoverSocket)
+	r, err := regionfile.AttachFile(f, name, l)
+	if err != nil {
+		return nil, fmt.Errorf("map the created region %s received from %s: %w", info.RegionId, info.HandoverSocket, err)
 	}
 	return r, nil
 }

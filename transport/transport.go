@@ -192,7 +192,9 @@ type Allocation interface {
 	// Bytes is the memory, valid until Free.
 	Bytes() []byte
 	// Path is a file that other processes of this host (same user) open
-	// and mmap to share the memory, e.g. /proc/<pid>/fd/<n>. It stays
+	// and mmap to share the memory, e.g. /proc/<pid>/fd/<n>; connexd opens
+	// it itself to hand engines of other uids the descriptor
+	// (kvmem/handover). It stays
 	// valid until Free or until this process exits; a process that mapped
 	// it keeps its mapping after either.
 	Path() string

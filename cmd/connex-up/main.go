@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -87,6 +88,7 @@ func parseFlags(args []string, stderr io.Writer) (localcluster.Options, bool, er
 	vllmModel := fs.String("vllm-model", "", "with --vllm: the model directory to serve (--model is its served name)")
 	vllmMaxLen := fs.Int("vllm-max-model-len", 4096, "with --vllm: vllm serve --max-model-len")
 	vllmPolicy := fs.String("kv-load-failure-policy", "fail", "with --vllm: vLLM's kv_load_failure_policy on decode engines, fail or recompute")
+	engineUser := fs.String("engine-user", "", "run every connex-sim as UID[:GID] (as root; the engines then read no connexd's member.creds, README \"Engines under their own uid\"); --sim must be executable by that user")
 	apiKeyFile := fs.String("api-key-file", "", "file whose first line is the API key the router then requires on /v1/* (default: none)")
 	if err := fs.Parse(args); err != nil {
 		return d, false, err
@@ -114,6 +116,16 @@ func parseFlags(args []string, stderr io.Writer) (localcluster.Options, bool, er
 	} else if *vllmModel != "" {
 		return d, false, errors.New("--vllm-model needs --vllm")
 	}
+	if *engineUser != "" {
+		u, err := parseUser(*engineUser)
+		if err != nil {
+			return d, false, fmt.Errorf("--engine-user: %w", err)
+		}
+		if d.VLLM != nil {
+			return d, false, errors.New("--engine-user applies to connex-sim engines only, not --vllm")
+		}
+		d.EngineUser = &u
+	}
 	if *apiKeyFile != "" {
 		data, err := os.ReadFile(*apiKeyFile)
 		if err != nil {
@@ -125,6 +137,22 @@ func parseFlags(args []string, stderr io.Writer) (localcluster.Options, bool, er
 		}
 	}
 	return d, *quiet, nil
+}
+
+// parseUser reads "UID" or "UID:GID" (GID defaults to UID).
+func parseUser(v string) (localcluster.User, error) {
+	us, gs, hasGID := strings.Cut(v, ":")
+	uid, err := strconv.ParseUint(us, 10, 32)
+	if err != nil {
+		return localcluster.User{}, fmt.Errorf("%q: want UID or UID:GID, numbers", v)
+	}
+	gid := uid
+	if hasGID {
+		if gid, err = strconv.ParseUint(gs, 10, 32); err != nil {
+			return localcluster.User{}, fmt.Errorf("%q: want UID or UID:GID, numbers", v)
+		}
+	}
+	return localcluster.User{UID: uint32(uid), GID: uint32(gid)}, nil
 }
 
 // banner is what a user reads once the cluster is ready.

@@ -37,3 +37,21 @@ func TestParseFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestParseFlagsEngineUser(t *testing.T) {
+	for arg, want := range map[string][2]uint32{"65534": {65534, 65534}, "1000:2000": {1000, 2000}} {
+		o, _, err := parseFlags([]string{"--engine-user", arg}, io.Discard)
+		if err != nil || o.EngineUser == nil || o.EngineUser.UID != want[0] || o.EngineUser.GID != want[1] {
+			t.Errorf("--engine-user %s: %+v %v", arg, o.EngineUser, err)
+		}
+	}
+	if o, _, _ := parseFlags(nil, io.Discard); o.EngineUser != nil {
+		t.Errorf("no --engine-user: %+v", o.EngineUser)
+	}
+	for _, bad := range [][]string{{"--engine-user", "nobody"}, {"--engine-user", "1:x"}, {"--engine-user", "-1"},
+		{"--engine-user", "1", "--vllm", "vllm"}} {
+		if _, _, err := parseFlags(bad, io.Discard); err == nil {
+			t.Errorf("parseFlags(%q): want an error", bad)
+		}
+	}
+}

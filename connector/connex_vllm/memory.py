@@ -9,8 +9,9 @@ contiguous slice of the region, and a block is moved whole.
 
 Backends (``KVMemory``):
 
-- ``SharedRegionMemory`` (CPU KV caches, this version): connexd creates the region, the worker maps it
-  (``mmap`` of the returned ``/proc/<connexd pid>/fd/<n>`` path) and rebinds every KV cache tensor onto its slice
+- ``SharedRegionMemory`` (CPU KV caches, this version): connexd creates the region, the worker receives its
+  descriptor on connexd's region socket (``receive_region_fd``: the one-use token from ``region.create``'s answer,
+  SCM_RIGHTS; so the engine may run under its own uid) and maps it, and rebinds every KV cache tensor onto its slice
   with ``Tensor.set_``, and with it every view the attention layers were bound to (in place: the layers keep
   the same tensor objects). Zero copies: what the model
   writes is what connexd serves, and a pull writes straight into the decode engine's KV cache. Chosen over a
@@ -25,6 +26,7 @@ from __future__ import annotations
 import abc
 import mmap
 import os
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -35,6 +37,51 @@ from .pb import connex_pb2 as pb
 
 class LayoutError(ValueError):
     """vLLM's KV caches are not in a layout this version can serve; the message says why."""
+
+
+class HandoverError(RuntimeError):
+    """connexd's region socket refused the region or answered something unexpected; the message says why."""
+
+
+HANDOVER_PROTO = b"CONNEX-REGION/1"
+
+
+def receive_region_fd(info: pb.RegionInfo, timeout_s: float = 10.0) -> int:
+    """The descriptor of the region ``region.create`` answered with ``info``, from connexd's region socket.
+
+    One message each way on a SOCK_SEQPACKET unix socket (``@name`` is Linux's abstract namespace): the request
+    ``CONNEX-REGION/1 <engine_id> <region_id> <handover_token>``, the answer ``OK`` with one descriptor (SCM_RIGHTS)
+    or ``ERR <reason>``. The token works once. The caller maps the descriptor and closes it; any other descriptor
+    that arrives is closed here."""
+    addr = info.handover_socket
+    target = "\0" + addr[1:] if addr.startswith("@") else addr
+    ids = (info.engine_id, info.region_id, info.handover_token)
+    request = b" ".join([HANDOVER_PROTO, *(v.encode() for v in ids)])
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(target)
+            sock.send(request)
+            msg, fds, _, _ = socket.recv_fds(sock, 4096, 4, getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+        except OSError as e:
+            raise HandoverError(f"ConnexConnector: region socket {addr}: {e}") from e
+    if msg == b"OK" and len(fds) == 1:
+        return fds[0]
+    for fd in fds:
+        os.close(fd)
+    if msg.startswith(b"ERR "):
+        reason = msg[4:].decode(errors="replace")
+        raise HandoverError(f"ConnexConnector: region socket {addr} refused region {info.region_id}: {reason}")
+    raise HandoverError(f"ConnexConnector: region socket {addr} answered {msg[:64]!r} with {len(fds)} descriptors")
+
+
+def open_region(info: pb.RegionInfo) -> int:
+    """A descriptor of the region ``region.create`` answered with: from the region socket when the answer names one
+    (connexd's default: any uid), else by opening ``info.path`` (``/proc/<connexd pid>/fd/<n>``: connexd's uid only).
+    The caller closes it."""
+    if info.handover_socket:
+        return receive_region_fd(info)
+    return os.open(info.path, os.O_RDWR)
 
 
 @dataclass(frozen=True)
@@ -184,11 +231,11 @@ class SharedRegionMemory(KVMemory):
         info = create_region(g.layout(self.tp_size))
         if info.bytes and info.bytes < g.bytes:
             raise LayoutError(f"ConnexConnector: region {info.region_id} has {info.bytes} bytes, need {g.bytes}")
-        fd = os.open(info.path, os.O_RDWR)
+        fd = open_region(info)
         try:
             mm = mmap.mmap(fd, g.bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
-            os.close(fd)  # the mapping keeps the memory; connexd's path names its own descriptor
+            os.close(fd)  # the mapping keeps the memory
         return info, mm
 
     def attach(

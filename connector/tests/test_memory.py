@@ -4,12 +4,15 @@ onto connexd's region (a temporary file stands in for the region connexd creates
 from __future__ import annotations
 
 import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from connex_vllm.memory import LayoutError, SharedRegionMemory, geometry
+from connex_vllm.memory import HandoverError, LayoutError, SharedRegionMemory, geometry
 from connex_vllm.pb import connex_pb2 as pb
 
 BLOCKS, HEADS, BLOCK_SIZE, HEAD = 6, 2, 16, 8
@@ -117,3 +120,89 @@ def test_move_carries_the_kv_to_a_new_region_and_rebinds_every_view(tmp_path: Pa
     old = (tmp_path / "region").read_bytes()
     at = g.layer_bytes + 4 * g.block_bytes
     assert not any(old[at : at + g.block_bytes]), "nothing is written to the old region after the move"
+
+
+# connexd's region socket, played by a thread speaking its protocol: one SOCK_SEQPACKET message each way.
+Answer = Callable[[bytes, int], tuple[bytes, list[int]]]  # (request, region fd) -> (answer, fds to send)
+
+
+@pytest.fixture
+def region_socket(tmp_path: Path) -> Iterator[tuple[str, list[bytes], list[Answer]]]:
+    path = str(tmp_path / "region.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    srv.bind(path)
+    srv.listen(4)
+    seen: list[bytes] = []
+    answers: list[Answer] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                req = conn.recv(4096)
+                seen.append(req)
+                fd = os.open(tmp_path / "region", os.O_RDWR)
+                try:
+                    msg, fds = answers.pop(0)(req, fd)
+                    socket.send_fds(conn, [msg], fds) if fds else conn.send(msg)
+                finally:
+                    os.close(fd)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield path, seen, answers
+    srv.close()
+    t.join(5)
+
+
+def handed_over(tmp_path: Path, sock: str) -> SharedRegionMemory:
+    mem, _ = region(tmp_path)
+    plain = mem.create  # type: ignore[attr-defined]
+
+    def create(layout: pb.Layout) -> pb.RegionInfo:
+        info = plain(layout)
+        # /proc/<connexd pid>/fd/<n> in real life: must not be opened when a socket is named.
+        info.path = "/nonexistent/proc-path"
+        info.engine_id, info.handover_socket, info.handover_token = "eng", sock, "0123abcd" * 4
+        return info
+
+    mem.create = create  # type: ignore[attr-defined]
+    return mem
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_region_received_over_the_region_socket(tmp_path: Path, region_socket: tuple) -> None:
+    sock, seen, answers = region_socket
+    answers.append(lambda req, fd: (b"OK", [fd]))
+    caches = cpu_caches()
+    mem = handed_over(tmp_path, sock)
+    mem.attach(caches, mem.create)  # type: ignore[attr-defined]
+    assert seen == [b"CONNEX-REGION/1 eng r0 " + b"0123abcd" * 4]
+    caches["l0"][2].fill_(5.0)  # the model's write lands in the region connexd handed over
+    g = mem.geometry
+    raw = (tmp_path / "region").read_bytes()[2 * g.block_bytes : 3 * g.block_bytes]
+    assert bool((torch.frombuffer(bytearray(raw), dtype=torch.float32) == 5.0).all())
+
+
+def test_region_socket_refusal_is_clear_and_leaks_nothing(tmp_path: Path, region_socket: tuple) -> None:
+    sock, _, answers = region_socket
+    answers.append(lambda req, fd: (b"ERR handover: refused: no valid token for engine eng region r0", []))
+    answers.append(lambda req, fd: (b"OK", [fd, fd]))  # more than the one descriptor: all closed, refused
+    answers.append(lambda req, fd: (b"OK", []))
+    before = open_fds()
+    for addr, says in (
+        (sock, "refused region r0: handover: refused: no valid token"),
+        (sock, "with 2 descriptors"),
+        (sock, "with 0 descriptors"),
+        ("@connex-nobody-listens", "region socket @connex-nobody-listens"),
+    ):
+        mem = handed_over(tmp_path, addr)
+        with pytest.raises(HandoverError, match=says):
+            mem.attach(cpu_caches(), mem.create)  # type: ignore[attr-defined]
+    assert open_fds() == before

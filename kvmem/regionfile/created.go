@@ -12,8 +12,9 @@ import (
 
 // CreateMemfd creates an anonymous shared-memory region (memfd) for
 // layout, named name (shown in /proc/<pid>/fd), sealed against resizing.
-// Its Path, /proc/<pid>/fd/<n>, is what an engine of this host maps
-// (Attach); the memory lives until Close and the last mapping are gone,
+// Its Path, /proc/<pid>/fd/<n>, is what connexd opens to hand the
+// descriptor to an engine (kvmem/handover; an engine of connexd's own uid
+// may Attach the path itself); the memory lives until Close and the last mapping are gone,
 // and nothing is left behind in the file system if this process dies.
 func CreateMemfd(name string, layout kvmem.Layout) (*kvmem.Region, error) {
 	if err := layout.Validate(); err != nil {

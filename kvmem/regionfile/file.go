@@ -43,6 +43,17 @@ func Attach(path string, layout kvmem.Layout) (*kvmem.Region, error) {
 	return openSized(path, layout, false)
 }
 
+// AttachFile is Attach for a descriptor connexd handed over (the region
+// socket, kvmem/handover) instead of a path; name says what it is in
+// errors and is the Region's Path. The caller closes f afterwards: the
+// mapping keeps the memory.
+func AttachFile(f *os.File, name string, layout kvmem.Layout) (*kvmem.Region, error) {
+	if err := layout.Validate(); err != nil {
+		return nil, err
+	}
+	return mapSized(f, name, layout, false)
+}
+
 // openSized maps the first layout.Size() bytes of the file at path. exact
 // (an engine's region file) wants a regular file of exactly that size;
 // otherwise (connexd's allocation, rounded up) it may be larger.
@@ -55,6 +66,11 @@ func openSized(path string, layout kvmem.Layout, exact bool) (*kvmem.Region, err
 		return nil, fmt.Errorf("%w: open %s: %w", kvmem.ErrRegion, path, err)
 	}
 	defer f.Close()
+	return mapSized(f, path, layout, exact)
+}
+
+// mapSized is openSized for the open file f (named path in errors).
+func mapSized(f *os.File, path string, layout kvmem.Layout, exact bool) (*kvmem.Region, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("%w: stat %s: %w", kvmem.ErrRegion, path, err)

@@ -97,7 +97,8 @@
 //   - Allocate has UCX allocate POSIX shared memory (UCP_MEM_MAP_ALLOCATE;
 //     the context's ALLOC_PRIO puts the posix transport first) and finds the
 //     file behind it in /proc/self/maps: UCX unlinks it at once and keeps the
-//     descriptor, so the engine maps /proc/<pid>/fd/<n>. Nothing is left in
+//     descriptor, so connexd hands the engine /proc/<pid>/fd/<n> opened
+//     (kvmem/handover: any uid) and the engine maps it. Nothing is left in
 //     /dev/shm if a process dies; the memory lives until the last mapping
 //     goes. Without the posix transport Allocate fails and connexd uses a
 //     memfd, which peers read through the checked protocol.
