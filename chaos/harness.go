@@ -106,10 +106,19 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (rep *Report, err erro
 		return nil, fmt.Errorf("%w: the uninterrupted reference answers: %v", ErrSetup, err)
 	}
 	prefillsBefore := r.routerPrefills(ctx)
+	burn, err := startBurners(sc.Burn.Procs)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrSetup, err)
+	}
+	defer burn.stop()
+	if sc.Burn.Procs > 0 {
+		r.note("%d CPU burner(s) running beside the load", sc.Burn.Procs)
+	}
 	records := r.load(ctx)
+	burn.stop()
 	prefillsAfter := r.routerPrefills(ctx)
 	r.healAll(ctx)
-	ev := Evidence{Records: records, Reference: ref, RouterPrefills: -1}
+	ev := Evidence{Records: records, Reference: ref, RouterPrefills: -1, Expect: sc.Expect}
 	if prefillsBefore >= 0 && prefillsAfter >= prefillsBefore && !r.faultedRouterOrPrefill() {
 		ev.RouterPrefills = prefillsAfter - prefillsBefore
 	}
