@@ -14,9 +14,11 @@ import (
 // it events stamped with now and carries out the effects it returns
 // (publish, probe, update protoactor's topology, notify subscribers).
 type view struct {
-	suspectAfter time.Duration // silence before a member is probed
+	suspectAfter time.Duration // silence before a member is probed (at least)
+	suspectCap   time.Duration // the most a member's own lag may stretch suspectAfter to
 	deadAfter    time.Duration // silence before a member is removed (TTL)
 	probeEvery   time.Duration // pause between two probes of one suspect
+	suspectMult  int           // heartbeats missed before suspicion (Config.SuspectMult)
 
 	self    *Member // nil on a client, which is not a member
 	evicted bool    // the others removed self
@@ -26,13 +28,19 @@ type view struct {
 	// cadence means this process was paused (SIGSTOP, a long GC, a VM
 	// freeze): the others' silence was ours, so it proves nothing.
 	lastTick time.Time
+	// lag is how late this process's own loop has woken, summed since
+	// the view began (woke). Time we were descheduled is ours, not the
+	// others': silence is judged without it (silence).
+	lag time.Duration
 }
 
 type memberEntry struct {
 	m          Member
-	lastSeen   time.Time // last heartbeat or probe answer
-	probing    bool      // a probe is in flight
-	probeEnded time.Time // when the last probe ended; zero if none yet
+	lastSeen   time.Time     // last heartbeat or probe answer
+	lagAtSeen  time.Duration // view.lag at lastSeen
+	gaps       gapWindow     // its recent heartbeat gaps, our own lag excluded
+	probing    bool          // a probe is in flight
+	probeEnded time.Time     // when the last probe ended; zero if none yet
 }
 
 type tombstone struct {
@@ -43,8 +51,10 @@ type tombstone struct {
 func newView(cfg Config, self *Member) *view {
 	v := &view{
 		suspectAfter: cfg.SuspectAfter(),
+		suspectCap:   suspectCap(cfg.SuspectAfter(), cfg.TTL()),
 		deadAfter:    cfg.TTL(),
 		probeEvery:   cfg.HeartbeatInterval,
+		suspectMult:  cfg.SuspectMult,
 		members:      map[string]*memberEntry{},
 		gone:         map[string]*tombstone{},
 	}
@@ -74,12 +84,13 @@ func (v *view) heartbeat(m Member, now time.Time) effects {
 	m.Suspect = false
 	e, known := v.members[m.ID]
 	if !known {
-		v.members[m.ID] = &memberEntry{m: m.clone(), lastSeen: now}
+		v.members[m.ID] = &memberEntry{m: m.clone(), lastSeen: now, lagAtSeen: v.lag}
 		fx.event(EventJoined, m, "")
 		fx.announce = true // let the newcomer learn us without waiting a period
 		return fx
 	}
-	e.lastSeen = now
+	e.gaps.add(v.silence(e, now))
+	e.lastSeen, e.lagAtSeen = now, v.lag
 	if e.m.Suspect {
 		e.m.Suspect = false
 		fx.event(EventAlive, e.m, "")
@@ -172,8 +183,33 @@ func (v *view) blocked(id string) effects {
 // so missing heartbeats prove nothing about the others.
 func (v *view) reconnected(now time.Time) {
 	for _, e := range v.members {
-		e.lastSeen = now
+		e.lastSeen, e.lagAtSeen = now, v.lag
 	}
+}
+
+// woke records that this process's membership loop, which asked to wake
+// at due, woke at now: the lateness is our own lag (the process was
+// CPU-starved, descheduled, in a GC pause), during which heartbeats that
+// were sent could not be read. It is not counted as anyone's silence. The
+// provider calls it first on every wake, before it applies what woke it.
+func (v *view) woke(now, due time.Time) {
+	if !due.IsZero() && now.After(due) {
+		v.lag += now.Sub(due)
+	}
+}
+
+// silence is how long e has been silent as far as this process could
+// hear: the time since its last heartbeat less our own lag since then.
+func (v *view) silence(e *memberEntry, now time.Time) time.Duration {
+	return max(0, now.Sub(e.lastSeen)-(v.lag-e.lagAtSeen))
+}
+
+// suspectAfterFor is the silence after which e is suspected: SuspectMult
+// of its own heartbeats, each as long as the longest of its recent gaps
+// (a CPU-starved member beats late), never less than the configured
+// SuspectAfter nor more than suspectCap.
+func (v *view) suspectAfterFor(e *memberEntry) time.Duration {
+	return suspicionTimeout(v.suspectAfter, v.suspectMult, e.gaps.longest(), v.suspectCap)
 }
 
 // tick applies the passage of time: suspect and probe the silent, remove
@@ -186,11 +222,11 @@ func (v *view) tick(now time.Time) effects {
 	v.lastTick = now
 	for _, id := range v.ids() {
 		e := v.members[id]
-		silence := now.Sub(e.lastSeen)
+		silence := v.silence(e, now)
 		switch {
 		case silence >= v.deadAfter:
 			v.remove(&fx, e, ReasonTimeout, true)
-		case silence >= v.suspectAfter || e.m.Suspect:
+		case silence >= v.suspectAfterFor(e) || e.m.Suspect:
 			v.suspect(&fx, e)
 			v.maybeProbe(&fx, e, now, false)
 		}
@@ -207,11 +243,13 @@ func (v *view) nextDeadline() time.Time {
 		}
 	}
 	for _, e := range v.members {
+		// Our own lag since lastSeen pushes its deadlines back.
+		seen := e.lastSeen.Add(v.lag - e.lagAtSeen)
 		if !e.m.Suspect {
-			earlier(e.lastSeen.Add(v.suspectAfter))
+			earlier(seen.Add(v.suspectAfterFor(e)))
 			continue
 		}
-		earlier(e.lastSeen.Add(v.deadAfter))
+		earlier(seen.Add(v.deadAfter))
 		if !e.probing {
 			earlier(e.probeEnded.Add(v.probeEvery))
 		}
