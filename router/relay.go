@@ -360,6 +360,12 @@ func (s *Server) leg(ctx context.Context, e Engine, path string, body []byte, ou
 			}
 			continue
 		case <-timer.C:
+			if !stall.Expired(legStart, s.now()) || len(events) > 0 {
+				// The router itself was late (its lateness moved the
+				// deadline), or tokens already wait: judge again then.
+				timer.Reset(time.Until(stall.Deadline(legStart)))
+				continue
+			}
 			since := legStart
 			if !stall.Last().IsZero() {
 				since = stall.Last()

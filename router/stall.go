@@ -20,11 +20,20 @@ type Stall struct {
 
 	last time.Time
 	gaps []time.Duration
+	// grace is how far the router's own lateness has pushed the current
+	// deadline back (Expired), at most one window; a token clears it.
+	grace time.Duration
 }
+
+// lateTolerance is how late a stall timer may fire and still be on time.
+// Later than that, the router itself was not running (CPU-starved, a GC
+// pause): tokens the engine sent meanwhile may still wait unread in the
+// socket, so the silence is not yet the engine's.
+const lateTolerance = 10 * time.Millisecond
 
 // Start begins a leg at now: its first token may take FirstToken. Gaps seen
 // on earlier legs of the same request are kept: the engines are alike.
-func (s *Stall) Start(now time.Time) { s.last = time.Time{}; _ = now }
+func (s *Stall) Start(now time.Time) { s.last, s.grace = time.Time{}, 0; _ = now }
 
 // Token records a token arriving at now.
 func (s *Stall) Token(now time.Time) {
@@ -34,16 +43,39 @@ func (s *Stall) Token(now time.Time) {
 			s.gaps = s.gaps[1:]
 		}
 	}
-	s.last = now
+	s.last, s.grace = now, 0
 }
 
 // Deadline is when the current leg counts as stalled, given that it started
 // at legStart.
 func (s *Stall) Deadline(legStart time.Time) time.Time {
 	if s.last.IsZero() {
-		return legStart.Add(s.FirstToken)
+		return legStart.Add(s.FirstToken + s.grace)
 	}
-	return s.last.Add(s.Window())
+	return s.last.Add(s.Window() + s.grace)
+}
+
+// Expired decides, when the stall timer fires at now, whether the leg has
+// stalled. A timer that fires more than lateTolerance past the deadline
+// says the router was late, not necessarily the engine: the deadline moves
+// back by that lateness, so the readers get the time to deliver what
+// waited, and the leg is judged again then. The moves add up to at most
+// one window per gap, so a truly silent engine is still found within two
+// windows and the router's last lateness.
+func (s *Stall) Expired(legStart, now time.Time) bool {
+	due := s.Deadline(legStart)
+	if now.Before(due) {
+		return false
+	}
+	limit := s.Window()
+	if s.last.IsZero() {
+		limit = s.FirstToken
+	}
+	if late := now.Sub(due); late > lateTolerance && s.grace < limit {
+		s.grace = min(limit, s.grace+late)
+		return false
+	}
+	return true
 }
 
 // Window is how long a token may take after the previous one: the longest
