@@ -15,8 +15,10 @@ const (
 	InvSameAnswer      = "outputs equal the uninterrupted reference"
 	InvNoLeak          = "no leaked prefill blocks after quiescence plus retain_s"
 	InvExactlyOnceFree = "exactly-once free"
-	// Checks a scenario asks for (Scenario.Expect), not invariants of every run.
-	InvNoErrors  = "every request completes (expect.no_errors)"
+	// InvNoErrors is Expect.NoErrors broken: a scenario check, not an
+	// invariant of every run.
+	InvNoErrors = "every request completes (expect.no_errors)"
+	// InvNoResumes is Expect.NoResumes broken: a scenario check.
 	InvNoResumes = "no request resumed (expect.no_resumes)"
 )
 

@@ -42,6 +42,8 @@ type Scenario struct {
 // that each spin one core at the cluster's own priority, from just before
 // the load starts until it ends. 0 burns nothing.
 type Burn struct {
+	// Procs is how many burner processes spin (0..64); twice the cores
+	// keeps every core busy however the kernel places them.
 	Procs int `yaml:"procs"`
 }
 
