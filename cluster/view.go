@@ -28,10 +28,18 @@ type view struct {
 	// cadence means this process was paused (SIGSTOP, a long GC, a VM
 	// freeze): the others' silence was ours, so it proves nothing.
 	lastTick time.Time
-	// lag is how late this process's own loop has woken, summed since
-	// the view began (woke). Time we were descheduled is ours, not the
-	// others': silence is judged without it (silence).
+	// lag is the time, summed since the view began, in which this
+	// member could not have heard the others: its own loop woke late
+	// (woke), or the bus stopped delivering its own heartbeat back to it
+	// (tick). Silence is judged without it (silence).
 	lag time.Duration
+	// lateSinceTick is the part of lag woke added since the last tick, so
+	// that a bus stall over the same time is not counted twice.
+	lateSinceTick time.Duration
+	// lastEcho is when our own heartbeat last came back through NATS:
+	// the latest moment the bus is known to deliver. Zero on a client.
+	lastEcho  time.Time
+	echoGrace time.Duration // how long after lastEcho the next echo is due
 }
 
 type memberEntry struct {
@@ -55,6 +63,7 @@ func newView(cfg Config, self *Member) *view {
 		deadAfter:    cfg.TTL(),
 		probeEvery:   cfg.HeartbeatInterval,
 		suspectMult:  cfg.SuspectMult,
+		echoGrace:    maxHeartbeatGap(cfg.HeartbeatInterval, cfg.HeartbeatJitter) + cfg.HeartbeatInterval/2,
 		members:      map[string]*memberEntry{},
 		gone:         map[string]*tombstone{},
 	}
@@ -69,6 +78,8 @@ func newView(cfg Config, self *Member) *view {
 func (v *view) heartbeat(m Member, now time.Time) effects {
 	var fx effects
 	if v.isSelf(m.ID) {
+		// Our own heartbeat, back through NATS: the bus delivers.
+		v.lastEcho = now
 		return fx
 	}
 	if t, dead := v.gone[m.ID]; dead {
@@ -195,7 +206,27 @@ func (v *view) reconnected(now time.Time) {
 func (v *view) woke(now, due time.Time) {
 	if !due.IsZero() && now.After(due) {
 		v.lag += now.Sub(due)
+		v.lateSinceTick += now.Sub(due)
 	}
+}
+
+// busStall is how much of the time since the last tick the bus was
+// overdue with our own heartbeat: past lastEcho plus echoGrace, NATS (or
+// the process hosting it, CPU-starved) delivered nothing to us, so the
+// others' heartbeats may be stuck there too. Zero before the first echo
+// and on a client, which sends no heartbeats.
+func (v *view) busStall(now time.Time) time.Duration {
+	if v.lastEcho.IsZero() || v.lastTick.IsZero() {
+		return 0
+	}
+	return max(0, now.Sub(later(v.lastTick, v.lastEcho.Add(v.echoGrace))))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // silence is how long e has been silent as far as this process could
@@ -216,6 +247,12 @@ func (v *view) suspectAfterFor(e *memberEntry) time.Duration {
 // those silent for the TTL.
 func (v *view) tick(now time.Time) effects {
 	var fx effects
+	// Time the bus was stalled is not anyone's silence either; where our
+	// own loop was late over the same time, it is counted once.
+	if stall := v.busStall(now); stall > v.lateSinceTick {
+		v.lag += stall - v.lateSinceTick
+	}
+	v.lateSinceTick = 0
 	if !v.lastTick.IsZero() && now.Sub(v.lastTick) > pausedAfter(v.suspectAfter, v.deadAfter) {
 		v.reconnected(now)
 	}

@@ -13,7 +13,7 @@ import (
 // line may be followed by "=> <effects>"; a command without one must have
 // no effects. Commands:
 //
-//	hb <id> [load=N] [role=R]   heartbeat from id
+//	hb <id> [load=N] [role=R]   heartbeat from id ("hb a": our own, echoed)
 //	advance <duration>          move the fake clock
 //	tick                        let time act
 //	probe-ok <id> [load=N]      a probe of id was answered
@@ -568,4 +568,60 @@ func TestSuspicionTimeout(t *testing.T) {
 			t.Errorf("%+v: cap %s must lie in [SuspectAfter, TTL − ProbeTimeout]", cfg, c)
 		}
 	}
+}
+
+// TestViewStalledBusDoesNotEvict: the NATS server (or the process hosting
+// it) is CPU-starved and delivers nothing, not even our own heartbeat back
+// to us: the others' silence then proves nothing, and nobody is removed
+// however long it lasts. (Seen with eight CPU burners: the members' loops
+// ran on time, the bus did not, and members timed each other out.)
+func TestViewStalledBusDoesNotEvict(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		hb a
+	`+strings.Repeat(`
+		advance 50ms
+		tick
+	`, 40)+`
+		members
+		=> a b
+		# the bus is back: our echo and b's heartbeat arrive
+		hb a
+		hb b
+		advance 50ms
+		tick
+		members
+		=> a b
+	`)
+}
+
+// TestViewFlowingBusStillFindsTheSilent: while our own heartbeats come
+// back every interval, a silent member is suspected after 100 ms and
+// removed after the 1 s TTL, as without the echo rule.
+func TestViewFlowingBusStillFindsTheSilent(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		hb a
+		advance 50ms
+		hb a
+		tick
+		advance 50ms
+		hb a
+		tick
+		=> suspect b; probe b
+		probe-timeout b
+	`+strings.Repeat(`
+		advance 50ms
+		hb a
+		tick
+		=> probe b
+		probe-timeout b
+	`, 17)+`
+		advance 50ms
+		hb a
+		tick
+		=> left b (timeout); report b (timeout)
+	`)
 }
