@@ -183,3 +183,33 @@ func TestStallRouterLateness(t *testing.T) {
 		t.Fatal("an on-time firing after the moved first-token deadline did not expire")
 	}
 }
+
+// TestStallAliveProbes: an engine silent past its deadline that answers a
+// health probe gets one more window from the answer, at most
+// maxAliveProbes times in one gap; a token starts the count afresh.
+func TestStallAliveProbes(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	ms := time.Millisecond
+	s := &Stall{Min: 300 * ms, Factor: 8, FirstToken: time.Second}
+	s.Start(t0)
+	s.Token(t0)
+	now := t0.Add(300 * ms)
+	for i := range maxAliveProbes {
+		if !s.Expired(t0, now) || !s.Probe() {
+			t.Fatalf("probe %d: expired %v, probe %v; want a probe due", i, s.Expired(t0, now), s.Probe())
+		}
+		now = now.Add(50 * ms) // the answer comes late: the engine is starved
+		s.Alive(now)
+		if d := s.Deadline(t0); !d.Equal(now.Add(300 * ms)) {
+			t.Fatalf("after an answered probe the deadline is one window on: +%v", d.Sub(now))
+		}
+		now = s.Deadline(t0)
+	}
+	if !s.Expired(t0, now) || s.Probe() {
+		t.Fatal("an engine that answers probes but never sends a token again is held off forever")
+	}
+	s.Token(now)
+	if !s.Probe() {
+		t.Fatal("a token must start the probe count afresh")
+	}
+}
