@@ -50,6 +50,11 @@
 //     queued while it was late are applied before it judges. A starved
 //     observer therefore suspects and removes the silent only after
 //     SuspectAfter and the TTL of its own awake time.
+//   - Likewise the bus: every member hears its own heartbeat back. While
+//     that echo is overdue (one jittered interval and half an interval
+//     after the last), NATS — or the process hosting it, CPU-starved — is
+//     delivering nothing, and that time is not counted as anyone's silence
+//     either. A client, which sends no heartbeats, keeps the plain rule.
 //   - Suspicion is a hint: a suspect stays in the view and in protoactor's
 //     topology, and the router sends it a leg only when no unsuspected
 //     engine qualifies.

@@ -31,9 +31,9 @@ type fakeEngine struct {
 	// (a CPU-starved process: slow, but it answers its health probe).
 	pauseAt int
 	pause   time.Duration
-	status    int           // non-zero: answer every leg with this status
-	code      string
-	msg       string // the error's message (default "no")
+	status  int // non-zero: answer every leg with this status
+	code    string
+	msg     string // the error's message (default "no")
 	// served, if set, is closed when the engine gets its first leg.
 	served chan struct{}
 
