@@ -115,6 +115,7 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (rep *Report, err erro
 		r.note("%d CPU burner(s) running beside the load", sc.Burn.Procs)
 	}
 	records := r.load(ctx)
+	load := loadAvg()
 	burn.stop()
 	prefillsAfter := r.routerPrefills(ctx)
 	r.healAll(ctx)
@@ -133,7 +134,7 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (rep *Report, err erro
 	ev.Down = append([]faultWindow(nil), r.windows...)
 	faults := append([]FaultReport(nil), r.faults...)
 	r.mu.Unlock()
-	rep = &Report{Scenario: sc.Name, Seed: sc.Seed, Started: started, Duration: time.Since(started),
+	rep = &Report{Scenario: sc.Name, Seed: sc.Seed, Started: started, Duration: time.Since(started), LoadAvg: load,
 		Summary: Summarize(ev), Faults: faults, Violations: Check(ev), Records: records}
 	return rep, nil
 }
