@@ -21,10 +21,12 @@ chaos: build
 	$(GO) build -o bin/connex-chaos ./cmd/connex-chaos
 	./bin/connex-chaos --connexd ./bin/connexd --report chaos-report.json --plot chaos-report.png $(CHAOS_ARGS) $(CHAOS_SCENARIO)
 
-# The soak scenarios (ten minutes and more each); reports in chaos-<name>.json/.png.
+# The soak scenarios (ten minutes and more each, saturation a few); reports in
+# chaos-<name>.json/.png. SOAK_SCENARIOS=saturation runs one of them.
+SOAK_SCENARIOS ?= saturation soak-10m soak-mixed
 chaos-soak: build
 	$(GO) build -o bin/connex-chaos ./cmd/connex-chaos
-	for s in soak-10m soak-mixed; do ./bin/connex-chaos --connexd ./bin/connexd --report chaos-$$s.json --plot chaos-$$s.png chaos/scenarios/$$s.yaml || exit 1; done
+	for s in $(SOAK_SCENARIOS); do ./bin/connex-chaos --connexd ./bin/connexd --report chaos-$$s.json --plot chaos-$$s.png chaos/scenarios/$$s.yaml || exit 1; done
 
 # The main job on one command: a local P/D cluster on the embedded NATS
 # default (router on 127.0.0.1:8000, one prefill and two decode simulated

@@ -19,6 +19,7 @@ var (
 
 func TestMain(m *testing.M) {
 	ServeNATSIfAsked()
+	BurnIfAsked()
 	os.Exit(runTests(m))
 }
 

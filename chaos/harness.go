@@ -106,10 +106,20 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (rep *Report, err erro
 		return nil, fmt.Errorf("%w: the uninterrupted reference answers: %v", ErrSetup, err)
 	}
 	prefillsBefore := r.routerPrefills(ctx)
+	burn, err := startBurners(sc.Burn.Procs)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrSetup, err)
+	}
+	defer burn.stop()
+	if sc.Burn.Procs > 0 {
+		r.note("%d CPU burner(s) running beside the load", sc.Burn.Procs)
+	}
 	records := r.load(ctx)
+	load := loadAvg()
+	burn.stop()
 	prefillsAfter := r.routerPrefills(ctx)
 	r.healAll(ctx)
-	ev := Evidence{Records: records, Reference: ref, RouterPrefills: -1}
+	ev := Evidence{Records: records, Reference: ref, RouterPrefills: -1, Expect: sc.Expect}
 	if prefillsBefore >= 0 && prefillsAfter >= prefillsBefore && !r.faultedRouterOrPrefill() {
 		ev.RouterPrefills = prefillsAfter - prefillsBefore
 	}
@@ -124,7 +134,7 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (rep *Report, err erro
 	ev.Down = append([]faultWindow(nil), r.windows...)
 	faults := append([]FaultReport(nil), r.faults...)
 	r.mu.Unlock()
-	rep = &Report{Scenario: sc.Name, Seed: sc.Seed, Started: started, Duration: time.Since(started),
+	rep = &Report{Scenario: sc.Name, Seed: sc.Seed, Started: started, Duration: time.Since(started), LoadAvg: load,
 		Summary: Summarize(ev), Faults: faults, Violations: Check(ev), Records: records}
 	return rep, nil
 }

@@ -15,6 +15,11 @@ const (
 	InvSameAnswer      = "outputs equal the uninterrupted reference"
 	InvNoLeak          = "no leaked prefill blocks after quiescence plus retain_s"
 	InvExactlyOnceFree = "exactly-once free"
+	// InvNoErrors is Expect.NoErrors broken: a scenario check, not an
+	// invariant of every run.
+	InvNoErrors = "every request completes (expect.no_errors)"
+	// InvNoResumes is Expect.NoResumes broken: a scenario check.
+	InvNoResumes = "no request resumed (expect.no_resumes)"
 )
 
 // Violation is one broken invariant: which, the requests (or transfers)
@@ -74,6 +79,8 @@ type Evidence struct {
 	// load (connex_router_prefills_total before and after); -1 when unknown
 	// (the router was restarted, or a prefill node faulted: retries count).
 	RouterPrefills int
+	// Expect is what the scenario demands beyond the invariants.
+	Expect Expect
 }
 
 func label(r *Record) string {
@@ -172,6 +179,43 @@ func Check(ev Evidence) []Violation {
 		}
 		sort.Strings(ids)
 		out = append(out, Violation{InvNoLeak, ids, fmt.Sprintf("%d hold(s) with %d block(s) still alive on prefill members after quiescence plus retain_s", len(ids), blocks)})
+	}
+	return append(out, checkExpect(ev)...)
+}
+
+// checkExpect evaluates Evidence.Expect: with every engine alive (a
+// saturated box, no faults) an error answer or a resume means a live member
+// was taken for dead or stalled.
+func checkExpect(ev Evidence) []Violation {
+	var out []Violation
+	if ev.Expect.NoErrors {
+		var failed []string
+		byErr := map[string]int{}
+		for _, r := range ev.Records {
+			if !r.Completed() {
+				failed = append(failed, label(r))
+				byErr[r.Err]++
+			}
+		}
+		if len(failed) > 0 {
+			errs := make([]string, 0, len(byErr))
+			for e, n := range byErr {
+				errs = append(errs, fmt.Sprintf("%d× %s", n, e))
+			}
+			sort.Strings(errs)
+			out = append(out, Violation{InvNoErrors, failed, fmt.Sprintf("%d request(s) failed: %s", len(failed), strings.Join(errs, "; "))})
+		}
+	}
+	if ev.Expect.NoResumes {
+		var resumed []string
+		for _, r := range ev.Records {
+			if r.Resumes > 0 {
+				resumed = append(resumed, label(r))
+			}
+		}
+		if len(resumed) > 0 {
+			out = append(out, Violation{InvNoResumes, resumed, fmt.Sprintf("%d request(s) were moved to another decode engine although no engine was faulted", len(resumed))})
+		}
 	}
 	return out
 }

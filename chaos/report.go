@@ -22,6 +22,23 @@ type Report struct {
 	Faults     []FaultReport `json:"faults"`
 	Violations []Violation   `json:"violations"`
 	Records    []*Record     `json:"records"`
+	// LoadAvg is the machine's load average (1, 5, 15 minutes, from
+	// /proc/loadavg) when the load ended: a run that failed on a box busy
+	// with other work says so. Empty where /proc is missing.
+	LoadAvg string `json:"loadavg,omitempty"`
+}
+
+// loadAvg reads the first three fields of /proc/loadavg ("" if it cannot).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // OK reports whether every invariant held.
@@ -49,6 +66,9 @@ func (r *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(tw, "diverged\t%d\n", r.Diverged)
 	fmt.Fprintf(tw, "leaked blocks\t%d\n", r.LeakedBlocks)
 	fmt.Fprintf(tw, "double frees\t%d\n", r.DoubleFrees)
+	if r.LoadAvg != "" {
+		fmt.Fprintf(tw, "machine load\t%s (1, 5, 15 min, when the load ended)\n", r.LoadAvg)
+	}
 	_ = tw.Flush()
 	if len(r.Faults) > 0 {
 		fmt.Fprintln(w)

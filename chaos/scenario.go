@@ -30,6 +30,32 @@ type Scenario struct {
 	// RetainS is every connexd's retain_s: how long an orphaned hold
 	// lives (the leak check waits for it).
 	RetainS int `yaml:"retain_s"`
+	// Burn saturates the machine's CPUs beside the load (burn.go).
+	Burn Burn `yaml:"burn"`
+	// Expect adds checks beyond the invariants, for scenarios whose
+	// point is that nothing fails (a saturated box with every engine
+	// alive).
+	Expect Expect `yaml:"expect"`
+}
+
+// Burn is CPU load the harness runs beside the cluster: Procs processes
+// that each spin one core at the cluster's own priority, from just before
+// the load starts until it ends. 0 burns nothing.
+type Burn struct {
+	// Procs is how many burner processes spin (0..64); twice the cores
+	// keeps every core busy however the kernel places them.
+	Procs int `yaml:"procs"`
+}
+
+// Expect lists outcomes a scenario demands on top of the invariants.
+type Expect struct {
+	// NoErrors: every request completes; an error answer, however clear,
+	// breaks the run (InvNoErrors).
+	NoErrors bool `yaml:"no_errors"`
+	// NoResumes: no request is moved to another decode engine (InvNoResumes):
+	// with every engine alive, a resume means one was wrongly taken for dead
+	// or stalled.
+	NoResumes bool `yaml:"no_resumes"`
 }
 
 // Nodes is the cluster's size: engines of each role, each with its own
@@ -253,6 +279,8 @@ func (s *Scenario) validate() error {
 		return bad("engine costs must be ≥ 0")
 	case s.RetainS < 1 || s.RetainS > 3600:
 		return bad("retain_s = %d: want 1..3600", s.RetainS)
+	case s.Burn.Procs < 0 || s.Burn.Procs > 64:
+		return bad("burn.procs = %d: want 0..64", s.Burn.Procs)
 	}
 	for _, f := range s.Faults {
 		if f.Action == "" {

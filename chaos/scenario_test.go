@@ -168,3 +168,41 @@ func TestCheckNamesTheBrokenInvariant(t *testing.T) {
 		t.Fatalf("summary with the router down: %+v", s)
 	}
 }
+
+// TestExpectChecks: a scenario's expect block turns a clear error or a
+// resume, which the invariants allow, into a violation naming the requests
+// (and, for errors, what they said), and burn/expect parse strictly.
+func TestExpectChecks(t *testing.T) {
+	sc, err := ParseScenario([]byte("burn: {procs: 4}\nexpect: {no_errors: true, no_resumes: true}\n"))
+	if err != nil || sc.Burn.Procs != 4 || !sc.Expect.NoErrors || !sc.Expect.NoResumes {
+		t.Fatalf("parsed %+v, %v", sc, err)
+	}
+	for _, c := range []struct{ yaml, want string }{
+		{"burn: {procs: -1}\n", "burn.procs = -1"},
+		{"burn: {cores: 2}\n", "field cores not found"},
+		{"expect: {no_lost: true}\n", "field no_lost not found"},
+	} {
+		if _, err := ParseScenario([]byte(c.yaml)); !errors.Is(err, ErrScenario) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an ErrScenario naming %q", c.yaml, err, c.want)
+		}
+	}
+	ev := Evidence{
+		Records: []*Record{
+			{N: 0, RequestID: "r0", Text: "abc", Prefills: 1},
+			{N: 1, RequestID: "r1", Text: "abc", Prefills: 1, Resumes: 1},
+			{N: 2, RequestID: "r2", Err: "HTTP 503: no live decode engine (code no_engine)", Status: 503},
+		},
+		Reference: map[refKey]string{{0, false}: "abc"},
+	}
+	if v := Check(ev); len(v) != 0 {
+		t.Fatalf("without expect, a clear error and a resume are allowed: %v", v)
+	}
+	ev.Expect = Expect{NoErrors: true, NoResumes: true}
+	v := Check(ev)
+	if len(v) != 2 || v[0].Invariant != InvNoErrors || v[1].Invariant != InvNoResumes {
+		t.Fatalf("with expect: %v", v)
+	}
+	if v[0].Requests[0] != "r2" || !strings.Contains(v[0].Detail, "1× HTTP 503: no live decode engine") || v[1].Requests[0] != "r1" {
+		t.Fatalf("violations do not name the requests and errors: %v", v)
+	}
+}

@@ -36,7 +36,10 @@ type Config struct {
 	// members do not beat in lockstep. 0 ≤ HeartbeatJitter < 0.5.
 	HeartbeatJitter float64
 	// SuspectMult: a member silent for SuspectMult × HeartbeatInterval is
-	// suspected and probed. Must leave room for one jittered interval.
+	// suspected and probed. Must leave room for one jittered interval. A
+	// member whose recent heartbeats came late is given SuspectMult × its
+	// longest recent gap instead, at most TTL/2; silence excludes the
+	// observer's own lag (doc.go, "Failure detection").
 	SuspectMult int
 	// ProbeTimeout is how long a liveness probe waits for the answer. A
 	// suspected member is probed again at most once per HeartbeatInterval

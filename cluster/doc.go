@@ -41,7 +41,23 @@
 //
 //   - Silence of SuspectAfter() (SuspectMult heartbeats) makes a member
 //     suspect: EventSuspect, and a probe on its ping subject (then one per
-//     HeartbeatInterval after the previous probe ended).
+//     HeartbeatInterval after the previous probe ended). A member whose
+//     own recent heartbeats came late (it is CPU-starved) gets SuspectMult
+//     of its own longest recent gaps (the last 16), at most TTL/2.
+//   - Silence is what this process could hear: the time its own loop woke
+//     past its deadline (it was descheduled, CPU-starved, in a GC pause)
+//     is its own lag and is not counted against anyone, and heartbeats
+//     queued while it was late are applied before it judges. A starved
+//     observer therefore suspects and removes the silent only after
+//     SuspectAfter and the TTL of its own awake time.
+//   - Likewise the bus: every member hears its own heartbeat back. While
+//     that echo is overdue (one jittered interval and half an interval
+//     after the last), NATS — or the process hosting it, CPU-starved — is
+//     delivering nothing, and that time is not counted as anyone's silence
+//     either. A client, which sends no heartbeats, keeps the plain rule.
+//   - Suspicion is a hint: a suspect stays in the view and in protoactor's
+//     topology, and the router sends it a leg only when no unsuspected
+//     engine qualifies.
 //   - A probe answered clears the suspicion (EventAlive).
 //   - A probe that NATS answers with "no responders" means the member's
 //     NATS connection is gone — a crashed or SIGKILLed process — and it is

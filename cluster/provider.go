@@ -64,8 +64,9 @@ var _ actorcluster.ClusterProvider = (*Provider)(nil)
 
 // NewProvider returns a provider that talks over nc, which the caller owns
 // and must keep open until Shutdown returns. The connection must not set
-// nats.NoEcho (probes of self are never sent, but heartbeats are filtered
-// by id, not by echo).
+// nats.NoEcho: a member hears its own heartbeat back and judges the bus
+// by it (while that echo is overdue, nobody's silence counts), and
+// heartbeats are filtered by id, not by echo.
 func NewProvider(nc *nats.Conn, cfg Config) (*Provider, error) {
 	if nc == nil {
 		return nil, errors.New("cluster: nil NATS connection")

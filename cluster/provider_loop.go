@@ -50,20 +50,34 @@ func (p *Provider) run(v *view) {
 	beat(now)
 	nextBeat := now.Add(p.heartbeatInterval())
 	linkUp := true
-	timer := time.NewTimer(time.Until(nextBeat))
+	wake := nextBeat // when the loop asked to be woken at the latest
+	timer := time.NewTimer(time.Until(wake))
 	defer timer.Stop()
 	for {
 		var fx effects
+		var in any
 		select {
 		case <-p.done:
 			return
-		case in := <-p.inbox:
-			fx = p.apply(v, in, time.Now())
+		case in = <-p.inbox:
 		case <-p.announceNow:
 			fx.announce = true
 		case <-timer.C:
 		}
 		now := time.Now()
+		// Lateness past our own deadline is our lag (CPU-starved, GC):
+		// the others' heartbeats waited with us and must not count as
+		// their silence.
+		v.woke(now, wake)
+		if in != nil {
+			fx.merge(p.apply(v, in, now))
+		}
+		// What is already queued was heard before this tick judges
+		// silence: a late timer must not see heartbeats that merely
+		// queued behind it.
+		for n := len(p.inbox); n > 0; n-- {
+			fx.merge(p.apply(v, <-p.inbox, now))
+		}
 		if !now.Before(nextBeat) {
 			beat(now)
 			nextBeat = now.Add(p.heartbeatInterval())
@@ -79,9 +93,14 @@ func (p *Provider) run(v *view) {
 		}
 		p.carryOut(v, fx)
 
-		wake := nextBeat
+		wake = nextBeat
 		if d := v.nextDeadline(); !d.IsZero() && d.Before(wake) {
 			wake = d
+		}
+		if wake.Before(now) {
+			// A deadline already past (a suspect's next probe that must
+			// wait for the one in flight) is no lateness of ours.
+			wake = now
 		}
 		timer.Reset(time.Until(wake))
 	}

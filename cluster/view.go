@@ -14,9 +14,11 @@ import (
 // it events stamped with now and carries out the effects it returns
 // (publish, probe, update protoactor's topology, notify subscribers).
 type view struct {
-	suspectAfter time.Duration // silence before a member is probed
+	suspectAfter time.Duration // silence before a member is probed (at least)
+	suspectCap   time.Duration // the most a member's own lag may stretch suspectAfter to
 	deadAfter    time.Duration // silence before a member is removed (TTL)
 	probeEvery   time.Duration // pause between two probes of one suspect
+	suspectMult  int           // heartbeats missed before suspicion (Config.SuspectMult)
 
 	self    *Member // nil on a client, which is not a member
 	evicted bool    // the others removed self
@@ -26,13 +28,27 @@ type view struct {
 	// cadence means this process was paused (SIGSTOP, a long GC, a VM
 	// freeze): the others' silence was ours, so it proves nothing.
 	lastTick time.Time
+	// lag is the time, summed since the view began, in which this
+	// member could not have heard the others: its own loop woke late
+	// (woke), or the bus stopped delivering its own heartbeat back to it
+	// (tick). Silence is judged without it (silence).
+	lag time.Duration
+	// lateSinceTick is the part of lag woke added since the last tick, so
+	// that a bus stall over the same time is not counted twice.
+	lateSinceTick time.Duration
+	// lastEcho is when our own heartbeat last came back through NATS:
+	// the latest moment the bus is known to deliver. Zero on a client.
+	lastEcho  time.Time
+	echoGrace time.Duration // how long after lastEcho the next echo is due
 }
 
 type memberEntry struct {
 	m          Member
-	lastSeen   time.Time // last heartbeat or probe answer
-	probing    bool      // a probe is in flight
-	probeEnded time.Time // when the last probe ended; zero if none yet
+	lastSeen   time.Time     // last heartbeat or probe answer
+	lagAtSeen  time.Duration // view.lag at lastSeen
+	gaps       gapWindow     // its recent heartbeat gaps, our own lag excluded
+	probing    bool          // a probe is in flight
+	probeEnded time.Time     // when the last probe ended; zero if none yet
 }
 
 type tombstone struct {
@@ -43,8 +59,11 @@ type tombstone struct {
 func newView(cfg Config, self *Member) *view {
 	v := &view{
 		suspectAfter: cfg.SuspectAfter(),
+		suspectCap:   suspectCap(cfg.SuspectAfter(), cfg.TTL()),
 		deadAfter:    cfg.TTL(),
 		probeEvery:   cfg.HeartbeatInterval,
+		suspectMult:  cfg.SuspectMult,
+		echoGrace:    maxHeartbeatGap(cfg.HeartbeatInterval, cfg.HeartbeatJitter) + cfg.HeartbeatInterval/2,
 		members:      map[string]*memberEntry{},
 		gone:         map[string]*tombstone{},
 	}
@@ -59,6 +78,8 @@ func newView(cfg Config, self *Member) *view {
 func (v *view) heartbeat(m Member, now time.Time) effects {
 	var fx effects
 	if v.isSelf(m.ID) {
+		// Our own heartbeat, back through NATS: the bus delivers.
+		v.lastEcho = now
 		return fx
 	}
 	if t, dead := v.gone[m.ID]; dead {
@@ -74,12 +95,13 @@ func (v *view) heartbeat(m Member, now time.Time) effects {
 	m.Suspect = false
 	e, known := v.members[m.ID]
 	if !known {
-		v.members[m.ID] = &memberEntry{m: m.clone(), lastSeen: now}
+		v.members[m.ID] = &memberEntry{m: m.clone(), lastSeen: now, lagAtSeen: v.lag}
 		fx.event(EventJoined, m, "")
 		fx.announce = true // let the newcomer learn us without waiting a period
 		return fx
 	}
-	e.lastSeen = now
+	e.gaps.add(v.silence(e, now))
+	e.lastSeen, e.lagAtSeen = now, v.lag
 	if e.m.Suspect {
 		e.m.Suspect = false
 		fx.event(EventAlive, e.m, "")
@@ -172,25 +194,76 @@ func (v *view) blocked(id string) effects {
 // so missing heartbeats prove nothing about the others.
 func (v *view) reconnected(now time.Time) {
 	for _, e := range v.members {
-		e.lastSeen = now
+		e.lastSeen, e.lagAtSeen = now, v.lag
 	}
+}
+
+// woke records that this process's membership loop, which asked to wake
+// at due, woke at now: the lateness is our own lag (the process was
+// CPU-starved, descheduled, in a GC pause), during which heartbeats that
+// were sent could not be read. It is not counted as anyone's silence. The
+// provider calls it first on every wake, before it applies what woke it.
+func (v *view) woke(now, due time.Time) {
+	if !due.IsZero() && now.After(due) {
+		v.lag += now.Sub(due)
+		v.lateSinceTick += now.Sub(due)
+	}
+}
+
+// busStall is how much of the time since the last tick the bus was
+// overdue with our own heartbeat: past lastEcho plus echoGrace, NATS (or
+// the process hosting it, CPU-starved) delivered nothing to us, so the
+// others' heartbeats may be stuck there too. Zero before the first echo
+// and on a client, which sends no heartbeats.
+func (v *view) busStall(now time.Time) time.Duration {
+	if v.lastEcho.IsZero() || v.lastTick.IsZero() {
+		return 0
+	}
+	return max(0, now.Sub(later(v.lastTick, v.lastEcho.Add(v.echoGrace))))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// silence is how long e has been silent as far as this process could
+// hear: the time since its last heartbeat less our own lag since then.
+func (v *view) silence(e *memberEntry, now time.Time) time.Duration {
+	return max(0, now.Sub(e.lastSeen)-(v.lag-e.lagAtSeen))
+}
+
+// suspectAfterFor is the silence after which e is suspected: SuspectMult
+// of its own heartbeats, each as long as the longest of its recent gaps
+// (a CPU-starved member beats late), never less than the configured
+// SuspectAfter nor more than suspectCap.
+func (v *view) suspectAfterFor(e *memberEntry) time.Duration {
+	return suspicionTimeout(v.suspectAfter, v.suspectMult, e.gaps.longest(), v.suspectCap)
 }
 
 // tick applies the passage of time: suspect and probe the silent, remove
 // those silent for the TTL.
 func (v *view) tick(now time.Time) effects {
 	var fx effects
+	// Time the bus was stalled is not anyone's silence either; where our
+	// own loop was late over the same time, it is counted once.
+	if stall := v.busStall(now); stall > v.lateSinceTick {
+		v.lag += stall - v.lateSinceTick
+	}
+	v.lateSinceTick = 0
 	if !v.lastTick.IsZero() && now.Sub(v.lastTick) > pausedAfter(v.suspectAfter, v.deadAfter) {
 		v.reconnected(now)
 	}
 	v.lastTick = now
 	for _, id := range v.ids() {
 		e := v.members[id]
-		silence := now.Sub(e.lastSeen)
+		silence := v.silence(e, now)
 		switch {
 		case silence >= v.deadAfter:
 			v.remove(&fx, e, ReasonTimeout, true)
-		case silence >= v.suspectAfter || e.m.Suspect:
+		case silence >= v.suspectAfterFor(e) || e.m.Suspect:
 			v.suspect(&fx, e)
 			v.maybeProbe(&fx, e, now, false)
 		}
@@ -207,11 +280,13 @@ func (v *view) nextDeadline() time.Time {
 		}
 	}
 	for _, e := range v.members {
+		// Our own lag since lastSeen pushes its deadlines back.
+		seen := e.lastSeen.Add(v.lag - e.lagAtSeen)
 		if !e.m.Suspect {
-			earlier(e.lastSeen.Add(v.suspectAfter))
+			earlier(seen.Add(v.suspectAfterFor(e)))
 			continue
 		}
-		earlier(e.lastSeen.Add(v.deadAfter))
+		earlier(seen.Add(v.deadAfter))
 		if !e.probing {
 			earlier(e.probeEnded.Add(v.probeEvery))
 		}

@@ -13,7 +13,7 @@ import (
 // line may be followed by "=> <effects>"; a command without one must have
 // no effects. Commands:
 //
-//	hb <id> [load=N] [role=R]   heartbeat from id
+//	hb <id> [load=N] [role=R]   heartbeat from id ("hb a": our own, echoed)
 //	advance <duration>          move the fake clock
 //	tick                        let time act
 //	probe-ok <id> [load=N]      a probe of id was answered
@@ -24,6 +24,9 @@ import (
 //	dead <id> by=<reporter>     a dead notice about id
 //	blocked <id>                protoactor blocked id itself
 //	reconnected                 our NATS link came back
+//	late <duration>             our own loop woke this much past its
+//	                            deadline (we were CPU-starved): the clock
+//	                            moves and the view is told (woke)
 //	members                     => live members, suspects marked with ?
 //	deadline                    => next deadline relative to the start
 func runViewScript(t *testing.T, script string) {
@@ -91,6 +94,15 @@ func runViewScript(t *testing.T, script string) {
 			got = v.blocked(f[1]).String()
 		case "reconnected":
 			v.reconnected(now)
+			got = "none"
+		case "late":
+			d, err := time.ParseDuration(f[1])
+			if err != nil {
+				t.Fatalf("line %q: %v", line, err)
+			}
+			due := now
+			now = now.Add(d)
+			v.woke(now, due)
 			got = "none"
 		case "members":
 			var ms []string
@@ -256,10 +268,12 @@ func TestViewSuspectRecovers(t *testing.T) {
 		=> alive b
 		members
 		=> a b(3)
-		advance 99ms
+		# its last gap was 120 ms: it is given two of those (240 ms) before
+		# it is suspected again
+		advance 239ms
 		tick
 		deadline
-		=> +220ms
+		=> +360ms
 	`)
 }
 
@@ -408,4 +422,206 @@ func TestViewMembersAreCopies(t *testing.T) {
 	if got := v.liveMembers()[0].Kinds[0]; got != "request" {
 		t.Fatalf("view aliased its kinds: %q", got)
 	}
+}
+
+// TestViewStarvedObserverDoesNotSuspect: this process is CPU-starved, so
+// its loop wakes far past its deadlines while the others' heartbeats queue
+// behind it (drained on waking, before the tick). The time it was
+// descheduled is its own lag, not their silence: nobody is suspected,
+// although 250 ms pass between two heartbeats it reads (the plain silence
+// rule suspects after 100 ms: TestViewCrashIsFoundByProbe).
+func TestViewStarvedObserverDoesNotSuspect(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		advance 50ms
+		hb b
+		tick
+		# asked to wake at +100ms, woke at +300ms; b beat meanwhile, queued
+		advance 50ms
+		late 200ms
+		tick
+		hb b
+		tick
+		advance 40ms
+		late 180ms
+		hb b
+		tick
+		advance 50ms
+		late 60ms
+		tick
+		hb b
+		members
+		=> a b
+	`)
+}
+
+// TestViewStarvedObserverStillFindsTheSilent: the same starved observer
+// still suspects a member that is truly silent, and removes it, once the
+// time it was itself awake reaches the bounds (100 ms, TTL 1 s): each step
+// below is 50 ms awake and 150 ms descheduled.
+func TestViewStarvedObserverStillFindsTheSilent(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		advance 50ms
+		late 150ms
+		tick
+		advance 50ms
+		late 150ms
+		tick
+		=> suspect b; probe b
+		probe-timeout b
+	`+strings.Repeat(`
+		advance 50ms
+		late 150ms
+		tick
+		=> probe b
+		probe-timeout b
+	`, 17)+`
+		advance 50ms
+		late 150ms
+		tick
+		=> left b (timeout); report b (timeout)
+	`)
+}
+
+// TestViewLateMemberGetsRoom: a member whose own heartbeats come late (it
+// is CPU-starved: gaps of 150 ms instead of 50) is suspected only after
+// SuspectMult of its own recent gaps (300 ms), not after 100 ms; one that
+// falls truly silent is still suspected then, and removed at the TTL.
+func TestViewLateMemberGetsRoom(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		advance 50ms
+		hb b
+		advance 150ms
+		tick
+		=> suspect b; probe b
+		hb b
+		=> alive b
+		probe-ok b
+		advance 150ms
+		hb b
+		deadline
+		=> +650ms
+		advance 299ms
+		tick
+		advance 1ms
+		tick
+		=> suspect b; probe b
+		probe-timeout b
+		advance 349ms
+		tick
+		=> probe b
+		probe-timeout b
+		advance 350ms
+		tick
+		=> probe b
+		probe-timeout b
+		advance 1ms
+		tick
+		=> left b (timeout); report b (timeout)
+	`)
+}
+
+// TestViewLateMemberRoomIsCapped: however late a member's heartbeats have
+// been, it is suspected after at most half the TTL (500 ms), so it is
+// probed long before it could time out.
+func TestViewLateMemberRoomIsCapped(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		advance 900ms
+		hb b
+		advance 499ms
+		tick
+		advance 1ms
+		tick
+		=> suspect b; probe b
+	`)
+}
+
+func TestSuspicionTimeout(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		base     time.Duration
+		mult     int
+		gap, cap time.Duration
+		want     time.Duration
+	}{
+		{100 * ms, 2, 0, 500 * ms, 100 * ms},        // no gap seen yet: the base
+		{100 * ms, 2, 50 * ms, 500 * ms, 100 * ms},  // beating on time: the base
+		{100 * ms, 2, 55 * ms, 500 * ms, 110 * ms},  // jitter: two of its own gaps
+		{100 * ms, 2, 150 * ms, 500 * ms, 300 * ms}, // starved: room in proportion
+		{100 * ms, 2, 900 * ms, 500 * ms, 500 * ms}, // never past the cap
+		{600 * ms, 3, 400 * ms, 2500 * ms, 1200 * ms},
+	} {
+		if got := suspicionTimeout(c.base, c.mult, c.gap, c.cap); got != c.want {
+			t.Errorf("suspicionTimeout(%s, %d, %s, %s) = %s, want %s", c.base, c.mult, c.gap, c.cap, got, c.want)
+		}
+	}
+	for _, cfg := range []Config{DefaultLocalConfig(), DefaultLANConfig(), DefaultWANConfig()} {
+		c := suspectCap(cfg.SuspectAfter(), cfg.TTL())
+		if c < cfg.SuspectAfter() || c+cfg.ProbeTimeout > cfg.TTL() {
+			t.Errorf("%+v: cap %s must lie in [SuspectAfter, TTL − ProbeTimeout]", cfg, c)
+		}
+	}
+}
+
+// TestViewStalledBusDoesNotEvict: the NATS server (or the process hosting
+// it) is CPU-starved and delivers nothing, not even our own heartbeat back
+// to us: the others' silence then proves nothing, and nobody is removed
+// however long it lasts. (Seen with eight CPU burners: the members' loops
+// ran on time, the bus did not, and members timed each other out.)
+func TestViewStalledBusDoesNotEvict(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		hb a
+	`+strings.Repeat(`
+		advance 50ms
+		tick
+	`, 40)+`
+		members
+		=> a b
+		# the bus is back: our echo and b's heartbeat arrive
+		hb a
+		hb b
+		advance 50ms
+		tick
+		members
+		=> a b
+	`)
+}
+
+// TestViewFlowingBusStillFindsTheSilent: while our own heartbeats come
+// back every interval, a silent member is suspected after 100 ms and
+// removed after the 1 s TTL, as without the echo rule.
+func TestViewFlowingBusStillFindsTheSilent(t *testing.T) {
+	runViewScript(t, `
+		hb b
+		=> joined b; announce
+		hb a
+		advance 50ms
+		hb a
+		tick
+		advance 50ms
+		hb a
+		tick
+		=> suspect b; probe b
+		probe-timeout b
+	`+strings.Repeat(`
+		advance 50ms
+		hb a
+		tick
+		=> probe b
+		probe-timeout b
+	`, 17)+`
+		advance 50ms
+		hb a
+		tick
+		=> left b (timeout); report b (timeout)
+	`)
 }

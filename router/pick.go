@@ -22,12 +22,26 @@ type Engine struct {
 // it since, busy), then most free blocks, then by engine id so that the
 // choice is deterministic. Engines in skip are never chosen. ok is false
 // when no engine qualifies.
+//
+// A suspect engine (its member silent, being probed, not yet gone) is
+// chosen only when no other qualifies: suspicion is a hint, not a verdict,
+// and on a CPU-starved machine every member can be late at once. Sending
+// the leg there costs at worst a failed leg that resumes elsewhere or a
+// clear error; refusing it would answer no_engine while the engine lives.
 func Pick(engines []Engine, role, model string, busy map[string]int, skip map[string]bool) (Engine, bool) {
-	var cands []Engine
+	var cands, suspects []Engine
 	for _, e := range engines {
-		if e.Info.GetRole() == role && e.Info.GetModel() == model && !e.Suspect && !skip[e.Info.GetEngineId()] {
+		if e.Info.GetRole() != role || e.Info.GetModel() != model || skip[e.Info.GetEngineId()] {
+			continue
+		}
+		if e.Suspect {
+			suspects = append(suspects, e)
+		} else {
 			cands = append(cands, e)
 		}
+	}
+	if len(cands) == 0 {
+		cands = suspects
 	}
 	if len(cands) == 0 {
 		return Engine{}, false

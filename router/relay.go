@@ -349,6 +349,18 @@ func (s *Server) leg(ctx context.Context, e Engine, path string, body []byte, ou
 	failed := func(reason string, err *APIError) legResult {
 		return legResult{end: legFailed, reason: reason, err: err, abandon: abandon}
 	}
+	stalled := func() legResult {
+		since := legStart
+		if !stall.Last().IsZero() {
+			since = stall.Last()
+		}
+		return failed("stalled", serverError(CodeEngineFailed, "decode engine %s sent no token for %s (stall window %s)", id, s.now().Sub(since).Round(time.Millisecond), stall.Window()))
+	}
+	// A health probe of a silent engine (probeHealth) reports on probed;
+	// probeFor is the last token when it was sent.
+	probed := make(chan bool, 1)
+	probing := false
+	var probeFor time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -360,12 +372,39 @@ func (s *Server) leg(ctx context.Context, e Engine, path string, body []byte, ou
 				return failed("engine_left", serverError(CodeEngineFailed, "decode engine %s left the cluster", id))
 			}
 			continue
-		case <-timer.C:
-			since := legStart
-			if !stall.Last().IsZero() {
-				since = stall.Last()
+		case alive := <-probed:
+			probing = false
+			if !stall.Last().Equal(probeFor) {
+				// A token came meanwhile: the probe is moot; judge the
+				// current gap afresh.
+				timer.Reset(time.Until(stall.Deadline(legStart)))
+				continue
 			}
-			return failed("stalled", serverError(CodeEngineFailed, "decode engine %s sent no token for %s (stall window %s)", id, s.now().Sub(since).Round(time.Millisecond), stall.Window()))
+			if alive {
+				// Silent but answering: CPU-starved, not hung.
+				stall.Alive(s.now())
+				timer.Reset(time.Until(stall.Deadline(legStart)))
+				continue
+			}
+			return stalled()
+		case <-timer.C:
+			if !stall.Expired(legStart, s.now()) || len(events) > 0 {
+				// The router itself was late (its lateness moved the
+				// deadline), or tokens already wait: judge again then.
+				timer.Reset(time.Until(stall.Deadline(legStart)))
+				continue
+			}
+			if probing {
+				continue // its answer decides
+			}
+			if stall.Probe() {
+				// Ask the engine whether it lives before moving the
+				// request: a starved engine answers, a hung one does not.
+				probing, probeFor = true, stall.Last()
+				go s.probeHealth(lctx, e.Info.GetBaseUrl(), stall.Window(), probed)
+				continue
+			}
+			return stalled()
 		case ev := <-events:
 			switch {
 			case ev.resp != nil:
@@ -477,4 +516,20 @@ func (s *Server) readLeg(ctx context.Context, url string, body []byte, id string
 			return
 		}
 	}
+}
+
+// probeHealth asks the engine at base whether it lives (GET /health, 2xx
+// within timeout) and reports the answer on out, which has room for it.
+func (s *Server) probeHealth(ctx context.Context, base string, timeout time.Duration, out chan<- bool) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	alive := false
+	if req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil); err == nil {
+		if resp, err := s.client.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+			resp.Body.Close()
+			alive = resp.StatusCode >= 200 && resp.StatusCode < 300
+		}
+	}
+	out <- alive
 }

@@ -27,9 +27,13 @@ type fakeEngine struct {
 	failAfter int
 	hang      bool
 	gap       time.Duration // the engine's time per token (a paced decode)
-	status    int           // non-zero: answer every leg with this status
-	code      string
-	msg       string // the error's message (default "no")
+	// pauseAt > 0: the engine falls silent for pause before that token
+	// (a CPU-starved process: slow, but it answers its health probe).
+	pauseAt int
+	pause   time.Duration
+	status  int // non-zero: answer every leg with this status
+	code    string
+	msg     string // the error's message (default "no")
 	// served, if set, is closed when the engine gets its first leg.
 	served chan struct{}
 	// withhold: tokens whose text the engine holds back until the next
@@ -53,6 +57,14 @@ func (f *fakeEngine) engine() Engine {
 }
 
 func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/health" {
+		if f.hang {
+			<-r.Context().Done() // a hung process answers nothing
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		return
+	}
 	var body map[string]any
 	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
 		f.t.Errorf("%s: body: %v", f.id, err)
@@ -95,6 +107,13 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 				<-r.Context().Done()
 			}
 			return // a broken stream: no [DONE]
+		}
+		if f.pauseAt > 0 && i == f.pauseAt {
+			select {
+			case <-time.After(f.pause):
+			case <-r.Context().Done():
+				return
+			}
 		}
 		tok := 1000 + generated + i
 		fin := "null"
@@ -438,5 +457,25 @@ func TestResumeWhenTheEngineLeavesMembership(t *testing.T) {
 	}
 	if len(d2.bodies) != 1 {
 		t.Fatalf("%d legs on d2, want the resume", len(d2.bodies))
+	}
+}
+
+// TestStarvedEngineIsNotMoved: a decode engine that falls silent past the
+// stall window but answers its health probe (CPU-starved, not hung) keeps
+// its request: no resume, the whole answer from it. A hung one (no answer
+// to the probe either) is moved: TestResumeAfterBrokenAndStalledStreams.
+func TestStarvedEngineIsNotMoved(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", pauseAt: 4, pause: 500 * time.Millisecond}).start()
+	d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
+	s := newTestRouter(t, p, d1, d2) // stall window 200 ms
+	texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
+	if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(10), "") {
+		t.Fatalf("texts %q done %v errs %v; want %q once", texts, done, errs, want(10))
+	}
+	d2.mu.Lock()
+	defer d2.mu.Unlock()
+	if len(d2.bodies) != 0 {
+		t.Fatalf("the starved engine's request was moved: %d leg(s) on d2", len(d2.bodies))
 	}
 }

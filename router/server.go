@@ -24,7 +24,8 @@ type Config struct {
 	// Listen is the HTTP address (http_listen).
 	Listen string
 	// Engines returns the engines membership advertises now. Engines of
-	// suspect members are included with Suspect set; Pick never chooses them.
+	// suspect members are included with Suspect set; Pick chooses one only
+	// when no engine of an unsuspected member qualifies.
 	Engines func() []Engine
 	// StallMin, StallFactor and FirstToken: see Stall.
 	StallMin    time.Duration
@@ -222,15 +223,13 @@ func (s *Server) engines(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(mustJSON(out))
 }
 
-// live is the engines of members not suspected dead.
+// live is the engines of members still in the cluster's view, suspects
+// included (flagged): a suspect has not left, and Pick takes one only when
+// no other engine qualifies. A model served only by suspects is still
+// served rather than answered no_engine (issue 30: on a saturated box every
+// member is late at once).
 func (s *Server) live() []Engine {
-	var out []Engine
-	for _, e := range s.cfg.Engines() {
-		if !e.Suspect {
-			out = append(out, e)
-		}
-	}
-	return out
+	return s.cfg.Engines()
 }
 
 func (s *Server) busySnapshot() map[string]int {

@@ -20,11 +20,34 @@ type Stall struct {
 
 	last time.Time
 	gaps []time.Duration
+	// grace is how far the router's own lateness has pushed the current
+	// deadline back (Expired), at most one window; a token clears it.
+	grace time.Duration
+	// probes is how many times the engine, silent past the deadline,
+	// answered a health probe in the current gap (Alive); a token clears it.
+	probes int
+	// aliveUntil is the deadline an answered probe set (zero if none).
+	aliveUntil time.Time
 }
+
+// maxAliveProbes is how many answered health probes may hold off a
+// stall in one gap between tokens: a CPU-starved engine answers late but
+// answers, and gets that many more windows; an engine that answers but
+// never sends a token again is still given up after them.
+const maxAliveProbes = 2
+
+// lateTolerance is how late a stall timer may fire and still be on time.
+// Later than that, the router itself was not running (CPU-starved, a GC
+// pause): tokens the engine sent meanwhile may still wait unread in the
+// socket, so the silence is not yet the engine's.
+const lateTolerance = 10 * time.Millisecond
 
 // Start begins a leg at now: its first token may take FirstToken. Gaps seen
 // on earlier legs of the same request are kept: the engines are alike.
-func (s *Stall) Start(now time.Time) { s.last = time.Time{}; _ = now }
+func (s *Stall) Start(now time.Time) {
+	s.last, s.grace, s.probes, s.aliveUntil = time.Time{}, 0, 0, time.Time{}
+	_ = now
+}
 
 // Token records a token arriving at now.
 func (s *Stall) Token(now time.Time) {
@@ -34,16 +57,60 @@ func (s *Stall) Token(now time.Time) {
 			s.gaps = s.gaps[1:]
 		}
 	}
-	s.last = now
+	s.last, s.grace, s.probes, s.aliveUntil = now, 0, 0, time.Time{}
+}
+
+// Probe reports whether an engine silent past its deadline should be asked
+// whether it lives (a health probe) before its leg is failed: true until
+// maxAliveProbes probes have answered in this gap.
+func (s *Stall) Probe() bool { return s.probes < maxAliveProbes }
+
+// Alive records that the engine answered a health probe at now although it
+// sent no token: it is alive, only slow (CPU-starved), so it gets one more
+// window from now before it counts as stalled.
+func (s *Stall) Alive(now time.Time) {
+	s.probes++
+	s.aliveUntil = now.Add(s.Window())
 }
 
 // Deadline is when the current leg counts as stalled, given that it started
 // at legStart.
 func (s *Stall) Deadline(legStart time.Time) time.Time {
+	d := s.last.Add(s.Window() + s.grace)
 	if s.last.IsZero() {
-		return legStart.Add(s.FirstToken)
+		d = legStart.Add(s.FirstToken + s.grace)
 	}
-	return s.last.Add(s.Window())
+	return later(d, s.aliveUntil)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// Expired decides, when the stall timer fires at now, whether the leg has
+// stalled. A timer that fires more than lateTolerance past the deadline
+// says the router was late, not necessarily the engine: the deadline moves
+// back by that lateness, so the readers get the time to deliver what
+// waited, and the leg is judged again then. The moves add up to at most
+// one window per gap, so a truly silent engine is still found within two
+// windows and the router's last lateness.
+func (s *Stall) Expired(legStart, now time.Time) bool {
+	due := s.Deadline(legStart)
+	if now.Before(due) {
+		return false
+	}
+	limit := s.Window()
+	if s.last.IsZero() {
+		limit = s.FirstToken
+	}
+	if late := now.Sub(due); late > lateTolerance && s.grace < limit {
+		s.grace = min(limit, s.grace+late)
+		return false
+	}
+	return true
 }
 
 // Window is how long a token may take after the previous one: the longest

@@ -31,6 +31,7 @@ import (
 
 func main() {
 	chaos.ServeNATSIfAsked()
+	chaos.BurnIfAsked()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
