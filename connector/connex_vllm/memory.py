@@ -16,6 +16,8 @@ Backends (``KVMemory``):
   the same tensor objects). Zero copies: what the model
   writes is what connexd serves, and a pull writes straight into the decode engine's KV cache. Chosen over a
   staging copy because a copy costs a full pass over every block on both sides and puts it in the step loop.
+  When connexd restarts under the engine, ``move`` makes a new region and carries the KV over (one copy, between
+  two steps), rebinding the same tensors again.
 - CUDA (not built yet): a backend with the same three hooks. ``attach`` would export the cache with CUDA IPC
   (or register it for GPUDirect RDMA) instead of mapping a host region; ``before_hold``/``after_load`` are where
   a staging backend (device <-> host region copies, as vLLM's host transfer buffers do) would copy.
