@@ -215,7 +215,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 		Backend: d.Backend, NC: d.Bus.Conn, Clock: d.clock, Log: log, Metrics: d.Metrics,
 		LoadFailurePolicy: cfg.KVLoadFailurePolicy,
 		Notify: func(m *messages.PullDone) {
-			d.inflight.done(m.PullId)
+			d.inflight.done(m.PullId, d.now())
 			if d.prom != nil {
 				d.prom.pullDone(m)
 			}

@@ -431,9 +431,10 @@ func (d *Daemon) StartPull(ctx context.Context, r *messages.StartPullRequest) (*
 	if err != nil {
 		return nil, err
 	}
-	// pull.start is idempotent while the pull runs: an engine whose call
-	// timed out (its NATS server died with the answer) sends it again and
-	// is told the pull runs; its pull.done comes once.
+	// pull.start is idempotent while the pull runs and for a minute after
+	// it ended: an engine whose call timed out (its NATS server died with
+	// the answer) sends it again and is told the pull runs; its pull.done
+	// comes once (pulltable.go).
 	if claimed, same := d.inflight.claim(r.EngineId, pullID, p.TransferId, d.now()); !claimed {
 		if same {
 			return &messages.StartPullReply{PullId: pullID}, nil
@@ -442,11 +443,15 @@ func (d *Daemon) StartPull(ctx context.Context, r *messages.StartPullRequest) (*
 	}
 	dst, release, err := d.regions.Acquire(r.EngineId, r.RegionId)
 	if err != nil {
-		d.inflight.done(pullID)
+		d.inflight.forget(pullID)
 		return nil, api.Errorf(api.CodeUnknownRegion, "%v", err)
 	}
 	l := dst.Region.Layout
-	fail := func(err error) (*messages.StartPullReply, error) { release(); d.inflight.done(pullID); return nil, err }
+	fail := func(err error) (*messages.StartPullReply, error) {
+		release()
+		d.inflight.forget(pullID)
+		return nil, err
+	}
 	if err := dst.CheckBroken(); err != nil {
 		return fail(err)
 	}

@@ -3,8 +3,6 @@ package daemon
 import (
 	"context"
 	"strconv"
-	"sync"
-	"time"
 
 	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
@@ -133,57 +131,4 @@ func (d *Daemon) EngineState(ctx context.Context, r *messages.EngineStateRequest
 		}
 	}
 	return st, ctx.Err()
-}
-
-// pullTable is the pulls this member runs, by pull id, for engine.state.
-type pullTable struct {
-	mu    sync.Mutex
-	pulls map[string]pullEntry
-}
-
-type pullEntry struct {
-	engine string
-	info   *messages.PullInFlight
-}
-
-func newPullTable() *pullTable { return &pullTable{pulls: map[string]pullEntry{}} }
-
-// claim records a pull about to start, unless one with its id runs: then
-// it reports whether that one is the same pull (same engine and transfer:
-// a pull.start sent again because its answer was lost) and records
-// nothing.
-func (t *pullTable) claim(engine, pullID, transfer string, now time.Time) (claimed, same bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if p, ok := t.pulls[pullID]; ok {
-		return false, p.engine == engine && p.info.TransferId == transfer
-	}
-	t.pulls[pullID] = pullEntry{engine: engine, info: &messages.PullInFlight{PullId: pullID, TransferId: transfer, StartedUnixMs: now.UnixMilli(), EngineId: engine}}
-	return true, false
-}
-
-func (t *pullTable) done(pullID string) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	delete(t.pulls, pullID)
-}
-
-// of lists the pulls of engine ("": every engine's).
-func (t *pullTable) of(engine string) []*messages.PullInFlight {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var out []*messages.PullInFlight
-	for _, p := range t.pulls {
-		if engine == "" || p.engine == engine {
-			out = append(out, p.info)
-		}
-	}
-	return out
-}
-
-// Len is the number of pulls running.
-func (t *pullTable) Len() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.pulls)
 }
