@@ -89,6 +89,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		s.metrics.errors.WithLabelValues(codeLabel(e.Code)).Inc()
 		s.log.Warn("request failed", "request_id", rid, "code", e.Code, "err", e.Message)
 		out.fail(e.redacted(transferOf(pre.params))) // the log above keeps the ids
+		s.releaseHold(pre, rid, endReason(r.Context().Err() != nil, e))
 		return
 	}
 	out.done(len(pre.promptIDs))
