@@ -12,7 +12,7 @@ import (
 )
 
 // TestEveryEndingReleasesItsHold: however a request ends — finished,
-// rejected by the decode engine, failed (its only decode engine frozen, no
+// rejected after its prefill, failed (its only decode engine frozen, no
 // first token), or its client gone mid-stream — the prefill hold it left
 // is freed within a short bounded poll (2 s), not at claim_s (15 s) or
 // retain_s (60 s).
@@ -44,9 +44,11 @@ func TestEveryEndingReleasesItsHold(t *testing.T) {
 	}
 	freed("finished")
 
-	// Rejected by the decode engine after the prefill ran: more tokens
-	// than its context holds.
-	status, ans, err := postJSON(ctx, url, map[string]any{"model": "connex-sim", "prompt": "a rejected request", "max_tokens": 100000000})
+	// Rejected after the prefill ran: a text prompt's length is known only
+	// then, and with max_tokens it exceeds the context.
+	limit := routerMaxModelLen(t, c.RouterURL(), "connex-sim")
+	prompt := "a rejected request"
+	status, ans, err := postJSON(ctx, url, map[string]any{"model": "connex-sim", "prompt": prompt, "max_tokens": limit - len(prompt) + 1})
 	if err != nil || status != 400 {
 		t.Fatalf("rejected: %d %v %v", status, ans, err)
 	}

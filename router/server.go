@@ -192,11 +192,16 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 	if !allow(w, r, http.MethodGet) {
 		return
 	}
-	all, servable := Models(s.live())
+	live := s.live()
+	all, servable := Models(live)
 	data := make([]map[string]any, 0, len(all))
 	for _, m := range all {
 		if servable[m] {
-			data = append(data, map[string]any{"id": m, "object": "model", "created": 0, "owned_by": "connex"})
+			d := map[string]any{"id": m, "object": "model", "created": 0, "owned_by": "connex"}
+			if l := ContextLimit(live, m); l > 0 {
+				d["max_model_len"] = l // as vLLM's /v1/models: what every engine of the model holds
+			}
+			data = append(data, d)
 		}
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -225,12 +225,24 @@ func TestSimRequestValidation(t *testing.T) {
 			t.Errorf("%s %s: %d %s, want %d with code %s", c.path, c.body, status, body, c.status, c.code)
 		}
 	}
-	// A region too small: 32 blocks of 16 tokens, max_model_len 400 lets 390+10 through.
+	// A region smaller than --max-model-len: the engine advertises and
+	// enforces what its region holds (32 blocks of 16 tokens), and a prompt
+	// beyond it is the prompt's fault, whatever max_tokens says.
 	big := NewServer(Config{KV: kv, EngineID: "e1", Model: "connex-sim", MaxModelLen: 4096})
 	ts2 := httptest.NewServer(big.Handler())
 	defer ts2.Close()
-	if status, body := post(t, ts2.URL+"/v1/completions", `{"prompt":"`+strings.Repeat("y", 600)+`"}`); status != 400 || !strings.Contains(body, "KV region") {
+	if status, body := post(t, ts2.URL+"/v1/completions", `{"prompt":"`+strings.Repeat("y", 600)+`","max_tokens":5}`); status != 400 ||
+		!strings.Contains(body, `"param":"prompt"`) || !strings.Contains(body, "maximum context length is 512 tokens") || !strings.Contains(body, "600 tokens") {
 		t.Errorf("prompt larger than the region: %d %s", status, body)
+	}
+	if r, err := http.Get(ts2.URL + "/v1/models"); err != nil {
+		t.Error(err)
+	} else {
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		if !strings.Contains(string(b), `"max_model_len":512`) {
+			t.Errorf("/v1/models of an engine whose region holds 512 tokens: %s", b)
+		}
 	}
 	resp, err := http.Get(ts.URL + "/v1/completions")
 	if err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
