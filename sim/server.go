@@ -333,16 +333,36 @@ func (s *Server) prefillLeg(ctx context.Context, o *output) string {
 	params.DoRemotePrefill, params.DoRemoteDecode = true, false
 	o.params = paramsJSON(params)
 	o.connex = &ConnexInfo{KVLoad: "local", Prefills: 1, EngineID: s.cfg.EngineID}
-	if err := o.begin(); err != nil {
+	// A client gone before the answer naming the hold reached it leaves a
+	// hold nobody knows of: release it now rather than at claim_s.
+	undelivered := func() string {
+		s.releaseOwn(ctx, params.GetTransferId())
 		return "canceled"
+	}
+	if ctx.Err() != nil {
+		return undelivered()
+	}
+	if err := o.begin(); err != nil {
+		return undelivered()
 	}
 	if err := o.token(tok, true); err != nil {
-		return "canceled"
+		return undelivered()
 	}
 	if err := o.end(); err != nil {
-		return "canceled"
+		return undelivered()
 	}
 	return "ok"
+}
+
+// releaseOwn releases a hold whose prefill answer was not delivered.
+func (s *Server) releaseOwn(ctx context.Context, transferID string) {
+	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := s.cfg.KV.Release(c, transferID); err != nil {
+		s.log.Warn("could not release the hold of an undelivered prefill answer (it is freed at claim_s)", "err", err)
+		return
+	}
+	s.log.Debug("released the hold of an undelivered prefill answer")
 }
 
 // decodeLeg loads the KV the params name (only min(remote_num_tokens,
