@@ -96,7 +96,7 @@ func newMetrics() *metrics {
 		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_router_e2e_request_latency_seconds",
 			Help: "From the client's request to the end of its answer.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
 		holdReleases: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_hold_releases_total",
-			Help: "Prefill holds the router released itself because their request ended without a decode engine taking it, by why the request ended (rejected: a decode engine refused it; failed: no decode engine could run it; client_gone: the client left first) and outcome (ok, or refused: a decode engine had bound the hold and frees it itself)."}, []string{"reason", "outcome"}),
+			Help: "Prefill holds the router released itself because their request ended without a decode engine taking it, by why the request ended (rejected: a decode engine refused it; failed: no decode engine could run it; client_gone: the client left first) and outcome (ok, or refused: a decode engine had bound the hold and frees it itself, or the hold had already ended)."}, []string{"reason", "outcome"}),
 		resumeGap: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_router_resume_gap_seconds",
 			Help: "From a decode failure being detected to the next token relayed from the resumed stream.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 	}
