@@ -46,6 +46,10 @@ type Config struct {
 	Release string
 	// Retain is the lease length; every pull and keep-alive renews it.
 	Retain time.Duration
+	// Claim is how long a new hold waits for a decode engine's first pull,
+	// renewal or binding before it is freed as unclaimed (0: off, the hold
+	// lives Retain). See lease.Config.Claim.
+	Claim time.Duration
 	// KVLoadFailurePolicy is "fail" or "recompute", passed to decode engines.
 	KVLoadFailurePolicy string
 	// NATSURL is the NATS server or cluster to use; empty starts an
@@ -204,6 +208,7 @@ var defaults = []struct {
 	{"ucx_shared_reads", "map", "how this member reads holds in created regions on its host: map or get"},
 	{"release", "on_finish", "when holds free their blocks: on_finish or after_pull"},
 	{"retain_s", 60, "lease length in seconds; every pull and keep-alive renews it"},
+	{"claim_s", 15, "seconds a new hold waits for a decode engine to pull, renew or bind it before it is freed as unclaimed (0: off, the hold lives retain_s)"},
 	{"kv_load_failure_policy", "fail", "on a failed KV load: fail or recompute"},
 	{"nats_url", "", "NATS server URL(s); empty starts an embedded server"},
 	{"nats_listen", "127.0.0.1:4222", "embedded NATS client address (port 0 = any free port)"},
@@ -338,6 +343,7 @@ func oneOf(v *viper.Viper, key string, allowed ...string) (string, error) {
 	return "", fmt.Errorf("%w: %s=%q, allowed: %s", ErrInvalid, key, s, strings.Join(allowed, ", "))
 }
 
+// positive reads key as an integer in 1..max.
 func positive(v *viper.Viper, key string, max int) (int, error) {
 	raw := strings.TrimSpace(v.GetString(key))
 	var n int
@@ -375,6 +381,13 @@ func build(v *viper.Viper) (Config, error) {
 		return c, err
 	}
 	c.Retain = time.Duration(retain) * time.Second
+	if raw := strings.TrimSpace(v.GetString("claim_s")); raw != "0" {
+		claim, err := positive(v, "claim_s", 24*3600)
+		if err != nil {
+			return c, fmt.Errorf("%w (0 turns the claim deadline off)", err)
+		}
+		c.Claim = time.Duration(claim) * time.Second
+	}
 	pt, err := positive(v, "pull_timeout_ms", 3600*1000)
 	if err != nil {
 		return c, err

@@ -139,3 +139,22 @@ func TestRemoteAndDataTLSDefaults(t *testing.T) {
 		}
 	}
 }
+
+func TestClaim(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want time.Duration
+		bad  bool
+	}{
+		{nil, 15 * time.Second, false},
+		{[]string{"--claim-s", "0"}, 0, false},
+		{[]string{"--claim-s", "5"}, 5 * time.Second, false},
+		{[]string{"--claim-s", "-1"}, 0, true},
+		{[]string{"--claim-s", "x"}, 0, true},
+	} {
+		got, err := Load(c.args, nil)
+		if (err != nil) != c.bad || (!c.bad && got.Claim != c.want) {
+			t.Errorf("%v: claim %v err %v, want %v (error %v)", c.args, got.Claim, err, c.want, c.bad)
+		}
+	}
+}

@@ -297,9 +297,10 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 	if err := d.Bus.Conn.FlushTimeout(10 * time.Second); err != nil {
 		log.Warn("nats flush after start failed; the API may answer late", "err", err)
 	}
-	d.wg.Add(2)
+	d.wg.Add(3)
 	go d.sweep()
 	go d.expireEngines()
+	go d.probeEngines()
 	return d, nil
 }
 

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"net"
 	"time"
 
 	"github.com/connex/connex/actors"
@@ -161,5 +162,80 @@ func (d *Daemon) expireEngines() {
 			}
 			d.advertiseEngines()
 		}
+	}
+}
+
+// engineProbeInterval is how often connexd tries a connection to each
+// registered engine's HTTP port, and engineProbeTimeout how long one try
+// may take. A refused try ends the engine's registration at once (see
+// engines.Liveness): a killed engine leaves membership within about one
+// interval instead of its registration TTL (3 s), so the router stops
+// picking it and its /ready turns 503 when the last one of a role goes.
+const (
+	engineProbeInterval = 250 * time.Millisecond
+	engineProbeTimeout  = 500 * time.Millisecond
+)
+
+// probeEngines drops the registrations of engines whose process is gone.
+func (d *Daemon) probeEngines() {
+	defer d.wg.Done()
+	live := engines.NewLiveness()
+	t, tc := d.clock.NewTimer(engineProbeInterval)
+	defer t.Stop()
+	dialer := &net.Dialer{Timeout: engineProbeTimeout}
+	for {
+		select {
+		case <-d.stop:
+			return
+		case <-tc:
+		}
+		d.engMu.Lock()
+		regs, _ := d.engines.reg.Live(d.now())
+		d.engMu.Unlock()
+		type outcome struct {
+			id, instance string
+			err          error
+		}
+		results := make(chan outcome, len(regs))
+		n := 0
+		for _, e := range regs {
+			addr := engines.DialAddr(e.GetBaseUrl())
+			if addr == "" {
+				continue
+			}
+			n++
+			go func(id, instance string) {
+				c, err := dialer.Dial("tcp", addr)
+				if err == nil {
+					_ = c.Close()
+				}
+				results <- outcome{id, instance, err}
+			}(e.GetEngineId(), e.GetInstanceId())
+		}
+		registered := map[string]bool{}
+		for _, e := range regs {
+			registered[e.GetEngineId()] = true
+		}
+		live.Forget(func(id string) bool { return registered[id] })
+		for range n {
+			o := <-results
+			switch live.Observe(o.id, o.instance, o.err) {
+			case engines.Listening:
+				d.log.Info("engine listening: a refused connection to it from now on ends its registration at once", "engine", o.id)
+				continue
+			case engines.Unchanged:
+				continue
+			}
+			d.engMu.Lock()
+			ended, removed := d.engines.reg.RemoveInstance(o.id, o.instance)
+			d.engMu.Unlock()
+			if !removed {
+				continue
+			}
+			d.log.Warn("engine's HTTP port refuses connections (its process is gone): no longer advertised", "engine", o.id, "err", o.err)
+			d.advertiseEngines()
+			d.engineLost(ended)
+		}
+		t.Reset(engineProbeInterval)
 	}
 }

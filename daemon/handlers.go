@@ -235,7 +235,7 @@ func (d *Daemon) CreateHold(ctx context.Context, r *messages.CreateHoldRequest) 
 	id := actors.NewTransferID()
 	rep, err := d.ask(d.holds, &actors.CreateHold{
 		ID: id, Req: r, Region: region, ReleaseRegion: release,
-		Lease: lease.Config{Retain: retain, Mode: m, Owner: r.EngineId, Consumer: r.Consumer},
+		Lease: lease.Config{Retain: retain, Mode: m, Owner: r.EngineId, Consumer: r.Consumer, Claim: d.cfg.Claim},
 	})
 	if err != nil {
 		return nil, err
@@ -335,6 +335,8 @@ func endedError(id string, st lease.State) error {
 		return api.Errorf(api.CodeExpired, "transfer %s expired; its blocks were freed", id)
 	case lease.EngineGone:
 		return api.Errorf(api.CodeEngineGone, "transfer %s ended: its engine went away", id)
+	case lease.Unclaimed:
+		return api.Errorf(api.CodeExpired, "transfer %s expired unclaimed: no decode engine pulled, renewed or bound it within claim_s; its blocks were freed", id)
 	case lease.ShutDown, lease.Aborted:
 		return api.Errorf(api.CodeReleased, "transfer %s ended (%s); its blocks were freed", id, st)
 	}

@@ -2,12 +2,14 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/router"
+	"google.golang.org/protobuf/encoding/protojson"
 )
 
 // startRouter serves the OpenAI-compatible front door on http_listen (role
@@ -34,6 +36,7 @@ func (d *Daemon) startRouter() error {
 		APIKeys:           d.cfg.APIKeys,
 		AdminKeys:         d.cfg.AdminKeys,
 		Authorize:         d.grantTakeover,
+		ReleaseHold:       d.releaseEndedHold,
 		Log:               d.log.With("component", "router"),
 	})
 	if err != nil {
@@ -51,6 +54,25 @@ func (d *Daemon) grantTakeover(ctx context.Context, e router.Engine, requestID s
 	_, err := (&api.Client{NC: d.Bus.Conn, Member: e.Member}).GrantTakeover(c, &messages.StartRequestMsg{RequestId: requestID, EngineId: e.Info.GetEngineId(), Takeover: true})
 	if err != nil {
 		return fmt.Errorf("peer.grant of request %s to engine %s on %s: %w", requestID, e.Info.GetEngineId(), e.Member, err)
+	}
+	return nil
+}
+
+// releaseEndedHold releases, for the router, the hold params name: its
+// request ended without an answer. The holder allows it only while no
+// decode engine bound the hold (a bound hold is its request's to free).
+func (d *Daemon) releaseEndedHold(ctx context.Context, params json.RawMessage, requestID string) error {
+	var kv messages.KVTransferParams
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(params, &kv); err != nil {
+		return fmt.Errorf("kv_transfer_params of request %s: %w", requestID, err)
+	}
+	member := kv.GetRemoteCtrl().GetMember()
+	if member == "" || kv.GetTransferId() == "" {
+		return fmt.Errorf("kv_transfer_params of request %s name no hold (remote_ctrl.member, transfer_id)", requestID)
+	}
+	_, err := (&api.Client{NC: d.Bus.Conn, Member: member}).Release(ctx, &messages.HoldRef{TransferId: kv.GetTransferId(), Requester: d.cfg.MemberID})
+	if err != nil {
+		return fmt.Errorf("hold.release for request %s on %s: %w", requestID, member, err)
 	}
 	return nil
 }

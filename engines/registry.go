@@ -131,6 +131,18 @@ func (r *Registry) Remove(id string) (Ended, bool) {
 	return Ended{Engine: id, Instance: e.info.GetInstanceId()}, ok
 }
 
+// RemoveInstance drops engine id's registration only if it is still
+// instance's (a probe's verdict must not end a newer instance), and reports
+// whether it did.
+func (r *Registry) RemoveInstance(id, instance string) (Ended, bool) {
+	e, ok := r.live[id]
+	if !ok || e.info.GetInstanceId() != instance {
+		return Ended{}, false
+	}
+	delete(r.live, id)
+	return Ended{Engine: id, Instance: instance}, true
+}
+
 // Live returns the registrations still valid at now, sorted by engine id,
 // and drops the lapsed ones. Lapsed reports the instances dropped by this call.
 func (r *Registry) Live(now time.Time) (live []*messages.EngineInfo, lapsed []Ended) {

@@ -72,9 +72,12 @@ const (
 	ShutDown
 	// Aborted: the hold's owner stopped for another reason (Abort).
 	Aborted
+	// Unclaimed: no reader claimed the hold (a pull, a renewal or a
+	// binding) within Config.Claim of its creation.
+	Unclaimed
 )
 
-var stateNames = [...]string{"held", "releasing", "expiring", "released", "expired", "pulled", "engine_gone", "shutdown", "aborted"}
+var stateNames = [...]string{"held", "releasing", "expiring", "released", "expired", "pulled", "engine_gone", "shutdown", "aborted", "unclaimed"}
 
 // String is the state's name in status replies, tombstones and the
 // BlocksFreed notice's reason ("held", "released", "expired", …).
@@ -89,6 +92,14 @@ type Config struct {
 	Mode     Mode
 	Owner    string // engine that owns the blocks; may always release
 	Consumer string // if set, the only engine allowed to pull, renew or release besides Owner
+	// Claim, if positive and shorter than Retain, is how long the hold
+	// waits for its first claim — a PullStart, a Renew or a Rebind, which
+	// a decode engine makes as soon as it takes the request up — before it
+	// frees its blocks as Unclaimed. A request whose decode leg never
+	// happened (the decode engine refused it or was unreachable, the
+	// client left between the legs) then costs its prefill engine Claim,
+	// not Retain. Once claimed, the lease is Retain as always.
+	Claim time.Duration
 }
 
 // Hold is the lease state machine of one transfer. Not safe for concurrent
@@ -105,6 +116,8 @@ type Hold struct {
 	// creation).
 	request   string
 	bindEpoch uint64
+	// claimed: a PullStart, Renew or Rebind arrived (see Config.Claim).
+	claimed bool
 	// releasedByPull is set when an after_pull hold's first successful pull
 	// ended while other pulls still ran: it ends as Pulled, not Released.
 	releasedByPull bool
@@ -121,7 +134,13 @@ func New(now time.Time, cfg Config) (*Hold, error) {
 	if cfg.Retain <= 0 {
 		return nil, fmt.Errorf("%w: retain must be > 0, got %s", ErrBadConfig, cfg.Retain)
 	}
-	return &Hold{cfg: cfg, deadline: now.Add(cfg.Retain), pulls: map[string]pull{}}, nil
+	h := &Hold{cfg: cfg, deadline: now.Add(cfg.Retain), pulls: map[string]pull{}}
+	if cfg.Claim > 0 && cfg.Claim < cfg.Retain {
+		h.deadline = now.Add(cfg.Claim)
+	} else {
+		h.claimed = true // no claim deadline: the lease alone bounds the hold
+	}
+	return h, nil
 }
 
 // Step applies ev and returns the effects to perform. On error no state
@@ -153,11 +172,16 @@ func (h *Hold) Step(ev Event) ([]Effect, error) {
 		if err := h.live(h.cfg.Consumer, false); err != nil {
 			return fx, err
 		}
-		return fx, h.rebind(e)
+		if err := h.rebind(e); err != nil {
+			return fx, err
+		}
+		h.claim(e.Now)
+		return fx, nil
 	case Renew:
 		if err := h.live(e.By, false); err != nil {
 			return fx, err
 		}
+		h.claimed = true
 		h.deadline = e.Now.Add(h.cfg.Retain)
 		return fx, nil
 	case PullStart:
@@ -178,6 +202,7 @@ func (h *Hold) Step(ev Event) ([]Effect, error) {
 			return fx, nil
 		}
 		h.pulls[e.PullID] = pull{by: e.By, deadline: e.Deadline}
+		h.claimed = true
 		h.deadline = e.Now.Add(h.cfg.Retain)
 		return append(fx, BeginRead{PullID: e.PullID}), nil
 	case PullEnd:
@@ -231,6 +256,15 @@ func (h *Hold) rebind(e Rebind) error {
 	return nil
 }
 
+// claim marks the hold claimed; the first claim turns the claim deadline
+// into the lease's.
+func (h *Hold) claim(now time.Time) {
+	if !h.claimed {
+		h.claimed = true
+		h.deadline = now.Add(h.cfg.Retain)
+	}
+}
+
 // advance applies the passage of time: abandon overdue pulls, expire the lease.
 func (h *Hold) advance(now time.Time, fx []Effect) []Effect {
 	if h.state.Terminal() {
@@ -248,6 +282,9 @@ func (h *Hold) advance(now time.Time, fx []Effect) []Effect {
 		fx = append(fx, EndRead{PullID: id}, PullAbandoned{PullID: id})
 	}
 	if h.state == Held && !now.Before(h.deadline) {
+		if !h.claimed { // no pull ever started: nothing reads the blocks
+			return h.finish(Unclaimed, fx)
+		}
 		h.state = Expiring
 	}
 	if h.state != Held {
@@ -311,7 +348,7 @@ func (h *Hold) finish(reason State, fx []Effect) []Effect {
 func (h *Hold) live(by string, release bool) error {
 	switch h.state {
 	case Held:
-	case Expiring, Expired:
+	case Expiring, Expired, Unclaimed:
 		return ErrExpired
 	case EngineGone:
 		return ErrEngineGone
@@ -326,7 +363,7 @@ func (h *Hold) live(by string, release bool) error {
 
 func (h *Hold) terminalErr() error {
 	switch h.state {
-	case Expired:
+	case Expired, Unclaimed:
 		return ErrExpired
 	case EngineGone:
 		return ErrEngineGone

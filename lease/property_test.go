@@ -21,7 +21,11 @@ func TestRandomHistories(t *testing.T) {
 	for iter := 0; iter < 2000; iter++ {
 		now := t0
 		mode := Mode(rng.Intn(2))
-		h, err := New(now, Config{Retain: time.Duration(1+rng.Intn(10)) * time.Second, Mode: mode, Owner: "p", Consumer: "d"})
+		var claim time.Duration
+		if rng.Intn(3) == 0 { // a third of the holds wait for a claim
+			claim = time.Duration(1+rng.Intn(3)) * time.Second
+		}
+		h, err := New(now, Config{Retain: time.Duration(1+rng.Intn(10)) * time.Second, Mode: mode, Owner: "p", Consumer: "d", Claim: claim})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -160,7 +164,7 @@ func TestRandomHistories(t *testing.T) {
 			t.Fatalf("iter %d: reads left marked: %v", iter, reading)
 		}
 	}
-	for _, st := range []State{Released, Expired, Pulled, EngineGone, ShutDown, Aborted} {
+	for _, st := range []State{Released, Expired, Pulled, EngineGone, ShutDown, Aborted, Unclaimed} {
 		if endings[st] == 0 {
 			t.Errorf("no random history ended %s: widen the generator", st)
 		}

@@ -14,7 +14,7 @@ import (
 // line; lines starting with # are comments. Each file starts with no hold
 // and the clock at t=0. Commands:
 //
-//	new retain=60s [mode=after_pull] [owner=p] [consumer=d]
+//	new retain=60s [mode=after_pull] [owner=p] [consumer=d] [claim=10s]
 //	advance 10s             (moves the clock and delivers a Tick)
 //	renew [by=d]
 //	pull-start id=a [by=d] timeout=5s
@@ -65,7 +65,11 @@ func runCommand(t *testing.T, d *datadriven.TestData, h **Hold, now *time.Time, 
 				d.Fatalf(t, "%v", err)
 			}
 		}
-		*h, err = New(*now, Config{Retain: dur("retain"), Mode: mode, Owner: str("owner"), Consumer: str("consumer")})
+		var claim time.Duration
+		if d.HasArg("claim") {
+			claim = dur("claim")
+		}
+		*h, err = New(*now, Config{Retain: dur("retain"), Mode: mode, Owner: str("owner"), Consumer: str("consumer"), Claim: claim})
 		if err != nil {
 			return fmt.Sprintf("error: %v\n", err)
 		}

@@ -102,6 +102,9 @@ func ParseClient(kind Kind, data []byte) (*ClientRequest, *APIError) {
 			}
 		}
 	}
+	if e := checkSampling(c.Body, c.MaxTokens); e != nil {
+		return nil, e
+	}
 	var n *int
 	if err := field(c.Body, "n", &n); err != nil || (n != nil && *n != 1) {
 		return nil, badRequest("n", "only n=1 is supported")

@@ -60,17 +60,18 @@ func statusLabel(status int) string {
 
 // metrics are the router's Prometheus series, served on its /metrics.
 type metrics struct {
-	reg       *prometheus.Registry
-	requests  *prometheus.CounterVec
-	inFlight  prometheus.Gauge
-	prefills  *prometheus.CounterVec
-	resumes   *prometheus.CounterVec
-	errors    *prometheus.CounterVec
-	kvLoads   *prometheus.CounterVec
-	ttft      prometheus.Histogram
-	itl       prometheus.Histogram
-	e2e       prometheus.Histogram
-	resumeGap prometheus.Histogram
+	reg          *prometheus.Registry
+	requests     *prometheus.CounterVec
+	inFlight     prometheus.Gauge
+	prefills     *prometheus.CounterVec
+	resumes      *prometheus.CounterVec
+	errors       *prometheus.CounterVec
+	kvLoads      *prometheus.CounterVec
+	ttft         prometheus.Histogram
+	itl          prometheus.Histogram
+	e2e          prometheus.Histogram
+	resumeGap    prometheus.Histogram
+	holdReleases *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -94,9 +95,11 @@ func newMetrics() *metrics {
 			Help: "Between consecutive tokens relayed to a client.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_router_e2e_request_latency_seconds",
 			Help: "From the client's request to the end of its answer.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
+		holdReleases: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_hold_releases_total",
+			Help: "Prefill holds the router released itself because their request ended without a decode engine taking it, by why the request ended (rejected: a decode engine refused it; failed: no decode engine could run it; client_gone: the client left first) and outcome (ok, or refused: a decode engine had bound the hold and frees it itself, or the hold had already ended)."}, []string{"reason", "outcome"}),
 		resumeGap: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_router_resume_gap_seconds",
 			Help: "From a decode failure being detected to the next token relayed from the resumed stream.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 	}
-	m.reg.MustRegister(m.requests, m.inFlight, m.prefills, m.resumes, m.errors, m.kvLoads, m.ttft, m.itl, m.e2e, m.resumeGap)
+	m.reg.MustRegister(m.requests, m.inFlight, m.prefills, m.resumes, m.errors, m.kvLoads, m.ttft, m.itl, m.e2e, m.resumeGap, m.holdReleases)
 	return m
 }

@@ -73,11 +73,23 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		}
 		return
 	}
+	limit := ContextLimit(s.live(), c.Model)
+	if e := CheckContext(c, promptTokens(c), limit); e != nil {
+		reject(e)
+		return
+	}
 	rid := newRequestID(kind)
 	pre, aerr := s.prefill(r.Context(), c, rid)
 	if aerr != nil {
 		s.log.Info("prefill failed", "request_id", rid, "code", aerr.Code, "err", aerr.Message)
 		reject(aerr.redacted(""))
+		return
+	}
+	// A text prompt's length is known now: a completion that does not fit
+	// is refused before a decode engine refuses it, and the hold goes back.
+	if e := CheckContext(c, len(pre.promptIDs), limit); e != nil {
+		reject(e)
+		s.releaseHold(pre, rid, endRejected)
 		return
 	}
 	out := newEmitter(w, c, rid, start.Unix())
@@ -89,6 +101,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		s.metrics.errors.WithLabelValues(codeLabel(e.Code)).Inc()
 		s.log.Warn("request failed", "request_id", rid, "code", e.Code, "err", e.Message)
 		out.fail(e.redacted(transferOf(pre.params))) // the log above keeps the ids
+		s.releaseHold(pre, rid, endReason(r.Context().Err() != nil, e))
 		return
 	}
 	out.done(len(pre.promptIDs))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -59,6 +60,13 @@ type Config struct {
 	// peer.grant to e's member; an engine's takeover needs it). An engine
 	// it fails for is skipped.
 	Authorize func(ctx context.Context, e Engine, requestID string) error
+	// ReleaseHold, if set, releases the prefill hold that kv_transfer_params
+	// name (connexd: hold.release on the holder's member, for request
+	// requestID). The router calls it when a request ends without an
+	// answer, so that a request no decode engine took up costs its prefill
+	// engine nothing more; a hold a decode engine has bound refuses it (that
+	// engine's request frees it) and the error says so.
+	ReleaseHold func(ctx context.Context, params json.RawMessage, requestID string) error
 	// Log gets one line per request event worth an operator's attention.
 	Log *slog.Logger
 }
@@ -184,11 +192,16 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 	if !allow(w, r, http.MethodGet) {
 		return
 	}
-	all, servable := Models(s.live())
+	live := s.live()
+	all, servable := Models(live)
 	data := make([]map[string]any, 0, len(all))
 	for _, m := range all {
 		if servable[m] {
-			data = append(data, map[string]any{"id": m, "object": "model", "created": 0, "owned_by": "connex"})
+			d := map[string]any{"id": m, "object": "model", "created": 0, "owned_by": "connex"}
+			if l := ContextLimit(live, m); l > 0 {
+				d["max_model_len"] = l // as vLLM's /v1/models: what every engine of the model holds
+			}
+			data = append(data, d)
 		}
 	}
 	w.Header().Set("Content-Type", "application/json")

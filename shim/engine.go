@@ -330,6 +330,19 @@ func (e *Engine) Hold(ctx context.Context, blocks []uint32, numTokens uint32) (*
 	return rep.Params, nil
 }
 
+// Release hands back a hold this engine created (hold.release as its
+// owner), for a prefill whose answer never reached its client: nobody
+// else learned the transfer id, so nobody would pull or release it. The
+// blocks come back with the blocks.freed notice, as for any hold.
+func (e *Engine) Release(ctx context.Context, transferID string) error {
+	c, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
+	defer cancel()
+	if _, err := e.cli.Release(c, &messages.HoldRef{TransferId: transferID, Requester: e.cfg.EngineID}); err != nil {
+		return fmt.Errorf("engine %s: hold.release of %s: %w", e.cfg.EngineID, transferID, err)
+	}
+	return nil
+}
+
 func (e *Engine) onFreed(n *messages.BlocksFreed) {
 	e.mu.Lock()
 	got, err := e.alloc.Freed(n.TransferId, n.BlockIds)

@@ -15,6 +15,9 @@ type KV interface {
 	Alloc(ctx context.Context, n int) ([]uint32, error)
 	Free(ids []uint32)
 	Hold(ctx context.Context, blocks []uint32, numTokens uint32) (*messages.KVTransferParams, error)
+	// Release hands back a hold this engine created (its client left
+	// before the answer naming it was delivered).
+	Release(ctx context.Context, transferID string) error
 	Pull(ctx context.Context, params *messages.KVTransferParams, dst []uint32) (*messages.PullDone, error)
 	StartRequest(ctx context.Context, s shim.RequestSpec) (Activation, error)
 	Begin() (end func())

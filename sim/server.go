@@ -58,6 +58,11 @@ func NewServer(cfg Config) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.KV != nil {
+		if r := cfg.KV.Region(); r != nil {
+			cfg.MaxModelLen = ContextLimit(cfg.MaxModelLen, r.Layout.Blocks, r.Layout.BlockSize)
+		}
+	}
 	s := &Server{cfg: cfg, m: newMetrics(cfg.KV), log: cfg.Log, mux: http.NewServeMux()}
 	s.stop, s.halt = context.WithCancelCause(context.Background())
 	s.mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
@@ -161,12 +166,33 @@ func (s *Server) reject(w http.ResponseWriter, e *httpError) {
 	writeError(w, e)
 }
 
+// ContextLimit is the longest prompt + completion, in tokens, an engine
+// with maxModelLen and a KV region of blocks × blockSize tokens can hold.
+func ContextLimit(maxModelLen int, blocks, blockSize uint32) int {
+	if blocks == 0 || blockSize == 0 {
+		return maxModelLen
+	}
+	return min(maxModelLen, int(blocks)*int(blockSize))
+}
+
+func promptParam(chat bool) string {
+	if chat {
+		return "messages"
+	}
+	return "prompt"
+}
+
 // check validates a request against this engine: context length and
 // region size. It allocates nothing.
 func (s *Server) check(g *genRequest) *httpError {
 	n := len(g.tokens)
 	if g.params.GetDoRemoteDecode() {
 		g.maxTokens = 1 // a prefill leg answers with one token
+	}
+	if n >= s.cfg.MaxModelLen {
+		// The prompt alone leaves no room for a token: the prompt is at
+		// fault, whatever max_tokens says.
+		return badRequest("context_length_exceeded", promptParam(g.chat), "This model's maximum context length is %d tokens. However, your prompt has %d tokens. Please reduce the length of the prompt.", s.cfg.MaxModelLen, n)
 	}
 	if total := n + g.maxTokens; total > s.cfg.MaxModelLen {
 		return badRequest("context_length_exceeded", "max_tokens", "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the prompt, %d in the completion). Please reduce the length of the prompt or completion.", s.cfg.MaxModelLen, total, n, g.maxTokens)
@@ -307,16 +333,36 @@ func (s *Server) prefillLeg(ctx context.Context, o *output) string {
 	params.DoRemotePrefill, params.DoRemoteDecode = true, false
 	o.params = paramsJSON(params)
 	o.connex = &ConnexInfo{KVLoad: "local", Prefills: 1, EngineID: s.cfg.EngineID}
-	if err := o.begin(); err != nil {
+	// A client gone before the answer naming the hold reached it leaves a
+	// hold nobody knows of: release it now rather than at claim_s.
+	undelivered := func() string {
+		s.releaseOwn(ctx, params.GetTransferId())
 		return "canceled"
+	}
+	if ctx.Err() != nil {
+		return undelivered()
+	}
+	if err := o.begin(); err != nil {
+		return undelivered()
 	}
 	if err := o.token(tok, true); err != nil {
-		return "canceled"
+		return undelivered()
 	}
 	if err := o.end(); err != nil {
-		return "canceled"
+		return undelivered()
 	}
 	return "ok"
+}
+
+// releaseOwn releases a hold whose prefill answer was not delivered.
+func (s *Server) releaseOwn(ctx context.Context, transferID string) {
+	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := s.cfg.KV.Release(c, transferID); err != nil {
+		s.log.Warn("could not release the hold of an undelivered prefill answer (it is freed at claim_s)", "err", err)
+		return
+	}
+	s.log.Debug("released the hold of an undelivered prefill answer")
 }
 
 // decodeLeg loads the KV the params name (only min(remote_num_tokens,

@@ -16,6 +16,7 @@ import (
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/poll"
 	"github.com/connex/connex/shim"
 )
 
@@ -28,6 +29,9 @@ type fakeKV struct {
 	policy string
 	// corrupt makes a successful pull leave the destination blocks zeroed.
 	corrupt bool
+	// holdGate, if set, runs inside Hold before the hold is made (a slow
+	// hold.create), with Hold's context.
+	holdGate func(ctx context.Context)
 
 	mu     sync.Mutex
 	alloc  *shim.Allocator
@@ -64,7 +68,10 @@ func (f *fakeKV) Free(ids []uint32) {
 		panic(err)
 	}
 }
-func (f *fakeKV) Hold(_ context.Context, blocks []uint32, n uint32) (*messages.KVTransferParams, error) {
+func (f *fakeKV) Hold(ctx context.Context, blocks []uint32, n uint32) (*messages.KVTransferParams, error) {
+	if f.holdGate != nil {
+		f.holdGate(ctx)
+	}
 	f.holds.mu.Lock()
 	f.holds.n++
 	id := fmt.Sprintf("%032x", f.holds.n)
@@ -75,6 +82,19 @@ func (f *fakeKV) Hold(_ context.Context, blocks []uint32, n uint32) (*messages.K
 	f.mu.Unlock()
 	return &messages.KVTransferParams{TransferId: id, RemoteCtrl: &messages.RemoteCtrl{Member: "m-" + f.id}, RemoteEngineId: f.id,
 		RemoteBlockIds: blocks, RemoteNumTokens: n, TpSize: 1, BlockSize: 16, RetainS: 60}, nil
+}
+
+// Release is the owner's hold.release: the hold ends and its blocks come
+// back as with blocks.freed.
+func (f *fakeKV) Release(_ context.Context, id string) error {
+	f.holds.mu.Lock()
+	_, ok := f.holds.m[id]
+	f.holds.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("unknown transfer %s", id)
+	}
+	f.holds.release(id)
+	return nil
 }
 
 // release drops a hold as its blocks.freed notice would.
@@ -225,12 +245,24 @@ func TestSimRequestValidation(t *testing.T) {
 			t.Errorf("%s %s: %d %s, want %d with code %s", c.path, c.body, status, body, c.status, c.code)
 		}
 	}
-	// A region too small: 32 blocks of 16 tokens, max_model_len 400 lets 390+10 through.
+	// A region smaller than --max-model-len: the engine advertises and
+	// enforces what its region holds (32 blocks of 16 tokens), and a prompt
+	// beyond it is the prompt's fault, whatever max_tokens says.
 	big := NewServer(Config{KV: kv, EngineID: "e1", Model: "connex-sim", MaxModelLen: 4096})
 	ts2 := httptest.NewServer(big.Handler())
 	defer ts2.Close()
-	if status, body := post(t, ts2.URL+"/v1/completions", `{"prompt":"`+strings.Repeat("y", 600)+`"}`); status != 400 || !strings.Contains(body, "KV region") {
+	if status, body := post(t, ts2.URL+"/v1/completions", `{"prompt":"`+strings.Repeat("y", 600)+`","max_tokens":5}`); status != 400 ||
+		!strings.Contains(body, `"param":"prompt"`) || !strings.Contains(body, "maximum context length is 512 tokens") || !strings.Contains(body, "600 tokens") {
 		t.Errorf("prompt larger than the region: %d %s", status, body)
+	}
+	if r, err := http.Get(ts2.URL + "/v1/models"); err != nil {
+		t.Error(err)
+	} else {
+		b, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		if !strings.Contains(string(b), `"max_model_len":512`) {
+			t.Errorf("/v1/models of an engine whose region holds 512 tokens: %s", b)
+		}
 	}
 	resp, err := http.Get(ts.URL + "/v1/completions")
 	if err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
@@ -457,5 +489,48 @@ func TestSimFencedStreamIsCut(t *testing.T) {
 	defer a.mu.Unlock()
 	if a.finished || !a.left {
 		t.Fatalf("a fenced request must not finish (release someone else's hold): finished=%v abandoned=%v", a.finished, a.left)
+	}
+}
+
+// TestUndeliveredPrefillReleasesItsHold: the client of a prefill leg leaves
+// while hold.create runs (slow); the hold is made all the same (connexd
+// created it), but its answer never reaches anyone, so the engine releases
+// it at once and its blocks come back.
+func TestUndeliveredPrefillReleasesItsHold(t *testing.T) {
+	holds := &holdTable{m: map[string]fakeHold{}}
+	kv := newFakeKV(t, "p", holds)
+	inHold := make(chan struct{})
+	kv.holdGate = func(ctx context.Context) {
+		close(inHold)
+		<-ctx.Done() // the client left while hold.create ran
+	}
+	srv := NewServer(Config{KV: kv, EngineID: "p", Model: "connex-sim", MaxModelLen: 4096})
+	ts := httptest.NewServer(srv.Handler())
+	defer ts.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/completions",
+			strings.NewReader(`{"prompt":"a prompt whose client leaves","max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}`))
+		req.Header.Set("Content-Type", "application/json")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-inHold
+	cancel()
+	<-done
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		holds.mu.Lock()
+		n := len(holds.m)
+		holds.mu.Unlock()
+		if n != 0 || !kv.allFree() {
+			return fmt.Errorf("the undelivered prefill's hold is still there: %d holds, all blocks free %v", n, kv.allFree())
+		}
+		return nil
+	})
+	if holds.n != 1 {
+		t.Fatalf("%d holds were made, want 1", holds.n)
 	}
 }

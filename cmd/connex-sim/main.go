@@ -139,6 +139,12 @@ func run(args []string) int {
 		return 1
 	}
 	defer nc.Close()
+	// Advertise what the engine can hold: a request longer than its KV
+	// region fits nowhere, whatever --max-model-len says.
+	if lim := sim.ContextLimit(o.maxModelLen, layout.Blocks, layout.BlockSize); lim < o.maxModelLen {
+		log.Info("max_model_len lowered to what the KV region holds", "max_model_len", lim, "flag", o.maxModelLen, "blocks", layout.Blocks, "block_size", layout.BlockSize)
+		o.maxModelLen = lim
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	eng, err := shim.Open(ctx, shim.Config{
 		NC: nc, Member: o.member, EngineID: o.engineID, Role: o.role, Model: o.model, BaseURL: base,
