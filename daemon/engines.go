@@ -199,7 +199,7 @@ func (d *Daemon) probeEngines() {
 		results := make(chan outcome, len(regs))
 		n := 0
 		for _, e := range regs {
-			addr := engines.DialAddr(e.GetBaseUrl())
+			addr := dialAddr(e.GetBaseUrl())
 			if addr == "" {
 				continue
 			}
@@ -219,7 +219,7 @@ func (d *Daemon) probeEngines() {
 		live.Forget(func(id string) bool { return registered[id] })
 		for range n {
 			o := <-results
-			switch live.Observe(o.id, o.instance, o.err) {
+			switch live.Observe(o.id, o.instance, dialOutcome(o.err)) {
 			case engines.Listening:
 				d.log.Info("engine listening: a refused connection to it from now on ends its registration at once", "engine", o.id)
 				continue

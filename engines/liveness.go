@@ -1,12 +1,5 @@
 package engines
 
-import (
-	"errors"
-	"net"
-	"net/url"
-	"syscall"
-)
-
 // Liveness decides, from connection attempts to registered engines' HTTP
 // ports, which engine processes are gone. A refused connection (nothing
 // listens on the port) is the kernel's word that the process exited — a
@@ -16,14 +9,27 @@ import (
 // departure. An engine is judged only once it has been seen listening under
 // its current instance, because an engine may register before it serves
 // (vLLM's connector registers from the engine core before the API server
-// listens). It is pure: the caller dials and passes the outcome. It is not
-// safe for concurrent use.
+// listens). It is pure: the caller dials and passes the outcome
+// (daemon/engineprobe.go). It is not safe for concurrent use.
 type Liveness struct {
 	seen map[string]string // engine id -> instance seen listening
 }
 
 // NewLiveness returns a Liveness that has seen no engine listen.
 func NewLiveness() *Liveness { return &Liveness{seen: map[string]string{}} }
+
+// Dial is the outcome of one connection attempt to an engine's port.
+type Dial int
+
+// Outcomes of a connection attempt.
+const (
+	// Connected: something listens.
+	Connected Dial = iota
+	// Refused: nothing listens (ECONNREFUSED).
+	Refused
+	// Failed: anything else (a timeout, no route): not a departure.
+	Failed
+)
 
 // Verdict is what one connection attempt says about an engine.
 type Verdict int
@@ -41,16 +47,16 @@ const (
 
 // Observe records the outcome of a connection attempt to engine id's
 // instance. A gone instance is forgotten.
-func (l *Liveness) Observe(id, instance string, dialErr error) Verdict {
+func (l *Liveness) Observe(id, instance string, d Dial) Verdict {
 	inst, seen := l.seen[id]
-	if dialErr == nil {
+	if d == Connected {
 		l.seen[id] = instance
 		if seen && inst == instance {
 			return Unchanged
 		}
 		return Listening
 	}
-	if !seen || inst != instance || !Refused(dialErr) {
+	if !seen || inst != instance || d != Refused {
 		return Unchanged
 	}
 	delete(l.seen, id)
@@ -64,23 +70,4 @@ func (l *Liveness) Forget(keep func(id string) bool) {
 			delete(l.seen, id)
 		}
 	}
-}
-
-// Refused reports whether err is a refused connection (ECONNREFUSED).
-func Refused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
-
-// DialAddr is the host:port to probe for an engine's base URL ("" if it
-// has none usable).
-func DialAddr(baseURL string) string {
-	u, err := url.Parse(baseURL)
-	if err != nil || u.Host == "" {
-		return ""
-	}
-	if u.Port() != "" {
-		return u.Host
-	}
-	if u.Scheme == "https" {
-		return net.JoinHostPort(u.Hostname(), "443")
-	}
-	return net.JoinHostPort(u.Hostname(), "80")
 }
