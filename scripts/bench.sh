@@ -16,6 +16,10 @@
 #   bench.sh scale     CPU per request over the first and last 10k of 100k requests through the request store
 #                      and its orphan scan, and idle CPU before and after (SCALE ...); BENCH_SCALE_REQUESTS=n
 #                      for fewer, BENCH_SCALE_IDLE_S=s for the idle windows
+#   bench.sh holds     what each live hold costs connexd: BENCH_HOLDS (default 100k) holds created as hold.create
+#                      creates them (hold actors, lease timers, registrations in the default data plane), process
+#                      RSS and Go heap bytes and goroutines per hold, against a bare lease.Hold (HOLDS ...);
+#                      BENCH_HOLDS_BACKEND=tcp|ucx|auto, BENCH_HOLDS_HEAPPROFILE=file for where the bytes are
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -93,5 +97,9 @@ case "${1:-control}" in
     go test -run '^$' -bench '^BenchmarkScale$' -benchtime 1x -timeout 30m ./requests/ | tee "$out"
     grep '^SCALE ' "$out" | tail -1
     ;;
-  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|vllm" >&2; exit 2 ;;
+  holds)
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkHolds$' -benchtime 1x -timeout 30m ./actors/ | tee "$out"
+    grep '^HOLDS ' "$out" | tail -1
+    ;;
+  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|holds|vllm" >&2; exit 2 ;;
 esac
