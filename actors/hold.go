@@ -197,7 +197,7 @@ func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 			RemoteCtrl:        a.deps.Ctrl,
 			Layout:            LayoutToProto(l),
 			BlockIds:          a.spec.Req.BlockIds,
-			Rkeys:             a.rkeys,
+			Rkeys:             a.remoteKeys(),
 			Segments:          a.segs,
 			ExpiresUnixMs:     st.Deadline.UnixMilli(),
 			ImpliedSegments:   a.implied,

@@ -13,8 +13,12 @@ import (
 // holdRegistration is a hold's data-plane registrations and what its
 // descriptors tell readers about them.
 type holdRegistration struct {
-	b     transport.Backend // that made regs
-	regs  []transport.Registration
+	b    transport.Backend // that made regs
+	regs []transport.Registration
+	// rkeys are the keys of regs, kept for per-extent registrations (built
+	// once, not per pull); nil for one implied key, which remoteKeys asks
+	// its registration for per pull, not to keep a second copy of it per
+	// live hold (make bench-holds).
 	rkeys [][]byte
 	segs  []*messages.Segment
 	// implied: one registration covers every extent (Caps.OneKeyForExtents);
@@ -43,7 +47,6 @@ func registerHold(b transport.Backend, region *kvmem.Region, blocks []uint32) (h
 			return holdRegistration{}, fmt.Errorf("register %d extents: %w", len(sorted), err)
 		}
 		hr.regs = []transport.Registration{reg}
-		hr.rkeys = [][]byte{reg.RemoteKey()}
 		hr.implied, hr.regionAddr = true, reg.RemoteAddr()
 		return hr, nil
 	}
@@ -78,6 +81,15 @@ func (hr *holdRegistration) addExtent(reg transport.Registration, n uint64) {
 	hr.regs = append(hr.regs, reg)
 	hr.rkeys = append(hr.rkeys, reg.RemoteKey())
 	hr.segs = append(hr.segs, &messages.Segment{RemoteAddr: reg.RemoteAddr(), Length: n, Rkey: uint32(len(hr.rkeys) - 1)})
+}
+
+// remoteKeys are the keys readers name in the descriptors' segments (one,
+// for an implied registration); none once deregistered.
+func (hr *holdRegistration) remoteKeys() [][]byte {
+	if hr.implied && len(hr.regs) == 1 {
+		return [][]byte{hr.regs[0].RemoteKey()}
+	}
+	return hr.rkeys
 }
 
 // deregisterAll revokes every registration in hr, returning the failures:
