@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -33,6 +34,9 @@ type HoldDeps struct {
 	// Incarnation, if set, is this member's cluster id now (fresh per
 	// rejoin), given to readers in Descriptors.holder_incarnation.
 	Incarnation func() string
+
+	timersOnce sync.Once
+	holdTimers *holdTimers // the lease wake-ups of every hold: timers()
 }
 
 // NewTransferID returns 128 random bits in hex.
@@ -49,7 +53,7 @@ type holdActor struct {
 	spec    *CreateHold
 	h       *lease.Hold
 	held    bool        // creation only: accounting Hold succeeded, no lease owns it yet
-	timer   clock.Timer // the lease's next wake-up
+	wake    wake        // the lease's next wake-up, in deps.timers()
 	linger  clock.Timer // the stop after the end (lingerAfterFree)
 	created time.Time
 	entry   *HoldEntry // this hold's directory entry
@@ -233,10 +237,9 @@ func (a *holdActor) stopping(ctx actor.Context) {
 		a.held = false
 	}
 	a.deregister()
-	for _, t := range []clock.Timer{a.timer, a.linger} {
-		if t != nil {
-			t.Stop()
-		}
+	a.deps.timers().cancel(&a.wake)
+	if a.linger != nil {
+		a.linger.Stop()
 	}
 }
 
@@ -332,21 +335,17 @@ func (a *holdActor) free(f lease.Free) {
 // stops; longer than any in-flight ask to it can take to arrive.
 const lingerAfterFree = 2 * time.Second
 
-// rearm sets the timer to the lease's next wake-up; none once it ended.
+// rearm schedules the lease's next wake-up; none once it ended.
 func (a *holdActor) rearm() {
-	if a.timer != nil {
-		a.timer.Stop()
-		a.timer = nil
-	}
 	if a.h == nil || a.self == nil {
 		return
 	}
 	at, ok := a.h.NextWake()
 	if !ok {
+		a.deps.timers().cancel(&a.wake)
 		return
 	}
-	self, sys := a.self, a.system
-	a.timer = a.deps.clock().AfterFunc(at.Sub(a.now()), func() { sys.Root.Send(self, tick{}) })
+	a.deps.timers().schedule(&a.wake, at, a.self, a.system)
 }
 
 func (a *holdActor) status() *messages.HoldStatus {
