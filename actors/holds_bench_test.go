@@ -124,8 +124,8 @@ func BenchmarkHolds(b *testing.B) {
 			b.Fatalf("%d live holds, want %d", live, n)
 		}
 		b.Logf("backend=%s: %d holds created in %s (%.1f µs each)", be.Name(), n, took.Round(time.Millisecond), float64(took.Microseconds())/float64(n))
-		fmt.Printf("  per live hold: %.0f Go heap bytes, %.0f process RSS bytes (Go heap, C memory of the data plane, stacks), %.3f goroutines, %.1f heap objects\n",
-			got.heap, got.rss, got.goroutines, got.objects)
+		fmt.Printf("  per live hold: %.0f process RSS bytes = %.0f in Go heap spans (%.0f live Go heap bytes in %.1f objects) + %.0f outside the Go heap (the data plane's C memory); %.3f goroutines\n",
+			got.rss, got.spans, got.heap, got.objects, got.rss-got.spans, got.goroutines)
 		fmt.Printf("  reference, bare lease.Hold: %.0f Go heap bytes, %.1f heap objects\n", ref.heap, ref.objects)
 		fmt.Printf("HOLDS holds=%d backend=%s bytes_per_hold=%.0f heap_bytes_per_hold=%.0f goroutines_per_hold=%.3f vs_bare_lease=%.1f\n",
 			n, be.Name(), max(got.rss, got.heap), got.heap, got.goroutines, max(got.rss, got.heap)/ref.heap)
@@ -149,27 +149,31 @@ func writeHeapProfile(b *testing.B, file string) {
 	}
 }
 
-// cost is what n live things cost, each.
-type cost struct{ heap, rss, goroutines, objects float64 }
+// cost is what n live things cost, each: live Go heap, Go heap spans in
+// use (live objects and the free room in their spans), process RSS.
+type cost struct{ heap, spans, rss, goroutines, objects float64 }
 
 // measure runs make(n), keeps what it returns alive, and reports the
 // growth per thing of live Go heap (after a GC), process RSS (after
 // returning freed heap pages to the OS) and goroutines.
 func measure(n int, make func(n int) any) cost {
-	heap0, obj0, rss0, g0 := snapshot()
+	s0 := snapshot()
 	keep := make(n)
-	heap1, obj1, rss1, g1 := snapshot()
+	s1 := snapshot()
 	runtime.KeepAlive(keep)
 	f := float64(n)
-	return cost{heap: float64(heap1-heap0) / f, rss: float64(rss1-rss0) / f, goroutines: float64(g1-g0) / f, objects: float64(obj1-obj0) / f}
+	return cost{heap: float64(s1.heap-s0.heap) / f, spans: float64(s1.spans-s0.spans) / f, rss: float64(s1.rss-s0.rss) / f,
+		goroutines: float64(s1.goroutines-s0.goroutines) / f, objects: float64(s1.objects-s0.objects) / f}
 }
 
-func snapshot() (heap, objects, rss int64, goroutines int) {
+type memSnapshot struct{ heap, spans, objects, rss, goroutines int64 }
+
+func snapshot() memSnapshot {
 	runtime.GC()
 	debug.FreeOSMemory()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapAlloc), int64(ms.HeapObjects), rssBytes(), runtime.NumGoroutine()
+	return memSnapshot{heap: int64(ms.HeapAlloc), spans: int64(ms.HeapInuse), objects: int64(ms.HeapObjects), rss: rssBytes(), goroutines: int64(runtime.NumGoroutine())}
 }
 
 // rssBytes is this process's resident set (VmRSS), 0 where /proc lacks it.
