@@ -78,8 +78,9 @@ import (
 //     follows), nats_in_out (wall less PullDone.duration_us: StartPull in to
 //     the puller's start, PullDone out to the engine), descriptors
 //     (descriptors_us), read (read_us), pull_end (pull_end_us, when awaited)
-//     and other (the hand-offs between them). BENCH_PULL_LAYOUTS=fixed runs
-//     only those pulls.
+//     and other (the hand-offs between them), and the reference: a bare NATS
+//     request/reply on the same server (bare_nats_rtt_ms, two hops) and the
+//     wall in those. BENCH_PULL_LAYOUTS=fixed runs only those pulls.
 //
 // The last line printed is
 // RATIO ucx/memcpy=<x> ucx/perftest=<y> tcp/ucxtcp=<z> kvlayout/contiguous=<w>.
@@ -110,6 +111,7 @@ func BenchmarkPull(b *testing.B) {
 		b.Run("perftest-tcp", func(b *testing.B) { benchPullPerftest(b, layouts, res, "perftest-tcp", "tcp") })
 	}
 	url := startNATS(b)
+	res.natsRTT = bareNATSRoundTrip(b, url)
 	if ucxBuilt {
 		b.Run("ucx", func(b *testing.B) { benchPullConnex(b, layouts, res, url, "ucx", "ucx", true) })
 		b.Run("ucx-checked", func(b *testing.B) {
@@ -335,6 +337,34 @@ type pullResults struct {
 	m  map[string]pullStat
 	// breakdowns are the BREAKDOWN lines, one per connex case.
 	breakdowns []string
+	// natsRTT is the median bare NATS request/reply between two
+	// connections of this process, on the same server: the reference for
+	// the NATS hops in a BREAKDOWN line.
+	natsRTT time.Duration
+}
+
+// bareNATSRoundTrip is the median of 301 request/replies through the
+// server at url between two connections of this process (an echo).
+func bareNATSRoundTrip(b *testing.B, url string) time.Duration {
+	srv, cli := connect(b, url), connect(b, url)
+	sub, err := srv.Subscribe("bench.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := srv.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	ds := make([]time.Duration, 301)
+	for i := range ds {
+		t0 := time.Now()
+		if _, err := cli.Request("bench.echo", []byte("x"), 5*time.Second); err != nil {
+			b.Fatal(err)
+		}
+		ds[i] = time.Since(t0)
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
 }
 
 // pullPhases is where one pull's time went, from the client's StartPull to
@@ -359,7 +389,7 @@ func phasesOf(wall, startRPC time.Duration, d *messages.PullDone) pullPhases {
 // breakdownLine is the BREAKDOWN line of a case's "fixed" pulls: the median
 // of each phase in ms (medians of parts need not add up to the median
 // wall), and the share of the wall each median is.
-func breakdownLine(name string, ps []pullPhases) string {
+func breakdownLine(name string, ps []pullPhases, natsRTT time.Duration) string {
 	med := func(f func(pullPhases) time.Duration) float64 {
 		v := make([]float64, len(ps))
 		for i, p := range ps {
@@ -390,6 +420,11 @@ func breakdownLine(name string, ps []pullPhases) string {
 		if wall > 0 {
 			line += fmt.Sprintf("(%.0f%%)", 100*m/wall)
 		}
+	}
+	rtt := float64(natsRTT) / 1e6
+	line += fmt.Sprintf(" bare_nats_rtt_ms=%.3f", rtt)
+	if rtt > 0 {
+		line += fmt.Sprintf(" wall/bare_nats_rtt=%.1f", wall/rtt)
 	}
 	return line
 }
@@ -564,7 +599,7 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 		ds.note = "reader-side PullDone.duration_us (descriptors + connect + GETs)"
 		res.put(name+"/duration_us", l.name, ds)
 		if l.name == "fixed" {
-			res.breakdowns = append(res.breakdowns, breakdownLine(name, c.phases))
+			res.breakdowns = append(res.breakdowns, breakdownLine(name, c.phases, res.natsRTT))
 		}
 	}
 	b.SetBytes(total / int64(b.N))
