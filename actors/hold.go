@@ -49,17 +49,14 @@ func NewTransferID() string {
 }
 
 type holdActor struct {
-	deps    *HoldDeps
-	spec    holdSpec
-	h       *lease.Hold
-	held    bool        // creation only: accounting Hold succeeded, no lease owns it yet
-	wake    wake        // the lease's next wake-up, in deps.timers()
-	linger  clock.Timer // the stop after the end (lingerAfterFree)
-	created time.Time
-	entry   *HoldEntry // this hold's directory entry
-	self    *actor.PID
-	system  *actor.ActorSystem
-	// the data-plane registrations (regs, rkeys, segs, implied,
+	deps   *HoldDeps
+	spec   holdSpec
+	h      *lease.Hold
+	held   bool        // creation only: accounting Hold succeeded, no lease owns it yet
+	wake   wake        // the lease's next wake-up, in deps.timers()
+	linger clock.Timer // the stop after the end (lingerAfterFree)
+	entry  *HoldEntry  // this hold's directory entry
+	// the data-plane registrations (regs, perExtent, implied,
 	// regionAddr) made at create, registerHold
 	holdRegistration
 }
@@ -150,8 +147,8 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 		return
 	}
 	a.holdRegistration = hr
-	a.created = a.now()
-	h, err := lease.New(a.created, m.Lease)
+	created := a.now()
+	h, err := lease.New(created, m.Lease)
 	if err != nil {
 		_ = r.Blocks.Unhold(m.Req.BlockIds)
 		a.held = false
@@ -163,11 +160,11 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 	// itself (held).
 	a.h, a.held = h, false
 	l0 := r.Region.Layout
-	a.entry = &HoldEntry{PID: ctx.Self(), Engine: r.Engine, Region: r.ID, Created: a.created, Blocks: len(m.Req.BlockIds),
+	a.entry = &HoldEntry{PID: ctx.Self(), Engine: r.Engine, Region: r.ID, Created: created, Blocks: len(m.Req.BlockIds),
 		Bytes: uint64(len(m.Req.BlockIds)) * uint64(l0.Layers) * uint64(l0.Planes) * l0.BlockBytes}
 	a.deps.Dir.put(m.ID, a.entry)
 	a.deps.Metrics.HoldsCreated.Add(1)
-	a.self, a.system = ctx.Self(), ctx.ActorSystem()
+	a.deps.timers().bind(&a.wake, ctx.Self(), ctx.ActorSystem())
 	a.rearm()
 	l := r.Region.Layout
 	ctx.Respond(Reply{Create: &messages.CreateHoldReply{
@@ -208,7 +205,7 @@ func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 			Layout:            LayoutToProto(l),
 			BlockIds:          a.spec.blocks,
 			Rkeys:             a.remoteKeys(),
-			Segments:          a.segs,
+			Segments:          a.segments(),
 			ExpiresUnixMs:     st.Deadline.UnixMilli(),
 			ImpliedSegments:   a.implied,
 			RegionAddr:        a.regionAddr,
@@ -331,7 +328,7 @@ func (a *holdActor) free(f lease.Free) {
 	// messages queued behind a stop without answering. While lingering the
 	// terminal state machine answers them with expired/released codes; new
 	// lookups find the directory's tombstone instead.
-	self, sys := a.self, a.system
+	self, sys := a.wake.pid, a.deps.timers().system()
 	if self != nil {
 		a.linger = a.deps.clock().AfterFunc(lingerAfterFree, func() { sys.Root.Stop(self) })
 	}
@@ -343,7 +340,7 @@ const lingerAfterFree = 2 * time.Second
 
 // rearm schedules the lease's next wake-up; none once it ended.
 func (a *holdActor) rearm() {
-	if a.h == nil || a.self == nil {
+	if a.h == nil || a.wake.pid == nil {
 		return
 	}
 	at, ok := a.h.NextWake()
@@ -351,7 +348,7 @@ func (a *holdActor) rearm() {
 		a.deps.timers().cancel(&a.wake)
 		return
 	}
-	a.deps.timers().schedule(&a.wake, at, a.self, a.system)
+	a.deps.timers().schedule(&a.wake, at)
 }
 
 func (a *holdActor) status() *messages.HoldStatus {
@@ -367,7 +364,7 @@ func (a *holdActor) status() *messages.HoldStatus {
 		ExpiresUnixMs: st.Deadline.UnixMilli(),
 		Release:       st.Mode.String(),
 		Freed:         st.Freed,
-		CreatedUnixMs: a.created.UnixMilli(),
+		CreatedUnixMs: a.entry.Created.UnixMilli(),
 		Bytes:         uint64(len(a.spec.blocks)) * uint64(a.spec.region.Region.Layout.Layers) * uint64(a.spec.region.Region.Layout.Planes) * a.spec.region.Region.Layout.BlockBytes,
 	}
 }

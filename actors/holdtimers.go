@@ -12,7 +12,7 @@ import (
 // holdTimers wakes hold actors at their lease's next wake-up with one
 // clock timer for all of them (armed for the earliest), not one timer per
 // hold: a timer and its callback cost each of 100k live holds ~150 bytes
-// (make bench-holds), a wake entry ~40, which the hold actor embeds.
+// (make bench-holds), a wake entry 40, which the hold actor embeds.
 // Safe for concurrent use: hold actors schedule from their own goroutines,
 // the timer fires on the clock's.
 type holdTimers struct {
@@ -21,14 +21,17 @@ type holdTimers struct {
 	due   wakeHeap
 	timer clock.Timer // armed for armed, the earliest due wake; nil when none
 	armed time.Time
+	sys   *actor.ActorSystem // the hold actors' (one per connexd)
 }
 
 // wake is one hold's place in holdTimers; the zero value is unscheduled.
+// at and pos belong to holdTimers.mu (the timer goroutine pops wakes,
+// other holds' schedules move them in the heap); pid is set once, by bind,
+// before the first schedule, and read freely after.
 type wake struct {
 	at  time.Time
-	pid *actor.PID
-	sys *actor.ActorSystem
-	pos int // index in the heap + 1; 0: not queued
+	pid *actor.PID // the hold actor to tick
+	pos int        // index in the heap + 1; 0: not queued
 }
 
 // timers returns the hold actors' shared timers, made on first use.
@@ -37,16 +40,29 @@ func (d *HoldDeps) timers() *holdTimers {
 	return d.holdTimers
 }
 
-// schedule has pid sent a tick at at (replacing w's earlier time). A
-// wake's fields belong to t.mu: the timer goroutine pops it, other holds'
-// schedules move it in the heap.
-func (t *holdTimers) schedule(w *wake, at time.Time, pid *actor.PID, sys *actor.ActorSystem) {
+// bind names the actor w wakes, and its system (the same for every hold
+// of a connexd); before w's first schedule.
+func (t *holdTimers) bind(w *wake, pid *actor.PID, sys *actor.ActorSystem) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	w.pid, t.sys = pid, sys
+}
+
+// system is the hold actors' system, nil before the first bind.
+func (t *holdTimers) system() *actor.ActorSystem {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.sys
+}
+
+// schedule has w's actor sent a tick at at (replacing w's earlier time).
+func (t *holdTimers) schedule(w *wake, at time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if w.pos != 0 && w.at.Equal(at) {
 		return
 	}
-	w.at, w.pid, w.sys = at, pid, sys
+	w.at = at
 	if w.pos == 0 {
 		heap.Push(&t.due, w)
 	} else {
@@ -63,7 +79,6 @@ func (t *holdTimers) cancel(w *wake) {
 		return
 	}
 	heap.Remove(&t.due, w.pos-1)
-	w.pid, w.sys = nil, nil
 	t.rearm()
 }
 
@@ -104,19 +119,16 @@ func (t *holdTimers) fire() {
 	for len(t.due) > 0 && !t.due[0].at.After(now) {
 		ready = append(ready, heap.Pop(&t.due).(*wake))
 	}
-	type send struct {
-		pid *actor.PID
-		sys *actor.ActorSystem
-	}
-	sends := make([]send, 0, len(ready))
+	pids := make([]*actor.PID, 0, len(ready))
 	for _, w := range ready {
-		sends = append(sends, send{w.pid, w.sys})
+		pids = append(pids, w.pid)
 	}
+	sys := t.sys
 	t.timer = nil
 	t.rearm()
 	t.mu.Unlock()
-	for _, s := range sends {
-		s.sys.Root.Send(s.pid, tick{})
+	for _, pid := range pids {
+		sys.Root.Send(pid, tick{})
 	}
 }
 
