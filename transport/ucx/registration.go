@@ -146,7 +146,11 @@ func (b *Backend) newReg(mem []byte, extents []uint64, onesided bool) (*Registra
 		r.dropView()
 		return nil, fmt.Errorf("ucx: extents under one key need checked reads: %w", errors.ErrUnsupported)
 	}
-	r.pin.Pin(&mem[0])
+	if a == nil {
+		// Memory UCX allocated is not Go's: nothing to pin, and a Pinner
+		// costs an object and a finalizer (~100 bytes a live hold).
+		r.pin.Pin(&mem[0])
+	}
 	return r, nil
 }
 
