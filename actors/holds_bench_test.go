@@ -127,8 +127,8 @@ func BenchmarkHolds(b *testing.B) {
 		fmt.Printf("  per live hold: %.0f process RSS bytes = %.0f in Go heap spans (%.0f live Go heap bytes in %.1f objects) + %.0f outside the Go heap (the data plane's C memory); %.3f goroutines\n",
 			got.rss, got.spans, got.heap, got.objects, got.rss-got.spans, got.goroutines)
 		fmt.Printf("  reference, bare lease.Hold: %.0f Go heap bytes, %.1f heap objects\n", ref.heap, ref.objects)
-		fmt.Printf("HOLDS holds=%d backend=%s bytes_per_hold=%.0f heap_bytes_per_hold=%.0f goroutines_per_hold=%.3f vs_bare_lease=%.1f\n",
-			n, be.Name(), max(got.rss, got.heap), got.heap, got.goroutines, max(got.rss, got.heap)/ref.heap)
+		fmt.Printf("HOLDS holds=%d bytes_per_hold=%.0f goroutines_per_hold=%.3f heap_bytes_per_hold=%.0f vs_bare_lease=%.1f backend=%s\n",
+			n, max(got.rss, got.heap), got.goroutines, got.heap, max(got.rss, got.heap)/ref.heap, be.Name())
 		sys.Shutdown()
 		_ = be.Close()
 		regions.Close()
