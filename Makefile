@@ -6,7 +6,7 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale proto tidy clean
+.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds proto tidy clean
 
 all: build
 
@@ -78,6 +78,11 @@ bench-deadline:
 # the request store and its orphan scan (BENCH_SCALE_REQUESTS=20000 for fewer).
 bench-scale:
 	bash scripts/bench.sh scale
+
+# What a live hold costs connexd: 100k holds (BENCH_HOLDS=n for another
+# count) created as hold.create creates them, bytes and goroutines each.
+bench-holds:
+	bash scripts/bench.sh holds
 
 tidy:
 	$(GO) mod tidy

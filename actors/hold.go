@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -33,6 +34,9 @@ type HoldDeps struct {
 	// Incarnation, if set, is this member's cluster id now (fresh per
 	// rejoin), given to readers in Descriptors.holder_incarnation.
 	Incarnation func() string
+
+	timersOnce sync.Once
+	holdTimers *holdTimers // the lease wake-ups of every hold: timers()
 }
 
 // NewTransferID returns 128 random bits in hex.
@@ -45,19 +49,25 @@ func NewTransferID() string {
 }
 
 type holdActor struct {
-	deps    *HoldDeps
-	spec    *CreateHold
-	h       *lease.Hold
-	held    bool        // creation only: accounting Hold succeeded, no lease owns it yet
-	timer   clock.Timer // the lease's next wake-up
-	linger  clock.Timer // the stop after the end (lingerAfterFree)
-	created time.Time
-	entry   *HoldEntry // this hold's directory entry
-	self    *actor.PID
-	system  *actor.ActorSystem
-	// the data-plane registrations (regs, rkeys, segs, implied,
+	deps   *HoldDeps
+	spec   holdSpec
+	h      *lease.Hold
+	held   bool        // creation only: accounting Hold succeeded, no lease owns it yet
+	wake   wake        // the lease's next wake-up, in deps.timers()
+	linger clock.Timer // the stop after the end (lingerAfterFree)
+	entry  *HoldEntry  // this hold's directory entry
+	// the data-plane registrations (regs, perExtent, implied,
 	// regionAddr) made at create, registerHold
 	holdRegistration
+}
+
+// holdSpec is what a hold keeps of its CreateHold: not the message and its
+// request, which cost each live hold ~220 bytes more (make bench-holds).
+type holdSpec struct {
+	id            string
+	blocks        []uint32      // the held block ids (the request's slice)
+	region        *kvmem.Mapped // the region the blocks are in
+	releaseRegion func()        // called once when the hold stops touching the region
 }
 
 func newHoldActor(deps *HoldDeps) actor.Actor {
@@ -81,7 +91,7 @@ func (a *holdActor) Receive(ctx actor.Context) {
 		// A region that broke may have sent zeros as good bytes: the
 		// pull did not succeed, and a reader that waits for this answer
 		// fails it.
-		broken := a.spec.Region.CheckBroken()
+		broken := a.spec.region.CheckBroken()
 		a.step(ctx, lease.PullEnd{Now: a.now(), By: m.By, PullID: m.PullID, OK: m.OK && broken == nil}, func() Reply {
 			if broken != nil && m.OK {
 				return Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), broken)}
@@ -102,8 +112,8 @@ func (a *holdActor) Receive(ctx actor.Context) {
 	case *actor.Stopping:
 		a.stopping(ctx)
 	case *actor.Stopped:
-		if a.spec != nil && a.spec.ReleaseRegion != nil {
-			a.spec.ReleaseRegion()
+		if a.spec.releaseRegion != nil {
+			a.spec.releaseRegion()
 		}
 	}
 }
@@ -113,14 +123,11 @@ func (d *HoldDeps) clock() clock.Clock { return clock.Or(d.Clock) }
 func (a *holdActor) now() time.Time { return a.deps.clock().Now() }
 
 func (a *holdActor) id() string {
-	if a.spec == nil {
-		return ""
-	}
-	return a.spec.ID
+	return a.spec.id
 }
 
 func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
-	a.spec = m
+	a.spec = holdSpec{id: m.ID, blocks: m.Req.BlockIds, region: m.Region, releaseRegion: m.ReleaseRegion}
 	fail := func(err error) {
 		a.deregister()
 		ctx.Respond(Reply{Err: err})
@@ -140,8 +147,8 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 		return
 	}
 	a.holdRegistration = hr
-	a.created = a.now()
-	h, err := lease.New(a.created, m.Lease)
+	created := a.now()
+	h, err := lease.New(created, m.Lease)
 	if err != nil {
 		_ = r.Blocks.Unhold(m.Req.BlockIds)
 		a.held = false
@@ -153,11 +160,11 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 	// itself (held).
 	a.h, a.held = h, false
 	l0 := r.Region.Layout
-	a.entry = &HoldEntry{PID: ctx.Self(), Engine: r.Engine, Region: r.ID, Created: a.created, Blocks: len(m.Req.BlockIds),
+	a.entry = &HoldEntry{PID: ctx.Self(), Engine: r.Engine, Region: r.ID, Created: created, Blocks: len(m.Req.BlockIds),
 		Bytes: uint64(len(m.Req.BlockIds)) * uint64(l0.Layers) * uint64(l0.Planes) * l0.BlockBytes}
 	a.deps.Dir.put(m.ID, a.entry)
 	a.deps.Metrics.HoldsCreated.Add(1)
-	a.self, a.system = ctx.Self(), ctx.ActorSystem()
+	a.deps.timers().bind(&a.wake, ctx.Self(), ctx.ActorSystem())
 	a.rearm()
 	l := r.Region.Layout
 	ctx.Respond(Reply{Create: &messages.CreateHoldReply{
@@ -177,12 +184,12 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 }
 
 func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
-	l := a.spec.Region.Region.Layout
+	l := a.spec.region.Region.Layout
 	if err := l.CompatibleWith(m.Layout); err != nil {
 		ctx.Respond(Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), err)})
 		return
 	}
-	if err := a.spec.Region.CheckBroken(); err != nil {
+	if err := a.spec.region.CheckBroken(); err != nil {
 		ctx.Respond(Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), err)})
 		return
 	}
@@ -196,9 +203,9 @@ func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 			TransferId:        a.id(),
 			RemoteCtrl:        a.deps.Ctrl,
 			Layout:            LayoutToProto(l),
-			BlockIds:          a.spec.Req.BlockIds,
-			Rkeys:             a.rkeys,
-			Segments:          a.segs,
+			BlockIds:          a.spec.blocks,
+			Rkeys:             a.remoteKeys(),
+			Segments:          a.segments(),
 			ExpiresUnixMs:     st.Deadline.UnixMilli(),
 			ImpliedSegments:   a.implied,
 			RegionAddr:        a.regionAddr,
@@ -229,14 +236,13 @@ func (a *holdActor) stopping(ctx actor.Context) {
 		}
 		a.step(ctx, lease.Abort{Now: a.now()}, nil)
 	case a.held:
-		_ = a.spec.Region.Blocks.Unhold(a.spec.Req.BlockIds)
+		_ = a.spec.region.Blocks.Unhold(a.spec.blocks)
 		a.held = false
 	}
 	a.deregister()
-	for _, t := range []clock.Timer{a.timer, a.linger} {
-		if t != nil {
-			t.Stop()
-		}
+	a.deps.timers().cancel(&a.wake)
+	if a.linger != nil {
+		a.linger.Stop()
 	}
 }
 
@@ -275,14 +281,14 @@ func (a *holdActor) step(ctx actor.Context, ev lease.Event, ok func() Reply) {
 
 // apply performs one effect of the lease.
 func (a *holdActor) apply(e lease.Effect) {
-	blocks := a.spec.Region.Blocks
+	blocks := a.spec.region.Blocks
 	switch e := e.(type) {
 	case lease.BeginRead:
-		if err := blocks.BeginRead(a.spec.Req.BlockIds); err != nil {
+		if err := blocks.BeginRead(a.spec.blocks); err != nil {
 			a.deps.Log.Warn("block accounting refused a read mark", "transfer", a.id(), "pull", e.PullID, "err", err)
 		}
 	case lease.EndRead:
-		blocks.EndRead(a.spec.Req.BlockIds)
+		blocks.EndRead(a.spec.blocks)
 	case lease.Deregister:
 		a.deregister()
 	case lease.Free:
@@ -305,15 +311,15 @@ func (a *holdActor) deregister() {
 // the blocks go back to the accounting, the engine is told (unless it is
 // gone), the directory keeps a tombstone, and the actor lingers, then stops.
 func (a *holdActor) free(f lease.Free) {
-	if err := a.spec.Region.Blocks.Unhold(a.spec.Req.BlockIds); err != nil {
+	if err := a.spec.region.Blocks.Unhold(a.spec.blocks); err != nil {
 		a.deps.Metrics.DoubleFrees.Add(1)
 		a.deps.Log.Error("block accounting refused a free: double free prevented", "transfer", a.id(), "err", err)
 	}
 	a.deps.Metrics.HoldsFreed.Add(1)
 	if f.Notify {
 		a.deps.Notify(&messages.BlocksFreed{
-			TransferId: a.id(), EngineId: a.spec.Region.Engine, RegionId: a.spec.Region.ID,
-			BlockIds: a.spec.Req.BlockIds, Reason: f.Reason.String(),
+			TransferId: a.id(), EngineId: a.spec.region.Engine, RegionId: a.spec.region.ID,
+			BlockIds: a.spec.blocks, Reason: f.Reason.String(),
 		})
 	}
 	a.deps.Dir.end(a.id(), f.Reason)
@@ -322,7 +328,7 @@ func (a *holdActor) free(f lease.Free) {
 	// messages queued behind a stop without answering. While lingering the
 	// terminal state machine answers them with expired/released codes; new
 	// lookups find the directory's tombstone instead.
-	self, sys := a.self, a.system
+	self, sys := a.wake.pid, a.deps.timers().system()
 	if self != nil {
 		a.linger = a.deps.clock().AfterFunc(lingerAfterFree, func() { sys.Root.Stop(self) })
 	}
@@ -332,21 +338,17 @@ func (a *holdActor) free(f lease.Free) {
 // stops; longer than any in-flight ask to it can take to arrive.
 const lingerAfterFree = 2 * time.Second
 
-// rearm sets the timer to the lease's next wake-up; none once it ended.
+// rearm schedules the lease's next wake-up; none once it ended.
 func (a *holdActor) rearm() {
-	if a.timer != nil {
-		a.timer.Stop()
-		a.timer = nil
-	}
-	if a.h == nil || a.self == nil {
+	if a.h == nil || a.wake.pid == nil {
 		return
 	}
 	at, ok := a.h.NextWake()
 	if !ok {
+		a.deps.timers().cancel(&a.wake)
 		return
 	}
-	self, sys := a.self, a.system
-	a.timer = a.deps.clock().AfterFunc(at.Sub(a.now()), func() { sys.Root.Send(self, tick{}) })
+	a.deps.timers().schedule(&a.wake, at)
 }
 
 func (a *holdActor) status() *messages.HoldStatus {
@@ -354,16 +356,16 @@ func (a *holdActor) status() *messages.HoldStatus {
 	return &messages.HoldStatus{
 		TransferId:    a.id(),
 		State:         st.State.String(),
-		EngineId:      a.spec.Region.Engine,
-		RegionId:      a.spec.Region.ID,
-		BlockIds:      a.spec.Req.BlockIds,
+		EngineId:      a.spec.region.Engine,
+		RegionId:      a.spec.region.ID,
+		BlockIds:      a.spec.blocks,
 		ActivePulls:   uint32(st.ActivePulls),
 		PullsDone:     uint32(st.PullsDone),
 		ExpiresUnixMs: st.Deadline.UnixMilli(),
 		Release:       st.Mode.String(),
 		Freed:         st.Freed,
-		CreatedUnixMs: a.created.UnixMilli(),
-		Bytes:         uint64(len(a.spec.Req.BlockIds)) * uint64(a.spec.Region.Region.Layout.Layers) * uint64(a.spec.Region.Region.Layout.Planes) * a.spec.Region.Region.Layout.BlockBytes,
+		CreatedUnixMs: a.entry.Created.UnixMilli(),
+		Bytes:         uint64(len(a.spec.blocks)) * uint64(a.spec.region.Region.Layout.Layers) * uint64(a.spec.region.Region.Layout.Planes) * a.spec.region.Region.Layout.BlockBytes,
 	}
 }
 

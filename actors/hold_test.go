@@ -65,6 +65,7 @@ type holdRig struct {
 	regRefs atomic.Int64
 	dir     *Directory
 	metrics *Metrics
+	deps    *HoldDeps
 	// panicNext makes the hold actor's next call of Incarnation (while it
 	// answers a StartRead) panic, to exercise the Stopping path of a live
 	// hold.
@@ -92,6 +93,7 @@ func newHoldRigClock(t *testing.T, clk clock.Clock) *holdRig {
 			return "inc"
 		},
 	}
+	rig.deps = deps
 	rig.table = rig.sys.Root.Spawn(HoldTableProps(deps))
 	return rig
 }

@@ -13,14 +13,24 @@ import (
 // holdRegistration is a hold's data-plane registrations and what its
 // descriptors tell readers about them.
 type holdRegistration struct {
-	b     transport.Backend // that made regs
-	regs  []transport.Registration
-	rkeys [][]byte
-	segs  []*messages.Segment
+	b    transport.Backend // that made regs
+	regs []transport.Registration
+	// perExtent is set for one registration per extent: their keys and
+	// segments, built once (not per pull). An implied registration has
+	// none: remoteKeys asks it for its key per pull, so that a live hold
+	// keeps neither a second copy of it nor these fields (make bench-holds).
+	*perExtent
 	// implied: one registration covers every extent (Caps.OneKeyForExtents);
 	// descriptors then carry regionAddr instead of a segment list.
 	implied    bool
 	regionAddr uint64
+}
+
+// perExtent is what the descriptors of a hold registered extent by extent
+// carry: a key per extent and its segment.
+type perExtent struct {
+	rkeys [][]byte
+	segs  []*messages.Segment
 }
 
 // registerHold registers the extents of blocks in region with b, choosing
@@ -43,7 +53,6 @@ func registerHold(b transport.Backend, region *kvmem.Region, blocks []uint32) (h
 			return holdRegistration{}, fmt.Errorf("register %d extents: %w", len(sorted), err)
 		}
 		hr.regs = []transport.Registration{reg}
-		hr.rkeys = [][]byte{reg.RemoteKey()}
 		hr.implied, hr.regionAddr = true, reg.RemoteAddr()
 		return hr, nil
 	}
@@ -75,9 +84,33 @@ func registerHold(b transport.Backend, region *kvmem.Region, blocks []uint32) (h
 // addExtent adds reg, the registration of one extent of n bytes, with its
 // segment.
 func (hr *holdRegistration) addExtent(reg transport.Registration, n uint64) {
+	if hr.perExtent == nil {
+		hr.perExtent = &perExtent{}
+	}
 	hr.regs = append(hr.regs, reg)
 	hr.rkeys = append(hr.rkeys, reg.RemoteKey())
 	hr.segs = append(hr.segs, &messages.Segment{RemoteAddr: reg.RemoteAddr(), Length: n, Rkey: uint32(len(hr.rkeys) - 1)})
+}
+
+// remoteKeys are the keys readers name in the descriptors' segments (one,
+// for an implied registration); none once deregistered.
+func (hr *holdRegistration) remoteKeys() [][]byte {
+	if hr.implied && len(hr.regs) == 1 {
+		return [][]byte{hr.regs[0].RemoteKey()}
+	}
+	if hr.perExtent == nil {
+		return nil
+	}
+	return hr.rkeys
+}
+
+// segments are the per-extent registrations' segments; none for an
+// implied one.
+func (hr *holdRegistration) segments() []*messages.Segment {
+	if hr.perExtent == nil {
+		return nil
+	}
+	return hr.segs
 }
 
 // deregisterAll revokes every registration in hr, returning the failures:

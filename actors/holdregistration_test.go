@@ -79,7 +79,7 @@ func TestRegisterHold(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !hr.implied || len(hr.regs) != 1 || len(hr.rkeys) != 1 || hr.segs != nil || hr.regionAddr != 1000 || len(b.extents) != 1 {
+		if !hr.implied || len(hr.regs) != 1 || len(hr.remoteKeys()) != 1 || hr.segments() != nil || hr.regionAddr != 1000 || len(b.extents) != 1 {
 			t.Fatalf("want one implied key: %+v, %d RegisterExtents calls", hr, len(b.extents))
 		}
 		got := b.extents[0]
@@ -92,10 +92,10 @@ func TestRegisterHold(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if hr.implied || len(b.extents) != 0 || len(hr.regs) != len(exts) || len(hr.rkeys) != len(exts) || len(hr.segs) != len(exts) {
+		if hr.implied || len(b.extents) != 0 || len(hr.regs) != len(exts) || len(hr.remoteKeys()) != len(exts) || len(hr.segments()) != len(exts) {
 			t.Fatalf("want %d registrations with a segment each: %+v", len(exts), hr)
 		}
-		for i, s := range hr.segs {
+		for i, s := range hr.segments() {
 			if s.Rkey != uint32(i) || s.Length != exts[i].Len || s.RemoteAddr != hr.regs[i].RemoteAddr() {
 				t.Fatalf("segment %d = %+v, extent %+v", i, s, exts[i])
 			}

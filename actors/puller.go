@@ -97,10 +97,14 @@ type pullerActor struct {
 	// readDur is how long the data-plane reads took (set by run, read by
 	// finish on the same goroutine).
 	readDur time.Duration
-	deps    *PullDeps
-	p       *Pull
-	start   time.Time
-	cancel  context.CancelFunc
+	// descDur (start to descriptors in hand) and endDur (the awaited
+	// PullEnd) are the rest of the pull's control plane, set and read as
+	// readDur is: PullDone reports them for make bench-pull's breakdown.
+	descDur, endDur time.Duration
+	deps            *PullDeps
+	p               *Pull
+	start           time.Time
+	cancel          context.CancelFunc
 }
 
 // PullerProps returns props for a puller actor running p.
@@ -145,7 +149,8 @@ func (a *pullerActor) finish(r *pullResult) {
 		PullId: a.p.ID, TransferId: a.p.Params.TransferId, Ok: r.err == nil,
 		EngineId: a.p.Dst.Engine, RegionId: a.p.Dst.ID, KvLoadFailurePolicy: a.deps.LoadFailurePolicy,
 		DurationUs: uint64(a.deps.clock().Now().Sub(a.start) / time.Microsecond), RequestId: a.p.Params.ConnexRequestId,
-		ReadUs: uint64(a.readDur / time.Microsecond),
+		ReadUs: uint64(a.readDur / time.Microsecond), DescriptorsUs: uint64(a.descDur / time.Microsecond),
+		PullEndUs: uint64(a.endDur / time.Microsecond),
 	}
 	if r.err != nil {
 		e := errcode.AsError(r.err)
@@ -200,6 +205,7 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	plan, planErr := planDst(a.p.Dst, prm.RemoteBlockIds, a.p.DstBlocks)
 	defer plan.release() // after read: every Get has returned by then
 	r := <-dch
+	a.descDur = a.deps.clock().Now().Sub(a.start)
 	if r.err != nil {
 		early.drop()
 		// The holder may have started the pull before its reply failed
@@ -251,7 +257,10 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 		return err
 	}
 	if ok && !desc.PullEndAsync {
-		if err := end(); api.CodeOf(err) == api.CodeRegionBroken {
+		t0 := a.deps.clock().Now()
+		err := end()
+		a.endDur = a.deps.clock().Now().Sub(t0)
+		if api.CodeOf(err) == api.CodeRegionBroken {
 			// The holder's region broke during the read: what it sent
 			// may be zeros.
 			getErr = fmt.Errorf("pull %s: %w", a.p.ID, err)

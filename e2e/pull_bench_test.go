@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -70,12 +72,25 @@ import (
 //     line's kvlayout/contiguous-same-bytes (piece count alone, without the
 //     per-pull fixed cost weighing twice on the smaller pull).
 //   - fixed: 2 × 64 KiB, whose pull time (CONTEXT per-pull-fixed-ms) is
-//     what a pull costs beyond moving its bytes.
+//     what a pull costs beyond moving its bytes. Its BREAKDOWN line per
+//     connex case says where that time goes, medians in ms and as a share
+//     of the wall: start_rpc (StartPull's request/reply; it overlaps what
+//     follows), nats_in_out (wall less PullDone.duration_us: StartPull in to
+//     the puller's start, PullDone out to the engine), descriptors
+//     (descriptors_us), read (read_us), pull_end (pull_end_us, when awaited)
+//     and other (the hand-offs between them), and the reference: a bare NATS
+//     request/reply on the same server (bare_nats_rtt_ms, two hops) and the
+//     wall in those. BENCH_PULL_LAYOUTS=fixed runs only those pulls.
 //
 // The last line printed is
 // RATIO ucx/memcpy=<x> ucx/perftest=<y> tcp/ucxtcp=<z> kvlayout/contiguous=<w>.
 func BenchmarkPull(b *testing.B) {
 	layouts := benchPullLayouts()
+	if only := os.Getenv("BENCH_PULL_LAYOUTS"); only != "" {
+		// e.g. BENCH_PULL_LAYOUTS=fixed: only the BREAKDOWN pulls (RATIO's
+		// figures then read n/a).
+		layouts = slices.DeleteFunc(layouts, func(l benchPullLayout) bool { return !slices.Contains(strings.Split(only, ","), l.name) })
+	}
 	res := &pullResults{m: map[string]pullStat{}}
 	tls := os.Getenv("UCX_TLS")
 	if tls == "" {
@@ -96,6 +111,7 @@ func BenchmarkPull(b *testing.B) {
 		b.Run("perftest-tcp", func(b *testing.B) { benchPullPerftest(b, layouts, res, "perftest-tcp", "tcp") })
 	}
 	url := startNATS(b)
+	res.natsRTT = bareNATSRoundTrip(b, url)
 	if ucxBuilt {
 		b.Run("ucx", func(b *testing.B) { benchPullConnex(b, layouts, res, url, "ucx", "ucx", true) })
 		b.Run("ucx-checked", func(b *testing.B) {
@@ -153,6 +169,9 @@ func BenchmarkPull(b *testing.B) {
 		return fmt.Sprintf("%.2f", float64(2*64<<10)/s.median*1e3)
 	}
 	fmt.Printf("CONTEXT per-pull-fixed-ms=%s (ucx) %s (tcp)\n", fixedMs("ucx"), fixedMs("tcp"))
+	for _, l := range res.breakdowns {
+		fmt.Println(l)
+	}
 	fmt.Printf("CONTEXT ucx/memcpy-all-cores=%s ucx/stream-all-cores=%s|%s (contig|kv) kvlayout/contiguous-same-bytes=%s stream-kvlayout/stream-contiguous=%s memcpy-kvlayout/memcpy-contiguous=%s\n",
 		ratio("contig", "ucx", "memcpy-all-cores", "contig"),
 		ratio("contig", "ucx", "stream-all-cores", "contig"),
@@ -316,6 +335,98 @@ type pullStat struct {
 type pullResults struct {
 	mu sync.Mutex
 	m  map[string]pullStat
+	// breakdowns are the BREAKDOWN lines, one per connex case.
+	breakdowns []string
+	// natsRTT is the median bare NATS request/reply between two
+	// connections of this process, on the same server: the reference for
+	// the NATS hops in a BREAKDOWN line.
+	natsRTT time.Duration
+}
+
+// bareNATSRoundTrip is the median of 301 request/replies through the
+// server at url between two connections of this process (an echo).
+func bareNATSRoundTrip(b *testing.B, url string) time.Duration {
+	srv, cli := connect(b, url), connect(b, url)
+	sub, err := srv.Subscribe("bench.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := srv.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	ds := make([]time.Duration, 301)
+	for i := range ds {
+		t0 := time.Now()
+		if _, err := cli.Request("bench.echo", []byte("x"), 5*time.Second); err != nil {
+			b.Fatal(err)
+		}
+		ds[i] = time.Since(t0)
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2]
+}
+
+// pullPhases is where one pull's time went, from the client's StartPull to
+// its PullDone notice (wall), by what the reader's PullDone reports.
+type pullPhases struct {
+	wall     time.Duration // StartPull sent → PullDone received (the bench's clock)
+	startRPC time.Duration // StartPull's NATS request/reply: api decode, checks, puller spawn
+	hops     time.Duration // wall - duration_us: StartPull in to the puller's start, and PullDone out to the engine
+	desc     time.Duration // descriptors_us: puller start → descriptors in hand (the peer.descriptors round trip)
+	read     time.Duration // read_us: the data-plane reads
+	end      time.Duration // pull_end_us: the awaited peer.pullend round trip (0 when async)
+	other    time.Duration // duration_us less the above: hand-offs between them, the destination check
+}
+
+func phasesOf(wall, startRPC time.Duration, d *messages.PullDone) pullPhases {
+	us := func(v uint64) time.Duration { return time.Duration(v) * time.Microsecond }
+	dur := us(d.DurationUs)
+	return pullPhases{wall: wall, startRPC: startRPC, hops: wall - dur, desc: us(d.DescriptorsUs), read: us(d.ReadUs),
+		end: us(d.PullEndUs), other: dur - us(d.DescriptorsUs) - us(d.ReadUs) - us(d.PullEndUs)}
+}
+
+// breakdownLine is the BREAKDOWN line of a case's "fixed" pulls: the median
+// of each phase in ms (medians of parts need not add up to the median
+// wall), and the share of the wall each median is.
+func breakdownLine(name string, ps []pullPhases, natsRTT time.Duration) string {
+	med := func(f func(pullPhases) time.Duration) float64 {
+		v := make([]float64, len(ps))
+		for i, p := range ps {
+			v[i] = float64(f(p)) / 1e6
+		}
+		sort.Float64s(v)
+		if len(v) == 0 {
+			return 0
+		}
+		return v[len(v)/2]
+	}
+	wall := med(func(p pullPhases) time.Duration { return p.wall })
+	parts := []struct {
+		n string
+		f func(pullPhases) time.Duration
+	}{
+		{"start_rpc", func(p pullPhases) time.Duration { return p.startRPC }},
+		{"nats_in_out", func(p pullPhases) time.Duration { return p.hops }},
+		{"descriptors", func(p pullPhases) time.Duration { return p.desc }},
+		{"read", func(p pullPhases) time.Duration { return p.read }},
+		{"pull_end", func(p pullPhases) time.Duration { return p.end }},
+		{"other", func(p pullPhases) time.Duration { return p.other }},
+	}
+	line := fmt.Sprintf("BREAKDOWN %s fixed (2 x 64 KiB, medians of %d) wall_ms=%.3f", name, len(ps), wall)
+	for _, p := range parts {
+		m := med(p.f)
+		line += fmt.Sprintf(" %s_ms=%.3f", p.n, m)
+		if wall > 0 {
+			line += fmt.Sprintf("(%.0f%%)", 100*m/wall)
+		}
+	}
+	rtt := float64(natsRTT) / 1e6
+	line += fmt.Sprintf(" bare_nats_rtt_ms=%.3f", rtt)
+	if rtt > 0 {
+		line += fmt.Sprintf(" wall/bare_nats_rtt=%.1f", wall/rtt)
+	}
+	return line
 }
 
 func (r *pullResults) put(c, l string, s pullStat) {
@@ -377,6 +488,7 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 		notes      chan pullNotice
 		walls      []time.Duration
 		durs       []time.Duration
+		phases     []pullPhases
 		first      time.Duration
 		hcpu, rcpu time.Duration
 	}
@@ -431,6 +543,7 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 			if _, err := de.cli.StartPull(ctx5(b), &messages.StartPullRequest{Params: c.hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: l.dst, PullId: id}); err != nil {
 				b.Fatalf("start pull %s: %v", id, err)
 			}
+			startRPC := time.Since(t0)
 			var n pullNotice
 			timeout := time.NewTimer(60 * time.Second)
 			for n.d == nil {
@@ -454,6 +567,7 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 			} else {
 				c.walls = append(c.walls, wall)
 				c.durs = append(c.durs, time.Duration(n.d.DurationUs)*time.Microsecond)
+				c.phases = append(c.phases, phasesOf(wall, startRPC, n.d))
 				c.hcpu += procCPU(hn.cmd.Process.Pid) - h0
 				c.rcpu += procCPU(rn.cmd.Process.Pid) - r0
 				total += l.bytes()
@@ -484,6 +598,9 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 		ds := statOf(l.bytes(), c.durs)
 		ds.note = "reader-side PullDone.duration_us (descriptors + connect + GETs)"
 		res.put(name+"/duration_us", l.name, ds)
+		if l.name == "fixed" {
+			res.breakdowns = append(res.breakdowns, breakdownLine(name, c.phases, res.natsRTT))
+		}
 	}
 	b.SetBytes(total / int64(b.N))
 	hn.stop()

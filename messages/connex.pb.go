@@ -1220,7 +1220,15 @@ type PullDone struct {
 	RequestId string `protobuf:"bytes,11,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// How long the data-plane reads took (duration_us less the descriptors
 	// round trip and the end): bytes / read_us is the transfer's speed.
-	ReadUs        uint64 `protobuf:"varint,12,opt,name=read_us,json=readUs,proto3" json:"read_us,omitempty"`
+	ReadUs uint64 `protobuf:"varint,12,opt,name=read_us,json=readUs,proto3" json:"read_us,omitempty"`
+	// Where the rest of duration_us went (make bench-pull's BREAKDOWN line):
+	// descriptors_us from the pull's start to the holder's descriptors in
+	// hand (the peer.descriptors NATS round trip and the hold actor's turn;
+	// planning the destination and an early connect run meanwhile),
+	// pull_end_us the awaited peer.pullend round trip (0 when it went in the
+	// background: the descriptors said pull_end_async, or the pull failed).
+	DescriptorsUs uint64 `protobuf:"varint,13,opt,name=descriptors_us,json=descriptorsUs,proto3" json:"descriptors_us,omitempty"`
+	PullEndUs     uint64 `protobuf:"varint,14,opt,name=pull_end_us,json=pullEndUs,proto3" json:"pull_end_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1335,6 +1343,20 @@ func (x *PullDone) GetRequestId() string {
 func (x *PullDone) GetReadUs() uint64 {
 	if x != nil {
 		return x.ReadUs
+	}
+	return 0
+}
+
+func (x *PullDone) GetDescriptorsUs() uint64 {
+	if x != nil {
+		return x.DescriptorsUs
+	}
+	return 0
+}
+
+func (x *PullDone) GetPullEndUs() uint64 {
+	if x != nil {
+		return x.PullEndUs
 	}
 	return 0
 }
@@ -2215,7 +2237,7 @@ const file_connex_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\")\n" +
 	"\x0eStartPullReply\x12\x17\n" +
-	"\apull_id\x18\x01 \x01(\tR\x06pullId\"\xe7\x02\n" +
+	"\apull_id\x18\x01 \x01(\tR\x06pullId\"\xae\x03\n" +
 	"\bPullDone\x12\x17\n" +
 	"\apull_id\x18\x01 \x01(\tR\x06pullId\x12\x1f\n" +
 	"\vtransfer_id\x18\x02 \x01(\tR\n" +
@@ -2233,7 +2255,9 @@ const file_connex_proto_rawDesc = "" +
 	" \x01(\tR\x13kvLoadFailurePolicy\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\v \x01(\tR\trequestId\x12\x17\n" +
-	"\aread_us\x18\f \x01(\x04R\x06readUs\"\x9d\x01\n" +
+	"\aread_us\x18\f \x01(\x04R\x06readUs\x12%\n" +
+	"\x0edescriptors_us\x18\r \x01(\x04R\rdescriptorsUs\x12\x1e\n" +
+	"\vpull_end_us\x18\x0e \x01(\x04R\tpullEndUs\"\x9d\x01\n" +
 	"\vBlocksFreed\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x12\x1b\n" +

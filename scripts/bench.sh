@@ -4,7 +4,9 @@
 #                      authentication and TLS cost it (SECURITY ...), and what member TLS
 #                      costs a round trip on protoactor's remote (REMOTE ...) and a TCP pull's
 #                      throughput (TLSDATA ...): both on by default with auth
-#   bench.sh pull      data-plane pulls vs memcpy, ucx_perftest, TCP (RATIO ...)
+#   bench.sh pull      data-plane pulls vs memcpy, ucx_perftest, TCP (RATIO ...), and where a small pull's fixed
+#                      cost goes against a bare NATS round trip (BREAKDOWN ..., one per case;
+#                      BENCH_PULL_LAYOUTS=fixed for those pulls alone)
 #   bench.sh cluster   failover timings (FAILOVER ...)
 #   bench.sh resume    what a decode death costs a streamed request, resumed vs re-prefilled (RESUME ...)
 #   bench.sh hosts     a TCP pull between two network-namespace hosts vs iperf3 on the same pair (HOSTS ...);
@@ -16,6 +18,10 @@
 #   bench.sh scale     CPU per request over the first and last 10k of 100k requests through the request store
 #                      and its orphan scan, and idle CPU before and after (SCALE ...); BENCH_SCALE_REQUESTS=n
 #                      for fewer, BENCH_SCALE_IDLE_S=s for the idle windows
+#   bench.sh holds     what each live hold costs connexd: BENCH_HOLDS (default 100k) holds created as hold.create
+#                      creates them (hold actors, lease timers, registrations in the default data plane), process
+#                      RSS and Go heap bytes and goroutines per hold, against a bare lease.Hold (HOLDS ...);
+#                      BENCH_HOLDS_BACKEND=tcp|ucx|auto, BENCH_HOLDS_HEAPPROFILE=file for where the bytes are
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -41,6 +47,7 @@ case "${1:-control}" in
     ;;
   pull)
     go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkPull$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"
+    grep '^BREAKDOWN ' "$out" || true
     grep '^RATIO ' "$out" | tail -1
     ;;
   cluster)
@@ -93,5 +100,9 @@ case "${1:-control}" in
     go test -run '^$' -bench '^BenchmarkScale$' -benchtime 1x -timeout 30m ./requests/ | tee "$out"
     grep '^SCALE ' "$out" | tail -1
     ;;
-  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|vllm" >&2; exit 2 ;;
+  holds)
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkHolds$' -benchtime 1x -timeout 30m ./actors/ | tee "$out"
+    grep '^HOLDS ' "$out" | tail -1
+    ;;
+  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|holds|vllm" >&2; exit 2 ;;
 esac

@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 )
 
 // Sentinel errors a caller can branch on with errors.Is. Backends wrap them
@@ -172,6 +173,63 @@ func JoinAdjacent(extents []Extent) []Extent {
 		out = append(out, e)
 	}
 	return out
+}
+
+// PeriodicExtents are sorted, disjoint extents kept as one period: Runs
+// repeated Periods times, each Stride bytes further on. A hold's extents —
+// the same runs of blocks in every layer and K/V plane, a plane apart — are
+// one period, so a backend that checks reads against a registration's
+// extents keeps a few runs instead of one extent per layer and plane
+// (64 × 16 bytes for a 32-layer hold of one run: make bench-holds).
+type PeriodicExtents struct {
+	Runs            []Extent
+	Stride, Periods uint64 // Periods 1 (Stride 0): Runs are all the extents
+}
+
+// NewPeriodicExtents finds the shortest period of extents (sorted and
+// disjoint, ValidateExtents): the fewest first runs, their count dividing
+// len(extents), such that extent i is run i mod len(Runs) moved on
+// (i / len(Runs)) × Stride; else the extents themselves, once. Runs is a
+// copy.
+func NewPeriodicExtents(extents []Extent) PeriodicExtents {
+	n := len(extents)
+	for r := 1; r <= n/2; r++ {
+		if n%r != 0 {
+			continue
+		}
+		stride := extents[r].Off - extents[0].Off
+		same := stride > 0
+		for i := r; same && i < n; i++ {
+			same = extents[i].Off == extents[i-r].Off+stride && extents[i].Len == extents[i-r].Len
+		}
+		if same {
+			return PeriodicExtents{Runs: append([]Extent(nil), extents[:r]...), Stride: stride, Periods: uint64(n / r)}
+		}
+	}
+	return PeriodicExtents{Runs: append([]Extent(nil), extents...), Periods: 1}
+}
+
+// Allows reports whether [off, off+n) lies inside one extent. A range
+// that crosses from one period into the next runs past its run's end in
+// the first period, and is refused like any other.
+func (p PeriodicExtents) Allows(off, n uint64) bool {
+	if len(p.Runs) == 0 || off < p.Runs[0].Off {
+		return false
+	}
+	if p.Periods > 1 {
+		k := (off - p.Runs[0].Off) / p.Stride
+		if k >= p.Periods {
+			return false
+		}
+		off -= k * p.Stride
+	}
+	// The last run starting at or before off.
+	i := sort.Search(len(p.Runs), func(i int) bool { return p.Runs[i].Off > off }) - 1
+	if i < 0 {
+		return false
+	}
+	e := p.Runs[i]
+	return off-e.Off <= e.Len && n <= e.Len-(off-e.Off)
 }
 
 // Allocator is implemented by backends that can allocate memory which peers

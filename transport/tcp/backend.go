@@ -124,13 +124,11 @@ func (b *Backend) RegisterExtents(mem []byte, extents []transport.Extent) (trans
 	if err := transport.ValidateExtents(extents, uint64(len(mem))); err != nil {
 		return nil, fmt.Errorf("tcp register: %w", err)
 	}
-	if extents == nil {
-		extents = []transport.Extent{}
-	}
-	return b.register(mem, transport.JoinAdjacent(extents))
+	p := transport.NewPeriodicExtents(transport.JoinAdjacent(extents))
+	return b.register(mem, &p)
 }
 
-func (b *Backend) register(mem []byte, extents []transport.Extent) (transport.Registration, error) {
+func (b *Backend) register(mem []byte, extents *transport.PeriodicExtents) (transport.Registration, error) {
 	r := &registration{b: b, mem: mem, n: uint64(len(mem)), extents: extents}
 	if _, err := rand.Read(r.secret[:]); err != nil {
 		return nil, fmt.Errorf("tcp register: secret: %w", err)

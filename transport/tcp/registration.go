@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,9 +20,9 @@ type registration struct {
 	secret [8]byte
 	key    []byte
 	n      uint64 // len(mem), immutable so range checks need no lock
-	// extents, if set, are the only readable ranges (sorted, disjoint);
-	// immutable.
-	extents []transport.Extent
+	// extents, if set, are the only readable ranges, in their periodic
+	// form; immutable.
+	extents *transport.PeriodicExtents
 
 	mu   sync.RWMutex
 	mem  []byte      // nil after Deregister; guarded by mu
@@ -86,11 +85,5 @@ func (r *registration) allows(off, n uint64) bool {
 	if r.extents == nil {
 		return true
 	}
-	// The last extent starting at or before off.
-	i := sort.Search(len(r.extents), func(i int) bool { return r.extents[i].Off > off }) - 1
-	if i < 0 {
-		return false
-	}
-	e := r.extents[i]
-	return off-e.Off <= e.Len && n <= e.Len-(off-e.Off)
+	return r.extents.Allows(off, n)
 }

@@ -49,9 +49,13 @@ typedef struct cx_reg {
 	int32_t active;
 	int32_t pad;
 	// ext, if next > 0, lists the only readable ranges as next sorted,
-	// disjoint (offset from base, length) pairs.
+	// disjoint (offset from base, length) pairs, repeated periods times at
+	// stride (periods 1: the list is all of them). A hold's extents are one
+	// run of blocks per layer and plane at the layout's plane stride: kept
+	// as one period, 64 extents cost 16 bytes instead of 1 KiB.
 	uint64_t *ext;
 	uint64_t next;
+	uint64_t stride, periods;
 } cx_reg;
 
 // cx_slot is a reader-side GET waiting for its reply (state 1) or
@@ -139,7 +143,9 @@ int64_t cx_reg_disable(cx_worker *w, cx_reg *r);
 // cx_reg_kill_replies force-closes the endpoints r's replies are on.
 void cx_reg_kill_replies(cx_reg *r);
 void cx_reg_free(cx_reg *r);
-// cx_reg_set_extents restricts r to n (offset, length) pairs (copied).
+// cx_reg_set_extents restricts r to n sorted, disjoint (offset, length)
+// pairs (copied; pairs that repeat one period at a fixed stride, as a
+// hold's do, are kept as that period).
 int cx_reg_set_extents(cx_reg *r, const uint64_t *pairs, uint64_t n);
 
 // cx_batch_abort completes every GET of ops still waiting for a reply with

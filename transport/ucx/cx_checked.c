@@ -44,6 +44,19 @@ static int cx_reg_allows(const cx_reg *r, uint64_t off, uint64_t n) {
 	if (r->next == 0) {
 		return 1;
 	}
+	if (r->periods > 1) {
+		// Into the first period: a range inside a run of period k is that
+		// run's range shifted by k strides; one that crosses periods is
+		// past its run's end there too.
+		if (off < r->ext[0]) {
+			return 0;
+		}
+		uint64_t k = (off - r->ext[0]) / r->stride;
+		if (k >= r->periods) {
+			return 0;
+		}
+		off -= k * r->stride;
+	}
 	// The last extent starting at or before off.
 	uint64_t lo = 0, hi = r->next;
 	while (lo < hi) {
@@ -61,14 +74,41 @@ static int cx_reg_allows(const cx_reg *r, uint64_t off, uint64_t n) {
 	return off - eo <= el && n <= el - (off - eo);
 }
 
+// cx_period returns the smallest r < n dividing n such that the n sorted,
+// disjoint pairs are their first r repeated n/r times, each time stride
+// further on (*stride); n (and stride 0) when there is none. Sorted and
+// disjoint, the first r end before the next period starts.
+static uint64_t cx_period(const uint64_t *p, uint64_t n, uint64_t *stride) {
+	for (uint64_t r = 1; r <= n / 2; r++) {
+		if (n % r != 0) {
+			continue;
+		}
+		uint64_t s = p[2 * r] - p[0];
+		int same = s > 0;
+		for (uint64_t i = r; same && i < n; i++) {
+			same = p[2 * i] == p[2 * (i - r)] + s && p[2 * i + 1] == p[2 * (i - r) + 1];
+		}
+		if (same) {
+			*stride = s;
+			return r;
+		}
+	}
+	*stride = 0;
+	return n;
+}
+
 int cx_reg_set_extents(cx_reg *r, const uint64_t *pairs, uint64_t n) {
-	uint64_t *e = malloc(n * 2 * sizeof(uint64_t));
+	uint64_t stride;
+	uint64_t runs = cx_period(pairs, n, &stride);
+	uint64_t *e = malloc(runs * 2 * sizeof(uint64_t));
 	if (e == NULL) {
 		return -1;
 	}
-	memcpy(e, pairs, n * 2 * sizeof(uint64_t));
+	memcpy(e, pairs, runs * 2 * sizeof(uint64_t));
 	r->ext = e;
-	r->next = n;
+	r->next = runs;
+	r->stride = stride;
+	r->periods = n / runs;
 	return 0;
 }
 

@@ -25,15 +25,21 @@ import (
 // Registration is memory mapped with ucp_mem_map. Its remote key covers
 // exactly [RemoteAddr, RemoteAddr+Len).
 type Registration struct {
-	b     *Backend
-	memh  C.ucp_mem_h
-	ptr   unsafe.Pointer // first registered byte
-	base  uintptr
-	n     int
-	key   []byte
-	alloc bool      // UCX allocated the memory (Alloc)
-	rma   bool      // raw RMA key: Alloc, or Register in onesided mode
-	creg  *C.cx_reg // checked registrations: the holder's table entry
+	b    *Backend
+	memh C.ucp_mem_h
+	ptr  unsafe.Pointer // first registered byte
+	base uintptr
+	n    int
+	key  []byte // RMA and onesided keys; checked and shared keys are packed per RemoteKey
+	// regID and token name a checked registration in its key, and
+	// keyAlloc the allocation a shared key names (shared, which Deregister
+	// clears, at the time it was made): kept rather than the packed key
+	// (~110 bytes a hold: make bench-holds).
+	regID, token uint64
+	keyAlloc     *Allocation
+	alloc        bool      // UCX allocated the memory (Alloc)
+	rma          bool      // raw RMA key: Alloc, or Register in onesided mode
+	creg         *C.cx_reg // checked registrations: the holder's table entry
 	// shared is the allocation a checked registration lies in (its key is
 	// a shared key); nil otherwise.
 	shared *Allocation
@@ -140,7 +146,11 @@ func (b *Backend) newReg(mem []byte, extents []uint64, onesided bool) (*Registra
 		r.dropView()
 		return nil, fmt.Errorf("ucx: extents under one key need checked reads: %w", errors.ErrUnsupported)
 	}
-	r.pin.Pin(&mem[0])
+	if a == nil {
+		// Memory UCX allocated is not Go's: nothing to pin, and a Pinner
+		// costs an object and a finalizer (~100 bytes a live hold).
+		r.pin.Pin(&mem[0])
+	}
 	return r, nil
 }
 
@@ -289,15 +299,25 @@ func (b *Backend) mapOnWorker(r *Registration, extents []uint64, token uint64, p
 			return C.UCS_ERR_NO_MEMORY
 		}
 	}
-	r.key = packCheckedKey(uint64(r.base), r.n, uint64(r.creg.id), token)
-	if r.shared != nil {
-		r.key = packSharedKey(uint64(r.base), r.n, uint64(r.creg.id), token, r.shared.id, proc, r.shared.rkey)
-	}
+	r.regID, r.token, r.keyAlloc = uint64(r.creg.id), token, r.shared
 	return C.UCS_OK
 }
 
-// RemoteKey is the packed key: the registered extent followed by UCX's rkey.
-func (r *Registration) RemoteKey() []byte { return bytes.Clone(r.key) }
+// RemoteKey is the packed key: the registered extent followed by UCX's rkey
+// (RMA, onesided), or what names the checked registration (and, for a
+// shared key, the allocation it lies in and this process).
+func (r *Registration) RemoteKey() []byte {
+	switch {
+	case r.key != nil:
+		return bytes.Clone(r.key)
+	case r.keyAlloc != nil:
+		// Allocate succeeded only where selfProc did; cached since.
+		proc, _ := selfProc()
+		return packSharedKey(uint64(r.base), r.n, r.regID, r.token, r.keyAlloc.id, proc, r.keyAlloc.rkey)
+	default:
+		return packCheckedKey(uint64(r.base), r.n, r.regID, r.token)
+	}
+}
 
 // RemoteAddr is the virtual address of the first registered byte.
 func (r *Registration) RemoteAddr() uint64 { return uint64(r.base) }
