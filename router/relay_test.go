@@ -164,6 +164,21 @@ func newTestRouter(t *testing.T, engines ...*fakeEngine) *Server {
 // whether it ended with [DONE].
 func stream(t *testing.T, url, body string) (texts []string, done bool, errs []string) {
 	t.Helper()
+	a := streamAnswer(t, url, body)
+	return a.texts, a.dones > 0, a.errs
+}
+
+// sseAnswer is what a streamed answer carried.
+type sseAnswer struct {
+	texts []string // one entry per choice chunk
+	ids   []int    // token_ids (return_token_ids)
+	dones int      // "data: [DONE]" lines
+	errs  []string // error events' codes
+}
+
+// streamAnswer posts body and reads the whole SSE answer.
+func streamAnswer(t *testing.T, url, body string) (a sseAnswer) {
+	t.Helper()
 	resp, err := http.Post(url, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -180,12 +195,13 @@ func stream(t *testing.T, url, body string) (texts []string, done bool, errs []s
 			continue
 		}
 		if line == "[DONE]" {
-			done = true
+			a.dones++
 			continue
 		}
 		var ch struct {
 			Choices []struct {
-				Text string `json:"text"`
+				Text     string `json:"text"`
+				TokenIDs []int  `json:"token_ids"`
 			} `json:"choices"`
 			Error map[string]any `json:"error"`
 		}
@@ -193,13 +209,14 @@ func stream(t *testing.T, url, body string) (texts []string, done bool, errs []s
 			t.Fatalf("chunk %q: %v", line, err)
 		}
 		if ch.Error != nil {
-			errs = append(errs, fmt.Sprint(ch.Error["code"]))
+			a.errs = append(a.errs, fmt.Sprint(ch.Error["code"]))
 		}
 		for _, c := range ch.Choices {
-			texts = append(texts, c.Text)
+			a.texts = append(a.texts, c.Text)
+			a.ids = append(a.ids, c.TokenIDs...)
 		}
 	}
-	return texts, done, errs
+	return a
 }
 
 func want(n int) []string {
@@ -252,42 +269,13 @@ func TestResumeStartsAtWholeText(t *testing.T) {
 	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", failAfter: 4, withhold: map[int]bool{1002: true, 1003: true}}).start()
 	d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
 	s := newTestRouter(t, p, d1, d2)
-	resp, err := http.Post(s.URL()+"/v1/completions", "application/json",
-		strings.NewReader(`{"model":"m","prompt":"abc","max_tokens":10,"stream":true,"return_token_ids":true}`))
-	if err != nil {
-		t.Fatal(err)
+	a := streamAnswer(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true,"return_token_ids":true}`)
+	if len(a.errs) > 0 {
+		t.Fatalf("errors %v", a.errs)
 	}
-	defer resp.Body.Close()
-	var text strings.Builder
-	var ids []int
-	var dones int
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		if line == "[DONE]" {
-			dones++
-			continue
-		}
-		var ch struct {
-			Choices []struct {
-				Text     string `json:"text"`
-				TokenIDs []int  `json:"token_ids"`
-			} `json:"choices"`
-			Error map[string]any `json:"error"`
-		}
-		if err := json.Unmarshal([]byte(line), &ch); err != nil || ch.Error != nil {
-			t.Fatalf("chunk %q: %v", line, err)
-		}
-		for _, c := range ch.Choices {
-			text.WriteString(c.Text)
-			ids = append(ids, c.TokenIDs...)
-		}
-	}
-	if got, want := text.String(), strings.Join(want(10), ""); got != want || dones != 1 {
-		t.Fatalf("text %q (%d [DONE]), want %q once", got, dones, want)
+	ids := a.ids
+	if got, want := strings.Join(a.texts, ""), strings.Join(want(10), ""); got != want || a.dones != 1 {
+		t.Fatalf("text %q (%d [DONE]), want %q once", got, a.dones, want)
 	}
 	for i, id := range ids {
 		if id != 1000+i || len(ids) != 10 {
