@@ -16,10 +16,6 @@ import (
 // this tree), serves a completion through the router, crashes and restarts
 // an engine, and checks that Close leaves no process behind.
 func TestLocalCluster(t *testing.T) {
-	needProc(t)
-	if testing.Short() {
-		t.Skip("starts real processes")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	o := realOptions(ctx, t)
@@ -72,9 +68,14 @@ func TestLocalCluster(t *testing.T) {
 }
 
 // realOptions are fast-engine options on the real binaries, built from
-// this tree (the test is skipped when they are not there yet).
+// this tree (the test is skipped with -short, without /proc, or when they
+// are not there yet).
 func realOptions(ctx context.Context, t *testing.T) Options {
 	t.Helper()
+	needProc(t)
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
 	bins, err := Build(ctx, t.TempDir(), "")
 	if errors.Is(err, ErrMissing) {
 		t.Skipf("not in the tree yet: %v", err)

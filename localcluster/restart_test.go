@@ -243,10 +243,6 @@ func TestLocalFakeCloseCancelsRestarts(t *testing.T) {
 // counters, which start at zero, count the request. Then the same for its
 // connexd and for the router.
 func TestLocalClusterRestartsAKilledEngine(t *testing.T) {
-	needProc(t)
-	if testing.Short() {
-		t.Skip("starts real processes")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	o := realOptions(ctx, t)
