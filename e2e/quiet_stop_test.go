@@ -17,6 +17,7 @@ import (
 // ERROR line in any process's output. A peer that leaves on purpose is not
 // a fault (protoactor's remote reports the closed streams as "EndpointWriter
 // lost connection"); a peer that dies still is (daemon/liblog_test.go).
+// And no line of any process names an attribute twice.
 func TestGracefulStopLogsNoError(t *testing.T) {
 	var logs safeBuffer
 	c := startProduct(t, func(o *localcluster.Options) {
@@ -47,11 +48,18 @@ func TestGracefulStopLogsNoError(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := logs.String()
-	var errs []string
+	var errs, repeats []string
 	for _, l := range strings.Split(out, "\n") {
 		if strings.Contains(l, "level=ERROR") {
 			errs = append(errs, l)
 		}
+		if k := repeatedKey(l); k != "" {
+			repeats = append(repeats, k+": "+l)
+		}
+	}
+	// connex-sim once wrote "engine=decode-0 engine=decode-0".
+	if len(repeats) > 0 {
+		t.Errorf("%d lines name an attribute twice:\n%s", len(repeats), strings.Join(repeats, "\n"))
 	}
 	if len(errs) > 0 {
 		t.Fatalf("a graceful stop logged %d ERROR lines:\n%s", len(errs), strings.Join(errs, "\n"))
@@ -63,9 +71,62 @@ func TestGracefulStopLogsNoError(t *testing.T) {
 		strings.Count(out, "\n"), strings.Count(out, "EndpointWriter lost connection"), strings.Count(out, `graceful_stop`))
 }
 
+// repeatedKey returns the first key that a logfmt line (slog's text
+// handler, after localcluster's "name | " prefix) has twice, or "".
+func repeatedKey(line string) string {
+	if i := strings.Index(line, "| "); i >= 0 {
+		line = line[i+2:]
+	}
+	seen := map[string]bool{}
+	for line != "" {
+		line = strings.TrimLeft(line, " ")
+		eq := strings.IndexByte(line, '=')
+		if eq <= 0 || strings.ContainsAny(line[:eq], " \"") {
+			return "" // not key=value: a plain line (a ready line's prose)
+		}
+		key := line[:eq]
+		if seen[key] {
+			return key
+		}
+		seen[key] = true
+		line = line[eq+1:]
+		if strings.HasPrefix(line, `"`) {
+			// A quoted value: up to the first quote not escaped.
+			i := 1
+			for i < len(line) && line[i] != '"' {
+				if line[i] == '\\' {
+					i++
+				}
+				i++
+			}
+			line = line[min(i+1, len(line)):]
+		} else if sp := strings.IndexByte(line, ' '); sp >= 0 {
+			line = line[sp:]
+		} else {
+			line = ""
+		}
+	}
+	return ""
+}
+
 func tail(s string, n int) string {
 	if len(s) > n {
 		return "…" + s[len(s)-n:]
 	}
 	return s
+}
+
+// TestRepeatedKey pins the line check TestGracefulStopLogsNoError relies on.
+func TestRepeatedKey(t *testing.T) {
+	for line, want := range map[string]string{
+		`decode-0/engine  | time=2026-12-03T21:30:11Z level=INFO msg="decode leg loaded" engine=decode-0 engine=decode-0`: "engine",
+		`router | time=x level=WARN msg="a \"quoted\" engine=x" engine=y err="e: engine=z"`:                               "",
+		`router | level=INFO msg=x a=1 b=2 a=3`:                                                                           "a",
+		`connex-sim ready engine=decode-0 role=decode`:                                                                    "",
+		`connexd stopped member=router`:                                                                                   "",
+	} {
+		if got := repeatedKey(line); got != want {
+			t.Errorf("repeatedKey(%q) = %q, want %q", line, got, want)
+		}
+	}
 }

@@ -54,7 +54,9 @@ type Config struct {
 	// (default) or "recompute".
 	DefaultLoadFailurePolicy string
 
-	Log *slog.Logger // nil discards
+	// Log receives the shim's lines, each with engine=EngineID added here:
+	// give it a logger that does not name the engine already. Nil discards.
+	Log *slog.Logger
 }
 
 func (c *Config) defaults() error {
@@ -149,7 +151,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{
-		cfg: cfg, cli: &api.Client{NC: cfg.NC, Member: cfg.Member, Engine: cfg.EngineID}, log: cfg.Log,
+		cfg: cfg, cli: &api.Client{NC: cfg.NC, Member: cfg.Member, Engine: cfg.EngineID}, log: cfg.Log.With("engine", cfg.EngineID),
 		alloc: NewAllocator(cfg.Layout.Blocks), avail: make(chan struct{}),
 		pulls: map[string]chan *messages.PullDone{}, requests: map[string]*Request{},
 		stop: make(chan struct{}), instance: newInstanceID(),
@@ -196,7 +198,7 @@ func (e *Engine) gone() {
 	c, cancel := context.WithTimeout(context.Background(), e.cfg.CallTimeout)
 	defer cancel()
 	if _, err := e.cli.EngineGone(c, &messages.EngineGoneRequest{EngineId: e.cfg.EngineID}); err != nil {
-		e.log.Warn("engine.gone failed", "engine", e.cfg.EngineID, "member", e.cfg.Member, "err", err)
+		e.log.Warn("engine.gone failed", "member", e.cfg.Member, "err", err)
 	}
 }
 
@@ -278,7 +280,7 @@ func (e *Engine) Free(ids []uint32) {
 	e.signalLocked()
 	e.mu.Unlock()
 	if err != nil {
-		e.log.Error("free of KV blocks refused", "engine", e.cfg.EngineID, "err", err)
+		e.log.Error("free of KV blocks refused", "err", err)
 	}
 }
 
@@ -351,9 +353,9 @@ func (e *Engine) onFreed(n *messages.BlocksFreed) {
 	}
 	e.mu.Unlock()
 	if err != nil {
-		e.log.Error("blocks.freed disagrees with the hold", "engine", e.cfg.EngineID, "transfer", n.TransferId, "err", err)
+		e.log.Error("blocks.freed disagrees with the hold", "transfer", n.TransferId, "err", err)
 	}
-	e.log.Debug("blocks freed", "engine", e.cfg.EngineID, "transfer", n.TransferId, "blocks", got, "reason", n.Reason)
+	e.log.Debug("blocks freed", "transfer", n.TransferId, "blocks", got, "reason", n.Reason)
 }
 
 // register sends one engine.register with fresh load figures and returns
@@ -406,10 +408,10 @@ func (e *Engine) renewLoop(every time.Duration) {
 		next, err := e.register(context.Background())
 		switch {
 		case err != nil && !failing:
-			e.log.Warn("engine registration renewal failed; retrying", "engine", e.cfg.EngineID, "err", err)
+			e.log.Warn("engine registration renewal failed; retrying", "err", err)
 			failing = true
 		case err == nil && failing:
-			e.log.Info("engine registration renewed again", "engine", e.cfg.EngineID)
+			e.log.Info("engine registration renewed again")
 			failing = false
 		}
 		if err == nil {
