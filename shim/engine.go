@@ -295,8 +295,14 @@ func (e *Engine) signalLocked() {
 // on the blocks belong to the hold: they come back to the allocator when
 // its blocks.freed notice arrives. On error the blocks stay the caller's
 // (Free them).
+//
+// hold.create runs to its answer (CallTimeout at most) even if ctx ends
+// first: connexd may create the hold after a caller gave up on it, and the
+// blocks would then be free here and held there (until claim_s) under a
+// transfer id nobody learned. A caller whose ctx ended meanwhile gets the
+// hold and releases it (Release), which frees the blocks on both sides.
 func (e *Engine) Hold(ctx context.Context, blocks []uint32, numTokens uint32) (*messages.KVTransferParams, error) {
-	c, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
+	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.CallTimeout)
 	defer cancel()
 	req := &messages.CreateHoldRequest{EngineId: e.cfg.EngineID, RegionId: e.cfg.RegionID, BlockIds: blocks, NumTokens: numTokens}
 	rep, err := e.cli.CreateHold(c, req)

@@ -365,7 +365,7 @@ func (s *Server) releaseOwn(ctx context.Context, transferID string) {
 		s.log.Warn("could not release the hold of an undelivered prefill answer (it is freed at claim_s)", "err", err)
 		return
 	}
-	s.log.Debug("released the hold of an undelivered prefill answer")
+	s.log.Info("released the hold of an undelivered prefill answer (its client left)", "transfer", transferID)
 }
 
 // decodeLeg loads the KV the params name (only min(remote_num_tokens,
