@@ -1,7 +1,6 @@
 package router
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,31 +9,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/connex/connex/poll"
 )
-
-// syncBuffer is a log sink the router's handlers write while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestClientGoneDuringPrefill: a client that hangs up while its prefill
 // leg runs ends the request there. The engine did not fail, so the router
@@ -61,7 +41,7 @@ func TestClientGoneDuringPrefill(t *testing.T) {
 	}
 	p1, p2 := slowPrefill("p1"), slowPrefill("p2")
 	d := (&fakeEngine{t: t, id: "d", role: "decode"}).start()
-	var logs syncBuffer
+	var logs poll.Buffer
 	s, err := New(Config{
 		Listen: "127.0.0.1:0",
 		Engines: func() []Engine {

@@ -1,39 +1,20 @@
 package sim
 
 import (
-	"bytes"
 	"log/slog"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/connex/connex/poll"
 )
-
-// lockedBuffer is a bytes.Buffer the server's handler goroutines may write
-// while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestLinesNameTheEngineOnce: the server adds engine=<id> to each of its
 // lines itself, so a line names the engine exactly once, whatever the line
 // (connex-sim logged "engine=decode-0 engine=decode-0" when both it and the
 // server added it, and some lines named no engine).
 func TestLinesNameTheEngineOnce(t *testing.T) {
-	var out lockedBuffer
+	var out poll.Buffer
 	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	holds := &holdTable{m: map[string]fakeHold{}}
 	serve := func(kv KV, id string) string {
