@@ -100,7 +100,10 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "connex-sim: --log-level %q: allowed: debug, info, warn, error\n", o.logLevel)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("engine", o.engineID)
+	// The shim and the server add engine= to their lines (libLog); this
+	// command's lines get it from log.
+	libLog := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := libLog.With("engine", o.engineID)
 	layout, err := sim.LookupLayout(o.layout, o.blocks)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "connex-sim: --layout: %v\n", err)
@@ -148,7 +151,7 @@ func run(args []string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	eng, err := shim.Open(ctx, shim.Config{
 		NC: nc, Member: o.member, EngineID: o.engineID, Role: o.role, Model: o.model, BaseURL: base,
-		Layout: layout, MaxModelLen: uint32(o.maxModelLen), Log: log,
+		Layout: layout, MaxModelLen: uint32(o.maxModelLen), Log: libLog,
 	})
 	cancel()
 	if err != nil {
@@ -159,7 +162,7 @@ func run(args []string) int {
 		KV: sim.ShimKV{Engine: eng}, EngineID: o.engineID, Role: o.role, Model: o.model, MaxModelLen: o.maxModelLen,
 		PrefillPerToken: time.Duration(o.prefillUS) * time.Microsecond,
 		DecodePerToken:  time.Duration(o.decodeMS * float64(time.Millisecond)),
-		Log:             log,
+		Log:             libLog,
 	})
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	serveErr := make(chan error, 1)
