@@ -79,6 +79,16 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		return
 	}
 	rid := newRequestID(kind)
+	// A text prompt that may not leave room for max_tokens is counted by an
+	// engine's tokenizer now, so it is refused before it costs a prefill.
+	if needsCount(c, limit) {
+		if n := s.countPrompt(r.Context(), c, rid); n > 0 {
+			if e := CheckContext(c, n, limit); e != nil {
+				reject(e)
+				return
+			}
+		}
+	}
 	pre, aerr := s.prefill(r.Context(), c, rid)
 	if aerr != nil && r.Context().Err() != nil {
 		// Nothing to answer and no engine at fault (the prefill engine

@@ -34,6 +34,8 @@ type Config struct {
 	MaxModelLen     int    // longest prompt + completion, in tokens
 	PrefillPerToken time.Duration
 	DecodePerToken  time.Duration
+	// NoTokenize leaves POST /tokenize out (404), as engines without it.
+	NoTokenize bool
 	// Log receives the server's lines, each with engine=EngineID added
 	// here: give it a logger that does not name the engine already. Nil
 	// discards.
@@ -73,6 +75,9 @@ func NewServer(cfg Config) *Server {
 	s.mux.Handle("/metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
 	s.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
+	if !cfg.NoTokenize {
+		s.mux.HandleFunc("/tokenize", s.tokenize)
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &httpError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found", Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
 	})

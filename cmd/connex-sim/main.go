@@ -45,6 +45,7 @@ type options struct {
 	blocks                                                                                         uint32
 	prefillUS, maxModelLen                                                                         int
 	decodeMS                                                                                       float64
+	tokenize                                                                                       bool
 }
 
 func parse(args []string) (*options, error) {
@@ -64,6 +65,7 @@ func parse(args []string) (*options, error) {
 	fs.IntVar(&o.prefillUS, "prefill-us-per-token", 50, "prefill cost per prompt token, in microseconds")
 	fs.Float64Var(&o.decodeMS, "decode-ms-per-token", 20, "decode cost per output token, in milliseconds")
 	fs.IntVar(&o.maxModelLen, "max-model-len", 16384, "longest prompt plus completion, in tokens")
+	fs.BoolVar(&o.tokenize, "tokenize", true, "serve POST /tokenize (false plays an engine without it: the router then learns a text prompt's length only from its prefill)")
 	fs.StringVar(&o.logLevel, "log-level", "warn", "debug, info, warn or error (structured, to stderr)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -159,7 +161,7 @@ func run(args []string) int {
 		return 1
 	}
 	srv := sim.NewServer(sim.Config{
-		KV: sim.ShimKV{Engine: eng}, EngineID: o.engineID, Role: o.role, Model: o.model, MaxModelLen: o.maxModelLen,
+		KV: sim.ShimKV{Engine: eng}, EngineID: o.engineID, Role: o.role, Model: o.model, MaxModelLen: o.maxModelLen, NoTokenize: !o.tokenize,
 		PrefillPerToken: time.Duration(o.prefillUS) * time.Microsecond,
 		DecodePerToken:  time.Duration(o.decodeMS * float64(time.Millisecond)),
 		Log:             libLog,
