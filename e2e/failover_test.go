@@ -198,6 +198,7 @@ func TestRequestSurvivesDecodeMemberDeath(t *testing.T) {
 	count := func(p *proc, s string) int { return strings.Count(p.logs(), s) }
 	evictions, joins := count(zombie, "rejoining with a new id"), count(peer, `msg="member joined"`)
 	zombie.signal(syscall.SIGCONT)
+	resumed := time.Now()
 	err := c.progress(t, "d2", "r-hang", 1, 99)
 	if api.CodeOf(err) != api.CodeFenced {
 		t.Fatalf("zombie progress: want fenced, got %v", err)
@@ -236,6 +237,7 @@ func TestRequestSurvivesDecodeMemberDeath(t *testing.T) {
 		}
 		return nil
 	})
+	t.Logf("zombie rejoined %s after SIGCONT; owners unchanged through the %s after", rejoined.Sub(resumed).Round(time.Millisecond), settle)
 	// Finishing releases the hold exactly once (both requests share it in
 	// this test; the second release finds it already released).
 	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
