@@ -118,13 +118,14 @@ func Parse(data []byte) (Table, error) {
 	return t, nil
 }
 
-// LoadReason is how a failed KV load with e's code reads: its Reason, else
-// its name.
-func (e Entry) LoadReason() string {
-	if e.Reason != "" {
-		return e.Reason
+// mirrored is the NATS entry e mirrors, if any.
+func (t Table) mirrored(e HTTPEntry) (Entry, bool) {
+	for _, n := range t.NATS {
+		if e.NATS != 0 && n.Code == e.NATS {
+			return n, true
+		}
 	}
-	return e.Name
+	return Entry{}, false
 }
 
 func oneLine(s string) bool { return strings.TrimSpace(s) != "" && !strings.Contains(s, "\n") }

@@ -61,10 +61,8 @@ func RouterGo(t Table) ([]byte, error) {
 // mirrors is "; mirrors NATS code N (name)" for an HTTP code that mirrors
 // one, else "".
 func mirrors(t Table, e HTTPEntry) string {
-	for _, n := range t.NATS {
-		if e.NATS != 0 && n.Code == e.NATS {
-			return fmt.Sprintf("; mirrors NATS code %d (%s)", n.Code, n.Name)
-		}
+	if n, ok := t.mirrored(e); ok {
+		return fmt.Sprintf("; mirrors NATS code %d (%s)", n.Code, n.Name)
 	}
 	return ""
 }

@@ -40,10 +40,8 @@ func MarkdownHTTP(t Table) string {
 	b.WriteString(BeginHTTP + "\n\n| code | status | meaning |\n| --- | --- | --- |\n")
 	for _, e := range t.HTTP {
 		m := e.Meaning
-		for _, n := range t.NATS {
-			if e.NATS != 0 && n.Code == e.NATS {
-				m += fmt.Sprintf(" (the NATS API's %d `%s`)", n.Code, n.Name)
-			}
+		if n, ok := t.mirrored(e); ok {
+			m += fmt.Sprintf(" (the NATS API's %d `%s`)", n.Code, n.Name)
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s |\n", e.Code, e.Status, m)
 	}
