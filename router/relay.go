@@ -33,13 +33,13 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		return
 	}
 	defer leave()
-	start := s.now()
+	start := s.clock.Now()
 	s.metrics.inFlight.Inc()
 	defer s.metrics.inFlight.Dec()
 	status, model := http.StatusOK, ""
 	defer func() {
 		s.metrics.requests.WithLabelValues(model, kind.Path(), statusLabel(status)).Inc()
-		s.metrics.e2e.Observe(s.now().Sub(start).Seconds())
+		s.metrics.e2e.Observe(s.clock.Now().Sub(start).Seconds())
 	}()
 	reject := func(e *APIError) {
 		status = e.Status
@@ -246,19 +246,23 @@ type legResult struct {
 	end    legEnd
 	err    *APIError
 	reason string // resume reason for legFailed
-	// abandon closes the leg's connection; called once the next leg has
-	// taken the request over (so a live but stalled engine cannot finish the
-	// request and release its hold before the takeover).
+	// abandon closes the leg's connection (legs that did not fail).
 	abandon func()
+	// retired is a failed leg, still open and watched for a sign of life
+	// until the next leg has taken the request over and delivered
+	// (retiredLeg): a live but stalled engine cannot finish the request and
+	// release its hold before the takeover, and a resume away from a live
+	// engine is counted.
+	retired *retiredLeg
 }
 
 // decode runs decode legs until the request completes, moving it to
 // another decode engine when a leg fails.
 func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *prefilled, out *emitter, start time.Time) *APIError {
-	stall := &Stall{Min: s.cfg.StallMin, Factor: s.cfg.StallFactor, FirstToken: s.cfg.FirstToken}
+	stall := &Stall{Rule: s.cfg.Stall}
 	skip := map[string]bool{}
 	var (
-		pending   func() // the failed leg still to abandon
+		pending   *retiredLeg // the failed leg still open
 		failedAt  time.Time
 		lastErr   string // why the last leg failed, for the answer when no engine is left
 		firstSeen bool
@@ -267,7 +271,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 	)
 	defer func() {
 		if pending != nil {
-			pending()
+			pending.close()
 		}
 	}()
 	onTokens := func(now time.Time) {
@@ -280,6 +284,10 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		if !failedAt.IsZero() {
 			s.metrics.resumeGap.Observe(now.Sub(failedAt).Seconds())
 			failedAt = time.Time{}
+		}
+		if pending != nil {
+			pending.resumed(now) // the resumed stream delivers: judge the old leg
+			pending = nil
 		}
 		lastTok = now
 	}
@@ -329,26 +337,22 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		if resumes > 0 {
 			path = Completions.Path()
 		}
-		res := s.leg(ctx, e, path, body, out, stall, onTokens, &pending)
+		res := s.leg(ctx, rid, e, path, body, out, stall, onTokens)
 		switch res.end {
 		case legDone:
 			return nil
 		case legClientGone:
-			if res.abandon != nil {
-				res.abandon()
-			}
+			res.abandon()
 			return nil
 		case legRejected:
-			if res.abandon != nil {
-				res.abandon()
-			}
+			res.abandon()
 			return res.err
 		}
 		if pending != nil {
-			pending()
+			pending.close() // a leg before this one: its successor failed too
 		}
-		pending = res.abandon
-		failedAt = s.now()
+		pending = res.retired
+		failedAt = s.clock.Now()
 		lastErr = res.err.Message
 		s.metrics.resumes.WithLabelValues(res.reason).Inc()
 		if resumes >= s.cfg.MaxResumes {
@@ -366,91 +370,71 @@ type legEvent struct {
 	err   error // errDone at [DONE]
 }
 
+// probeAnswer is a health probe's answer: probe number and whether the
+// engine answered 2xx.
+type probeAnswer struct {
+	probe int
+	alive bool
+}
+
 // leg runs one decode leg on e and relays its tokens to out.
-func (s *Server) leg(ctx context.Context, e Engine, path string, body []byte, out *emitter, stall *Stall,
-	onTokens func(time.Time), pending *func()) legResult {
+func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, body []byte, out *emitter, stall *Stall, onTokens func(time.Time)) legResult {
 	id := e.Info.GetEngineId()
 	untrack := s.track(id)
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	abandon := func() { cancel(); untrack() }
 	events := make(chan legEvent, 16)
 	go s.readLeg(lctx, e.Info.GetBaseUrl()+path, body, id, events)
-	legStart := s.now()
-	stall.Start(legStart)
-	poll := time.NewTicker(membershipPoll)
+	// Health probes of a silent engine (probeHealth) answer on probed.
+	probed := make(chan probeAnswer, 1)
+	legStart := s.clock.Now()
+	poll, pollC := s.clock.NewTicker(membershipPoll)
 	defer poll.Stop()
-	timer := time.NewTimer(time.Until(stall.Deadline(legStart)))
+	timer, timerC := s.clock.NewTimer(stall.Start(legStart).Sub(legStart))
 	defer timer.Stop()
+	arm := func(at time.Time) { timer.Reset(at.Sub(s.clock.Now())) }
 	failed := func(reason string, err *APIError) legResult {
-		return legResult{end: legFailed, reason: reason, err: err, abandon: abandon}
+		return legResult{end: legFailed, reason: reason, err: err,
+			retired: s.retire(rid, reason, id, s.clock.Now(), stall.Window(), events, probed, abandon)}
 	}
-	stalled := func() legResult {
-		since := legStart
-		if !stall.Last().IsZero() {
-			since = stall.Last()
-		}
-		return failed("stalled", serverError(CodeEngineFailed, "decode engine %s sent no token for %s (stall window %s)", id, s.now().Sub(since).Round(time.Millisecond), stall.Window()))
-	}
-	// A health probe of a silent engine (probeHealth) reports on probed;
-	// probeFor is the last token when it was sent.
-	probed := make(chan bool, 1)
-	probing := false
-	var probeFor time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return legResult{end: legClientGone, abandon: abandon}
 		case <-s.done:
 			return legResult{end: legRejected, err: unavailable(CodeEngineFailed, "the router is shutting down"), abandon: abandon}
-		case <-poll.C:
+		case <-pollC:
 			if !Has(s.cfg.Engines(), id) {
 				return failed("engine_left", serverError(CodeEngineFailed, "decode engine %s left the cluster", id))
 			}
 			continue
-		case alive := <-probed:
-			probing = false
-			if !stall.Last().Equal(probeFor) {
-				// A token came meanwhile: the probe is moot; judge the
-				// current gap afresh.
-				timer.Reset(time.Until(stall.Deadline(legStart)))
+		case a := <-probed:
+			arm(stall.Answer(a.probe, s.clock.Now(), a.alive))
+			continue
+		case <-timerC:
+			if len(events) > 0 {
+				arm(stall.Due()) // tokens already wait: read them first
 				continue
 			}
-			if alive {
-				// Silent but answering: CPU-starved, not hung.
-				stall.Alive(s.now())
-				timer.Reset(time.Until(stall.Deadline(legStart)))
-				continue
+			step := stall.Check(s.clock.Now())
+			if step.Stalled {
+				since := legStart
+				if !stall.Last().IsZero() {
+					since = stall.Last()
+				}
+				return failed("stalled", serverError(CodeEngineFailed, "decode engine %s sent no token for %s (stall window %s)",
+					id, s.clock.Now().Sub(since).Round(time.Millisecond), stall.Window()))
 			}
-			return stalled()
-		case <-timer.C:
-			if !stall.Expired(legStart, s.now()) || len(events) > 0 {
-				// The router itself was late (its lateness moved the
-				// deadline), or tokens already wait: judge again then.
-				timer.Reset(time.Until(stall.Deadline(legStart)))
-				continue
+			if step.Probe != 0 {
+				// Ask the engine whether it lives before the deadline: a
+				// starved engine answers, a hung one does not.
+				go s.probeHealth(lctx, e.Info.GetBaseUrl(), stall.Window(), step.Probe, probed)
 			}
-			if probing {
-				continue // its answer decides
-			}
-			if stall.Probe() {
-				// Ask the engine whether it lives before moving the
-				// request: a starved engine answers, a hung one does not.
-				probing, probeFor = true, stall.Last()
-				go s.probeHealth(lctx, e.Info.GetBaseUrl(), stall.Window(), probed)
-				continue
-			}
-			return stalled()
+			arm(step.Next)
 		case ev := <-events:
 			switch {
 			case ev.resp != nil:
-				// The engine answered: it has taken the request over (the
-				// takeover happens before it loads and answers), so the
-				// leg that failed before may now be closed.
-				if *pending != nil {
-					(*pending)()
-					*pending = nil
-				}
-				continue
+				continue // the engine answered: it took the request over
 			case ev.err == errDone:
 				abandon()
 				return legResult{end: legDone}
@@ -487,18 +471,17 @@ func (s *Server) leg(ctx context.Context, e Engine, path string, body []byte, ou
 			if len(ch.Choices) == 0 {
 				continue // usage: the router computes its own
 			}
-			now := s.now()
+			now := s.clock.Now()
 			text, ids, fin := ch.text(), ch.Choices[0].TokenIDs, ch.Choices[0].FinishReason
 			if len(ids) > 0 || text != "" {
 				onTokens(now)
-				stall.Token(now)
+				arm(stall.Token(now))
 			}
 			out.tokens(text, ids, fin)
 			if out.stopped { // a stop string matched across the resume: the answer is complete
 				abandon()
 				return legResult{end: legDone}
 			}
-			timer.Reset(time.Until(stall.Deadline(legStart)))
 		}
 	}
 }
@@ -554,17 +537,21 @@ func (s *Server) readLeg(ctx context.Context, url string, body []byte, id string
 }
 
 // probeHealth asks the engine at base whether it lives (GET /health, 2xx
-// within timeout) and reports the answer on out, which has room for it.
-func (s *Server) probeHealth(ctx context.Context, base string, timeout time.Duration, out chan<- bool) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+// within timeout) and reports the answer to probe number probe on out,
+// unless the leg (ctx) ended first.
+func (s *Server) probeHealth(ctx context.Context, base string, timeout time.Duration, probe int, out chan<- probeAnswer) {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	alive := false
-	if req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil); err == nil {
+	if req, err := http.NewRequestWithContext(pctx, http.MethodGet, base+"/health", nil); err == nil {
 		if resp, err := s.client.Do(req); err == nil {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 			resp.Body.Close()
 			alive = resp.StatusCode >= 200 && resp.StatusCode < 300
 		}
 	}
-	out <- alive
+	select {
+	case out <- probeAnswer{probe: probe, alive: alive}:
+	case <-ctx.Done():
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/poll"
 )
 
 // fakeEngine is a unit-test stand-in for an engine's HTTP API: a prefill
@@ -31,9 +32,13 @@ type fakeEngine struct {
 	// (a CPU-starved process: slow, but it answers its health probe).
 	pauseAt int
 	pause   time.Duration
-	status  int // non-zero: answer every leg with this status
-	code    string
-	msg     string // the error's message (default "no")
+	// pauseHealth: during the pause /health does not answer either (the
+	// whole process is starved or stopped), and answers once it ends.
+	pauseHealth bool
+	pausing     chan struct{} // closed when the pause ends (pauseHealth)
+	status      int           // non-zero: answer every leg with this status
+	code        string
+	msg         string // the error's message (default "no")
 	// served, if set, is closed when the engine gets its first leg.
 	served chan struct{}
 	// withhold: tokens whose text the engine holds back until the next
@@ -47,6 +52,9 @@ type fakeEngine struct {
 }
 
 func (f *fakeEngine) start() *fakeEngine {
+	if f.pauseHealth {
+		f.pausing = make(chan struct{})
+	}
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	f.t.Cleanup(f.srv.Close)
 	return f
@@ -61,6 +69,13 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		if f.hang {
 			<-r.Context().Done() // a hung process answers nothing
 			return
+		}
+		if f.pausing != nil {
+			select {
+			case <-f.pausing:
+			case <-r.Context().Done():
+				return
+			}
 		}
 		w.WriteHeader(http.StatusOK)
 		return
@@ -114,6 +129,9 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 			case <-r.Context().Done():
 				return
 			}
+			if f.pausing != nil {
+				close(f.pausing)
+			}
 		}
 		tok := 1000 + generated + i
 		fin := "null"
@@ -149,7 +167,7 @@ func newTestRouter(t *testing.T, engines ...*fakeEngine) *Server {
 			}
 			return out
 		},
-		StallMin: 200 * time.Millisecond, StallFactor: 8, FirstToken: 5 * time.Second,
+		Stall:          StallRule{Factor: 3, Floor: 50 * time.Millisecond, Cold: 200 * time.Millisecond, Ceiling: time.Second, FirstToken: 5 * time.Second},
 		PrefillTimeout: 5 * time.Second, MaxResumes: 3, MaxBodyBytes: 1 << 20,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -424,7 +442,7 @@ func TestResumeWhenTheEngineLeavesMembership(t *testing.T) {
 			return out
 		},
 		// A stall window far beyond the test: only membership can end d1's leg.
-		StallMin: time.Hour, StallFactor: 8, FirstToken: time.Hour,
+		Stall:          StallRule{Factor: 8, Floor: time.Hour, Cold: time.Hour, Ceiling: time.Hour, FirstToken: time.Hour},
 		PrefillTimeout: 5 * time.Second, MaxResumes: 3, MaxBodyBytes: 1 << 20,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -454,9 +472,9 @@ func TestResumeWhenTheEngineLeavesMembership(t *testing.T) {
 // to the probe either) is moved: TestResumeAfterBrokenAndStalledStreams.
 func TestStarvedEngineIsNotMoved(t *testing.T) {
 	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
-	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", pauseAt: 4, pause: 500 * time.Millisecond}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", pauseAt: 4, pause: 400 * time.Millisecond}).start()
 	d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
-	s := newTestRouter(t, p, d1, d2) // stall window 200 ms
+	s := newTestRouter(t, p, d1, d2) // stall window 200 ms: silent for twice that
 	texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
 	if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(10), "") {
 		t.Fatalf("texts %q done %v errs %v; want %q once", texts, done, errs, want(10))
@@ -466,4 +484,64 @@ func TestStarvedEngineIsNotMoved(t *testing.T) {
 	if len(d2.bodies) != 0 {
 		t.Fatalf("the starved engine's request was moved: %d leg(s) on d2", len(d2.bodies))
 	}
+}
+
+// TestFalseResumeIsCounted: an engine silent past its deadline whose health
+// probe does not answer in time either (a process starved for 300 ms) is
+// given up — and when it shows life right after (its next token, its
+// probe's answer), the resume is counted false. A hung engine's and a
+// broken stream's resumes are not.
+func TestFalseResumeIsCounted(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		d1    *fakeEngine
+		false float64
+	}{
+		{"starved", &fakeEngine{id: "d1", role: "decode", pauseAt: 4, pause: 300 * time.Millisecond, pauseHealth: true}, 1},
+		{"hung", &fakeEngine{id: "d1", role: "decode", failAfter: 4, hang: true}, 0},
+		{"broken", &fakeEngine{id: "d1", role: "decode", failAfter: 4}, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+			c.d1.t = t
+			d1 := c.d1.start()
+			d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
+			s := newTestRouter(t, p, d1, d2) // stall window 200 ms: given up at 200, closed at 400 at the earliest
+			texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
+			if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(10), "") {
+				t.Fatalf("texts %q done %v errs %v; want %q once", texts, done, errs, want(10))
+			}
+			if n := counted(t, s, "connex_router_resumes_total"); n != 1 {
+				t.Fatalf("%v resumes, want 1", n)
+			}
+			// The retired leg is judged one window after the decision.
+			poll.Until(t, 5*time.Second, 10*time.Millisecond, func() error {
+				if s.busySnapshot()["d1"] != 0 {
+					return fmt.Errorf("the given-up leg on d1 is still open")
+				}
+				return nil
+			})
+			if n := counted(t, s, "connex_router_false_resumes_total"); n != c.false {
+				t.Fatalf("%v false resumes, want %v", n, c.false)
+			}
+		})
+	}
+}
+
+// counted is the sum of the router's counter name over its labels.
+func counted(t *testing.T, s *Server, name string) float64 {
+	t.Helper()
+	mfs, err := s.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n
 }

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/connex/connex/clock"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -28,10 +29,12 @@ type Config struct {
 	// suspect members are included with Suspect set; Pick chooses one only
 	// when no engine of an unsuspected member qualifies.
 	Engines func() []Engine
-	// StallMin, StallFactor and FirstToken: see Stall.
-	StallMin    time.Duration
-	StallFactor int
-	FirstToken  time.Duration
+	// Stall is when a silent decode leg is suspected and given up (see
+	// StallRule; its zero value: DefaultStallRule).
+	Stall StallRule
+	// Clock is the router's time: request and token times, the stall and
+	// membership timers, a retired leg's watch (nil: the system clock).
+	Clock clock.Clock
 	// PrefillTimeout bounds the prefill leg.
 	PrefillTimeout time.Duration
 	// MaxResumes bounds how often one request moves to another decode engine.
@@ -82,7 +85,7 @@ type Server struct {
 	admit   *admission
 	// apiKeys guard /v1/*, adminKeys the operator endpoints.
 	apiKeys, adminKeys *keyring
-	now                func() time.Time
+	clock              clock.Clock
 
 	mu   sync.Mutex
 	busy map[string]int // legs this router has running per engine id
@@ -102,13 +105,19 @@ func New(cfg Config) (*Server, error) {
 	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout)
 	cfg.MaxConns = cmp.Or(cfg.MaxConns, DefaultMaxConns)
 	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, DefaultMaxInFlight)
+	if cfg.Stall == (StallRule{}) {
+		cfg.Stall = DefaultStallRule
+	}
+	if err := cfg.Stall.Check(); err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
 	tl, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("router: listen on %s (http_listen): %w", cfg.Listen, err)
 	}
 	ln := newCappedListener(tl, cfg.MaxConns)
 	s := &Server{
-		cfg: cfg, log: cfg.Log, ln: ln, metrics: newMetrics(), now: time.Now, busy: map[string]int{}, done: make(chan struct{}),
+		cfg: cfg, log: cfg.Log, ln: ln, metrics: newMetrics(), clock: clock.Or(cfg.Clock), busy: map[string]int{}, done: make(chan struct{}),
 		admit: newAdmission(cfg.MaxInFlight), apiKeys: newKeyring(cfg.APIKeys), adminKeys: newKeyring(cfg.AdminKeys),
 		client: &http.Client{Transport: &http.Transport{
 			DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 15 * time.Second}).DialContext,

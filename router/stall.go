@@ -1,40 +1,50 @@
 package router
 
-import (
-	"slices"
-	"time"
-)
+import "time"
 
-// gapWindow is how many recent inter-token gaps the stall deadline looks at.
-const gapWindow = 16
-
-// Stall decides when a decode stream counts as stalled. It is pure: the
-// relay feeds it token arrival times and asks for the current deadline.
+// Stall decides, for one request's decode legs, when a silent leg is
+// suspected (its engine is asked GET /health) and when it is given up (the
+// stream resumes elsewhere). It is pure: the relay feeds it the times of
+// tokens, of its timer firing and of probe answers, and arms its timer for
+// the time each of those returns.
+//
+// In each silence (since the leg's last token, its start, or an answered
+// probe) with window W (StallRule): at half the window the engine is
+// probed, at the full window the leg is given up unless the probe said the
+// engine lives; an answer gives AliveWindow more from then, at most
+// maxAliveProbes times per gap between tokens. So a hung engine costs W,
+// not W plus a probe's timeout, and a starved one has half a window to
+// answer before the deadline and more afterwards.
 type Stall struct {
-	// Min is the shortest stall that counts (router_stall_ms).
-	Min time.Duration
-	// Factor scales the longest recent inter-token gap (router_stall_factor).
-	Factor int
-	// FirstToken bounds the wait for a leg's first token (router_first_token_ms).
-	FirstToken time.Duration
+	// Rule is the stall rule; its zero value is not usable (see StallRule.Check).
+	Rule StallRule
 
-	last time.Time
 	gaps []time.Duration
+	// last is the current leg's last token (zero before its first).
+	last time.Time
+	// base is where the current silence began: the last token, the leg's
+	// start or the last answered probe.
+	base time.Time
+	// window is the current silence's length before the leg is given up.
+	window time.Duration
 	// grace is how far the router's own lateness has pushed the current
-	// deadline back (Expired), at most one window; a token clears it.
+	// silence's times back (Check), at most one window; a token clears it.
 	grace time.Duration
-	// probes is how many times the engine, silent past the deadline,
-	// answered a health probe in the current gap (Alive); a token clears it.
-	probes int
-	// aliveUntil is the deadline an answered probe set (zero if none).
-	aliveUntil time.Time
+	// alive is how many probes answered in the current gap between tokens.
+	alive int
+	// probed: a probe was sent in the current silence.
+	probed bool
+	// probe numbers the probes sent; out is the one awaited (0: none).
+	probe, out int
+	// due is when the relay's timer was last armed for, to measure how
+	// late a Check comes.
+	due time.Time
 }
 
-// maxAliveProbes is how many answered health probes may hold off a
-// stall in one gap between tokens: a CPU-starved engine answers late but
-// answers, and gets that many more windows; an engine that answers but
-// never sends a token again is still given up after them.
-const maxAliveProbes = 2
+// maxAliveProbes is how many answered health probes may hold off a stall in
+// one gap between tokens: an engine that answers but never sends a token
+// again is still given up after them.
+const maxAliveProbes = 3
 
 // lateTolerance is how late a stall timer may fire and still be on time.
 // Later than that, the router itself was not running (CPU-starved, a GC
@@ -42,91 +52,113 @@ const maxAliveProbes = 2
 // socket, so the silence is not yet the engine's.
 const lateTolerance = 10 * time.Millisecond
 
-// Start begins a leg at now: its first token may take FirstToken. Gaps seen
-// on earlier legs of the same request are kept: the engines are alike.
-func (s *Stall) Start(now time.Time) {
-	s.last, s.grace, s.probes, s.aliveUntil = time.Time{}, 0, 0, time.Time{}
-	_ = now
+// StallStep is what the relay does after a Check.
+type StallStep struct {
+	// Next is when the relay's timer is to fire again (unless Stalled).
+	Next time.Time
+	// Stalled: give the leg up now and resume the stream elsewhere.
+	Stalled bool
+	// Probe, if not zero, names a health probe of the engine to send now;
+	// its answer goes to Answer with this number.
+	Probe int
 }
 
-// Token records a token arriving at now.
-func (s *Stall) Token(now time.Time) {
+// Start begins a leg at now: its first token may take Rule.FirstToken.
+// Gaps seen on earlier legs of the same request are kept: the engines are
+// alike. It returns when the relay's timer is to fire.
+func (s *Stall) Start(now time.Time) time.Time {
+	s.last = time.Time{}
+	s.alive = 0
+	s.silence(now, s.Rule.FirstToken)
+	return s.arm()
+}
+
+// Token records a token arriving at now and returns when the relay's timer
+// is to fire.
+func (s *Stall) Token(now time.Time) time.Time {
 	if !s.last.IsZero() {
 		s.gaps = append(s.gaps, now.Sub(s.last))
 		if len(s.gaps) > gapWindow {
 			s.gaps = s.gaps[1:]
 		}
 	}
-	s.last, s.grace, s.probes, s.aliveUntil = now, 0, 0, time.Time{}
+	s.last = now
+	s.alive = 0
+	s.silence(now, s.Rule.Window(s.gaps))
+	return s.arm()
 }
 
-// Probe reports whether an engine silent past its deadline should be asked
-// whether it lives (a health probe) before its leg is failed: true until
-// maxAliveProbes probes have answered in this gap.
-func (s *Stall) Probe() bool { return s.probes < maxAliveProbes }
-
-// Alive records that the engine answered a health probe at now although it
-// sent no token: it is alive, only slow (CPU-starved), so it gets one more
-// window from now before it counts as stalled.
-func (s *Stall) Alive(now time.Time) {
-	s.probes++
-	s.aliveUntil = now.Add(s.Window())
+// silence starts a silence at now that the leg is given window for.
+func (s *Stall) silence(now time.Time, window time.Duration) {
+	s.base, s.window, s.grace, s.probed, s.out = now, window, 0, false, 0
 }
 
-// Deadline is when the current leg counts as stalled, given that it started
-// at legStart.
-func (s *Stall) Deadline(legStart time.Time) time.Time {
-	d := s.last.Add(s.Window() + s.grace)
-	if s.last.IsZero() {
-		d = legStart.Add(s.FirstToken + s.grace)
+// arm records and returns when the relay's timer is to fire next: the
+// suspicion point (half the window) while a probe is still to be sent in
+// this silence, else the deadline.
+func (s *Stall) arm() time.Time {
+	s.due = s.Deadline()
+	if !s.probed && s.alive < maxAliveProbes {
+		s.due = s.base.Add(s.window/2 + s.grace)
 	}
-	return later(d, s.aliveUntil)
+	return s.due
 }
 
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
+// Due is when the relay's timer is to fire next (what the last Start,
+// Token, Check or Answer returned).
+func (s *Stall) Due() time.Time { return s.due }
+
+// Deadline is when the current silence ends the leg.
+func (s *Stall) Deadline() time.Time { return s.base.Add(s.window + s.grace) }
+
+// Check is called when the relay's timer fires at now (after Due). A timer
+// that fires more than lateTolerance late says the router was late, not
+// necessarily the engine: the silence's times move back by that lateness
+// (at most one window per silence, so a silent engine is still given up
+// within two windows and the router's last lateness) and the readers get
+// the time to deliver what waited. The caller also holds off while tokens
+// it has not read yet are queued.
+func (s *Stall) Check(now time.Time) StallStep {
+	moved := false
+	if late := now.Sub(s.due); late > lateTolerance && s.grace < s.window {
+		s.grace = min(s.window, s.grace+late)
+		moved = true
 	}
-	return b
+	if next := s.arm(); now.Before(next) {
+		return StallStep{Next: next}
+	}
+	if !s.probed && s.alive < maxAliveProbes {
+		s.probed = true
+		s.probe++
+		s.out = s.probe
+		return StallStep{Probe: s.probe, Next: s.arm()}
+	}
+	if moved || now.Before(s.Deadline()) {
+		// A late check never gives a leg up itself: the relay reads what
+		// waited first and checks again.
+		return StallStep{Next: s.arm()}
+	}
+	return StallStep{Stalled: true}
 }
 
-// Expired decides, when the stall timer fires at now, whether the leg has
-// stalled. A timer that fires more than lateTolerance past the deadline
-// says the router was late, not necessarily the engine: the deadline moves
-// back by that lateness, so the readers get the time to deliver what
-// waited, and the leg is judged again then. The moves add up to at most
-// one window per gap, so a truly silent engine is still found within two
-// windows and the router's last lateness.
-func (s *Stall) Expired(legStart, now time.Time) bool {
-	due := s.Deadline(legStart)
-	if now.Before(due) {
-		return false
+// Answer records the answer at now to probe number probe (alive: the
+// engine answered its health check) and returns when the relay's timer is
+// to fire. An answer to a probe sent before the last token is moot and
+// ignored. A live engine gets AliveWindow from now; a failed probe changes
+// nothing (the deadline decides).
+func (s *Stall) Answer(probe int, now time.Time, alive bool) time.Time {
+	if probe == s.out {
+		s.out = 0
+		if alive {
+			s.alive++
+			s.silence(now, s.Rule.AliveWindow(s.gaps))
+		}
 	}
-	limit := s.Window()
-	if s.last.IsZero() {
-		limit = s.FirstToken
-	}
-	if late := now.Sub(due); late > lateTolerance && s.grace < limit {
-		s.grace = min(limit, s.grace+late)
-		return false
-	}
-	return true
+	return s.arm()
 }
 
-// Window is how long a token may take after the previous one: the longest
-// of Min, Factor times the median of the recent gaps, and twice the longest
-// recent gap. The median keeps one slow token (a GC pause, a scheduling
-// hiccup on a busy host) from inflating the window eightfold; twice the
-// longest keeps an engine whose gaps are uneven from tripping it.
-func (s *Stall) Window() time.Duration {
-	w := s.Min
-	if len(s.gaps) > 0 {
-		sorted := slices.Clone(s.gaps)
-		slices.Sort(sorted)
-		w = max(w, time.Duration(s.Factor)*sorted[len(sorted)/2], 2*sorted[len(sorted)-1])
-	}
-	return w
-}
+// Window is the current silence's length before the leg is given up.
+func (s *Stall) Window() time.Duration { return s.window }
 
 // Last is when the current leg's last token arrived (zero before its first).
 func (s *Stall) Last() time.Time { return s.last }

@@ -1,0 +1,97 @@
+package router
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// retiredLeg is a decode leg the router gave up on (stalled, its engine
+// left, its stream broke or failed) while the request resumes elsewhere. It
+// stays open, its reader and its last health probe drained, until the
+// resumed stream delivers its first token and at least one stall window
+// has passed since the decision (resumed), or the request ends (close).
+// Then it is closed, and if it showed life meanwhile — a chunk or the end
+// of its stream, or a 2xx answer to its health probe — the resume is
+// counted false (connex_router_false_resumes_total): the engine was alive,
+// and waiting for it would have been no slower than the resume that
+// replaced it. A SIGSTOPped engine shows nothing and a killed one only a
+// broken connection, so neither is counted.
+type retiredLeg struct {
+	s           *Server
+	rid, reason string
+	engine      string
+	decided     time.Time
+	window      time.Duration
+	abandon     func()
+	events      <-chan legEvent
+	probes      <-chan probeAnswer
+	stop        chan struct{}
+	once        sync.Once
+	life        atomic.Bool
+	lifeAt      atomic.Int64 // when life was first seen, Unix ns
+}
+
+// retire starts watching a leg of request rid on engine given up at decided
+// for reason, with the stall window it had then (at most the rule's
+// ceiling: a leg given up before its first token had FirstToken).
+func (s *Server) retire(rid, reason, engine string, decided time.Time, window time.Duration, events <-chan legEvent, probes <-chan probeAnswer, abandon func()) *retiredLeg {
+	r := &retiredLeg{s: s, rid: rid, reason: reason, engine: engine, decided: decided, window: min(window, s.cfg.Stall.Ceiling), abandon: abandon,
+		stop: make(chan struct{}), events: events, probes: probes}
+	go r.watch()
+	return r
+}
+
+// watch drains the leg's events and probe answers until stop, noting the
+// first sign of life; a router that shuts down closes the leg at once.
+func (r *retiredLeg) watch() {
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-r.s.done:
+			r.close()
+			return
+		case ev := <-r.events:
+			if ev.chunk != nil || ev.err == errDone {
+				r.alive()
+			}
+		case a := <-r.probes:
+			if a.alive {
+				r.alive()
+			}
+		}
+	}
+}
+
+func (r *retiredLeg) alive() {
+	if r.life.CompareAndSwap(false, true) {
+		r.lifeAt.Store(r.s.clock.Now().UnixNano())
+	}
+}
+
+// resumed is called when the resumed stream delivered its first token at
+// now: the leg is closed one stall window after the decision at the
+// earliest, so that an engine that was only a little late is seen.
+func (r *retiredLeg) resumed(now time.Time) {
+	if wait := r.decided.Add(r.window).Sub(now); wait > 0 {
+		r.s.clock.AfterFunc(wait, r.close)
+		return
+	}
+	r.close()
+}
+
+// close stops the watch, closes the leg's connection and counts the resume
+// false if the leg showed life. Idempotent.
+func (r *retiredLeg) close() {
+	r.once.Do(func() {
+		close(r.stop)
+		r.abandon()
+		if !r.life.Load() {
+			return
+		}
+		r.s.metrics.falseResumes.WithLabelValues(r.reason).Inc()
+		r.s.log.Info("false resume: the decode leg given up showed life afterwards", "request_id", r.rid, "engine", r.engine,
+			"reason", r.reason, "life_after", time.Duration(r.lifeAt.Load()-r.decided.UnixNano()).Round(time.Millisecond))
+	})
+}
