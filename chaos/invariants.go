@@ -79,6 +79,10 @@ type Evidence struct {
 	// load (connex_router_prefills_total before and after); -1 when unknown
 	// (the router was restarted, or a prefill node faulted: retries count).
 	RouterPrefills int
+	// FalseResumes is how many resumes the router counted false during the
+	// run (connex_router_false_resumes_total before and after), by the
+	// resume's reason; nil when unknown (the router was restarted).
+	FalseResumes map[string]int
 	// Expect is what the scenario demands beyond the invariants.
 	Expect Expect
 }
@@ -269,12 +273,25 @@ type Summary struct {
 	DoubleFrees   int     `json:"double_frees"`
 	FailoverMsP50 float64 `json:"failover_ms_p50"`
 	FailoverMsP99 float64 `json:"failover_ms_p99"`
+	// FalseResumes counts resumes whose old decode leg showed life after
+	// the router gave it up (the router's connex_router_false_resumes_total
+	// over the run); -1 when unknown (the router was restarted).
+	FalseResumes int `json:"false_resumes"`
+	// FalseResumesByReason splits FalseResumes by why the leg was given up
+	// (stalled, engine_left, …).
+	FalseResumesByReason map[string]int `json:"false_resumes_by_reason,omitempty"`
 }
 
 // Summarize counts the evidence. The failover time of a resumed streamed
 // request is its longest pause between two chunks (MaxGap).
 func Summarize(ev Evidence) Summary {
-	s := Summary{Requests: len(ev.Records)}
+	s := Summary{Requests: len(ev.Records), FalseResumes: -1}
+	if ev.FalseResumes != nil {
+		s.FalseResumes, s.FalseResumesByReason = 0, ev.FalseResumes
+		for _, n := range ev.FalseResumes {
+			s.FalseResumes += n
+		}
+	}
 	var failovers []float64
 	for _, r := range ev.Records {
 		switch {

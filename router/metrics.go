@@ -87,7 +87,7 @@ func newMetrics() *metrics {
 		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_resumes_total",
 			Help: "Decode streams moved to another decode engine, by why: broken, stalled, engine_left, engine_error."}, []string{"reason"}),
 		falseResumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_false_resumes_total",
-			Help: "Resumes whose old decode leg showed life after it was given up (a chunk or the end of its stream, or a 2xx answer to its health probe, until the resumed stream's first token and at least one stall window): the cost of a false alarm, by the resume's reason (stalled, engine_left, broken, engine_error)."}, []string{"reason"}),
+			Help: "Resumes whose old decode leg showed life after it was given up (a chunk or the end of its stream, or a 2xx answer to its health probe, before the resumed stream's first token: waiting would have been no slower): the cost of a false alarm, by the resume's reason (stalled, engine_left, broken, engine_error)."}, []string{"reason"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_errors_total",
 			Help: "Requests that ended with an error, by error code."}, []string{"code"}),
 		kvLoads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_kv_loads_total",

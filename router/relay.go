@@ -286,7 +286,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			failedAt = time.Time{}
 		}
 		if pending != nil {
-			pending.resumed(now) // the resumed stream delivers: judge the old leg
+			pending.close() // the resumed stream delivers: judge the old leg
 			pending = nil
 		}
 		lastTok = now
@@ -395,7 +395,7 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 	arm := func(at time.Time) { timer.Reset(at.Sub(s.clock.Now())) }
 	failed := func(reason string, err *APIError) legResult {
 		return legResult{end: legFailed, reason: reason, err: err,
-			retired: s.retire(rid, reason, id, s.clock.Now(), stall.Window(), events, probed, abandon)}
+			retired: s.retire(rid, reason, id, s.clock.Now(), events, probed, abandon)}
 	}
 	for {
 		select {

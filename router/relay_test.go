@@ -36,6 +36,9 @@ type fakeEngine struct {
 	// whole process is starved or stopped), and answers once it ends.
 	pauseHealth bool
 	pausing     chan struct{} // closed when the pause ends (pauseHealth)
+	// firstDelay is the time a decode leg takes before its first token (a
+	// resume's pull and recompute).
+	firstDelay time.Duration
 	status      int           // non-zero: answer every leg with this status
 	code        string
 	msg         string // the error's message (default "no")
@@ -116,6 +119,13 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	fl := w.(http.Flusher)
 	generated := len(prompt) - 3
 	held := ""
+	if f.firstDelay > 0 {
+		select {
+		case <-time.After(f.firstDelay):
+		case <-r.Context().Done():
+			return
+		}
+	}
 	for i := 0; i < max; i++ {
 		if f.failAfter > 0 && i == f.failAfter {
 			if f.hang {
@@ -488,25 +498,31 @@ func TestStarvedEngineIsNotMoved(t *testing.T) {
 
 // TestFalseResumeIsCounted: an engine silent past its deadline whose health
 // probe does not answer in time either (a process starved for 300 ms) is
-// given up — and when it shows life right after (its next token, its
-// probe's answer), the resume is counted false. A hung engine's and a
-// broken stream's resumes are not.
+// given up; when it shows life (its next token, its probe's answer) before
+// the resumed stream's first token — the resume takes 500 ms here — the
+// resume is counted false. Not when the resume delivers first, nor for a
+// hung engine or a broken stream.
 func TestFalseResumeIsCounted(t *testing.T) {
+	starved := func() *fakeEngine {
+		return &fakeEngine{id: "d1", role: "decode", pauseAt: 4, pause: 300 * time.Millisecond, pauseHealth: true}
+	}
 	for _, c := range []struct {
-		name  string
-		d1    *fakeEngine
-		false float64
+		name   string
+		d1     *fakeEngine
+		resume time.Duration // d2's time to its first token
+		false  float64
 	}{
-		{"starved", &fakeEngine{id: "d1", role: "decode", pauseAt: 4, pause: 300 * time.Millisecond, pauseHealth: true}, 1},
-		{"hung", &fakeEngine{id: "d1", role: "decode", failAfter: 4, hang: true}, 0},
-		{"broken", &fakeEngine{id: "d1", role: "decode", failAfter: 4}, 0},
+		{"starved", starved(), 500 * time.Millisecond, 1},
+		{"starved, the resume first", starved(), 0, 0},
+		{"hung", &fakeEngine{id: "d1", role: "decode", failAfter: 4, hang: true}, 500 * time.Millisecond, 0},
+		{"broken", &fakeEngine{id: "d1", role: "decode", failAfter: 4}, 500 * time.Millisecond, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
 			c.d1.t = t
 			d1 := c.d1.start()
-			d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
-			s := newTestRouter(t, p, d1, d2) // stall window 200 ms: given up at 200, closed at 400 at the earliest
+			d2 := (&fakeEngine{t: t, id: "d2", role: "decode", firstDelay: c.resume}).start()
+			s := newTestRouter(t, p, d1, d2) // stall window 200 ms: d1 given up 200 ms after its 4th token
 			texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
 			if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(10), "") {
 				t.Fatalf("texts %q done %v errs %v; want %q once", texts, done, errs, want(10))
@@ -514,7 +530,6 @@ func TestFalseResumeIsCounted(t *testing.T) {
 			if n := counted(t, s, "connex_router_resumes_total"); n != 1 {
 				t.Fatalf("%v resumes, want 1", n)
 			}
-			// The retired leg is judged one window after the decision.
 			poll.Until(t, 5*time.Second, 10*time.Millisecond, func() error {
 				if s.busySnapshot()["d1"] != 0 {
 					return fmt.Errorf("the given-up leg on d1 is still open")

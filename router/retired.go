@@ -9,20 +9,19 @@ import (
 // retiredLeg is a decode leg the router gave up on (stalled, its engine
 // left, its stream broke or failed) while the request resumes elsewhere. It
 // stays open, its reader and its last health probe drained, until the
-// resumed stream delivers its first token and at least one stall window
-// has passed since the decision (resumed), or the request ends (close).
-// Then it is closed, and if it showed life meanwhile — a chunk or the end
-// of its stream, or a 2xx answer to its health probe — the resume is
-// counted false (connex_router_false_resumes_total): the engine was alive,
-// and waiting for it would have been no slower than the resume that
-// replaced it. A SIGSTOPped engine shows nothing and a killed one only a
-// broken connection, so neither is counted.
+// resumed stream delivers its first token (resumed) or the request ends
+// (close). Then it is closed, and if it showed life meanwhile — a chunk or
+// the end of its stream, or a 2xx answer to its health probe — the resume
+// is counted false (connex_router_false_resumes_total): the engine was not
+// hung but late, and waiting for it would have been no slower than the
+// resume that replaced it (which cost a pull and a recompute). A
+// SIGSTOPped engine shows nothing and a killed one only a broken
+// connection, so neither is counted.
 type retiredLeg struct {
 	s           *Server
 	rid, reason string
 	engine      string
 	decided     time.Time
-	window      time.Duration
 	abandon     func()
 	events      <-chan legEvent
 	probes      <-chan probeAnswer
@@ -33,10 +32,9 @@ type retiredLeg struct {
 }
 
 // retire starts watching a leg of request rid on engine given up at decided
-// for reason, with the stall window it had then (at most the rule's
-// ceiling: a leg given up before its first token had FirstToken).
-func (s *Server) retire(rid, reason, engine string, decided time.Time, window time.Duration, events <-chan legEvent, probes <-chan probeAnswer, abandon func()) *retiredLeg {
-	r := &retiredLeg{s: s, rid: rid, reason: reason, engine: engine, decided: decided, window: min(window, s.cfg.Stall.Ceiling), abandon: abandon,
+// for reason.
+func (s *Server) retire(rid, reason, engine string, decided time.Time, events <-chan legEvent, probes <-chan probeAnswer, abandon func()) *retiredLeg {
+	r := &retiredLeg{s: s, rid: rid, reason: reason, engine: engine, decided: decided, abandon: abandon,
 		stop: make(chan struct{}), events: events, probes: probes}
 	go r.watch()
 	return r
@@ -68,17 +66,6 @@ func (r *retiredLeg) alive() {
 	if r.life.CompareAndSwap(false, true) {
 		r.lifeAt.Store(r.s.clock.Now().UnixNano())
 	}
-}
-
-// resumed is called when the resumed stream delivered its first token at
-// now: the leg is closed one stall window after the decision at the
-// earliest, so that an engine that was only a little late is seen.
-func (r *retiredLeg) resumed(now time.Time) {
-	if wait := r.decided.Add(r.window).Sub(now); wait > 0 {
-		r.s.clock.AfterFunc(wait, r.close)
-		return
-	}
-	r.close()
 }
 
 // close stops the watch, closes the leg's connection and counts the resume
