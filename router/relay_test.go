@@ -39,9 +39,9 @@ type fakeEngine struct {
 	// firstDelay is the time a decode leg takes before its first token (a
 	// resume's pull and recompute).
 	firstDelay time.Duration
-	status      int           // non-zero: answer every leg with this status
-	code        string
-	msg         string // the error's message (default "no")
+	status     int // non-zero: answer every leg with this status
+	code       string
+	msg        string // the error's message (default "no")
 	// served, if set, is closed when the engine gets its first leg.
 	served chan struct{}
 	// withhold: tokens whose text the engine holds back until the next
