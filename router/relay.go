@@ -337,7 +337,13 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		if resumes > 0 {
 			path = Completions.Path()
 		}
-		res := s.leg(ctx, rid, e, path, body, out, stall, onTokens)
+		// Whether a stalled leg could move: an engine not yet tried serves
+		// the model.
+		movable := func() bool {
+			_, ok := Pick(s.live(), "decode", c.Model, s.busySnapshot(), skip)
+			return ok
+		}
+		res := s.leg(ctx, rid, e, path, body, out, stall, onTokens, movable)
 		switch res.end {
 		case legDone:
 			return nil
@@ -378,7 +384,8 @@ type probeAnswer struct {
 }
 
 // leg runs one decode leg on e and relays its tokens to out.
-func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, body []byte, out *emitter, stall *Stall, onTokens func(time.Time)) legResult {
+func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, body []byte, out *emitter, stall *Stall,
+	onTokens func(time.Time), movable func() bool) legResult {
 	id := e.Info.GetEngineId()
 	untrack := s.track(id)
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -417,6 +424,13 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 				continue
 			}
 			step := stall.Check(s.clock.Now())
+			if step.Stalled && !movable() {
+				// Nowhere to go: a slow engine beats an error.
+				if next, kept := stall.Keep(s.clock.Now()); kept {
+					arm(next)
+					continue
+				}
+			}
 			if step.Stalled {
 				since := legStart
 				if !stall.Last().IsZero() {

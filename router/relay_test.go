@@ -560,3 +560,20 @@ func counted(t *testing.T, s *Server, name string) float64 {
 	}
 	return n
 }
+
+// TestStalledLegWithNowhereToGoIsKept: the only decode engine falls silent
+// past its stall window and does not answer its probe in time (starved
+// for 400 ms): with no engine to resume on, the router keeps waiting on it
+// rather than answering an error, and the whole answer comes from it.
+func TestStalledLegWithNowhereToGoIsKept(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", pauseAt: 4, pause: 400 * time.Millisecond, pauseHealth: true}).start()
+	s := newTestRouter(t, p, d1) // stall window 200 ms
+	texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
+	if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(10), "") {
+		t.Fatalf("texts %q done %v errs %v; want %q once", texts, done, errs, want(10))
+	}
+	if n := counted(t, s, "connex_router_resumes_total"); n != 0 {
+		t.Fatalf("%v resumes with nowhere to go", n)
+	}
+}

@@ -22,6 +22,8 @@ type Stall struct {
 	gaps []time.Duration
 	// last is the current leg's last token (zero before its first).
 	last time.Time
+	// start is when the current leg started.
+	start time.Time
 	// base is where the current silence began: the last token, the leg's
 	// start or the last answered probe.
 	base time.Time
@@ -67,7 +69,7 @@ type StallStep struct {
 // Gaps seen on earlier legs of the same request are kept: the engines are
 // alike. It returns when the relay's timer is to fire.
 func (s *Stall) Start(now time.Time) time.Time {
-	s.last = time.Time{}
+	s.last, s.start = time.Time{}, now
 	s.alive = 0
 	s.silence(now, s.Rule.FirstToken)
 	return s.arm()
@@ -155,6 +157,26 @@ func (s *Stall) Answer(probe int, now time.Time, alive bool) time.Time {
 		}
 	}
 	return s.arm()
+}
+
+// Keep is called at now instead of giving a stalled leg up when no other
+// engine could take the request: then waiting is the only way it can still
+// complete, and moving it would turn a slow engine into an error. The leg
+// is kept for another AliveWindow, as long as it has been silent for less
+// than Rule.FirstToken (the longest the router waits for any token); then
+// it is given up all the same and the request fails with a clear error
+// rather than hang. It returns when the relay's timer is to fire, and
+// whether the leg is kept.
+func (s *Stall) Keep(now time.Time) (time.Time, bool) {
+	since := s.last
+	if since.IsZero() {
+		since = s.start
+	}
+	if now.Sub(since) >= s.Rule.FirstToken {
+		return time.Time{}, false
+	}
+	s.silence(now, s.Rule.AliveWindow(s.gaps))
+	return s.arm(), true
 }
 
 // Window is the current silence's length before the leg is given up.

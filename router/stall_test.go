@@ -23,6 +23,7 @@ import (
 //	                        never before now)
 //	check                  (the timer fires now)
 //	answer probe=1 alive=true
+//	keep                   (the leg is stalled but cannot move: keep it?)
 //
 // Each prints the time, the window, when the relay's timer is due, the
 // deadline, and what a check asked for (probe n, stalled). Run with
@@ -92,6 +93,10 @@ func TestStallScripts(t *testing.T) {
 				d.ScanArgs(t, "probe", &probe)
 				d.ScanArgs(t, "alive", &alive)
 				s.Answer(probe, now, alive)
+			case "keep":
+				if _, kept := s.Keep(now); !kept {
+					return fmt.Sprintf("t=%s given up\n", now.Sub(t0))
+				}
 			default:
 				d.Fatalf(t, "unknown command %q", d.Cmd)
 			}
