@@ -416,14 +416,18 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 			}
 			continue
 		case a := <-probed:
-			arm(stall.Answer(a.probe, s.clock.Now(), a.alive))
+			now := s.clock.Now()
+			if a.alive {
+				s.heardFrom(id, now)
+			}
+			arm(stall.Answer(a.probe, now, a.alive))
 			continue
 		case <-timerC:
 			if len(events) > 0 {
 				arm(stall.Due()) // tokens already wait: read them first
 				continue
 			}
-			step := stall.Check(s.clock.Now())
+			step := stall.Check(s.clock.Now(), s.lastHeard(id))
 			if step.Stalled && !movable() {
 				// Nowhere to go: a slow engine beats an error.
 				if next, kept := stall.Keep(s.clock.Now()); kept {
@@ -488,6 +492,7 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 			now := s.clock.Now()
 			text, ids, fin := ch.text(), ch.Choices[0].TokenIDs, ch.Choices[0].FinishReason
 			if len(ids) > 0 || text != "" {
+				s.heardFrom(id, now)
 				onTokens(now)
 				arm(stall.Token(now))
 			}

@@ -89,7 +89,11 @@ type Server struct {
 
 	mu   sync.Mutex
 	busy map[string]int // legs this router has running per engine id
-	done chan struct{}
+	// heard is when each engine last showed life on any of this router's
+	// legs (a token, an answered health probe): evidence for its other
+	// legs' stall checks.
+	heard map[string]time.Time
+	done  chan struct{}
 }
 
 // New starts a router listening on cfg.Listen.
@@ -117,7 +121,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	ln := newCappedListener(tl, cfg.MaxConns)
 	s := &Server{
-		cfg: cfg, log: cfg.Log, ln: ln, metrics: newMetrics(), clock: clock.Or(cfg.Clock), busy: map[string]int{}, done: make(chan struct{}),
+		cfg: cfg, log: cfg.Log, ln: ln, metrics: newMetrics(), clock: clock.Or(cfg.Clock), busy: map[string]int{}, heard: map[string]time.Time{}, done: make(chan struct{}),
 		admit: newAdmission(cfg.MaxInFlight), apiKeys: newKeyring(cfg.APIKeys), adminKeys: newKeyring(cfg.AdminKeys),
 		client: &http.Client{Transport: &http.Transport{
 			DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
@@ -264,6 +268,22 @@ func (s *Server) busySnapshot() map[string]int {
 	return out
 }
 
+// heardFrom records that engine id showed life at now.
+func (s *Server) heardFrom(id string, now time.Time) {
+	s.mu.Lock()
+	if now.After(s.heard[id]) {
+		s.heard[id] = now
+	}
+	s.mu.Unlock()
+}
+
+// lastHeard is when engine id last showed life (zero if never).
+func (s *Server) lastHeard(id string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.heard[id]
+}
+
 // track counts a leg on engine id until the returned func is called.
 func (s *Server) track(id string) func() {
 	s.mu.Lock()
@@ -275,6 +295,7 @@ func (s *Server) track(id string) func() {
 			s.mu.Lock()
 			if s.busy[id]--; s.busy[id] <= 0 {
 				delete(s.busy, id)
+				delete(s.heard, id) // only legs running on it read it
 			}
 			s.mu.Unlock()
 		})

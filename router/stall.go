@@ -113,14 +113,24 @@ func (s *Stall) Due() time.Time { return s.due }
 // Deadline is when the current silence ends the leg.
 func (s *Stall) Deadline() time.Time { return s.base.Add(s.window + s.grace) }
 
-// Check is called when the relay's timer fires at now (after Due). A timer
-// that fires more than lateTolerance late says the router was late, not
-// necessarily the engine: the silence's times move back by that lateness
-// (at most one window per silence, so a silent engine is still given up
-// within two windows and the router's last lateness) and the readers get
-// the time to deliver what waited. The caller also holds off while tokens
-// it has not read yet are queued.
-func (s *Stall) Check(now time.Time) StallStep {
+// Check is called when the relay's timer fires at now (after its due
+// time); heard is the last time the leg's engine showed life on any of the
+// router's legs to it (a token, an answered probe). An engine that did so
+// since this silence began is running: the silence is this request's, not
+// a hung process's, and it counts as an answered probe at heard (a hang
+// silences every stream of its engine at once; a CPU-starved engine with
+// many streams still delivers some of them). A timer that fires more than
+// lateTolerance late says the router was late, not necessarily the engine:
+// the silence's times move back by that lateness (at most one window per
+// silence, so a silent engine is still given up within two windows and the
+// router's last lateness) and the readers get the time to deliver what
+// waited. The caller also holds off while tokens it has not read yet are
+// queued.
+func (s *Stall) Check(now, heard time.Time) StallStep {
+	if heard.After(s.base) && !heard.After(now) && s.alive < maxAliveProbes {
+		s.alive++
+		s.silence(heard, s.Rule.AliveWindow(s.gaps))
+	}
 	moved := false
 	if late := now.Sub(s.due); late > lateTolerance && s.grace < s.window {
 		s.grace = min(s.window, s.grace+late)

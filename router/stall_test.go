@@ -24,6 +24,7 @@ import (
 //	check                  (the timer fires now)
 //	answer probe=1 alive=true
 //	keep                   (the leg is stalled but cannot move: keep it?)
+//	other                  (the engine delivered a token on another leg now)
 //
 // Each prints the time, the window, when the relay's timer is due, the
 // deadline, and what a check asked for (probe n, stalled). Run with
@@ -33,6 +34,7 @@ func TestStallScripts(t *testing.T) {
 		t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 		now := t0
 		var s *Stall
+		var heard time.Time // the engine's last token on another leg
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			dur := func(key string) time.Duration {
 				var raw string
@@ -84,9 +86,11 @@ func TestStallScripts(t *testing.T) {
 					late = dur("late")
 				}
 				now = later(now, s.Due()).Add(late)
-				step = s.Check(now)
+				step = s.Check(now, heard)
 			case "check":
-				step = s.Check(now)
+				step = s.Check(now, heard)
+			case "other":
+				heard = now
 			case "answer":
 				var probe int
 				var alive bool
