@@ -239,6 +239,7 @@ const (
 	legClientGone               // the client went away
 	legRejected                 // the engine refused the request: tell the client
 	legFailed                   // broken, stalled, engine left or failed: resume elsewhere
+	legSwitchBack               // the leg given up before finished its answer first: relay it
 )
 
 // legResult is one decode leg's outcome.
@@ -268,6 +269,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		firstSeen bool
 		lastTok   time.Time
 		decoders  []string
+		prevStops *stopFilter // the stop filter before a resume set its own
 	)
 	defer func() {
 		if pending != nil {
@@ -326,6 +328,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 					continue
 				}
 			}
+			prevStops = out.stops
 			if stops, include := stopStrings(c.Body); err == nil && len(stops) > 0 {
 				out.stops = newStopFilter(stops, include, out.text.String(), s.withheld(ctx, e, c.Model, gen, out.text.String(), rid))
 			}
@@ -343,9 +346,30 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			_, ok := Pick(s.live(), "decode", c.Model, s.busySnapshot(), skip)
 			return ok
 		}
-		res := s.leg(ctx, rid, e, path, body, out, stall, onTokens, movable)
+		res := s.leg(ctx, rid, e, path, body, out, stall, onTokens, movable, pending)
 		switch res.end {
 		case legDone:
+			return nil
+		case legSwitchBack:
+			// The given-up leg finished its answer while this one had sent
+			// nothing: relay that answer, as the old engine's stream would
+			// have been, and leave this leg.
+			res.abandon()
+			out.stops = prevStops
+			s.log.Info("the decode leg given up finished its answer first; relaying it", "request_id", rid,
+				"engine", pending.engine, "resumed_on", id)
+			for _, ch := range pending.answer() {
+				if len(ch.Choices) == 0 {
+					continue
+				}
+				if chunkHasToken(ch) {
+					onTokens(s.clock.Now())
+				}
+				out.tokens(ch.text(), ch.Choices[0].TokenIDs, ch.Choices[0].FinishReason)
+				if out.stopped {
+					break
+				}
+			}
 			return nil
 		case legClientGone:
 			res.abandon()
@@ -384,8 +408,11 @@ type probeAnswer struct {
 }
 
 // leg runs one decode leg on e and relays its tokens to out.
+//
+// prev, if not nil, is the leg given up before this one: if it finishes its
+// answer before this leg delivered a token, the leg ends legSwitchBack.
 func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, body []byte, out *emitter, stall *Stall,
-	onTokens func(time.Time), movable func() bool) legResult {
+	onTokens func(time.Time), movable func() bool, prev *retiredLeg) legResult {
 	id := e.Info.GetEngineId()
 	untrack := s.track(id)
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -400,6 +427,10 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 	timer, timerC := s.clock.NewTimer(stall.Start(legStart).Sub(legStart))
 	defer timer.Stop()
 	arm := func(at time.Time) { timer.Reset(at.Sub(s.clock.Now())) }
+	var prevDone <-chan struct{}
+	if prev != nil {
+		prevDone = prev.finished
+	}
 	failed := func(reason string, err *APIError) legResult {
 		return legResult{end: legFailed, reason: reason, err: err,
 			retired: s.retire(rid, reason, id, s.clock.Now(), events, probed, abandon)}
@@ -410,6 +441,8 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 			return legResult{end: legClientGone, abandon: abandon}
 		case <-s.done:
 			return legResult{end: legRejected, err: unavailable(CodeEngineFailed, "the router is shutting down"), abandon: abandon}
+		case <-prevDone:
+			return legResult{end: legSwitchBack, abandon: abandon}
 		case <-pollC:
 			if !Has(s.cfg.Engines(), id) {
 				return failed("engine_left", serverError(CodeEngineFailed, "decode engine %s left the cluster", id))
@@ -491,7 +524,8 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 			}
 			now := s.clock.Now()
 			text, ids, fin := ch.text(), ch.Choices[0].TokenIDs, ch.Choices[0].FinishReason
-			if len(ids) > 0 || text != "" {
+			if chunkHasToken(ch) {
+				prevDone = nil // this leg delivers: no switch back
 				s.heardFrom(id, now)
 				onTokens(now)
 				arm(stall.Token(now))
@@ -503,6 +537,11 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 			}
 		}
 	}
+}
+
+// chunkHasToken reports whether ch carries a token (its id or its text).
+func chunkHasToken(ch *engineChunk) bool {
+	return len(ch.Choices) > 0 && (len(ch.Choices[0].TokenIDs) > 0 || ch.text() != "")
 }
 
 // readLeg posts the leg and reports the response, each chunk, and how the

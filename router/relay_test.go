@@ -39,6 +39,8 @@ type fakeEngine struct {
 	// firstDelay is the time a decode leg takes before its first token (a
 	// resume's pull and recompute).
 	firstDelay time.Duration
+	// tag prefixes each token's text (default "w": " w1000").
+	tag string
 	status     int // non-zero: answer every leg with this status
 	code       string
 	msg        string // the error's message (default "no")
@@ -148,7 +150,11 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		if i == max-1 {
 			fin = `"length"`
 		}
-		text := held + fmt.Sprintf(" w%d", tok)
+		tag := f.tag
+		if tag == "" {
+			tag = "w"
+		}
+		text := held + fmt.Sprintf(" %s%d", tag, tok)
 		held = ""
 		if f.withhold[tok] && i < max-1 {
 			text, held = "", text
@@ -575,5 +581,33 @@ func TestStalledLegWithNowhereToGoIsKept(t *testing.T) {
 	}
 	if n := counted(t, s, "connex_router_resumes_total"); n != 0 {
 		t.Fatalf("%v resumes with nowhere to go", n)
+	}
+}
+
+// TestGivenUpLegThatFinishesFirstIsRelayed: an engine given up for a stall
+// that was only late (starved for 300 ms) finishes its answer while the
+// resumed leg is still loading (2 s): the router relays the old engine's
+// answer — an engine that finishes may release its hold before the new
+// engine's takeover, leaving it nothing to pull — and leaves the new leg.
+// The resumed engine's tokens would read " v…".
+func TestGivenUpLegThatFinishesFirstIsRelayed(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", pauseAt: 4, pause: 300 * time.Millisecond, pauseHealth: true}).start()
+	d2 := (&fakeEngine{t: t, id: "d2", role: "decode", firstDelay: 2 * time.Second, tag: "v"}).start()
+	s := newTestRouter(t, p, d1, d2) // stall window 200 ms
+	texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
+	if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(10), "") {
+		t.Fatalf("texts %q done %v errs %v; want d1's %q once", texts, done, errs, want(10))
+	}
+	if n := counted(t, s, "connex_router_resumes_total"); n != 1 {
+		t.Fatalf("%v resumes, want 1 (the one given up)", n)
+	}
+	if n := counted(t, s, "connex_router_false_resumes_total"); n != 1 {
+		t.Fatalf("%v false resumes, want 1", n)
+	}
+	d2.mu.Lock()
+	defer d2.mu.Unlock()
+	if len(d2.bodies) != 1 {
+		t.Fatalf("%d legs on d2, want the resume", len(d2.bodies))
 	}
 }

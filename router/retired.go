@@ -9,8 +9,12 @@ import (
 // retiredLeg is a decode leg the router gave up on (stalled, its engine
 // left, its stream broke or failed) while the request resumes elsewhere. It
 // stays open, its reader and its last health probe drained, until the
-// resumed stream delivers its first token (resumed) or the request ends
-// (close). Then it is closed, and if it showed life meanwhile — a chunk or
+// resumed stream delivers its first token or the request ends (close).
+// What it sends meanwhile is kept: if it completes its answer (a clean
+// [DONE]) before the resumed stream delivers anything, the router relays
+// that answer instead (a switch back, decode): an engine that was only late
+// may finish the request, and release its hold, before the new engine's
+// takeover fences it, and the new engine then has nothing to pull. Then it is closed, and if it showed life meanwhile — a chunk or
 // the end of its stream, or a 2xx answer to its health probe — the resume
 // is counted false (connex_router_false_resumes_total): the engine was not
 // hung but late, and waiting for it would have been no slower than the
@@ -29,13 +33,23 @@ type retiredLeg struct {
 	once        sync.Once
 	life        atomic.Bool
 	lifeAt      atomic.Int64 // when life was first seen, Unix ns
+	// finished is closed when the leg ended its answer cleanly: every
+	// chunk it sent after it was given up is in chunks, none an error.
+	finished chan struct{}
+	mu       sync.Mutex
+	chunks   []*engineChunk
+	spoilt   bool // an error chunk, or more than maxRetiredChunks: no switch back
 }
+
+// maxRetiredChunks bounds what a given-up leg's answer may hold for a
+// switch back (an answer's chunks are its tokens).
+const maxRetiredChunks = 1 << 16
 
 // retire starts watching a leg of request rid on engine given up at decided
 // for reason.
 func (s *Server) retire(rid, reason, engine string, decided time.Time, events <-chan legEvent, probes <-chan probeAnswer, abandon func()) *retiredLeg {
 	r := &retiredLeg{s: s, rid: rid, reason: reason, engine: engine, decided: decided, abandon: abandon,
-		stop: make(chan struct{}), events: events, probes: probes}
+		stop: make(chan struct{}), events: events, probes: probes, finished: make(chan struct{})}
 	go r.watch()
 	return r
 }
@@ -51,8 +65,17 @@ func (r *retiredLeg) watch() {
 			r.close()
 			return
 		case ev := <-r.events:
-			if ev.chunk != nil || ev.err == errDone {
+			switch {
+			case ev.chunk != nil:
 				r.alive()
+				r.keep(ev.chunk)
+			case ev.err == errDone:
+				r.alive()
+				r.mu.Lock()
+				if !r.spoilt {
+					close(r.finished)
+				}
+				r.mu.Unlock()
 			}
 		case a := <-r.probes:
 			if a.alive {
@@ -60,6 +83,26 @@ func (r *retiredLeg) watch() {
 			}
 		}
 	}
+}
+
+// keep adds a chunk the leg sent to its answer.
+func (r *retiredLeg) keep(ch *engineChunk) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(ch.Error) > 0 && !isNull(ch.Error) || len(r.chunks) == maxRetiredChunks {
+		r.spoilt, r.chunks = true, nil
+	}
+	if !r.spoilt {
+		r.chunks = append(r.chunks, ch)
+	}
+}
+
+// answer is the rest of the answer the leg sent after it was given up, once
+// finished is closed.
+func (r *retiredLeg) answer() []*engineChunk {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.chunks
 }
 
 func (r *retiredLeg) alive() {
