@@ -5,8 +5,12 @@ import (
 	"time"
 )
 
-// gapWindow is how many recent inter-token gaps the stall window looks at.
-const gapWindow = 16
+// gapWindow is how many recent inter-token gaps the stall window looks at:
+// a memory of a second or so at the pace of a GPU engine (10–20 ms a
+// token), long enough to hold the last hiccup of an engine whose host is
+// busy (with 16 gaps, saturation.yaml's streams forgot a 100 ms stall in
+// 160 ms and were given up at the next one).
+const gapWindow = 64
 
 // warmGaps is how many gaps a stream must have shown before its window
 // follows its own pace; until then the window is at least StallRule.Cold.
@@ -28,7 +32,7 @@ const warmGaps = 4
 // milliseconds; 50 ms covers two periods and a collection. The router's own
 // lateness is not the engine's and is handled apart (Stall). The Ceiling
 // bounds what a hang costs a stream whose history holds one long gap (a
-// preempted request, a slow step of a CPU engine) for the next 16 tokens: an
+// preempted request, a slow step of a CPU engine) for the next 64 tokens: an
 // engine slower than that answers its health probe and is given more time
 // (Stall.Answer), so the ceiling costs a slow engine a probe, not a resume.
 type StallRule struct {
