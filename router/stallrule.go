@@ -8,8 +8,7 @@ import (
 // gapWindow is how many recent inter-token gaps the stall window looks at:
 // a memory of a second or so at the pace of a GPU engine (10–20 ms a
 // token), long enough to hold the last hiccup of an engine whose host is
-// busy (with 16 gaps, saturation.yaml's streams forgot a 100 ms stall in
-// 160 ms and were given up at the next one).
+// busy (with 16 gaps, a stream at 10 ms a token forgets one in 160 ms).
 const gapWindow = 64
 
 // warmGaps is how many gaps a stream must have shown before its window
