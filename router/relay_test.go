@@ -40,10 +40,10 @@ type fakeEngine struct {
 	// resume's pull and recompute).
 	firstDelay time.Duration
 	// tag prefixes each token's text (default "w": " w1000").
-	tag string
-	status     int // non-zero: answer every leg with this status
-	code       string
-	msg        string // the error's message (default "no")
+	tag    string
+	status int // non-zero: answer every leg with this status
+	code   string
+	msg    string // the error's message (default "no")
 	// served, if set, is closed when the engine gets its first leg.
 	served chan struct{}
 	// withhold: tokens whose text the engine holds back until the next
