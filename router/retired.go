@@ -10,17 +10,19 @@ import (
 // left, its stream broke or failed) while the request resumes elsewhere. It
 // stays open, its reader and its last health probe drained, until the
 // resumed stream delivers its first token or the request ends (close).
+//
+// If it shows life meanwhile — a chunk or the end of its stream, or a 2xx
+// answer to its health probe — the resume is counted false
+// (connex_router_false_resumes_total): the engine was late, not hung, and
+// waiting for it would have been no slower than the resume that replaced
+// it, which cost a pull and a recompute. A SIGSTOPped engine shows nothing
+// and a killed one only a broken connection, so neither is counted.
+//
 // What it sends meanwhile is kept: if it completes its answer (a clean
 // [DONE]) before the resumed stream delivers anything, the router relays
-// that answer instead (a switch back, decode): an engine that was only late
-// may finish the request, and release its hold, before the new engine's
-// takeover fences it, and the new engine then has nothing to pull. Then it is closed, and if it showed life meanwhile — a chunk or
-// the end of its stream, or a 2xx answer to its health probe — the resume
-// is counted false (connex_router_false_resumes_total): the engine was not
-// hung but late, and waiting for it would have been no slower than the
-// resume that replaced it (which cost a pull and a recompute). A
-// SIGSTOPped engine shows nothing and a killed one only a broken
-// connection, so neither is counted.
+// that answer instead (legSwitchBack): a late engine may finish the request
+// and release its hold before the new engine's takeover fences it, and the
+// new engine then has nothing to pull.
 type retiredLeg struct {
 	s           *Server
 	rid, reason string

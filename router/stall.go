@@ -12,9 +12,10 @@ import "time"
 // probe) with window W (StallRule): at half the window the engine is
 // probed, at the full window the leg is given up unless the probe said the
 // engine lives; an answer gives AliveWindow more from then, at most
-// maxAliveProbes times per gap between tokens. So a hung engine costs W,
+// maxAliveProbes times per gap between tokens; so does a token the engine
+// sent on another of the router's legs (Check). So a hung engine costs W,
 // not W plus a probe's timeout, and a starved one has half a window to
-// answer before the deadline and more afterwards.
+// show it lives. A leg with nowhere to go is kept (Keep).
 type Stall struct {
 	// Rule is the stall rule; its zero value is not usable (see StallRule.Check).
 	Rule StallRule
