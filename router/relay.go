@@ -431,6 +431,7 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 	if prev != nil {
 		prevDone = prev.finished
 	}
+	answered := false // the engine answered (headers): it has started the request
 	failed := func(reason string, err *APIError) legResult {
 		return legResult{end: legFailed, reason: reason, err: err,
 			retired: s.retire(rid, reason, id, s.clock.Now(), events, probed, abandon)}
@@ -442,7 +443,12 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 		case <-s.done:
 			return legResult{end: legRejected, err: unavailable(CodeEngineFailed, "the router is shutting down"), abandon: abandon}
 		case <-prevDone:
-			return legResult{end: legSwitchBack, abandon: abandon}
+			if answered {
+				return legResult{end: legSwitchBack, abandon: abandon}
+			}
+			// Its engine may be taking the request over right now: left
+			// mid-start it could keep the request, and its hold, alive.
+			return legResult{end: legSwitchBack, abandon: func() { s.closeWhenAnswered(events, abandon) }}
 		case <-pollC:
 			if !Has(s.cfg.Engines(), id) {
 				return failed("engine_left", serverError(CodeEngineFailed, "decode engine %s left the cluster", id))
@@ -485,7 +491,8 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 		case ev := <-events:
 			switch {
 			case ev.resp != nil:
-				continue // the engine answered: it took the request over
+				answered = true // the engine took the request over
+				continue
 			case ev.err == errDone:
 				abandon()
 				return legResult{end: legDone}

@@ -40,10 +40,14 @@ type fakeEngine struct {
 	// resume's pull and recompute).
 	firstDelay time.Duration
 	// tag prefixes each token's text (default "w": " w1000").
-	tag    string
-	status int // non-zero: answer every leg with this status
-	code   string
-	msg    string // the error's message (default "no")
+	tag string
+	// leftMidStart: a leg's client left during firstDelay.
+	leftMidStart bool
+	// serving counts the legs the engine is serving now.
+	serving int
+	status  int // non-zero: answer every leg with this status
+	code    string
+	msg     string // the error's message (default "no")
 	// served, if set, is closed when the engine gets its first leg.
 	served chan struct{}
 	// withhold: tokens whose text the engine holds back until the next
@@ -91,6 +95,12 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.mu.Lock()
+	f.serving++
+	defer func() {
+		f.mu.Lock()
+		f.serving--
+		f.mu.Unlock()
+	}()
 	f.bodies = append(f.bodies, body)
 	if f.served != nil && len(f.bodies) == 1 {
 		close(f.served)
@@ -125,6 +135,11 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-time.After(f.firstDelay):
 		case <-r.Context().Done():
+			// Left while starting: a real engine may not notice and keep
+			// the request (and the hold it renews) alive.
+			f.mu.Lock()
+			f.leftMidStart = true
+			f.mu.Unlock()
 			return
 		}
 	}
@@ -605,9 +620,19 @@ func TestGivenUpLegThatFinishesFirstIsRelayed(t *testing.T) {
 	if n := counted(t, s, "connex_router_false_resumes_total"); n != 1 {
 		t.Fatalf("%v false resumes, want 1", n)
 	}
+	// The resumed leg is closed only once d2 has answered: left while it
+	// starts the request, an engine may keep it alive.
+	poll.Until(t, 5*time.Second, 10*time.Millisecond, func() error {
+		d2.mu.Lock()
+		defer d2.mu.Unlock()
+		if s.busySnapshot()["d2"] != 0 || d2.serving != 0 {
+			return fmt.Errorf("the resumed leg on d2 is still open")
+		}
+		return nil
+	})
 	d2.mu.Lock()
 	defer d2.mu.Unlock()
-	if len(d2.bodies) != 1 {
-		t.Fatalf("%d legs on d2, want the resume", len(d2.bodies))
+	if len(d2.bodies) != 1 || d2.leftMidStart {
+		t.Fatalf("%d legs on d2 (want the resume), left while starting: %v", len(d2.bodies), d2.leftMidStart)
 	}
 }

@@ -127,3 +127,22 @@ func (r *retiredLeg) close() {
 			"reason", r.reason, "life_after", time.Duration(r.lifeAt.Load()-r.decided.UnixNano()).Round(time.Millisecond))
 	})
 }
+
+// closeWhenAnswered closes a leg the router no longer needs once its engine
+// has answered or failed (any event), at the latest after
+// StallRule.FirstToken: an engine left while it starts the request (its
+// request.start, a takeover, still in flight) may not see that its client
+// left and keep the request, and the hold it renews, alive; one that has
+// answered ends the request itself when its client goes.
+func (s *Server) closeWhenAnswered(events <-chan legEvent, abandon func()) {
+	t, expired := s.clock.NewTimer(s.cfg.Stall.FirstToken)
+	go func() {
+		defer t.Stop()
+		select {
+		case <-events:
+		case <-expired:
+		case <-s.done:
+		}
+		abandon()
+	}()
+}
