@@ -252,7 +252,7 @@ var defaults = []struct {
 	{"http_listen", "127.0.0.1:8000", "router: OpenAI-compatible HTTP listen address"},
 	{"router_stall_ms", 300, "router: stall window (ms) of a decode stream whose pace is not known yet (first 4 gaps), and the least a silent engine that answers its health probe is given"},
 	{"router_stall_factor", 3, "router: a stream's stall window = factor x its longest gap among the last 64 tokens, within router_stall_floor_ms..router_stall_ceiling_ms"},
-	{"router_stall_floor_ms", 50, "router: shortest stall window (ms) of a decode stream"},
+	{"router_stall_floor_ms", 80, "router: shortest stall window (ms) of a decode stream"},
 	{"router_stall_ceiling_ms", 1000, "router: longest stall window (ms) of a decode stream (a slower engine that answers its health probe is given more)"},
 	{"router_first_token_ms", 30000, "router: deadline (ms) for a decode engine's first token, KV pull included"},
 	{"router_prefill_timeout_ms", 120000, "router: deadline (ms) of the prefill leg"},
