@@ -20,6 +20,8 @@ const (
 	InvNoErrors = "every request completes (expect.no_errors)"
 	// InvNoResumes is Expect.NoResumes broken: a scenario check.
 	InvNoResumes = "no request resumed (expect.no_resumes)"
+	// InvFalseStalls is Expect.FalseStallsMaxPct broken: a scenario check.
+	InvFalseStalls = "few streams of live engines given up for a stall (expect.false_stalls_max_pct)"
 )
 
 // Violation is one broken invariant: which, the requests (or transfers)
@@ -219,6 +221,16 @@ func checkExpect(ev Evidence) []Violation {
 		}
 		if len(resumed) > 0 {
 			out = append(out, Violation{InvNoResumes, resumed, fmt.Sprintf("%d request(s) were moved to another decode engine although no engine was faulted", len(resumed))})
+		}
+	}
+	if limit := ev.Expect.FalseStallsMaxPct; limit > 0 {
+		n, reqs := ev.FalseResumes["stalled"], max(len(ev.Records), 1)
+		switch {
+		case ev.FalseResumes == nil:
+			out = append(out, Violation{InvFalseStalls, nil, "the router's false resumes could not be read (was it restarted?)"})
+		case 100*float64(n)/float64(reqs) > limit:
+			out = append(out, Violation{InvFalseStalls, nil, fmt.Sprintf("%d of %d requests (%.2f%%, more than %g%%) were moved off a live engine for a stall; the machine's load says whether the host starved the engines",
+				n, reqs, 100*float64(n)/float64(reqs), limit)})
 		}
 	}
 	return out
