@@ -434,7 +434,7 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 	answered := false // the engine answered (headers): it has started the request
 	failed := func(reason string, err *APIError) legResult {
 		return legResult{end: legFailed, reason: reason, err: err,
-			retired: s.retire(rid, reason, id, s.clock.Now(), events, probed, abandon)}
+			retired: s.retire(rid, reason, id, s.clock.Now(), events, probed, stall.Outstanding(), abandon)}
 	}
 	for {
 		select {

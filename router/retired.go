@@ -11,12 +11,14 @@ import (
 // stays open, its reader and its last health probe drained, until the
 // resumed stream delivers its first token or the request ends (close).
 //
-// If it shows life meanwhile — a chunk or the end of its stream, or a 2xx
-// answer to its health probe — the resume is counted false
+// If a leg given up for a stall or because its engine left shows life
+// meanwhile — a chunk or the end of its stream, or a 2xx answer to the
+// health probe sent in its last silence — the resume is counted false
 // (connex_router_false_resumes_total): the engine was late, not hung, and
 // waiting for it would have been no slower than the resume that replaced
 // it, which cost a pull and a recompute. A SIGSTOPped engine shows nothing
-// and a killed one only a broken connection, so neither is counted.
+// and a killed one only a broken connection, so neither is counted; an
+// engine that answered an error is alive but was not moved by mistake.
 //
 // What it sends meanwhile is kept: if it completes its answer (a clean
 // [DONE]) before the resumed stream delivers anything, the router relays
@@ -31,10 +33,16 @@ type retiredLeg struct {
 	abandon     func()
 	events      <-chan legEvent
 	probes      <-chan probeAnswer
-	stop        chan struct{}
-	once        sync.Once
-	life        atomic.Bool
-	lifeAt      atomic.Int64 // when life was first seen, Unix ns
+	// probe is the health probe outstanding when the leg was given up: the
+	// only one whose answer says the engine lived after its last token.
+	probe int
+	// judged: the leg was given up on a guess (stalled, engine_left), so
+	// its life makes the resume false.
+	judged bool
+	stop   chan struct{}
+	once   sync.Once
+	life   atomic.Bool
+	lifeAt atomic.Int64 // when life was first seen, Unix ns
 	// finished is closed when the leg ended its answer cleanly: every
 	// chunk it sent after it was given up is in chunks, none an error.
 	finished chan struct{}
@@ -48,10 +56,11 @@ type retiredLeg struct {
 const maxRetiredChunks = 1 << 16
 
 // retire starts watching a leg of request rid on engine given up at decided
-// for reason.
-func (s *Server) retire(rid, reason, engine string, decided time.Time, events <-chan legEvent, probes <-chan probeAnswer, abandon func()) *retiredLeg {
+// for reason, with health probe number probe outstanding (0: none).
+func (s *Server) retire(rid, reason, engine string, decided time.Time, events <-chan legEvent, probes <-chan probeAnswer, probe int, abandon func()) *retiredLeg {
 	r := &retiredLeg{s: s, rid: rid, reason: reason, engine: engine, decided: decided, abandon: abandon,
-		stop: make(chan struct{}), events: events, probes: probes, finished: make(chan struct{})}
+		stop: make(chan struct{}), events: events, probes: probes, probe: probe, finished: make(chan struct{}),
+		judged: reason == "stalled" || reason == "engine_left"}
 	go r.watch()
 	return r
 }
@@ -80,7 +89,7 @@ func (r *retiredLeg) watch() {
 				r.mu.Unlock()
 			}
 		case a := <-r.probes:
-			if a.alive {
+			if a.alive && a.probe == r.probe && r.probe != 0 {
 				r.alive()
 			}
 		}
@@ -108,7 +117,7 @@ func (r *retiredLeg) answer() []*engineChunk {
 }
 
 func (r *retiredLeg) alive() {
-	if r.life.CompareAndSwap(false, true) {
+	if r.judged && r.life.CompareAndSwap(false, true) {
 		r.lifeAt.Store(r.s.clock.Now().UnixNano())
 	}
 }

@@ -190,6 +190,10 @@ func (s *Stall) Keep(now time.Time) (time.Time, bool) {
 	return s.arm(), true
 }
 
+// Outstanding is the number of the probe sent in the current silence and
+// not answered yet (0: none).
+func (s *Stall) Outstanding() int { return s.out }
+
 // Window is the current silence's length before the leg is given up.
 func (s *Stall) Window() time.Duration { return s.window }
 
