@@ -466,7 +466,7 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 				arm(stall.Due()) // tokens already wait: read them first
 				continue
 			}
-			step := stall.Check(s.clock.Now(), s.lastHeard(id))
+			step := stall.Check(s.clock.Now(), Heard{Engine: s.lastHeard(id), Others: s.othersHeard(id)})
 			if step.Stalled && !movable() {
 				// Nowhere to go: a slow engine beats an error.
 				if next, kept := stall.Keep(s.clock.Now()); kept {

@@ -284,6 +284,20 @@ func (s *Server) lastHeard(id string) time.Time {
 	return s.heard[id]
 }
 
+// othersHeard is the last token from any engine but id that runs one of
+// this router's legs (zero if none).
+func (s *Server) othersHeard(id string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var last time.Time
+	for e, t := range s.heard {
+		if e != id && t.After(last) {
+			last = t
+		}
+	}
+	return last
+}
+
 // track counts a leg on engine id until the returned func is called.
 func (s *Server) track(id string) func() {
 	s.mu.Lock()

@@ -114,23 +114,39 @@ func (s *Stall) Due() time.Time { return s.due }
 // Deadline is when the current silence ends the leg.
 func (s *Stall) Deadline() time.Time { return s.base.Add(s.window + s.grace) }
 
-// Check is called when the relay's timer fires at now (after its due
-// time); heard is the last time the leg's engine showed life on any of the
-// router's legs to it (a token, an answered probe). An engine that did so
-// since this silence began is running: the silence is this request's, not
-// a hung process's, and it counts as an answered probe at heard (a hang
-// silences every stream of its engine at once; a CPU-starved engine with
-// many streams still delivers some of them). A timer that fires more than
-// lateTolerance late says the router was late, not necessarily the engine:
-// the silence's times move back by that lateness (at most one window per
-// silence, so a silent engine is still given up within two windows and the
-// router's last lateness) and the readers get the time to deliver what
-// waited. The caller also holds off while tokens it has not read yet are
-// queued.
-func (s *Stall) Check(now, heard time.Time) StallStep {
-	if heard.After(s.base) && !heard.After(now) && s.alive < maxAliveProbes {
+// Heard is what the router heard from the engines it streams from.
+type Heard struct {
+	// Engine is when the leg's own engine last showed life on any of the
+	// router's legs to it (a token, an answered probe).
+	Engine time.Time
+	// Others is the last token from any other engine the router runs a
+	// leg on now (zero: none).
+	Others time.Time
+}
+
+// Check is called when the relay's timer fires at now (after its due time),
+// with what the router heard. The silence is judged as the engine's only
+// when nothing else explains it:
+//
+//   - its engine showed life on another leg since the silence began: the
+//     engine runs, the silence is this request's; it counts as an answered
+//     probe (a hang silences every stream of its engine at once; a
+//     CPU-starved engine with many streams still delivers some);
+//   - the timer fired more than lateTolerance late: the router was late,
+//     not necessarily the engine, and tokens may wait unread; the silence's
+//     times move back by that lateness;
+//   - every other engine the router was streaming from when the silence
+//     began fell silent with it: the host or the router's side stalled,
+//     and another engine would do no better; the deadline is held half a
+//     window ahead while that lasts.
+//
+// The two moves share one window per silence, so a silent engine is still
+// given up within two windows (and the router's last lateness). The caller
+// also holds off while tokens it has not read yet are queued.
+func (s *Stall) Check(now time.Time, h Heard) StallStep {
+	if h.Engine.After(s.base) && !h.Engine.After(now) && s.alive < maxAliveProbes {
 		s.alive++
-		s.silence(heard, s.Rule.AliveWindow(s.gaps))
+		s.silence(h.Engine, s.Rule.AliveWindow(s.gaps))
 	}
 	moved := false
 	if late := now.Sub(s.due); late > lateTolerance && s.grace < s.window {
@@ -151,7 +167,18 @@ func (s *Stall) Check(now, heard time.Time) StallStep {
 		// waited first and checks again.
 		return StallStep{Next: s.arm()}
 	}
+	if s.everyoneSilent(h.Others) && s.grace < s.window {
+		s.grace = min(s.window, now.Sub(s.base.Add(s.window))+s.window/2)
+		return StallStep{Next: s.arm()}
+	}
 	return StallStep{Stalled: true}
+}
+
+// everyoneSilent reports whether another engine was streaming to the router
+// when the current silence began (its last token at most a window before)
+// and has sent nothing since.
+func (s *Stall) everyoneSilent(others time.Time) bool {
+	return !others.IsZero() && !others.Before(s.base.Add(-s.window)) && !others.After(s.base)
 }
 
 // Answer records the answer at now to probe number probe (alive: the

@@ -25,6 +25,7 @@ import (
 //	answer probe=1 alive=true
 //	keep                   (the leg is stalled but cannot move: keep it?)
 //	other                  (the engine delivered a token on another leg now)
+//	witness                (another engine delivered a token now)
 //
 // Each prints the time, the window, when the relay's timer is due, the
 // deadline, and what a check asked for (probe n, stalled). Run with
@@ -34,7 +35,7 @@ func TestStallScripts(t *testing.T) {
 		t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 		now := t0
 		var s *Stall
-		var heard time.Time // the engine's last token on another leg
+		var heard Heard // the engine's last token on another leg; another engine's
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			dur := func(key string) time.Duration {
 				var raw string
@@ -90,7 +91,9 @@ func TestStallScripts(t *testing.T) {
 			case "check":
 				step = s.Check(now, heard)
 			case "other":
-				heard = now
+				heard.Engine = now
+			case "witness":
+				heard.Others = now
 			case "answer":
 				var probe int
 				var alive bool
