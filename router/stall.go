@@ -13,7 +13,7 @@ import "time"
 // probed, at the full window the leg is given up unless the probe said the
 // engine lives; an answer gives AliveWindow more from then, at most
 // maxAliveProbes times per gap between tokens; so does a token the engine
-// sent on another of the router's legs (Check). So a hung engine costs W,
+// sent on another of the router's legs late in the silence (Check). So a hung engine costs W,
 // not W plus a probe's timeout, and a starved one has half a window to
 // show it lives. A leg with nowhere to go is kept (Keep).
 type Stall struct {
@@ -128,9 +128,10 @@ type Heard struct {
 // with what the router heard. The silence is judged as the engine's only
 // when nothing else explains it:
 //
-//   - its engine showed life on another leg since the silence began: the
-//     engine runs, the silence is this request's; it counts as an answered
-//     probe (a hang silences every stream of its engine at once; a
+//   - its engine showed life on another leg in the second half of the
+//     silence: the engine runs, the silence is this request's; it counts as
+//     an answered probe (a hang silences every stream of its engine at
+//     once, their last tokens within a token's time of each other; a
 //     CPU-starved engine with many streams still delivers some);
 //   - the timer fired more than lateTolerance late: the router was late,
 //     not necessarily the engine, and tokens may wait unread; the silence's
@@ -144,7 +145,7 @@ type Heard struct {
 // given up within two windows (and the router's last lateness). The caller
 // also holds off while tokens it has not read yet are queued.
 func (s *Stall) Check(now time.Time, h Heard) StallStep {
-	if h.Engine.After(s.base) && !h.Engine.After(now) && s.alive < maxAliveProbes {
+	if h.Engine.After(s.base.Add(s.window/2)) && !h.Engine.After(now) && s.alive < maxAliveProbes {
 		s.alive++
 		s.silence(h.Engine, s.Rule.AliveWindow(s.gaps))
 	}
