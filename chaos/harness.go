@@ -106,6 +106,7 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (rep *Report, err erro
 		return nil, fmt.Errorf("%w: the uninterrupted reference answers: %v", ErrSetup, err)
 	}
 	prefillsBefore := r.routerPrefills(ctx)
+	falseBefore := r.routerFalseResumes(ctx)
 	burn, err := startBurners(sc.Burn.Procs)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrSetup, err)
@@ -129,6 +130,16 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (rep *Report, err erro
 	}
 	ev.Live = live
 	ev.DoubleFrees = r.doubleFrees(ctx)
+	// Read after quiescence: a given-up leg is judged up to a stall
+	// window after its request's resumed stream delivered.
+	if falseAfter := r.routerFalseResumes(ctx); falseBefore != nil && falseAfter != nil && !r.faultedRouter() {
+		ev.FalseResumes = map[string]int{}
+		for reason, n := range falseAfter {
+			if d := n - falseBefore[reason]; d > 0 {
+				ev.FalseResumes[reason] = d
+			}
+		}
+	}
 	r.mu.Lock()
 	ev.Freed = maps(r.freed)
 	ev.Down = append([]faultWindow(nil), r.windows...)

@@ -20,6 +20,8 @@ const (
 	InvNoErrors = "every request completes (expect.no_errors)"
 	// InvNoResumes is Expect.NoResumes broken: a scenario check.
 	InvNoResumes = "no request resumed (expect.no_resumes)"
+	// InvFalseStalls is Expect.FalseStallsMaxPct broken: a scenario check.
+	InvFalseStalls = "few streams of live engines given up for a stall (expect.false_stalls_max_pct)"
 )
 
 // Violation is one broken invariant: which, the requests (or transfers)
@@ -79,6 +81,10 @@ type Evidence struct {
 	// load (connex_router_prefills_total before and after); -1 when unknown
 	// (the router was restarted, or a prefill node faulted: retries count).
 	RouterPrefills int
+	// FalseResumes is how many resumes the router counted false during the
+	// run (connex_router_false_resumes_total before and after), by the
+	// resume's reason; nil when unknown (the router was restarted).
+	FalseResumes map[string]int
 	// Expect is what the scenario demands beyond the invariants.
 	Expect Expect
 }
@@ -217,6 +223,16 @@ func checkExpect(ev Evidence) []Violation {
 			out = append(out, Violation{InvNoResumes, resumed, fmt.Sprintf("%d request(s) were moved to another decode engine although no engine was faulted", len(resumed))})
 		}
 	}
+	if limit := ev.Expect.FalseStallsMaxPct; limit > 0 {
+		n, reqs := ev.FalseResumes["stalled"], max(len(ev.Records), 1)
+		switch {
+		case ev.FalseResumes == nil:
+			out = append(out, Violation{InvFalseStalls, nil, "the router's false resumes could not be read (was it restarted?)"})
+		case 100*float64(n)/float64(reqs) > limit:
+			out = append(out, Violation{InvFalseStalls, nil, fmt.Sprintf("%d of %d requests (%.2f%%, more than %g%%) were moved off a live engine for a stall; the machine's load says whether the host starved the engines",
+				n, reqs, 100*float64(n)/float64(reqs), limit)})
+		}
+	}
 	return out
 }
 
@@ -269,12 +285,25 @@ type Summary struct {
 	DoubleFrees   int     `json:"double_frees"`
 	FailoverMsP50 float64 `json:"failover_ms_p50"`
 	FailoverMsP99 float64 `json:"failover_ms_p99"`
+	// FalseResumes counts resumes whose old decode leg showed life after
+	// the router gave it up (the router's connex_router_false_resumes_total
+	// over the run); -1 when unknown (the router was restarted).
+	FalseResumes int `json:"false_resumes"`
+	// FalseResumesByReason splits FalseResumes by why the leg was given up
+	// (stalled, engine_left, …).
+	FalseResumesByReason map[string]int `json:"false_resumes_by_reason,omitempty"`
 }
 
 // Summarize counts the evidence. The failover time of a resumed streamed
 // request is its longest pause between two chunks (MaxGap).
 func Summarize(ev Evidence) Summary {
-	s := Summary{Requests: len(ev.Records)}
+	s := Summary{Requests: len(ev.Records), FalseResumes: -1}
+	if ev.FalseResumes != nil {
+		s.FalseResumes, s.FalseResumesByReason = 0, ev.FalseResumes
+		for _, n := range ev.FalseResumes {
+			s.FalseResumes += n
+		}
+	}
 	var failovers []float64
 	for _, r := range ev.Records {
 		switch {

@@ -41,6 +41,24 @@ func loadAvg() string {
 	return strings.Join(f[:3], " ")
 }
 
+// byReason renders counts by reason as ": engine_left 1, stalled 2", by
+// reason name; "" when there are none.
+func byReason(m map[string]int) string {
+	if len(m) == 0 {
+		return ""
+	}
+	reasons := make([]string, 0, len(m))
+	for k := range m {
+		reasons = append(reasons, k)
+	}
+	sort.Strings(reasons)
+	parts := make([]string, len(reasons))
+	for i, k := range reasons {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return ": " + strings.Join(parts, ", ")
+}
+
 // OK reports whether every invariant held.
 func (r *Report) OK() bool { return len(r.Violations) == 0 }
 
@@ -62,6 +80,10 @@ func (r *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(tw, "scenario\t%s (seed %d, %s)\n", r.Scenario, r.Seed, r.Duration.Round(time.Millisecond))
 	fmt.Fprintf(tw, "requests\t%d: %d completed, %d failed with a clear error, %d lost\n", r.Requests, r.Completed, r.Failed, r.Lost)
 	fmt.Fprintf(tw, "resumed\t%d (failover p50 %.0f ms, p99 %.0f ms)\n", r.Resumed, r.FailoverMsP50, r.FailoverMsP99)
+	if r.FalseResumes >= 0 {
+		fmt.Fprintf(tw, "false resumes\t%d (%.2f%% of requests; the old leg showed life after it was given up)%s\n",
+			r.FalseResumes, 100*float64(r.FalseResumes)/float64(max(r.Requests, 1)), byReason(r.FalseResumesByReason))
+	}
 	fmt.Fprintf(tw, "prefills\t%d\n", r.Prefills)
 	fmt.Fprintf(tw, "diverged\t%d\n", r.Diverged)
 	fmt.Fprintf(tw, "leaked blocks\t%d\n", r.LeakedBlocks)

@@ -56,6 +56,12 @@ type Expect struct {
 	// with every engine alive, a resume means one was wrongly taken for dead
 	// or stalled.
 	NoResumes bool `yaml:"no_resumes"`
+	// FalseStallsMaxPct, if set, bounds the resumes the router made for a
+	// stall although the engine lived (connex_router_false_resumes_total
+	// {reason="stalled"}), in percent of the requests (InvFalseStalls): the
+	// stall rule's false alarms. Moving the stream of an engine whose
+	// connexd left (engine_left) is not one.
+	FalseStallsMaxPct float64 `yaml:"false_stalls_max_pct"`
 }
 
 // Nodes is the cluster's size: engines of each role, each with its own

@@ -205,4 +205,21 @@ func TestExpectChecks(t *testing.T) {
 	if v[0].Requests[0] != "r2" || !strings.Contains(v[0].Detail, "1× HTTP 503: no live decode engine") || v[1].Requests[0] != "r1" {
 		t.Fatalf("violations do not name the requests and errors: %v", v)
 	}
+	// False stalls: 1 of 3 requests is 33 %; engine_left ones do not count.
+	ev.Expect = Expect{FalseStallsMaxPct: 50}
+	ev.FalseResumes = map[string]int{"stalled": 1, "engine_left": 2}
+	if v := Check(ev); len(v) != 0 {
+		t.Fatalf("33%% false stalls against 50%%: %v", v)
+	}
+	ev.Expect.FalseStallsMaxPct = 30
+	if v := Check(ev); len(v) != 1 || v[0].Invariant != InvFalseStalls || !strings.Contains(v[0].Detail, "1 of 3 requests (33.33%") {
+		t.Fatalf("33%% false stalls against 30%%: %v", v)
+	}
+	ev.FalseResumes = nil
+	if v := Check(ev); len(v) != 1 || v[0].Invariant != InvFalseStalls {
+		t.Fatalf("unknown false resumes must not pass a bound: %v", v)
+	}
+	if sc, err := ParseScenario([]byte("expect: {false_stalls_max_pct: 1}\n")); err != nil || sc.Expect.FalseStallsMaxPct != 1 {
+		t.Fatalf("false_stalls_max_pct: %+v, %v", sc.Expect, err)
+	}
 }

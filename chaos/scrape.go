@@ -43,27 +43,73 @@ func (r *run) doubleFrees(ctx context.Context) map[string]int {
 	return out
 }
 
-var routerPrefillsRe = regexp.MustCompile(`(?m)^connex_router_prefills_total\{[^}]*\} (\d+)`)
+var (
+	routerPrefillsRe     = regexp.MustCompile(`(?m)^connex_router_prefills_total\{[^}]*\} (\d+)`)
+	routerFalseResumesRe = regexp.MustCompile(`(?m)^connex_router_false_resumes_total\{reason="([^"]*)"\} (\d+)`)
+)
 
-// routerPrefills reads connex_router_prefills_total from the router; -1 if
-// it cannot.
-func (r *run) routerPrefills(ctx context.Context) int {
+// routerMetrics reads the router's /metrics (nil if it cannot).
+func (r *run) routerMetrics(ctx context.Context) []byte {
 	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(cctx, http.MethodGet, r.c.RouterURL()+"/metrics", nil)
 	req.Header.Set("Authorization", "Bearer "+r.c.AdminKey()) // the router's /metrics is an admin endpoint
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return -1
+		return nil
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return nil
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil
+	}
+	return body
+}
+
+// routerPrefills reads connex_router_prefills_total from the router; -1 if
+// it cannot.
+func (r *run) routerPrefills(ctx context.Context) int {
+	body := r.routerMetrics(ctx)
+	if body == nil {
+		return -1
+	}
 	n := 0
 	for _, m := range routerPrefillsRe.FindAllSubmatch(body, -1) {
 		v, _ := strconv.Atoi(string(m[1]))
 		n += v
 	}
 	return n
+}
+
+// routerFalseResumes reads connex_router_false_resumes_total from the
+// router by reason; nil if it cannot.
+func (r *run) routerFalseResumes(ctx context.Context) map[string]int {
+	body := r.routerMetrics(ctx)
+	if body == nil {
+		return nil
+	}
+	out := map[string]int{}
+	for _, m := range routerFalseResumesRe.FindAllSubmatch(body, -1) {
+		v, _ := strconv.Atoi(string(m[2]))
+		out[string(m[1])] += v
+	}
+	return out
+}
+
+// faultedRouter reports whether a fault hit the router (its counters then
+// restart from zero).
+func (r *run) faultedRouter() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, f := range r.faults {
+		if f.Resolved == "router" {
+			return true
+		}
+	}
+	return false
 }
 
 // faultedRouterOrPrefill reports whether a fault hit the router or a

@@ -162,14 +162,16 @@ type Config struct {
 	// HTTPListen is where a router member serves its OpenAI-compatible HTTP
 	// API (role router or all).
 	HTTPListen string
-	// RouterStall is the shortest token stall after which a router gives up
-	// on a decode engine and resumes the stream elsewhere; the stall it
-	// waits for is max(RouterStall, RouterStallFactor × the stream's
-	// longest recent inter-token gap).
+	// RouterStall is a decode stream's stall window while its pace is not
+	// known yet (its first 4 gaps), and the least a silent engine that
+	// answers its health probe is given (router.StallRule.Cold).
 	RouterStall time.Duration
-	// RouterStallFactor scales a stream's recent inter-token gap into its
-	// stall deadline.
+	// RouterStallFactor scales a stream's longest recent inter-token gap
+	// into its stall window (router.StallRule.Factor).
 	RouterStallFactor int
+	// RouterStallFloor and RouterStallCeiling bound a stream's stall window
+	// (router.StallRule.Floor, Ceiling).
+	RouterStallFloor, RouterStallCeiling time.Duration
 	// RouterFirstToken bounds the wait for a decode engine's first token
 	// (it includes the KV pull and the recompute of resumed tokens).
 	RouterFirstToken time.Duration
@@ -248,8 +250,10 @@ var defaults = []struct {
 	{"log_level", "warn", "log level: debug, info, warn or error"},
 	{"metrics_listen", "", "Prometheus metrics listen address (GET /metrics); empty: off"},
 	{"http_listen", "127.0.0.1:8000", "router: OpenAI-compatible HTTP listen address"},
-	{"router_stall_ms", 300, "router: shortest token stall (ms) after which a decode stream is resumed elsewhere"},
-	{"router_stall_factor", 8, "router: stall deadline = max(router_stall_ms, factor x recent inter-token gap)"},
+	{"router_stall_ms", 300, "router: stall window (ms) of a decode stream whose pace is not known yet (first 4 gaps), and the least a silent engine that answers its health probe is given"},
+	{"router_stall_factor", 3, "router: a stream's stall window = factor x its longest gap among the last 64 tokens, within router_stall_floor_ms..router_stall_ceiling_ms"},
+	{"router_stall_floor_ms", 80, "router: shortest stall window (ms) of a decode stream"},
+	{"router_stall_ceiling_ms", 1000, "router: longest stall window (ms) of a decode stream (a slower engine that answers its health probe is given more)"},
 	{"router_first_token_ms", 30000, "router: deadline (ms) for a decode engine's first token, KV pull included"},
 	{"router_prefill_timeout_ms", 120000, "router: deadline (ms) of the prefill leg"},
 	{"router_max_resumes", 3, "router: how often one request may move to another decode engine"},
@@ -438,6 +442,16 @@ func build(v *viper.Viper) (Config, error) {
 	}
 	if c.RouterStallFactor, err = positive(v, "router_stall_factor", 1000); err != nil {
 		return c, err
+	}
+	if c.RouterStallFloor, err = ms("router_stall_floor_ms", 3600*1000); err != nil {
+		return c, err
+	}
+	if c.RouterStallCeiling, err = ms("router_stall_ceiling_ms", 3600*1000); err != nil {
+		return c, err
+	}
+	if c.RouterStallFloor > c.RouterStall || c.RouterStall > c.RouterStallCeiling {
+		return c, fmt.Errorf("%w: router_stall_floor_ms=%d, router_stall_ms=%d, router_stall_ceiling_ms=%d: want floor <= router_stall_ms <= ceiling",
+			ErrInvalid, c.RouterStallFloor.Milliseconds(), c.RouterStall.Milliseconds(), c.RouterStallCeiling.Milliseconds())
 	}
 	if c.RouterFirstToken, err = ms("router_first_token_ms", 3600*1000); err != nil {
 		return c, err

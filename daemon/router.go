@@ -20,11 +20,11 @@ func (d *Daemon) startRouter() error {
 		return fmt.Errorf("role router needs cluster membership, which needs JetStream: %v", d.reqErr)
 	}
 	srv, err := router.New(router.Config{
-		Listen:            d.cfg.HTTPListen,
-		Engines:           d.advertisedEngines,
-		StallMin:          d.cfg.RouterStall,
-		StallFactor:       d.cfg.RouterStallFactor,
-		FirstToken:        d.cfg.RouterFirstToken,
+		Listen:  d.cfg.HTTPListen,
+		Engines: d.advertisedEngines,
+		Stall: router.StallRule{Factor: float64(d.cfg.RouterStallFactor), Floor: d.cfg.RouterStallFloor, Ceiling: d.cfg.RouterStallCeiling,
+			Cold: d.cfg.RouterStall, FirstToken: d.cfg.RouterFirstToken},
+		Clock:             d.clock,
 		PrefillTimeout:    d.cfg.RouterPrefillTimeout,
 		MaxResumes:        d.cfg.RouterMaxResumes,
 		MaxBodyBytes:      int64(d.cfg.RouterMaxBodyBytes),

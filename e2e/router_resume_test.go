@@ -164,6 +164,7 @@ func TestStreamSurvivesDecodeFaults(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			prefills := engineMetric(t, c, "prefill", "connex_sim_prefills_total")
 			resumes := sum(must2(scrapeAs(c.RouterURL()+"/metrics", c.AdminKey())), "connex_router_resumes_total")
+			falseResumes := sum(must2(scrapeAs(c.RouterURL()+"/metrics", c.AdminKey())), "connex_router_false_resumes_total")
 			decodePrefills := engineMetric(t, c, "decode", "connex_sim_prefills_total")
 			var victim string
 			var faultErr error
@@ -200,6 +201,12 @@ func TestStreamSurvivesDecodeFaults(t *testing.T) {
 			}
 			if d := engineMetric(t, c, "prefill", "connex_sim_prefills_total") - prefills; d != 1 {
 				t.Fatalf("%v prefills on the prefill engine for one request, want exactly 1", d)
+			}
+			// A killed or frozen engine shows no life before the resumed
+			// stream's first token (a frozen one is continued only below):
+			// the resume is not counted false.
+			if d := sum(must2(scrapeAs(c.RouterURL()+"/metrics", c.AdminKey())), "connex_router_false_resumes_total") - falseResumes; d != 0 && tc.part == "engine" {
+				t.Fatalf("the router counted %v false resumes after a %s of the engine, want 0", d, tc.signal)
 			}
 			if tc.signal == "stop" {
 				if err := c.Cont(victim + "/" + tc.part); err != nil {

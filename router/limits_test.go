@@ -26,7 +26,7 @@ func limitedRouter(t *testing.T, cfg Config, engines ...*fakeEngine) *Server {
 		}
 		return out
 	}
-	cfg.StallMin, cfg.StallFactor, cfg.FirstToken = time.Hour, 8, time.Hour
+	cfg.Stall = StallRule{Factor: 8, Floor: time.Hour, Cold: time.Hour, Ceiling: time.Hour, FirstToken: time.Hour}
 	cfg.PrefillTimeout, cfg.MaxResumes, cfg.MaxBodyBytes = 5*time.Second, 3, 1<<20
 	cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	s, err := New(cfg)

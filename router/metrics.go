@@ -65,6 +65,7 @@ type metrics struct {
 	inFlight     prometheus.Gauge
 	prefills     *prometheus.CounterVec
 	resumes      *prometheus.CounterVec
+	falseResumes *prometheus.CounterVec
 	errors       *prometheus.CounterVec
 	kvLoads      *prometheus.CounterVec
 	ttft         prometheus.Histogram
@@ -85,6 +86,8 @@ func newMetrics() *metrics {
 			Help: "Prefill legs sent (one per request; a retry after a failed prefill leg counts again)."}, []string{"model"}),
 		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_resumes_total",
 			Help: "Decode streams moved to another decode engine, by why: broken, stalled, engine_left, engine_error."}, []string{"reason"}),
+		falseResumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_false_resumes_total",
+			Help: "Resumes whose old decode leg showed life after it was given up (a chunk or the end of its stream, or a 2xx answer to its health probe, before the resumed stream's first token: waiting would have been no slower): the cost of a false alarm, by the resume's reason (stalled, engine_left, broken, engine_error)."}, []string{"reason"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_errors_total",
 			Help: "Requests that ended with an error, by error code."}, []string{"code"}),
 		kvLoads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_kv_loads_total",
@@ -100,6 +103,6 @@ func newMetrics() *metrics {
 		resumeGap: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_router_resume_gap_seconds",
 			Help: "From a decode failure being detected to the next token relayed from the resumed stream.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 	}
-	m.reg.MustRegister(m.requests, m.inFlight, m.prefills, m.resumes, m.errors, m.kvLoads, m.ttft, m.itl, m.e2e, m.resumeGap, m.holdReleases)
+	m.reg.MustRegister(m.requests, m.inFlight, m.prefills, m.resumes, m.falseResumes, m.errors, m.kvLoads, m.ttft, m.itl, m.e2e, m.resumeGap, m.holdReleases)
 	return m
 }

@@ -47,7 +47,7 @@ func TestClientGoneDuringPrefill(t *testing.T) {
 		Engines: func() []Engine {
 			return []Engine{p1.engine(), p2.engine(), d.engine()}
 		},
-		StallMin: 200 * time.Millisecond, StallFactor: 8, FirstToken: 5 * time.Second,
+		Stall:          StallRule{Factor: 3, Floor: 50 * time.Millisecond, Cold: 200 * time.Millisecond, Ceiling: time.Second, FirstToken: 5 * time.Second},
 		PrefillTimeout: 5 * time.Second, MaxResumes: 3, MaxBodyBytes: 1 << 20,
 		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	})

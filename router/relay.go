@@ -33,13 +33,13 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		return
 	}
 	defer leave()
-	start := s.now()
+	start := s.clock.Now()
 	s.metrics.inFlight.Inc()
 	defer s.metrics.inFlight.Dec()
 	status, model := http.StatusOK, ""
 	defer func() {
 		s.metrics.requests.WithLabelValues(model, kind.Path(), statusLabel(status)).Inc()
-		s.metrics.e2e.Observe(s.now().Sub(start).Seconds())
+		s.metrics.e2e.Observe(s.clock.Now().Sub(start).Seconds())
 	}()
 	reject := func(e *APIError) {
 		status = e.Status
@@ -239,6 +239,7 @@ const (
 	legClientGone               // the client went away
 	legRejected                 // the engine refused the request: tell the client
 	legFailed                   // broken, stalled, engine left or failed: resume elsewhere
+	legSwitchBack               // the leg given up before finished its answer first: relay it
 )
 
 // legResult is one decode leg's outcome.
@@ -246,28 +247,33 @@ type legResult struct {
 	end    legEnd
 	err    *APIError
 	reason string // resume reason for legFailed
-	// abandon closes the leg's connection; called once the next leg has
-	// taken the request over (so a live but stalled engine cannot finish the
-	// request and release its hold before the takeover).
+	// abandon closes the leg's connection (legs that did not fail).
 	abandon func()
+	// retired is a failed leg, still open and watched for a sign of life
+	// until the next leg has taken the request over and delivered
+	// (retiredLeg): a live but stalled engine cannot finish the request and
+	// release its hold before the takeover, and a resume away from a live
+	// engine is counted.
+	retired *retiredLeg
 }
 
 // decode runs decode legs until the request completes, moving it to
 // another decode engine when a leg fails.
 func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *prefilled, out *emitter, start time.Time) *APIError {
-	stall := &Stall{Min: s.cfg.StallMin, Factor: s.cfg.StallFactor, FirstToken: s.cfg.FirstToken}
+	stall := &Stall{Rule: s.cfg.Stall}
 	skip := map[string]bool{}
 	var (
-		pending   func() // the failed leg still to abandon
+		pending   *retiredLeg // the failed leg still open
 		failedAt  time.Time
 		lastErr   string // why the last leg failed, for the answer when no engine is left
 		firstSeen bool
 		lastTok   time.Time
 		decoders  []string
+		prevStops *stopFilter // the stop filter before a resume set its own
 	)
 	defer func() {
 		if pending != nil {
-			pending()
+			pending.close()
 		}
 	}()
 	onTokens := func(now time.Time) {
@@ -280,6 +286,10 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		if !failedAt.IsZero() {
 			s.metrics.resumeGap.Observe(now.Sub(failedAt).Seconds())
 			failedAt = time.Time{}
+		}
+		if pending != nil {
+			pending.close() // the resumed stream delivers: judge the old leg
+			pending = nil
 		}
 		lastTok = now
 	}
@@ -318,6 +328,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 					continue
 				}
 			}
+			prevStops = out.stops
 			if stops, include := stopStrings(c.Body); err == nil && len(stops) > 0 {
 				out.stops = newStopFilter(stops, include, out.text.String(), s.withheld(ctx, e, c.Model, gen, out.text.String(), rid))
 			}
@@ -329,26 +340,49 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		if resumes > 0 {
 			path = Completions.Path()
 		}
-		res := s.leg(ctx, e, path, body, out, stall, onTokens, &pending)
+		// Whether a stalled leg could move: an engine not yet tried serves
+		// the model.
+		movable := func() bool {
+			_, ok := Pick(s.live(), "decode", c.Model, s.busySnapshot(), skip)
+			return ok
+		}
+		res := s.leg(ctx, rid, e, path, body, out, stall, onTokens, movable, pending)
 		switch res.end {
 		case legDone:
 			return nil
-		case legClientGone:
-			if res.abandon != nil {
-				res.abandon()
+		case legSwitchBack:
+			// The given-up leg finished its answer while this one had sent
+			// nothing: relay that answer, as the old engine's stream would
+			// have been, and leave this leg.
+			res.abandon()
+			out.stops = prevStops
+			s.log.Info("the decode leg given up finished its answer first; relaying it", "request_id", rid,
+				"engine", pending.engine, "resumed_on", id)
+			for _, ch := range pending.answer() {
+				if len(ch.Choices) == 0 {
+					continue
+				}
+				if chunkHasToken(ch) {
+					onTokens(s.clock.Now())
+				}
+				out.tokens(ch.text(), ch.Choices[0].TokenIDs, ch.Choices[0].FinishReason)
+				if out.stopped {
+					break
+				}
 			}
 			return nil
+		case legClientGone:
+			res.abandon()
+			return nil
 		case legRejected:
-			if res.abandon != nil {
-				res.abandon()
-			}
+			res.abandon()
 			return res.err
 		}
 		if pending != nil {
-			pending()
+			pending.close() // a leg before this one: its successor failed too
 		}
-		pending = res.abandon
-		failedAt = s.now()
+		pending = res.retired
+		failedAt = s.clock.Now()
 		lastErr = res.err.Message
 		s.metrics.resumes.WithLabelValues(res.reason).Inc()
 		if resumes >= s.cfg.MaxResumes {
@@ -366,90 +400,98 @@ type legEvent struct {
 	err   error // errDone at [DONE]
 }
 
+// probeAnswer is a health probe's answer: probe number and whether the
+// engine answered 2xx.
+type probeAnswer struct {
+	probe int
+	alive bool
+}
+
 // leg runs one decode leg on e and relays its tokens to out.
-func (s *Server) leg(ctx context.Context, e Engine, path string, body []byte, out *emitter, stall *Stall,
-	onTokens func(time.Time), pending *func()) legResult {
+//
+// prev, if not nil, is the leg given up before this one: if it finishes its
+// answer before this leg delivered a token, the leg ends legSwitchBack.
+func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, body []byte, out *emitter, stall *Stall,
+	onTokens func(time.Time), movable func() bool, prev *retiredLeg) legResult {
 	id := e.Info.GetEngineId()
 	untrack := s.track(id)
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	abandon := func() { cancel(); untrack() }
 	events := make(chan legEvent, 16)
 	go s.readLeg(lctx, e.Info.GetBaseUrl()+path, body, id, events)
-	legStart := s.now()
-	stall.Start(legStart)
-	poll := time.NewTicker(membershipPoll)
+	// Health probes of a silent engine (probeHealth) answer on probed.
+	probed := make(chan probeAnswer, 1)
+	legStart := s.clock.Now()
+	poll, pollC := s.clock.NewTicker(membershipPoll)
 	defer poll.Stop()
-	timer := time.NewTimer(time.Until(stall.Deadline(legStart)))
+	timer, timerC := s.clock.NewTimer(stall.Start(legStart).Sub(legStart))
 	defer timer.Stop()
+	arm := func(at time.Time) { timer.Reset(at.Sub(s.clock.Now())) }
+	var prevDone <-chan struct{}
+	if prev != nil {
+		prevDone = prev.finished
+	}
+	answered := false // the engine answered (headers): it has started the request
 	failed := func(reason string, err *APIError) legResult {
-		return legResult{end: legFailed, reason: reason, err: err, abandon: abandon}
+		return legResult{end: legFailed, reason: reason, err: err,
+			retired: s.retire(rid, reason, id, s.clock.Now(), events, probed, stall.Outstanding(), abandon)}
 	}
-	stalled := func() legResult {
-		since := legStart
-		if !stall.Last().IsZero() {
-			since = stall.Last()
-		}
-		return failed("stalled", serverError(CodeEngineFailed, "decode engine %s sent no token for %s (stall window %s)", id, s.now().Sub(since).Round(time.Millisecond), stall.Window()))
-	}
-	// A health probe of a silent engine (probeHealth) reports on probed;
-	// probeFor is the last token when it was sent.
-	probed := make(chan bool, 1)
-	probing := false
-	var probeFor time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return legResult{end: legClientGone, abandon: abandon}
 		case <-s.done:
 			return legResult{end: legRejected, err: unavailable(CodeEngineFailed, "the router is shutting down"), abandon: abandon}
-		case <-poll.C:
+		case <-prevDone:
+			if answered {
+				return legResult{end: legSwitchBack, abandon: abandon}
+			}
+			// Its engine may be taking the request over right now: left
+			// mid-start it could keep the request, and its hold, alive.
+			return legResult{end: legSwitchBack, abandon: func() { s.closeWhenAnswered(events, abandon) }}
+		case <-pollC:
 			if !Has(s.cfg.Engines(), id) {
 				return failed("engine_left", serverError(CodeEngineFailed, "decode engine %s left the cluster", id))
 			}
 			continue
-		case alive := <-probed:
-			probing = false
-			if !stall.Last().Equal(probeFor) {
-				// A token came meanwhile: the probe is moot; judge the
-				// current gap afresh.
-				timer.Reset(time.Until(stall.Deadline(legStart)))
+		case a := <-probed:
+			now := s.clock.Now()
+			if a.alive {
+				s.heardFrom(id, now)
+			}
+			arm(stall.Answer(a.probe, now, a.alive))
+			continue
+		case <-timerC:
+			if len(events) > 0 {
+				arm(stall.Due()) // tokens already wait: read them first
 				continue
 			}
-			if alive {
-				// Silent but answering: CPU-starved, not hung.
-				stall.Alive(s.now())
-				timer.Reset(time.Until(stall.Deadline(legStart)))
-				continue
+			step := stall.Check(s.clock.Now(), Heard{Engine: s.lastHeard(id), Others: s.othersHeard(id)})
+			if step.Stalled && !movable() {
+				// Nowhere to go: a slow engine beats an error.
+				if next, kept := stall.Keep(s.clock.Now()); kept {
+					arm(next)
+					continue
+				}
 			}
-			return stalled()
-		case <-timer.C:
-			if !stall.Expired(legStart, s.now()) || len(events) > 0 {
-				// The router itself was late (its lateness moved the
-				// deadline), or tokens already wait: judge again then.
-				timer.Reset(time.Until(stall.Deadline(legStart)))
-				continue
+			if step.Stalled {
+				since := legStart
+				if !stall.Last().IsZero() {
+					since = stall.Last()
+				}
+				return failed("stalled", serverError(CodeEngineFailed, "decode engine %s sent no token for %s (stall window %s)",
+					id, s.clock.Now().Sub(since).Round(time.Millisecond), stall.Window()))
 			}
-			if probing {
-				continue // its answer decides
+			if step.Probe != 0 {
+				// Ask the engine whether it lives before the deadline: a
+				// starved engine answers, a hung one does not.
+				go s.probeHealth(lctx, e.Info.GetBaseUrl(), stall.Window(), step.Probe, probed)
 			}
-			if stall.Probe() {
-				// Ask the engine whether it lives before moving the
-				// request: a starved engine answers, a hung one does not.
-				probing, probeFor = true, stall.Last()
-				go s.probeHealth(lctx, e.Info.GetBaseUrl(), stall.Window(), probed)
-				continue
-			}
-			return stalled()
+			arm(step.Next)
 		case ev := <-events:
 			switch {
 			case ev.resp != nil:
-				// The engine answered: it has taken the request over (the
-				// takeover happens before it loads and answers), so the
-				// leg that failed before may now be closed.
-				if *pending != nil {
-					(*pending)()
-					*pending = nil
-				}
+				answered = true // the engine took the request over
 				continue
 			case ev.err == errDone:
 				abandon()
@@ -487,20 +529,26 @@ func (s *Server) leg(ctx context.Context, e Engine, path string, body []byte, ou
 			if len(ch.Choices) == 0 {
 				continue // usage: the router computes its own
 			}
-			now := s.now()
+			now := s.clock.Now()
 			text, ids, fin := ch.text(), ch.Choices[0].TokenIDs, ch.Choices[0].FinishReason
-			if len(ids) > 0 || text != "" {
+			if chunkHasToken(ch) {
+				prevDone = nil // this leg delivers: no switch back
+				s.heardFrom(id, now)
 				onTokens(now)
-				stall.Token(now)
+				arm(stall.Token(now))
 			}
 			out.tokens(text, ids, fin)
 			if out.stopped { // a stop string matched across the resume: the answer is complete
 				abandon()
 				return legResult{end: legDone}
 			}
-			timer.Reset(time.Until(stall.Deadline(legStart)))
 		}
 	}
+}
+
+// chunkHasToken reports whether ch carries a token (its id or its text).
+func chunkHasToken(ch *engineChunk) bool {
+	return len(ch.Choices) > 0 && (len(ch.Choices[0].TokenIDs) > 0 || ch.text() != "")
 }
 
 // readLeg posts the leg and reports the response, each chunk, and how the
@@ -554,17 +602,21 @@ func (s *Server) readLeg(ctx context.Context, url string, body []byte, id string
 }
 
 // probeHealth asks the engine at base whether it lives (GET /health, 2xx
-// within timeout) and reports the answer on out, which has room for it.
-func (s *Server) probeHealth(ctx context.Context, base string, timeout time.Duration, out chan<- bool) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+// within timeout) and reports the answer to probe number probe on out,
+// unless the leg (ctx) ended first.
+func (s *Server) probeHealth(ctx context.Context, base string, timeout time.Duration, probe int, out chan<- probeAnswer) {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	alive := false
-	if req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil); err == nil {
+	if req, err := http.NewRequestWithContext(pctx, http.MethodGet, base+"/health", nil); err == nil {
 		if resp, err := s.client.Do(req); err == nil {
 			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 			resp.Body.Close()
 			alive = resp.StatusCode >= 200 && resp.StatusCode < 300
 		}
 	}
-	out <- alive
+	select {
+	case out <- probeAnswer{probe: probe, alive: alive}:
+	case <-ctx.Done():
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/poll"
 )
 
 // fakeEngine is a unit-test stand-in for an engine's HTTP API: a prefill
@@ -31,6 +32,19 @@ type fakeEngine struct {
 	// (a CPU-starved process: slow, but it answers its health probe).
 	pauseAt int
 	pause   time.Duration
+	// pauseHealth: during the pause /health does not answer either (the
+	// whole process is starved or stopped), and answers once it ends.
+	pauseHealth bool
+	pausing     chan struct{} // closed when the pause ends (pauseHealth)
+	// firstDelay is the time a decode leg takes before its first token (a
+	// resume's pull and recompute).
+	firstDelay time.Duration
+	// tag prefixes each token's text (default "w": " w1000").
+	tag string
+	// leftMidStart: a leg's client left during firstDelay.
+	leftMidStart bool
+	// serving counts the legs the engine is serving now.
+	serving int
 	status  int // non-zero: answer every leg with this status
 	code    string
 	msg     string // the error's message (default "no")
@@ -47,6 +61,9 @@ type fakeEngine struct {
 }
 
 func (f *fakeEngine) start() *fakeEngine {
+	if f.pauseHealth {
+		f.pausing = make(chan struct{})
+	}
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	f.t.Cleanup(f.srv.Close)
 	return f
@@ -62,6 +79,13 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 			<-r.Context().Done() // a hung process answers nothing
 			return
 		}
+		if f.pausing != nil {
+			select {
+			case <-f.pausing:
+			case <-r.Context().Done():
+				return
+			}
+		}
 		w.WriteHeader(http.StatusOK)
 		return
 	}
@@ -71,6 +95,12 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.mu.Lock()
+	f.serving++
+	defer func() {
+		f.mu.Lock()
+		f.serving--
+		f.mu.Unlock()
+	}()
 	f.bodies = append(f.bodies, body)
 	if f.served != nil && len(f.bodies) == 1 {
 		close(f.served)
@@ -101,6 +131,18 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	fl := w.(http.Flusher)
 	generated := len(prompt) - 3
 	held := ""
+	if f.firstDelay > 0 {
+		select {
+		case <-time.After(f.firstDelay):
+		case <-r.Context().Done():
+			// Left while starting: a real engine may not notice and keep
+			// the request (and the hold it renews) alive.
+			f.mu.Lock()
+			f.leftMidStart = true
+			f.mu.Unlock()
+			return
+		}
+	}
 	for i := 0; i < max; i++ {
 		if f.failAfter > 0 && i == f.failAfter {
 			if f.hang {
@@ -114,13 +156,20 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 			case <-r.Context().Done():
 				return
 			}
+			if f.pausing != nil {
+				close(f.pausing)
+			}
 		}
 		tok := 1000 + generated + i
 		fin := "null"
 		if i == max-1 {
 			fin = `"length"`
 		}
-		text := held + fmt.Sprintf(" w%d", tok)
+		tag := f.tag
+		if tag == "" {
+			tag = "w"
+		}
+		text := held + fmt.Sprintf(" %s%d", tag, tok)
 		held = ""
 		if f.withhold[tok] && i < max-1 {
 			text, held = "", text
@@ -149,7 +198,7 @@ func newTestRouter(t *testing.T, engines ...*fakeEngine) *Server {
 			}
 			return out
 		},
-		StallMin: 200 * time.Millisecond, StallFactor: 8, FirstToken: 5 * time.Second,
+		Stall:          StallRule{Factor: 3, Floor: 50 * time.Millisecond, Cold: 200 * time.Millisecond, Ceiling: time.Second, FirstToken: 5 * time.Second},
 		PrefillTimeout: 5 * time.Second, MaxResumes: 3, MaxBodyBytes: 1 << 20,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -424,7 +473,7 @@ func TestResumeWhenTheEngineLeavesMembership(t *testing.T) {
 			return out
 		},
 		// A stall window far beyond the test: only membership can end d1's leg.
-		StallMin: time.Hour, StallFactor: 8, FirstToken: time.Hour,
+		Stall:          StallRule{Factor: 8, Floor: time.Hour, Cold: time.Hour, Ceiling: time.Hour, FirstToken: time.Hour},
 		PrefillTimeout: 5 * time.Second, MaxResumes: 3, MaxBodyBytes: 1 << 20,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -454,9 +503,9 @@ func TestResumeWhenTheEngineLeavesMembership(t *testing.T) {
 // to the probe either) is moved: TestResumeAfterBrokenAndStalledStreams.
 func TestStarvedEngineIsNotMoved(t *testing.T) {
 	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
-	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", pauseAt: 4, pause: 500 * time.Millisecond}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", pauseAt: 4, pause: 400 * time.Millisecond}).start()
 	d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
-	s := newTestRouter(t, p, d1, d2) // stall window 200 ms
+	s := newTestRouter(t, p, d1, d2) // stall window 200 ms: silent for twice that
 	texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
 	if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(10), "") {
 		t.Fatalf("texts %q done %v errs %v; want %q once", texts, done, errs, want(10))
@@ -465,5 +514,125 @@ func TestStarvedEngineIsNotMoved(t *testing.T) {
 	defer d2.mu.Unlock()
 	if len(d2.bodies) != 0 {
 		t.Fatalf("the starved engine's request was moved: %d leg(s) on d2", len(d2.bodies))
+	}
+}
+
+// TestFalseResumeIsCounted: an engine silent past its deadline whose health
+// probe does not answer in time either (a process starved for 300 ms) is
+// given up; when it shows life (its next token, its probe's answer) before
+// the resumed stream's first token — the resume takes 500 ms here — the
+// resume is counted false. Not when the resume delivers first, nor for a
+// hung engine or a broken stream.
+func TestFalseResumeIsCounted(t *testing.T) {
+	starved := func() *fakeEngine {
+		return &fakeEngine{id: "d1", role: "decode", pauseAt: 4, pause: 300 * time.Millisecond, pauseHealth: true}
+	}
+	for _, c := range []struct {
+		name   string
+		d1     *fakeEngine
+		resume time.Duration // d2's time to its first token
+		false  float64
+	}{
+		{"starved", starved(), 500 * time.Millisecond, 1},
+		{"starved, the resume first", starved(), 0, 0},
+		{"hung", &fakeEngine{id: "d1", role: "decode", failAfter: 4, hang: true}, 500 * time.Millisecond, 0},
+		{"broken", &fakeEngine{id: "d1", role: "decode", failAfter: 4}, 500 * time.Millisecond, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+			c.d1.t = t
+			d1 := c.d1.start()
+			d2 := (&fakeEngine{t: t, id: "d2", role: "decode", firstDelay: c.resume}).start()
+			s := newTestRouter(t, p, d1, d2) // stall window 200 ms: d1 given up 200 ms after its 4th token
+			texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
+			if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(10), "") {
+				t.Fatalf("texts %q done %v errs %v; want %q once", texts, done, errs, want(10))
+			}
+			if n := counted(t, s, "connex_router_resumes_total"); n != 1 {
+				t.Fatalf("%v resumes, want 1", n)
+			}
+			poll.Until(t, 5*time.Second, 10*time.Millisecond, func() error {
+				if s.busySnapshot()["d1"] != 0 {
+					return fmt.Errorf("the given-up leg on d1 is still open")
+				}
+				return nil
+			})
+			if n := counted(t, s, "connex_router_false_resumes_total"); n != c.false {
+				t.Fatalf("%v false resumes, want %v", n, c.false)
+			}
+		})
+	}
+}
+
+// counted is the sum of the router's counter name over its labels.
+func counted(t *testing.T, s *Server, name string) float64 {
+	t.Helper()
+	mfs, err := s.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n
+}
+
+// TestStalledLegWithNowhereToGoIsKept: the only decode engine falls silent
+// past its stall window and does not answer its probe in time (starved
+// for 400 ms): with no engine to resume on, the router keeps waiting on it
+// rather than answering an error, and the whole answer comes from it.
+func TestStalledLegWithNowhereToGoIsKept(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", pauseAt: 4, pause: 400 * time.Millisecond, pauseHealth: true}).start()
+	s := newTestRouter(t, p, d1) // stall window 200 ms
+	texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
+	if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(10), "") {
+		t.Fatalf("texts %q done %v errs %v; want %q once", texts, done, errs, want(10))
+	}
+	if n := counted(t, s, "connex_router_resumes_total"); n != 0 {
+		t.Fatalf("%v resumes with nowhere to go", n)
+	}
+}
+
+// TestGivenUpLegThatFinishesFirstIsRelayed: an engine given up for a stall
+// that was only late (starved for 300 ms) finishes its answer while the
+// resumed leg is still loading (2 s): the router relays the old engine's
+// answer — an engine that finishes may release its hold before the new
+// engine's takeover, leaving it nothing to pull — and leaves the new leg.
+// The resumed engine's tokens would read " v…".
+func TestGivenUpLegThatFinishesFirstIsRelayed(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", pauseAt: 4, pause: 300 * time.Millisecond, pauseHealth: true}).start()
+	d2 := (&fakeEngine{t: t, id: "d2", role: "decode", firstDelay: 2 * time.Second, tag: "v"}).start()
+	s := newTestRouter(t, p, d1, d2) // stall window 200 ms
+	texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
+	if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(10), "") {
+		t.Fatalf("texts %q done %v errs %v; want d1's %q once", texts, done, errs, want(10))
+	}
+	if n := counted(t, s, "connex_router_resumes_total"); n != 1 {
+		t.Fatalf("%v resumes, want 1 (the one given up)", n)
+	}
+	if n := counted(t, s, "connex_router_false_resumes_total"); n != 1 {
+		t.Fatalf("%v false resumes, want 1", n)
+	}
+	// The resumed leg is closed only once d2 has answered: left while it
+	// starts the request, an engine may keep it alive.
+	poll.Until(t, 5*time.Second, 10*time.Millisecond, func() error {
+		d2.mu.Lock()
+		defer d2.mu.Unlock()
+		if s.busySnapshot()["d2"] != 0 || d2.serving != 0 {
+			return fmt.Errorf("the resumed leg on d2 is still open")
+		}
+		return nil
+	})
+	d2.mu.Lock()
+	defer d2.mu.Unlock()
+	if len(d2.bodies) != 1 || d2.leftMidStart {
+		t.Fatalf("%d legs on d2 (want the resume), left while starting: %v", len(d2.bodies), d2.leftMidStart)
 	}
 }

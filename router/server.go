@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/connex/connex/clock"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -28,10 +29,12 @@ type Config struct {
 	// suspect members are included with Suspect set; Pick chooses one only
 	// when no engine of an unsuspected member qualifies.
 	Engines func() []Engine
-	// StallMin, StallFactor and FirstToken: see Stall.
-	StallMin    time.Duration
-	StallFactor int
-	FirstToken  time.Duration
+	// Stall is when a silent decode leg is suspected and given up (see
+	// StallRule; its zero value: DefaultStallRule).
+	Stall StallRule
+	// Clock is the router's time: request and token times, the stall and
+	// membership timers, a retired leg's watch (nil: the system clock).
+	Clock clock.Clock
 	// PrefillTimeout bounds the prefill leg.
 	PrefillTimeout time.Duration
 	// MaxResumes bounds how often one request moves to another decode engine.
@@ -82,11 +85,15 @@ type Server struct {
 	admit   *admission
 	// apiKeys guard /v1/*, adminKeys the operator endpoints.
 	apiKeys, adminKeys *keyring
-	now                func() time.Time
+	clock              clock.Clock
 
 	mu   sync.Mutex
 	busy map[string]int // legs this router has running per engine id
-	done chan struct{}
+	// heard is when each engine last showed life on any of this router's
+	// legs (a token, an answered health probe): evidence for its other
+	// legs' stall checks.
+	heard map[string]time.Time
+	done  chan struct{}
 }
 
 // New starts a router listening on cfg.Listen.
@@ -102,13 +109,19 @@ func New(cfg Config) (*Server, error) {
 	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, DefaultIdleTimeout)
 	cfg.MaxConns = cmp.Or(cfg.MaxConns, DefaultMaxConns)
 	cfg.MaxInFlight = cmp.Or(cfg.MaxInFlight, DefaultMaxInFlight)
+	if cfg.Stall == (StallRule{}) {
+		cfg.Stall = DefaultStallRule
+	}
+	if err := cfg.Stall.Check(); err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
 	tl, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("router: listen on %s (http_listen): %w", cfg.Listen, err)
 	}
 	ln := newCappedListener(tl, cfg.MaxConns)
 	s := &Server{
-		cfg: cfg, log: cfg.Log, ln: ln, metrics: newMetrics(), now: time.Now, busy: map[string]int{}, done: make(chan struct{}),
+		cfg: cfg, log: cfg.Log, ln: ln, metrics: newMetrics(), clock: clock.Or(cfg.Clock), busy: map[string]int{}, heard: map[string]time.Time{}, done: make(chan struct{}),
 		admit: newAdmission(cfg.MaxInFlight), apiKeys: newKeyring(cfg.APIKeys), adminKeys: newKeyring(cfg.AdminKeys),
 		client: &http.Client{Transport: &http.Transport{
 			DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
@@ -255,6 +268,36 @@ func (s *Server) busySnapshot() map[string]int {
 	return out
 }
 
+// heardFrom records that engine id showed life at now.
+func (s *Server) heardFrom(id string, now time.Time) {
+	s.mu.Lock()
+	if now.After(s.heard[id]) {
+		s.heard[id] = now
+	}
+	s.mu.Unlock()
+}
+
+// lastHeard is when engine id last showed life (zero if never).
+func (s *Server) lastHeard(id string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.heard[id]
+}
+
+// othersHeard is the last token from any engine but id that runs one of
+// this router's legs (zero if none).
+func (s *Server) othersHeard(id string) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var last time.Time
+	for e, t := range s.heard {
+		if e != id && t.After(last) {
+			last = t
+		}
+	}
+	return last
+}
+
 // track counts a leg on engine id until the returned func is called.
 func (s *Server) track(id string) func() {
 	s.mu.Lock()
@@ -266,6 +309,7 @@ func (s *Server) track(id string) func() {
 			s.mu.Lock()
 			if s.busy[id]--; s.busy[id] <= 0 {
 				delete(s.busy, id)
+				delete(s.heard, id) // only legs running on it read it
 			}
 			s.mu.Unlock()
 		})
