@@ -159,6 +159,11 @@ type Config struct {
 	// MetricsListen, if set, is where connexd serves Prometheus metrics
 	// (GET /metrics); empty turns them off.
 	MetricsListen string
+	// PprofListen, if set, is where connexd serves Go's profiles
+	// (/debug/pprof/: CPU, heap, goroutines, mutex and block) for an
+	// operator chasing where its time goes; empty (the default) turns them
+	// off. It has no authentication: bind it to a loopback address.
+	PprofListen string
 	// HTTPListen is where a router member serves its OpenAI-compatible HTTP
 	// API (role router or all).
 	HTTPListen string
@@ -247,6 +252,7 @@ var defaults = []struct {
 	{"orphan_scan_ms", 1000, "how often orphaned requests are rescanned, in milliseconds"},
 	{"log_level", "warn", "log level: debug, info, warn or error"},
 	{"metrics_listen", "", "Prometheus metrics listen address (GET /metrics); empty: off"},
+	{"pprof_listen", "", "Go profiles listen address (GET /debug/pprof/, no authentication: use a loopback address); empty: off"},
 	{"http_listen", "127.0.0.1:8000", "router: OpenAI-compatible HTTP listen address"},
 	{"router_stall_ms", 300, "router: shortest token stall (ms) after which a decode stream is resumed elsewhere"},
 	{"router_stall_factor", 8, "router: stall deadline = max(router_stall_ms, factor x recent inter-token gap)"},
@@ -425,6 +431,7 @@ func build(v *viper.Viper) (Config, error) {
 	}
 	_ = c.LogLevel.UnmarshalText([]byte(lvl))
 	c.MetricsListen = strings.TrimSpace(v.GetString("metrics_listen"))
+	c.PprofListen = strings.TrimSpace(v.GetString("pprof_listen"))
 	c.HTTPListen = strings.TrimSpace(v.GetString("http_listen"))
 	if c.HTTPListen == "" {
 		return c, fmt.Errorf("%w: http_listen is empty, allowed: host:port", ErrInvalid)

@@ -770,7 +770,7 @@ func testVLLMBenchServe(t *testing.T, c *localcluster.Cluster) {
 	}
 }
 
-func freeTCPPort(t *testing.T) int {
+func freeTCPPort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

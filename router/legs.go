@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 )
 
 // Kind is the OpenAI endpoint a client called.
@@ -162,9 +163,43 @@ func mustJSON(v any) json.RawMessage {
 	return b
 }
 
+// encode writes body as one JSON object, keys sorted as encoding/json
+// sorts a map's. Each value is JSON already, checked where it was made
+// (decodeObject re-encodes a client's, json.Unmarshal checked an engine's,
+// mustJSON wrote the router's), so it is copied as it is: encoding/json
+// would check and compact every value again, per leg.
 func encode(body map[string]json.RawMessage) []byte {
-	b, _ := json.Marshal(body)
-	return b
+	keys := slices.Sorted(maps.Keys(body))
+	n := 2
+	for _, k := range keys {
+		n += len(k) + len(body[k]) + 4
+	}
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendKey(b, k)
+		b = append(b, ':')
+		b = append(b, body[k]...)
+	}
+	return append(b, '}')
+}
+
+// appendKey appends key as a JSON string: as it is when it is a plain
+// identifier (every key a client may send, and the router's), else as
+// encoding/json quotes it (an engine's kv_transfer_params may hold any).
+func appendKey(b []byte, key string) []byte {
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return append(b, mustJSON(key)...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, key...)
+	return append(b, '"')
 }
 
 // PrefillBody is the prefill leg, as vLLM's P/D proxy sends it: the client's
@@ -194,11 +229,11 @@ func withRequestID(params json.RawMessage, requestID string, resume bool) (json.
 	}
 	p["connex_request_id"] = mustJSON(requestID)
 	if resume {
-		p["connex_resume"] = mustJSON(true)
+		p["connex_resume"] = json.RawMessage("true")
 	} else {
 		delete(p, "connex_resume")
 	}
-	return mustJSON(p), nil
+	return encode(p), nil
 }
 
 // DecodeBody is the first decode leg: the client's request with the

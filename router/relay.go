@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -62,7 +63,8 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		reject(aerr)
 		return
 	}
-	all, servable := Models(s.live())
+	live := s.live()
+	all, servable := Models(live)
 	model = modelLabel(c.Model, all)
 	if !servable[c.Model] {
 		if contains(all, c.Model) {
@@ -73,7 +75,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		}
 		return
 	}
-	limit := ContextLimit(s.live(), c.Model)
+	limit := ContextLimit(live, c.Model)
 	if e := CheckContext(c, promptTokens(c), limit); e != nil {
 		reject(e)
 		return
@@ -151,7 +153,9 @@ func (s *Server) prefill(ctx context.Context, c *ClientRequest, rid string) (*pr
 			// The transfer id goes to the log only: it names the hold every
 			// decode leg pulls, which no client may learn (it would be the
 			// handle of a takeover).
-			s.log.Info("prefilled", "request_id", rid, "engine", id, "prompt_tokens", len(p.promptIDs), "transfer", transferOf(p.params))
+			if s.log.Enabled(ctx, slog.LevelInfo) { // transferOf decodes the params: not for a line nobody logs
+				s.log.Info("prefilled", "request_id", rid, "engine", id, "prompt_tokens", len(p.promptIDs), "transfer", transferOf(p.params))
+			}
 			return p, nil
 		}
 		last = err
@@ -322,6 +326,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			}
 			return res.err
 		}
+		out.flush() // the tokens the failed leg relayed, before the resume's wait
 		if pending != nil {
 			pending()
 		}
@@ -375,6 +380,9 @@ func (s *Server) leg(ctx context.Context, e Engine, path string, body []byte, ou
 	probing := false
 	var probeFor time.Time
 	for {
+		if len(events) == 0 {
+			out.flush() // nothing more waits: what came leaves in one write
+		}
 		select {
 		case <-ctx.Done():
 			return legResult{end: legClientGone, abandon: abandon}
