@@ -89,6 +89,8 @@ type Daemon struct {
 	prom *promMetrics
 	// pprof serves Go's profiles (pprof_listen; nil when off).
 	pprof *profiles
+	// engView is the router's engine list, built once per view generation.
+	engView engineView
 	// Router is the OpenAI-compatible front door (role router), else nil.
 	Router *router.Server
 	// stopping turns protoactor's shutdown-time errors into info lines

@@ -98,10 +98,12 @@ func BenchmarkRouter(b *testing.B) {
 	}
 	b.StopTimer()
 	if len(profiles) > 0 {
-		if err := os.WriteFile(profile, profiles[len(profiles)/2], 0o644); err != nil {
+		allocs := fetchProfile(pprofURL + "/debug/pprof/allocs")
+		if err := errors.Join(os.WriteFile(profile, profiles[len(profiles)/2], 0o644), os.WriteFile(profile+".allocs", allocs, 0o644)); err != nil {
 			b.Fatal(err)
 		}
-		fmt.Printf("router: a CPU profile of the Connex router at c=32 (%s) is in %s (go tool pprof -top %s)\n", window, profile, profile)
+		fmt.Printf("router: a CPU profile of the Connex router at c=32 (%s) is in %s, its allocations since it started in %s.allocs (go tool pprof -top %s)\n",
+			window, profile, profile, profile)
 	}
 	idleCPU := map[string]float64{}
 	var before []time.Duration
@@ -485,16 +487,19 @@ func (t *benchTarget) request() error {
 // the returned func waits for it and returns the profile.
 func startCPUProfile(b *testing.B, base string, d time.Duration) func() []byte {
 	ch := make(chan []byte, 1)
-	go func() {
-		resp, err := http.Get(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, int(d.Seconds())))
-		if err != nil {
-			ch <- nil
-			return
-		}
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(resp.Body)
-		ch <- data
-	}()
+	go func() { ch <- fetchProfile(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, int(d.Seconds()))) }()
 	return func() []byte { return <-ch }
+}
+
+// fetchProfile is the profile at url (nil if it cannot be had: the figures
+// do not depend on it).
+func fetchProfile(url string) []byte {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return data
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"sync"
 )
 
 // maxEventBytes bounds one server-sent event from an engine.
@@ -42,18 +43,42 @@ func (c *engineChunk) text() string {
 
 // sseReader reads "data:" events from an engine's stream.
 type sseReader struct {
-	r *bufio.Reader
+	r   *bufio.Reader // nil once the stream ended (back in readers)
+	buf []byte        // the event being read; reused from one event to the next
+	end error         // how the stream ended
 }
 
-func newSSEReader(r io.Reader) *sseReader { return &sseReader{r: bufio.NewReaderSize(r, 64<<10)} }
+// readers keeps the 64 KiB line buffers of ended streams for the next leg:
+// one per leg would be most of what a request allocates.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+
+func newSSEReader(r io.Reader) *sseReader {
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(r)
+	return &sseReader{r: br}
+}
 
 // errDone is returned after "data: [DONE]".
 var errDone = fmt.Errorf("router: stream done")
 
-// next returns the next event's data; errDone after [DONE]; io.EOF or
-// io.ErrUnexpectedEOF if the stream ended without [DONE].
+// next returns the next event's data, valid until the next call; errDone
+// after [DONE]; io.EOF or io.ErrUnexpectedEOF if the stream ended without
+// [DONE]. Once it returned an error it returns that error again.
 func (s *sseReader) next() ([]byte, error) {
-	var data []byte
+	if s.r == nil {
+		return nil, s.end
+	}
+	data, err := s.event()
+	if err != nil {
+		s.r.Reset(nil)
+		readers.Put(s.r)
+		s.r, s.end = nil, err
+	}
+	return data, err
+}
+
+func (s *sseReader) event() ([]byte, error) {
+	data := s.buf[:0]
 	for {
 		line, err := s.r.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
@@ -68,9 +93,10 @@ func (s *sseReader) next() ([]byte, error) {
 		line = bytes.TrimRight(line, "\r\n")
 		switch {
 		case len(line) == 0:
-			if data == nil {
+			if len(data) == 0 {
 				continue
 			}
+			s.buf = data
 			if string(bytes.TrimSpace(data)) == "[DONE]" {
 				return nil, errDone
 			}
@@ -80,7 +106,7 @@ func (s *sseReader) next() ([]byte, error) {
 			if len(data)+len(d) > maxEventBytes {
 				return nil, fmt.Errorf("router: engine event larger than %d bytes", maxEventBytes)
 			}
-			if data != nil {
+			if len(data) > 0 {
 				data = append(data, '\n')
 			}
 			data = append(data, d...)
