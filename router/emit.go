@@ -13,6 +13,8 @@ type emitter struct {
 	flusher http.Flusher
 	enc     *json.Encoder // encodes events onto w
 	dirty   bool          // written since the last flush
+	head    []byte        // what every token event starts with (tokenEvent)
+	buf     []byte        // the token event being written
 	c       *ClientRequest
 	id      string
 	created int64
@@ -143,19 +145,6 @@ func (e *emitter) begin() {
 	}
 }
 
-func (e *emitter) choice(text string, ids []uint32, finish *string) outChoice {
-	ch := outChoice{FinishReason: finish}
-	if e.c.Kind == Chat {
-		ch.Delta = &outMessage{Content: text}
-	} else {
-		ch.Text = &text
-	}
-	if e.c.ReturnTokenIDs {
-		ch.TokenIDs = &ids
-	}
-	return ch
-}
-
 // tokens relays new tokens (and a finish reason, if the engine ended).
 func (e *emitter) tokens(text string, ids []uint32, finish *string) {
 	if e.dropNext && (text != "" || len(ids) > 0) {
@@ -190,7 +179,9 @@ func (e *emitter) tokens(text string, ids []uint32, finish *string) {
 		return
 	}
 	e.begin()
-	e.send(e.envelope(true, e.choice(text, ids, finish)))
+	e.buf = e.tokenEvent(e.buf[:0], text, ids, finish)
+	_, _ = e.w.Write(e.buf)
+	e.dirty = true
 }
 
 // resumePoint is the generated ids a resume sends with the prompt: those

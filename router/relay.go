@@ -347,6 +347,9 @@ type legEvent struct {
 	resp  *http.Response
 	chunk *engineChunk
 	err   error // errDone at [DONE]
+	// more: the next event has arrived already and is being read (tokens
+	// that came together leave in one write to the client).
+	more bool
 }
 
 // leg runs one decode leg on e and relays its tokens to out.
@@ -379,10 +382,12 @@ func (s *Server) leg(ctx context.Context, e Engine, path string, body []byte, ou
 	probed := make(chan bool, 1)
 	probing := false
 	var probeFor time.Time
+	more := false // the last event said another one had arrived
 	for {
-		if len(events) == 0 {
+		if len(events) == 0 && !more {
 			out.flush() // nothing more waits: what came leaves in one write
 		}
+		more = false
 		select {
 		case <-ctx.Done():
 			return legResult{end: legClientGone, abandon: abandon}
@@ -451,6 +456,7 @@ func (s *Server) leg(ctx context.Context, e Engine, path string, body []byte, ou
 				return failed("broken", serverError(CodeEngineFailed, "decode engine %s: stream broke: %v", id, ev.err))
 			}
 			ch := ev.chunk
+			more = ev.more
 			if len(ch.Error) > 0 && !isNull(ch.Error) {
 				ae := engineError(http.StatusBadGateway, append(append([]byte(`{"error":`), ch.Error...), '}'), id)
 				if ae.Code == CodeKVLoadFailed {
@@ -533,7 +539,7 @@ func (s *Server) readLeg(ctx context.Context, url string, body []byte, id string
 			send(legEvent{err: fmt.Errorf("engine %s sent an event that is not JSON: %v", id, err)})
 			return
 		}
-		if !send(legEvent{chunk: ch}) {
+		if !send(legEvent{chunk: ch, more: sse.ready()}) {
 			return
 		}
 	}

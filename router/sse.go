@@ -77,6 +77,32 @@ func (s *sseReader) next() ([]byte, error) {
 	return data, err
 }
 
+// ready reports whether the whole next event has arrived already: a data
+// line and the blank line after it, so that next will not wait for the
+// engine.
+func (s *sseReader) ready() bool {
+	if s.r == nil {
+		return false
+	}
+	b, _ := s.r.Peek(s.r.Buffered())
+	data := false
+	for {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			return false
+		}
+		line := bytes.TrimRight(b[:i], "\r")
+		switch {
+		case len(line) == 0 && data:
+			return true
+		case bytes.HasPrefix(line, []byte("data:")):
+			// as event reads it: an empty data line adds nothing
+			data = data || len(bytes.TrimPrefix(bytes.TrimPrefix(line, []byte("data:")), []byte(" "))) > 0
+		}
+		b = b[i+1:]
+	}
+}
+
 func (s *sseReader) event() ([]byte, error) {
 	data := s.buf[:0]
 	for {
