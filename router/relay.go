@@ -195,9 +195,9 @@ func (s *Server) prefillOn(ctx context.Context, e Engine, c *ClientRequest, body
 	}
 	var ans struct {
 		KVTransferParams json.RawMessage `json:"kv_transfer_params"`
-		PromptTokenIDs   []uint32        `json:"prompt_token_ids"`
+		PromptTokenIDs   tokenIDs        `json:"prompt_token_ids"`
 		Choices          []struct {
-			PromptTokenIDs []uint32 `json:"prompt_token_ids"`
+			PromptTokenIDs tokenIDs `json:"prompt_token_ids"`
 		} `json:"choices"`
 	}
 	if err := json.Unmarshal(data, &ans); err != nil {
@@ -534,8 +534,8 @@ func (s *Server) readLeg(ctx context.Context, url string, body []byte, id string
 			send(legEvent{err: err})
 			return
 		}
-		ch := new(engineChunk)
-		if err := json.Unmarshal(data, ch); err != nil {
+		ch, err := parseChunk(data)
+		if err != nil {
 			send(legEvent{err: fmt.Errorf("engine %s sent an event that is not JSON: %v", id, err)})
 			return
 		}

@@ -3,7 +3,6 @@ package router
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"sync"
@@ -11,35 +10,6 @@ import (
 
 // maxEventBytes bounds one server-sent event from an engine.
 const maxEventBytes = 4 << 20
-
-// engineChunk is what the router reads from one engine chunk (completions
-// or chat, vLLM's shape with return_token_ids).
-type engineChunk struct {
-	Choices []struct {
-		Text  string `json:"text"`
-		Delta struct {
-			Content *string `json:"content"`
-		} `json:"delta"`
-		TokenIDs       []uint32 `json:"token_ids"`
-		FinishReason   *string  `json:"finish_reason"`
-		PromptTokenIDs []uint32 `json:"prompt_token_ids"`
-	} `json:"choices"`
-	PromptTokenIDs []uint32        `json:"prompt_token_ids"`
-	Usage          json.RawMessage `json:"usage"`
-	Connex         json.RawMessage `json:"connex"`
-	Error          json.RawMessage `json:"error"`
-}
-
-// text is the chunk's new text, whatever the endpoint.
-func (c *engineChunk) text() string {
-	if len(c.Choices) == 0 {
-		return ""
-	}
-	if c.Choices[0].Delta.Content != nil {
-		return *c.Choices[0].Delta.Content
-	}
-	return c.Choices[0].Text
-}
 
 // sseReader reads "data:" events from an engine's stream.
 type sseReader struct {
