@@ -54,6 +54,15 @@ const maxKeys = 128
 // with each value re-encoded from its parsed form. A key present twice is an
 // error (parsers disagree on which copy wins), as is anything after the object.
 func decodeObject(data []byte) (map[string]json.RawMessage, error) {
+	if out, ok := decodeObjectFast(data); ok {
+		return out, nil
+	}
+	return decodeObjectTokens(data)
+}
+
+// decodeObjectTokens is decodeObject token by token: the reference, and
+// what reports every error.
+func decodeObjectTokens(data []byte) (map[string]json.RawMessage, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	tok, err := dec.Token()

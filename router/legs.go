@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 )
 
 // Kind is the OpenAI endpoint a client called.
@@ -202,21 +203,30 @@ func appendKey(b []byte, key string) []byte {
 	return append(b, '"')
 }
 
+// The values the router writes into every leg, encoded once.
+var (
+	rawOne           = json.RawMessage("1")
+	rawTrue          = json.RawMessage("true")
+	rawFalse         = json.RawMessage("false")
+	rawIncludeUsage  = mustJSON(map[string]bool{"include_usage": true})
+	rawPrefillParams = mustJSON(map[string]any{"do_remote_decode": true, "do_remote_prefill": false})
+)
+
 // PrefillBody is the prefill leg, as vLLM's P/D proxy sends it: the client's
 // request with max_tokens 1, not streamed, and kv_transfer_params asking the
 // engine to keep the KV for a remote decode. return_token_ids makes the
 // engine report the prompt's token ids, which a resume needs.
 func PrefillBody(c *ClientRequest) []byte {
 	b := maps.Clone(c.Body)
-	b["max_tokens"] = mustJSON(1)
+	b["max_tokens"] = rawOne
 	if _, ok := b["max_completion_tokens"]; ok {
-		b["max_completion_tokens"] = mustJSON(1)
+		b["max_completion_tokens"] = rawOne
 	}
-	b["stream"] = mustJSON(false)
+	b["stream"] = rawFalse
 	delete(b, "stream_options")
 	delete(b, "min_tokens")
-	b["return_token_ids"] = mustJSON(true)
-	b["kv_transfer_params"] = mustJSON(map[string]any{"do_remote_decode": true, "do_remote_prefill": false})
+	b["return_token_ids"] = rawTrue
+	b["kv_transfer_params"] = rawPrefillParams
 	return encode(b)
 }
 
@@ -245,12 +255,12 @@ func DecodeBody(c *ClientRequest, params json.RawMessage, requestID string) ([]b
 		return nil, err
 	}
 	b := maps.Clone(c.Body)
-	b["stream"] = mustJSON(true)
-	b["stream_options"] = mustJSON(map[string]bool{"include_usage": true})
-	b["return_token_ids"] = mustJSON(true)
+	b["stream"] = rawTrue
+	b["stream_options"] = rawIncludeUsage
+	b["return_token_ids"] = rawTrue
 	b["kv_transfer_params"] = p
 	if c.Kind == Completions {
-		b["max_tokens"] = mustJSON(c.MaxTokens)
+		b["max_tokens"] = strconv.AppendInt(nil, int64(c.MaxTokens), 10)
 	}
 	return encode(b), nil
 }
@@ -282,9 +292,9 @@ func ResumeBody(c *ClientRequest, promptIDs, generated []uint32, params json.Raw
 	if field(c.Body, "min_tokens", &minTokens) == nil && minTokens > len(generated) {
 		b["min_tokens"] = mustJSON(minTokens - len(generated))
 	}
-	b["stream"] = mustJSON(true)
-	b["stream_options"] = mustJSON(map[string]bool{"include_usage": true})
-	b["return_token_ids"] = mustJSON(true)
+	b["stream"] = rawTrue
+	b["stream_options"] = rawIncludeUsage
+	b["return_token_ids"] = rawTrue
 	b["kv_transfer_params"] = p
 	return encode(b), nil
 }
