@@ -231,9 +231,9 @@ func (e *emitter) done(promptTokens int) {
 		m.Usage, m.Connex = e.usage(promptTokens), e.connex
 		e.send(m)
 	}
+	// No flush: the handler returns next, and net/http sends what is
+	// buffered with the end of the chunked body, in one write.
 	_, _ = e.w.Write([]byte("data: [DONE]\n\n"))
-	e.dirty = true
-	e.flush()
 }
 
 // fail ends the answer with err: an error status and body if nothing was
