@@ -29,6 +29,9 @@ type instantEngine struct {
 	usage   []byte
 	served  atomic.Int64
 	bad     atomic.Int64 // requests it could not read
+	// noKV counts decode requests without kv_transfer_params: a P/D router
+	// must forward the prefill's.
+	noKV atomic.Int64
 }
 
 // instantTokens is how many tokens an instant engine's decode stream carries.
@@ -104,7 +107,8 @@ func (e *instantEngine) complete(w http.ResponseWriter, r *http.Request) {
 			IncludeUsage bool `json:"include_usage"`
 		} `json:"stream_options"`
 		KV *struct {
-			DoRemoteDecode bool `json:"do_remote_decode"`
+			DoRemoteDecode  bool `json:"do_remote_decode"`
+			DoRemotePrefill bool `json:"do_remote_prefill"`
 		} `json:"kv_transfer_params"`
 	}
 	if err != nil || json.Unmarshal(data, &req) != nil {
@@ -118,6 +122,9 @@ func (e *instantEngine) complete(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(e.prefill)
 		return
+	}
+	if req.KV == nil || !req.KV.DoRemotePrefill {
+		e.noKV.Add(1)
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")

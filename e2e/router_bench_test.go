@@ -97,6 +97,14 @@ func BenchmarkRouter(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	for _, d := range decodes {
+		if n := d.noKV.Load(); n > 0 {
+			b.Fatalf("%d decode requests reached %s without the prefill's kv_transfer_params: not P/D", n, d.URL())
+		}
+	}
+	if n := prefill.bad.Load() + decodes[0].bad.Load() + decodes[1].bad.Load(); n > 0 {
+		b.Fatalf("the engines could not read %d requests", n)
+	}
 	if len(profiles) > 0 {
 		allocs := fetchProfile(pprofURL + "/debug/pprof/allocs")
 		if err := errors.Join(os.WriteFile(profile, profiles[len(profiles)/2], 0o644), os.WriteFile(profile+".allocs", allocs, 0o644)); err != nil {
