@@ -112,7 +112,14 @@ func (e *keyError) Error() string { return e.msg }
 // checkKeys refuses internal keys, keys that fold to a known key without
 // being it, and unknown keys.
 func checkKeys(body map[string]json.RawMessage) *keyError {
-	for _, key := range slices.Sorted(maps.Keys(body)) {
+	plain := true
+	for key := range body {
+		plain = plain && clientKeys[key]
+	}
+	if plain {
+		return nil // every key is a client's: none is internal, none folds
+	}
+	for _, key := range slices.Sorted(maps.Keys(body)) { // the first refused, by name
 		for _, k := range internalKeys {
 			if key == k {
 				return &keyError{key: key, msg: fmt.Sprintf("%s is set by the router, not by clients", k)}

@@ -17,6 +17,9 @@ type engineChunk struct {
 	Choices []engineChoice  `json:"choices"`
 	Connex  json.RawMessage `json:"connex"`
 	Error   json.RawMessage `json:"error"`
+	// one holds the choice of a one-choice chunk (every chunk of an n=1
+	// request) in the same allocation.
+	one [1]engineChoice
 }
 
 // engineChoice is one choice of an engine chunk.
@@ -89,7 +92,10 @@ func fastChunk(p *fastjson.Parser, data []byte) (ch *engineChunk, ok bool) {
 	if err != nil {
 		return nil, false
 	}
-	ch.Choices = make([]engineChoice, len(arr))
+	ch.Choices = ch.one[:]
+	if len(arr) != 1 {
+		ch.Choices = make([]engineChoice, len(arr))
+	}
 	for i, c := range arr {
 		if !fastChoice(c, &ch.Choices[i]) {
 			return nil, false

@@ -31,7 +31,7 @@ func checkChunk(t *testing.T, data []byte) {
 	if (gerr == nil) != (werr == nil) {
 		t.Fatalf("%q: parseChunk error %v, encoding/json error %v", data, gerr, werr)
 	}
-	if werr == nil && !reflect.DeepEqual(got, want) {
+	if werr == nil && (!reflect.DeepEqual(got.Choices, want.Choices) || !reflect.DeepEqual(got.Connex, want.Connex) || !reflect.DeepEqual(got.Error, want.Error)) {
 		t.Fatalf("%q:\nparseChunk    %+v\nencoding/json %+v", data, got, want)
 	}
 }

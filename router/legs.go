@@ -170,7 +170,8 @@ func mustJSON(v any) json.RawMessage {
 // mustJSON wrote the router's), so it is copied as it is: encoding/json
 // would check and compact every value again, per leg.
 func encode(body map[string]json.RawMessage) []byte {
-	keys := slices.Sorted(maps.Keys(body))
+	keys := slices.AppendSeq(make([]string, 0, 32), maps.Keys(body)) // on the stack for a usual body
+	slices.Sort(keys)
 	n := 2
 	for _, k := range keys {
 		n += len(k) + len(body[k]) + 4
