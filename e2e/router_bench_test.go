@@ -183,9 +183,13 @@ func BenchmarkRouter(b *testing.B) {
 // until the benchmark ends.
 func startConnexRouter(b *testing.B, preset, model string, prefill *instantEngine, decodes []*instantEngine) (*proc, string) {
 	b.Helper()
-	pprofAddr := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(b))
-	router := startConnexd(b, "router", "--role", "router", "--http-listen", "127.0.0.1:0", "--cluster-preset", preset,
-		"--log-level", "warn", "--pprof-listen", pprofAddr)
+	args := []string{"--role", "router", "--http-listen", "127.0.0.1:0", "--cluster-preset", preset, "--log-level", "warn"}
+	pprofURL := ""
+	if os.Getenv("BENCH_ROUTER_PPROF") != "" {
+		addr := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(b))
+		args, pprofURL = append(args, "--pprof-listen", addr), "http://"+addr
+	}
+	router := startConnexd(b, "router", args...)
 	p := startConnexd(b, "p1", "--role", "prefill", "--nats-url", router.natsURL, "--cluster-preset", preset, "--log-level", "warn")
 	d := startConnexd(b, "d1", "--role", "decode", "--nats-url", router.natsURL, "--cluster-preset", preset, "--log-level", "warn")
 	nc := connect(b, router.natsURL)
@@ -238,7 +242,7 @@ func startConnexRouter(b *testing.B, preset, model string, prefill *instantEngin
 		}
 		return nil
 	})
-	return router, "http://" + pprofAddr
+	return router, pprofURL
 }
 
 // startVLLMRouter starts vllm-router (bin) in vLLM's P/D mode with policy in
