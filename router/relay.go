@@ -527,21 +527,32 @@ func (s *Server) readLeg(ctx context.Context, url string, body []byte, id string
 	if !send(legEvent{resp: resp}) {
 		return
 	}
+	// Events that arrived together are parsed first and handed over in one
+	// burst: the relay then takes them in one wake-up, not one each.
 	sse := newSSEReader(resp.Body)
+	var batch []legEvent
 	for {
-		data, err := sse.next()
-		if err != nil {
-			send(legEvent{err: err})
+		ev := legEvent{}
+		if data, err := sse.next(); err != nil {
+			ev.err = err
+		} else if ch, err := parseChunk(data); err != nil {
+			ev.err = fmt.Errorf("engine %s sent an event that is not JSON: %v", id, err)
+		} else {
+			ev.chunk, ev.more = ch, sse.ready()
+		}
+		batch = append(batch, ev)
+		if ev.more {
+			continue
+		}
+		for _, ev := range batch {
+			if !send(ev) {
+				return
+			}
+		}
+		if ev.err != nil {
 			return
 		}
-		ch, err := parseChunk(data)
-		if err != nil {
-			send(legEvent{err: fmt.Errorf("engine %s sent an event that is not JSON: %v", id, err)})
-			return
-		}
-		if !send(legEvent{chunk: ch, more: sse.ready()}) {
-			return
-		}
+		batch = batch[:0]
 	}
 }
 
