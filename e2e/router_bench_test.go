@@ -39,7 +39,8 @@ import (
 // heartbeats at 20 Hz). vllm-router is the binary $CONNEX_VLLM_ROUTER
 // (scripts/bench.sh installs the version connector/vllm-cpu's lock pins),
 // with --policy round_robin and its default cache_aware; BENCH_ROUTER_PPROF
-// names a file for a CPU profile of the Connex router over its c=32 windows.
+// names a file for a CPU profile of the Connex router over its windows at
+// concurrency BENCH_ROUTER_PPROF_C (default 32).
 func BenchmarkRouter(b *testing.B) {
 	vr := os.Getenv("CONNEX_VLLM_ROUTER")
 	if vr == "" {
@@ -71,6 +72,7 @@ func BenchmarkRouter(b *testing.B) {
 		}
 	}
 	profile := os.Getenv("BENCH_ROUTER_PPROF")
+	profileAt := envInt("BENCH_ROUTER_PPROF_C", 32)
 	var profiles [][]byte
 	results := map[string]map[int][]windowResult{}
 	b.ResetTimer()
@@ -79,7 +81,7 @@ func BenchmarkRouter(b *testing.B) {
 			for i := range targets {
 				t := targets[(i+r)%len(targets)]
 				var stop func() []byte
-				if profile != "" && t.pprofURL != "" && c == 32 {
+				if profile != "" && t.pprofURL != "" && c == profileAt {
 					stop = startCPUProfile(b, t.pprofURL, window)
 				}
 				res, err := t.run(c, window)
@@ -110,8 +112,8 @@ func BenchmarkRouter(b *testing.B) {
 		if err := errors.Join(os.WriteFile(profile, profiles[len(profiles)/2], 0o644), os.WriteFile(profile+".allocs", allocs, 0o644)); err != nil {
 			b.Fatal(err)
 		}
-		fmt.Printf("router: a CPU profile of the Connex router at c=32 (%s) is in %s, its allocations since it started in %s.allocs (go tool pprof -top %s)\n",
-			window, profile, profile, profile)
+		fmt.Printf("router: a CPU profile of the Connex router at c=%d (%s) is in %s, its allocations since it started in %s.allocs (go tool pprof -top %s)\n",
+			profileAt, window, profile, profile, profile)
 	}
 	idleCPU := map[string]float64{}
 	var before []time.Duration

@@ -122,7 +122,7 @@ func ParseClient(kind Kind, data []byte) (*ClientRequest, *APIError) {
 			return nil, badRequest("prompt", "prompt is required")
 		}
 		var s string
-		var ids []uint32
+		var ids tokenIDs
 		if json.Unmarshal(raw, &s) != nil && (json.Unmarshal(raw, &ids) != nil || len(ids) == 0) {
 			return nil, badRequest("prompt", "prompt must be a string or a non-empty array of token ids (batched prompts are not supported)")
 		}
