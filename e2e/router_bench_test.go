@@ -233,17 +233,7 @@ func startConnexRouter(b *testing.B, preset, model string, prefill *instantEngin
 		}
 	}()
 	b.Cleanup(func() { close(done); wg.Wait() })
-	checkFor(b, 20*time.Second, 20*time.Millisecond, func() error {
-		resp, err := http.Get(router.httpURL + "/ready")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("the Connex router's /ready: %d", resp.StatusCode)
-		}
-		return nil
-	})
+	awaitStatus(b, 20*time.Second, router.httpURL+"/ready", http.StatusOK)
 	return router, pprofURL
 }
 
@@ -272,17 +262,7 @@ func startVLLMRouter(b *testing.B, bin, policy string, prefill *instantEngine, d
 		}
 	})
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	checkFor(b, 60*time.Second, 100*time.Millisecond, func() error {
-		resp, err := http.Get(base + "/health")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("vllm-router /health: %d", resp.StatusCode)
-		}
-		return nil
-	})
+	awaitStatus(b, 60*time.Second, base+"/health", http.StatusOK)
 	return &benchTarget{name: policy, url: base + "/v1/completions", pid: cmd.Process.Pid}
 }
 
@@ -523,4 +503,3 @@ func fetchProfile(url string) []byte {
 	data, _ := io.ReadAll(resp.Body)
 	return data
 }
-
