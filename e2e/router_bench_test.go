@@ -147,7 +147,7 @@ func BenchmarkRouter(b *testing.B) {
 	}
 	for _, t := range targets {
 		if t.pid != 0 {
-			fmt.Printf("  idle %-12s %.2f%% of a core over %s\n", t.name, idleCPU[t.name], idle)
+			fmt.Printf("  idle %-12s %.2f%% of a core over %s, peak RSS %s\n", t.name, idleCPU[t.name], idle, peakRSS(t.pid))
 		}
 	}
 	added := func(name string) float64 { return med(name, 1, p99) - med("direct", 1, p99) }
@@ -354,6 +354,20 @@ func procStatCPU(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
 	}
 	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+}
+
+// peakRSS is process pid's peak resident set (VmHWM), as /proc says it.
+func peakRSS(pid int) string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return "?"
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			return strings.Join(strings.Fields(v), " ")
+		}
+	}
+	return "?"
 }
 
 // run drives the target with c closed-loop clients for d, then waits for the

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/connex/connex/config"
@@ -48,6 +49,13 @@ func run(args []string) int {
 	// members tie together (with request, transfer and pull ids).
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).With("connexd", cfg.MemberID)
 	slog.SetDefault(log)
+	if cfg.Role == "router" && os.Getenv("GOGC") == "" {
+		// A router's live heap is small and every request allocates: at
+		// Go's default the collector ran every few hundred requests and
+		// took ~20 % of the router's CPU under load (BENCHMARKS.md,
+		// make bench-router).
+		debug.SetGCPercent(cfg.RouterGOGC)
+	}
 	d, err := daemon.New(cfg, log)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "connexd: start: %v\n", err)
