@@ -51,9 +51,9 @@ func run(args []string) int {
 	slog.SetDefault(log)
 	if cfg.Role == "router" && os.Getenv("GOGC") == "" {
 		// A router's live heap is small and every request allocates: at
-		// Go's default the collector ran every few hundred requests and
-		// took ~20 % of the router's CPU under load (BENCHMARKS.md,
-		// make bench-router).
+		// Go's default the collector runs every few hundred requests (its
+		// mark workers and assists were 6-8 % of the router's CPU at c=32
+		// in make bench-router); at 400 it runs about a quarter as often.
 		debug.SetGCPercent(cfg.RouterGOGC)
 	}
 	d, err := daemon.New(cfg, log)
