@@ -6,7 +6,7 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds proto generate tidy clean
+.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds bench-router proto generate tidy clean
 
 all: build
 
@@ -102,6 +102,13 @@ bench-scale:
 # count) created as hold.create creates them, bytes and goroutines each.
 bench-holds:
 	bash scripts/bench.sh holds
+
+# The Connex router against vllm-router (round_robin and cache_aware) in
+# front of the same instant P/D engines, interleaved: requests/s at c=1, 8,
+# 32, added p99, CPU per request, idle CPU (ROUTER ...); installs the
+# vllm-router version connector/vllm-cpu's lock pins on first use.
+bench-router:
+	bash scripts/bench.sh router
 
 tidy:
 	$(GO) mod tidy

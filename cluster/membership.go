@@ -38,6 +38,10 @@ var _ Membership = (*Provider)(nil)
 type watchers struct {
 	fire sync.Mutex // held while delivering events or replaying
 
+	// gen counts the changes Members may show: a new snapshot, or this
+	// member's own engines or load (Generation).
+	gen atomic.Uint64
+
 	mu       sync.RWMutex // guards the fields below
 	snapshot []Member
 	subs     map[int]*watcher
@@ -55,6 +59,7 @@ func (p *Provider) publishSnapshot(v *view, fx effects) {
 	defer p.watch.fire.Unlock()
 	p.watch.mu.Lock()
 	p.watch.snapshot = v.liveMembers()
+	p.watch.gen.Add(1)
 	subs := make([]*watcher, 0, len(p.watch.subs))
 	for _, w := range p.watch.subs {
 		subs = append(subs, w)
@@ -100,7 +105,17 @@ func (p *Provider) Member(id string) (Member, bool) {
 }
 
 // SetLoad implements Membership.
-func (p *Provider) SetLoad(load int64) { p.load.Store(load) }
+func (p *Provider) SetLoad(load int64) {
+	p.load.Store(load)
+	p.watch.gen.Add(1)
+}
+
+// Generation changes whenever Members may answer differently (the view
+// took a heartbeat, a member came or went, this member's own engines or
+// load changed) and at no other time: a caller that derives something from
+// Members can keep it while Generation stays the same, instead of copying
+// every member per use.
+func (p *Provider) Generation() uint64 { return p.watch.gen.Load() }
 
 // SetEngines sets the engines the next heartbeat advertises (the live
 // registrations of this member), and announces them at once.
@@ -110,6 +125,7 @@ func (p *Provider) SetEngines(es []*messages.EngineInfo) {
 		c[i] = proto.Clone(e).(*messages.EngineInfo)
 	}
 	p.engines.Store(&c)
+	p.watch.gen.Add(1)
 	select {
 	case p.announceNow <- struct{}{}:
 	default:

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	actorcluster "github.com/asynkron/protoactor-go/cluster"
+	"github.com/connex/connex/messages"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -218,4 +219,41 @@ func sorted(ids ...string) []string {
 	s := slices.Clone(ids)
 	slices.Sort(s)
 	return s
+}
+
+// TestGenerationFollowsWhatMembersShows: Generation moves whenever what
+// Members answers changes (another member's engines, this member's load or
+// engines), so that a cache keyed on it (the router's engine list) is never
+// stale.
+func TestGenerationFollowsWhatMembersShows(t *testing.T) {
+	skipUnderRace(t)
+	s := runNATS(t)
+	ms := startMembers(t, s.ClientURL(), RoleRouter, RoleDecode)
+	a, b := ms[0], ms[1]
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error { return a.sees(a.id(), b.id()) })
+
+	g := a.p.Generation()
+	a.p.SetLoad(3)
+	if a.p.Generation() == g {
+		t.Fatal("SetLoad left Generation as it was")
+	}
+	g = a.p.Generation()
+	a.p.SetEngines([]*messages.EngineInfo{{EngineId: "own", Role: "decode", Model: "m"}})
+	if a.p.Generation() == g {
+		t.Fatal("SetEngines left Generation as it was")
+	}
+
+	// Another member's new engine reaches a's view with a new generation.
+	g = a.p.Generation()
+	b.p.SetEngines([]*messages.EngineInfo{{EngineId: "e1", Role: "decode", Model: "m"}})
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		m, ok := a.p.Member(b.id())
+		if !ok || len(m.Engines) != 1 {
+			return fmt.Errorf("a sees b as %+v, want its engine", m)
+		}
+		if a.p.Generation() == g {
+			return fmt.Errorf("a's view shows b's engine but Generation is still %d", g)
+		}
+		return nil
+	})
 }

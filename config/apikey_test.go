@@ -40,7 +40,7 @@ func TestRouterKeysAndLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(d.APIKeys)+len(d.AdminKeys) != 0 || d.RouterReadHeaderTimeout != 10*time.Second || d.RouterReadTimeout != time.Minute ||
-		d.RouterIdleTimeout != 2*time.Minute || d.RouterMaxConns != 4096 || d.RouterMaxInFlight != 256 {
+		d.RouterIdleTimeout != 2*time.Minute || d.RouterMaxConns != 4096 || d.RouterMaxInFlight != 256 || d.RouterGOGC != 400 {
 		t.Fatalf("defaults: %+v", d)
 	}
 }

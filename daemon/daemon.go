@@ -87,6 +87,10 @@ type Daemon struct {
 	bg       sync.WaitGroup
 	// prom is the Prometheus view (metrics_listen), nil when off.
 	prom *promMetrics
+	// pprof serves Go's profiles (pprof_listen; nil when off).
+	pprof *profiles
+	// engView is the router's engine list, built once per view generation.
+	engView engineView
 	// Router is the OpenAI-compatible front door (role router), else nil.
 	Router *router.Server
 	// stopping turns protoactor's shutdown-time errors into info lines
@@ -242,6 +246,11 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 			return d, err
 		}
 	}
+	if cfg.PprofListen != "" {
+		if d.pprof, err = serveProfiles(cfg.PprofListen, log); err != nil {
+			return d, err
+		}
+	}
 	d.holds, err = d.system.Root.SpawnNamed(actors.HoldTableProps(d.hdeps), "holds")
 	if err != nil {
 		return d, fmt.Errorf("spawn hold table: %w", err)
@@ -357,6 +366,7 @@ func (d *Daemon) Close() {
 		d.bg.Wait()
 		d.wg.Wait()
 		d.prom.close()
+		d.pprof.close()
 		if d.Backend != nil {
 			_ = d.Backend.Close()
 		}

@@ -295,6 +295,18 @@ func (m *clusterMembers) Members() []cluster.Member {
 	return prov.Members()
 }
 
+// generation is the current provider and its view generation
+// (cluster.Provider.Generation); nil between an eviction and the rejoin.
+func (m *clusterMembers) generation() (*cluster.Provider, uint64) {
+	m.mu.Lock()
+	prov := m.prov
+	m.mu.Unlock()
+	if prov == nil {
+		return nil, 0
+	}
+	return prov, prov.Generation()
+}
+
 // Close leaves the cluster gracefully (the others see a leave at once).
 func (m *clusterMembers) Close() {
 	m.mu.Lock()

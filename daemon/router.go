@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/cluster"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/router"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -77,8 +79,17 @@ func (d *Daemon) releaseEndedHold(ctx context.Context, params json.RawMessage, r
 	return nil
 }
 
-// advertisedEngines is every engine live members advertise.
+// advertisedEngines is every engine live members advertise. The router
+// asks several times per request and once per running leg every 100 ms;
+// the list changes only with the view (heartbeats), so it is built once
+// per view generation and shared: the router reads it and never writes.
 func (d *Daemon) advertisedEngines() []router.Engine {
+	prov, gen := d.cluster.generation()
+	d.engView.mu.Lock()
+	defer d.engView.mu.Unlock()
+	if prov != nil && prov == d.engView.prov && gen == d.engView.gen {
+		return d.engView.list
+	}
 	var out []router.Engine
 	for _, m := range d.cluster.Members() {
 		if m.Name == "" {
@@ -88,7 +99,18 @@ func (d *Daemon) advertisedEngines() []router.Engine {
 			out = append(out, router.Engine{Member: m.Name, Info: e, Suspect: m.Suspect})
 		}
 	}
+	// gen was read before Members: a change in between rebuilds next time.
+	d.engView.prov, d.engView.gen, d.engView.list = prov, gen, out
 	return out
+}
+
+// engineView is the router's engine list of one view generation
+// (advertisedEngines).
+type engineView struct {
+	mu   sync.Mutex
+	prov *cluster.Provider
+	gen  uint64
+	list []router.Engine
 }
 
 func (d *Daemon) stopRouter() {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -176,4 +177,21 @@ func sum(m map[string]float64, name string) float64 {
 		}
 	}
 	return s
+}
+
+// awaitStatus polls GET url until it answers status, failing the test after
+// total.
+func awaitStatus(t testing.TB, total time.Duration, url string, status int) {
+	t.Helper()
+	checkFor(t, total, 20*time.Millisecond, func() error {
+		resp, err := http.Get(url)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != status {
+			return fmt.Errorf("GET %s: %d, want %d", url, resp.StatusCode, status)
+		}
+		return nil
+	})
 }

@@ -690,17 +690,7 @@ func testVLLMRouter(t *testing.T, c *localcluster.Cluster) {
 		}
 	})
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	checkFor(t, 2*time.Minute, 200*time.Millisecond, func() error {
-		resp, err := http.Get(base + "/health")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return fmt.Errorf("vllm-router /health: %d", resp.StatusCode)
-		}
-		return nil
-	})
+	awaitStatus(t, 2*time.Minute, base+"/health", http.StatusOK)
 	for i := range 4 {
 		prompt := vllmPrompt(int64(200+i), 300)
 		ref, err := postStream(ctx, engineURL(t, c, "decode-1")+"/v1/completions", vllmCompletion(prompt, 32), nil)
@@ -770,7 +760,7 @@ func testVLLMBenchServe(t *testing.T, c *localcluster.Cluster) {
 	}
 }
 
-func freeTCPPort(t *testing.T) int {
+func freeTCPPort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -52,7 +52,7 @@ var rules = map[string]struct {
 	"bus":           {internal: []string{"auth"}, external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
 	"auth":          {internal: []string{"subject"}, external: []string{"github.com/nats-io/jwt/", "github.com/nats-io/nkeys"}},
 	"config":        {external: []string{"github.com/spf13/"}},
-	"router":        {internal: []string{"clock", "messages"}, external: []string{"github.com/prometheus/client_golang/"}},
+	"router":        {internal: []string{"clock", "messages"}, external: []string{"github.com/prometheus/client_golang/", "github.com/valyala/fastjson"}},
 	"shim":          {internal: []string{"api", "kvmem", "kvmem/handover", "kvmem/regionfile", "messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"sim":           {internal: []string{"kvmem", "messages", "shim"}, external: []string{"github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
 	"status":        {internal: []string{"api", "messages"}, external: []string{"github.com/nats-io/nats.go"}},

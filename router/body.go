@@ -54,6 +54,15 @@ const maxKeys = 128
 // with each value re-encoded from its parsed form. A key present twice is an
 // error (parsers disagree on which copy wins), as is anything after the object.
 func decodeObject(data []byte) (map[string]json.RawMessage, error) {
+	if out, ok := decodeObjectFast(data); ok {
+		return out, nil
+	}
+	return decodeObjectTokens(data)
+}
+
+// decodeObjectTokens is decodeObject token by token: the reference, and
+// what reports every error.
+func decodeObjectTokens(data []byte) (map[string]json.RawMessage, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	tok, err := dec.Token()
@@ -103,7 +112,14 @@ func (e *keyError) Error() string { return e.msg }
 // checkKeys refuses internal keys, keys that fold to a known key without
 // being it, and unknown keys.
 func checkKeys(body map[string]json.RawMessage) *keyError {
-	for _, key := range slices.Sorted(maps.Keys(body)) {
+	plain := true
+	for key := range body {
+		plain = plain && clientKeys[key]
+	}
+	if plain {
+		return nil // every key is a client's: none is internal, none folds
+	}
+	for _, key := range slices.Sorted(maps.Keys(body)) { // the first refused, by name
 		for _, k := range internalKeys {
 			if key == k {
 				return &keyError{key: key, msg: fmt.Sprintf("%s is set by the router, not by clients", k)}

@@ -37,8 +37,12 @@ func promptTokens(c *ClientRequest) int {
 	if c.Kind != Completions {
 		return 0
 	}
-	var ids []uint32
-	if json.Unmarshal(c.Body["prompt"], &ids) != nil {
+	raw := c.Body["prompt"]
+	if len(raw) == 0 || raw[0] != '[' { // a text prompt (re-encoded: no leading space)
+		return 0
+	}
+	var ids tokenIDs
+	if json.Unmarshal(raw, &ids) != nil {
 		return 0
 	}
 	return len(ids)

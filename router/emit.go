@@ -11,6 +11,10 @@ import (
 type emitter struct {
 	w       http.ResponseWriter
 	flusher http.Flusher
+	enc     *json.Encoder // encodes events onto w
+	dirty   bool          // written since the last flush
+	head    []byte        // what every token event starts with (tokenEvent)
+	buf     []byte        // the token event being written
 	c       *ClientRequest
 	id      string
 	created int64
@@ -39,7 +43,7 @@ type emitter struct {
 
 func newEmitter(w http.ResponseWriter, c *ClientRequest, id string, created int64) *emitter {
 	f, _ := w.(http.Flusher)
-	return &emitter{w: w, flusher: f, c: c, id: id, created: created, connex: map[string]any{}}
+	return &emitter{w: w, flusher: f, enc: json.NewEncoder(w), c: c, id: id, created: created, connex: map[string]any{}}
 }
 
 func (e *emitter) object(chunk bool) string {
@@ -52,18 +56,64 @@ func (e *emitter) object(chunk bool) string {
 	return "text_completion"
 }
 
-func (e *emitter) envelope(chunk bool) map[string]any {
-	return map[string]any{"id": e.id, "object": e.object(chunk), "created": e.created, "model": e.c.Model}
+// outChunk is one object of the client's answer: a streamed chunk, the
+// usage chunk, or a whole non-streamed answer. A struct, not a map: its
+// encoder is built once per process instead of sorting keys per token.
+type outChunk struct {
+	ID      string         `json:"id"`
+	Object  string         `json:"object"`
+	Created int64          `json:"created"`
+	Model   string         `json:"model"`
+	Choices []outChoice    `json:"choices"`
+	Usage   *outUsage      `json:"usage,omitempty"`
+	Connex  map[string]any `json:"connex,omitempty"`
 }
 
-func (e *emitter) send(v any) {
-	b, _ := json.Marshal(v)
+// outChoice is a choice of outChunk in either endpoint's shape: text
+// (completions), delta (a chat chunk) or message (a chat answer).
+type outChoice struct {
+	Index        int         `json:"index"`
+	Text         *string     `json:"text,omitempty"`
+	Delta        *outMessage `json:"delta,omitempty"`
+	Message      *outMessage `json:"message,omitempty"`
+	Logprobs     *struct{}   `json:"logprobs"` // always null
+	FinishReason *string     `json:"finish_reason"`
+	TokenIDs     *[]uint32   `json:"token_ids,omitempty"`
+}
+
+type outMessage struct {
+	Role    string `json:"role,omitempty"`
+	Content string `json:"content"`
+}
+
+type outUsage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+func (e *emitter) envelope(chunk bool, choices ...outChoice) *outChunk {
+	if choices == nil {
+		choices = []outChoice{}
+	}
+	return &outChunk{ID: e.id, Object: e.object(chunk), Created: e.created, Model: e.c.Model, Choices: choices}
+}
+
+// send writes one event; it reaches the client at the next flush.
+func (e *emitter) send(v *outChunk) {
 	_, _ = e.w.Write([]byte("data: "))
-	_, _ = e.w.Write(b)
-	_, _ = e.w.Write([]byte("\n\n"))
-	if e.flusher != nil {
+	_ = e.enc.Encode(v) // the object and a newline
+	_, _ = e.w.Write([]byte("\n"))
+	e.dirty = true
+}
+
+// flush sends what was written to the client. The relay calls it when no
+// more tokens wait: tokens that arrived together leave in one write.
+func (e *emitter) flush() {
+	if e.dirty && e.flusher != nil {
 		e.flusher.Flush()
 	}
+	e.dirty = false
 }
 
 // headers names the request and its engines for operators: the decode
@@ -91,23 +141,8 @@ func (e *emitter) begin() {
 	h.Set("X-Accel-Buffering", "no")
 	e.w.WriteHeader(http.StatusOK)
 	if e.c.Kind == Chat {
-		m := e.envelope(true)
-		m["choices"] = []any{map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}}
-		e.send(m)
+		e.send(e.envelope(true, outChoice{Delta: &outMessage{Role: "assistant"}}))
 	}
-}
-
-func (e *emitter) choice(text string, ids []uint32, finish *string) map[string]any {
-	ch := map[string]any{"index": 0, "logprobs": nil, "finish_reason": finish}
-	if e.c.Kind == Chat {
-		ch["delta"] = map[string]any{"content": text}
-	} else {
-		ch["text"] = text
-	}
-	if e.c.ReturnTokenIDs {
-		ch["token_ids"] = ids
-	}
-	return ch
 }
 
 // tokens relays new tokens (and a finish reason, if the engine ended).
@@ -144,9 +179,9 @@ func (e *emitter) tokens(text string, ids []uint32, finish *string) {
 		return
 	}
 	e.begin()
-	m := e.envelope(true)
-	m["choices"] = []any{e.choice(text, ids, finish)}
-	e.send(m)
+	e.buf = e.tokenEvent(e.buf[:0], text, ids, finish)
+	_, _ = e.w.Write(e.buf)
+	e.dirty = true
 }
 
 // resumePoint is the generated ids a resume sends with the prompt: those
@@ -160,8 +195,8 @@ func (e *emitter) resumePoint() []uint32 {
 	return e.ids[:e.textIDs]
 }
 
-func (e *emitter) usage(promptTokens int) map[string]int {
-	return map[string]int{"prompt_tokens": promptTokens, "completion_tokens": len(e.ids), "total_tokens": promptTokens + len(e.ids)}
+func (e *emitter) usage(promptTokens int) *outUsage {
+	return &outUsage{PromptTokens: promptTokens, CompletionTokens: len(e.ids), TotalTokens: promptTokens + len(e.ids)}
 }
 
 // done ends a successful answer.
@@ -170,19 +205,18 @@ func (e *emitter) done(promptTokens int) {
 		e.finish = "length"
 	}
 	if !e.c.Stream {
-		m := e.envelope(false)
-		ch := map[string]any{"index": 0, "logprobs": nil, "finish_reason": e.finish}
+		text := e.text.String()
+		ch := outChoice{FinishReason: &e.finish}
 		if e.c.Kind == Chat {
-			ch["message"] = map[string]any{"role": "assistant", "content": e.text.String()}
+			ch.Message = &outMessage{Role: "assistant", Content: text}
 		} else {
-			ch["text"] = e.text.String()
+			ch.Text = &text
 		}
 		if e.c.ReturnTokenIDs {
-			ch["token_ids"] = e.ids
+			ch.TokenIDs = &e.ids
 		}
-		m["choices"] = []any{ch}
-		m["usage"] = e.usage(promptTokens)
-		m["connex"] = e.connex
+		m := e.envelope(false, ch)
+		m.Usage, m.Connex = e.usage(promptTokens), e.connex
 		e.headers()
 		e.w.Header().Set("Content-Type", "application/json")
 		b, _ := json.Marshal(m)
@@ -194,15 +228,12 @@ func (e *emitter) done(promptTokens int) {
 		// The usage chunk also carries the transfer record (the connex
 		// object of a non-streamed answer): prefills, resumes, engines.
 		m := e.envelope(true)
-		m["choices"] = []any{}
-		m["usage"] = e.usage(promptTokens)
-		m["connex"] = e.connex
+		m.Usage, m.Connex = e.usage(promptTokens), e.connex
 		e.send(m)
 	}
+	// No flush: the handler returns next, and net/http sends what is
+	// buffered with the end of the chunked body, in one write.
 	_, _ = e.w.Write([]byte("data: [DONE]\n\n"))
-	if e.flusher != nil {
-		e.flusher.Flush()
-	}
 }
 
 // fail ends the answer with err: an error status and body if nothing was
@@ -215,7 +246,6 @@ func (e *emitter) fail(err *APIError) {
 	e.w.Write([]byte("data: "))
 	e.w.Write(err.body())
 	e.w.Write([]byte("\n\ndata: [DONE]\n\n"))
-	if e.flusher != nil {
-		e.flusher.Flush()
-	}
+	e.dirty = true
+	e.flush()
 }

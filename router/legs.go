@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
+	"strconv"
 )
 
 // Kind is the OpenAI endpoint a client called.
@@ -120,7 +122,7 @@ func ParseClient(kind Kind, data []byte) (*ClientRequest, *APIError) {
 			return nil, badRequest("prompt", "prompt is required")
 		}
 		var s string
-		var ids []uint32
+		var ids tokenIDs
 		if json.Unmarshal(raw, &s) != nil && (json.Unmarshal(raw, &ids) != nil || len(ids) == 0) {
 			return nil, badRequest("prompt", "prompt must be a string or a non-empty array of token ids (batched prompts are not supported)")
 		}
@@ -162,10 +164,54 @@ func mustJSON(v any) json.RawMessage {
 	return b
 }
 
+// encode writes body as one JSON object, keys sorted as encoding/json
+// sorts a map's. Each value is JSON already, checked where it was made
+// (decodeObject re-encodes a client's, json.Unmarshal checked an engine's,
+// mustJSON wrote the router's), so it is copied as it is: encoding/json
+// would check and compact every value again, per leg.
 func encode(body map[string]json.RawMessage) []byte {
-	b, _ := json.Marshal(body)
-	return b
+	keys := slices.AppendSeq(make([]string, 0, 32), maps.Keys(body)) // on the stack for a usual body
+	slices.Sort(keys)
+	n := 2
+	for _, k := range keys {
+		n += len(k) + len(body[k]) + 4
+	}
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendKey(b, k)
+		b = append(b, ':')
+		b = append(b, body[k]...)
+	}
+	return append(b, '}')
 }
+
+// appendKey appends key as a JSON string: as it is when it is a plain
+// identifier (every key a client may send, and the router's), else as
+// encoding/json quotes it (an engine's kv_transfer_params may hold any).
+func appendKey(b []byte, key string) []byte {
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return append(b, mustJSON(key)...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, key...)
+	return append(b, '"')
+}
+
+// The values the router writes into every leg, encoded once.
+var (
+	rawOne           = json.RawMessage("1")
+	rawTrue          = json.RawMessage("true")
+	rawFalse         = json.RawMessage("false")
+	rawIncludeUsage  = mustJSON(map[string]bool{"include_usage": true})
+	rawPrefillParams = mustJSON(map[string]any{"do_remote_decode": true, "do_remote_prefill": false})
+)
 
 // PrefillBody is the prefill leg, as vLLM's P/D proxy sends it: the client's
 // request with max_tokens 1, not streamed, and kv_transfer_params asking the
@@ -173,15 +219,15 @@ func encode(body map[string]json.RawMessage) []byte {
 // engine report the prompt's token ids, which a resume needs.
 func PrefillBody(c *ClientRequest) []byte {
 	b := maps.Clone(c.Body)
-	b["max_tokens"] = mustJSON(1)
+	b["max_tokens"] = rawOne
 	if _, ok := b["max_completion_tokens"]; ok {
-		b["max_completion_tokens"] = mustJSON(1)
+		b["max_completion_tokens"] = rawOne
 	}
-	b["stream"] = mustJSON(false)
+	b["stream"] = rawFalse
 	delete(b, "stream_options")
 	delete(b, "min_tokens")
-	b["return_token_ids"] = mustJSON(true)
-	b["kv_transfer_params"] = mustJSON(map[string]any{"do_remote_decode": true, "do_remote_prefill": false})
+	b["return_token_ids"] = rawTrue
+	b["kv_transfer_params"] = rawPrefillParams
 	return encode(b)
 }
 
@@ -194,11 +240,11 @@ func withRequestID(params json.RawMessage, requestID string, resume bool) (json.
 	}
 	p["connex_request_id"] = mustJSON(requestID)
 	if resume {
-		p["connex_resume"] = mustJSON(true)
+		p["connex_resume"] = json.RawMessage("true")
 	} else {
 		delete(p, "connex_resume")
 	}
-	return mustJSON(p), nil
+	return encode(p), nil
 }
 
 // DecodeBody is the first decode leg: the client's request with the
@@ -210,12 +256,12 @@ func DecodeBody(c *ClientRequest, params json.RawMessage, requestID string) ([]b
 		return nil, err
 	}
 	b := maps.Clone(c.Body)
-	b["stream"] = mustJSON(true)
-	b["stream_options"] = mustJSON(map[string]bool{"include_usage": true})
-	b["return_token_ids"] = mustJSON(true)
+	b["stream"] = rawTrue
+	b["stream_options"] = rawIncludeUsage
+	b["return_token_ids"] = rawTrue
 	b["kv_transfer_params"] = p
 	if c.Kind == Completions {
-		b["max_tokens"] = mustJSON(c.MaxTokens)
+		b["max_tokens"] = strconv.AppendInt(nil, int64(c.MaxTokens), 10)
 	}
 	return encode(b), nil
 }
@@ -247,9 +293,9 @@ func ResumeBody(c *ClientRequest, promptIDs, generated []uint32, params json.Raw
 	if field(c.Body, "min_tokens", &minTokens) == nil && minTokens > len(generated) {
 		b["min_tokens"] = mustJSON(minTokens - len(generated))
 	}
-	b["stream"] = mustJSON(true)
-	b["stream_options"] = mustJSON(map[string]bool{"include_usage": true})
-	b["return_token_ids"] = mustJSON(true)
+	b["stream"] = rawTrue
+	b["stream_options"] = rawIncludeUsage
+	b["return_token_ids"] = rawTrue
 	b["kv_transfer_params"] = p
 	return encode(b), nil
 }

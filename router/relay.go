@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -62,7 +63,8 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		reject(aerr)
 		return
 	}
-	all, servable := Models(s.live())
+	live := s.live()
+	all, servable := Models(live)
 	model = modelLabel(c.Model, all)
 	if !servable[c.Model] {
 		if contains(all, c.Model) {
@@ -73,7 +75,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		}
 		return
 	}
-	limit := ContextLimit(s.live(), c.Model)
+	limit := ContextLimit(live, c.Model)
 	if e := CheckContext(c, promptTokens(c), limit); e != nil {
 		reject(e)
 		return
@@ -168,7 +170,9 @@ func (s *Server) prefill(ctx context.Context, c *ClientRequest, rid string) (*pr
 			// The transfer id goes to the log only: it names the hold every
 			// decode leg pulls, which no client may learn (it would be the
 			// handle of a takeover).
-			s.log.Info("prefilled", "request_id", rid, "engine", id, "prompt_tokens", len(p.promptIDs), "transfer", transferOf(p.params))
+			if s.log.Enabled(ctx, slog.LevelInfo) { // transferOf decodes the params: not for a line nobody logs
+				s.log.Info("prefilled", "request_id", rid, "engine", id, "prompt_tokens", len(p.promptIDs), "transfer", transferOf(p.params))
+			}
 			return p, nil
 		}
 		last = err
@@ -213,9 +217,9 @@ func (s *Server) prefillOn(ctx context.Context, e Engine, c *ClientRequest, body
 	}
 	var ans struct {
 		KVTransferParams json.RawMessage `json:"kv_transfer_params"`
-		PromptTokenIDs   []uint32        `json:"prompt_token_ids"`
+		PromptTokenIDs   tokenIDs        `json:"prompt_token_ids"`
 		Choices          []struct {
-			PromptTokenIDs []uint32 `json:"prompt_token_ids"`
+			PromptTokenIDs tokenIDs `json:"prompt_token_ids"`
 		} `json:"choices"`
 	}
 	if err := json.Unmarshal(data, &ans); err != nil {
@@ -378,6 +382,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			res.abandon()
 			return res.err
 		}
+		out.flush() // the tokens the failed leg relayed, before the resume's wait
 		if pending != nil {
 			pending.close() // a leg before this one: its successor failed too
 		}
@@ -398,6 +403,9 @@ type legEvent struct {
 	resp  *http.Response
 	chunk *engineChunk
 	err   error // errDone at [DONE]
+	// more: the next event has arrived already and is being read (tokens
+	// that came together leave in one write to the client).
+	more bool
 }
 
 // probeAnswer is a health probe's answer: probe number and whether the
@@ -436,7 +444,12 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 		return legResult{end: legFailed, reason: reason, err: err,
 			retired: s.retire(rid, reason, id, s.clock.Now(), events, probed, stall.Outstanding(), abandon)}
 	}
+	more := false // the last event said another one had arrived
 	for {
+		if len(events) == 0 && !more {
+			out.flush() // nothing more waits: what came leaves in one write
+		}
+		more = false
 		select {
 		case <-ctx.Done():
 			return legResult{end: legClientGone, abandon: abandon}
@@ -507,6 +520,7 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 				return failed("broken", serverError(CodeEngineFailed, "decode engine %s: stream broke: %v", id, ev.err))
 			}
 			ch := ev.chunk
+			more = ev.more
 			if len(ch.Error) > 0 && !isNull(ch.Error) {
 				ae := engineError(http.StatusBadGateway, append(append([]byte(`{"error":`), ch.Error...), '}'), id)
 				if ae.Code == CodeKVLoadFailed {
@@ -583,21 +597,32 @@ func (s *Server) readLeg(ctx context.Context, url string, body []byte, id string
 	if !send(legEvent{resp: resp}) {
 		return
 	}
+	// Events that arrived together are parsed first and handed over in one
+	// burst: the relay then takes them in one wake-up, not one each.
 	sse := newSSEReader(resp.Body)
+	var batch []legEvent
 	for {
-		data, err := sse.next()
-		if err != nil {
-			send(legEvent{err: err})
+		ev := legEvent{}
+		if data, err := sse.next(); err != nil {
+			ev.err = err
+		} else if ch, err := parseChunk(data); err != nil {
+			ev.err = fmt.Errorf("engine %s sent an event that is not JSON: %v", id, err)
+		} else {
+			ev.chunk, ev.more = ch, sse.ready()
+		}
+		batch = append(batch, ev)
+		if ev.more {
+			continue
+		}
+		for _, ev := range batch {
+			if !send(ev) {
+				return
+			}
+		}
+		if ev.err != nil {
 			return
 		}
-		ch := new(engineChunk)
-		if err := json.Unmarshal(data, ch); err != nil {
-			send(legEvent{err: fmt.Errorf("engine %s sent an event that is not JSON: %v", id, err)})
-			return
-		}
-		if !send(legEvent{chunk: ch}) {
-			return
-		}
+		batch = batch[:0]
 	}
 }
 

@@ -447,7 +447,7 @@ func TestChatStreamShape(t *testing.T) {
 	// role chunk, 3 content chunks, usage chunk, [DONE]
 	if len(lines) != 6 || lines[5] != "data: [DONE]" || !strings.Contains(lines[0], `"role":"assistant"`) ||
 		!strings.Contains(lines[1], `"object":"chat.completion.chunk"`) || !strings.Contains(lines[1], `"delta":{"content":" w1000"}`) ||
-		!strings.Contains(lines[4], `"usage":{"completion_tokens":3`) {
+		!strings.Contains(lines[4], `"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}`) {
 		t.Fatalf("chat stream:\n%s", data)
 	}
 }

@@ -27,7 +27,9 @@ type Config struct {
 	Listen string
 	// Engines returns the engines membership advertises now. Engines of
 	// suspect members are included with Suspect set; Pick chooses one only
-	// when no engine of an unsuspected member qualifies.
+	// when no engine of an unsuspected member qualifies. The router only
+	// reads the slice and its engines, so a source may hand every call the
+	// same one until membership changes (connexd does).
 	Engines func() []Engine
 	// Stall is when a silent decode leg is suspected and given up (see
 	// StallRule; its zero value: DefaultStallRule).

@@ -3,57 +3,78 @@ package router
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
+	"sync"
 )
 
 // maxEventBytes bounds one server-sent event from an engine.
 const maxEventBytes = 4 << 20
 
-// engineChunk is what the router reads from one engine chunk (completions
-// or chat, vLLM's shape with return_token_ids).
-type engineChunk struct {
-	Choices []struct {
-		Text  string `json:"text"`
-		Delta struct {
-			Content *string `json:"content"`
-		} `json:"delta"`
-		TokenIDs       []uint32 `json:"token_ids"`
-		FinishReason   *string  `json:"finish_reason"`
-		PromptTokenIDs []uint32 `json:"prompt_token_ids"`
-	} `json:"choices"`
-	PromptTokenIDs []uint32        `json:"prompt_token_ids"`
-	Usage          json.RawMessage `json:"usage"`
-	Connex         json.RawMessage `json:"connex"`
-	Error          json.RawMessage `json:"error"`
-}
-
-// text is the chunk's new text, whatever the endpoint.
-func (c *engineChunk) text() string {
-	if len(c.Choices) == 0 {
-		return ""
-	}
-	if c.Choices[0].Delta.Content != nil {
-		return *c.Choices[0].Delta.Content
-	}
-	return c.Choices[0].Text
-}
-
 // sseReader reads "data:" events from an engine's stream.
 type sseReader struct {
-	r *bufio.Reader
+	r   *bufio.Reader // nil once the stream ended (back in readers)
+	buf []byte        // the event being read; reused from one event to the next
+	end error         // how the stream ended
 }
 
-func newSSEReader(r io.Reader) *sseReader { return &sseReader{r: bufio.NewReaderSize(r, 64<<10)} }
+// readers keeps the 64 KiB line buffers of ended streams for the next leg:
+// one per leg would be most of what a request allocates.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+
+func newSSEReader(r io.Reader) *sseReader {
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(r)
+	return &sseReader{r: br}
+}
 
 // errDone is returned after "data: [DONE]".
 var errDone = fmt.Errorf("router: stream done")
 
-// next returns the next event's data; errDone after [DONE]; io.EOF or
-// io.ErrUnexpectedEOF if the stream ended without [DONE].
+// next returns the next event's data, valid until the next call; errDone
+// after [DONE]; io.EOF or io.ErrUnexpectedEOF if the stream ended without
+// [DONE]. Once it returned an error it returns that error again.
 func (s *sseReader) next() ([]byte, error) {
-	var data []byte
+	if s.r == nil {
+		return nil, s.end
+	}
+	data, err := s.event()
+	if err != nil {
+		s.r.Reset(nil)
+		readers.Put(s.r)
+		s.r, s.end = nil, err
+	}
+	return data, err
+}
+
+// ready reports whether the whole next event has arrived already: a data
+// line and the blank line after it, so that next will not wait for the
+// engine.
+func (s *sseReader) ready() bool {
+	if s.r == nil {
+		return false
+	}
+	b, _ := s.r.Peek(s.r.Buffered())
+	data := false
+	for {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			return false
+		}
+		line := bytes.TrimRight(b[:i], "\r")
+		switch {
+		case len(line) == 0 && data:
+			return true
+		case bytes.HasPrefix(line, []byte("data:")):
+			// as event reads it: an empty data line adds nothing
+			data = data || len(bytes.TrimPrefix(bytes.TrimPrefix(line, []byte("data:")), []byte(" "))) > 0
+		}
+		b = b[i+1:]
+	}
+}
+
+func (s *sseReader) event() ([]byte, error) {
+	data := s.buf[:0]
 	for {
 		line, err := s.r.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
@@ -68,9 +89,10 @@ func (s *sseReader) next() ([]byte, error) {
 		line = bytes.TrimRight(line, "\r\n")
 		switch {
 		case len(line) == 0:
-			if data == nil {
+			if len(data) == 0 {
 				continue
 			}
+			s.buf = data
 			if string(bytes.TrimSpace(data)) == "[DONE]" {
 				return nil, errDone
 			}
@@ -80,7 +102,7 @@ func (s *sseReader) next() ([]byte, error) {
 			if len(data)+len(d) > maxEventBytes {
 				return nil, fmt.Errorf("router: engine event larger than %d bytes", maxEventBytes)
 			}
-			if data != nil {
+			if len(data) > 0 {
 				data = append(data, '\n')
 			}
 			data = append(data, d...)

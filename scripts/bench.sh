@@ -22,6 +22,12 @@
 #                      creates them (hold actors, lease timers, registrations in the default data plane), process
 #                      RSS and Go heap bytes and goroutines per hold, against a bare lease.Hold (HOLDS ...);
 #                      BENCH_HOLDS_BACKEND=tcp|ucx|auto, BENCH_HOLDS_HEAPPROFILE=file for where the bytes are
+#   bench.sh router    the Connex router against vllm-router (round_robin, cache_aware) in front of the same instant
+#                      P/D engines, interleaved rounds: requests/s at c=1, 8, 32, p99 added over the direct path,
+#                      router CPU per request, idle CPU (ROUTER ...); vllm-router (the version connector/vllm-cpu's
+#                      lock pins) goes into its own venv on first use ($VLLM_ROUTER_VENV, default
+#                      /var/cache/connex/venv-vllm-router); BENCH_ROUNDS, BENCH_ROUTER_SECONDS, BENCH_ROUTER_IDLE_S,
+#                      BENCH_ROUTER_PRESET (local), BENCH_ROUTER_PPROF=file for a CPU profile of the Connex router
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -104,5 +110,18 @@ case "${1:-control}" in
     go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkHolds$' -benchtime 1x -timeout 30m ./actors/ | tee "$out"
     grep '^HOLDS ' "$out" | tail -1
     ;;
-  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|holds|vllm" >&2; exit 2 ;;
+  router)
+    venv=${VLLM_ROUTER_VENV:-/var/cache/connex/venv-vllm-router}
+    lock=connector/vllm-cpu/requirements-lock.txt
+    pin=$(grep -E '^vllm-router==' "$lock")
+    if [ "$("$venv/bin/python" -m pip freeze 2>/dev/null | grep -E '^vllm-router==')" != "$pin" ]; then
+      echo "bench: installing $pin into $venv (its dependencies as $lock pins them)"
+      "${PYTHON:-python3}" -m venv "$venv"
+      "$venv/bin/python" -m pip install -q -c "$lock" "$pin"
+    fi
+    CONNEX_VLLM_ROUTER="$venv/bin/vllm-router" \
+      go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkRouter$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"
+    grep '^ROUTER ' "$out" | tail -1
+    ;;
+  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|holds|vllm|router" >&2; exit 2 ;;
 esac
