@@ -50,6 +50,9 @@ type PullDeps struct {
 	// only to one of these, never to an address the transfer params alone
 	// name, since params come from engines and routers.
 	addrs dataAddrBook
+	// translations keeps the translations between holders' and local
+	// layouts of other shapes.
+	translations translationCache
 }
 
 func (d *PullDeps) clock() clock.Clock { return clock.Or(d.Clock) }
@@ -202,8 +205,15 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 		dch <- descResult{d, err}
 	}()
 	early := connectEarly(ctx, a.deps.Backend, &a.deps.addrs, prm.RemoteCtrl, connectBudget(a.p.Stall))
-	plan, planErr := planDst(a.p.Dst, prm.RemoteBlockIds, a.p.DstBlocks)
-	defer plan.release() // after read: every Get has returned by then
+	// A holder of this region's shape (what the params say of it) is read
+	// whole blocks at a time: plan that now. Any other shape waits for the
+	// holder's layout in the descriptors.
+	var plan *readPlan
+	var planErr error
+	if dl := a.p.Dst.Region.Layout; (prm.TpSize == 0 || prm.TpSize == dl.TPSize) && (prm.BlockSize == 0 || prm.BlockSize == dl.BlockSize) {
+		plan, planErr = planDst(a.p.Dst, prm.RemoteBlockIds, a.p.DstBlocks)
+	}
+	defer func() { plan.release() }() // after read: every Get has returned by then
 	r := <-dch
 	a.descDur = a.deps.clock().Now().Sub(a.start)
 	if r.err != nil {
@@ -224,7 +234,7 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	getErr := planErr
 	if getErr == nil {
 		t0 := a.deps.clock().Now()
-		n, getErr = a.read(ctx, desc, plan, early, peer, requester)
+		n, getErr = a.read(ctx, desc, &plan, early, peer, requester)
 		a.readDur = a.deps.clock().Now().Sub(t0)
 	} else {
 		early.drop()
@@ -271,9 +281,10 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	return n, getErr
 }
 
-func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan *readPlan, early *earlyEndpoint, peer *api.Client, requester string) (uint64, error) {
+func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan **readPlan, early *earlyEndpoint, peer *api.Client, requester string) (uint64, error) {
 	prm := a.p.Params
-	if err := plan.bind(desc, prm.RemoteBlockIds); err != nil {
+	run, total, err := a.planReads(desc, plan)
+	if err != nil {
 		early.drop()
 		return 0, fmt.Errorf("pull %s: %w", a.p.ID, err)
 	}
@@ -299,10 +310,19 @@ func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan
 	// Keep the lease alive during long reads.
 	stopRenew := a.renewEvery(ctx, peer, requester, time.Duration(prm.RetainS)*time.Second/3)
 	defer stopRenew()
-	if err := a.readBatches(ctx, ep, splitOps(plan.ops, batchBytes), plan.total, peer.Member); err != nil {
+	if err := run(func(ops []transport.GetOp) error {
+		return a.readBatches(ctx, ep, splitOps(ops, batchBytes), total, peer.Member)
+	}); err != nil {
 		return 0, err
 	}
-	return plan.total, nil
+	return total, nil
+}
+
+// planReads checks the holder's descriptors against the pull and plans its
+// reads (planPull).
+func (a *pullerActor) planReads(desc *messages.Descriptors, plan **readPlan) (run func(read func([]transport.GetOp) error) error, total uint64, err error) {
+	prm := a.p.Params
+	return planPull(desc, prm.RemoteBlockIds, prm.RemoteNumTokens, a.p.Dst, a.p.DstBlocks, plan, a.deps.translations.get)
 }
 
 // batchesInFlight is how many read batches run at once, so that the data

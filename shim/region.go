@@ -26,7 +26,7 @@ var ErrRegionLost = errors.New("shim: the engine's connexd lost its KV region (i
 // retrying while the connexd is not up yet or its region socket is busy.
 func (e *Engine) createRegion(ctx context.Context) (*kvmem.Region, error) {
 	cfg, l := e.cfg, e.cfg.Layout
-	pl := &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize}
+	pl := layoutToProto(l)
 	var last error // why the previous try failed
 	for {
 		c, cancel := context.WithTimeout(ctx, max(cfg.CallTimeout, 30*time.Second))
@@ -138,4 +138,11 @@ func (e *Engine) lostRegion(err error) bool {
 	}
 	e.regionLost(err.Error())
 	return true
+}
+
+// layoutToProto is a layout's wire form (actors.LayoutToProto, which the
+// shim may not import).
+func layoutToProto(l kvmem.Layout) *messages.Layout {
+	return &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize,
+		TpRank: l.TPRank, KvOrder: l.Order, NumKvHeads: l.Heads, HeadSize: l.HeadSize, Dtype: l.Dtype, Model: l.Model}
 }
