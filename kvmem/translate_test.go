@@ -80,8 +80,12 @@ func TestTranslateRefuses(t *testing.T) {
 		{"heads", func(l *Layout) { *l = described(OrderNHD, 8, 1, 0, 16, "float16") }, "KV heads"},
 		{"head size", func(l *Layout) { l.HeadSize, l.BlockBytes = 8, 2*l.BlockBytes }, "head_size"},
 		{"dtype", func(l *Layout) { l.Dtype = "bfloat16" }, "dtype float16 vs bfloat16"},
-		{"undescribed tp", func(l *Layout) { *l = Layout{Layers: 2, Planes: 2, Blocks: 16, BlockBytes: 128, BlockSize: 16, TPSize: 2} }, "tp_size 1 vs 2"},
-		{"undescribed block size", func(l *Layout) { *l = Layout{Layers: 2, Planes: 2, Blocks: 16, BlockBytes: 256, BlockSize: 32, TPSize: 1} }, "block_size 16 vs 32"},
+		{"undescribed tp", func(l *Layout) {
+			*l = Layout{Layers: 2, Planes: 2, Blocks: 16, BlockBytes: 128, BlockSize: 16, TPSize: 2}
+		}, "tp_size 1 vs 2"},
+		{"undescribed block size", func(l *Layout) {
+			*l = Layout{Layers: 2, Planes: 2, Blocks: 16, BlockBytes: 256, BlockSize: 32, TPSize: 1}
+		}, "block_size 16 vs 32"},
 		{"tile", func(l *Layout) { *l = described(OrderNHD, 4, 1, 0, 4099, "float16") }, "tiles"},
 	}
 	for _, c := range cases {
