@@ -1,55 +1,58 @@
-package kvmem
+package kvmem_test
 
 import (
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/kvmem/kvfill"
 )
 
 // described is a described layout of a small model: 2 layers, heads KV
 // heads of 4 elements, rank rank of tp, block size bs, in order.
-func described(order string, heads, tp, rank, bs uint32, dtype string) Layout {
-	l := Layout{Layers: 2, Planes: 2, Blocks: 16, BlockSize: bs, TPSize: tp, TPRank: rank, Order: order, Heads: heads, HeadSize: 4, Dtype: dtype}
-	if order == OrderCPU {
+func described(order string, heads, tp, rank, bs uint32, dtype string) kvmem.Layout {
+	l := kvmem.Layout{Layers: 2, Planes: 2, Blocks: 16, BlockSize: bs, TPSize: tp, TPRank: rank, Order: order, Heads: heads, HeadSize: 4, Dtype: dtype}
+	if order == kvmem.OrderCPU {
 		l.Planes = 1
 	}
 	_, n := l.HeadRange()
-	l.BlockBytes = uint64(n) * uint64(l.HeadSize) * uint64(DtypeBytes(dtype)) * uint64(bs) * uint64(3-l.Planes)
+	l.BlockBytes = uint64(n) * uint64(l.HeadSize) * uint64(kvmem.DtypeBytes(dtype)) * uint64(bs) * uint64(3-l.Planes)
 	return l
 }
 
 // wide is l with heads of 64 elements.
-func wide(l Layout) Layout {
+func wide(l kvmem.Layout) kvmem.Layout {
 	l.BlockBytes = l.BlockBytes / uint64(l.HeadSize) * 64
 	l.HeadSize = 64
 	return l
 }
 
 func TestDescribedLayoutValidate(t *testing.T) {
-	if err := described(OrderCPU, 4, 2, 1, 16, "bfloat16").Validate(); err != nil {
+	if err := described(kvmem.OrderCPU, 4, 2, 1, 16, "bfloat16").Validate(); err != nil {
 		t.Fatalf("valid CPU layout rejected: %v", err)
 	}
-	if err := described(OrderNHD, 2, 4, 3, 16, "float16").Validate(); err != nil {
+	if err := described(kvmem.OrderNHD, 2, 4, 3, 16, "float16").Validate(); err != nil {
 		t.Fatalf("valid layout with replicated heads rejected: %v", err)
 	}
-	bad := map[string]func(*Layout){
-		"rank":        func(l *Layout) { l.TPRank = l.TPSize },
-		"order":       func(l *Layout) { l.Order = "nchw" },
-		"planes":      func(l *Layout) { l.Planes = 1 },
-		"dtype":       func(l *Layout) { l.Dtype = "float64" },
-		"heads":       func(l *Layout) { l.Heads = 0 },
-		"head size":   func(l *Layout) { l.HeadSize = 0 },
-		"split":       func(l *Layout) { l.Heads, l.TPSize, l.TPRank = 3, 2, 0 },
-		"block bytes": func(l *Layout) { l.BlockBytes++ },
-		"half":        func(l *Layout) { l.Order = "" },
-		"model":       func(l *Layout) { l.Model = strings.Repeat("m", 300) },
+	bad := map[string]func(*kvmem.Layout){
+		"rank":        func(l *kvmem.Layout) { l.TPRank = l.TPSize },
+		"order":       func(l *kvmem.Layout) { l.Order = "nchw" },
+		"planes":      func(l *kvmem.Layout) { l.Planes = 1 },
+		"dtype":       func(l *kvmem.Layout) { l.Dtype = "float64" },
+		"heads":       func(l *kvmem.Layout) { l.Heads = 0 },
+		"head size":   func(l *kvmem.Layout) { l.HeadSize = 0 },
+		"split":       func(l *kvmem.Layout) { l.Heads, l.TPSize, l.TPRank = 3, 2, 0 },
+		"block bytes": func(l *kvmem.Layout) { l.BlockBytes++ },
+		"half":        func(l *kvmem.Layout) { l.Order = "" },
+		"model":       func(l *kvmem.Layout) { l.Model = strings.Repeat("m", 300) },
 	}
 	for name, mut := range bad {
-		l := described(OrderNHD, 4, 2, 0, 16, "float16")
+		l := described(kvmem.OrderNHD, 4, 2, 0, 16, "float16")
 		mut(&l)
-		if err := l.Validate(); !errors.Is(err, ErrBadLayout) {
-			t.Errorf("%s: want ErrBadLayout, got %v", name, err)
+		if err := l.Validate(); !errors.Is(err, kvmem.ErrBadLayout) {
+			t.Errorf("%s: want kvmem.ErrBadLayout, got %v", name, err)
 		}
 	}
 }
@@ -59,7 +62,7 @@ func TestHeadRange(t *testing.T) {
 		{8, 1, 0, 0, 8}, {8, 2, 1, 4, 4}, {8, 4, 3, 6, 2}, {2, 4, 0, 0, 1}, {2, 4, 1, 0, 1}, {2, 4, 2, 1, 1}, {2, 4, 3, 1, 1},
 	}
 	for _, c := range cases {
-		l := Layout{Heads: c.heads, TPSize: c.tp, TPRank: c.rank}
+		l := kvmem.Layout{Heads: c.heads, TPSize: c.tp, TPRank: c.rank}
 		if f, n := l.HeadRange(); f != c.first || n != c.n {
 			t.Errorf("%d heads, rank %d of %d: heads %d+%d, want %d+%d", c.heads, c.rank, c.tp, f, n, c.first, c.n)
 		}
@@ -69,24 +72,24 @@ func TestHeadRange(t *testing.T) {
 // TestTranslateRefuses: what cannot be translated is refused with an error
 // that names it.
 func TestTranslateRefuses(t *testing.T) {
-	base := described(OrderNHD, 4, 1, 0, 16, "float16")
+	base := described(kvmem.OrderNHD, 4, 1, 0, 16, "float16")
 	cases := []struct {
 		name string
-		mut  func(*Layout)
+		mut  func(*kvmem.Layout)
 		want string
 	}{
-		{"model", func(l *Layout) { l.Model = "other" }, "model"},
-		{"layers", func(l *Layout) { l.Layers = 3 }, "layers"},
-		{"heads", func(l *Layout) { *l = described(OrderNHD, 8, 1, 0, 16, "float16") }, "KV heads"},
-		{"head size", func(l *Layout) { l.HeadSize, l.BlockBytes = 8, 2*l.BlockBytes }, "head_size"},
-		{"dtype", func(l *Layout) { l.Dtype = "bfloat16" }, "dtype float16 vs bfloat16"},
-		{"undescribed tp", func(l *Layout) {
-			*l = Layout{Layers: 2, Planes: 2, Blocks: 16, BlockBytes: 128, BlockSize: 16, TPSize: 2}
+		{"model", func(l *kvmem.Layout) { l.Model = "other" }, "model"},
+		{"layers", func(l *kvmem.Layout) { l.Layers = 3 }, "layers"},
+		{"heads", func(l *kvmem.Layout) { *l = described(kvmem.OrderNHD, 8, 1, 0, 16, "float16") }, "KV heads"},
+		{"head size", func(l *kvmem.Layout) { l.HeadSize, l.BlockBytes = 8, 2*l.BlockBytes }, "head_size"},
+		{"dtype", func(l *kvmem.Layout) { l.Dtype = "bfloat16" }, "dtype float16 vs bfloat16"},
+		{"undescribed tp", func(l *kvmem.Layout) {
+			*l = kvmem.Layout{Layers: 2, Planes: 2, Blocks: 16, BlockBytes: 128, BlockSize: 16, TPSize: 2}
 		}, "tp_size 1 vs 2"},
-		{"undescribed block size", func(l *Layout) {
-			*l = Layout{Layers: 2, Planes: 2, Blocks: 16, BlockBytes: 256, BlockSize: 32, TPSize: 1}
+		{"undescribed block size", func(l *kvmem.Layout) {
+			*l = kvmem.Layout{Layers: 2, Planes: 2, Blocks: 16, BlockBytes: 256, BlockSize: 32, TPSize: 1}
 		}, "block_size 16 vs 32"},
-		{"tile", func(l *Layout) { *l = described(OrderNHD, 4, 1, 0, 4099, "float16") }, "tiles"},
+		{"tile", func(l *kvmem.Layout) { *l = described(kvmem.OrderNHD, 4, 1, 0, 4099, "float16") }, "tiles"},
 	}
 	for _, c := range cases {
 		src := base
@@ -94,13 +97,13 @@ func TestTranslateRefuses(t *testing.T) {
 		dst := base
 		dst.Model = "m"
 		c.mut(&dst)
-		_, err := Translate(src, dst)
-		if !errors.Is(err, ErrIncompatible) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: want ErrIncompatible naming %q, got %v", c.name, c.want, err)
+		_, err := kvmem.Translate(src, dst)
+		if !errors.Is(err, kvmem.ErrIncompatible) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: want kvmem.ErrIncompatible naming %q, got %v", c.name, c.want, err)
 		}
 	}
-	if _, err := Translate(base, Layout{}); !errors.Is(err, ErrBadLayout) {
-		t.Errorf("invalid reader layout: want ErrBadLayout, got %v", err)
+	if _, err := kvmem.Translate(base, kvmem.Layout{}); !errors.Is(err, kvmem.ErrBadLayout) {
+		t.Errorf("invalid reader layout: want kvmem.ErrBadLayout, got %v", err)
 	}
 }
 
@@ -110,32 +113,32 @@ func TestTranslateRefuses(t *testing.T) {
 func TestTranslationPieces(t *testing.T) {
 	cases := []struct {
 		name       string
-		src, dst   Layout
+		src, dst   kvmem.Layout
 		whole      bool
 		staged     bool
 		ranks      []uint32
 		pieces     int
 		pieceBytes uint64 // of the first piece
 	}{
-		{"same shape", described(OrderNHD, 4, 2, 1, 16, "float16"), described(OrderNHD, 4, 2, 1, 16, "float16"), true, false, []uint32{1}, 0, 0},
+		{"same shape", described(kvmem.OrderNHD, 4, 2, 1, 16, "float16"), described(kvmem.OrderNHD, 4, 2, 1, 16, "float16"), true, false, []uint32{1}, 0, 0},
 		// [16 tokens][2 heads][4] from each of two ranks into [16][4][4]:
 		// one piece per token, rank and plane; of 32 bytes: staged.
-		{"nhd tp2->1", described(OrderNHD, 4, 2, 0, 16, "float32"), described(OrderNHD, 4, 1, 0, 16, "float32"), false, true, []uint32{0, 1}, 2 * 2 * 16, 2 * 4 * 4},
+		{"nhd tp2->1", described(kvmem.OrderNHD, 4, 2, 0, 16, "float32"), described(kvmem.OrderNHD, 4, 1, 0, 16, "float32"), false, true, []uint32{0, 1}, 2 * 2 * 16, 2 * 4 * 4},
 		// the same with heads of 64 elements: pieces of 512 bytes, direct.
-		{"nhd tp2->1 wide heads", wide(described(OrderNHD, 4, 2, 0, 16, "float32")), wide(described(OrderNHD, 4, 1, 0, 16, "float32")), false, false, []uint32{0, 1}, 2 * 2 * 16, 2 * 64 * 4},
+		{"nhd tp2->1 wide heads", wide(described(kvmem.OrderNHD, 4, 2, 0, 16, "float32")), wide(described(kvmem.OrderNHD, 4, 1, 0, 16, "float32")), false, false, []uint32{0, 1}, 2 * 2 * 16, 2 * 64 * 4},
 		// [2 heads][16][4] into [4 heads][16][4]: half a block per rank and plane.
-		{"hnd tp2->1", described(OrderHND, 4, 2, 0, 16, "float32"), described(OrderHND, 4, 1, 0, 16, "float32"), false, false, []uint32{0, 1}, 2 * 2, 2 * 16 * 4 * 4},
-		{"hnd tp1->2 rank 1", described(OrderHND, 4, 1, 0, 16, "float32"), described(OrderHND, 4, 2, 1, 16, "float32"), false, false, []uint32{0}, 2, 2 * 16 * 4 * 4},
+		{"hnd tp2->1", described(kvmem.OrderHND, 4, 2, 0, 16, "float32"), described(kvmem.OrderHND, 4, 1, 0, 16, "float32"), false, false, []uint32{0, 1}, 2 * 2, 2 * 16 * 4 * 4},
+		{"hnd tp1->2 rank 1", described(kvmem.OrderHND, 4, 1, 0, 16, "float32"), described(kvmem.OrderHND, 4, 2, 1, 16, "float32"), false, false, []uint32{0}, 2, 2 * 16 * 4 * 4},
 		// pages of 2 heads from each rank: one piece per rank.
-		{"cpu tp2->1", described(OrderCPU, 4, 2, 0, 16, "bfloat16"), described(OrderCPU, 4, 1, 0, 16, "bfloat16"), false, false, []uint32{0, 1}, 2, 2 * 2 * 16 * 4 * 2},
+		{"cpu tp2->1", described(kvmem.OrderCPU, 4, 2, 0, 16, "bfloat16"), described(kvmem.OrderCPU, 4, 1, 0, 16, "bfloat16"), false, false, []uint32{0, 1}, 2, 2 * 2 * 16 * 4 * 2},
 		// token-major blocks of 16 into blocks of 32: each source block is
 		// half a destination block.
-		{"nhd bs16->32", described(OrderNHD, 4, 1, 0, 16, "float16"), described(OrderNHD, 4, 1, 0, 32, "float16"), false, false, []uint32{0}, 2 * 2, 16 * 4 * 4 * 2},
+		{"nhd bs16->32", described(kvmem.OrderNHD, 4, 1, 0, 16, "float16"), described(kvmem.OrderNHD, 4, 1, 0, 32, "float16"), false, false, []uint32{0}, 2 * 2, 16 * 4 * 4 * 2},
 		// the transposed K moves 16 elements at a time: staged.
-		{"cpu bs16->32", described(OrderCPU, 4, 1, 0, 16, "bfloat16"), described(OrderCPU, 4, 1, 0, 32, "bfloat16"), false, true, []uint32{0}, 0, 16 * 2},
+		{"cpu bs16->32", described(kvmem.OrderCPU, 4, 1, 0, 16, "bfloat16"), described(kvmem.OrderCPU, 4, 1, 0, 32, "bfloat16"), false, true, []uint32{0}, 0, 16 * 2},
 	}
 	for _, c := range cases {
-		tr, err := Translate(c.src, c.dst)
+		tr, err := kvmem.Translate(c.src, c.dst)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
@@ -154,84 +157,11 @@ func TestTranslationPieces(t *testing.T) {
 	}
 }
 
-// pattern is byte j of the test value of element (layer, kv, token, head,
-// dim) of the model: never zero, so an unwritten element never matches.
-func pattern(layer, kv, tok, head, dim uint32, j int) byte {
-	x := uint64(layer)<<48 ^ uint64(kv)<<44 ^ uint64(tok)<<24 ^ uint64(head)<<12 ^ uint64(dim)
-	x ^= x >> 31
-	x *= 0x9e3779b97f4a7c15
-	x ^= x >> 29
-	return byte(x>>(8*(j%8))) | 1
-}
-
-// fillRank writes every slot of blocks ids (token i*BlockSize+s in slot s of
-// ids[i]) of a rank laid out as l into mem.
-func fillRank(l Layout, mem []byte, ids []uint32) {
-	e := int(DtypeBytes(l.Dtype))
-	h0, hn := l.HeadRange()
-	for layer := uint32(0); layer < l.Layers; layer++ {
-		for i, b := range ids {
-			for s := uint32(0); s < l.BlockSize; s++ {
-				tok := uint32(i)*l.BlockSize + s
-				for kv := uint32(0); kv < 2; kv++ {
-					for h := uint32(0); h < hn; h++ {
-						for d := uint32(0); d < l.HeadSize; d++ {
-							p, off := l.ElementAt(kv, s, h, d)
-							at := l.Offset(layer, p, b) + off
-							for j := 0; j < e; j++ {
-								mem[at+uint64(j)] = pattern(layer, kv, tok, h0+h, d, j)
-							}
-						}
-					}
-				}
-			}
-		}
-	}
-}
-
-// checkRank verifies that tokens [0, tokens) of the rank laid out as l are
-// in blocks ids of mem, element by element, and that nothing else of mem
-// was written.
-func checkRank(l Layout, mem []byte, ids []uint32, tokens uint32) error {
-	e := int(DtypeBytes(l.Dtype))
-	h0, hn := l.HeadRange()
-	want := 0
-	for layer := uint32(0); layer < l.Layers; layer++ {
-		for tok := uint32(0); tok < tokens; tok++ {
-			b, s := ids[tok/l.BlockSize], tok%l.BlockSize
-			for kv := uint32(0); kv < 2; kv++ {
-				for h := uint32(0); h < hn; h++ {
-					for d := uint32(0); d < l.HeadSize; d++ {
-						p, off := l.ElementAt(kv, s, h, d)
-						at := l.Offset(layer, p, b) + off
-						for j := 0; j < e; j++ {
-							if got, w := mem[at+uint64(j)], pattern(layer, kv, tok, h0+h, d, j); got != w {
-								return fmt.Errorf("layer %d %s token %d head %d dim %d byte %d: got %#x, want %#x", layer, "KV"[kv:kv+1], tok, h0+h, d, j, got, w)
-							}
-							want++
-						}
-					}
-				}
-			}
-		}
-	}
-	got := 0
-	for _, c := range mem {
-		if c != 0 {
-			got++
-		}
-	}
-	if got != want {
-		return fmt.Errorf("%d bytes written, want %d: something outside the pull's tokens was written", got, want)
-	}
-	return nil
-}
-
 // runTransfer performs a pull as the puller does, on memory: whole blocks,
 // direct moves, or staged tiles through scratch. Every read must lie in
 // one extent the hold registers (a run of its blocks in one layer and
 // plane) and every write in the destination blocks.
-func runTransfer(tr *Translation, src [][]byte, dst []byte, srcIDs, dstIDs []uint32, numTokens uint32) (uint32, error) {
+func runTransfer(tr *kvmem.Translation, src [][]byte, dst []byte, srcIDs, dstIDs []uint32, numTokens uint32) (uint32, error) {
 	x, err := tr.ForPull(srcIDs, dstIDs, numTokens)
 	if err != nil {
 		return 0, err
@@ -250,7 +180,7 @@ func runTransfer(tr *Translation, src [][]byte, dst []byte, srcIDs, dstIDs []uin
 	}
 	srcExt, dstExt := tr.Src.Extents(srcIDs), tr.Dst.Extents(dstIDs)
 	var bad error
-	check := func(m Move, direct bool) {
+	check := func(m kvmem.Move, direct bool) {
 		if bad == nil && !inOne(srcExt, m.SrcOff, m.Len) {
 			bad = fmt.Errorf("read [%d,+%d) of rank %d crosses or leaves the hold's extents", m.SrcOff, m.Len, m.Rank)
 		}
@@ -259,7 +189,7 @@ func runTransfer(tr *Translation, src [][]byte, dst []byte, srcIDs, dstIDs []uin
 		}
 	}
 	if !tr.Staged {
-		x.DirectMoves(func(m Move) {
+		x.DirectMoves(func(m kvmem.Move) {
 			check(m, true)
 			copy(dst[m.DstOff:m.DstOff+m.Len], src[m.Rank][m.SrcOff:m.SrcOff+m.Len])
 		})
@@ -267,8 +197,8 @@ func runTransfer(tr *Translation, src [][]byte, dst []byte, srcIDs, dstIDs []uin
 	}
 	for layer := uint32(0); layer < tr.Src.Layers; layer++ {
 		for k := range x.Tiles() {
-			var reads []Move
-			n := x.StagedReads(layer, k, func(m Move) { reads = append(reads, m) })
+			var reads []kvmem.Move
+			n := x.StagedReads(layer, k, func(m kvmem.Move) { reads = append(reads, m) })
 			scratch := make([]byte, n)
 			for _, m := range reads {
 				check(m, false)
@@ -285,7 +215,7 @@ func runTransfer(tr *Translation, src [][]byte, dst []byte, srcIDs, dstIDs []uin
 	return x.Tokens, bad
 }
 
-func inOne(exts []Extent, off, n uint64) bool {
+func inOne(exts []kvmem.Extent, off, n uint64) bool {
 	for _, e := range exts {
 		if off >= e.Off && off+n <= e.Off+e.Len {
 			return true
@@ -299,7 +229,7 @@ func inOne(exts []Extent, off, n uint64) bool {
 // and block sizes, and checks every element of the reader's heads, token by
 // token, and that nothing else was written.
 func TestTranslateEveryShape(t *testing.T) {
-	orders := []string{OrderNHD, OrderHND, OrderCPU}
+	orders := []string{kvmem.OrderNHD, kvmem.OrderHND, kvmem.OrderCPU}
 	tps := []uint32{1, 2, 4}
 	sizes := [][2]uint32{{4, 4}, {4, 8}, {8, 4}, {4, 6}}
 	srcIDs := []uint32{5, 6, 7, 2, 9, 10, 11, 0}
@@ -321,17 +251,17 @@ func TestTranslateEveryShape(t *testing.T) {
 							for r := range stp {
 								l := described(so, heads, stp, r, bs[0], dtype)
 								src[r] = make([]byte, l.Size())
-								fillRank(l, src[r], srcIDs)
+								kvfill.Fill(l, src[r], srcIDs)
 							}
 							for dr := range dtp {
 								dl := described(do, heads, dtp, dr, bs[1], dtype)
 								dl.Blocks = 32
 								name := fmt.Sprintf("heads %d %s tp%d bs%d -> %s tp%d rank %d bs%d %s", heads, so, stp, bs[0], do, dtp, dr, bs[1], dtype)
-								tr, err := Translate(sl, dl)
+								tr, err := kvmem.Translate(sl, dl)
 								if err != nil {
 									t.Fatalf("%s: %v", name, err)
 								}
-								_, nDst, err := PullSize(bs[0], len(srcIDs), numTokens, bs[1])
+								_, nDst, err := kvmem.PullSize(bs[0], len(srcIDs), numTokens, bs[1])
 								if err != nil {
 									t.Fatalf("%s: %v", name, err)
 								}
@@ -344,7 +274,7 @@ func TestTranslateEveryShape(t *testing.T) {
 								if err != nil {
 									t.Fatalf("%s: %v", name, err)
 								}
-								if err := checkRank(dl, dst, dstIDs, tokens); err != nil {
+								if err := kvfill.Check(dl, dst, dstIDs, tokens, true); err != nil {
 									t.Fatalf("%s (whole=%v staged=%v): %v", name, tr.Whole, tr.Staged, err)
 								}
 								runs++
@@ -374,10 +304,10 @@ func TestPullSize(t *testing.T) {
 		{16, 0, 0, 16, 0, 0, "0 remote blocks"},
 	}
 	for _, c := range cases {
-		tokens, nDst, err := PullSize(c.sbs, c.n, c.num, c.dbs)
+		tokens, nDst, err := kvmem.PullSize(c.sbs, c.n, c.num, c.dbs)
 		if c.errSubstring != "" {
-			if !errors.Is(err, ErrBadBlockIDs) || !strings.Contains(err.Error(), c.errSubstring) {
-				t.Errorf("%+v: want ErrBadBlockIDs naming %q, got %v", c, c.errSubstring, err)
+			if !errors.Is(err, kvmem.ErrBadBlockIDs) || !strings.Contains(err.Error(), c.errSubstring) {
+				t.Errorf("%+v: want kvmem.ErrBadBlockIDs naming %q, got %v", c, c.errSubstring, err)
 			}
 			continue
 		}
@@ -398,13 +328,13 @@ func TestElementAt(t *testing.T) {
 		off              uint64
 	}{
 		// (2, blocks, block_size, heads, head_size): [slot][head][dim] per plane.
-		{OrderNHD, 1, 3, 1, 2, 1, ((3*2+1)*d + 2) * e},
+		{kvmem.OrderNHD, 1, 3, 1, 2, 1, ((3*2+1)*d + 2) * e},
 		// [head][slot][dim] per plane.
-		{OrderHND, 0, 3, 1, 2, 0, ((1*bs+3)*d + 2) * e},
+		{kvmem.OrderHND, 0, 3, 1, 2, 0, ((1*bs+3)*d + 2) * e},
 		// one page of 2*bs*d per head: K transposed [dim][slot] ...
-		{OrderCPU, 0, 3, 1, 2, 0, (1*2*bs*d + 2*bs + 3) * e},
+		{kvmem.OrderCPU, 0, 3, 1, 2, 0, (1*2*bs*d + 2*bs + 3) * e},
 		// ... then V [slot][dim].
-		{OrderCPU, 1, 3, 1, 2, 0, (1*2*bs*d + bs*d + 3*d + 2) * e},
+		{kvmem.OrderCPU, 1, 3, 1, 2, 0, (1*2*bs*d + bs*d + 3*d + 2) * e},
 	}
 	for _, c := range cases {
 		l := described(c.order, 4, 2, 0, bs, "float16")
