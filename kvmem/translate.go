@@ -497,3 +497,38 @@ func (x *Transfer) Bytes() uint64 {
 	_, hn := d.HeadRange()
 	return uint64(x.Tokens) * uint64(hn) * uint64(d.HeadSize) * uint64(DtypeBytes(d.Dtype)) * 2 * uint64(d.Layers)
 }
+
+// Copy performs the transfer between memory of this process: src holds
+// the holder's regions by rank, dst the destination region. Whole blocks
+// from the destination's rank, direct moves, or staged tiles through a
+// scratch of one tile. For tests and simulated engines; connexd's puller
+// reads over the data plane instead.
+func (x *Transfer) Copy(src [][]byte, dst []byte) {
+	t := x.T
+	if t.Whole {
+		l, d := t.Src, t.Dst
+		for layer := uint32(0); layer < l.Layers; layer++ {
+			for p := uint32(0); p < l.Planes; p++ {
+				for i := range x.SrcIDs {
+					s, o := l.Offset(layer, p, x.SrcIDs[i]), d.Offset(layer, p, x.DstIDs[i])
+					copy(dst[o:o+l.BlockBytes], src[d.TPRank][s:s+l.BlockBytes])
+				}
+			}
+		}
+		return
+	}
+	if !t.Staged {
+		x.DirectMoves(func(m Move) { copy(dst[m.DstOff:m.DstOff+m.Len], src[m.Rank][m.SrcOff:m.SrcOff+m.Len]) })
+		return
+	}
+	var scratch []byte
+	for layer := uint32(0); layer < t.Src.Layers; layer++ {
+		for k := range x.Tiles() {
+			if n := x.TileScratch(k); uint64(len(scratch)) < n {
+				scratch = make([]byte, n)
+			}
+			x.StagedReads(layer, k, func(m Move) { copy(scratch[m.DstOff:m.DstOff+m.Len], src[m.Rank][m.SrcOff:m.SrcOff+m.Len]) })
+			x.StagedCopies(layer, k, func(so, do, n uint64) { copy(dst[do:do+n], scratch[so:so+n]) })
+		}
+	}
+}

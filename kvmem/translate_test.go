@@ -157,62 +157,45 @@ func TestTranslationPieces(t *testing.T) {
 	}
 }
 
-// runTransfer performs a pull as the puller does, on memory: whole blocks,
-// direct moves, or staged tiles through scratch. Every read must lie in
-// one extent the hold registers (a run of its blocks in one layer and
-// plane) and every write in the destination blocks.
+// runTransfer performs a pull in memory (Transfer.Copy), after checking
+// that every read lies in one extent the hold registers (a run of its
+// blocks in one layer and plane) and every write in the destination blocks.
 func runTransfer(tr *kvmem.Translation, src [][]byte, dst []byte, srcIDs, dstIDs []uint32, numTokens uint32) (uint32, error) {
 	x, err := tr.ForPull(srcIDs, dstIDs, numTokens)
 	if err != nil {
 		return 0, err
 	}
-	if tr.Whole {
-		l := tr.Src
-		for layer := uint32(0); layer < l.Layers; layer++ {
-			for p := uint32(0); p < l.Planes; p++ {
-				for i := range srcIDs {
-					s, d := l.Offset(layer, p, srcIDs[i]), tr.Dst.Offset(layer, p, dstIDs[i])
-					copy(dst[d:d+l.BlockBytes], src[tr.Dst.TPRank][s:s+l.BlockBytes])
+	if !tr.Whole {
+		srcExt, dstExt := tr.Src.Extents(srcIDs), tr.Dst.Extents(dstIDs)
+		var bad error
+		check := func(m kvmem.Move, direct bool) {
+			if bad == nil && !inOne(srcExt, m.SrcOff, m.Len) {
+				bad = fmt.Errorf("read [%d,+%d) of rank %d crosses or leaves the hold's extents", m.SrcOff, m.Len, m.Rank)
+			}
+			if bad == nil && direct && !inOne(dstExt, m.DstOff, m.Len) {
+				bad = fmt.Errorf("write [%d,+%d) outside the destination blocks", m.DstOff, m.Len)
+			}
+		}
+		if !tr.Staged {
+			x.DirectMoves(func(m kvmem.Move) { check(m, true) })
+		} else {
+			for layer := uint32(0); layer < tr.Src.Layers; layer++ {
+				for k := range x.Tiles() {
+					x.StagedReads(layer, k, func(m kvmem.Move) { check(m, false) })
+					x.StagedCopies(layer, k, func(_, do, n uint64) {
+						if bad == nil && !inOne(dstExt, do, n) {
+							bad = fmt.Errorf("copy [%d,+%d) outside the destination blocks", do, n)
+						}
+					})
 				}
 			}
 		}
-		return x.Tokens, nil
-	}
-	srcExt, dstExt := tr.Src.Extents(srcIDs), tr.Dst.Extents(dstIDs)
-	var bad error
-	check := func(m kvmem.Move, direct bool) {
-		if bad == nil && !inOne(srcExt, m.SrcOff, m.Len) {
-			bad = fmt.Errorf("read [%d,+%d) of rank %d crosses or leaves the hold's extents", m.SrcOff, m.Len, m.Rank)
-		}
-		if bad == nil && direct && !inOne(dstExt, m.DstOff, m.Len) {
-			bad = fmt.Errorf("write [%d,+%d) outside the destination blocks", m.DstOff, m.Len)
+		if bad != nil {
+			return 0, bad
 		}
 	}
-	if !tr.Staged {
-		x.DirectMoves(func(m kvmem.Move) {
-			check(m, true)
-			copy(dst[m.DstOff:m.DstOff+m.Len], src[m.Rank][m.SrcOff:m.SrcOff+m.Len])
-		})
-		return x.Tokens, bad
-	}
-	for layer := uint32(0); layer < tr.Src.Layers; layer++ {
-		for k := range x.Tiles() {
-			var reads []kvmem.Move
-			n := x.StagedReads(layer, k, func(m kvmem.Move) { reads = append(reads, m) })
-			scratch := make([]byte, n)
-			for _, m := range reads {
-				check(m, false)
-				copy(scratch[m.DstOff:m.DstOff+m.Len], src[m.Rank][m.SrcOff:m.SrcOff+m.Len])
-			}
-			x.StagedCopies(layer, k, func(so, do, n uint64) {
-				if bad == nil && !inOne(dstExt, do, n) {
-					bad = fmt.Errorf("copy [%d,+%d) outside the destination blocks", do, n)
-				}
-				copy(dst[do:do+n], scratch[so:so+n])
-			})
-		}
-	}
-	return x.Tokens, bad
+	x.Copy(src, dst)
+	return x.Tokens, nil
 }
 
 func inOne(exts []kvmem.Extent, off, n uint64) bool {

@@ -33,7 +33,10 @@ type Config struct {
 	Role     string       // RolePrefill or RoleDecode
 	Model    string       // served model name
 	BaseURL  string       // root of the engine's OpenAI HTTP API, e.g. http://127.0.0.1:8100
-	Layout   kvmem.Layout // KV geometry of the region connexd creates
+	// Layout is the KV geometry of the region connexd creates: rank 0's
+	// (TPRank 0) for an engine with TPSize > 1, which gets one region per
+	// rank (RankRegionID), each alike but for its TPRank.
+	Layout kvmem.Layout
 
 	MaxModelLen uint32 // advertised in the registration (0: unknown)
 
@@ -73,6 +76,9 @@ func (c *Config) defaults() error {
 	if err := c.Layout.Validate(); err != nil {
 		return fmt.Errorf("shim: config: %w", err)
 	}
+	if c.Layout.TPRank != 0 {
+		return fmt.Errorf("shim: config: layout of tp_rank %d: give rank 0's, the engine makes one region per rank", c.Layout.TPRank)
+	}
 	if c.RegionID == "" {
 		c.RegionID = "r0"
 	}
@@ -106,9 +112,8 @@ func (c *Config) defaults() error {
 // concurrent use.
 type Engine struct {
 	cfg    Config
-	cli    *api.Client
-	region *kvmem.Region
-	log    *slog.Logger
+	cli *api.Client
+	log *slog.Logger
 	// instance is fresh per Open: a restarted engine registers a new one,
 	// which tells its connexd that the previous instance's requests ended.
 	instance string
@@ -121,7 +126,9 @@ type Engine struct {
 	requests   map[string]*Request
 	lastPolicy string
 	closed     bool
-	// recovering: a new region is being created (regionLost); retired:
+	// regions are the engine's KV regions, by TP rank.
+	regions []*kvmem.Region
+	// recovering: new regions are being created (regionLost); retired:
 	// regions of a connexd that lost them, kept mapped for requests still
 	// using them until Close.
 	recovering bool
@@ -154,12 +161,12 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		pulls: map[string]chan *messages.PullDone{}, requests: map[string]*Request{},
 		stop: make(chan struct{}), instance: newInstanceID(),
 	}
-	r, err := e.createRegion(ctx)
+	rs, err := e.createRegions(ctx)
 	if err != nil {
 		e.gone()
 		return nil, err
 	}
-	e.region = r
+	e.regions = rs
 	// One subscription for every notice: they arrive in the order connexd
 	// numbered them, on one goroutine.
 	sub, err := cfg.NC.Subscribe(api.EngineNotices(cfg.EngineID), e.onNotice)
@@ -187,8 +194,8 @@ func (e *Engine) closeOpen() {
 		_ = s.Unsubscribe()
 	}
 	e.gone()
-	if e.region != nil {
-		_ = e.region.Close()
+	for _, r := range e.regions {
+		_ = r.Close()
 	}
 }
 
@@ -206,11 +213,19 @@ func (e *Engine) ID() string { return e.cfg.EngineID }
 // Member is the member id of the engine's connexd.
 func (e *Engine) Member() string { return e.cfg.Member }
 
-// Region is the engine's mapped KV memory, valid until Close.
+// Region is the engine's mapped KV memory (rank 0's), valid until Close.
 func (e *Engine) Region() *kvmem.Region {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.region
+	return e.regions[0]
+}
+
+// Ranks is the engine's mapped KV memory of every TP rank, by rank, valid
+// until Close; they change together when connexd lost them (regionLost).
+func (e *Engine) Ranks() []*kvmem.Region {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.regions
 }
 
 // Layout is the region's geometry.
@@ -297,6 +312,9 @@ func (e *Engine) Hold(ctx context.Context, blocks []uint32, numTokens uint32) (*
 	c, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
 	defer cancel()
 	req := &messages.CreateHoldRequest{EngineId: e.cfg.EngineID, RegionId: e.cfg.RegionID, BlockIds: blocks, NumTokens: numTokens}
+	for r := uint32(1); r < e.cfg.Layout.TPSize; r++ {
+		req.RankRegionIds = append(req.RankRegionIds, e.cfg.RankRegionID(r))
+	}
 	rep, err := e.cli.CreateHold(c, req)
 	// No responders: the request reached no connexd (NATS or connexd
 	// reconnecting), so nothing was created and trying again is safe,
@@ -439,7 +457,11 @@ func (e *Engine) Close() error {
 	for _, r := range e.retired {
 		_ = r.Close()
 	}
-	if err := e.region.Close(); err != nil {
+	var errs []error
+	for _, r := range e.regions {
+		errs = append(errs, r.Close())
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("shim: close engine %s: %w", e.cfg.EngineID, err)
 	}
 	return nil
