@@ -26,13 +26,13 @@ const (
 // Config says which engine this is, where its connexd is, and its KV
 // geometry.
 type Config struct {
-	NC       *nats.Conn   // connection to the NATS server of the engine's connexd
-	Member   string       // member_id of the engine's local connexd
-	EngineID string       // this engine's id (one subject token), unique in the cluster
-	RegionID string       // KV region id; "" means "r0"
-	Role     string       // RolePrefill or RoleDecode
-	Model    string       // served model name
-	BaseURL  string       // root of the engine's OpenAI HTTP API, e.g. http://127.0.0.1:8100
+	NC       *nats.Conn // connection to the NATS server of the engine's connexd
+	Member   string     // member_id of the engine's local connexd
+	EngineID string     // this engine's id (one subject token), unique in the cluster
+	RegionID string     // KV region id; "" means "r0"
+	Role     string     // RolePrefill or RoleDecode
+	Model    string     // served model name
+	BaseURL  string     // root of the engine's OpenAI HTTP API, e.g. http://127.0.0.1:8100
 	// Layout is the KV geometry of the region connexd creates: rank 0's
 	// (TPRank 0) for an engine with TPSize > 1, which gets one region per
 	// rank (RankRegionID), each alike but for its TPRank.
@@ -111,7 +111,7 @@ func (c *Config) defaults() error {
 // allocator, registration, and notices. Its methods are safe for
 // concurrent use.
 type Engine struct {
-	cfg    Config
+	cfg Config
 	cli *api.Client
 	log *slog.Logger
 	// instance is fresh per Open: a restarted engine registers a new one,
