@@ -30,8 +30,8 @@ type Scenario struct {
 	// 16-token blocks, nhd). Engines of any shapes exchange KV: connexd
 	// translates it (ARCHITECTURE.md, "KV layouts and translation").
 	Shapes map[string]Shape `yaml:"shapes"`
-	Load    Load     `yaml:"load"`
-	Faults  []Fault  `yaml:"faults"`
+	Load   Load             `yaml:"load"`
+	Faults []Fault          `yaml:"faults"`
 	// RetainS is every connexd's retain_s: how long an orphaned hold
 	// lives (the leak check waits for it).
 	RetainS int `yaml:"retain_s"`
