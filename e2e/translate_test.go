@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -29,26 +30,36 @@ func (s shape) String() string { return fmt.Sprintf("%s/tp%d/bs%d", s.order, s.t
 
 // layout is rank rank's layout of an engine of shape s, with blocks blocks.
 func (s shape) layout(rank, blocks uint32) kvmem.Layout {
-	l := kvmem.Layout{Layers: 4, Planes: 2, Blocks: blocks, BlockSize: s.bs, TPSize: s.tp, TPRank: rank,
-		Order: s.order, Heads: 4, HeadSize: 64, Dtype: "bfloat16", Model: "e2e-model"}
-	if s.order == kvmem.OrderCPU {
+	return describedLayout("e2e-model", 4, 4, 64, s.order, s.tp, rank, s.bs, blocks)
+}
+
+// describedLayout is rank rank's layout of a model of layers layers and
+// heads KV heads of headSize bfloat16 elements, in an engine of tp ranks
+// with blocks of bs tokens in order.
+func describedLayout(model string, layers, heads, headSize uint32, order string, tp, rank, bs, blocks uint32) kvmem.Layout {
+	l := kvmem.Layout{Layers: layers, Planes: 2, Blocks: blocks, BlockSize: bs, TPSize: tp, TPRank: rank,
+		Order: order, Heads: heads, HeadSize: headSize, Dtype: "bfloat16", Model: model}
+	if order == kvmem.OrderCPU {
 		l.Planes = 1
 	}
 	_, n := l.HeadRange()
-	l.BlockBytes = uint64(n) * uint64(l.HeadSize) * 2 * uint64(s.bs) * uint64(3-l.Planes)
+	l.BlockBytes = uint64(n) * uint64(headSize) * 2 * uint64(bs) * uint64(3-l.Planes)
 	return l
 }
 
 // rankRegion is region.create of region "r<rank>" of engine id laid out as
 // l, mapped here as the engine would.
-func rankRegion(t *testing.T, nc *nats.Conn, member, id string, l kvmem.Layout) *kvmem.Region {
+func rankRegion(t testing.TB, nc *nats.Conn, member, id string, l kvmem.Layout) *kvmem.Region {
 	t.Helper()
 	cli := &api.Client{NC: nc, Member: member}
-	info, err := cli.CreateRegion(ctx5(t), &messages.CreateRegionRequest{EngineId: id, RegionId: fmt.Sprintf("r%d", l.TPRank), Layout: actors.LayoutToProto(l)})
+	// Large regions take a while to reserve and populate on a busy machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	info, err := cli.CreateRegion(ctx, &messages.CreateRegionRequest{EngineId: id, RegionId: fmt.Sprintf("r%d", l.TPRank), Layout: actors.LayoutToProto(l)})
 	if err != nil {
 		t.Fatalf("create region of %s rank %d: %v", id, l.TPRank, err)
 	}
-	r, err := shim.MapCreated(ctx5(t), info, l)
+	r, err := shim.MapCreated(ctx, info, l)
 	if err != nil {
 		t.Fatalf("map region of %s rank %d: %v", id, l.TPRank, err)
 	}
@@ -58,7 +69,7 @@ func rankRegion(t *testing.T, nc *nats.Conn, member, id string, l kvmem.Layout) 
 
 // rankFile is region.register of region "r<rank>" of engine id laid out as
 // l: a region file the engine created.
-func rankFile(t *testing.T, nc *nats.Conn, member, id string, l kvmem.Layout) *kvmem.Region {
+func rankFile(t testing.TB, nc *nats.Conn, member, id string, l kvmem.Layout) *kvmem.Region {
 	t.Helper()
 	rid := fmt.Sprintf("r%d", l.TPRank)
 	path := filepath.Join(shmDir(t), id+"-"+rid+".kv")
@@ -94,7 +105,7 @@ func TestTranslatedPulls(t *testing.T) {
 	type variant struct {
 		name, backend string
 		args          []string
-		region        func(t *testing.T, nc *nats.Conn, member, id string, l kvmem.Layout) *kvmem.Region
+		region        func(t testing.TB, nc *nats.Conn, member, id string, l kvmem.Layout) *kvmem.Region
 	}
 	variants := []variant{{"tcp", "tcp", nil, rankRegion}}
 	if buildTags() == "ucx" {
@@ -142,7 +153,7 @@ func TestTranslatedPulls(t *testing.T) {
 // translatedPull holds 100 tokens of prefill engine pid (shape p) and pulls
 // them twice into every rank of decode engine did (shape d), verifying
 // each.
-func translatedPull(t *testing.T, nc *nats.Conn, pid, did string, p, d shape, region func(t *testing.T, nc *nats.Conn, member, id string, l kvmem.Layout) *kvmem.Region) {
+func translatedPull(t *testing.T, nc *nats.Conn, pid, did string, p, d shape, region func(t testing.TB, nc *nats.Conn, member, id string, l kvmem.Layout) *kvmem.Region) {
 	const tokens = 100
 	srcIDs := make([]uint32, (tokens+p.bs-1)/p.bs)
 	for i := range srcIDs {

@@ -39,7 +39,14 @@ func seqIDs(from, n int) []uint32 {
 // generate prefills tokens into blocks and returns n output tokens.
 func generate(t testing.TB, r *kvmem.Region, blocks []uint32, prompt []uint32, n int) []uint32 {
 	t.Helper()
-	s := NewSequence(one(r), blocks, prompt)
+	return generateOn(t, one(r), blocks, prompt, n)
+}
+
+// generateOn prefills prompt into blocks of an engine's rank regions and
+// returns n output tokens.
+func generateOn(t testing.TB, ranks []*kvmem.Region, blocks []uint32, prompt []uint32, n int) []uint32 {
+	t.Helper()
+	s := NewSequence(ranks, blocks, prompt)
 	if err := s.Compute(len(prompt)); err != nil {
 		t.Fatal(err)
 	}
@@ -110,22 +117,33 @@ func TestSimResumeEqualsUninterrupted(t *testing.T) {
 	tokens := append(slices.Clone(prompt), want[:k]...)
 	dBlocks := []uint32{30, 31, 12, 50, 51, 52, 53, 54}
 	copyBlocks(src, pBlocks, dst, dBlocks[:4])
-	s := NewSequence(one(dst), dBlocks, tokens)
-	if err := s.Load(len(prompt)); err != nil {
+	got, err := resume(one(dst), dBlocks, prompt, tokens, len(want)-k)
+	if err != nil {
 		t.Fatal(err)
-	}
-	if err := s.Compute(len(tokens)); err != nil {
-		t.Fatal(err)
-	}
-	var got []uint32
-	for range len(want) - k {
-		tok := s.Next()
-		got = append(got, tok)
-		s.Append(tok)
 	}
 	if !slices.Equal(got, want[k:]) {
 		t.Fatalf("resumed tokens %v\nwant %v", got, want[k:])
 	}
+}
+
+// resume plays a resumed decode: the prompt's KV is in blocks of ranks
+// (loaded, verified), the tokens after it are recomputed, and n more are
+// generated.
+func resume(ranks []*kvmem.Region, blocks []uint32, prompt, tokens []uint32, n int) ([]uint32, error) {
+	s := NewSequence(ranks, blocks, tokens)
+	if err := s.Load(len(prompt)); err != nil {
+		return nil, err
+	}
+	if err := s.Compute(len(tokens)); err != nil {
+		return nil, err
+	}
+	var got []uint32
+	for range n {
+		tok := s.Next()
+		got = append(got, tok)
+		s.Append(tok)
+	}
+	return got, nil
 }
 
 func copyBlocks(src *kvmem.Region, sb []uint32, dst *kvmem.Region, db []uint32) {
@@ -295,7 +313,7 @@ func TestSimSameAnswerEveryShape(t *testing.T) {
 	prompt := Encode("one prompt, four engine shapes, one answer")
 	var want []uint32
 	for i, sh := range testShapes {
-		got := generateOn(t, shapeRegions(t, sh), prompt, 16)
+		got := generateFresh(t, shapeRegions(t, sh), prompt, 16)
 		if i == 0 {
 			want = got
 		} else if !slices.Equal(got, want) {
@@ -304,20 +322,11 @@ func TestSimSameAnswerEveryShape(t *testing.T) {
 	}
 }
 
-func generateOn(t testing.TB, ranks []*kvmem.Region, prompt []uint32, n int) []uint32 {
-	t.Helper()
+// generateFresh is generateOn into the first blocks from block 3 that
+// hold prompt and output.
+func generateFresh(t testing.TB, ranks []*kvmem.Region, prompt []uint32, n int) []uint32 {
 	bs := int(ranks[0].Layout.BlockSize)
-	s := NewSequence(ranks, seqIDs(3, (len(prompt)+n+bs-1)/bs), prompt)
-	if err := s.Compute(len(prompt)); err != nil {
-		t.Fatal(err)
-	}
-	var out []uint32
-	for range n {
-		tok := s.Next()
-		out = append(out, tok)
-		s.Append(tok)
-	}
-	return out
+	return generateOn(t, ranks, seqIDs(3, (len(prompt)+n+bs-1)/bs), prompt, n)
 }
 
 // TestSimResumeAcrossShapes: KV prefilled on one shape, moved as connexd
@@ -326,7 +335,7 @@ func generateOn(t testing.TB, ranks []*kvmem.Region, prompt []uint32, n int) []u
 // uninterrupted run's tokens, for every pair of shapes.
 func TestSimResumeAcrossShapes(t *testing.T) {
 	prompt := Encode("prefilled on one shape, resumed on another: 0123456789abcdef")
-	want := generateOn(t, shapeRegions(t, Shape{}), prompt, 20)
+	want := generateFresh(t, shapeRegions(t, Shape{}), prompt, 20)
 	const k = 5
 	for _, from := range testShapes {
 		for _, to := range testShapes {
@@ -359,18 +368,9 @@ func TestSimResumeAcrossShapes(t *testing.T) {
 				x.Copy(mems, d.Bytes())
 			}
 			tokens := append(slices.Clone(prompt), want[:k]...)
-			s := NewSequence(dst, dstIDs, tokens)
-			if err := s.Load(len(prompt)); err != nil {
+			got, err := resume(dst, dstIDs, prompt, tokens, len(want)-k)
+			if err != nil {
 				t.Fatalf("%+v -> %+v: %v", from, to, err)
-			}
-			if err := s.Compute(len(tokens)); err != nil {
-				t.Fatal(err)
-			}
-			var got []uint32
-			for range len(want) - k {
-				tok := s.Next()
-				got = append(got, tok)
-				s.Append(tok)
 			}
 			if !slices.Equal(got, want[k:]) {
 				t.Fatalf("%+v -> %+v: resumed %v, want %v", from, to, got, want[k:])

@@ -16,19 +16,27 @@ import (
 // head counted over the model (not the rank). Never zero, so an element
 // that was not written never passes.
 func Byte(layer, kv, tok, head, dim uint32, j int) byte {
+	return byteOf(value(layer, kv, tok, head, dim), j)
+}
+
+// value is the 64-bit hash whose bytes an element's bytes are.
+func value(layer, kv, tok, head, dim uint32) uint64 {
 	x := uint64(layer)<<48 ^ uint64(kv)<<44 ^ uint64(tok)<<24 ^ uint64(head)<<12 ^ uint64(dim)
 	x ^= x >> 31
 	x *= 0x9e3779b97f4a7c15
 	x ^= x >> 29
-	return byte(x>>(8*(j%8))) | 1
+	return x
 }
+
+func byteOf(v uint64, j int) byte { return byte(v>>(8*(j%8))) | 1 }
 
 // Fill writes every slot of blocks ids of mem, laid out as l (a rank's
 // region): token i*BlockSize+s in slot s of ids[i], the rank's heads.
 func Fill(l kvmem.Layout, mem []byte, ids []uint32) {
 	each(l, ids, uint32(len(ids))*l.BlockSize, func(at uint64, layer, kv, tok, head, dim uint32, e int) bool {
+		v := value(layer, kv, tok, head, dim)
 		for j := range e {
-			mem[at+uint64(j)] = Byte(layer, kv, tok, head, dim, j)
+			mem[at+uint64(j)] = byteOf(v, j)
 		}
 		return true
 	})
@@ -43,8 +51,9 @@ func Check(l kvmem.Layout, mem []byte, ids []uint32, tokens uint32, alone bool) 
 	var bad error
 	want := 0
 	each(l, ids, tokens, func(at uint64, layer, kv, tok, head, dim uint32, e int) bool {
+		v := value(layer, kv, tok, head, dim)
 		for j := range e {
-			if got, w := mem[at+uint64(j)], Byte(layer, kv, tok, head, dim, j); got != w {
+			if got, w := mem[at+uint64(j)], byteOf(v, j); got != w {
 				bad = fmt.Errorf("layer %d %s token %d head %d dim %d byte %d: got %#x, want %#x", layer, "KV"[kv:kv+1], tok, head, dim, j, got, w)
 				return false
 			}
