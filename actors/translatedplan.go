@@ -42,6 +42,7 @@ func planTranslated(tr *kvmem.Translation, ranks []rankDesc, srcIDs, dstIDs []ui
 		}
 	}
 	if !tr.Staged {
+		p.ops = make([]transport.GetOp, 0, x.MaxMoves())
 		x.DirectMoves(func(m kvmem.Move) {
 			key, addr := p.srcs[m.Rank].at(m.Layer, m.Plane, m.SrcPos, m.SrcOff)
 			p.ops = append(p.ops, transport.GetOp{RemoteKey: key, RemoteAddr: addr, Dst: dst.Region.Slice(kvmem.Extent{Off: m.DstOff, Len: m.Len})})

@@ -337,6 +337,12 @@ func (t *Translation) ForPull(srcIDs, dstIDs []uint32, numTokens uint32) (*Trans
 	return x, nil
 }
 
+// MaxMoves bounds how many reads DirectMoves makes (one per piece of
+// every tile and layer, before joining).
+func (x *Transfer) MaxMoves() int {
+	return int(x.T.Src.Layers) * ((x.tiles-1)*len(x.T.Full.Pieces) + len(x.last.Pieces))
+}
+
 // Tiles is how many tiles the transfer spans (in every layer).
 func (x *Transfer) Tiles() int { return x.tiles }
 
