@@ -84,3 +84,74 @@ func FuzzPlanReads(f *testing.F) {
 		}
 	})
 }
+
+// FuzzTranslatedPlan binds descriptors a peer sent (any bytes) to a pull
+// from a TP 2 holder into a TP 1 region, translated: binding never panics,
+// and a plan it accepts writes only inside the destination blocks, exactly
+// the bytes of the reader's heads, with keys from the descriptors' ranks.
+func FuzzTranslatedPlan(f *testing.F) {
+	srcIDs := []uint32{1, 2, 3, 6}
+	dstIDs := []uint32{4, 5, 0, 7}
+	seed, err := proto.Marshal(tpDescriptors(2, srcIDs))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(seed)
+	l := rankLayout(1, 0)
+	l.Blocks = 8
+	r, err := regionfile.Create(filepath.Join(f.TempDir(), "r"), l)
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer r.Close()
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(r.Bytes())))
+	isDst := map[uint64]bool{}
+	for layer := uint32(0); layer < l.Layers; layer++ {
+		for p := uint32(0); p < l.Planes; p++ {
+			for _, b := range dstIDs {
+				isDst[l.Offset(layer, p, b)/l.BlockBytes] = true
+			}
+		}
+	}
+	want := uint64(len(srcIDs)) * l.BlockBytes * uint64(l.Layers*l.Planes)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		desc := new(messages.Descriptors)
+		if proto.Unmarshal(data, desc) != nil {
+			return
+		}
+		dst := &kvmem.Mapped{Engine: "e", ID: "r", Region: r, Blocks: kvmem.NewBlockTable(l.Blocks)}
+		ops, total, err := PlanReads(desc, srcIDs, dst, dstIDs)
+		if err != nil {
+			return
+		}
+		keys := map[string]bool{}
+		for _, k := range desc.Rkeys {
+			keys[string(k)] = true
+		}
+		for _, m := range desc.MoreRanks {
+			for _, k := range m.Rkeys {
+				keys[string(k)] = true
+			}
+		}
+		var sum uint64
+		for _, op := range ops {
+			n := uint64(len(op.Dst))
+			off := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(op.Dst))) - base)
+			if n == 0 || off+n > uint64(len(r.Bytes())) {
+				t.Fatalf("op writes [%d,+%d) outside the region", off, n)
+			}
+			for b := off / l.BlockBytes; b*l.BlockBytes < off+n; b++ {
+				if !isDst[b] {
+					t.Fatalf("op writes [%d,+%d): block slot %d is not a destination block", off, n, b)
+				}
+			}
+			if !keys[string(op.RemoteKey)] {
+				t.Fatalf("op key %x not among the descriptors' keys", op.RemoteKey)
+			}
+			sum += n
+		}
+		if total != want || sum != want {
+			t.Fatalf("plan moves %d bytes (ops %d), want %d", total, sum, want)
+		}
+	})
+}
