@@ -95,6 +95,7 @@ func rankFile(t testing.TB, nc *nats.Conn, member, id string, l kvmem.Layout) *k
 // decode engine of another head size is refused, naming it.
 func TestTranslatedPulls(t *testing.T) {
 	pairs := []struct{ p, d shape }{
+		{shape{kvmem.OrderNHD, 2, 16}, shape{kvmem.OrderNHD, 2, 16}}, // same shape at TP 2: whole blocks, rank by rank
 		{shape{kvmem.OrderNHD, 1, 16}, shape{kvmem.OrderNHD, 2, 16}}, // TP 1 -> 2
 		{shape{kvmem.OrderNHD, 2, 16}, shape{kvmem.OrderNHD, 1, 16}}, // TP 2 -> 1
 		{shape{kvmem.OrderHND, 4, 16}, shape{kvmem.OrderHND, 2, 16}}, // TP 4 -> 2, head ranges contiguous
