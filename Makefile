@@ -11,6 +11,7 @@ PROTOC    ?= protoc
 all: build
 
 build:
+	@test -x bin/connexd || echo "make: first build: downloading Go modules and compiling connexd, connex-sim and connex-up into bin/ (about 2-3 minutes on 2 cores, with only 'go: downloading' lines on screen; later builds take seconds)"
 	$(GO) build $(GOTAGS) -o bin/connexd ./cmd/connexd
 	$(GO) build -o bin/connex-sim ./cmd/connex-sim
 	$(GO) build -o bin/connex-up ./cmd/connex-up
@@ -30,10 +31,21 @@ chaos-soak: build
 
 # The main job on one command: a local P/D cluster on the embedded NATS
 # default (router on 127.0.0.1:8000, one prefill and two decode simulated
-# engines, each with its connexd). Ctrl-C stops every process.
-# RUN_ARGS="--http 127.0.0.1:9000" changes the port; see ./bin/connex-up --help.
-run: build
-	./bin/connex-up --connexd ./bin/connexd --sim ./bin/connex-sim $(RUN_ARGS)
+# engines, each with its connexd). A killed process comes back after 1 s;
+# Ctrl-C stops every process. RUN_ARGS="--http 127.0.0.1:9000" changes the
+# port, RUN_ARGS="--restart-after 0" keeps killed processes dead; see
+# ./bin/connex-up --help.
+run: build bin/nats
+	./bin/connex-up --connexd ./bin/connexd --sim ./bin/connex-sim --nats-cli ./bin/nats $(RUN_ARGS)
+
+# The nats CLI, at the version scripts/test.sh pins, for the `nats micro ls`
+# line connex-up prints: built once into bin/ (about a minute and a half of
+# compiling on 2 cores). Without network it is skipped, and the cluster
+# runs without it.
+NATSCLI_VERSION ?= v0.5.0
+bin/nats:
+	@echo "make: building the nats CLI (natscli $(NATSCLI_VERSION)) into bin/nats, once: about a minute and a half on 2 cores"
+	@GOFLAGS= GOBIN=$(CURDIR)/bin $(GO) install github.com/nats-io/natscli/nats@$(NATSCLI_VERSION) || echo "make: could not build the nats CLI; the cluster runs without it (connex-up says how to get it)"
 
 # The same cluster with real `vllm serve` engines (vLLM's CPU build and the
 # ConnexConnector) on a tiny model the project makes; the first run installs

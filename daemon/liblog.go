@@ -12,7 +12,8 @@ import (
 // logged at info: a normal stop closes every remote stream, and protoactor
 // reports each closing one as an ERROR ("EndpointWriter lost connection",
 // "failed to send disconnection message"), which an operator would read as
-// a fault.
+// a fault. Before that, a lost connection that a graceful stop caused (ours
+// or the peer's: closedOnPurpose) is logged at info too.
 type libHandler struct {
 	slog.Handler
 	stopping *atomic.Bool
@@ -34,7 +35,7 @@ func (h libHandler) Enabled(ctx context.Context, l slog.Level) bool {
 // Handle implements slog.Handler.
 func (h libHandler) Handle(ctx context.Context, r slog.Record) error {
 	r.Level = h.level(r.Level)
-	if r.Level >= slog.LevelError && closedByUs(r) {
+	if r.Level >= slog.LevelError && closedOnPurpose(r) {
 		r.Level = slog.LevelInfo
 	}
 	if !h.Handler.Enabled(ctx, r.Level) {
@@ -43,23 +44,35 @@ func (h libHandler) Handle(ctx context.Context, r slog.Record) error {
 	return h.Handler.Handle(ctx, r)
 }
 
-// closedByUs reports protoactor's "EndpointWriter lost connection" for a
-// stream this process closed itself (gRPC code Canceled: "the client
-// connection is closing"), which it does when a peer leaves the cluster
-// gracefully; a connection that really broke reports Unavailable.
-func closedByUs(r slog.Record) bool {
+// closedOnPurpose reports protoactor's "EndpointWriter lost connection" for a
+// stream that ended because one side chose to end it:
+//   - this process closed it (gRPC code Canceled: "the client connection is
+//     closing"), which it does when a peer leaves the cluster gracefully;
+//   - the peer's gRPC server stopped gracefully (it sent a GOAWAY whose debug
+//     data is "graceful_stop", which grpc-go's Server.GracefulStop sends and
+//     nothing else does): the peer left on purpose. protoactor closes its
+//     streams to a peer when the peer's leave reaches it, but its cluster
+//     keeps talking to the peer for the two seconds a graceful
+//     Cluster.Shutdown waits, which opens new streams that only the peer's
+//     stop closes; the "member left ... reason=leave" line already said so.
+//
+// A connection that really broke (a peer killed or cut off) reports
+// Unavailable without that GOAWAY and stays an error.
+func closedOnPurpose(r slog.Record) bool {
 	if r.Message != "EndpointWriter lost connection" {
 		return false
 	}
-	canceled := false
+	ended := false
 	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == "error" && strings.Contains(a.Value.String(), "code = Canceled") {
-			canceled = true
-			return false
+		if a.Key != "error" {
+			return true
 		}
-		return true
+		e := a.Value.String()
+		ended = strings.Contains(e, "code = Canceled") ||
+			strings.Contains(e, "received prior goaway") && strings.Contains(e, `"graceful_stop"`)
+		return false
 	})
-	return canceled
+	return ended
 }
 
 // WithAttrs implements slog.Handler.

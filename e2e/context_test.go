@@ -88,11 +88,32 @@ func TestContextLimitIsTheRealOne(t *testing.T) {
 		t.Fatalf("requests refused before the prefill cost %v prefills", n)
 	}
 	// A text prompt beyond the context, with a small max_tokens: the
-	// prompt's fault (it was blamed on max_tokens).
+	// prompt's fault (it was blamed on max_tokens). The router counts it
+	// with the engine's tokenizer (POST /tokenize) before any prefill.
 	refused(map[string]any{"prompt": strings.Repeat("y", 2000), "max_tokens": 5}, "prompt", "1024", "2000 tokens")
 	// A text prompt that fits, with too many tokens asked: refused before
-	// the decode leg, and its hold goes back at once.
+	// the prefill too.
 	refused(map[string]any{"prompt": strings.Repeat("z", 1000), "max_tokens": 100}, "max_tokens", "1024", "1000 in the prompt")
+	// Chat: the rendered conversation is counted the same way.
+	chat := func(body map[string]any) (int, map[string]any) {
+		t.Helper()
+		body["model"] = "connex-sim"
+		status, ans, err := postJSON(ctx, base+"/v1/chat/completions", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return status, ans
+	}
+	status, ans := chat(map[string]any{"messages": []map[string]string{{"role": "user", "content": strings.Repeat("c", 900)}}, "max_tokens": 200})
+	if e, _ := ans["error"].(map[string]any); status != 400 || e["code"] != "context_length_exceeded" || e["param"] != "max_tokens" {
+		t.Fatalf("chat over the context: %d %v, want 400 context_length_exceeded naming max_tokens", status, ans)
+	}
+	if n := prefills() - before; n != 0 {
+		t.Fatalf("text prompts refused before the prefill cost %v prefills", n)
+	}
+	if n := engineMetric(t, c, "prefill", "connex_sim_tokenize_total"); n != 3 {
+		t.Errorf("the prefill engine counted %v prompts, want 3 (the text prompts near the limit)", n)
+	}
 	checkFor(t, 2*time.Second, 20*time.Millisecond, func() error {
 		if held, err := prefillHeld(t, nc, c); err != nil || held != 0 {
 			return fmt.Errorf("prefill blocks held: %d (%v)", held, err)
@@ -102,5 +123,9 @@ func TestContextLimitIsTheRealOne(t *testing.T) {
 	// Within the limit: served.
 	if status, ans, err := postJSON(ctx, url, map[string]any{"model": "connex-sim", "prompt": strings.Repeat("w", 900), "max_tokens": 100}); err != nil || status != 200 {
 		t.Fatalf("a request within the context: %d %v %v", status, ans, err)
+	}
+	// Counted (near the limit) and served with exactly one prefill.
+	if n := prefills() - before; n != 1 {
+		t.Errorf("a request within the context cost %v prefills, want 1", n)
 	}
 }

@@ -20,6 +20,10 @@ func TestEveryEndingReleasesItsHold(t *testing.T) {
 	c := startProduct(t, func(o *localcluster.Options) {
 		o.Decode = 1
 		o.RouterArgs = append(o.RouterArgs, "--router-first-token-ms", "1500")
+		// Engines that cannot count a prompt before its prefill (no POST
+		// /tokenize): a text prompt too long for max_tokens is then refused
+		// after its prefill, the path whose hold release this checks.
+		o.SimArgs = append(o.SimArgs, "--tokenize=false")
 	})
 	waitEngines(t, c)
 	nc := connect(t, c.NATSURL())
@@ -44,8 +48,8 @@ func TestEveryEndingReleasesItsHold(t *testing.T) {
 	}
 	freed("finished")
 
-	// Rejected after the prefill ran: a text prompt's length is known only
-	// then, and with max_tokens it exceeds the context.
+	// Rejected after the prefill ran: with no /tokenize a text prompt's
+	// length is known only then, and with max_tokens it exceeds the context.
 	limit := routerMaxModelLen(t, c.RouterURL(), "connex-sim")
 	prompt := "a rejected request"
 	status, ans, err := postJSON(ctx, url, map[string]any{"model": "connex-sim", "prompt": prompt, "max_tokens": limit - len(prompt) + 1})

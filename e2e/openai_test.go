@@ -1,17 +1,16 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/connex/connex/localcluster"
+	"github.com/connex/connex/poll"
 )
 
 // TestOpenAIClient runs the official OpenAI Python client, unmodified
@@ -75,20 +74,5 @@ func TestOpenAIClient(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the cluster's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is the cluster's log sink (poll.Buffer).
+type syncBuffer = poll.Buffer

@@ -16,6 +16,7 @@ import (
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/localcluster"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/poll"
 	"github.com/nats-io/nats.go"
 )
 
@@ -85,22 +86,8 @@ func startProduct(t testing.TB, mod func(*localcluster.Options)) *localcluster.C
 	return c
 }
 
-type safeBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *safeBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// safeBuffer is the cluster's log sink (poll.Buffer).
+type safeBuffer = poll.Buffer
 
 var _ io.Writer = (*safeBuffer)(nil)
 

@@ -15,7 +15,7 @@ import (
 // TestStatusCLIShowsTheCluster: `connexd status`, run as an operator would
 // against a live cluster of connexd processes, lists the members, the
 // hold a request depends on (with its engine and age) and the request
-// (owner, engine, epoch); --json gives the same as one protojson line per
+// (owner, engine, epoch, not resumed); --json gives the same as one protojson line per
 // member.
 func TestStatusCLIShowsTheCluster(t *testing.T) {
 	c := newDecodeCluster(t, "d1", "d2")
@@ -54,6 +54,11 @@ func TestStatusCLIShowsTheCluster(t *testing.T) {
 	}
 	if f := strings.Fields(reqRow); len(f) < 4 || f[1] != "d1" || f[2] != "eng-d1" || f[3] != "1" {
 		t.Fatalf("request row %q", reqRow)
+	}
+	// Never resumed (epoch 1): RESUMED_BY and FROM say so, whoever would
+	// resume it (status/render_test.go covers resumed rows).
+	if f := strings.Fields(reqRow); len(f) < 10 || f[8] != "-" || f[9] != "-" {
+		t.Fatalf("request row %q: RESUMED_BY and FROM of a request never resumed must be -", reqRow)
 	}
 
 	members := map[string]*messages.MemberStatus{}

@@ -67,7 +67,8 @@ var rules = map[string]struct {
 	"daemon": {internal: []string{"actors", "api", "auth", "bus", "clock", "cluster", "config", "engines", "errcode", "kvmem", "kvmem/handover", "kvmem/regionfile", "lease", "messages", "notices", "requests", "router", "transport", "transport/tcp", "transport/ucx"},
 		external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/", "github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
 	"layering": {},
-	// poll is for tests: wait for a condition with a deadline.
+	// poll is for tests: wait for a condition with a deadline (and a log
+	// buffer to wait on).
 	"poll": {pure: true},
 }
 

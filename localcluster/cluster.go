@@ -24,15 +24,23 @@ type Cluster struct {
 	ownDir bool
 	log    *lineLog
 
-	mu        sync.Mutex
-	router    *process
-	natsURL   string
-	routerURL string
-	authDir   string // the router's authority (its embedded NATS has auth on); "" without
-	nodes     map[string]*node
-	order     []string // node names in start order
-	next      map[Role]int
-	closed    bool
+	// life ends when Close begins: it cancels pending automatic restarts
+	// and the start of one under way; restarts counts the watchers (watch).
+	life     context.Context
+	endLife  context.CancelFunc
+	restarts sync.WaitGroup
+
+	mu          sync.Mutex
+	router      *process
+	natsURL     string
+	routerURL   string
+	authDir     string // the router's authority (its embedded NATS has auth on); "" without
+	nodes       map[string]*node
+	order       []string // node names in start order
+	next        map[Role]int
+	closed      bool
+	backoff     map[string]time.Duration // process name → the delay of its last automatic restart
+	promTargets bool                     // WritePrometheusConfig ran: restarts rewrite its targets
 }
 
 // node is one engine: its connexd and its connex-sim.
@@ -64,7 +72,8 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{opts: o, log: &lineLog{w: o.Log}, nodes: map[string]*node{}, next: map[Role]int{}}
+	c := &Cluster{opts: o, log: &lineLog{w: o.Log}, nodes: map[string]*node{}, next: map[Role]int{}, backoff: map[string]time.Duration{}}
+	c.life, c.endLife = context.WithCancel(context.Background())
 	if o.Dir != "" {
 		c.dir = o.Dir
 	} else if c.dir, err = os.MkdirTemp("", "connex-local-"); err != nil {
@@ -151,6 +160,7 @@ func (c *Cluster) startRouter(ctx context.Context, natsListen, httpListen string
 	c.mu.Lock()
 	c.router = p
 	c.mu.Unlock()
+	c.watch(p)
 	fields, err := p.waitReady(ctx, c.opts.StartTimeout)
 	if err != nil {
 		return err
@@ -224,6 +234,7 @@ func (c *Cluster) startNode(ctx context.Context, name string, part Part) error {
 		c.mu.Lock()
 		n.connexd = p
 		c.mu.Unlock()
+		c.watch(p)
 		if _, err := p.waitReady(ctx, c.opts.StartTimeout); err != nil {
 			return err
 		}
@@ -234,6 +245,7 @@ func (c *Cluster) startNode(ctx context.Context, name string, part Part) error {
 			c.mu.Lock()
 			n.engine = p
 			c.mu.Unlock()
+			c.watch(p)
 		}
 		if err != nil {
 			return err
@@ -262,13 +274,14 @@ func (c *Cluster) startNode(ctx context.Context, name string, part Part) error {
 				return fmt.Errorf("localcluster: hand %s to the engines' user %d: %w", flags[1], u.UID, err)
 			}
 		}
-		p, err := startProcessAs(processName(name, PartEngine), c.opts.Sim, args, simReady, c.log, os.Environ(), c.opts.EngineUser)
+		p, err := startProcessAs(processName(name, PartEngine), c.opts.Sim, args, simReady, c.log, childEnv(), c.opts.EngineUser)
 		if err != nil {
 			return err
 		}
 		c.mu.Lock()
 		n.engine = p
 		c.mu.Unlock()
+		c.watch(p)
 		fields, err := p.waitReady(ctx, c.opts.StartTimeout)
 		if err != nil {
 			return err

@@ -16,26 +16,9 @@ import (
 // this tree), serves a completion through the router, crashes and restarts
 // an engine, and checks that Close leaves no process behind.
 func TestLocalCluster(t *testing.T) {
-	needProc(t)
-	if testing.Short() {
-		t.Skip("starts real processes")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	bins, err := Build(ctx, t.TempDir(), "")
-	if errors.Is(err, ErrMissing) {
-		t.Skipf("not in the tree yet: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := HasRouter(ctx, bins.Connexd); err != nil || !ok {
-		t.Skipf("connexd has no router HTTP front door (--http-listen) yet: %v", err)
-	}
-	o := Defaults()
-	o.Connexd, o.Sim = bins.Connexd, bins.Sim
-	o.PrefillPerToken, o.DecodePerToken = 10*time.Microsecond, 1*time.Millisecond
-	o.Log = &testLog{t: t}
+	o := realOptions(ctx, t)
 	c, err := Start(ctx, o)
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +67,32 @@ func TestLocalCluster(t *testing.T) {
 	}
 }
 
+// realOptions are fast-engine options on the real binaries, built from
+// this tree (the test is skipped with -short, without /proc, or when they
+// are not there yet).
+func realOptions(ctx context.Context, t *testing.T) Options {
+	t.Helper()
+	needProc(t)
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	bins, err := Build(ctx, t.TempDir(), "")
+	if errors.Is(err, ErrMissing) {
+		t.Skipf("not in the tree yet: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := HasRouter(ctx, bins.Connexd); err != nil || !ok {
+		t.Skipf("connexd has no router HTTP front door (--http-listen) yet: %v", err)
+	}
+	o := Defaults()
+	o.Connexd, o.Sim = bins.Connexd, bins.Sim
+	o.PrefillPerToken, o.DecodePerToken = 10*time.Microsecond, 1*time.Millisecond
+	o.Log = &testLog{t: t}
+	return o
+}
+
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
 	resp, err := http.Get(url)
@@ -97,6 +106,14 @@ func get(t *testing.T, url string) (int, string) {
 
 // complete asks the router for a short completion and returns its text.
 func complete(t *testing.T, router string) string {
+	t.Helper()
+	text, _ := completion(t, router)
+	return text
+}
+
+// completion asks the router for a short completion and returns its text
+// and the decode engine that served it (X-Connex-Decode-Engine).
+func completion(t *testing.T, router string) (text, decode string) {
 	t.Helper()
 	resp, err := http.Post(router+"/v1/completions", "application/json",
 		strings.NewReader(`{"model":"connex-sim","prompt":"local cluster","max_tokens":8}`))
@@ -113,5 +130,5 @@ func complete(t *testing.T, router string) string {
 	if err := json.Unmarshal(b, &r); err != nil || resp.StatusCode != http.StatusOK || len(r.Choices) != 1 || r.Choices[0].Text == "" {
 		t.Fatalf("completion: %d %s (%v)", resp.StatusCode, b, err)
 	}
-	return fmt.Sprint(r.Choices[0].Text)
+	return fmt.Sprint(r.Choices[0].Text), resp.Header.Get("X-Connex-Decode-Engine")
 }

@@ -161,11 +161,19 @@ func (c *Cluster) Restart(ctx context.Context, target string) error {
 // Close stops every process in reverse order of start (engines, then their
 // connexds, then the router; each group in parallel) with SIGTERM, SIGKILLs
 // whatever has not exited after Options.StopTimeout, and removes the
-// temporary directory. It reports processes that had to be killed; it is
-// safe to call more than once.
+// temporary directory. It first cancels pending automatic restarts
+// (Options.Restart) and waits for one under way, so no process outlives it.
+// It reports processes that had to be killed; it is safe to call more than
+// once.
 func (c *Cluster) Close() error {
 	c.mu.Lock()
 	c.closed = true
+	c.mu.Unlock()
+	// No automatic restart starts from now on; one under way gives up its
+	// wait and its process, if any, is recorded by now and stopped below.
+	c.endLife()
+	c.restarts.Wait()
+	c.mu.Lock()
 	var engines, connexds []*process
 	for i := len(c.order) - 1; i >= 0; i-- {
 		n := c.nodes[c.order[i]]

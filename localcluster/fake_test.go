@@ -23,7 +23,11 @@ import (
 // the launcher's process handling is tested without the real binaries: it
 // prints their ready lines, serves /ready (router) and exits on SIGTERM.
 // LOCALCLUSTER_FAKE_FAIL=<name> makes that member fail at start;
-// LOCALCLUSTER_FAKE_STUBBORN=<name> makes it ignore SIGTERM.
+// LOCALCLUSTER_FAKE_STUBBORN=<name> makes it ignore SIGTERM. While the file
+// LOCALCLUSTER_FAKE_FAILFILE names exists, every process fails at start;
+// while LOCALCLUSTER_FAKE_HOLDFILE's exists, every process waits for SIGTERM
+// before its ready line (a start that hangs). A connexd given
+// --metrics-listen serves there and names it in its ready line.
 func TestMain(m *testing.M) {
 	if os.Getenv("LOCALCLUSTER_FAKE") == "1" {
 		os.Exit(fakeMain(os.Args[1:]))
@@ -49,9 +53,13 @@ func fakeMain(args []string) int {
 	} else {
 		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	}
-	if os.Getenv("LOCALCLUSTER_FAKE_FAIL") == name {
+	if os.Getenv("LOCALCLUSTER_FAKE_FAIL") == name || exists(os.Getenv("LOCALCLUSTER_FAKE_FAILFILE")) {
 		fmt.Fprintf(os.Stderr, "boom: %s cannot start\n", name)
 		return 1
+	}
+	if exists(os.Getenv("LOCALCLUSTER_FAKE_HOLDFILE")) {
+		<-sig
+		return 0
 	}
 	serve := func(addr string) string {
 		ln, err := net.Listen("tcp", addr)
@@ -68,19 +76,31 @@ func fakeMain(args []string) int {
 		}))
 		return ln.Addr().String()
 	}
+	metrics := ""
+	if addr := arg("--metrics-listen"); addr != "" && !sim {
+		metrics = " metrics=http://" + serve(addr) + "/metrics"
+	}
 	switch {
 	case sim:
 		fmt.Printf("connex-sim ready engine=%s role=%s http=http://%s member=%s\n",
 			name, arg("--role"), serve(arg("--listen")), arg("--member"))
 	case arg("--role") == "router":
 		natsAddr := serve(arg("--nats-listen"))
-		fmt.Printf("connexd ready member=%s nats=nats://%s backend=tcp data=127.0.0.1:1 role=router http=http://%s\n",
-			name, natsAddr, serve(arg("--http-listen")))
+		fmt.Printf("connexd ready member=%s nats=nats://%s backend=tcp data=127.0.0.1:1 role=router http=http://%s%s\n",
+			name, natsAddr, serve(arg("--http-listen")), metrics)
 	default:
-		fmt.Printf("connexd ready member=%s nats=%s backend=tcp data=127.0.0.1:1 role=%s\n", name, arg("--nats-url"), arg("--role"))
+		fmt.Printf("connexd ready member=%s nats=%s backend=tcp data=127.0.0.1:1 role=%s%s\n", name, arg("--nats-url"), arg("--role"), metrics)
 	}
 	<-sig
 	return 0
+}
+
+func exists(path string) bool {
+	if path == "" {
+		return false
+	}
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 func fakeOptions(t *testing.T) Options {

@@ -109,6 +109,22 @@ type Options struct {
 	// StopTimeout is how long Close and Term wait after SIGTERM before
 	// SIGKILL (default 10 s).
 	StopTimeout time.Duration
+
+	// Restart starts a process that exited without being asked to (a
+	// crash, a kill -9; not Term, Restart or Close) again, only the part
+	// that died ("decode-0/engine", "decode-0/connexd" or "router"), after
+	// the policy's delay. The zero value never restarts: processes a test
+	// or the chaos harness kills stay dead. `make run` uses
+	// DefaultRestart.
+	Restart RestartPolicy
+	// OnRestart, if set, receives each step of an automatic restart (it
+	// is called from the cluster's own goroutines); nil notes them in Log.
+	OnRestart func(RestartEvent)
+	// Metrics has every connexd, the router's included, serve Prometheus
+	// metrics on a free loopback port (--metrics-listen 127.0.0.1:0; its
+	// ready line says where). MetricsTargets lists them with the router's
+	// and the engines' own.
+	Metrics bool
 }
 
 // User is a uid and gid to run a process as.
@@ -116,9 +132,10 @@ type User struct {
 	UID, GID uint32
 }
 
-// Defaults returns the options of `make run`: one prefill and two decode
-// engines on the small layout, 50 µs per prompt token and 20 ms per output
-// token. Connexd and Sim are still to be set.
+// Defaults returns the cluster `make run` starts: one prefill and two
+// decode engines on the small layout, 50 µs per prompt token and 20 ms per
+// output token. Connexd and Sim are still to be set; connex-up adds
+// Restart (DefaultRestart) and Metrics, which stay off here.
 func Defaults() Options {
 	return Options{
 		Prefill:         1,
@@ -176,6 +193,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.StopTimeout <= 0 {
 		o.StopTimeout = 10 * time.Second
 	}
+	if o.Restart.After < 0 || o.Restart.Max < 0 || o.Restart.Stable < 0 {
+		return o, fmt.Errorf("localcluster: Restart's durations must not be negative (%+v)", o.Restart)
+	}
 	return o, nil
 }
 
@@ -189,6 +209,9 @@ func (o Options) routerArgs(dataDir, natsListen, httpListen string) []string {
 		"--data-dir", dataDir,
 		"--cluster-preset", o.ClusterPreset,
 		"--log-level", o.LogLevel,
+	}
+	if o.Metrics {
+		args = append(args, "--metrics-listen", "127.0.0.1:0")
 	}
 	if o.NATSURL != "" {
 		args = append(args, "--nats-url", o.NATSURL)
@@ -208,6 +231,9 @@ func (o Options) engineConnexdArgs(name string, role Role, natsURL, dataDir stri
 		"--data-dir", dataDir,
 		"--cluster-preset", o.ClusterPreset,
 		"--log-level", o.LogLevel,
+	}
+	if o.Metrics {
+		args = append(args, "--metrics-listen", "127.0.0.1:0")
 	}
 	args = append(args, o.ConnexdArgs...)
 	if role == RolePrefill {

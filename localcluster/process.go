@@ -29,9 +29,12 @@ type process struct {
 	exited chan struct{} // closed once Wait returned
 	ready  chan map[string]string
 
+	started time.Time // when it was started (for RestartPolicy)
+
 	mu       sync.Mutex
 	tail     []string
 	waitErr  error
+	exitedAt time.Time
 	fields   map[string]string
 	intended bool // an exit we asked for (Term, Close, Restart)
 	stopped  bool // SIGSTOPped and not continued since
@@ -40,7 +43,7 @@ type process struct {
 // startProcess starts path with args; its stdout and stderr go to log,
 // line by line, and the last lines are kept.
 func startProcess(name, path string, args []string, readyPrefix string, log *lineLog) (*process, error) {
-	return startProcessAs(name, path, args, readyPrefix, log, os.Environ(), nil)
+	return startProcessAs(name, path, args, readyPrefix, log, childEnv(), nil)
 }
 
 // startProcessEnv is startProcess with the child's environment. An empty
@@ -69,7 +72,7 @@ func startProcessAs(name, path string, args []string, readyPrefix string, log *l
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("localcluster: start %s (%s): %w", name, path, err)
 	}
-	p.cmd = cmd
+	p.cmd, p.started = cmd, time.Now()
 	go p.wait()
 	return p, nil
 }
@@ -77,7 +80,7 @@ func startProcessAs(name, path string, args []string, readyPrefix string, log *l
 func (p *process) wait() {
 	err := p.cmd.Wait()
 	p.mu.Lock()
-	p.waitErr = err
+	p.waitErr, p.exitedAt = err, time.Now()
 	intended := p.intended
 	p.mu.Unlock()
 	if !intended { // before exited closes, so no note outlives Close
@@ -88,6 +91,19 @@ func (p *process) wait() {
 		p.log.note("localcluster: %s (pid %d) %s", p.name, p.pid(), state)
 	}
 	close(p.exited)
+}
+
+// exit says, once exited is closed, whether the exit was asked for, why the
+// process exited ("signal: killed", "exit status 1", "exited") and how long
+// it ran.
+func (p *process) exit() (intended bool, why string, ran time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	why = "exited"
+	if p.waitErr != nil {
+		why = p.waitErr.Error()
+	}
+	return p.intended, why, p.exitedAt.Sub(p.started)
 }
 
 func (p *process) stdoutLine(line string) {

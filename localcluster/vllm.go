@@ -121,7 +121,7 @@ func (v *VLLM) serveArgs(served string, port int, kvConfig string) []string {
 // greedy output, identical between engines).
 func (v *VLLM) env(i int) []string {
 	core := i % runtime.NumCPU()
-	e := append(os.Environ(),
+	e := append(childEnv(),
 		"HF_HUB_OFFLINE=1",
 		"VLLM_HOST_IP=127.0.0.1",
 		"VLLM_NO_USAGE_STATS=1",

@@ -51,6 +51,10 @@ func kvLoadLabel(kind string) string {
 
 // statusLabel is an HTTP status as a label; an engine's status outside
 // 100..599 is "other".
+// statusClientClosed is the status label of a request whose client left
+// before anything was answered (nginx's 499 "client closed request").
+const statusClientClosed = 499
+
 func statusLabel(status int) string {
 	if status < 100 || status > 599 {
 		return labelOther

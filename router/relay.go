@@ -79,7 +79,24 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		return
 	}
 	rid := newRequestID(kind)
+	// A text prompt that may not leave room for max_tokens is counted by an
+	// engine's tokenizer now, so it is refused before it costs a prefill.
+	if needsCount(c, limit) {
+		if n := s.countPrompt(r.Context(), c, rid); n > 0 {
+			if e := CheckContext(c, n, limit); e != nil {
+				reject(e)
+				return
+			}
+		}
+	}
 	pre, aerr := s.prefill(r.Context(), c, rid)
+	if aerr != nil && r.Context().Err() != nil {
+		// Nothing to answer and no engine at fault (the prefill engine
+		// releases a hold it made for nobody).
+		status = statusClientClosed
+		s.log.Info("client left during the prefill", "request_id", rid)
+		return
+	}
 	if aerr != nil {
 		s.log.Info("prefill failed", "request_id", rid, "code", aerr.Code, "err", aerr.Message)
 		reject(aerr.redacted(""))
@@ -157,6 +174,11 @@ func (s *Server) prefill(ctx context.Context, c *ClientRequest, rid string) (*pr
 		last = err
 		if err.Status >= 400 && err.Status < 500 {
 			return nil, err // the request itself is wrong: another engine says the same
+		}
+		if ctx.Err() != nil {
+			// The client left: the engine did not fail, and no other
+			// engine should prefill for nobody.
+			return nil, err
 		}
 		s.log.Warn("prefill leg failed; trying another prefill engine", "request_id", rid, "engine", id, "err", err.Message)
 	}

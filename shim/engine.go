@@ -57,7 +57,9 @@ type Config struct {
 	// (default) or "recompute".
 	DefaultLoadFailurePolicy string
 
-	Log *slog.Logger // nil discards
+	// Log receives the shim's lines, each with engine=EngineID added here:
+	// give it a logger that does not name the engine already. Nil discards.
+	Log *slog.Logger
 }
 
 func (c *Config) defaults() error {
@@ -156,7 +158,7 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{
-		cfg: cfg, cli: &api.Client{NC: cfg.NC, Member: cfg.Member, Engine: cfg.EngineID}, log: cfg.Log,
+		cfg: cfg, cli: &api.Client{NC: cfg.NC, Member: cfg.Member, Engine: cfg.EngineID}, log: cfg.Log.With("engine", cfg.EngineID),
 		alloc: NewAllocator(cfg.Layout.Blocks), avail: make(chan struct{}),
 		pulls: map[string]chan *messages.PullDone{}, requests: map[string]*Request{},
 		stop: make(chan struct{}), instance: newInstanceID(),
@@ -203,7 +205,7 @@ func (e *Engine) gone() {
 	c, cancel := context.WithTimeout(context.Background(), e.cfg.CallTimeout)
 	defer cancel()
 	if _, err := e.cli.EngineGone(c, &messages.EngineGoneRequest{EngineId: e.cfg.EngineID}); err != nil {
-		e.log.Warn("engine.gone failed", "engine", e.cfg.EngineID, "member", e.cfg.Member, "err", err)
+		e.log.Warn("engine.gone failed", "member", e.cfg.Member, "err", err)
 	}
 }
 
@@ -293,7 +295,7 @@ func (e *Engine) Free(ids []uint32) {
 	e.signalLocked()
 	e.mu.Unlock()
 	if err != nil {
-		e.log.Error("free of KV blocks refused", "engine", e.cfg.EngineID, "err", err)
+		e.log.Error("free of KV blocks refused", "err", err)
 	}
 }
 
@@ -308,8 +310,14 @@ func (e *Engine) signalLocked() {
 // on the blocks belong to the hold: they come back to the allocator when
 // its blocks.freed notice arrives. On error the blocks stay the caller's
 // (Free them).
+//
+// hold.create runs to its answer (CallTimeout at most) even if ctx ends
+// first: connexd may create the hold after a caller gave up on it, and the
+// blocks would then be free here and held there (until claim_s) under a
+// transfer id nobody learned. A caller whose ctx ended meanwhile gets the
+// hold and releases it (Release), which frees the blocks on both sides.
 func (e *Engine) Hold(ctx context.Context, blocks []uint32, numTokens uint32) (*messages.KVTransferParams, error) {
-	c, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
+	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.CallTimeout)
 	defer cancel()
 	req := &messages.CreateHoldRequest{EngineId: e.cfg.EngineID, RegionId: e.cfg.RegionID, BlockIds: blocks, NumTokens: numTokens}
 	for r := uint32(1); r < e.cfg.Layout.TPSize; r++ {
@@ -369,9 +377,9 @@ func (e *Engine) onFreed(n *messages.BlocksFreed) {
 	}
 	e.mu.Unlock()
 	if err != nil {
-		e.log.Error("blocks.freed disagrees with the hold", "engine", e.cfg.EngineID, "transfer", n.TransferId, "err", err)
+		e.log.Error("blocks.freed disagrees with the hold", "transfer", n.TransferId, "err", err)
 	}
-	e.log.Debug("blocks freed", "engine", e.cfg.EngineID, "transfer", n.TransferId, "blocks", got, "reason", n.Reason)
+	e.log.Debug("blocks freed", "transfer", n.TransferId, "blocks", got, "reason", n.Reason)
 }
 
 // register sends one engine.register with fresh load figures and returns
@@ -424,10 +432,10 @@ func (e *Engine) renewLoop(every time.Duration) {
 		next, err := e.register(context.Background())
 		switch {
 		case err != nil && !failing:
-			e.log.Warn("engine registration renewal failed; retrying", "engine", e.cfg.EngineID, "err", err)
+			e.log.Warn("engine registration renewal failed; retrying", "err", err)
 			failing = true
 		case err == nil && failing:
-			e.log.Info("engine registration renewed again", "engine", e.cfg.EngineID)
+			e.log.Info("engine registration renewed again")
 			failing = false
 		}
 		if err == nil {

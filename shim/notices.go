@@ -30,7 +30,7 @@ func (e *Engine) onNotice(m *nats.Msg) {
 	}
 	n, err := decodeNotice(kind, m.Data, m.Header.Get(api.HeaderContentType) == api.ContentJSON)
 	if err != nil {
-		e.log.Warn("bad notice", "engine", e.cfg.EngineID, "subject", m.Subject, "err", err)
+		e.log.Warn("bad notice", "subject", m.Subject, "err", err)
 		return
 	}
 	seq, _ := strconv.ParseUint(m.Header.Get(api.HeaderNoticeSeq), 10, 64)
@@ -83,15 +83,14 @@ func (e *Engine) catchUpLocked() {
 	defer cancel()
 	rep, err := e.cli.EngineNotices(c, &messages.NoticesRequest{EngineId: e.cfg.EngineID, AfterSeq: e.cursor.seq, Journal: e.cursor.journal})
 	if err != nil {
-		e.log.Warn("engine.notices failed; missed notices will be fetched at the next renewal", "engine", e.cfg.EngineID, "err", err)
+		e.log.Warn("engine.notices failed; missed notices will be fetched at the next renewal", "err", err)
 		return
 	}
 	if rep.Journal != e.cursor.journal {
 		e.cursor.journal, e.cursor.seq = rep.Journal, 0
 	}
 	if rep.Gap {
-		e.log.Warn("some missed notices are no longer kept by connexd; pulls waiting for them fail at their deadline",
-			"engine", e.cfg.EngineID, "after_seq", e.cursor.seq, "journal", rep.Journal)
+		e.log.Warn("some missed notices are no longer kept by connexd; pulls waiting for them fail at their deadline", "after_seq", e.cursor.seq, "journal", rep.Journal)
 	}
 	replayed := 0
 	for _, n := range rep.Notices {
@@ -103,7 +102,7 @@ func (e *Engine) catchUpLocked() {
 		replayed++
 	}
 	if replayed > 0 {
-		e.log.Info("missed notices replayed", "engine", e.cfg.EngineID, "notices", replayed, "seq", e.cursor.seq)
+		e.log.Info("missed notices replayed", "notices", replayed, "seq", e.cursor.seq)
 	}
 }
 
@@ -150,11 +149,11 @@ func (e *Engine) deliver(n *messages.Notice) {
 		e.onFenced(b.Fenced)
 	case *messages.Notice_HoldLost:
 		h := b.HoldLost
-		e.log.Warn("a request's hold is gone: a resume of it cannot pull its KV", "engine", e.cfg.EngineID,
+		e.log.Warn("a request's hold is gone: a resume of it cannot pull its KV",
 			"request", h.RequestId, "transfer", h.TransferId, "reason", h.Reason, "policy", h.KvLoadFailurePolicy)
 	case *messages.Notice_Resume:
 		// Resumes are the router's here (requests run with resume
 		// authority "router"); a cluster-adopted request is not ours.
-		e.log.Info("resume notice ignored: this engine's requests are resumed by the router", "engine", e.cfg.EngineID, "request", b.Resume.GetState().GetRequestId())
+		e.log.Info("resume notice ignored: this engine's requests are resumed by the router", "request", b.Resume.GetState().GetRequestId())
 	}
 }

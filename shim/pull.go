@@ -137,7 +137,7 @@ func (e *Engine) pullRank(ctx context.Context, params *messages.KVTransferParams
 		if err == nil || attempt == 3 || ctx.Err() != nil || !(errors.Is(err, nats.ErrNoResponders) || api.CodeOf(err) == api.CodeTimeout) {
 			break
 		}
-		e.log.Warn("pull.start not answered; sending it again", "engine", e.cfg.EngineID, "pull", id, "attempt", attempt, "err", err)
+		e.log.Warn("pull.start not answered; sending it again", "pull", id, "attempt", attempt, "err", err)
 	}
 	if err != nil {
 		code := api.CodeOf(err)
@@ -182,7 +182,7 @@ func (e *Engine) onPullDone(d *messages.PullDone) {
 	ch := e.pulls[d.PullId]
 	e.mu.Unlock()
 	if ch == nil {
-		e.log.Debug("pull.done for a pull nobody waits for", "engine", e.cfg.EngineID, "pull", d.PullId)
+		e.log.Debug("pull.done for a pull nobody waits for", "pull", d.PullId)
 		return
 	}
 	select {

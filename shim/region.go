@@ -126,7 +126,7 @@ func (e *Engine) regionLost(why string) {
 	}
 	e.recovering = true
 	e.mu.Unlock()
-	e.log.Warn("connexd lost this engine's KV region; creating a new one", "engine", e.cfg.EngineID, "member", e.cfg.Member, "why", why)
+	e.log.Warn("connexd lost this engine's KV region; creating a new one", "member", e.cfg.Member, "why", why)
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
@@ -144,7 +144,7 @@ func (e *Engine) regionLost(why string) {
 		defer e.mu.Unlock()
 		e.recovering = false
 		if err != nil {
-			e.log.Error("could not create a new KV region after connexd lost the old one; requests will fail until it can", "engine", e.cfg.EngineID, "err", err)
+			e.log.Error("could not create a new KV region after connexd lost the old one; requests will fail until it can", "err", err)
 			return
 		}
 		if e.closed {
@@ -157,7 +157,7 @@ func (e *Engine) regionLost(why string) {
 		e.regions = rs
 		n := e.alloc.DropHolds()
 		e.signalLocked()
-		e.log.Warn("new KV regions created", "engine", e.cfg.EngineID, "path", rs[0].Path, "ranks", len(rs), "holds_dropped", n)
+		e.log.Warn("new KV regions created", "path", rs[0].Path, "ranks", len(rs), "holds_dropped", n)
 	}()
 }
 

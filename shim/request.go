@@ -140,7 +140,7 @@ func (r *Request) progress(toks []uint32) error {
 	case 0:
 		return nil
 	case api.CodeFenced:
-		r.e.log.Warn("request fenced: stopping its stream", "engine", r.e.cfg.EngineID, "request", r.id, "epoch", r.epoch, "err", err)
+		r.e.log.Warn("request fenced: stopping its stream", "request", r.id, "epoch", r.epoch, "err", err)
 		r.cancel(fmt.Errorf("%w (request.progress: %v)", ErrFenced, err))
 		r.mu.Lock()
 		r.lost = true
@@ -149,13 +149,13 @@ func (r *Request) progress(toks []uint32) error {
 	case api.CodeUnknownRequest:
 		// The request actor is gone (its connexd restarted): the stream
 		// goes on, unchecked; a resume would start it afresh.
-		r.e.log.Warn("request no longer known to its connexd: progress reports stop", "engine", r.e.cfg.EngineID, "request", r.id, "err", err)
+		r.e.log.Warn("request no longer known to its connexd: progress reports stop", "request", r.id, "err", err)
 		r.mu.Lock()
 		r.lost = true
 		r.mu.Unlock()
 		return nil
 	}
-	r.e.log.Warn("request.progress failed; retrying with the next batch", "engine", r.e.cfg.EngineID, "request", r.id, "err", err)
+	r.e.log.Warn("request.progress failed; retrying with the next batch", "request", r.id, "err", err)
 	return err
 }
 

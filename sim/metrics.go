@@ -24,6 +24,7 @@ type metrics struct {
 	resumes          prometheus.Counter
 	requests         *prometheus.CounterVec
 	fenced           prometheus.Counter
+	tokenize         prometheus.Counter
 }
 
 func newMetrics(kv KV) *metrics {
@@ -45,6 +46,8 @@ func newMetrics(kv KV) *metrics {
 			Help: "Requests by outcome (ok, bad_request, kv_load_failed, canceled, fenced, shutdown, error)."}, []string{"status"}),
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{Name: "connex_sim_fenced_total",
 			Help: "Requests stopped because another activation took them over."}),
+		tokenize: prometheus.NewCounter(prometheus.CounterOpts{Name: "connex_sim_tokenize_total",
+			Help: "Prompts counted through POST /tokenize (the router counts a text prompt near the context limit before its prefill)."}),
 	}
 	for _, k := range []string{PrefillRemote, PrefillLocal, PrefillRecompute} {
 		m.prefills.WithLabelValues(k)
@@ -53,7 +56,7 @@ func newMetrics(kv KV) *metrics {
 	for _, s := range []string{"ok", "bad_request", "kv_load_failed", "canceled", "fenced", "shutdown", "error"} {
 		m.requests.WithLabelValues(s)
 	}
-	m.reg.MustRegister(m.prefills, m.prefillTokens, m.kvLoads, m.kvLoadedTokens, m.recomputedTokens, m.resumes, m.requests, m.fenced)
+	m.reg.MustRegister(m.prefills, m.prefillTokens, m.kvLoads, m.kvLoadedTokens, m.recomputedTokens, m.resumes, m.requests, m.fenced, m.tokenize)
 	m.reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "connex_sim_blocks_free", Help: "Free KV blocks of the engine's allocator."},
 			func() float64 { f, _, _ := kv.Counts(); return float64(f) }),

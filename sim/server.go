@@ -36,7 +36,12 @@ type Config struct {
 	MaxModelLen     int    // longest prompt + completion, in tokens
 	PrefillPerToken time.Duration
 	DecodePerToken  time.Duration
-	Log             *slog.Logger
+	// NoTokenize leaves POST /tokenize out (404), as engines without it.
+	NoTokenize bool
+	// Log receives the server's lines, each with engine=EngineID added
+	// here: give it a logger that does not name the engine already. Nil
+	// discards.
+	Log *slog.Logger
 	// Now is the clock for response timestamps; nil is time.Now.
 	Now func() time.Time
 }
@@ -65,13 +70,16 @@ func NewServer(cfg Config) *Server {
 			cfg.MaxModelLen = ContextLimit(cfg.MaxModelLen, rs[0].Layout.Blocks, rs[0].Layout.BlockSize)
 		}
 	}
-	s := &Server{cfg: cfg, m: newMetrics(cfg.KV), log: cfg.Log, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, m: newMetrics(cfg.KV), log: cfg.Log.With("engine", cfg.EngineID), mux: http.NewServeMux()}
 	s.stop, s.halt = context.WithCancelCause(context.Background())
 	s.mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	s.mux.HandleFunc("/v1/models", s.models)
 	s.mux.Handle("/metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
 	s.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
+	if !cfg.NoTokenize {
+		s.mux.HandleFunc("/tokenize", s.tokenize)
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &httpError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found", Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
 	})
@@ -176,7 +184,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 
 func (s *Server) reject(w http.ResponseWriter, e *httpError) {
 	s.m.requests.WithLabelValues("bad_request").Inc()
-	s.log.Debug("request rejected", "engine", s.cfg.EngineID, "status", e.Status, "code", e.Code, "msg", e.Message)
+	s.log.Debug("request rejected", "status", e.Status, "code", e.Code, "msg", e.Message)
 	writeError(w, e)
 }
 
@@ -278,7 +286,7 @@ func (s *Server) interrupted(o *output, err error) string {
 		return "shutdown"
 	case errors.Is(err, shim.ErrFenced):
 		s.m.fenced.Inc()
-		s.log.Warn("request fenced: stream stopped", "engine", s.cfg.EngineID, "err", err)
+		s.log.Warn("request fenced: stream stopped", "err", err)
 		if o.started {
 			panic(http.ErrAbortHandler) // the stream is someone else's now: cut it
 		}
@@ -374,7 +382,7 @@ func (s *Server) releaseOwn(ctx context.Context, transferID string) {
 		s.log.Warn("could not release the hold of an undelivered prefill answer (it is freed at claim_s)", "err", err)
 		return
 	}
-	s.log.Debug("released the hold of an undelivered prefill answer")
+	s.log.Info("released the hold of an undelivered prefill answer (its client left)", "transfer", transferID)
 }
 
 // decodeLeg loads the KV the params name (only min(remote_num_tokens,
@@ -416,7 +424,7 @@ func (s *Server) decodeLeg(ctx context.Context, o *output) string {
 		c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := act.Finish(c); err != nil {
-			s.log.Warn("request.finish failed", "engine", s.cfg.EngineID, "request", id, "err", err)
+			s.log.Warn("request.finish failed", "request", id, "err", err)
 		}
 	}
 	if ctx.Err() != nil {
@@ -454,7 +462,7 @@ func (s *Server) decodeLeg(ctx context.Context, o *output) string {
 		if err := pace(ctx, start.Add(time.Duration(info.RecomputedTokens)*s.cfg.PrefillPerToken)); err != nil {
 			return s.stopped(o, err, act, finish)
 		}
-		s.log.Info("decode leg loaded", "engine", s.cfg.EngineID, "request", id, "transfer", p.TransferId, "resume", p.ConnexResume,
+		s.log.Info("decode leg loaded", "request", id, "transfer", p.TransferId, "resume", p.ConnexResume,
 			"loaded_tokens", loaded, "recomputed_tokens", info.RecomputedTokens, "alloc_us", tAlloc.Sub(t0).Microseconds(),
 			"request_start_us", tStart.Sub(tAlloc).Microseconds(), "load_us", tLoad.Sub(tStart).Microseconds(),
 			"recompute_us", time.Since(tLoad).Microseconds())
@@ -465,7 +473,7 @@ func (s *Server) decodeLeg(ctx context.Context, o *output) string {
 			o.fail(serverError(http.StatusServiceUnavailable, "kv_load_failed", "%v (kv_load_failure_policy=fail)", le))
 			return "kv_load_failed"
 		}
-		s.log.Info("KV load failed; recomputing locally (kv_load_failure_policy=recompute)", "engine", s.cfg.EngineID, "err", le)
+		s.log.Info("KV load failed; recomputing locally (kv_load_failure_policy=recompute)", "err", le)
 		seq = NewSequence(s.cfg.KV.Ranks(), blocks, g.tokens)
 		if err := s.prefill(ctx, seq, len(g.tokens)); err != nil {
 			return s.stopped(o, err, act, finish)

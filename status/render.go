@@ -7,6 +7,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/connex/connex/messages"
 )
 
 // Render writes the report as tables: members, engines, holds (oldest
@@ -46,15 +48,12 @@ func Render(w io.Writer, r *Report) error {
 				len(h.BlockIds), h.Bytes, h.PullsDone, h.ActivePulls, age(h.CreatedUnixMs), in(h.ExpiresUnixMs))
 		}
 	}
-	fmt.Fprintf(tw, "\nREQUEST\tOWNER\tENGINE\tEPOCH\tPROMPT\tGENERATED\tTRANSFER\tHOLDER\tRESUMED_BY\tUPDATED\n")
+	fmt.Fprintf(tw, "\nREQUEST\tOWNER\tENGINE\tEPOCH\tPROMPT\tGENERATED\tTRANSFER\tHOLDER\tRESUMED_BY\tFROM\tUPDATED\n")
 	for _, m := range r.Members {
 		for _, q := range m.Requests {
-			by := q.ResumeAuthority
-			if by == "" {
-				by = "cluster"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s ago\n", q.RequestId, q.Owner, q.EngineId, q.Epoch,
-				len(q.PromptTokenIds), len(q.GeneratedTokenIds), q.GetParams().GetTransferId(), q.GetParams().GetRemoteCtrl().GetMember(), by, age(q.UpdatedUnixMs))
+			by, from := resumedBy(q)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s ago\n", q.RequestId, q.Owner, q.EngineId, q.Epoch,
+				len(q.PromptTokenIds), len(q.GeneratedTokenIds), q.GetParams().GetTransferId(), q.GetParams().GetRemoteCtrl().GetMember(), by, from, age(q.UpdatedUnixMs))
 		}
 	}
 	fmt.Fprintf(tw, "\nPULL\tMEMBER\tENGINE\tTRANSFER\tRUNNING\n")
@@ -64,6 +63,27 @@ func Render(w io.Writer, r *Report) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// resumedBy gives a request's RESUMED_BY and FROM columns. A request still
+// on the engine it started on (epoch 1) shows "-" in both. A resumed one
+// shows who moved it — "router" (the router resent it to another engine) or
+// "cluster" (the orphan coordinator adopted it when its owner died) — and
+// the members that ran it before, oldest first. resume_authority alone says
+// who would resume the request, not that anyone did.
+func resumedBy(q *messages.RequestState) (by, from string) {
+	prev := q.GetPreviousOwners()
+	if q.GetEpoch() <= 1 && len(prev) == 0 {
+		return "-", "-"
+	}
+	by, from = q.GetResumeAuthority(), strings.Join(prev, ",")
+	if by == "" {
+		by = "cluster"
+	}
+	if from == "" {
+		from = "-"
+	}
+	return by, from
 }
 
 func sortedKeys(m map[string]string) []string {

@@ -47,6 +47,7 @@ type options struct {
 	kvOrder                                                                                        string
 	prefillUS, maxModelLen                                                                         int
 	decodeMS                                                                                       float64
+	tokenize                                                                                       bool
 }
 
 func parse(args []string) (*options, error) {
@@ -69,6 +70,7 @@ func parse(args []string) (*options, error) {
 	fs.IntVar(&o.prefillUS, "prefill-us-per-token", 50, "prefill cost per prompt token, in microseconds")
 	fs.Float64Var(&o.decodeMS, "decode-ms-per-token", 20, "decode cost per output token, in milliseconds")
 	fs.IntVar(&o.maxModelLen, "max-model-len", 16384, "longest prompt plus completion, in tokens")
+	fs.BoolVar(&o.tokenize, "tokenize", true, "serve POST /tokenize (false plays an engine without it: the router then learns a text prompt's length only from its prefill)")
 	fs.StringVar(&o.logLevel, "log-level", "warn", "debug, info, warn or error (structured, to stderr)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -105,7 +107,10 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "connex-sim: --log-level %q: allowed: debug, info, warn, error\n", o.logLevel)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("engine", o.engineID)
+	// The shim and the server add engine= to their lines (libLog); this
+	// command's lines get it from log.
+	libLog := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := libLog.With("engine", o.engineID)
 	layout, err := sim.LookupLayout(o.layout, o.blocks, sim.Shape{TP: o.tp, BlockSize: o.blockSize, Order: o.kvOrder})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "connex-sim: --layout: %v\n", err)
@@ -153,7 +158,7 @@ func run(args []string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	eng, err := shim.Open(ctx, shim.Config{
 		NC: nc, Member: o.member, EngineID: o.engineID, Role: o.role, Model: o.model, BaseURL: base,
-		Layout: layout, MaxModelLen: uint32(o.maxModelLen), Log: log,
+		Layout: layout, MaxModelLen: uint32(o.maxModelLen), Log: libLog,
 	})
 	cancel()
 	if err != nil {
@@ -161,10 +166,10 @@ func run(args []string) int {
 		return 1
 	}
 	srv := sim.NewServer(sim.Config{
-		KV: sim.ShimKV{Engine: eng}, EngineID: o.engineID, Role: o.role, Model: o.model, MaxModelLen: o.maxModelLen,
+		KV: sim.ShimKV{Engine: eng}, EngineID: o.engineID, Role: o.role, Model: o.model, MaxModelLen: o.maxModelLen, NoTokenize: !o.tokenize,
 		PrefillPerToken: time.Duration(o.prefillUS) * time.Microsecond,
 		DecodePerToken:  time.Duration(o.decodeMS * float64(time.Millisecond)),
-		Log:             log,
+		Log:             libLog,
 	})
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	serveErr := make(chan error, 1)

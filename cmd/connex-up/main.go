@@ -1,8 +1,11 @@
 // Command connex-up brings up a local prefill/decode Connex cluster — the
 // router (connexd --role router, embedding NATS) and, per engine, a connexd
 // plus a connex-sim simulated engine — prints how to send it a streamed
-// completion and how to kill a decode engine to watch the stream resume,
-// and stops every process it started on Ctrl-C (SIGINT) or SIGTERM.
+// completion, how to kill a decode engine to watch the stream resume, where
+// every process's metrics are, and how to point a shell at the cluster
+// (an env file for `connexd status` and the nats CLI). A process that dies
+// unasked is started again after --restart-after, so the demo can be
+// repeated. Ctrl-C (SIGINT) or SIGTERM stops every process it started.
 // `make run` builds the binaries and runs it. It builds nothing itself.
 package main
 
@@ -13,8 +16,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,11 +28,21 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	// After the first Ctrl-C, a second one ends connex-up at once; the
+	// kernel's parent-death signal still stops the children.
+	context.AfterFunc(ctx, stop)
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
-	o, quiet, err := parseFlags(args, stderr)
+// natscliVersion is the nats CLI the Makefile builds into bin/ (the same
+// pin as scripts/test.sh).
+const natscliVersion = "v0.5.0"
+
+// run starts the cluster, prints the banner and, until ctx ends, each
+// automatic restart; then it stops every process.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	f, err := parseFlags(args, stderr)
 	if errors.Is(err, pflag.ErrHelp) {
 		return 0
 	}
@@ -35,33 +50,62 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "connex-up: %v\n", err)
 		return 2
 	}
-	if !quiet {
-		o.Log = stderr
+	o := f.opts
+	out := &lockedWriter{w: stdout}
+	if !f.quiet {
+		o.Log = &lockedWriter{w: stderr}
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	fmt.Fprintf(stdout, "connex-up: starting the router, %d prefill and %d decode engines…\n", o.Prefill, o.Decode)
+	o.OnRestart = func(ev localcluster.RestartEvent) { fmt.Fprintln(out, restartLine(ev, o)) }
+	fmt.Fprintf(out, "connex-up: starting the router, %d prefill and %d decode engines…\n", o.Prefill, o.Decode)
 	c, err := localcluster.Start(ctx, o)
 	if err != nil {
 		fmt.Fprintf(stderr, "connex-up: %v\n", err)
 		return 1
 	}
-	fmt.Fprint(stdout, banner(c, o))
+	files, err := writeFiles(c, f.envFile)
+	if err != nil {
+		fmt.Fprintf(stderr, "connex-up: %v\n", err)
+		_ = c.Close()
+		return 1
+	}
+	fmt.Fprint(out, banner(c, o, files, natsCLI(f.natsCLI)))
 	<-ctx.Done()
-	stop() // a second Ctrl-C ends connex-up at once; the kernel's parent-death signal still stops the children
-	fmt.Fprintln(stdout, "\nconnex-up: stopping every process…")
+	fmt.Fprintln(out, "\nconnex-up: stopping every process…")
+	files.removeStable()
 	if err := c.Close(); err != nil {
 		fmt.Fprintf(stderr, "connex-up: %v\n", err)
 		return 1
 	}
-	fmt.Fprintln(stdout, "connex-up: stopped")
+	fmt.Fprintln(out, "connex-up: stopped")
 	return 0
 }
 
-// parseFlags reads connex-up's flags into cluster options; quiet drops the
-// processes' own log lines.
-func parseFlags(args []string, stderr io.Writer) (localcluster.Options, bool, error) {
+// lockedWriter serializes writes: restart lines come from the cluster's
+// goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+// flags are connex-up's parsed flags.
+type flags struct {
+	opts    localcluster.Options
+	quiet   bool   // drop the processes' own log lines
+	envFile string // the stable copy of the env file ("" none)
+	natsCLI string // the nats CLI the banner names
+}
+
+// parseFlags reads connex-up's flags: the cluster's options (with
+// automatic restarts and every connexd's metrics on) and connex-up's own.
+func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	d := localcluster.Defaults()
+	d.Restart, d.Metrics = localcluster.DefaultRestart, true
 	fs := pflag.NewFlagSet("connex-up", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -90,17 +134,20 @@ func parseFlags(args []string, stderr io.Writer) (localcluster.Options, bool, er
 	vllmPolicy := fs.String("kv-load-failure-policy", "fail", "with --vllm: vLLM's kv_load_failure_policy on decode engines, fail or recompute")
 	engineUser := fs.String("engine-user", "", "run every connex-sim as UID[:GID] (as root; the engines then read no connexd's member.creds, README \"Engines under their own uid\"); --sim must be executable by that user")
 	apiKeyFile := fs.String("api-key-file", "", "file whose first line is the API key the router then requires on /v1/* (default: none)")
+	restartAfter := fs.Duration("restart-after", d.Restart.After, "start a process that died unasked (kill -9, a crash) again after this long, doubling while it keeps dying (at most 30s); 0 turns restarts off")
+	envFile := fs.String("env-file", defaultEnvFile(), "also write the env file that points a shell at the cluster here (`. FILE`; removed at exit); empty: only <cluster dir>/connex.env")
+	natsCLI := fs.String("nats-cli", "./bin/nats", "the nats CLI the banner names (make run builds natscli "+natscliVersion+" there); if missing, `nats` on PATH")
 	if err := fs.Parse(args); err != nil {
-		return d, false, err
+		return flags{}, err
 	}
 	if fs.NArg() > 0 {
-		return d, false, fmt.Errorf("unexpected arguments %q", fs.Args())
+		return flags{}, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if *prefill < 1 || *decode < 1 {
-		return d, false, fmt.Errorf("--prefill and --decode must be at least 1 (got %d and %d)", *prefill, *decode)
+		return flags{}, fmt.Errorf("--prefill and --decode must be at least 1 (got %d and %d)", *prefill, *decode)
 	}
 	if *prefillUS < 0 || *decodeMS < 0 {
-		return d, false, errors.New("--prefill-us-per-token and --decode-ms-per-token must not be negative")
+		return flags{}, errors.New("--prefill-us-per-token and --decode-ms-per-token must not be negative")
 	}
 	d.Connexd, d.Sim = *connexd, *sim
 	d.RouterHTTP, d.NATSURL, d.NATSListen = *httpListen, *natsURL, *natsListen
@@ -114,29 +161,46 @@ func parseFlags(args []string, stderr io.Writer) (localcluster.Options, bool, er
 	if *vllmBin != "" {
 		d.VLLM = &localcluster.VLLM{Bin: *vllmBin, Model: *vllmModel, MaxModelLen: *vllmMaxLen, LoadFailurePolicy: *vllmPolicy}
 	} else if *vllmModel != "" {
-		return d, false, errors.New("--vllm-model needs --vllm")
+		return flags{}, errors.New("--vllm-model needs --vllm")
 	}
 	if *engineUser != "" {
 		u, err := parseUser(*engineUser)
 		if err != nil {
-			return d, false, fmt.Errorf("--engine-user: %w", err)
+			return flags{}, fmt.Errorf("--engine-user: %w", err)
 		}
 		if d.VLLM != nil {
-			return d, false, errors.New("--engine-user applies to connex-sim engines only, not --vllm")
+			return flags{}, errors.New("--engine-user applies to connex-sim engines only, not --vllm")
 		}
 		d.EngineUser = &u
 	}
 	if *apiKeyFile != "" {
 		data, err := os.ReadFile(*apiKeyFile)
 		if err != nil {
-			return d, false, fmt.Errorf("--api-key-file: %w", err)
+			return flags{}, fmt.Errorf("--api-key-file: %w", err)
 		}
 		key, _, _ := strings.Cut(string(data), "\n")
 		if d.APIKey = strings.TrimSpace(key); d.APIKey == "" {
-			return d, false, fmt.Errorf("--api-key-file %s: the first line is empty", *apiKeyFile)
+			return flags{}, fmt.Errorf("--api-key-file %s: the first line is empty", *apiKeyFile)
 		}
 	}
-	return d, *quiet, nil
+	if *restartAfter < 0 {
+		return flags{}, fmt.Errorf("--restart-after %s: must not be negative (0 turns restarts off)", *restartAfter)
+	}
+	d.Restart.After = *restartAfter
+	return flags{opts: d, quiet: *quiet, envFile: *envFile, natsCLI: *natsCLI}, nil
+}
+
+// defaultEnvFile is where the env file's stable copy goes: a path a second
+// shell can source without reading connex-up's output
+// ($XDG_RUNTIME_DIR/connex-up.env, else the user's cache directory).
+func defaultEnvFile() string {
+	if dir := os.Getenv("XDG_RUNTIME_DIR"); dir != "" {
+		return filepath.Join(dir, "connex-up.env")
+	}
+	if dir, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(dir, "connex", "connex-up.env")
+	}
+	return ""
 }
 
 // parseUser reads "UID" or "UID:GID" (GID defaults to UID).
@@ -153,49 +217,4 @@ func parseUser(v string) (localcluster.User, error) {
 		}
 	}
 	return localcluster.User{UID: uint32(uid), GID: uint32(gid)}, nil
-}
-
-// banner is what a user reads once the cluster is ready.
-func banner(c *localcluster.Cluster, o localcluster.Options) string {
-	pids := c.PIDs()
-	s := fmt.Sprintf("\nconnex-up: ready — router %s (pid %d), NATS %s\n", c.RouterURL(), pids[localcluster.RouterName], c.NATSURL())
-	var decode []localcluster.Engine
-	for _, e := range c.Engines() {
-		s += fmt.Sprintf("  %-10s engine %s (pid %d), connexd pid %d\n", e.Name, e.URL, e.EnginePID, e.ConnexdPID)
-		if e.Role == localcluster.RoleDecode {
-			decode = append(decode, e)
-		}
-	}
-	engine, pace := "connex-sim", fmt.Sprintf("300 tokens at %s each", o.DecodePerToken)
-	tokens, kill := 300, "kill -9 %d"
-	if o.VLLM != nil {
-		// A vllm serve is a process group (API server and engine core).
-		engine, pace, tokens, kill = "vllm serve", "greedy, from a real vLLM", 3000, "kill -9 -- -%d"
-	}
-	auth := ""
-	if o.APIKey != "" {
-		auth = ` -H "Authorization: Bearer $(head -1 <your --api-key-file>)"`
-	}
-	s += fmt.Sprintf(`
-A streamed completion (%s):
-  curl -N -i %s/v1/completions%s -H 'Content-Type: application/json' \
-    -d '{"model":"%s","prompt":"Once upon a time","max_tokens":%d,"stream":true}'
-
-Watch a resume: while it streams, kill the decode engine serving it (the X-Connex-Decode-Engine
-header names it); the stream carries on from another decode engine, with no second prefill:
-`, pace, c.RouterURL(), auth, o.Model, tokens)
-	for _, e := range decode {
-		s += fmt.Sprintf("  "+kill+"    # %s's %s\n", e.EnginePID, e.Name, engine)
-	}
-	s += fmt.Sprintf("\nThe router's engines and metrics take its admin key (written to %s):\n  curl -H \"Authorization: Bearer $(cat %s)\" %s/connex/v1/engines\n",
-		c.AdminKeyFile(), c.AdminKeyFile(), c.RouterURL())
-	creds := ""
-	if f := c.AdminCreds(); f != "" {
-		creds = " --creds " + f
-	}
-	s += fmt.Sprintf("\nEvery member, engine, hold and request:\n  %s status --nats-url %s%s\n", o.Connexd, c.NATSURL(), creds)
-	if creds != "" {
-		s += fmt.Sprintf("The bus is authenticated; the nats CLI takes the same file:\n  nats -s %s --creds %s micro ls\n", c.NATSURL(), c.AdminCreds())
-	}
-	return s + "\nCtrl-C stops every process.\n"
 }

@@ -26,7 +26,9 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: connexd status [--nats-url URL] [--creds FILE] [--json] [--timeout 5s]\n\n"+
 			"Lists every member serving the connex API with its engines, live holds (oldest first),\n"+
-			"in-flight requests and running pulls.\n\n")
+			"in-flight requests and running pulls.\n\n"+
+			"The defaults come from CONNEX_NATS_URL, CONNEX_NATS_CREDS and CONNEX_NATS_TLS_CA, as for connexd\n"+
+			"itself: `. <env file>` with the file connex-up (make run) prints sets the first two.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
