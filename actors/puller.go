@@ -310,19 +310,39 @@ func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan
 	// Keep the lease alive during long reads.
 	stopRenew := a.renewEvery(ctx, peer, requester, time.Duration(prm.RetainS)*time.Second/3)
 	defer stopRenew()
-	if err := run(func(ops []transport.GetOp) error {
-		return a.readBatches(ctx, ep, splitOps(ops, batchBytes), total, peer.Member)
+	se, _ := ep.(transport.StridedEndpoint)
+	if err := run(batchReader{
+		get: func(ops []transport.GetOp) error {
+			return a.readBatches(ctx, ep, splitOps(ops, batchBytes), total, peer.Member)
+		},
+		strided: func(ops []transport.StridedOp) error {
+			if se == nil { // Caps.Strided said otherwise: read the pieces
+				var pieces []transport.GetOp
+				for _, op := range ops {
+					pieces = op.AppendPieces(pieces)
+				}
+				return a.readBatches(ctx, ep, pieces, total, peer.Member)
+			}
+			return a.readStridedBatches(ctx, se, ops, total, peer.Member)
+		},
 	}); err != nil {
 		return 0, err
 	}
 	return total, nil
 }
 
+// batchReader reads a planned pull's reads: GetOps, and strided ops (head
+// ranges of token-major blocks) where the data plane reads those.
+type batchReader struct {
+	get     func([]transport.GetOp) error
+	strided func([]transport.StridedOp) error
+}
+
 // planReads checks the holder's descriptors against the pull and plans its
 // reads (planPull).
-func (a *pullerActor) planReads(desc *messages.Descriptors, plan **readPlan) (run func(read func([]transport.GetOp) error) error, total uint64, err error) {
+func (a *pullerActor) planReads(desc *messages.Descriptors, plan **readPlan) (run func(batchReader) error, total uint64, err error) {
 	prm := a.p.Params
-	return planPull(desc, prm.RemoteBlockIds, prm.RemoteNumTokens, a.p.Dst, a.p.DstBlocks, plan, a.deps.translations.get)
+	return planPull(desc, prm.RemoteBlockIds, prm.RemoteNumTokens, a.p.Dst, a.p.DstBlocks, plan, a.deps.translations.get, a.deps.Backend.Caps().Strided)
 }
 
 // batchesInFlight is how many read batches run at once, so that the data
@@ -335,18 +355,52 @@ const batchesInFlight = 2
 // does not, each batch must complete within it. The first error cancels the
 // rest.
 func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, ops []transport.GetOp, total uint64, member string) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var batches [][]transport.GetOp
+	var batches []readBatch
 	for len(ops) > 0 {
 		n, size := 0, uint64(0)
 		for n < len(ops) && (n == 0 || (n < batchOps && size+uint64(len(ops[n].Dst)) <= batchBytes)) {
 			size += uint64(len(ops[n].Dst))
 			n++
 		}
-		batches = append(batches, ops[:n])
+		batches = append(batches, readBatch{ops: ops[:n], bytes: size})
 		ops = ops[n:]
 	}
+	return a.runBatches(ctx, ep, batches, total, member)
+}
+
+// readStridedBatches is readBatches for strided ops, on an endpoint that
+// reads them (Caps.Strided): batches of at most batchBytes and batchOps
+// ops (each op a head range: many pieces).
+func (a *pullerActor) readStridedBatches(ctx context.Context, ep transport.StridedEndpoint, ops []transport.StridedOp, total uint64, member string) error {
+	var batches []readBatch
+	for len(ops) > 0 {
+		n, size := 0, uint64(0)
+		for n < len(ops) {
+			b := uint64(ops[n].Count) * uint64(ops[n].Len)
+			if n > 0 && (n >= batchOps || size+b > batchBytes) {
+				break
+			}
+			size += b
+			n++
+		}
+		batches = append(batches, readBatch{strided: ops[:n], bytes: size})
+		ops = ops[n:]
+	}
+	return a.runBatches(ctx, ep, batches, total, member)
+}
+
+// readBatch is one batch of reads: GetOps, or strided ops (an endpoint
+// that reads those does so without progress reports).
+type readBatch struct {
+	ops     []transport.GetOp
+	strided []transport.StridedOp
+	bytes   uint64
+}
+
+// runBatches reads batches, batchesInFlight at a time (readBatches).
+func (a *pullerActor) runBatches(ctx context.Context, ep transport.Endpoint, batches []readBatch, total uint64, member string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	watch := newStallWatch(a.deps.clock(), a.p.Stall)
 	pe, progressive := ep.(transport.ProgressEndpoint)
 	readCtx := ctx // what the Gets run under
@@ -373,20 +427,22 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 		}
 		wg.Add(1)
 		launched++
-		go func(b []transport.GetOp) {
+		go func(b readBatch) {
 			defer wg.Done()
 			defer func() { <-sem }()
 			var err error
-			if progressive {
-				err = pe.GetProgress(readCtx, b, watch.progress)
+			if progressive && b.strided == nil {
+				err = pe.GetProgress(readCtx, b.ops, watch.progress)
 			} else {
-				bctx, bcancel := context.WithTimeout(ctx, a.p.Stall)
-				err = ep.Get(bctx, b)
+				bctx, bcancel := context.WithTimeout(readCtx, a.p.Stall)
+				if b.strided != nil {
+					err = ep.(transport.StridedEndpoint).GetStrided(bctx, b.strided)
+				} else {
+					err = ep.Get(bctx, b.ops)
+				}
 				bcancel()
 				if err == nil {
-					for _, op := range b {
-						watch.landed.Add(uint64(len(op.Dst)))
-					}
+					watch.landed.Add(b.bytes)
 				}
 			}
 			mu.Lock()

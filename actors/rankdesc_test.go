@@ -7,6 +7,7 @@ import (
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/kvmem/kvfill"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/transport"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -83,5 +84,47 @@ func TestBadRankDescriptors(t *testing.T) {
 		if _, _, err := PlanReads(d, srcIDs, dst, dstIDs); !errors.Is(err, ErrBadDescriptors) {
 			t.Errorf("%s: want ErrBadDescriptors, got %v", name, err)
 		}
+	}
+}
+
+// TestStridedPlanFromRanks: planned for a data plane that reads strided ops,
+// the same pull is one op per holder rank, plane and block (a piece per
+// token), whose pieces write the same bytes.
+func TestStridedPlanFromRanks(t *testing.T) {
+	srcIDs, dstIDs := []uint32{3, 4, 9}, []uint32{7, 1, 2}
+	ranks := make([][]byte, 2)
+	for r := range ranks {
+		l := rankLayout(2, uint32(r))
+		ranks[r] = make([]byte, l.Size())
+		kvfill.Fill(l, ranks[r], srcIDs)
+	}
+	dst := mapped(t, rankLayout(1, 0))
+	var plan *readPlan
+	run, _, err := planPull(tpDescriptors(2, srcIDs), srcIDs, 0, dst, dstIDs, &plan, kvmem.Translate, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sops []transport.StridedOp
+	if err := run(batchReader{
+		get:     func([]transport.GetOp) error { return errors.New("plain GetOps planned for a strided data plane") },
+		strided: func(ops []transport.StridedOp) error { sops = ops; return nil },
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := 2 * 2 * 2 * len(srcIDs); len(sops) != want { // layers × planes × ranks × blocks
+		t.Fatalf("%d strided ops, want %d", len(sops), want)
+	}
+	for _, op := range sops {
+		if op.Count != 16 || op.Check() != nil {
+			t.Fatalf("strided op %+v: want 16 pieces (%v)", op, op.Check())
+		}
+		for _, g := range op.AppendPieces(nil) {
+			r := g.RemoteAddr >> 32
+			off := g.RemoteAddr & (1<<32 - 1)
+			copy(g.Dst, ranks[r][off:off+uint64(len(g.Dst))])
+		}
+	}
+	if err := kvfill.Check(rankLayout(1, 0), dst.Region.Bytes(), dstIDs, uint32(len(srcIDs))*16, true); err != nil {
+		t.Fatal(err)
 	}
 }

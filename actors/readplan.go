@@ -161,15 +161,15 @@ func (p *readPlan) release() {
 // translation reads into scratch and regroups after its reads land.
 func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, dstIDs []uint32) ([]transport.GetOp, uint64, error) {
 	var plan *readPlan
-	run, total, err := planPull(desc, srcIDs, 0, dst, dstIDs, &plan, kvmem.Translate)
+	run, total, err := planPull(desc, srcIDs, 0, dst, dstIDs, &plan, kvmem.Translate, false)
 	if err != nil {
 		return nil, 0, err
 	}
 	var ops []transport.GetOp
-	_ = run(func(o []transport.GetOp) error {
+	_ = run(batchReader{get: func(o []transport.GetOp) error {
 		ops = append(ops, o...)
 		return nil
-	})
+	}})
 	return ops, total, nil
 }
 
@@ -180,9 +180,10 @@ func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, d
 // params said so, else here), else translated from the ranks that hold the
 // destination rank's heads (translate: kvmem.Translate, or a cache of it).
 // run performs the reads with a batch reader; total is what they write
-// into the destination.
+// into the destination. With strided, direct translated reads are planned
+// as strided ops (a head range of a token-major block is one).
 func planPull(desc *messages.Descriptors, srcIDs []uint32, numTokens uint32, dst *kvmem.Mapped, dstIDs []uint32, plan **readPlan,
-	translate func(src, dst kvmem.Layout) (*kvmem.Translation, error)) (run func(read func([]transport.GetOp) error) error, total uint64, err error) {
+	translate func(src, dst kvmem.Layout) (*kvmem.Translation, error), strided bool) (run func(batchReader) error, total uint64, err error) {
 	dl := dst.Region.Layout
 	// The error names neither the holder's blocks nor their count: a
 	// caller with wrong params must learn nothing of the hold from it.
@@ -207,9 +208,9 @@ func planPull(desc *messages.Descriptors, srcIDs []uint32, numTokens uint32, dst
 		if err := p.bind(&ranks[dl.TPRank], srcIDs); err != nil {
 			return nil, 0, err
 		}
-		return func(read func([]transport.GetOp) error) error { return read(p.ops) }, p.total, nil
+		return func(r batchReader) error { return r.get(p.ops) }, p.total, nil
 	}
-	tp, err := planTranslated(tr, ranks, srcIDs, dstIDs, numTokens, dst)
+	tp, err := planTranslated(tr, ranks, srcIDs, dstIDs, numTokens, dst, strided)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -18,6 +18,10 @@ type translatedPlan struct {
 	srcs []*source // by holder rank; nil for ranks the reader needs nothing of
 	dst  *kvmem.Mapped
 	ops  []transport.GetOp // direct only
+	// sops: direct, on a data plane that reads strided ops (ops is then
+	// empty): a head range of a token-major block is one op, not one per
+	// token.
+	sops []transport.StridedOp
 }
 
 // stagedWindowBytes is the scratch a staged pull reads into before it
@@ -26,8 +30,9 @@ const stagedWindowBytes = batchBytes
 
 // planTranslated checks the holder's ranks the translation reads from
 // against the hold's block list and plans the pull of numTokens tokens
-// (kvmem.PullSize) from srcIDs into dstIDs of dst.
-func planTranslated(tr *kvmem.Translation, ranks []rankDesc, srcIDs, dstIDs []uint32, numTokens uint32, dst *kvmem.Mapped) (*translatedPlan, error) {
+// (kvmem.PullSize) from srcIDs into dstIDs of dst: direct reads as strided
+// ops where the data plane reads those (strided), else as GetOps.
+func planTranslated(tr *kvmem.Translation, ranks []rankDesc, srcIDs, dstIDs []uint32, numTokens uint32, dst *kvmem.Mapped, strided bool) (*translatedPlan, error) {
 	x, err := tr.ForPull(srcIDs, dstIDs, numTokens)
 	if err != nil {
 		return nil, err
@@ -41,7 +46,16 @@ func planTranslated(tr *kvmem.Translation, ranks []rankDesc, srcIDs, dstIDs []ui
 			return nil, err
 		}
 	}
-	if !tr.Staged {
+	switch {
+	case !tr.Staged && strided:
+		mem := dst.Region.Bytes()
+		x.StridedMoves(func(m kvmem.StridedMove) {
+			key, addr := p.srcs[m.Rank].at(m.Layer, m.Plane, m.SrcPos, m.SrcOff)
+			end := m.DstOff + uint64(m.Count-1)*m.DstStride + m.Len
+			p.sops = append(p.sops, transport.StridedOp{RemoteKey: key, RemoteAddr: addr, RemoteStride: m.SrcStride,
+				Dst: mem[m.DstOff:end:end], DstStride: int(m.DstStride), Len: int(m.Len), Count: m.Count})
+		})
+	case !tr.Staged:
 		p.ops = make([]transport.GetOp, 0, x.MaxMoves())
 		x.DirectMoves(func(m kvmem.Move) {
 			key, addr := p.srcs[m.Rank].at(m.Layer, m.Plane, m.SrcPos, m.SrcOff)
@@ -54,13 +68,18 @@ func planTranslated(tr *kvmem.Translation, ranks []rankDesc, srcIDs, dstIDs []ui
 // total is the bytes the pull writes into the destination.
 func (p *translatedPlan) total() uint64 { return p.x.Bytes() }
 
-// run performs the pull with read, which reads a list of ops (a batch
-// runner): the direct ops at once, or a staged pull's windows one after
-// the other, each regrouped into the destination once its reads landed.
-func (p *translatedPlan) run(read func([]transport.GetOp) error) error {
-	if !p.x.T.Staged {
-		return read(p.ops)
+// run performs the pull with r, which reads lists of ops (a batch runner):
+// the direct ops (strided or not) at once, or a staged pull's windows one
+// after the other, each regrouped into the destination once its reads
+// landed.
+func (p *translatedPlan) run(r batchReader) error {
+	if p.sops != nil {
+		return r.strided(p.sops)
 	}
+	if !p.x.T.Staged {
+		return r.get(p.ops)
+	}
+	read := r.get
 	x, layers, tiles := p.x, p.x.T.Src.Layers, p.x.Tiles()
 	full, last := x.TileScratch(0), x.TileScratch(tiles-1)
 	need := uint64(layers) * (uint64(tiles-1)*full + last)

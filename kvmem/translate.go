@@ -364,6 +364,9 @@ type Move struct {
 	SrcPos             int
 	SrcOff, DstOff     uint64
 	Len                uint64
+	// DstPos is the position in the destination block list of the block
+	// the read starts writing in (direct moves).
+	DstPos int
 }
 
 // DirectMoves calls f with every read of a direct (not staged) transfer, in
@@ -406,7 +409,7 @@ func (x *Transfer) DirectMoves(f func(Move)) {
 					sp := k*int(t.SrcBlocks) + int(p.SrcBlock)
 					dp := k*int(t.DstBlocks) + int(p.DstBlock)
 					emit(Move{
-						Rank: p.SrcRank, Layer: layer, Plane: p.SrcPlane, SrcPos: sp,
+						Rank: p.SrcRank, Layer: layer, Plane: p.SrcPlane, SrcPos: sp, DstPos: dp,
 						SrcOff: src.Offset(layer, p.SrcPlane, x.SrcIDs[sp]) + p.SrcOff,
 						DstOff: dst.Offset(layer, p.DstPlane, x.DstIDs[dp]) + p.DstOff, Len: p.Len,
 					})
@@ -536,5 +539,47 @@ func (x *Transfer) Copy(src [][]byte, dst []byte) {
 			x.StagedReads(layer, k, func(m Move) { copy(scratch[m.DstOff:m.DstOff+m.Len], src[m.Rank][m.SrcOff:m.SrcOff+m.Len]) })
 			x.StagedCopies(layer, k, func(so, do, n uint64) { copy(dst[do:do+n], scratch[so:so+n]) })
 		}
+	}
+}
+
+// StridedMove is Count reads of Len bytes from one block of a holder rank
+// into one destination block: read i from SrcOff + i×SrcStride into DstOff
+// + i×DstStride. A head range of a token-major (nhd) block is one: a piece
+// per token at the block's token stride. Its reads start in the block at
+// position SrcPos of the hold's list (one registered extent) and write in
+// the destination block at DstPos.
+type StridedMove struct {
+	Move                        // the first read (Len is every read's)
+	Count                int    // reads, ≥ 1
+	SrcStride, DstStride uint64 // between reads; 0 when Count is 1
+}
+
+// StridedMoves calls f with the reads of DirectMoves, in the same order,
+// grouped into strided moves: consecutive reads of one holder rank, layer,
+// plane and block into one destination block, of one length, at constant
+// positive strides on both sides.
+func (x *Transfer) StridedMoves(f func(StridedMove)) {
+	var cur StridedMove
+	have := false
+	x.DirectMoves(func(m Move) {
+		if have && m.Rank == cur.Rank && m.Layer == cur.Layer && m.Plane == cur.Plane && m.SrcPos == cur.SrcPos && m.DstPos == cur.DstPos && m.Len == cur.Len {
+			lastSrc := cur.SrcOff + uint64(cur.Count-1)*cur.SrcStride
+			lastDst := cur.DstOff + uint64(cur.Count-1)*cur.DstStride
+			switch {
+			case cur.Count == 1 && m.SrcOff > lastSrc && m.DstOff > lastDst:
+				cur.SrcStride, cur.DstStride, cur.Count = m.SrcOff-lastSrc, m.DstOff-lastDst, 2
+				return
+			case cur.Count > 1 && m.SrcOff == lastSrc+cur.SrcStride && m.DstOff == lastDst+cur.DstStride:
+				cur.Count++
+				return
+			}
+		}
+		if have {
+			f(cur)
+		}
+		cur, have = StridedMove{Move: m, Count: 1}, true
+	})
+	if have {
+		f(cur)
 	}
 }

@@ -177,7 +177,26 @@ func runTransfer(tr *kvmem.Translation, src [][]byte, dst []byte, srcIDs, dstIDs
 			}
 		}
 		if !tr.Staged {
-			x.DirectMoves(func(m kvmem.Move) { check(m, true) })
+			var direct, strided []kvmem.Move
+			x.DirectMoves(func(m kvmem.Move) {
+				check(m, true)
+				direct = append(direct, m)
+			})
+			// The strided form is the same reads, grouped.
+			x.StridedMoves(func(sm kvmem.StridedMove) {
+				for i := range sm.Count {
+					m := sm.Move
+					m.SrcOff += uint64(i) * sm.SrcStride
+					m.DstOff += uint64(i) * sm.DstStride
+					if i > 0 && (m.SrcOff < sm.SrcOff || sm.SrcStride == 0) {
+						bad = fmt.Errorf("strided move %+v does not advance", sm)
+					}
+					strided = append(strided, m)
+				}
+			})
+			if bad == nil && fmt.Sprint(direct) != fmt.Sprint(strided) {
+				bad = fmt.Errorf("strided moves (%d reads) differ from the direct ones (%d)", len(strided), len(direct))
+			}
 		} else {
 			for layer := uint32(0); layer < tr.Src.Layers; layer++ {
 				for k := range x.Tiles() {
@@ -323,6 +342,34 @@ func TestElementAt(t *testing.T) {
 		l := described(c.order, 4, 2, 0, bs, "float16")
 		if p, off := l.ElementAt(c.kv, c.slot, c.h, c.dim); p != c.plane || off != c.off {
 			t.Errorf("%s kv %d slot %d head %d dim %d: plane %d offset %d, want %d %d", c.order, c.kv, c.slot, c.h, c.dim, p, off, c.plane, c.off)
+		}
+	}
+}
+
+// TestStridedMovesGroupHeadRanges: between NHD engines of TP 2 and 1, a
+// rank's heads are a piece per token; grouped, they are one strided move
+// per holder rank, plane and block, of a piece per token at the block's
+// token stride.
+func TestStridedMovesGroupHeadRanges(t *testing.T) {
+	src, dst := wide(described(kvmem.OrderNHD, 4, 2, 0, 16, "float32")), wide(described(kvmem.OrderNHD, 4, 1, 0, 16, "float32"))
+	tr, err := kvmem.Translate(src, dst)
+	if err != nil || tr.Staged {
+		t.Fatalf("translation: %+v %v", tr, err)
+	}
+	srcIDs, dstIDs := []uint32{3, 4, 9}, []uint32{0, 7, 2}
+	x, err := tr.ForPull(srcIDs, dstIDs, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var moves []kvmem.StridedMove
+	x.StridedMoves(func(m kvmem.StridedMove) { moves = append(moves, m) })
+	if want := 2 * 2 * 2 * len(srcIDs); len(moves) != want { // layers × planes × ranks × blocks
+		t.Fatalf("%d strided moves, want %d", len(moves), want)
+	}
+	piece := uint64(2 * 64 * 4) // two heads of 64 float32
+	for _, m := range moves {
+		if m.Count != 16 || m.Len != piece || m.SrcStride != piece || m.DstStride != 2*piece {
+			t.Fatalf("strided move %+v: want 16 reads of %d bytes, source stride %d, destination stride %d", m, piece, piece, 2*piece)
 		}
 	}
 }
