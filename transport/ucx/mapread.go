@@ -34,6 +34,9 @@ const (
 	mapPieceBytes = 1 << 20
 	// mapMaxCopiers bounds the goroutines one Get copies with.
 	mapMaxCopiers = 4
+	// pairMinBytes is the smallest piece copied interleaved with the next
+	// (StreamPairUnfenced); smaller ones are copied alone.
+	pairMinBytes = 8 << 10
 )
 
 // mapState is an endpoint's view of the segments its current UCP endpoint
@@ -301,16 +304,23 @@ func copyPieces(ctx context.Context, fill func(add func(dst []byte, src unsafe.P
 			}
 			// Streaming (non-temporal) stores: pulled bytes are for the
 			// engine, not this CPU; one fence per grain, not per piece.
-			// Pieces go two at a time, interleaved: a lone 32 KiB KV block
-			// spends a measurable share of its copy waiting for its first
-			// lines, which the other piece's loads now overlap.
+			// Pieces of pairMinBytes and more go two at a time,
+			// interleaved: a lone 32 KiB KV block spends a measurable
+			// share of its copy waiting for its first lines, which the
+			// other piece's loads now overlap. Smaller ones (1 KiB head
+			// ranges) go one by one: interleaved, they copied at 0.6 of
+			// the speed (6.6 against 11 GB/s on one core here).
 			grain := pieces[grains[g]:grains[g+1]]
-			for ; len(grain) >= 2; grain = grain[2:] {
-				a, b := grain[0], grain[1]
-				memcopy.StreamPairUnfenced(a.dst, unsafe.Slice((*byte)(a.src), len(a.dst)), b.dst, unsafe.Slice((*byte)(b.src), len(b.dst)))
-			}
-			if len(grain) == 1 {
-				memcopy.StreamUnfenced(grain[0].dst, unsafe.Slice((*byte)(grain[0].src), len(grain[0].dst)))
+			for len(grain) > 0 {
+				a := grain[0]
+				if len(grain) >= 2 && len(a.dst) >= pairMinBytes && len(grain[1].dst) >= pairMinBytes {
+					b := grain[1]
+					memcopy.StreamPairUnfenced(a.dst, unsafe.Slice((*byte)(a.src), len(a.dst)), b.dst, unsafe.Slice((*byte)(b.src), len(b.dst)))
+					grain = grain[2:]
+					continue
+				}
+				memcopy.StreamUnfenced(a.dst, unsafe.Slice((*byte)(a.src), len(a.dst)))
+				grain = grain[1:]
 			}
 			memcopy.Fence()
 		}
