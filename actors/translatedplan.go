@@ -100,9 +100,7 @@ func (p *translatedPlan) run(r batchReader) error {
 			return err
 		}
 		for _, u := range window {
-			x.StagedCopies(u.layer, u.k, func(so, do, n uint64) {
-				copy(dstMem[do:do+n], scratch[u.base+so:u.base+so+n])
-			})
+			x.StagedCopies(u.layer, u.k, func(r kvmem.CopyRun, do uint64) { r.CopyOut(dstMem, do, scratch[u.base:]) })
 		}
 		ops, window, used = ops[:0], window[:0], 0
 		return nil

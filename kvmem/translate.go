@@ -52,6 +52,68 @@ type TilePlan struct {
 	// ScratchBytes in all; each piece then copies from Piece.Scratch.
 	Spans        []Span
 	ScratchBytes uint64
+	// lanes are the pieces' lanes, each as runs of pieces at constant
+	// strides within one source and one destination block (a head range
+	// of an nhd block: a piece per token), for StridedMoves.
+	lanes []laneRuns
+	// Copies are the pieces of a staged tile as runs at constant strides
+	// (the CPU order's transposed K regrouped: a head's dimensions, one
+	// piece each), in scratch order: what the puller copies on arrival.
+	Copies []CopyRun
+}
+
+// laneRuns is one lane of a tile plan: its pieces Pieces[lo:hi] as runs.
+type laneRuns struct {
+	lo, hi int
+	runs   []pieceRun
+}
+
+// pieceRun is Count pieces from Pieces[First], each SrcStride and DstStride
+// further than the one before.
+type pieceRun struct {
+	first, count         int
+	srcStride, dstStride uint64
+}
+
+// laneRunsOf cuts pieces (in lane order) into lanes and each lane into
+// runs: consecutive pieces of one source block and one destination block,
+// of one length, at constant positive strides on both sides.
+func laneRunsOf(pieces []Piece) []laneRuns {
+	var out []laneRuns
+	for lo := 0; lo < len(pieces); {
+		hi := lo + 1
+		for hi < len(pieces) && sameLane(pieces[lo], pieces[hi]) {
+			hi++
+		}
+		l := laneRuns{lo: lo, hi: hi}
+		for i := lo; i < hi; i++ {
+			p := pieces[i]
+			if n := len(l.runs); n > 0 {
+				r := &l.runs[n-1]
+				q := pieces[r.first+r.count-1]
+				if q.SrcBlock == p.SrcBlock && q.DstBlock == p.DstBlock && q.Len == p.Len && p.SrcOff > q.SrcOff && p.DstOff > q.DstOff &&
+					(r.count == 1 || p.SrcOff-q.SrcOff == r.srcStride && p.DstOff-q.DstOff == r.dstStride) {
+					r.srcStride, r.dstStride = p.SrcOff-q.SrcOff, p.DstOff-q.DstOff
+					r.count++
+					continue
+				}
+			}
+			l.runs = append(l.runs, pieceRun{first: i, count: 1})
+		}
+		out = append(out, l)
+		lo = hi
+	}
+	return out
+}
+
+// CopyRun is Count copies of Len bytes from a staged tile's scratch into
+// one destination block: copy i from Scratch + i×ScratchStride to DstOff +
+// i×DstStride of the block DstBlock (within the tile) of plane DstPlane.
+type CopyRun struct {
+	DstBlock, DstPlane       uint32
+	Scratch, DstOff, Len     uint64
+	Count                    int
+	ScratchStride, DstStride uint64
 }
 
 // Piece is one contiguous move: Len bytes at SrcOff in the block of holder
@@ -220,7 +282,9 @@ func (t *Translation) plan(tokens uint32) TilePlan {
 		}
 		pieces = append(pieces, u)
 	}
-	return TilePlan{Tokens: tokens, Pieces: slices.Clip(pieces)}
+	tp := TilePlan{Tokens: tokens, Pieces: slices.Clip(pieces)}
+	tp.lanes = laneRunsOf(tp.Pieces)
+	return tp
 }
 
 // joins reports whether q continues p on both sides.
@@ -271,6 +335,29 @@ func (tp *TilePlan) stage() {
 		s := spans[at[key{p.SrcRank, p.SrcPlane, p.SrcBlock}]]
 		p.Scratch = s.ScratchOff + p.SrcOff - s.Off
 	}
+	tp.Copies = copyRuns(tp.Pieces)
+}
+
+// copyRuns groups a staged tile's pieces, in scratch order, into runs of
+// one length into one destination block at constant positive strides.
+func copyRuns(pieces []Piece) []CopyRun {
+	sorted := slices.Clone(pieces)
+	slices.SortFunc(sorted, func(a, b Piece) int { return cmp.Compare(a.Scratch, b.Scratch) })
+	var out []CopyRun
+	for _, p := range sorted {
+		if n := len(out); n > 0 {
+			r := &out[n-1]
+			last, lastDst := r.Scratch+uint64(r.Count-1)*r.ScratchStride, r.DstOff+uint64(r.Count-1)*r.DstStride
+			if r.DstBlock == p.DstBlock && r.DstPlane == p.DstPlane && r.Len == p.Len && p.Scratch > last && p.DstOff > lastDst &&
+				(r.Count == 1 || p.Scratch-last == r.ScratchStride && p.DstOff-lastDst == r.DstStride) {
+				r.ScratchStride, r.DstStride = p.Scratch-last, p.DstOff-lastDst
+				r.Count++
+				continue
+			}
+		}
+		out = append(out, CopyRun{DstBlock: p.DstBlock, DstPlane: p.DstPlane, Scratch: p.Scratch, DstOff: p.DstOff, Len: p.Len, Count: 1})
+	}
+	return out
 }
 
 // PullSize says what a pull moves: tokens of KV from nSrc holder blocks of
@@ -454,13 +541,25 @@ func (x *Transfer) StagedReads(layer uint32, k int, f func(Move)) (scratch uint6
 }
 
 // StagedCopies calls f with the copies of tile k of layer layer of a
-// staged transfer, once its reads have landed: n bytes from the tile's
-// scratch at scratchOff to the destination region at dstOff.
-func (x *Transfer) StagedCopies(layer uint32, k int, f func(scratchOff, dstOff, n uint64)) {
+// staged transfer, once its reads have landed, as runs: run.Count copies of
+// run.Len bytes from the tile's scratch at run.Scratch + i×ScratchStride to
+// the destination region at dstOff + i×DstStride.
+func (x *Transfer) StagedCopies(layer uint32, k int, f func(run CopyRun, dstOff uint64)) {
 	t, tp := x.T, x.tile(k)
-	for _, p := range tp.Pieces {
-		dp := k*int(t.DstBlocks) + int(p.DstBlock)
-		f(p.Scratch, t.Dst.Offset(layer, p.DstPlane, x.DstIDs[dp])+p.DstOff, p.Len)
+	for _, r := range tp.Copies {
+		dp := k*int(t.DstBlocks) + int(r.DstBlock)
+		f(r, t.Dst.Offset(layer, r.DstPlane, x.DstIDs[dp])+r.DstOff)
+	}
+}
+
+// CopyOut performs run into dst (the destination region) at dstOff, from
+// scratch (the tile's).
+func (r CopyRun) CopyOut(dst []byte, dstOff uint64, scratch []byte) {
+	s, d, n := r.Scratch, dstOff, r.Len
+	for range r.Count {
+		copy(dst[d:d+n], scratch[s:s+n])
+		s += r.ScratchStride
+		d += r.DstStride
 	}
 }
 
@@ -537,7 +636,7 @@ func (x *Transfer) Copy(src [][]byte, dst []byte) {
 				scratch = make([]byte, n)
 			}
 			x.StagedReads(layer, k, func(m Move) { copy(scratch[m.DstOff:m.DstOff+m.Len], src[m.Rank][m.SrcOff:m.SrcOff+m.Len]) })
-			x.StagedCopies(layer, k, func(so, do, n uint64) { copy(dst[do:do+n], scratch[so:so+n]) })
+			x.StagedCopies(layer, k, func(r CopyRun, do uint64) { r.CopyOut(dst, do, scratch) })
 		}
 	}
 }
@@ -555,31 +654,71 @@ type StridedMove struct {
 }
 
 // StridedMoves calls f with the reads of DirectMoves, in the same order,
-// grouped into strided moves: consecutive reads of one holder rank, layer,
-// plane and block into one destination block, of one length, at constant
-// positive strides on both sides.
+// grouped into strided moves: the runs of pieces of each tile (pieces of
+// one source block and one destination block, of one length, at constant
+// strides: planned once per translation), and single pieces joined where
+// they continue each other as DirectMoves joins them. A pull between NHD
+// engines of TP 2 and 1 is one move per holder rank, plane, layer and
+// block, not one per token.
 func (x *Transfer) StridedMoves(f func(StridedMove)) {
+	t := x.T
+	src, dst := t.Src, t.Dst
 	var cur StridedMove
 	have := false
-	x.DirectMoves(func(m Move) {
-		if have && m.Rank == cur.Rank && m.Layer == cur.Layer && m.Plane == cur.Plane && m.SrcPos == cur.SrcPos && m.DstPos == cur.DstPos && m.Len == cur.Len {
-			lastSrc := cur.SrcOff + uint64(cur.Count-1)*cur.SrcStride
-			lastDst := cur.DstOff + uint64(cur.Count-1)*cur.DstStride
-			switch {
-			case cur.Count == 1 && m.SrcOff > lastSrc && m.DstOff > lastDst:
-				cur.SrcStride, cur.DstStride, cur.Count = m.SrcOff-lastSrc, m.DstOff-lastDst, 2
-				return
-			case cur.Count > 1 && m.SrcOff == lastSrc+cur.SrcStride && m.DstOff == lastDst+cur.DstStride:
-				cur.Count++
-				return
-			}
+	lastPos := 0 // the position of the block a single cur ends in
+	emit := func(m StridedMove) {
+		if have && cur.Count == 1 && m.Count == 1 && cur.Rank == m.Rank && cur.Layer == m.Layer && cur.Plane == m.Plane &&
+			cur.SrcOff+cur.Len == m.SrcOff && cur.DstOff+cur.Len == m.DstOff &&
+			(m.SrcPos == lastPos || m.SrcPos == lastPos+1 && x.SrcIDs[m.SrcPos] == x.SrcIDs[lastPos]+1) {
+			cur.Len += m.Len
+			lastPos = m.SrcPos
+			return
 		}
 		if have {
 			f(cur)
 		}
-		cur, have = StridedMove{Move: m, Count: 1}, true
-	})
+		cur, have, lastPos = m, true, m.SrcPos
+	}
+	for layer := uint32(0); layer < src.Layers; layer++ {
+		for li, lane := range t.Full.lanes {
+			key := t.Full.Pieces[lane.lo]
+			for k := 0; k < x.tiles; k++ {
+				tp, lr := x.tile(k), lane
+				if k == x.tiles-1 {
+					var ok bool
+					if lr, ok = tp.lane(li, key); !ok {
+						continue
+					}
+				}
+				for _, r := range lr.runs {
+					p := tp.Pieces[r.first]
+					sp := k*int(t.SrcBlocks) + int(p.SrcBlock)
+					dp := k*int(t.DstBlocks) + int(p.DstBlock)
+					emit(StridedMove{
+						Move: Move{Rank: p.SrcRank, Layer: layer, Plane: p.SrcPlane, SrcPos: sp, DstPos: dp,
+							SrcOff: src.Offset(layer, p.SrcPlane, x.SrcIDs[sp]) + p.SrcOff,
+							DstOff: dst.Offset(layer, p.DstPlane, x.DstIDs[dp]) + p.DstOff, Len: p.Len},
+						Count: r.count, SrcStride: r.srcStride, DstStride: r.dstStride,
+					})
+				}
+			}
+		}
+	}
 	if have {
 		f(cur)
 	}
+}
+
+// lane is the plan's lane of the same source rank and planes as key (the
+// full tile's lane li): at index li when the plan has the same lanes.
+func (tp *TilePlan) lane(li int, key Piece) (laneRuns, bool) {
+	if li < len(tp.lanes) && sameLane(tp.Pieces[tp.lanes[li].lo], key) {
+		return tp.lanes[li], true
+	}
+	for _, l := range tp.lanes {
+		if sameLane(tp.Pieces[l.lo], key) {
+			return l, true
+		}
+	}
+	return laneRuns{}, false
 }

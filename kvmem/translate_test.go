@@ -201,9 +201,12 @@ func runTransfer(tr *kvmem.Translation, src [][]byte, dst []byte, srcIDs, dstIDs
 			for layer := uint32(0); layer < tr.Src.Layers; layer++ {
 				for k := range x.Tiles() {
 					x.StagedReads(layer, k, func(m kvmem.Move) { check(m, false) })
-					x.StagedCopies(layer, k, func(_, do, n uint64) {
-						if bad == nil && !inOne(dstExt, do, n) {
-							bad = fmt.Errorf("copy [%d,+%d) outside the destination blocks", do, n)
+					x.StagedCopies(layer, k, func(r kvmem.CopyRun, do uint64) {
+						for i := range r.Count {
+							at := do + uint64(i)*r.DstStride
+							if bad == nil && !inOne(dstExt, at, r.Len) {
+								bad = fmt.Errorf("copy [%d,+%d) outside the destination blocks", at, r.Len)
+							}
 						}
 					})
 				}
@@ -371,5 +374,26 @@ func TestStridedMovesGroupHeadRanges(t *testing.T) {
 		if m.Count != 16 || m.Len != piece || m.SrcStride != piece || m.DstStride != 2*piece {
 			t.Fatalf("strided move %+v: want 16 reads of %d bytes, source stride %d, destination stride %d", m, piece, piece, 2*piece)
 		}
+	}
+}
+
+// TestStagedCopiesRunAtStrides: the CPU order's transposed K regrouped
+// into blocks of another size is a piece per head dimension and source
+// block; in scratch order they run at constant strides, one run per head,
+// K or V, and source block.
+func TestStagedCopiesRunAtStrides(t *testing.T) {
+	tr, err := kvmem.Translate(described(kvmem.OrderCPU, 4, 1, 0, 16, "bfloat16"), described(kvmem.OrderCPU, 4, 1, 0, 32, "bfloat16"))
+	if err != nil || !tr.Staged {
+		t.Fatalf("%+v %v", tr, err)
+	}
+	if n, want := len(tr.Full.Copies), 4*2*2; n > want { // heads × K,V × source blocks
+		t.Fatalf("%d copy runs for %d pieces, want at most %d", n, len(tr.Full.Pieces), want)
+	}
+	var pieces int
+	for _, r := range tr.Full.Copies {
+		pieces += r.Count
+	}
+	if pieces != len(tr.Full.Pieces) {
+		t.Fatalf("copy runs hold %d pieces, the tile has %d", pieces, len(tr.Full.Pieces))
 	}
 }
