@@ -34,8 +34,9 @@ func (op StridedOp) Check() error {
 		return fmt.Errorf("strided op: destination stride %d below the piece length %d (pieces would overlap)", op.DstStride, op.Len)
 	case uint64(op.Count-1)*uint64(op.DstStride)+uint64(op.Len) > uint64(len(op.Dst)):
 		return fmt.Errorf("strided op: %d pieces of %d bytes %d apart do not fit in %d destination bytes", op.Count, op.Len, op.DstStride, len(op.Dst))
-	case op.RemoteStride != 0 && uint64(op.Count-1) > (^uint64(0)-uint64(op.Len)-op.RemoteAddr)/op.RemoteStride:
-		return fmt.Errorf("strided op: range %d + %d × %d overflows: %w", op.RemoteAddr, op.Count-1, op.RemoteStride, ErrNotRegistered)
+	case op.RemoteStride != 0 && uint64(op.Count-1) > (^uint64(0)-uint64(op.Len))/op.RemoteStride,
+		op.RemoteAddr > ^uint64(0)-op.Span():
+		return fmt.Errorf("strided op: range %d + %d × %d + %d overflows: %w", op.RemoteAddr, op.Count-1, op.RemoteStride, op.Len, ErrNotRegistered)
 	}
 	return nil
 }
