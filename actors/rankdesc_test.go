@@ -29,18 +29,25 @@ func tpDescriptors(tp uint32, ids []uint32) *messages.Descriptors {
 	return d
 }
 
+// filledRanks is the memory of every rank of a TP tp engine, its blocks ids
+// filled (kvfill).
+func filledRanks(tp uint32, ids []uint32) [][]byte {
+	ranks := make([][]byte, tp)
+	for r := range ranks {
+		l := rankLayout(tp, uint32(r))
+		ranks[r] = make([]byte, l.Size())
+		kvfill.Fill(l, ranks[r], ids)
+	}
+	return ranks
+}
+
 // TestTranslatedPlanFromRanks plans a pull from a TP 2 holder into a TP 1
 // region and runs its reads against the two ranks' memory: every op reads
 // its rank's region under that rank's key, and the destination then holds
 // every head of every token.
 func TestTranslatedPlanFromRanks(t *testing.T) {
 	srcIDs, dstIDs := []uint32{3, 4, 9}, []uint32{7, 1, 2}
-	ranks := make([][]byte, 2)
-	for r := range ranks {
-		l := rankLayout(2, uint32(r))
-		ranks[r] = make([]byte, l.Size())
-		kvfill.Fill(l, ranks[r], srcIDs)
-	}
+	ranks := filledRanks(2, srcIDs)
 	dst := mapped(t, rankLayout(1, 0))
 	ops, total, err := PlanReads(tpDescriptors(2, srcIDs), srcIDs, dst, dstIDs)
 	if err != nil {
@@ -92,12 +99,7 @@ func TestBadRankDescriptors(t *testing.T) {
 // token), whose pieces write the same bytes.
 func TestStridedPlanFromRanks(t *testing.T) {
 	srcIDs, dstIDs := []uint32{3, 4, 9}, []uint32{7, 1, 2}
-	ranks := make([][]byte, 2)
-	for r := range ranks {
-		l := rankLayout(2, uint32(r))
-		ranks[r] = make([]byte, l.Size())
-		kvfill.Fill(l, ranks[r], srcIDs)
-	}
+	ranks := filledRanks(2, srcIDs)
 	dst := mapped(t, rankLayout(1, 0))
 	var plan *readPlan
 	run, _, err := planPull(tpDescriptors(2, srcIDs), srcIDs, 0, dst, dstIDs, &plan, kvmem.Translate, true)

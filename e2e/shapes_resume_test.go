@@ -124,10 +124,18 @@ func resumeAcrossShapes(t *testing.T, ctx context.Context, c *localcluster.Clust
 	})
 }
 
-// decodeIdle is nil once the router sees every live decode engine with
-// nothing in flight and every block free, so that its next pick goes by
-// block counts alone.
+// decodeIdle is nil once the router has no request in flight (its own
+// count of legs sent, which picks weigh, is then empty) and sees every live
+// decode engine with nothing in flight and every block free, so that its
+// next pick goes by block counts alone.
 func decodeIdle(c *localcluster.Cluster) error {
+	m, err := scrapeAs(c.RouterURL()+"/metrics", c.AdminKey())
+	if err != nil {
+		return err
+	}
+	if n := sum(m, "connex_router_requests_in_flight"); n != 0 {
+		return fmt.Errorf("the router has %v requests in flight", n)
+	}
 	req, err := http.NewRequest(http.MethodGet, c.RouterURL()+"/connex/v1/engines", nil)
 	if err != nil {
 		return err

@@ -465,21 +465,15 @@ func (x *Transfer) DirectMoves(f func(Move)) {
 	src, dst := t.Src, t.Dst
 	var cur Move
 	have := false
-	lastPos := 0 // the position of the block cur ends in
+	j := joiner{ids: x.SrcIDs}
 	emit := func(m Move) {
-		// m continues cur in the same block, or at the start of the next
-		// one of the same run (next position, next id).
-		if have && cur.Rank == m.Rank && cur.Layer == m.Layer && cur.Plane == m.Plane &&
-			cur.SrcOff+cur.Len == m.SrcOff && cur.DstOff+cur.Len == m.DstOff &&
-			(m.SrcPos == lastPos || m.SrcPos == lastPos+1 && x.SrcIDs[m.SrcPos] == x.SrcIDs[lastPos]+1) {
-			cur.Len += m.Len
-			lastPos = m.SrcPos
+		if have && j.join(&cur, m) {
 			return
 		}
 		if have {
 			f(cur)
 		}
-		cur, have, lastPos = m, true, m.SrcPos
+		cur, have, j.lastPos = m, true, m.SrcPos
 	}
 	for layer := uint32(0); layer < src.Layers; layer++ {
 		for lo := 0; lo < len(t.Full.Pieces); {
@@ -508,6 +502,27 @@ func (x *Transfer) DirectMoves(f func(Move)) {
 	if have {
 		f(cur)
 	}
+}
+
+// joiner joins reads that continue each other into one, as long as they
+// stay in one run of the hold's list ids (one registered extent).
+type joiner struct {
+	ids     []uint32
+	lastPos int // the position of the block the current read ends in
+}
+
+// join extends cur by m and reports true when m continues cur on both
+// sides, in the same block or at the start of the next one of the same run
+// (next position, next id).
+func (j *joiner) join(cur *Move, m Move) bool {
+	if cur.Rank != m.Rank || cur.Layer != m.Layer || cur.Plane != m.Plane ||
+		cur.SrcOff+cur.Len != m.SrcOff || cur.DstOff+cur.Len != m.DstOff ||
+		!(m.SrcPos == j.lastPos || m.SrcPos == j.lastPos+1 && j.ids[m.SrcPos] == j.ids[j.lastPos]+1) {
+		return false
+	}
+	cur.Len += m.Len
+	j.lastPos = m.SrcPos
+	return true
 }
 
 func sameLane(a, b Piece) bool {
@@ -665,19 +680,15 @@ func (x *Transfer) StridedMoves(f func(StridedMove)) {
 	src, dst := t.Src, t.Dst
 	var cur StridedMove
 	have := false
-	lastPos := 0 // the position of the block a single cur ends in
+	j := joiner{ids: x.SrcIDs}
 	emit := func(m StridedMove) {
-		if have && cur.Count == 1 && m.Count == 1 && cur.Rank == m.Rank && cur.Layer == m.Layer && cur.Plane == m.Plane &&
-			cur.SrcOff+cur.Len == m.SrcOff && cur.DstOff+cur.Len == m.DstOff &&
-			(m.SrcPos == lastPos || m.SrcPos == lastPos+1 && x.SrcIDs[m.SrcPos] == x.SrcIDs[lastPos]+1) {
-			cur.Len += m.Len
-			lastPos = m.SrcPos
+		if have && cur.Count == 1 && m.Count == 1 && j.join(&cur.Move, m.Move) {
 			return
 		}
 		if have {
 			f(cur)
 		}
-		cur, have, lastPos = m, true, m.SrcPos
+		cur, have, j.lastPos = m, true, m.SrcPos
 	}
 	for layer := uint32(0); layer < src.Layers; layer++ {
 		for li, lane := range t.Full.lanes {
