@@ -63,8 +63,9 @@ func sampled(p int) bool { return p%sampleEvery == 0 }
 // (one per TP rank, each holding its heads): position p lives in block
 // Blocks[p/block_size] of every rank.
 type Sequence struct {
-	ranks  []*kvmem.Region
+	ranks  []rankGeom
 	l      kvmem.Layout // rank 0's
+	e      uint64       // bytes of an element
 	vec    int          // bytes of one head's K or V vector
 	blocks []uint32
 	tokens []uint32
@@ -74,14 +75,53 @@ type Sequence struct {
 	buf    []byte   // one vector, for layouts that scatter its elements
 }
 
+// rankGeom is where a rank's head vectors lie in a block: a head's vector
+// at token slot s starts at base[k][h] + s×slotStride[k] in plane plane[k]
+// (k: K or V), its elements dimStride[k] apart (the layout's in-block
+// order, kvmem.Layout.ElementAt, is affine in the slot).
+type rankGeom struct {
+	r                     *kvmem.Region
+	first, n              uint32 // the heads it holds
+	primary               uint32 // its heads from first+primary on are held by no earlier rank: they count in the digest
+	plane                 [2]uint32
+	base                  [2][]uint64
+	slotStride, dimStride [2]uint64
+}
+
 // NewSequence starts a sequence over tokens whose KV goes to blocks of the
 // regions of every TP rank of an engine (ranks, by rank; enough blocks for
 // every position that will have KV). The layouts must describe their
 // blocks (LookupLayout's do).
 func NewSequence(ranks []*kvmem.Region, blocks []uint32, tokens []uint32) *Sequence {
 	l := ranks[0].Layout
-	s := &Sequence{ranks: ranks, l: l, vec: int(l.HeadSize * kvmem.DtypeBytes(l.Dtype)), blocks: blocks}
+	s := &Sequence{l: l, e: uint64(kvmem.DtypeBytes(l.Dtype)), vec: int(l.HeadSize * kvmem.DtypeBytes(l.Dtype)), blocks: blocks}
 	s.buf = make([]byte, s.vec)
+	seen := uint32(0)
+	for _, r := range ranks {
+		rl := r.Layout
+		g := rankGeom{r: r}
+		g.first, g.n = rl.HeadRange()
+		g.primary = min(g.n, max(seen, g.first)-g.first)
+		seen = max(seen, g.first+g.n)
+		for k := uint32(0); k < 2; k++ {
+			plane, o := rl.ElementAt(k, 0, 0, 0)
+			g.plane[k] = plane
+			if rl.BlockSize > 1 {
+				_, o1 := rl.ElementAt(k, 1, 0, 0)
+				g.slotStride[k] = o1 - o
+			}
+			g.dimStride[k] = s.e
+			if rl.HeadSize > 1 {
+				_, od := rl.ElementAt(k, 0, 0, 1)
+				g.dimStride[k] = od - o
+			}
+			for h := range g.n {
+				_, oh := rl.ElementAt(k, 0, h, 0)
+				g.base[k] = append(g.base[k], oh)
+			}
+		}
+		s.ranks = append(s.ranks, g)
+	}
 	for _, t := range tokens {
 		s.push(t)
 	}
@@ -109,67 +149,51 @@ func (s *Sequence) KVDone() int { return s.kvDone }
 // Capacity is how many positions the sequence's blocks hold.
 func (s *Sequence) Capacity() int { return len(s.blocks) * int(s.l.BlockSize) }
 
-// heads calls f with every head of the model once, the rank region that
-// holds it (the first, where heads are replicated) and its local index;
-// with all set, every copy of it.
-func (s *Sequence) heads(all bool, f func(r *kvmem.Region, local, head uint32)) {
-	seen := uint32(0)
-	for _, r := range s.ranks {
-		first, n := r.Layout.HeadRange()
-		for h := range n {
-			if all || first+h >= seen {
-				f(r, h, first+h)
-			}
-		}
-		seen = max(seen, first+n)
-	}
+// slotOff is where rank g's vectors of position p in layer l, K or V (k)
+// begin: add base[k][h] for head h.
+func (s *Sequence) slotOff(g *rankGeom, p int, l, k uint32) uint64 {
+	bs := int(s.l.BlockSize)
+	return g.r.Layout.Offset(l, g.plane[k], s.blocks[p/bs]) + uint64(p%bs)*g.slotStride[k]
 }
 
-// vector is where head local's K (k 0) or V (k 1) vector of position p in
-// layer l lies in region r: its first element, and the stride between
-// elements (the element size where they are contiguous).
-func (s *Sequence) vector(r *kvmem.Region, p int, l, k, local uint32) (off uint64, stride uint64) {
-	b, slot := s.blocks[p/int(s.l.BlockSize)], uint32(p%int(s.l.BlockSize))
-	plane, o := r.Layout.ElementAt(k, slot, local, 0)
-	base := r.Layout.Offset(l, plane, b) + o
-	if s.l.HeadSize > 1 {
-		_, o1 := r.Layout.ElementAt(k, slot, local, 1)
-		return base, o1 - o
-	}
-	return base, 0
-}
-
-// write fills head local's K or V vector of position p in layer l with the
-// words seed, seed+φ, … and returns its first word as read back.
-func (s *Sequence) write(r *kvmem.Region, p int, l, k, local uint32, seed uint64) uint64 {
-	off, stride := s.vector(r, p, l, k, local)
-	mem := r.Bytes()
-	e := uint64(kvmem.DtypeBytes(s.l.Dtype))
-	if stride == e {
+// write fills the vector at off of rank g (K or V: k) with the words seed,
+// seed+φ, ….
+func (s *Sequence) write(g *rankGeom, k uint32, off, seed uint64) {
+	mem := g.r.Bytes()
+	if g.dimStride[k] == s.e {
 		fill(mem[off:off+uint64(s.vec)], seed)
-		return binary.LittleEndian.Uint64(mem[off:])
+		return
 	}
 	fill(s.buf, seed)
-	for d := uint64(0); d*e < uint64(s.vec); d++ {
-		copy(mem[off+d*stride:off+d*stride+e], s.buf[d*e:(d+1)*e])
+	for d, at := uint64(0), off; d*s.e < uint64(s.vec); d, at = d+1, at+g.dimStride[k] {
+		copy(mem[at:at+s.e], s.buf[d*s.e:(d+1)*s.e])
 	}
-	return s.first(r, p, l, k, local)
 }
 
-// first is the first word (8 bytes) of head local's K or V vector of
-// position p in layer l.
-func (s *Sequence) first(r *kvmem.Region, p int, l, k, local uint32) uint64 {
-	off, stride := s.vector(r, p, l, k, local)
-	mem := r.Bytes()
-	e := uint64(kvmem.DtypeBytes(s.l.Dtype))
-	if stride == e {
+// first is the first word (8 bytes) of the vector at off of rank g (K or
+// V: k).
+func (s *Sequence) first(g *rankGeom, k uint32, off uint64) uint64 {
+	mem := g.r.Bytes()
+	if g.dimStride[k] == s.e {
 		return binary.LittleEndian.Uint64(mem[off:])
 	}
 	var w [8]byte
-	for d := uint64(0); d*e < 8; d++ {
-		copy(w[d*e:(d+1)*e], mem[off+d*stride:off+d*stride+e])
+	for d, at := uint64(0), off; d*s.e < 8; d, at = d+1, at+g.dimStride[k] {
+		copy(w[d*s.e:(d+1)*s.e], mem[at:at+s.e])
 	}
 	return binary.LittleEndian.Uint64(w[:])
+}
+
+// fold adds the first word of every head of position p (layer l, K or V:
+// k) to d, each head once (its first rank).
+func (s *Sequence) foldHeads(d *uint64, p int, l, k uint32) {
+	for i := range s.ranks {
+		g := &s.ranks[i]
+		off := s.slotOff(g, p, l, k)
+		for h := g.primary; h < g.n; h++ {
+			*d += fold(s.first(g, k, off+g.base[k][h]), p, l, k, g.first+h)
+		}
+	}
 }
 
 // Compute writes the KV of positions [KVDone, to) (a prefill, or the
@@ -182,13 +206,15 @@ func (s *Sequence) Compute(to int) error {
 	for l := uint32(0); l < s.l.Layers; l++ {
 		for k := uint32(0); k < 2; k++ {
 			for p := s.kvDone; p < to; p++ {
-				s.heads(true, func(r *kvmem.Region, local, head uint32) {
-					s.write(r, p, l, k, local, chunkSeed(s.hashes[p], l, k, head))
-				})
+				for i := range s.ranks {
+					g := &s.ranks[i]
+					off := s.slotOff(g, p, l, k)
+					for h := range g.n {
+						s.write(g, k, off+g.base[k][h], chunkSeed(s.hashes[p], l, k, g.first+h))
+					}
+				}
 				if sampled(p) {
-					s.heads(false, func(r *kvmem.Region, local, head uint32) {
-						s.digest += fold(s.first(r, p, l, k, local), p, l, k, head)
-					})
+					s.foldHeads(&s.digest, p, l, k)
 				}
 			}
 		}
@@ -210,35 +236,31 @@ func (s *Sequence) Load(n int) error {
 		return fmt.Errorf("sim: load of %d positions: %d tokens, blocks for %d", n, len(s.tokens), s.Capacity())
 	}
 	var d uint64
-	var bad error
-	for l := uint32(0); l < s.l.Layers && bad == nil; l++ {
-		for k := uint32(0); k < 2 && bad == nil; k++ {
-			for p := 0; p < n && bad == nil; p++ {
+	for l := uint32(0); l < s.l.Layers; l++ {
+		for k := uint32(0); k < 2; k++ {
+			for p := 0; p < n; p++ {
 				if !sampled(p) && p != n-1 {
 					continue
 				}
-				s.heads(true, func(r *kvmem.Region, local, head uint32) {
-					if bad != nil {
-						return
-					}
-					if w, want := s.first(r, p, l, k, local), chunkSeed(s.hashes[p], l, k, head); w != want {
-						what := "wrong KV (another block or another request's)"
-						if w == 0 {
-							what = "unwritten (zero) KV"
+				for i := range s.ranks {
+					g := &s.ranks[i]
+					off := s.slotOff(g, p, l, k)
+					for h := range g.n {
+						if w, want := s.first(g, k, off+g.base[k][h]), chunkSeed(s.hashes[p], l, k, g.first+h); w != want {
+							what := "wrong KV (another block or another request's)"
+							if w == 0 {
+								what = "unwritten (zero) KV"
+							}
+							return fmt.Errorf("%w: %s at position %d, layer %d, plane %d, head %d (rank %d, local block %d)",
+								ErrCorrupt, what, p, l, k, g.first+h, g.r.Layout.TPRank, s.blocks[p/int(s.l.BlockSize)])
 						}
-						bad = fmt.Errorf("%w: %s at position %d, layer %d, plane %d, head %d (rank %d, local block %d)", ErrCorrupt, what, p, l, k, head, r.Layout.TPRank, s.blocks[p/int(s.l.BlockSize)])
 					}
-				})
+				}
 				if sampled(p) {
-					s.heads(false, func(r *kvmem.Region, local, head uint32) {
-						d += fold(s.first(r, p, l, k, local), p, l, k, head)
-					})
+					s.foldHeads(&d, p, l, k)
 				}
 			}
 		}
-	}
-	if bad != nil {
-		return bad
 	}
 	s.digest += d
 	s.kvDone = n
@@ -252,9 +274,7 @@ func (s *Sequence) Adopt(n int) {
 		for k := uint32(0); k < 2; k++ {
 			for p := 0; p < n; p++ {
 				if sampled(p) {
-					s.heads(false, func(r *kvmem.Region, local, head uint32) {
-						s.digest += fold(s.first(r, p, l, k, local), p, l, k, head)
-					})
+					s.foldHeads(&s.digest, p, l, k)
 				}
 			}
 		}
