@@ -17,13 +17,13 @@
 // that holds head h, at the place the layout's in-block order gives it
 // (kvmem.Layout.ElementAt), filled with 64-bit words seed+i·φ where seed =
 // mix(h_p, l, k, h) | 1 (never zero), whatever the engine's shape.
-// Filling runs at memory speed; verification reads the first word of
-// every head at every 16th position in every layer and K/V (and at the
-// last loaded position), in every rank, which detects a wrong block, a
-// block of another request (another prefix), a wrong head and an unwritten
-// (zero) block, in a few ms for 1 GiB.
+// Verification reads the first word of one head (each in turn) at every
+// 16th position in every layer and K/V, and of every head at the last
+// loaded position, in every rank that holds it, which detects a wrong
+// block, a block of another request (another prefix), a misplaced head and
+// an unwritten (zero) block, in a few ms for 1 GiB.
 //
-// Output. Every sampled word read from the regions (each head once) is folded into a digest
+// Output. Every sampled word read from the regions is folded into a digest
 // (a commutative sum, so order does not matter); the next token is a pure
 // function of that digest, the prefix hash of the tokens so far and the
 // position. A generated token's KV is written and folded in too. So the

@@ -47,14 +47,17 @@ func fold(w uint64, p int, l, k, head uint32) uint64 {
 	return mix64(w ^ uint64(p)<<20 ^ uint64(l*2+k) ^ uint64(head)<<48)
 }
 
-// sampleEvery: the first position of every 16 has its KV words folded
-// into the digest and verified on load (and position n-1 is verified, for
-// the last block). Reading one word of every position would touch every
-// 4 KiB page of a 1 GiB load (40 ms of page walks on the 2-core VM); one
-// per 16 tokens, head, layer and plane costs a few ms and still catches a
-// wrong, foreign or unwritten block. A fixed stride, not the block size,
-// so that the digest — and the output — does not depend on the engine's
-// block size.
+// sampleEvery: the first position of every 16 has the first word of one
+// head's K and V (head (p/16) mod heads: each in turn) folded into the
+// digest and verified on load, and at position n-1 every head is verified
+// (each head at least once in any load, and the last block). Reading one
+// word of every position would touch every 4 KiB page of a 1 GiB load (40
+// ms of page walks on the 2-core VM); one per 16 tokens, layer and plane
+// costs a few ms and still catches a wrong, foreign or unwritten block, and
+// a translation that misplaces a head (it misplaces it everywhere). A fixed
+// stride, not the block size, and a head of the model, not of a rank, so
+// that the digest — and the output — does not depend on the engine's
+// shape.
 const sampleEvery = 16
 
 func sampled(p int) bool { return p%sampleEvery == 0 }
@@ -184,14 +187,19 @@ func (s *Sequence) first(g *rankGeom, k uint32, off uint64) uint64 {
 	return binary.LittleEndian.Uint64(w[:])
 }
 
-// fold adds the first word of every head of position p (layer l, K or V:
-// k) to d, each head once (its first rank).
+// sampledHead is the head whose words position p (a sampled one) folds
+// and verifies.
+func (s *Sequence) sampledHead(p int) uint32 { return uint32(p/sampleEvery) % s.l.Heads }
+
+// foldHeads adds the first word of the sampled head of position p (layer
+// l, K or V: k) to d, read from the first rank that holds it.
 func (s *Sequence) foldHeads(d *uint64, p int, l, k uint32) {
+	head := s.sampledHead(p)
 	for i := range s.ranks {
 		g := &s.ranks[i]
-		off := s.slotOff(g, p, l, k)
-		for h := g.primary; h < g.n; h++ {
-			*d += fold(s.first(g, k, off+g.base[k][h]), p, l, k, g.first+h)
+		if head >= g.first+g.primary && head < g.first+g.n {
+			*d += fold(s.first(g, k, s.slotOff(g, p, l, k)+g.base[k][head-g.first]), p, l, k, head)
+			return
 		}
 	}
 }
@@ -224,10 +232,11 @@ func (s *Sequence) Compute(to int) error {
 }
 
 // Load accepts positions [0, n) as loaded into the regions by a pull:
-// verifies the first word of every head's K and V vectors at the sampled
-// positions (and position n-1), in every layer and every rank, against the
-// tokens, and folds the sampled ones into the digest. A mismatch is
-// ErrCorrupt naming the first bad head.
+// verifies the first word of the sampled head's K and V vectors at the
+// sampled positions, and of every head's at position n-1, in every layer
+// and every rank that holds them, against the tokens, and folds the
+// sampled ones into the digest. A mismatch is ErrCorrupt naming the first
+// bad head.
 func (s *Sequence) Load(n int) error {
 	if s.kvDone != 0 {
 		return fmt.Errorf("sim: load of %d positions into a sequence that already has KV", n)
@@ -242,10 +251,14 @@ func (s *Sequence) Load(n int) error {
 				if !sampled(p) && p != n-1 {
 					continue
 				}
+				all, head := p == n-1, s.sampledHead(p)
 				for i := range s.ranks {
 					g := &s.ranks[i]
 					off := s.slotOff(g, p, l, k)
 					for h := range g.n {
+						if !all && g.first+h != head {
+							continue
+						}
 						if w, want := s.first(g, k, off+g.base[k][h]), chunkSeed(s.hashes[p], l, k, g.first+h); w != want {
 							what := "wrong KV (another block or another request's)"
 							if w == 0 {

@@ -181,8 +181,10 @@ func TestSimLoadDetectsCorruption(t *testing.T) {
 		},
 		"one word in the last layer": func(dst *kvmem.Region) []uint32 {
 			copyBlocks(src, seqIDs(0, 3), dst, seqIDs(0, 3))
-			c := dst.Block(1, 1, 2)
-			c[0] ^= 1 // the first word of the block
+			// Position 32 (block 2's first) samples head 2: the first
+			// word of its V vector.
+			_, off := dst.Layout.ElementAt(1, 0, 2, 0)
+			dst.Block(1, 1, 2)[off] ^= 1
 			return seqIDs(0, 3)
 		},
 	}
@@ -211,8 +213,9 @@ func TestSimOutputDependsOnKVContents(t *testing.T) {
 	// Same tokens, but one KV word in the region differs: unchecked, the
 	// output must change.
 	NewSequence(one(r), blocks, prompt).Compute(len(prompt))
-	c := r.Block(0, 1, 1) // position 16: a sampled one
-	binary.LittleEndian.PutUint64(c, 12345)
+	// Position 16 (block 1's first) is a sampled one, of head 1.
+	_, off := r.Layout.ElementAt(1, 0, 1, 0)
+	binary.LittleEndian.PutUint64(r.Block(0, 1, 1)[off:], 12345)
 	s := NewSequence(one(r), blocks, prompt)
 	s.Adopt(len(prompt))
 	var got []uint32
