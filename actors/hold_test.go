@@ -15,6 +15,7 @@ import (
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/lease"
 	"github.com/connex/connex/messages"
+	waitpoll "github.com/connex/connex/poll"
 	"github.com/connex/connex/transport"
 )
 
@@ -116,19 +117,16 @@ func (r *holdRig) createMode(blocks []uint32, mode lease.Mode) (Reply, error) {
 	return rep, rep.Err
 }
 
+// poll waits up to 5 s for fn to hold (package poll), naming what it
+// waits for.
 func poll(t *testing.T, what string, fn func() error) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		err := fn()
-		if err == nil {
-			return
+	waitpoll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if err := fn(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // TestHoldActorReleaseFreesOnce checks the normal path through the actor:

@@ -12,7 +12,9 @@ type Code int
 //go:generate go run ./gencodes
 
 // The constants and names of the error table are generated from
-// codes.json (codes_gen.go), which also writes README.md's table.
+// codes.json (codes_gen.go), the one table every language shares: it also
+// writes the router's codes, the shims' load-failure reasons (Go and
+// Python) and README.md's tables. Edit it, then run `make generate`.
 
 // Name is the code's stable name, e.g. "expired".
 func (c Code) Name() string {

@@ -1,4 +1,4 @@
-// Code generated from codes.json by `go generate ./api` (api/gencodes); DO NOT EDIT.
+// Code generated from api/codes.json by `go generate ./api` (api/gencodes); DO NOT EDIT.
 
 package api
 

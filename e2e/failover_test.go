@@ -3,12 +3,14 @@ package e2e
 import (
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/cluster"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/requests"
 	"github.com/nats-io/nats.go"
@@ -26,9 +28,15 @@ type decodeCluster struct {
 	engines map[string]*engine
 }
 
+// orphanScan is how often a decodeCluster's members scan for orphaned
+// requests (orphan_scan_ms).
+const orphanScan = 200 * time.Millisecond
+
+var orphanScanMS = fmt.Sprint(orphanScan.Milliseconds())
+
 func newDecodeCluster(t testing.TB, decoders ...string) *decodeCluster {
 	c := &decodeCluster{t: t, url: startNATS(t), procs: map[string]*proc{}, engines: map[string]*engine{}}
-	c.procs["prefill"] = startConnexd(t, "prefill", "--backend", "tcp", "--nats-url", c.url, "--role", "prefill", "--cluster-preset", "local", "--orphan-scan-ms", "200")
+	c.procs["prefill"] = startConnexd(t, "prefill", "--backend", "tcp", "--nats-url", c.url, "--role", "prefill", "--cluster-preset", "local", "--orphan-scan-ms", orphanScanMS)
 	c.nc = connect(t, c.url)
 	c.prefill = newEngine(t, c.nc, "prefill", "engP", testLayout, true)
 	for _, d := range decoders {
@@ -39,7 +47,7 @@ func newDecodeCluster(t testing.TB, decoders ...string) *decodeCluster {
 }
 
 func (c *decodeCluster) addDecoder(name string) {
-	c.procs[name] = startConnexd(c.t, name, "--backend", "tcp", "--nats-url", c.url, "--role", "decode", "--cluster-preset", "local", "--orphan-scan-ms", "200",
+	c.procs[name] = startConnexd(c.t, name, "--backend", "tcp", "--nats-url", c.url, "--role", "decode", "--cluster-preset", "local", "--orphan-scan-ms", orphanScanMS,
 		"--metrics-listen", "127.0.0.1:0")
 	c.engines[name] = newEngine(c.t, c.nc, name, "eng-"+name, testLayout, false)
 }
@@ -186,7 +194,11 @@ func TestRequestSurvivesDecodeMemberDeath(t *testing.T) {
 	// The zombie comes back: its write is fenced, its engine told to stop,
 	// and the durable state is untouched.
 	fenced := subscribe(t, c.nc, api.FencedSubject(c.engines["d2"].id), func() *messages.FencedNotice { return new(messages.FencedNotice) })
-	c.procs["d2"].signal(syscall.SIGCONT)
+	zombie, peer := c.procs["d2"], c.procs["d3"]
+	count := func(p *proc, s string) int { return strings.Count(p.logs(), s) }
+	evictions, joins := count(zombie, "rejoining with a new id"), count(peer, `msg="member joined"`)
+	zombie.signal(syscall.SIGCONT)
+	resumed := time.Now()
 	err := c.progress(t, "d2", "r-hang", 1, 99)
 	if api.CodeOf(err) != api.CodeFenced {
 		t.Fatalf("zombie progress: want fenced, got %v", err)
@@ -200,18 +212,32 @@ func TestRequestSurvivesDecodeMemberDeath(t *testing.T) {
 		t.Fatalf("state after zombie write: %v %v", cur, err)
 	}
 	// The zombie rejoins with a fresh cluster id; it must not steal requests
-	// back while its view is partial. Watch the owners for longer than the
-	// zombie needs to rejoin and settle (TTL + 2 heartbeats ≈ 1.1 s).
-	watchUntil := time.Now().Add(1500 * time.Millisecond)
-	for time.Now().Before(watchUntil) {
+	// back while its view is partial. Watch the owners from its return until
+	// it has rejoined (its log says so, and d3 saw it join) and then watched
+	// the cluster as long as a member must before it may place orphans
+	// (cluster.Config.SettleAfter), plus two orphan scans: past its first
+	// scan as a settled member.
+	settle := cluster.DefaultLocalConfig().SettleAfter() + 2*orphanScan
+	var rejoined time.Time
+	checkFor(t, 15*time.Second, 50*time.Millisecond, func() error {
 		for id, owner := range map[string]string{"r-hang": n.State.Owner, "r-kill": st.Owner} {
 			cur, err := c.engines["d3"].cli.InspectRequest(ctx5(t), &messages.RequestRef{RequestId: id})
 			if err != nil || cur.State.Owner != owner {
 				t.Fatalf("%s moved after the zombie came back: %v %v", id, cur, err)
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		if rejoined.IsZero() {
+			if count(zombie, "rejoining with a new id") == evictions || count(peer, `msg="member joined"`) == joins {
+				return fmt.Errorf("the zombie has not rejoined yet")
+			}
+			rejoined = time.Now()
+		}
+		if since := time.Since(rejoined); since < settle {
+			return fmt.Errorf("the zombie rejoined %s ago, watching it for %s", since.Round(time.Millisecond), settle)
+		}
+		return nil
+	})
+	t.Logf("zombie rejoined %s after SIGCONT; owners unchanged through the %s after", rejoined.Sub(resumed).Round(time.Millisecond), settle)
 	// Finishing releases the hold exactly once (both requests share it in
 	// this test; the second release finds it already released).
 	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })

@@ -69,19 +69,13 @@ func holderDies(t *testing.T, backend string, sig syscall.Signal) {
 		if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: ids, PullId: pullID}); err != nil {
 			t.Fatal(err)
 		}
-		active := false
-		deadline := time.Now().Add(5 * time.Second)
-		for time.Now().Before(deadline) {
+		checkFor(t, 5*time.Second, time.Millisecond, func() error {
 			st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
-			if err == nil && st.ActivePulls > 0 {
-				active = true
-				break
+			if err != nil || st.ActivePulls == 0 {
+				return fmt.Errorf("pull %s not active on the holder: %v %v", pullID, st, err)
 			}
-			time.Sleep(time.Millisecond)
-		}
-		if !active {
-			t.Fatalf("pull never became active on the holder")
-		}
+			return nil
+		})
 		pn.signal(sig)
 		sent = time.Now()
 		// If the pull had already finished, try again on a fresh pull.

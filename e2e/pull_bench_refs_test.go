@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/connex/connex/poll"
 	"github.com/connex/connex/transport/memcopy"
 )
 
@@ -158,18 +159,21 @@ func runPerftest(tls string, size, iters int, extra ...string) (float64, error) 
 	}()
 	// Wait until the server listens; probing it with a connection would be
 	// taken for the client, so read the kernel's socket table instead.
-	deadline := time.Now().Add(10 * time.Second)
-	for !tcpListening(port) {
+	exited := func() bool {
 		select {
 		case <-srvDone:
-			return 0, fmt.Errorf("server exited: %s", srvOut.String())
+			return true
 		default:
+			return false
 		}
-		if time.Now().After(deadline) {
-			_ = srv.Process.Kill()
-			return 0, fmt.Errorf("server not listening on %d within 10s", port)
-		}
-		time.Sleep(5 * time.Millisecond)
+	}
+	listening := poll.Wait(10*time.Second, 5*time.Millisecond, func() bool { return exited() || tcpListening(port) })
+	if exited() {
+		return 0, fmt.Errorf("server exited: %s", srvOut.String())
+	}
+	if !listening {
+		_ = srv.Process.Kill()
+		return 0, fmt.Errorf("server not listening on %d within 10s", port)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()

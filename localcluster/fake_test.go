@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/connex/connex/poll"
 )
 
 // The test binary plays connexd and connex-sim when LOCALCLUSTER_FAKE=1, so
@@ -276,13 +278,12 @@ func TestLocalFakeLifecycle(t *testing.T) {
 
 func waitState(t *testing.T, pid int, want string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for procState(pid) != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("pid %d state %s, want %s", pid, procState(pid), want)
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if got := procState(pid); got != want {
+			return fmt.Errorf("pid %d state %s, want %s", pid, got, want)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestLocalFakeStartFailureReportsOutput(t *testing.T) {

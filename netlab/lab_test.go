@@ -2,11 +2,14 @@ package netlab
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/connex/connex/poll"
 )
 
 func newLab(t *testing.T, n int) *Lab {
@@ -148,19 +151,12 @@ func TestLabHostsReachEachOtherAndFaultsCut(t *testing.T) {
 
 func waitReach(t *testing.T, h *Host, addr string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := dialFrom(h, addr, 2*time.Second)
-		if err == nil {
-			return
+	poll.Until(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if err := dialFrom(h, addr, 2*time.Second); err != nil {
+			return fmt.Errorf("%s cannot reach %s: %w", h.Name, addr, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s cannot reach %s: %v", h.Name, addr, err)
-		}
-		<-tick.C
-	}
+		return nil
+	})
 }
 
 func netPort(t *testing.T, addr string) int {

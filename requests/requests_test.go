@@ -3,11 +3,13 @@ package requests
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
 
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/poll"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -177,20 +179,12 @@ func TestKVStoreFencing(t *testing.T) {
 	if _, err := s.Create(ctx, st); err != nil {
 		t.Fatal(err)
 	}
-	poll := time.NewTicker(100 * time.Millisecond)
-	defer poll.Stop()
-	deadline := time.After(8 * time.Second)
-	for {
-		_, _, err := s.Get(ctx, "req-1")
-		if errors.Is(err, ErrNotFound) {
-			break
+	poll.Until(t, 8*time.Second, 100*time.Millisecond, func() error {
+		if _, _, err := s.Get(ctx, "req-1"); !errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("entry still there after its last write with a 1 s TTL: %v", err)
 		}
-		select {
-		case <-poll.C:
-		case <-deadline:
-			t.Fatalf("entry still there 8 s after its last write with a 1 s TTL: %v", err)
-		}
-	}
+		return nil
+	})
 }
 
 func TestTakeover(t *testing.T) {

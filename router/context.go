@@ -5,10 +5,6 @@ import (
 	"net/http"
 )
 
-// CodeContextLength is OpenAI's code for a request longer than the model's
-// context.
-const CodeContextLength = "context_length_exceeded"
-
 // ContextLimit is the longest prompt + completion, in tokens, that every
 // live engine of model can hold (0: no engine says): each engine's
 // registered max_model_len, lowered to what its KV region holds

@@ -20,30 +20,13 @@ type APIError struct {
 	Type string `json:"type"`
 	// Param names the offending request field, if any.
 	Param *string `json:"param"`
-	// Code is a stable machine-readable code (model_not_found,
-	// kv_load_failed, no_engine, engine_failed, ...).
+	// Code is a stable machine-readable code: one of the Code constants
+	// (codes_gen.go, generated from api/codes.json), or an engine's own.
 	Code string `json:"code"`
 }
 
 // Error formats the error as "status code: message".
 func (e *APIError) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message) }
-
-// Stable error codes the router answers with.
-const (
-	CodeInvalidRequest = "invalid_request"
-	CodeModelNotFound  = "model_not_found"
-	CodeBodyTooLarge   = "request_too_large"
-	CodeNoEngine       = "no_engine"
-	CodeEngineFailed   = "engine_failed"
-	CodeKVLoadFailed   = "kv_load_failed"
-	CodeResumeFailed   = "resume_failed"
-	CodeNotFound       = "not_found"
-	CodeMethod         = "method_not_allowed"
-	// CodeUnauthorized: no valid API key (router_api_key*, router_admin_api_key*).
-	CodeUnauthorized = "invalid_api_key"
-	// CodeOverloaded: the router runs router_max_in_flight requests already.
-	CodeOverloaded = "overloaded"
-)
 
 func badRequest(param, format string, args ...any) *APIError {
 	p := param

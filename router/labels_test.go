@@ -64,3 +64,18 @@ func TestUnknownModelsAreNotLabels(t *testing.T) {
 		}
 	}
 }
+
+// TestRouterCodesAreLabels: every code of the router's table (codes_gen.go)
+// is a value of connex_router_errors_total's code label, including those a
+// hand-kept list once missed (context_length_exceeded); anything else is
+// "other".
+func TestRouterCodesAreLabels(t *testing.T) {
+	for _, c := range []string{CodeContextLength, CodeOverloaded, CodeKVLoadFailed, CodeUnauthorized} {
+		if got := codeLabel(c); got != c {
+			t.Errorf("codeLabel(%q) = %q", c, got)
+		}
+	}
+	if got := codeLabel("made_up_by_the_engine"); got != labelOther {
+		t.Errorf("an engine's own code is labelled %q, want %q", got, labelOther)
+	}
+}

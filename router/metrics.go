@@ -26,13 +26,9 @@ func modelLabel(model string, known []string) string {
 	return "unknown"
 }
 
-// routerCodes are the error codes the router itself answers with, plus the
-// engines' codes it acts on.
-var routerCodes = []string{CodeInvalidRequest, CodeModelNotFound, CodeBodyTooLarge, CodeNoEngine, CodeEngineFailed,
-	CodeKVLoadFailed, CodeResumeFailed, CodeNotFound, CodeMethod, CodeUnauthorized, CodeOverloaded}
-
-// codeLabel is code if it is one of routerCodes, else "other" (engines'
-// codes are relayed to clients as they are, but not made into series).
+// codeLabel is code if it is one of routerCodes (codes_gen.go), else
+// "other" (engines' codes are relayed to clients as they are, but not made
+// into series).
 func codeLabel(code string) string {
 	if slices.Contains(routerCodes, code) {
 		return code

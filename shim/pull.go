@@ -26,7 +26,7 @@ const (
 type LoadError struct {
 	TransferID string
 	Code       api.Code // api error code of the failure
-	Reason     string   // "expired", "released", "holder unavailable", "corrupt", …
+	Reason     string   // Reason(Code): "expired", "released", "holder unavailable", …
 	Policy     string   // PolicyFail or PolicyRecompute
 	Detail     string   // the connexd's message
 }
@@ -36,21 +36,13 @@ func (e *LoadError) Error() string {
 	return fmt.Sprintf("KV load of transfer %s failed: %s (%s)", e.TransferID, e.Reason, e.Detail)
 }
 
-// Reason names a load failure code the way a user reads it.
+// Reason names a load failure code the way a user reads it: its name, or
+// the reason api/codes.json gives it (loadReasons: "holder unavailable"
+// for peer_unavailable and engine_gone, …). The vLLM connector's
+// connex_vllm.codes.reason says the same.
 func Reason(c api.Code) string {
-	switch c {
-	case api.CodeExpired:
-		return "expired"
-	case api.CodeReleased:
-		return "released"
-	case api.CodePeerUnavailable, api.CodeEngineGone:
-		return "holder unavailable"
-	case api.CodeUnknownTransfer:
-		return "unknown transfer"
-	case api.CodeTimeout:
-		return "timeout"
-	case api.CodeIncompatible, api.CodeBadLayout:
-		return "incompatible"
+	if r, ok := loadReasons[c]; ok {
+		return r
 	}
 	return c.Name()
 }

@@ -443,22 +443,18 @@ func TestSimClientDisconnectFinishesTheRequest(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
 		d.mu.Lock()
 		a := d.acts[0]
 		d.mu.Unlock()
 		a.mu.Lock()
 		fin := a.finished
 		a.mu.Unlock()
-		if fin && d.allFree() {
-			break
+		if free := d.allFree(); !fin || !free {
+			return fmt.Errorf("client gone: finished=%v, decode blocks all free=%v", fin, free)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("client gone: finished=%v, decode blocks all free=%v", fin, d.allFree())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestSimFencedStreamIsCut(t *testing.T) {

@@ -1,5 +1,7 @@
-// Command gencodes regenerates api/codes_gen.go and README.md's error-code
-// table from api/codes.json (`go generate ./api`).
+// Command gencodes regenerates every copy of the error table from
+// api/codes.json: api/codes_gen.go, router/codes_gen.go,
+// shim/reasons_gen.go, connector/connex_vllm/codes.py and README.md's
+// tables (`go generate ./api`, or `make generate`).
 package main
 
 import (
@@ -17,29 +19,32 @@ func main() {
 	}
 }
 
-// run is invoked in api/ (go generate's directory).
+// run is invoked in api/ (go generate's directory): the repository root
+// is its parent.
 func run() error {
 	data, err := os.ReadFile("codes.json")
 	if err != nil {
 		return err
 	}
-	es, err := codetable.Parse(data)
+	t, err := codetable.Parse(data)
 	if err != nil {
 		return err
 	}
-	src, err := codetable.Go(es)
+	files, err := codetable.Files(t)
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile("codes_gen.go", src, 0o644); err != nil {
-		return err
+	for _, f := range files {
+		if err := os.WriteFile(filepath.Join("..", f.Path), f.Data, 0o644); err != nil {
+			return err
+		}
 	}
 	readmePath := filepath.Join("..", "README.md")
 	readme, err := os.ReadFile(readmePath)
 	if err != nil {
 		return err
 	}
-	out, err := codetable.Splice(string(readme), codetable.Markdown(es))
+	out, err := codetable.README(string(readme), t)
 	if err != nil {
 		return err
 	}

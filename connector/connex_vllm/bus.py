@@ -23,6 +23,8 @@ from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from .codes import CODE_FORBIDDEN, CODE_INTERNAL, CODE_PEER_UNAVAILABLE, CODE_TIMEOUT
+
 log = logging.getLogger("connex_vllm")
 
 M = TypeVar("M", bound=Message)
@@ -32,41 +34,9 @@ PREFIX = "connex.v1"
 _HDR_CODE = "Nats-Service-Error-Code"
 _HDR_ERROR = "Nats-Service-Error"
 
-# Stable error codes of the subject API (api/codes.go) that the connector branches on.
-CODE_UNKNOWN_TRANSFER = 404
-CODE_UNKNOWN_REGION = 405
-CODE_RELEASED = 409
-CODE_EXPIRED = 410
-CODE_FORBIDDEN = 406
-CODE_INCOMPATIBLE = 424
-CODE_ENGINE_GONE = 426
-CODE_FENCED = 428
-CODE_UNKNOWN_REQUEST = 430
-CODE_PEER_UNAVAILABLE = 503
-CODE_TIMEOUT = 504
-CODE_REGION_BROKEN = 508
-
-_REASONS = {
-    CODE_EXPIRED: "expired",
-    CODE_RELEASED: "released",
-    CODE_PEER_UNAVAILABLE: "holder unavailable",
-    CODE_ENGINE_GONE: "holder unavailable",
-    CODE_UNKNOWN_TRANSFER: "unknown transfer",
-    CODE_TIMEOUT: "timeout",
-    CODE_INCOMPATIBLE: "incompatible",
-    CODE_UNKNOWN_REGION: "region lost",
-    CODE_REGION_BROKEN: "region lost",
-    423: "incompatible",
-}
-
-
-def reason(code: int) -> str:
-    """Names a load-failure code the way an operator reads it (as the Go shim does)."""
-    return _REASONS.get(code, f"error {code}")
-
 
 class ConnexError(Exception):
-    """A subject-API call failed: ``code`` is the stable number of the API's error table."""
+    """A subject-API call failed: ``code`` is the stable number of the API's error table (``codes``)."""
 
     def __init__(self, code: int, message: str) -> None:
         super().__init__(f"{message} (code {code})")
@@ -180,7 +150,7 @@ class Bus:
             self.on_call(endpoint, time.perf_counter() - t0)
         hdrs = r.headers or {}
         if _HDR_CODE in hdrs:
-            code = int(hdrs.get(_HDR_CODE, "500") or 500)
+            code = int(hdrs.get(_HDR_CODE) or CODE_INTERNAL)
             raise ConnexError(code, f"{subj}: {hdrs.get(_HDR_ERROR, '')}")
         out = reply()
         out.ParseFromString(r.data)

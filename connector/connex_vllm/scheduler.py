@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from . import bus as busmod
-from . import notices
+from . import codes, notices
 from .bus import Bus, ConnexError
 from .metadata import ConnexMetadata, LoadSpec
 from .params import load_tokens, to_dict, to_proto
@@ -320,7 +320,7 @@ class ConnexScheduler:
                 st = await self._bus.call("request.start", msg, rpb.RequestStatus, self.settings.call_timeout_s)
             except ConnexError as e:
                 if spec is not None:  # the load fails; vLLM's kv_load_failure_policy decides
-                    self._load_ready(replace(spec, error=f"{busmod.reason(e.code)}: request.start: {e}"))
+                    self._load_ready(replace(spec, error=f"{codes.reason(e.code)}: request.start: {e}"))
                 raise
             d.epoch = st.state.epoch
             if spec is not None:
@@ -349,7 +349,7 @@ class ConnexScheduler:
             try:
                 await step()
             except ConnexError as e:
-                if e.code == busmod.CODE_FENCED:
+                if e.code == codes.CODE_FENCED:
                     self._fence(d, str(e))
                 else:
                     log.warning("connex: %s of request %s failed: %s", what, d.connex_id, e)

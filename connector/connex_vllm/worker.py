@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import bus as busmod
-from . import notices
+from . import codes, notices
 from .bus import Bus, ConnexError
 from .memory import KVMemory, SharedRegionMemory
 from .metadata import ConnexMetadata, LoadSpec
@@ -328,16 +328,16 @@ class ConnexWorker:
                 await self.bus.call("pull.start", req, pb.StartPullReply, s.call_timeout_s)
                 return
             except ConnexError as e:
-                if e.code in (busmod.CODE_UNKNOWN_REGION, busmod.CODE_REGION_BROKEN):
-                    self._region_lost(f"pull.start answered {busmod.reason(e.code)}: {e}")
+                if e.code in (codes.CODE_UNKNOWN_REGION, codes.CODE_REGION_BROKEN):
+                    self._region_lost(f"pull.start answered {codes.reason(e.code)}: {e}")
                     return  # the pull stays in flight: requeued by _recover (or failed at its deadline)
-                if e.code in (busmod.CODE_TIMEOUT, busmod.CODE_PEER_UNAVAILABLE) and attempt < s.pull_start_attempts:
+                if e.code in (codes.CODE_TIMEOUT, codes.CODE_PEER_UNAVAILABLE) and attempt < s.pull_start_attempts:
                     log.warning("connex: pull.start %s not answered (%s); sending it again", pull_id, e)
                     continue
-                self.done.pull_ended(pull_id, False, f"{busmod.reason(e.code)}: pull.start: {e}")
+                self.done.pull_ended(pull_id, False, f"{codes.reason(e.code)}: pull.start: {e}")
                 return
             except Exception as e:
-                self.done.pull_ended(pull_id, False, f"{busmod.reason(500)}: pull.start: {e!r}")
+                self.done.pull_ended(pull_id, False, f"{codes.reason(codes.CODE_INTERNAL)}: pull.start: {e!r}")
                 return
 
     # ---- notices
@@ -357,7 +357,7 @@ class ConnexWorker:
             if d.ok:
                 self.done.pull_ended(d.pull_id, True, duration_us=int(d.duration_us))
             else:
-                self.done.pull_ended(d.pull_id, False, f"{busmod.reason(d.error_code)}: {d.error}")
+                self.done.pull_ended(d.pull_id, False, f"{codes.reason(d.error_code)}: {d.error}")
         elif n.HasField("blocks_freed"):
             self.done.blocks_freed(n.blocks_freed.transfer_id)
 

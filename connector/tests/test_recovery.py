@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from connex_vllm import bus as busmod
+from connex_vllm import codes
 from connex_vllm.bus import ConnexError
 from connex_vllm.memory import KVMemory
 from connex_vllm.metadata import ConnexMetadata, LoadSpec
@@ -42,7 +42,7 @@ class Journal:
     async def fetch(self, journal: str, seq: int) -> npb.NoticesReply:
         self.asked.append((journal, seq))
         if self.down:
-            raise ConnexError(busmod.CODE_PEER_UNAVAILABLE, "engine.notices: no connexd answers")
+            raise ConnexError(codes.CODE_PEER_UNAVAILABLE, "engine.notices: no connexd answers")
         kept = self.kept.get(self.current, [])
         after = seq if journal == self.current else 0
         return npb.NoticesReply(
@@ -123,7 +123,7 @@ class FakeMemory(KVMemory):
     def move(self, create_region: Callable[[pb.Layout], pb.RegionInfo]) -> None:
         if self.fail_moves:
             self.fail_moves -= 1
-            raise ConnexError(busmod.CODE_PEER_UNAVAILABLE, "region.create: no connexd answers")
+            raise ConnexError(codes.CODE_PEER_UNAVAILABLE, "region.create: no connexd answers")
         self.moves += 1
         self.info = pb.RegionInfo(region_id="r0", path=f"/moved-{self.moves}")
 
@@ -165,25 +165,25 @@ def load(req: str, blocks: tuple[int, ...] = (1, 2)) -> ConnexMetadata:
 
 
 def test_pull_start_is_sent_again_after_a_lost_answer() -> None:
-    w, bus, _, _ = worker([busmod.CODE_TIMEOUT, busmod.CODE_PEER_UNAVAILABLE, None])
+    w, bus, _, _ = worker([codes.CODE_TIMEOUT, codes.CODE_PEER_UNAVAILABLE, None])
     w.start_load(load("r1"))
     assert len(bus.pulls) == 3 and len(set(bus.pulls)) == 1, "the same pull id each time (connexd: one pull)"
     assert w.done.in_flight() == 1 and w.get_finished() == (None, None)
 
 
 def test_pull_start_gives_up_after_its_attempts_or_at_once_on_a_refusal() -> None:
-    w, bus, _, _ = worker([busmod.CODE_TIMEOUT] * 3)
+    w, bus, _, _ = worker([codes.CODE_TIMEOUT] * 3)
     w.start_load(load("r1"))
     assert len(bus.pulls) == 3
     assert w.get_finished() == (None, {"r1"}) and "timeout" in w.done.failures["r1"]
-    w, bus, _, _ = worker([busmod.CODE_FORBIDDEN])
+    w, bus, _, _ = worker([codes.CODE_FORBIDDEN])
     w.start_load(load("r2"))
     assert len(bus.pulls) == 1 and w.get_finished() == (None, {"r2"})
     assert w.load_errors() == {1, 2}
 
 
 def test_a_lost_region_is_made_again_between_steps_and_the_loads_sent_again() -> None:
-    w, bus, mem, now = worker([busmod.CODE_UNKNOWN_REGION])
+    w, bus, mem, now = worker([codes.CODE_UNKNOWN_REGION])
     w.bind(ConnexMetadata(holds={"p1": "h1"}))  # a hold of the old connexd (prefill side)
     w.start_load(load("r1"))  # answered unknown_region: connexd restarted under us
     assert w._lost and mem.moves == 0

@@ -1,8 +1,10 @@
-"""Pure parts: settings, kv_transfer_params conversion, completion bookkeeping, generated protobuf in sync."""
+"""Pure parts: settings, kv_transfer_params conversion, completion bookkeeping, generated protobuf and error codes in
+sync."""
 
 from __future__ import annotations
 
 import filecmp
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -131,6 +133,22 @@ def test_generated_protobuf_matches_messages(tmp_path: Path) -> None:
         assert filecmp.cmp(tmp_path / name, here / "connex_vllm" / "pb" / name, shallow=False), (
             f"connex_vllm/pb/{name} is stale: run connector/gen-proto.sh"
         )
+
+
+def test_error_codes_match_api_codes_json() -> None:
+    from connex_vllm import codes
+
+    table = json.loads((Path(__file__).resolve().parents[2] / "api" / "codes.json").read_text())["nats"]
+    stale = "connex_vllm/codes.py is not what api/codes.json says: run make generate"
+    consts = {f"CODE_{e['name'].upper()}" for e in table}
+    assert table and {k for k in vars(codes) if k.startswith("CODE_")} == consts, stale
+    for e in table:
+        assert getattr(codes, f"CODE_{e['name'].upper()}") == e["code"], stale
+        assert codes.NAMES[e["code"]] == codes.name(e["code"]) == e["name"], stale
+        assert codes.reason(e["code"]) == e.get("reason", e["name"]), stale
+    assert len(codes.NAMES) == len(table), stale
+    # A code this table does not know reads as connexd names it (Code.Name).
+    assert codes.name(599) == codes.reason(599) == "code_599"
 
 
 def test_notice_cursor_orders_live_and_replayed_notices() -> None:
