@@ -59,6 +59,8 @@ type holdActor struct {
 	// the data-plane registrations (regs, perExtent, implied,
 	// regionAddr) made at create, registerHold
 	holdRegistration
+	// more is the engine's TP ranks 1.. (holdranks.go); nil for one rank
+	more *moreRanks
 }
 
 // holdSpec is what a hold keeps of its CreateHold: not the message and its
@@ -91,7 +93,7 @@ func (a *holdActor) Receive(ctx actor.Context) {
 		// A region that broke may have sent zeros as good bytes: the
 		// pull did not succeed, and a reader that waits for this answer
 		// fails it.
-		broken := a.spec.region.CheckBroken()
+		broken := a.brokenRegion()
 		a.step(ctx, lease.PullEnd{Now: a.now(), By: m.By, PullID: m.PullID, OK: m.OK && broken == nil}, func() Reply {
 			if broken != nil && m.OK {
 				return Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), broken)}
@@ -115,6 +117,9 @@ func (a *holdActor) Receive(ctx actor.Context) {
 		if a.spec.releaseRegion != nil {
 			a.spec.releaseRegion()
 		}
+		if a.more != nil && a.more.release != nil {
+			a.more.release()
+		}
 	}
 }
 
@@ -128,6 +133,9 @@ func (a *holdActor) id() string {
 
 func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 	a.spec = holdSpec{id: m.ID, blocks: m.Req.BlockIds, region: m.Region, releaseRegion: m.ReleaseRegion}
+	if len(m.MoreRanks) > 0 {
+		a.more = &moreRanks{regions: m.MoreRanks, release: m.ReleaseMoreRanks}
+	}
 	fail := func(err error) {
 		a.deregister()
 		ctx.Respond(Reply{Err: err})
@@ -147,10 +155,18 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 		return
 	}
 	a.holdRegistration = hr
+	if a.more != nil {
+		if err := a.more.holdRanks(a.deps.Backend, m.Req.BlockIds); err != nil {
+			_ = r.Blocks.Unhold(m.Req.BlockIds)
+			a.held = false
+			fail(fmt.Errorf("hold %s: %w", m.ID, err))
+			return
+		}
+	}
 	created := a.now()
 	h, err := lease.New(created, m.Lease)
 	if err != nil {
-		_ = r.Blocks.Unhold(m.Req.BlockIds)
+		a.unholdAll()
 		a.held = false
 		fail(fmt.Errorf("hold %s: %w", m.ID, err))
 		return
@@ -161,7 +177,7 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 	a.h, a.held = h, false
 	l0 := r.Region.Layout
 	a.entry = &HoldEntry{PID: ctx.Self(), Engine: r.Engine, Region: r.ID, Created: created, Blocks: len(m.Req.BlockIds),
-		Bytes: uint64(len(m.Req.BlockIds)) * uint64(l0.Layers) * uint64(l0.Planes) * l0.BlockBytes}
+		Bytes: uint64(len(m.Req.BlockIds)) * uint64(l0.Layers) * uint64(l0.Planes) * l0.BlockBytes * uint64(1+len(m.MoreRanks))}
 	a.deps.Dir.put(m.ID, a.entry)
 	a.deps.Metrics.HoldsCreated.Add(1)
 	a.deps.timers().bind(&a.wake, ctx.Self(), ctx.ActorSystem())
@@ -185,11 +201,11 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 
 func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 	l := a.spec.region.Region.Layout
-	if err := l.CompatibleWith(m.Layout); err != nil {
+	if _, err := kvmem.Compatible(l, m.Layout); err != nil {
 		ctx.Respond(Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), err)})
 		return
 	}
-	if err := a.spec.region.CheckBroken(); err != nil {
+	if err := a.brokenRegion(); err != nil {
 		ctx.Respond(Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), err)})
 		return
 	}
@@ -211,6 +227,7 @@ func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 			RegionAddr:        a.regionAddr,
 			PullEndAsync:      st.Mode != lease.AfterPull,
 			HolderIncarnation: a.incarnation(),
+			MoreRanks:         a.more.descriptors(),
 		}}
 	})
 }
@@ -236,7 +253,7 @@ func (a *holdActor) stopping(ctx actor.Context) {
 		}
 		a.step(ctx, lease.Abort{Now: a.now()}, nil)
 	case a.held:
-		_ = a.spec.region.Blocks.Unhold(a.spec.blocks)
+		a.unholdAll()
 		a.held = false
 	}
 	a.deregister()
@@ -281,14 +298,15 @@ func (a *holdActor) step(ctx actor.Context, ev lease.Event, ok func() Reply) {
 
 // apply performs one effect of the lease.
 func (a *holdActor) apply(e lease.Effect) {
-	blocks := a.spec.region.Blocks
 	switch e := e.(type) {
 	case lease.BeginRead:
-		if err := blocks.BeginRead(a.spec.blocks); err != nil {
-			a.deps.Log.Warn("block accounting refused a read mark", "transfer", a.id(), "pull", e.PullID, "err", err)
-		}
+		a.regions(func(m *kvmem.Mapped) {
+			if err := m.Blocks.BeginRead(a.spec.blocks); err != nil {
+				a.deps.Log.Warn("block accounting refused a read mark", "transfer", a.id(), "pull", e.PullID, "region", m.ID, "err", err)
+			}
+		})
 	case lease.EndRead:
-		blocks.EndRead(a.spec.blocks)
+		a.regions(func(m *kvmem.Mapped) { m.Blocks.EndRead(a.spec.blocks) })
 	case lease.Deregister:
 		a.deregister()
 	case lease.Free:
@@ -302,16 +320,28 @@ func (a *holdActor) apply(e lease.Effect) {
 // deregister revokes the hold's registrations (idempotent: none are left
 // after the first call).
 func (a *holdActor) deregister() {
-	if err := a.deregisterAll(); err != nil {
+	if err := errors.Join(a.deregisterAll(), a.more.deregister()); err != nil {
 		a.deps.Log.Warn("deregister failed", "transfer", a.id(), "err", err)
 	}
+}
+
+// unholdAll gives the hold's blocks back in every rank's accounting,
+// reporting the first refusal (a double free).
+func (a *holdActor) unholdAll() error {
+	var first error
+	a.regions(func(m *kvmem.Mapped) {
+		if err := m.Blocks.Unhold(a.spec.blocks); err != nil && first == nil {
+			first = err
+		}
+	})
+	return first
 }
 
 // free performs lease.Free, which the lease emits once, after Deregister:
 // the blocks go back to the accounting, the engine is told (unless it is
 // gone), the directory keeps a tombstone, and the actor lingers, then stops.
 func (a *holdActor) free(f lease.Free) {
-	if err := a.spec.region.Blocks.Unhold(a.spec.blocks); err != nil {
+	if err := a.unholdAll(); err != nil {
 		a.deps.Metrics.DoubleFrees.Add(1)
 		a.deps.Log.Error("block accounting refused a free: double free prevented", "transfer", a.id(), "err", err)
 	}
@@ -365,13 +395,14 @@ func (a *holdActor) status() *messages.HoldStatus {
 		Release:       st.Mode.String(),
 		Freed:         st.Freed,
 		CreatedUnixMs: a.entry.Created.UnixMilli(),
-		Bytes:         uint64(len(a.spec.blocks)) * uint64(a.spec.region.Region.Layout.Layers) * uint64(a.spec.region.Region.Layout.Planes) * a.spec.region.Region.Layout.BlockBytes,
+		Bytes:         a.entry.Bytes,
 	}
 }
 
 // LayoutToProto converts a layout to its wire form.
 func LayoutToProto(l kvmem.Layout) *messages.Layout {
-	return &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize}
+	return &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize,
+		TpRank: l.TPRank, KvOrder: l.Order, NumKvHeads: l.Heads, HeadSize: l.HeadSize, Dtype: l.Dtype, Model: l.Model}
 }
 
 // LayoutFromProto converts a wire layout; a nil one is the zero layout
@@ -380,5 +411,6 @@ func LayoutFromProto(m *messages.Layout) kvmem.Layout {
 	if m == nil {
 		return kvmem.Layout{}
 	}
-	return kvmem.Layout{Layers: m.NumLayers, Planes: m.KvPlanes, Blocks: m.NumBlocks, BlockBytes: m.BlockBytes, BlockSize: m.BlockSize, TPSize: m.TpSize}
+	return kvmem.Layout{Layers: m.NumLayers, Planes: m.KvPlanes, Blocks: m.NumBlocks, BlockBytes: m.BlockBytes, BlockSize: m.BlockSize, TPSize: m.TpSize,
+		TPRank: m.TpRank, Order: m.KvOrder, Heads: m.NumKvHeads, HeadSize: m.HeadSize, Dtype: m.Dtype, Model: m.Model}
 }

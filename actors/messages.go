@@ -19,7 +19,13 @@ type CreateHold struct {
 	Req           *messages.CreateHoldRequest
 	Region        *kvmem.Mapped
 	ReleaseRegion func() // called once when the hold stops touching the region
-	Lease         lease.Config
+	// MoreRanks are the regions of TP ranks 1 .. tp_size-1 of a
+	// tensor-parallel engine (Region is rank 0's), alike but for the rank;
+	// the hold spans the same blocks in each. ReleaseMoreRanks is called
+	// once when the hold stops touching them.
+	MoreRanks        []*kvmem.Mapped
+	ReleaseMoreRanks func()
+	Lease            lease.Config
 }
 
 // RebindHold binds a hold to the engine that runs its request at Epoch

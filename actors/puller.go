@@ -50,6 +50,9 @@ type PullDeps struct {
 	// only to one of these, never to an address the transfer params alone
 	// name, since params come from engines and routers.
 	addrs dataAddrBook
+	// translations keeps the translations between holders' and local
+	// layouts of other shapes.
+	translations translationCache
 }
 
 func (d *PullDeps) clock() clock.Clock { return clock.Or(d.Clock) }
@@ -202,8 +205,15 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 		dch <- descResult{d, err}
 	}()
 	early := connectEarly(ctx, a.deps.Backend, &a.deps.addrs, prm.RemoteCtrl, connectBudget(a.p.Stall))
-	plan, planErr := planDst(a.p.Dst, prm.RemoteBlockIds, a.p.DstBlocks)
-	defer plan.release() // after read: every Get has returned by then
+	// A holder of this region's shape (what the params say of it) is read
+	// whole blocks at a time: plan that now. Any other shape waits for the
+	// holder's layout in the descriptors.
+	var plan *readPlan
+	var planErr error
+	if dl := a.p.Dst.Region.Layout; (prm.TpSize == 0 || prm.TpSize == dl.TPSize) && (prm.BlockSize == 0 || prm.BlockSize == dl.BlockSize) {
+		plan, planErr = planDst(a.p.Dst, prm.RemoteBlockIds, a.p.DstBlocks)
+	}
+	defer func() { plan.release() }() // after read: every Get has returned by then
 	r := <-dch
 	a.descDur = a.deps.clock().Now().Sub(a.start)
 	if r.err != nil {
@@ -224,7 +234,7 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	getErr := planErr
 	if getErr == nil {
 		t0 := a.deps.clock().Now()
-		n, getErr = a.read(ctx, desc, plan, early, peer, requester)
+		n, getErr = a.read(ctx, desc, &plan, early, peer, requester)
 		a.readDur = a.deps.clock().Now().Sub(t0)
 	} else {
 		early.drop()
@@ -271,9 +281,10 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	return n, getErr
 }
 
-func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan *readPlan, early *earlyEndpoint, peer *api.Client, requester string) (uint64, error) {
+func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan **readPlan, early *earlyEndpoint, peer *api.Client, requester string) (uint64, error) {
 	prm := a.p.Params
-	if err := plan.bind(desc, prm.RemoteBlockIds); err != nil {
+	run, total, err := a.planReads(desc, plan)
+	if err != nil {
 		early.drop()
 		return 0, fmt.Errorf("pull %s: %w", a.p.ID, err)
 	}
@@ -299,10 +310,39 @@ func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan
 	// Keep the lease alive during long reads.
 	stopRenew := a.renewEvery(ctx, peer, requester, time.Duration(prm.RetainS)*time.Second/3)
 	defer stopRenew()
-	if err := a.readBatches(ctx, ep, splitOps(plan.ops, batchBytes), plan.total, peer.Member); err != nil {
+	se, _ := ep.(transport.StridedEndpoint)
+	if err := run(batchReader{
+		get: func(ops []transport.GetOp) error {
+			return a.readBatches(ctx, ep, splitOps(ops, batchBytes), total, peer.Member)
+		},
+		strided: func(ops []transport.StridedOp) error {
+			if se == nil { // Caps.Strided said otherwise: read the pieces
+				var pieces []transport.GetOp
+				for _, op := range ops {
+					pieces = op.AppendPieces(pieces)
+				}
+				return a.readBatches(ctx, ep, pieces, total, peer.Member)
+			}
+			return a.readStridedBatches(ctx, se, ops, total, peer.Member)
+		},
+	}); err != nil {
 		return 0, err
 	}
-	return plan.total, nil
+	return total, nil
+}
+
+// batchReader reads a planned pull's reads: GetOps, and strided ops (head
+// ranges of token-major blocks) where the data plane reads those.
+type batchReader struct {
+	get     func([]transport.GetOp) error
+	strided func([]transport.StridedOp) error
+}
+
+// planReads checks the holder's descriptors against the pull and plans its
+// reads (planPull).
+func (a *pullerActor) planReads(desc *messages.Descriptors, plan **readPlan) (run func(batchReader) error, total uint64, err error) {
+	prm := a.p.Params
+	return planPull(desc, prm.RemoteBlockIds, prm.RemoteNumTokens, a.p.Dst, a.p.DstBlocks, plan, a.deps.translations.get, a.deps.Backend.Caps().Strided)
 }
 
 // batchesInFlight is how many read batches run at once, so that the data
@@ -315,18 +355,52 @@ const batchesInFlight = 2
 // does not, each batch must complete within it. The first error cancels the
 // rest.
 func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, ops []transport.GetOp, total uint64, member string) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var batches [][]transport.GetOp
+	var batches []readBatch
 	for len(ops) > 0 {
 		n, size := 0, uint64(0)
 		for n < len(ops) && (n == 0 || (n < batchOps && size+uint64(len(ops[n].Dst)) <= batchBytes)) {
 			size += uint64(len(ops[n].Dst))
 			n++
 		}
-		batches = append(batches, ops[:n])
+		batches = append(batches, readBatch{ops: ops[:n], bytes: size})
 		ops = ops[n:]
 	}
+	return a.runBatches(ctx, ep, batches, total, member)
+}
+
+// readStridedBatches is readBatches for strided ops, on an endpoint that
+// reads them (Caps.Strided): batches of at most batchBytes and batchOps
+// ops (each op a head range: many pieces).
+func (a *pullerActor) readStridedBatches(ctx context.Context, ep transport.StridedEndpoint, ops []transport.StridedOp, total uint64, member string) error {
+	var batches []readBatch
+	for len(ops) > 0 {
+		n, size := 0, uint64(0)
+		for n < len(ops) {
+			b := uint64(ops[n].Count) * uint64(ops[n].Len)
+			if n > 0 && (n >= batchOps || size+b > batchBytes) {
+				break
+			}
+			size += b
+			n++
+		}
+		batches = append(batches, readBatch{strided: ops[:n], bytes: size})
+		ops = ops[n:]
+	}
+	return a.runBatches(ctx, ep, batches, total, member)
+}
+
+// readBatch is one batch of reads: GetOps, or strided ops (an endpoint
+// that reads those does so without progress reports).
+type readBatch struct {
+	ops     []transport.GetOp
+	strided []transport.StridedOp
+	bytes   uint64
+}
+
+// runBatches reads batches, batchesInFlight at a time (readBatches).
+func (a *pullerActor) runBatches(ctx context.Context, ep transport.Endpoint, batches []readBatch, total uint64, member string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	watch := newStallWatch(a.deps.clock(), a.p.Stall)
 	pe, progressive := ep.(transport.ProgressEndpoint)
 	readCtx := ctx // what the Gets run under
@@ -353,20 +427,22 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 		}
 		wg.Add(1)
 		launched++
-		go func(b []transport.GetOp) {
+		go func(b readBatch) {
 			defer wg.Done()
 			defer func() { <-sem }()
 			var err error
-			if progressive {
-				err = pe.GetProgress(readCtx, b, watch.progress)
+			if progressive && b.strided == nil {
+				err = pe.GetProgress(readCtx, b.ops, watch.progress)
 			} else {
-				bctx, bcancel := context.WithTimeout(ctx, a.p.Stall)
-				err = ep.Get(bctx, b)
+				bctx, bcancel := context.WithTimeout(readCtx, a.p.Stall)
+				if b.strided != nil {
+					err = ep.(transport.StridedEndpoint).GetStrided(bctx, b.strided)
+				} else {
+					err = ep.Get(bctx, b.ops)
+				}
 				bcancel()
 				if err == nil {
-					for _, op := range b {
-						watch.landed.Add(uint64(len(op.Dst)))
-					}
+					watch.landed.Add(b.bytes)
 				}
 			}
 			mu.Lock()

@@ -207,7 +207,11 @@ func TestPlanBuffersReused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := p.bind(segmentDescriptors(l, srcIDs), srcIDs); err != nil {
+		r, err := ranksOf(segmentDescriptors(l, srcIDs))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.bind(&r[0], srcIDs); err != nil {
 			t.Fatal(err)
 		}
 		readAndCompare(t, src, dst, 0, p.ops, srcIDs, dstIDs)

@@ -102,64 +102,29 @@ func planDst(dst *kvmem.Mapped, srcIDs, dstIDs []uint32) (*readPlan, error) {
 	return p, nil
 }
 
-// bind checks a holder's descriptors against the transfer and the layout,
-// so that a bad peer can never make us read outside its hold or write
-// outside the destination blocks, and fills in every read's source.
-func (p *readPlan) bind(desc *messages.Descriptors, srcIDs []uint32) error {
-	// The error names neither the holder's blocks nor their count: a
-	// caller with wrong params must learn nothing of the hold from it.
-	if !slices.Equal(desc.BlockIds, srcIDs) {
-		return fmt.Errorf("%w: params.remote_block_ids (%d blocks) are not the hold's blocks", ErrBadDescriptors, len(srcIDs))
+// bind checks the descriptors of the holder's rank r (of the same shape
+// as the destination: kvmem.Translate said Whole) against the transfer and
+// the layout, so that a bad peer can never make us read outside its hold or
+// write outside the destination blocks, and fills in every read's source.
+func (p *readPlan) bind(r *rankDesc, srcIDs []uint32) error {
+	holderLayout := r.layout
+	if holderLayout.Layers != p.layout.Layers || holderLayout.Planes != p.layout.Planes || holderLayout.BlockBytes != p.layout.BlockBytes {
+		return fmt.Errorf("%w: rank %d's layout is not the reader's shape", ErrBadDescriptors, holderLayout.TPRank)
 	}
-	holderLayout := LayoutFromProto(desc.Layout)
-	if err := holderLayout.CompatibleWith(p.layout); err != nil {
+	src, err := r.seal(srcIDs)
+	if err != nil {
 		return err
 	}
-	// seg returns segment k of the hold (layer-major, then plane, then run
-	// in the hold's order): from the descriptors, or, with implied
-	// segments, from the holder's layout (validated below) and region
-	// address.
 	nruns := len(p.runs)
-	var seg func(k int) (addr, length uint64, rkey uint32)
-	if desc.ImpliedSegments {
-		// One key covers the hold: derive the segments from the holder's
-		// layout instead of receiving them.
-		if len(desc.Rkeys) != 1 || len(desc.Segments) != 0 {
-			return fmt.Errorf("%w: implied segments with %d keys and %d segments", ErrBadDescriptors, len(desc.Rkeys), len(desc.Segments))
-		}
-		if holderLayout.Validate() != nil {
-			return fmt.Errorf("%w: holder layout invalid", ErrBadDescriptors)
-		}
-		for _, id := range srcIDs {
-			if id >= holderLayout.Blocks {
-				return fmt.Errorf("%w: block %d outside the holder's %d blocks", ErrBadDescriptors, id, holderLayout.Blocks)
-			}
-		}
-		seg = func(k int) (uint64, uint64, uint32) {
-			lp, r := uint32(k/nruns), p.runs[k%nruns]
-			off := holderLayout.Offset(lp/holderLayout.Planes, lp%holderLayout.Planes, r.First)
-			return desc.RegionAddr + off, uint64(r.Count) * holderLayout.BlockBytes, 0
-		}
-	} else {
-		if want := int(p.layout.Layers*p.layout.Planes) * nruns; len(desc.Segments) != want {
-			return fmt.Errorf("%w: %d segments, want %d", ErrBadDescriptors, len(desc.Segments), want)
-		}
-		seg = func(k int) (uint64, uint64, uint32) {
-			sg := desc.Segments[k]
-			return sg.GetRemoteAddr(), sg.GetLength(), sg.GetRkey()
-		}
-	}
-	bb := p.layout.BlockBytes
 	last := -1
 	var addr uint64
 	var key []byte
 	for i := range p.ops {
 		if k := int(p.seg[i]); k != last {
-			a, length, rkey := seg(k)
-			if length != uint64(p.runs[k%nruns].Count)*bb || int(rkey) >= len(desc.Rkeys) {
-				return fmt.Errorf("%w: segment %d (len %d, rkey %d)", ErrBadDescriptors, k, length, rkey)
-			}
-			last, addr, key = k, a, desc.Rkeys[rkey]
+			lp, run := uint32(k/nruns), p.runs[k%nruns]
+			layer, plane := lp/holderLayout.Planes, lp%holderLayout.Planes
+			last = k
+			key, addr = src.at(layer, plane, run.Index, holderLayout.Offset(layer, plane, run.First))
 		}
 		p.ops[i].RemoteKey = key
 		p.ops[i].RemoteAddr += addr
@@ -186,19 +151,68 @@ func (p *readPlan) release() {
 	}
 }
 
-// PlanReads turns a hold's descriptors into GetOps that copy source block
-// srcIDs[i] into destination block dstIDs[i] of dst, for every layer and
-// plane, coalescing consecutive blocks on both sides; it checks every
-// descriptor against the layout so a bad peer can never make us write
-// outside the destination blocks. Pullers plan in two steps (planDst while
-// the descriptors travel, then bind); this is both at once.
+// PlanReads turns a hold's descriptors into GetOps that copy the hold's
+// blocks srcIDs into destination blocks dstIDs of dst (planPull): source
+// block srcIDs[i] into dstIDs[i] in every layer and plane, coalescing
+// consecutive blocks on both sides, from a holder of the destination's
+// shape; translated pieces from one of another shape. It checks every
+// descriptor so that a bad peer can never make us read outside its hold or
+// write outside the destination blocks. For direct plans only: a staged
+// translation reads into scratch and regroups after its reads land.
 func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, dstIDs []uint32) ([]transport.GetOp, uint64, error) {
-	p, err := planDst(dst, srcIDs, dstIDs)
+	var plan *readPlan
+	run, total, err := planPull(desc, srcIDs, 0, dst, dstIDs, &plan, kvmem.Translate, false)
 	if err != nil {
 		return nil, 0, err
 	}
-	if err := p.bind(desc, srcIDs); err != nil {
+	var ops []transport.GetOp
+	_ = run(batchReader{get: func(o []transport.GetOp) error {
+		ops = append(ops, o...)
+		return nil
+	}})
+	return ops, total, nil
+}
+
+// planPull checks a holder's descriptors against a pull of numTokens tokens
+// (kvmem.PullSize) of the hold's blocks srcIDs into dstIDs of dst and plans
+// its reads: whole blocks from the holder's rank of the destination's rank
+// where the holder has the destination's shape (*plan, made early when the
+// params said so, else here), else translated from the ranks that hold the
+// destination rank's heads (translate: kvmem.Translate, or a cache of it).
+// run performs the reads with a batch reader; total is what they write
+// into the destination. With strided, direct translated reads are planned
+// as strided ops (a head range of a token-major block is one).
+func planPull(desc *messages.Descriptors, srcIDs []uint32, numTokens uint32, dst *kvmem.Mapped, dstIDs []uint32, plan **readPlan,
+	translate func(src, dst kvmem.Layout) (*kvmem.Translation, error), strided bool) (run func(batchReader) error, total uint64, err error) {
+	dl := dst.Region.Layout
+	// The error names neither the holder's blocks nor their count: a
+	// caller with wrong params must learn nothing of the hold from it.
+	if !slices.Equal(desc.BlockIds, srcIDs) {
+		return nil, 0, fmt.Errorf("%w: params.remote_block_ids (%d blocks) are not the hold's blocks", ErrBadDescriptors, len(srcIDs))
+	}
+	ranks, err := ranksOf(desc)
+	if err != nil {
 		return nil, 0, err
 	}
-	return p.ops, p.total, nil
+	tr, err := translate(ranks[0].layout, dl)
+	if err != nil {
+		return nil, 0, err
+	}
+	if tr.Whole {
+		if *plan == nil {
+			if *plan, err = planDst(dst, srcIDs, dstIDs); err != nil {
+				return nil, 0, err
+			}
+		}
+		p := *plan
+		if err := p.bind(&ranks[dl.TPRank], srcIDs); err != nil {
+			return nil, 0, err
+		}
+		return func(r batchReader) error { return r.get(p.ops) }, p.total, nil
+	}
+	tp, err := planTranslated(tr, ranks, srcIDs, dstIDs, numTokens, dst, strided)
+	if err != nil {
+		return nil, 0, err
+	}
+	return tp.run, tp.total(), nil
 }

@@ -15,7 +15,7 @@ const (
 	CodeTooLarge        Code = 413 // over max_request_bytes
 	CodeBadBlockIDs     Code = 422 // empty, out of range, duplicated, or counts differ
 	CodeBadLayout       Code = 423 // invalid layout or it disagrees with the region file
-	CodeIncompatible    Code = 424 // the two sides' layouts differ (TP size, block size, …)
+	CodeIncompatible    Code = 424 // the two sides cannot exchange KV (another model, dtype or head size; another data plane; another TP or block size where a layout does not describe its blocks): the message names it
 	CodeBlocksBusy      Code = 425 // destination blocks are being written by another pull
 	CodeEngineGone      Code = 426 // the owning engine went away
 	CodeBadRequest      Code = 427 // a required field is missing or out of range

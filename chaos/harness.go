@@ -178,6 +178,7 @@ func (r *run) start(ctx context.Context) error {
 	o.Connexd, o.Sim = r.opts.Connexd, r.opts.Sim
 	o.Prefill, o.Decode = r.sc.Nodes.Prefill, r.sc.Nodes.Decode
 	o.PrefillPerToken = time.Duration(r.sc.Engine.PrefillUSPerToken) * time.Microsecond
+	o.SimArgsFor = func(name string, _ localcluster.Role) []string { return r.sc.Shapes[name].SimArgs() }
 	o.DecodePerToken = time.Duration(r.sc.Engine.DecodeMSPerToken * float64(time.Millisecond))
 	o.ClusterPreset = "local"
 	o.MaxModelLen = r.sc.Load.PromptTokens + r.sc.Load.MaxTokens + 256

@@ -25,8 +25,13 @@ type Scenario struct {
 	Timeout Duration `yaml:"timeout"`
 	Nodes   Nodes    `yaml:"nodes"`
 	Engine  Engine   `yaml:"engine"`
-	Load    Load     `yaml:"load"`
-	Faults  []Fault  `yaml:"faults"`
+	// Shapes gives engines their KV shape by node name (prefill-0,
+	// decode-1, …); the nodes not named keep connex-sim's default (TP 1,
+	// 16-token blocks, nhd). Engines of any shapes exchange KV: connexd
+	// translates it (ARCHITECTURE.md, "KV layouts and translation").
+	Shapes map[string]Shape `yaml:"shapes"`
+	Load   Load             `yaml:"load"`
+	Faults []Fault          `yaml:"faults"`
 	// RetainS is every connexd's retain_s: how long an orphaned hold
 	// lives (the leak check waits for it).
 	RetainS int `yaml:"retain_s"`
@@ -75,6 +80,29 @@ type Nodes struct {
 type Engine struct {
 	PrefillUSPerToken int     `yaml:"prefill_us_per_token"`
 	DecodeMSPerToken  float64 `yaml:"decode_ms_per_token"`
+}
+
+// Shape is one engine's KV shape: connex-sim's --tp, --block-size and
+// --kv-order (zero: its default).
+type Shape struct {
+	TP        int    `yaml:"tp"`
+	BlockSize int    `yaml:"block_size"`
+	KVOrder   string `yaml:"kv_order"`
+}
+
+// SimArgs are the connex-sim flags of the shape.
+func (s Shape) SimArgs() []string {
+	var out []string
+	if s.TP > 0 {
+		out = append(out, "--tp", strconv.Itoa(s.TP))
+	}
+	if s.BlockSize > 0 {
+		out = append(out, "--block-size", strconv.Itoa(s.BlockSize))
+	}
+	if s.KVOrder != "" {
+		out = append(out, "--kv-order", s.KVOrder)
+	}
+	return out
 }
 
 // Load is what the clients send through the router.
@@ -287,6 +315,19 @@ func (s *Scenario) validate() error {
 		return bad("retain_s = %d: want 1..3600", s.RetainS)
 	case s.Burn.Procs < 0 || s.Burn.Procs > 64:
 		return bad("burn.procs = %d: want 0..64", s.Burn.Procs)
+	}
+	for name, sh := range s.Shapes {
+		t, err := ParseTarget(name, s.Nodes)
+		switch {
+		case err != nil || t.Index < 0 || t.Part != "" || (t.Role != "prefill" && t.Role != "decode"):
+			return bad("shapes: %q is not an engine node of the scenario (prefill-<i> or decode-<i>)", name)
+		case sh.TP < 0 || sh.TP > 8:
+			return bad("shapes.%s.tp = %d: want 1..8", name, sh.TP)
+		case sh.BlockSize < 0 || sh.BlockSize > 1024:
+			return bad("shapes.%s.block_size = %d: want 1..1024", name, sh.BlockSize)
+		case sh.KVOrder != "" && sh.KVOrder != "nhd" && sh.KVOrder != "hnd" && sh.KVOrder != "cpu":
+			return bad("shapes.%s.kv_order = %q: want nhd, hnd or cpu", name, sh.KVOrder)
+		}
 	}
 	for _, f := range s.Faults {
 		if f.Action == "" {

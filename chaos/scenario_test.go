@@ -31,6 +31,16 @@ faults:
 	if sc.RetainS != 10 || sc.Nodes.Prefill != 1 {
 		t.Fatalf("defaults: %+v", sc)
 	}
+	shaped, err := ParseScenario([]byte("shapes:\n  prefill-0: {tp: 2, block_size: 32, kv_order: hnd}\n  decode-1: {tp: 1}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(shaped.Shapes["prefill-0"].SimArgs(), " "); got != "--tp 2 --block-size 32 --kv-order hnd" {
+		t.Fatalf("prefill-0's connex-sim flags: %q", got)
+	}
+	if got := shaped.Shapes["decode-0"].SimArgs(); len(got) != 0 {
+		t.Fatalf("an engine without a shape gets flags %q", got)
+	}
 	for _, c := range []struct{ yaml, want string }{
 		{"seed: 1\nnodez: {decode: 2}\n", "line 2: field nodez not found"},
 		{"load:\n  requests: 5\n  concurency: 2\n", "line 3: field concurency not found"},
@@ -45,6 +55,11 @@ faults:
 		{"timeout: 10s\nfaults:\n  - {at: 20s, action: kill, target: decode-0}\n", "past the scenario's timeout"},
 		{"", "the file is empty"},
 		{"seed: [1\n", "bad scenario"},
+		{"shapes:\n  decode-5: {tp: 2}\n", `shapes: "decode-5" is not an engine node`},
+		{"shapes:\n  router: {tp: 2}\n", `shapes: "router" is not an engine node`},
+		{"shapes:\n  decode-0: {tp: 16}\n", "shapes.decode-0.tp = 16"},
+		{"shapes:\n  decode-0: {kv_order: chw}\n", `shapes.decode-0.kv_order = "chw"`},
+		{"shapes:\n  decode-0: {tp: 2, heads: 4}\n", "field heads not found"},
 	} {
 		_, err := ParseScenario([]byte(c.yaml))
 		if !errors.Is(err, ErrScenario) || !strings.Contains(err.Error(), c.want) {

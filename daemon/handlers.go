@@ -232,15 +232,60 @@ func (d *Daemon) CreateHold(ctx context.Context, r *messages.CreateHoldRequest) 
 		release()
 		return nil, err
 	}
+	ranks, releaseRanks, err := d.acquireRanks(r, region.Region.Layout)
+	if err != nil {
+		release()
+		return nil, err
+	}
 	id := actors.NewTransferID()
 	rep, err := d.ask(d.holds, &actors.CreateHold{
-		ID: id, Req: r, Region: region, ReleaseRegion: release,
+		ID: id, Req: r, Region: region, ReleaseRegion: release, MoreRanks: ranks, ReleaseMoreRanks: releaseRanks,
 		Lease: lease.Config{Retain: retain, Mode: m, Owner: r.EngineId, Consumer: r.Consumer, Claim: d.cfg.Claim},
 	})
 	if err != nil {
 		return nil, err
 	}
 	return rep.Create, nil
+}
+
+// acquireRanks acquires the regions of TP ranks 1 .. tp_size-1 that a hold
+// of rank 0's region laid out as l spans (rank_region_ids): each must be
+// the engine's, laid out as l but for its rank. release gives them back.
+func (d *Daemon) acquireRanks(r *messages.CreateHoldRequest, l kvmem.Layout) (ranks []*kvmem.Mapped, release func(), err error) {
+	if uint64(len(r.RankRegionIds)) != uint64(l.TPSize)-1 || l.TPRank != 0 {
+		return nil, nil, api.Errorf(api.CodeBadRequest, "region %s is rank %d of tp_size %d and %d rank_region_ids are given: name rank 0's region in region_id and ranks 1..%d's in rank_region_ids, in order",
+			r.RegionId, l.TPRank, l.TPSize, len(r.RankRegionIds), l.TPSize-1)
+	}
+	var releases []func()
+	release = func() {
+		for _, f := range releases {
+			f()
+		}
+	}
+	for i, id := range r.RankRegionIds {
+		if err := requireToken("rank_region_ids", id); err != nil {
+			release()
+			return nil, nil, err
+		}
+		m, rel, err := d.regions.Acquire(r.EngineId, id)
+		if err != nil {
+			release()
+			return nil, nil, api.Errorf(api.CodeUnknownRegion, "rank %d: %v", i+1, err)
+		}
+		releases = append(releases, rel)
+		want := l
+		want.TPRank = uint32(i + 1)
+		if m.Region.Layout != want {
+			release()
+			return nil, nil, api.Errorf(api.CodeBadLayout, "region %s (rank_region_ids[%d]) is not laid out as region %s for rank %d", id, i, r.RegionId, i+1)
+		}
+		if err := m.CheckBroken(); err != nil {
+			release()
+			return nil, nil, err
+		}
+		ranks = append(ranks, m)
+	}
+	return ranks, release, nil
 }
 
 // ask sends a message to an actor and waits for its Reply.
@@ -457,11 +502,8 @@ func (d *Daemon) StartPull(ctx context.Context, r *messages.StartPullRequest) (*
 	if err := dst.CheckBroken(); err != nil {
 		return fail(err)
 	}
-	if p.TpSize != l.TPSize || p.BlockSize != l.BlockSize {
-		return fail(api.Errorf(api.CodeIncompatible, "prefill tp_size=%d block_size=%d, this region tp_size=%d block_size=%d: equal TP and block sizes are required in this version", p.TpSize, p.BlockSize, l.TPSize, l.BlockSize))
-	}
-	if len(r.BlockIds) != len(p.RemoteBlockIds) {
-		return fail(api.Errorf(api.CodeBadBlockIDs, "%d destination block ids for %d remote blocks", len(r.BlockIds), len(p.RemoteBlockIds)))
+	if err := kvmem.CheckPull(p.TpSize, p.BlockSize, len(p.RemoteBlockIds), p.RemoteNumTokens, len(r.BlockIds), l); err != nil {
+		return fail(err)
 	}
 	if err := kvmem.ValidateBlockIDs(r.BlockIds, l.Blocks); err != nil {
 		return fail(err)

@@ -49,7 +49,7 @@ func TestOnePlaneLayout(t *testing.T) {
 		t.Fatalf("size = %d, want %d", got, want)
 	}
 	two := Layout{Layers: 2, Planes: 2, Blocks: 8, BlockBytes: 16, BlockSize: 16, TPSize: 1}
-	if err := l.CompatibleWith(two); !errors.Is(err, ErrIncompatible) {
+	if _, err := Translate(l, two); !errors.Is(err, ErrIncompatible) {
 		t.Fatalf("one plane vs two planes: want ErrIncompatible, got %v", err)
 	}
 }
@@ -110,8 +110,8 @@ func TestCompatible(t *testing.T) {
 	a := testLayout()
 	b := a
 	b.Blocks = 100
-	if err := a.CompatibleWith(b); err != nil {
-		t.Fatalf("different block counts must be compatible: %v", err)
+	if tr, err := Translate(a, b); err != nil || !tr.Whole {
+		t.Fatalf("different block counts must move whole blocks: %+v %v", tr, err)
 	}
 	for _, mut := range []func(*Layout){
 		func(l *Layout) { l.TPSize = 2 },
@@ -121,7 +121,7 @@ func TestCompatible(t *testing.T) {
 	} {
 		c := a
 		mut(&c)
-		if err := a.CompatibleWith(c); !errors.Is(err, ErrIncompatible) {
+		if _, err := Translate(a, c); !errors.Is(err, ErrIncompatible) {
 			t.Errorf("want ErrIncompatible for %+v, got %v", c, err)
 		}
 	}

@@ -25,7 +25,15 @@ const MaxBlocks = 1 << 22
 // ((l*Planes+p)*Blocks+b)*BlockBytes. Planes is 2 when K and V are separate
 // planes (plane 0 = K, 1 = V: vLLM's GPU attention backends) and 1 when K
 // and V share each block (vLLM's CPU backend keeps a layer as [blocks,
-// kv_heads, block_size, 2*head_size]); either way a block moves whole.
+// kv_heads, block_size, 2*head_size]); either way a block moves whole
+// between regions of the same shape.
+//
+// A layout that also describes what its blocks hold (Order, Heads,
+// HeadSize, Dtype: shape.go) can be translated into another one of the same
+// model with another TP size, TP rank, block size or in-block order
+// (Translate, translate.go); one that does not moves only whole blocks
+// between equal shapes. A tensor-parallel engine has one region per rank,
+// each with its own layout (TPRank), all of the same shape otherwise.
 type Layout struct {
 	Layers     uint32 // transformer layers in this region
 	Planes     uint32 // 2: K and V planes; 1: K and V inside each block
@@ -33,6 +41,18 @@ type Layout struct {
 	BlockBytes uint64 // bytes of one block in one layer and plane
 	BlockSize  uint32 // tokens per block
 	TPSize     uint32 // tensor-parallel size of the owning engine
+	TPRank     uint32 // this region's tensor-parallel rank, < TPSize
+
+	// What a block holds (all zero: not described). Described, the KV of a
+	// rank is its share of Heads (HeadRange) for every token of a block,
+	// in Order.
+	Order    string // in-block order: OrderNHD, OrderHND or OrderCPU (shape.go)
+	Heads    uint32 // KV heads of the model, all ranks together (num_kv_heads)
+	HeadSize uint32 // elements of one head's K (or V) vector (head_size)
+	Dtype    string // element type (Dtypes): float16, bfloat16, float32, fp8_e4m3, fp8_e5m2, int8, uint8
+	// Model names the model the KV belongs to ("": unnamed); two named
+	// layouts of different models never exchange KV.
+	Model string
 }
 
 // Validate reports why l cannot describe a region, or nil.
@@ -50,6 +70,13 @@ func (l Layout) Validate() error {
 		return fmt.Errorf("%w: block_size must be > 0", ErrBadLayout)
 	case l.TPSize == 0:
 		return fmt.Errorf("%w: tp_size must be > 0", ErrBadLayout)
+	case l.TPRank >= l.TPSize:
+		return fmt.Errorf("%w: tp_rank=%d, want < tp_size=%d", ErrBadLayout, l.TPRank, l.TPSize)
+	case len(l.Model) > maxModelName:
+		return fmt.Errorf("%w: model name of %d bytes, at most %d", ErrBadLayout, len(l.Model), maxModelName)
+	}
+	if err := l.validateShape(); err != nil {
+		return err
 	}
 	total := uint64(l.Layers) * uint64(l.Planes)
 	if total > MaxRegionBytes/uint64(l.Blocks) || total*uint64(l.Blocks) > MaxRegionBytes/l.BlockBytes {
@@ -67,23 +94,6 @@ func (l Layout) Size() uint64 {
 // Offset is the byte offset of block b of plane p of layer layer.
 func (l Layout) Offset(layer, plane, b uint32) uint64 {
 	return ((uint64(layer)*uint64(l.Planes)+uint64(plane))*uint64(l.Blocks) + uint64(b)) * l.BlockBytes
-}
-
-// CompatibleWith reports whether blocks of a region with layout l can be
-// copied into a region with layout dst: equal layers, planes, bytes per
-// block, tokens per block and TP size. Block counts may differ.
-func (l Layout) CompatibleWith(dst Layout) error {
-	switch {
-	case l.TPSize != dst.TPSize:
-		return fmt.Errorf("%w: tp_size %d vs %d (equal TP sizes are required in this version)", ErrIncompatible, l.TPSize, dst.TPSize)
-	case l.BlockSize != dst.BlockSize:
-		return fmt.Errorf("%w: block_size %d vs %d (equal block sizes are required in this version)", ErrIncompatible, l.BlockSize, dst.BlockSize)
-	case l.Layers != dst.Layers || l.Planes != dst.Planes:
-		return fmt.Errorf("%w: %d layers x %d planes vs %d x %d", ErrIncompatible, l.Layers, l.Planes, dst.Layers, dst.Planes)
-	case l.BlockBytes != dst.BlockBytes:
-		return fmt.Errorf("%w: block_bytes %d vs %d", ErrIncompatible, l.BlockBytes, dst.BlockBytes)
-	}
-	return nil
 }
 
 // Run is a maximal range of consecutive block ids: First, First+1, …,

@@ -33,6 +33,7 @@ var rules = map[string]struct {
 	"kvmem":             {pure: true},
 	"kvmem/regionfile":  {internal: []string{"kvmem"}, external: []string{"golang.org/x/sys/unix"}}, // kvmem's Regions from files: mmap, memfd, fallocate, openat2, /proc
 	"kvmem/handover":    {external: []string{"golang.org/x/sys/unix"}},                              // created regions' descriptors over a unix socket (SCM_RIGHTS)
+	"kvmem/kvfill":      {internal: []string{"kvmem"}, pure: true},                                  // deterministic KV element by element, for tests and benchmarks of pulls
 	"transport":         {},
 	"transport/tcp":     {internal: []string{"transport"}},
 	"transport/ucx":     {internal: []string{"transport", "transport/memcopy"}, external: []string{"golang.org/x/sys/unix"}},

@@ -77,6 +77,10 @@ type Options struct {
 	DecodeConnexdArgs  []string
 	// SimArgs are extra flags for every connex-sim.
 	SimArgs []string
+	// SimArgsFor, if set, gives extra flags for the connex-sim of engine
+	// name (after SimArgs): engines of different shapes, e.g. "--tp", "2",
+	// "--block-size", "32".
+	SimArgsFor func(name string, role Role) []string
 	// EngineUser, when set, runs every connex-sim under that uid and gid
 	// (the launcher must be root): its engine.creds is handed to that user
 	// (0600), the cluster's directory made traversable (0711) but not
@@ -258,5 +262,9 @@ func (o Options) simArgs(name string, role Role, natsURL string) []string {
 	if o.MaxModelLen > 0 {
 		args = append(args, "--max-model-len", strconv.Itoa(o.MaxModelLen))
 	}
-	return append(args, o.SimArgs...)
+	args = append(args, o.SimArgs...)
+	if o.SimArgsFor != nil {
+		args = append(args, o.SimArgsFor(name, role)...)
+	}
+	return args
 }

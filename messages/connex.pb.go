@@ -43,7 +43,33 @@ type Layout struct {
 	// Tokens per block (the engine's block_size).
 	BlockSize uint32 `protobuf:"varint,5,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
 	// Tensor-parallel size of the engine that owns the region.
-	TpSize        uint32 `protobuf:"varint,6,opt,name=tp_size,json=tpSize,proto3" json:"tp_size,omitempty"`
+	TpSize uint32 `protobuf:"varint,6,opt,name=tp_size,json=tpSize,proto3" json:"tp_size,omitempty"`
+	// This region's tensor-parallel rank (< tp_size): an engine with
+	// tp_size > 1 has one region per rank, alike but for this field.
+	TpRank uint32 `protobuf:"varint,7,opt,name=tp_rank,json=tpRank,proto3" json:"tp_rank,omitempty"`
+	// What a block holds. A pull between engines of different TP sizes,
+	// block sizes or in-block orders translates the KV and needs all four on
+	// both sides; without them (all unset) blocks move whole between equal
+	// layouts only. kv_order: "nhd" (vLLM's GPU cache, (2, blocks,
+	// block_size, heads, head_size): two planes, each block [block_size]
+	// [heads][head_size]), "hnd" (two planes, each block [heads][block_size]
+	// [head_size]) or "cpu" (vLLM's CPU cache: one plane, each block one page
+	// per head, K transposed [head_size][block_size] then V [block_size]
+	// [head_size]).
+	KvOrder string `protobuf:"bytes,8,opt,name=kv_order,json=kvOrder,proto3" json:"kv_order,omitempty"`
+	// KV heads of the model, all ranks together; rank r holds its share
+	// (num_kv_heads / tp_size of them from r * that, or one head replicated
+	// on tp_size / num_kv_heads ranks, as vLLM splits them).
+	NumKvHeads uint32 `protobuf:"varint,9,opt,name=num_kv_heads,json=numKvHeads,proto3" json:"num_kv_heads,omitempty"`
+	// Elements of one head's K (or V) vector.
+	HeadSize uint32 `protobuf:"varint,10,opt,name=head_size,json=headSize,proto3" json:"head_size,omitempty"`
+	// Element type: float32, float16, bfloat16, fp8_e4m3, fp8_e5m2, int8 or
+	// uint8; block_bytes must equal the heads of the rank x head_size x the
+	// element's bytes x block_size (x 2 with kv_planes 1).
+	Dtype string `protobuf:"bytes,11,opt,name=dtype,proto3" json:"dtype,omitempty"`
+	// The model the KV belongs to (optional): KV never moves between two
+	// regions that name different models.
+	Model         string `protobuf:"bytes,12,opt,name=model,proto3" json:"model,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -118,6 +144,48 @@ func (x *Layout) GetTpSize() uint32 {
 		return x.TpSize
 	}
 	return 0
+}
+
+func (x *Layout) GetTpRank() uint32 {
+	if x != nil {
+		return x.TpRank
+	}
+	return 0
+}
+
+func (x *Layout) GetKvOrder() string {
+	if x != nil {
+		return x.KvOrder
+	}
+	return ""
+}
+
+func (x *Layout) GetNumKvHeads() uint32 {
+	if x != nil {
+		return x.NumKvHeads
+	}
+	return 0
+}
+
+func (x *Layout) GetHeadSize() uint32 {
+	if x != nil {
+		return x.HeadSize
+	}
+	return 0
+}
+
+func (x *Layout) GetDtype() string {
+	if x != nil {
+		return x.Dtype
+	}
+	return ""
+}
+
+func (x *Layout) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
 }
 
 // RegisterRegionRequest tells connexd about a KV region the engine created as
@@ -724,7 +792,12 @@ type CreateHoldRequest struct {
 	// "on_finish" or "after_pull"; empty uses the daemon's release setting.
 	Release string `protobuf:"bytes,6,opt,name=release,proto3" json:"release,omitempty"`
 	// If set, only this decode engine id may pull, renew or release.
-	Consumer      string `protobuf:"bytes,7,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	Consumer string `protobuf:"bytes,7,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	// For an engine with tp_size > 1: the regions of ranks 1 .. tp_size-1,
+	// in rank order (region_id is rank 0's). The hold spans the same
+	// block_ids in every rank's region; a pull reads the ranks its heads
+	// come from.
+	RankRegionIds []string `protobuf:"bytes,8,rep,name=rank_region_ids,json=rankRegionIds,proto3" json:"rank_region_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -806,6 +879,13 @@ func (x *CreateHoldRequest) GetConsumer() string {
 		return x.Consumer
 	}
 	return ""
+}
+
+func (x *CreateHoldRequest) GetRankRegionIds() []string {
+	if x != nil {
+		return x.RankRegionIds
+	}
+	return nil
 }
 
 // CreateHoldReply carries the params the router forwards to decode.
@@ -1621,8 +1701,11 @@ type Descriptors struct {
 	// incarnation of the holder (a stale report of the one evicted before a
 	// rejoin). Empty when the holder is not in a cluster.
 	HolderIncarnation string `protobuf:"bytes,11,opt,name=holder_incarnation,json=holderIncarnation,proto3" json:"holder_incarnation,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The hold's ranks 1 .. tp_size-1 when its engine has tp_size > 1 (the
+	// fields above are rank 0's).
+	MoreRanks     []*RankDescriptors `protobuf:"bytes,12,rep,name=more_ranks,json=moreRanks,proto3" json:"more_ranks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Descriptors) Reset() {
@@ -1732,6 +1815,91 @@ func (x *Descriptors) GetHolderIncarnation() string {
 	return ""
 }
 
+func (x *Descriptors) GetMoreRanks() []*RankDescriptors {
+	if x != nil {
+		return x.MoreRanks
+	}
+	return nil
+}
+
+// RankDescriptors tell a puller where one more TP rank of a hold lies: the
+// fields of Descriptors of the same names, for that rank's region.
+type RankDescriptors struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Layout          *Layout                `protobuf:"bytes,1,opt,name=layout,proto3" json:"layout,omitempty"`
+	Rkeys           [][]byte               `protobuf:"bytes,2,rep,name=rkeys,proto3" json:"rkeys,omitempty"`
+	Segments        []*Segment             `protobuf:"bytes,3,rep,name=segments,proto3" json:"segments,omitempty"`
+	ImpliedSegments bool                   `protobuf:"varint,4,opt,name=implied_segments,json=impliedSegments,proto3" json:"implied_segments,omitempty"`
+	RegionAddr      uint64                 `protobuf:"varint,5,opt,name=region_addr,json=regionAddr,proto3" json:"region_addr,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RankDescriptors) Reset() {
+	*x = RankDescriptors{}
+	mi := &file_connex_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RankDescriptors) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RankDescriptors) ProtoMessage() {}
+
+func (x *RankDescriptors) ProtoReflect() protoreflect.Message {
+	mi := &file_connex_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RankDescriptors.ProtoReflect.Descriptor instead.
+func (*RankDescriptors) Descriptor() ([]byte, []int) {
+	return file_connex_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *RankDescriptors) GetLayout() *Layout {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+func (x *RankDescriptors) GetRkeys() [][]byte {
+	if x != nil {
+		return x.Rkeys
+	}
+	return nil
+}
+
+func (x *RankDescriptors) GetSegments() []*Segment {
+	if x != nil {
+		return x.Segments
+	}
+	return nil
+}
+
+func (x *RankDescriptors) GetImpliedSegments() bool {
+	if x != nil {
+		return x.ImpliedSegments
+	}
+	return false
+}
+
+func (x *RankDescriptors) GetRegionAddr() uint64 {
+	if x != nil {
+		return x.RegionAddr
+	}
+	return 0
+}
+
 // PullEnd is sent by the puller to the holding member when its reads ended.
 type PullEnd struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1745,7 +1913,7 @@ type PullEnd struct {
 
 func (x *PullEnd) Reset() {
 	*x = PullEnd{}
-	mi := &file_connex_proto_msgTypes[19]
+	mi := &file_connex_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1757,7 +1925,7 @@ func (x *PullEnd) String() string {
 func (*PullEnd) ProtoMessage() {}
 
 func (x *PullEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[19]
+	mi := &file_connex_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1770,7 +1938,7 @@ func (x *PullEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullEnd.ProtoReflect.Descriptor instead.
 func (*PullEnd) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{19}
+	return file_connex_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PullEnd) GetTransferId() string {
@@ -1812,7 +1980,7 @@ type RegionRef struct {
 
 func (x *RegionRef) Reset() {
 	*x = RegionRef{}
-	mi := &file_connex_proto_msgTypes[20]
+	mi := &file_connex_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1824,7 +1992,7 @@ func (x *RegionRef) String() string {
 func (*RegionRef) ProtoMessage() {}
 
 func (x *RegionRef) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[20]
+	mi := &file_connex_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1837,7 +2005,7 @@ func (x *RegionRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionRef.ProtoReflect.Descriptor instead.
 func (*RegionRef) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{20}
+	return file_connex_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RegionRef) GetEngineId() string {
@@ -1891,7 +2059,7 @@ type EngineInfo struct {
 
 func (x *EngineInfo) Reset() {
 	*x = EngineInfo{}
-	mi := &file_connex_proto_msgTypes[21]
+	mi := &file_connex_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +2071,7 @@ func (x *EngineInfo) String() string {
 func (*EngineInfo) ProtoMessage() {}
 
 func (x *EngineInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[21]
+	mi := &file_connex_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +2084,7 @@ func (x *EngineInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineInfo.ProtoReflect.Descriptor instead.
 func (*EngineInfo) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{21}
+	return file_connex_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EngineInfo) GetEngineId() string {
@@ -2010,7 +2178,7 @@ type RegisterEngineRequest struct {
 
 func (x *RegisterEngineRequest) Reset() {
 	*x = RegisterEngineRequest{}
-	mi := &file_connex_proto_msgTypes[22]
+	mi := &file_connex_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2022,7 +2190,7 @@ func (x *RegisterEngineRequest) String() string {
 func (*RegisterEngineRequest) ProtoMessage() {}
 
 func (x *RegisterEngineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[22]
+	mi := &file_connex_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2035,7 +2203,7 @@ func (x *RegisterEngineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEngineRequest.ProtoReflect.Descriptor instead.
 func (*RegisterEngineRequest) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{22}
+	return file_connex_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RegisterEngineRequest) GetEngine() *EngineInfo {
@@ -2068,7 +2236,7 @@ type RegisterEngineReply struct {
 
 func (x *RegisterEngineReply) Reset() {
 	*x = RegisterEngineReply{}
-	mi := &file_connex_proto_msgTypes[23]
+	mi := &file_connex_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2080,7 +2248,7 @@ func (x *RegisterEngineReply) String() string {
 func (*RegisterEngineReply) ProtoMessage() {}
 
 func (x *RegisterEngineReply) ProtoReflect() protoreflect.Message {
-	mi := &file_connex_proto_msgTypes[23]
+	mi := &file_connex_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2093,7 +2261,7 @@ func (x *RegisterEngineReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterEngineReply.ProtoReflect.Descriptor instead.
 func (*RegisterEngineReply) Descriptor() ([]byte, []int) {
-	return file_connex_proto_rawDescGZIP(), []int{23}
+	return file_connex_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RegisterEngineReply) GetTtlMs() uint32 {
@@ -2128,7 +2296,7 @@ var File_connex_proto protoreflect.FileDescriptor
 
 const file_connex_proto_rawDesc = "" +
 	"\n" +
-	"\fconnex.proto\x12\tconnex.v1\"\xbc\x01\n" +
+	"\fconnex.proto\x12\tconnex.v1\"\xdb\x02\n" +
 	"\x06Layout\x12\x1d\n" +
 	"\n" +
 	"num_layers\x18\x01 \x01(\rR\tnumLayers\x12\x1b\n" +
@@ -2139,7 +2307,15 @@ const file_connex_proto_rawDesc = "" +
 	"blockBytes\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\x05 \x01(\rR\tblockSize\x12\x17\n" +
-	"\atp_size\x18\x06 \x01(\rR\x06tpSize\"\x90\x01\n" +
+	"\atp_size\x18\x06 \x01(\rR\x06tpSize\x12\x17\n" +
+	"\atp_rank\x18\a \x01(\rR\x06tpRank\x12\x19\n" +
+	"\bkv_order\x18\b \x01(\tR\akvOrder\x12 \n" +
+	"\fnum_kv_heads\x18\t \x01(\rR\n" +
+	"numKvHeads\x12\x1b\n" +
+	"\thead_size\x18\n" +
+	" \x01(\rR\bheadSize\x12\x14\n" +
+	"\x05dtype\x18\v \x01(\tR\x05dtype\x12\x14\n" +
+	"\x05model\x18\f \x01(\tR\x05model\"\x90\x01\n" +
 	"\x15RegisterRegionRequest\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
 	"\tregion_id\x18\x02 \x01(\tR\bregionId\x12\x12\n" +
@@ -2192,7 +2368,7 @@ const file_connex_proto_rawDesc = "" +
 	"\bretain_s\x18\n" +
 	" \x01(\rR\aretainS\x12*\n" +
 	"\x11connex_request_id\x18\v \x01(\tR\x0fconnexRequestId\x12#\n" +
-	"\rconnex_resume\x18\f \x01(\bR\fconnexResume\"\xda\x01\n" +
+	"\rconnex_resume\x18\f \x01(\bR\fconnexResume\"\x82\x02\n" +
 	"\x11CreateHoldRequest\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
 	"\tregion_id\x18\x02 \x01(\tR\bregionId\x12\x1b\n" +
@@ -2201,7 +2377,8 @@ const file_connex_proto_rawDesc = "" +
 	"num_tokens\x18\x04 \x01(\rR\tnumTokens\x12\x19\n" +
 	"\bretain_s\x18\x05 \x01(\rR\aretainS\x12\x18\n" +
 	"\arelease\x18\x06 \x01(\tR\arelease\x12\x1a\n" +
-	"\bconsumer\x18\a \x01(\tR\bconsumer\"n\n" +
+	"\bconsumer\x18\a \x01(\tR\bconsumer\x12&\n" +
+	"\x0frank_region_ids\x18\b \x03(\tR\rrankRegionIds\"n\n" +
 	"\x0fCreateHoldReply\x123\n" +
 	"\x06params\x18\x01 \x01(\v2\x1b.connex.v1.KVTransferParamsR\x06params\x12&\n" +
 	"\x0fexpires_unix_ms\x18\x02 \x01(\x03R\rexpiresUnixMs\"g\n" +
@@ -2279,7 +2456,7 @@ const file_connex_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMs\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x06 \x01(\tR\trequestId\"\xbd\x03\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\"\xf8\x03\n" +
 	"\vDescriptors\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x126\n" +
@@ -2295,7 +2472,16 @@ const file_connex_proto_rawDesc = "" +
 	"regionAddr\x12$\n" +
 	"\x0epull_end_async\x18\n" +
 	" \x01(\bR\fpullEndAsync\x12-\n" +
-	"\x12holder_incarnation\x18\v \x01(\tR\x11holderIncarnation\"q\n" +
+	"\x12holder_incarnation\x18\v \x01(\tR\x11holderIncarnation\x129\n" +
+	"\n" +
+	"more_ranks\x18\f \x03(\v2\x1a.connex.v1.RankDescriptorsR\tmoreRanks\"\xce\x01\n" +
+	"\x0fRankDescriptors\x12)\n" +
+	"\x06layout\x18\x01 \x01(\v2\x11.connex.v1.LayoutR\x06layout\x12\x14\n" +
+	"\x05rkeys\x18\x02 \x03(\fR\x05rkeys\x12.\n" +
+	"\bsegments\x18\x03 \x03(\v2\x12.connex.v1.SegmentR\bsegments\x12)\n" +
+	"\x10implied_segments\x18\x04 \x01(\bR\x0fimpliedSegments\x12\x1f\n" +
+	"\vregion_addr\x18\x05 \x01(\x04R\n" +
+	"regionAddr\"q\n" +
 	"\aPullEnd\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\tR\n" +
 	"transferId\x12\x1c\n" +
@@ -2344,7 +2530,7 @@ func file_connex_proto_rawDescGZIP() []byte {
 	return file_connex_proto_rawDescData
 }
 
-var file_connex_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_connex_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_connex_proto_goTypes = []any{
 	(*Layout)(nil),                // 0: connex.v1.Layout
 	(*RegisterRegionRequest)(nil), // 1: connex.v1.RegisterRegionRequest
@@ -2365,11 +2551,12 @@ var file_connex_proto_goTypes = []any{
 	(*Segment)(nil),               // 16: connex.v1.Segment
 	(*DescriptorsRequest)(nil),    // 17: connex.v1.DescriptorsRequest
 	(*Descriptors)(nil),           // 18: connex.v1.Descriptors
-	(*PullEnd)(nil),               // 19: connex.v1.PullEnd
-	(*RegionRef)(nil),             // 20: connex.v1.RegionRef
-	(*EngineInfo)(nil),            // 21: connex.v1.EngineInfo
-	(*RegisterEngineRequest)(nil), // 22: connex.v1.RegisterEngineRequest
-	(*RegisterEngineReply)(nil),   // 23: connex.v1.RegisterEngineReply
+	(*RankDescriptors)(nil),       // 19: connex.v1.RankDescriptors
+	(*PullEnd)(nil),               // 20: connex.v1.PullEnd
+	(*RegionRef)(nil),             // 21: connex.v1.RegionRef
+	(*EngineInfo)(nil),            // 22: connex.v1.EngineInfo
+	(*RegisterEngineRequest)(nil), // 23: connex.v1.RegisterEngineRequest
+	(*RegisterEngineReply)(nil),   // 24: connex.v1.RegisterEngineReply
 }
 var file_connex_proto_depIdxs = []int32{
 	0,  // 0: connex.v1.RegisterRegionRequest.layout:type_name -> connex.v1.Layout
@@ -2382,12 +2569,15 @@ var file_connex_proto_depIdxs = []int32{
 	6,  // 7: connex.v1.Descriptors.remote_ctrl:type_name -> connex.v1.RemoteCtrl
 	0,  // 8: connex.v1.Descriptors.layout:type_name -> connex.v1.Layout
 	16, // 9: connex.v1.Descriptors.segments:type_name -> connex.v1.Segment
-	21, // 10: connex.v1.RegisterEngineRequest.engine:type_name -> connex.v1.EngineInfo
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	19, // 10: connex.v1.Descriptors.more_ranks:type_name -> connex.v1.RankDescriptors
+	0,  // 11: connex.v1.RankDescriptors.layout:type_name -> connex.v1.Layout
+	16, // 12: connex.v1.RankDescriptors.segments:type_name -> connex.v1.Segment
+	22, // 13: connex.v1.RegisterEngineRequest.engine:type_name -> connex.v1.EngineInfo
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_connex_proto_init() }
@@ -2401,7 +2591,7 @@ func file_connex_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_connex_proto_rawDesc), len(file_connex_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

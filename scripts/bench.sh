@@ -6,7 +6,8 @@
 #                      throughput (TLSDATA ...): both on by default with auth
 #   bench.sh pull      data-plane pulls vs memcpy, ucx_perftest, TCP (RATIO ...), and where a small pull's fixed
 #                      cost goes against a bare NATS round trip (BREAKDOWN ..., one per case;
-#                      BENCH_PULL_LAYOUTS=fixed for those pulls alone)
+#                      BENCH_PULL_LAYOUTS=fixed for those pulls alone); pulls between engines of other TP
+#                      sizes, block sizes and orders against the homogeneous pull of the same bytes (HETERO ...)
 #   bench.sh cluster   failover timings (FAILOVER ...)
 #   bench.sh resume    what a decode death costs a streamed request, resumed vs re-prefilled (RESUME ...)
 #   bench.sh hosts     a TCP pull between two network-namespace hosts vs iperf3 on the same pair (HOSTS ...);
@@ -52,9 +53,10 @@ case "${1:-control}" in
     grep '^TLSDATA ' "$out" | tail -1
     ;;
   pull)
-    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkPull$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkPull(Hetero)?$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"
     grep '^BREAKDOWN ' "$out" || true
     grep '^RATIO ' "$out" | tail -1
+    grep '^HETERO ' "$out" | tail -1
     ;;
   cluster)
     go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkFailover$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"

@@ -26,14 +26,17 @@ const (
 // Config says which engine this is, where its connexd is, and its KV
 // geometry.
 type Config struct {
-	NC       *nats.Conn   // connection to the NATS server of the engine's connexd
-	Member   string       // member_id of the engine's local connexd
-	EngineID string       // this engine's id (one subject token), unique in the cluster
-	RegionID string       // KV region id; "" means "r0"
-	Role     string       // RolePrefill or RoleDecode
-	Model    string       // served model name
-	BaseURL  string       // root of the engine's OpenAI HTTP API, e.g. http://127.0.0.1:8100
-	Layout   kvmem.Layout // KV geometry of the region connexd creates
+	NC       *nats.Conn // connection to the NATS server of the engine's connexd
+	Member   string     // member_id of the engine's local connexd
+	EngineID string     // this engine's id (one subject token), unique in the cluster
+	RegionID string     // KV region id; "" means "r0"
+	Role     string     // RolePrefill or RoleDecode
+	Model    string     // served model name
+	BaseURL  string     // root of the engine's OpenAI HTTP API, e.g. http://127.0.0.1:8100
+	// Layout is the KV geometry of the region connexd creates: rank 0's
+	// (TPRank 0) for an engine with TPSize > 1, which gets one region per
+	// rank (RankRegionID), each alike but for its TPRank.
+	Layout kvmem.Layout
 
 	MaxModelLen uint32 // advertised in the registration (0: unknown)
 
@@ -75,6 +78,9 @@ func (c *Config) defaults() error {
 	if err := c.Layout.Validate(); err != nil {
 		return fmt.Errorf("shim: config: %w", err)
 	}
+	if c.Layout.TPRank != 0 {
+		return fmt.Errorf("shim: config: layout of tp_rank %d: give rank 0's, the engine makes one region per rank", c.Layout.TPRank)
+	}
 	if c.RegionID == "" {
 		c.RegionID = "r0"
 	}
@@ -107,10 +113,9 @@ func (c *Config) defaults() error {
 // allocator, registration, and notices. Its methods are safe for
 // concurrent use.
 type Engine struct {
-	cfg    Config
-	cli    *api.Client
-	region *kvmem.Region
-	log    *slog.Logger
+	cfg Config
+	cli *api.Client
+	log *slog.Logger
 	// instance is fresh per Open: a restarted engine registers a new one,
 	// which tells its connexd that the previous instance's requests ended.
 	instance string
@@ -123,7 +128,9 @@ type Engine struct {
 	requests   map[string]*Request
 	lastPolicy string
 	closed     bool
-	// recovering: a new region is being created (regionLost); retired:
+	// regions are the engine's KV regions, by TP rank.
+	regions []*kvmem.Region
+	// recovering: new regions are being created (regionLost); retired:
 	// regions of a connexd that lost them, kept mapped for requests still
 	// using them until Close.
 	recovering bool
@@ -156,12 +163,12 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 		pulls: map[string]chan *messages.PullDone{}, requests: map[string]*Request{},
 		stop: make(chan struct{}), instance: newInstanceID(),
 	}
-	r, err := e.createRegion(ctx)
+	rs, err := e.createRegions(ctx)
 	if err != nil {
 		e.gone()
 		return nil, err
 	}
-	e.region = r
+	e.regions = rs
 	// One subscription for every notice: they arrive in the order connexd
 	// numbered them, on one goroutine.
 	sub, err := cfg.NC.Subscribe(api.EngineNotices(cfg.EngineID), e.onNotice)
@@ -189,8 +196,8 @@ func (e *Engine) closeOpen() {
 		_ = s.Unsubscribe()
 	}
 	e.gone()
-	if e.region != nil {
-		_ = e.region.Close()
+	for _, r := range e.regions {
+		_ = r.Close()
 	}
 }
 
@@ -208,11 +215,19 @@ func (e *Engine) ID() string { return e.cfg.EngineID }
 // Member is the member id of the engine's connexd.
 func (e *Engine) Member() string { return e.cfg.Member }
 
-// Region is the engine's mapped KV memory, valid until Close.
+// Region is the engine's mapped KV memory (rank 0's), valid until Close.
 func (e *Engine) Region() *kvmem.Region {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.region
+	return e.regions[0]
+}
+
+// Ranks is the engine's mapped KV memory of every TP rank, by rank, valid
+// until Close; they change together when connexd lost them (regionLost).
+func (e *Engine) Ranks() []*kvmem.Region {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.regions
 }
 
 // Layout is the region's geometry.
@@ -305,6 +320,9 @@ func (e *Engine) Hold(ctx context.Context, blocks []uint32, numTokens uint32) (*
 	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.CallTimeout)
 	defer cancel()
 	req := &messages.CreateHoldRequest{EngineId: e.cfg.EngineID, RegionId: e.cfg.RegionID, BlockIds: blocks, NumTokens: numTokens}
+	for r := uint32(1); r < e.cfg.Layout.TPSize; r++ {
+		req.RankRegionIds = append(req.RankRegionIds, e.cfg.RankRegionID(r))
+	}
 	rep, err := e.cli.CreateHold(c, req)
 	// No responders: the request reached no connexd (NATS or connexd
 	// reconnecting), so nothing was created and trying again is safe,
@@ -447,7 +465,11 @@ func (e *Engine) Close() error {
 	for _, r := range e.retired {
 		_ = r.Close()
 	}
-	if err := e.region.Close(); err != nil {
+	var errs []error
+	for _, r := range e.regions {
+		errs = append(errs, r.Close())
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("shim: close engine %s: %w", e.cfg.EngineID, err)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/connex/connex/api"
@@ -64,12 +65,49 @@ func (e *Engine) Policy() string {
 }
 
 // Pull reads the hold named by params into the engine's blocks dst (one
-// per remote block, same order): pull.start, then the wait for its
-// pull.done notice (the engine's notice subject is subscribed to before
-// any pull starts). A failed load is a *LoadError. Pull returns only once
-// the pull has ended (the notice came, or the pull's deadline passed), so
-// dst may be reused afterwards even when ctx was canceled meanwhile.
+// per remote block, same order, where the block sizes are equal; else as
+// many as kvmem.PullSize says the tokens need): pull.start, then the wait
+// for its pull.done notice (the engine's notice subject is subscribed to
+// before any pull starts). An engine with TPSize > 1 pulls into every
+// rank's region at once, each rank its own heads, and the PullDone returned
+// is rank 0's with the bytes of all. A failed load is a *LoadError (the
+// first rank's that failed). Pull returns only once every rank's pull has
+// ended (the notice came, or the pull's deadline passed), so dst may be
+// reused afterwards even when ctx was canceled meanwhile.
 func (e *Engine) Pull(ctx context.Context, params *messages.KVTransferParams, dst []uint32) (*messages.PullDone, error) {
+	n := e.cfg.Layout.TPSize
+	if n == 1 {
+		return e.pullRank(ctx, params, dst, 0)
+	}
+	type result struct {
+		d   *messages.PullDone
+		err error
+	}
+	res := make([]result, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := e.pullRank(ctx, params, dst, r)
+			res[r] = result{d, err}
+		}()
+	}
+	wg.Wait()
+	for _, r := range res {
+		if r.err != nil {
+			return r.d, r.err
+		}
+	}
+	d := res[0].d
+	for _, r := range res[1:] {
+		d.Bytes += r.d.Bytes
+	}
+	return d, nil
+}
+
+// pullRank is Pull into the region of TP rank rank.
+func (e *Engine) pullRank(ctx context.Context, params *messages.KVTransferParams, dst []uint32, rank uint32) (*messages.PullDone, error) {
 	id := newID()
 	ch := make(chan *messages.PullDone, 1)
 	e.mu.Lock()
@@ -80,7 +118,7 @@ func (e *Engine) Pull(ctx context.Context, params *messages.KVTransferParams, ds
 		delete(e.pulls, id)
 		e.mu.Unlock()
 	}()
-	req := &messages.StartPullRequest{Params: params, EngineId: e.cfg.EngineID, RegionId: e.cfg.RegionID, BlockIds: dst, PullId: id, TimeoutMs: uint32(e.cfg.PullTimeout.Milliseconds())}
+	req := &messages.StartPullRequest{Params: params, EngineId: e.cfg.EngineID, RegionId: e.cfg.RankRegionID(rank), BlockIds: dst, PullId: id, TimeoutMs: uint32(e.cfg.PullTimeout.Milliseconds())}
 	var err error
 	// Sent again when the answer may have been lost with a NATS server
 	// (connexd treats a pull.start of a running pull id as the same pull).

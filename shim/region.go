@@ -22,15 +22,44 @@ import (
 // elsewhere — it is not a KV-load failure, and the hold it needed is alive.
 var ErrRegionLost = errors.New("shim: the engine's connexd lost its KV region (it restarted)")
 
-// createRegion creates the engine's region on its connexd and maps it,
-// retrying while the connexd is not up yet or its region socket is busy.
-func (e *Engine) createRegion(ctx context.Context) (*kvmem.Region, error) {
+// RankRegionID is the region id of TP rank rank: RegionID for rank 0,
+// RegionID-tp<rank> for the others.
+func (c *Config) RankRegionID(rank uint32) string {
+	if rank == 0 {
+		return c.RegionID
+	}
+	return fmt.Sprintf("%s-tp%d", c.RegionID, rank)
+}
+
+// createRegions creates the region of every TP rank of the engine
+// (createRegion); on error none stays mapped.
+func (e *Engine) createRegions(ctx context.Context) ([]*kvmem.Region, error) {
+	var out []*kvmem.Region
+	for rank := range e.cfg.Layout.TPSize {
+		r, err := e.createRegion(ctx, rank)
+		if err != nil {
+			for _, r := range out {
+				_ = r.Close()
+			}
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// createRegion creates the engine's region of TP rank rank on its connexd
+// and maps it, retrying while the connexd is not up yet or its region
+// socket is busy.
+func (e *Engine) createRegion(ctx context.Context, rank uint32) (*kvmem.Region, error) {
 	cfg, l := e.cfg, e.cfg.Layout
-	pl := &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize}
+	l.TPRank = rank
+	pl := layoutToProto(l)
+	regionID := cfg.RankRegionID(rank)
 	var last error // why the previous try failed
 	for {
 		c, cancel := context.WithTimeout(ctx, max(cfg.CallTimeout, 30*time.Second))
-		info, err := e.cli.CreateRegion(c, &messages.CreateRegionRequest{EngineId: cfg.EngineID, RegionId: cfg.RegionID, Layout: pl})
+		info, err := e.cli.CreateRegion(c, &messages.CreateRegionRequest{EngineId: cfg.EngineID, RegionId: regionID, Layout: pl})
 		cancel()
 		if err == nil {
 			r, err := MapCreated(ctx, info, l)
@@ -110,7 +139,7 @@ func (e *Engine) regionLost(why string) {
 			case <-ctx.Done():
 			}
 		}()
-		r, err := e.createRegion(ctx)
+		rs, err := e.createRegions(ctx)
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		e.recovering = false
@@ -119,14 +148,16 @@ func (e *Engine) regionLost(why string) {
 			return
 		}
 		if e.closed {
-			_ = r.Close()
+			for _, r := range rs {
+				_ = r.Close()
+			}
 			return
 		}
-		e.retired = append(e.retired, e.region)
-		e.region = r
+		e.retired = append(e.retired, e.regions...)
+		e.regions = rs
 		n := e.alloc.DropHolds()
 		e.signalLocked()
-		e.log.Warn("new KV region created", "path", r.Path, "holds_dropped", n)
+		e.log.Warn("new KV regions created", "path", rs[0].Path, "ranks", len(rs), "holds_dropped", n)
 	}()
 }
 
@@ -138,4 +169,11 @@ func (e *Engine) lostRegion(err error) bool {
 	}
 	e.regionLost(err.Error())
 	return true
+}
+
+// layoutToProto is a layout's wire form (actors.LayoutToProto, which the
+// shim may not import).
+func layoutToProto(l kvmem.Layout) *messages.Layout {
+	return &messages.Layout{NumLayers: l.Layers, KvPlanes: l.Planes, NumBlocks: l.Blocks, BlockBytes: l.BlockBytes, BlockSize: l.BlockSize, TpSize: l.TPSize,
+		TpRank: l.TPRank, KvOrder: l.Order, NumKvHeads: l.Heads, HeadSize: l.HeadSize, Dtype: l.Dtype, Model: l.Model}
 }

@@ -11,7 +11,8 @@ import (
 // KV is what the server needs from its engine shim; *shim.Engine provides
 // it through ShimKV, tests fake it.
 type KV interface {
-	Region() *kvmem.Region
+	// Ranks are the engine's KV regions, by TP rank (one for TP 1).
+	Ranks() []*kvmem.Region
 	Alloc(ctx context.Context, n int) ([]uint32, error)
 	Free(ids []uint32)
 	Hold(ctx context.Context, blocks []uint32, numTokens uint32) (*messages.KVTransferParams, error)

@@ -14,7 +14,7 @@ import (
 
 func testRegion(t testing.TB, layout string, blocks uint32) *kvmem.Region {
 	t.Helper()
-	l, err := LookupLayout(layout, blocks)
+	l, err := LookupLayout(layout, blocks, Shape{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,6 +25,8 @@ func testRegion(t testing.TB, layout string, blocks uint32) *kvmem.Region {
 	t.Cleanup(func() { r.Close() })
 	return r
 }
+
+func one(r *kvmem.Region) []*kvmem.Region { return []*kvmem.Region{r} }
 
 func seqIDs(from, n int) []uint32 {
 	out := make([]uint32, n)
@@ -37,7 +39,14 @@ func seqIDs(from, n int) []uint32 {
 // generate prefills tokens into blocks and returns n output tokens.
 func generate(t testing.TB, r *kvmem.Region, blocks []uint32, prompt []uint32, n int) []uint32 {
 	t.Helper()
-	s := NewSequence(r, blocks, prompt)
+	return generateOn(t, one(r), blocks, prompt, n)
+}
+
+// generateOn prefills prompt into blocks of an engine's rank regions and
+// returns n output tokens.
+func generateOn(t testing.TB, ranks []*kvmem.Region, blocks []uint32, prompt []uint32, n int) []uint32 {
+	t.Helper()
+	s := NewSequence(ranks, blocks, prompt)
 	if err := s.Compute(len(prompt)); err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +109,7 @@ func TestSimResumeEqualsUninterrupted(t *testing.T) {
 	pBlocks := seqIDs(0, 4)
 	want := generate(t, src, seqIDs(0, 8), prompt, 24)
 	// Prefill only (what the hold keeps).
-	ps := NewSequence(src, pBlocks, prompt)
+	ps := NewSequence(one(src), pBlocks, prompt)
 	if err := ps.Compute(len(prompt)); err != nil {
 		t.Fatal(err)
 	}
@@ -108,22 +117,33 @@ func TestSimResumeEqualsUninterrupted(t *testing.T) {
 	tokens := append(slices.Clone(prompt), want[:k]...)
 	dBlocks := []uint32{30, 31, 12, 50, 51, 52, 53, 54}
 	copyBlocks(src, pBlocks, dst, dBlocks[:4])
-	s := NewSequence(dst, dBlocks, tokens)
-	if err := s.Load(len(prompt)); err != nil {
+	got, err := resume(one(dst), dBlocks, prompt, tokens, len(want)-k)
+	if err != nil {
 		t.Fatal(err)
-	}
-	if err := s.Compute(len(tokens)); err != nil {
-		t.Fatal(err)
-	}
-	var got []uint32
-	for range len(want) - k {
-		tok := s.Next()
-		got = append(got, tok)
-		s.Append(tok)
 	}
 	if !slices.Equal(got, want[k:]) {
 		t.Fatalf("resumed tokens %v\nwant %v", got, want[k:])
 	}
+}
+
+// resume plays a resumed decode: the prompt's KV is in blocks of ranks
+// (loaded, verified), the tokens after it are recomputed, and n more are
+// generated.
+func resume(ranks []*kvmem.Region, blocks []uint32, prompt, tokens []uint32, n int) ([]uint32, error) {
+	s := NewSequence(ranks, blocks, tokens)
+	if err := s.Load(len(prompt)); err != nil {
+		return nil, err
+	}
+	if err := s.Compute(len(tokens)); err != nil {
+		return nil, err
+	}
+	var got []uint32
+	for range n {
+		tok := s.Next()
+		got = append(got, tok)
+		s.Append(tok)
+	}
+	return got, nil
 }
 
 func copyBlocks(src *kvmem.Region, sb []uint32, dst *kvmem.Region, db []uint32) {
@@ -140,8 +160,8 @@ func TestSimLoadDetectsCorruption(t *testing.T) {
 	prompt := Encode("a prompt of forty-eight bytes, three blocks ....")
 	other := Encode("another prompt of forty-eight bytes, three blk..")
 	src := testRegion(t, "small", 16)
-	NewSequence(src, seqIDs(0, 3), prompt).Compute(len(prompt))
-	NewSequence(src, seqIDs(3, 3), other).Compute(len(other))
+	NewSequence(one(src), seqIDs(0, 3), prompt).Compute(len(prompt))
+	NewSequence(one(src), seqIDs(3, 3), other).Compute(len(other))
 	cases := map[string]func(dst *kvmem.Region) []uint32{
 		"intact": func(dst *kvmem.Region) []uint32 {
 			copyBlocks(src, seqIDs(0, 3), dst, seqIDs(0, 3))
@@ -161,15 +181,17 @@ func TestSimLoadDetectsCorruption(t *testing.T) {
 		},
 		"one word in the last layer": func(dst *kvmem.Region) []uint32 {
 			copyBlocks(src, seqIDs(0, 3), dst, seqIDs(0, 3))
-			c := dst.Block(1, 1, 2)
-			c[0] ^= 1 // the first word of the block
+			// Position 32 (block 2's first) samples head 2: the first
+			// word of its V vector.
+			_, off := dst.Layout.ElementAt(1, 0, 2, 0)
+			dst.Block(1, 1, 2)[off] ^= 1
 			return seqIDs(0, 3)
 		},
 	}
 	for name, set := range cases {
 		dst := testRegion(t, "small", 16)
 		blocks := set(dst)
-		err := NewSequence(dst, blocks, prompt).Load(len(prompt))
+		err := NewSequence(one(dst), blocks, prompt).Load(len(prompt))
 		if name == "intact" {
 			if err != nil {
 				t.Fatalf("intact KV rejected: %v", err)
@@ -190,10 +212,11 @@ func TestSimOutputDependsOnKVContents(t *testing.T) {
 	want := generate(t, r, blocks, prompt, 8)
 	// Same tokens, but one KV word in the region differs: unchecked, the
 	// output must change.
-	NewSequence(r, blocks, prompt).Compute(len(prompt))
-	c := r.Block(0, 1, 1) // position 16: a sampled one
-	binary.LittleEndian.PutUint64(c, 12345)
-	s := NewSequence(r, blocks, prompt)
+	NewSequence(one(r), blocks, prompt).Compute(len(prompt))
+	// Position 16 (block 1's first) is a sampled one, of head 1.
+	_, off := r.Layout.ElementAt(1, 0, 1, 0)
+	binary.LittleEndian.PutUint64(r.Block(0, 1, 1)[off:], 12345)
+	s := NewSequence(one(r), blocks, prompt)
 	s.Adopt(len(prompt))
 	var got []uint32
 	for range 8 {
@@ -218,17 +241,17 @@ func BenchmarkSimLlamaFillAndVerify(b *testing.B) {
 	for i := range prompt {
 		prompt[i] = uint32(i*7) % 256
 	}
-	if err := NewSequence(r, seqIDs(0, 512), prompt).Compute(len(prompt)); err != nil { // first touch of the pages
+	if err := NewSequence(one(r), seqIDs(0, 512), prompt).Compute(len(prompt)); err != nil { // first touch of the pages
 		b.Fatal(err)
 	}
 	var fill, verify, clear time.Duration
 	for b.Loop() {
 		t0 := time.Now()
-		if err := NewSequence(r, seqIDs(0, 512), prompt).Compute(len(prompt)); err != nil {
+		if err := NewSequence(one(r), seqIDs(0, 512), prompt).Compute(len(prompt)); err != nil {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
-		if err := NewSequence(r, seqIDs(0, 512), prompt).Load(len(prompt)); err != nil {
+		if err := NewSequence(one(r), seqIDs(0, 512), prompt).Load(len(prompt)); err != nil {
 			b.Fatal(err)
 		}
 		t2 := time.Now()
@@ -254,10 +277,107 @@ func TestSimLlamaFillAndVerify(t *testing.T) {
 	for i := range prompt {
 		prompt[i] = uint32(i*7) % 256
 	}
-	if err := NewSequence(r, seqIDs(0, 512), prompt).Compute(len(prompt)); err != nil {
+	if err := NewSequence(one(r), seqIDs(0, 512), prompt).Compute(len(prompt)); err != nil {
 		t.Fatal(err)
 	}
-	if err := NewSequence(r, seqIDs(0, 512), prompt).Load(len(prompt)); err != nil {
+	if err := NewSequence(one(r), seqIDs(0, 512), prompt).Load(len(prompt)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// shapeRegions makes the regions of every rank of an engine of shape
+// (small layout, 64 blocks).
+func shapeRegions(t testing.TB, shape Shape) []*kvmem.Region {
+	t.Helper()
+	l, err := LookupLayout("small", 64, shape)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*kvmem.Region
+	for r := range l.TPSize {
+		rl := l
+		rl.TPRank = r
+		reg, err := regionfile.CreateMemfd("sim-test", rl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { reg.Close() })
+		out = append(out, reg)
+	}
+	return out
+}
+
+var testShapes = []Shape{{}, {TP: 2, BlockSize: 32, Order: kvmem.OrderHND}, {TP: 4, BlockSize: 8, Order: kvmem.OrderCPU}, {TP: 8, Order: kvmem.OrderNHD}}
+
+// TestSimSameAnswerEveryShape: the output is a function of the tokens and
+// their KV, not of the engine's TP size, block size or in-block order
+// (TP 8 replicates the 4 heads).
+func TestSimSameAnswerEveryShape(t *testing.T) {
+	prompt := Encode("one prompt, four engine shapes, one answer")
+	var want []uint32
+	for i, sh := range testShapes {
+		got := generateFresh(t, shapeRegions(t, sh), prompt, 16)
+		if i == 0 {
+			want = got
+		} else if !slices.Equal(got, want) {
+			t.Fatalf("shape %+v answers %v, TP 1 %v", sh, got, want)
+		}
+	}
+}
+
+// generateFresh is generateOn into the first blocks from block 3 that
+// hold prompt and output.
+func generateFresh(t testing.TB, ranks []*kvmem.Region, prompt []uint32, n int) []uint32 {
+	bs := int(ranks[0].Layout.BlockSize)
+	return generateOn(t, ranks, seqIDs(3, (len(prompt)+n+bs-1)/bs), prompt, n)
+}
+
+// TestSimResumeAcrossShapes: KV prefilled on one shape, moved as connexd
+// translates it (kvmem.Transfer) into every rank of another, loads (every
+// head of the sampled positions verified) and continues with the
+// uninterrupted run's tokens, for every pair of shapes.
+func TestSimResumeAcrossShapes(t *testing.T) {
+	prompt := Encode("prefilled on one shape, resumed on another: 0123456789abcdef")
+	want := generateFresh(t, shapeRegions(t, Shape{}), prompt, 20)
+	const k = 5
+	for _, from := range testShapes {
+		for _, to := range testShapes {
+			src := shapeRegions(t, from)
+			bs := int(src[0].Layout.BlockSize)
+			srcIDs := []uint32{9, 10, 2, 3, 40, 41, 42, 43, 44}[:(len(prompt)+bs-1)/bs]
+			if err := NewSequence(src, srcIDs, prompt).Compute(len(prompt)); err != nil {
+				t.Fatal(err)
+			}
+			dst := shapeRegions(t, to)
+			dl := dst[0].Layout
+			_, nDst, err := kvmem.PullSize(uint32(bs), len(srcIDs), uint32(len(prompt)), dl.BlockSize)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dstIDs := seqIDs(20, max(nDst, (len(prompt)+20+int(dl.BlockSize)-1)/int(dl.BlockSize)))
+			mems := make([][]byte, len(src))
+			for r := range src {
+				mems[r] = src[r].Bytes()
+			}
+			for _, d := range dst {
+				tr, err := kvmem.Translate(src[0].Layout, d.Layout)
+				if err != nil {
+					t.Fatal(err)
+				}
+				x, err := tr.ForPull(srcIDs, dstIDs[:nDst], uint32(len(prompt)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				x.Copy(mems, d.Bytes())
+			}
+			tokens := append(slices.Clone(prompt), want[:k]...)
+			got, err := resume(dst, dstIDs, prompt, tokens, len(want)-k)
+			if err != nil {
+				t.Fatalf("%+v -> %+v: %v", from, to, err)
+			}
+			if !slices.Equal(got, want[k:]) {
+				t.Fatalf("%+v -> %+v: resumed %v, want %v", from, to, got, want[k:])
+			}
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -13,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/shim"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -64,8 +66,8 @@ func NewServer(cfg Config) *Server {
 		cfg.Now = time.Now
 	}
 	if cfg.KV != nil {
-		if r := cfg.KV.Region(); r != nil {
-			cfg.MaxModelLen = ContextLimit(cfg.MaxModelLen, r.Layout.Blocks, r.Layout.BlockSize)
+		if rs := cfg.KV.Ranks(); len(rs) > 0 {
+			cfg.MaxModelLen = ContextLimit(cfg.MaxModelLen, rs[0].Layout.Blocks, rs[0].Layout.BlockSize)
 		}
 	}
 	s := &Server{cfg: cfg, m: newMetrics(cfg.KV), log: cfg.Log.With("engine", cfg.EngineID), mux: http.NewServeMux()}
@@ -118,8 +120,20 @@ func newReqID(prefix string) string {
 }
 
 func (s *Server) blocksFor(tokens int) int {
-	bs := int(s.cfg.KV.Region().Layout.BlockSize)
+	bs := int(s.layout().BlockSize)
 	return (tokens + bs - 1) / bs
+}
+
+// layout is the engine's KV layout (rank 0's).
+func (s *Server) layout() kvmem.Layout { return s.cfg.KV.Ranks()[0].Layout }
+
+// pullBlocks is how many of this engine's blocks a pull of the hold p
+// names needs (kvmem.PullSize: as many as the hold's between equal block
+// sizes, what its tokens need between different ones).
+func (s *Server) pullBlocks(p *messages.KVTransferParams) (int, error) {
+	l := s.layout()
+	_, n, err := kvmem.PullSize(cmp.Or(p.BlockSize, l.BlockSize), len(p.RemoteBlockIds), p.RemoteNumTokens, l.BlockSize)
+	return n, err
 }
 
 // generate serves /v1/completions and /v1/chat/completions.
@@ -213,15 +227,13 @@ func (s *Server) check(g *genRequest) *httpError {
 		if p.TransferId == "" || p.RemoteCtrl.GetMember() == "" || len(p.RemoteBlockIds) == 0 {
 			return badRequest("invalid_value", "kv_transfer_params", "kv_transfer_params with do_remote_prefill need transfer_id, remote_ctrl and remote_block_ids (the prefill response's params)")
 		}
-		if bs := s.cfg.KV.Region().Layout.BlockSize; p.BlockSize != 0 && p.BlockSize != bs {
-			return badRequest("invalid_value", "kv_transfer_params", "kv_transfer_params.block_size=%d, this engine's block size is %d: equal block sizes are required in this version", p.BlockSize, bs)
+		n, err := s.pullBlocks(p)
+		if err != nil {
+			return badRequest("invalid_value", "kv_transfer_params", "kv_transfer_params: %v", err)
 		}
-		if uint64(p.RemoteNumTokens) > uint64(len(p.RemoteBlockIds))*uint64(s.cfg.KV.Region().Layout.BlockSize) {
-			return badRequest("invalid_value", "kv_transfer_params", "kv_transfer_params: remote_num_tokens=%d does not fit in %d blocks", p.RemoteNumTokens, len(p.RemoteBlockIds))
-		}
-		need = max(need, len(p.RemoteBlockIds))
+		need = max(need, n)
 	}
-	if total := s.cfg.KV.Region().Layout.Blocks; uint64(need) > uint64(total) {
+	if total := s.layout().Blocks; uint64(need) > uint64(total) {
 		return badRequest("context_length_exceeded", "prompt", "the request needs %d KV blocks, this engine's KV region has %d", need, total)
 	}
 	return nil
@@ -298,7 +310,7 @@ func (s *Server) local(ctx context.Context, o *output) string {
 		return s.allocFailed(ctx, o, err)
 	}
 	defer s.cfg.KV.Free(blocks)
-	seq := NewSequence(s.cfg.KV.Region(), blocks, g.tokens)
+	seq := NewSequence(s.cfg.KV.Ranks(), blocks, g.tokens)
 	if err := s.prefill(ctx, seq, len(g.tokens)); err != nil {
 		return s.interrupted(o, err)
 	}
@@ -324,7 +336,7 @@ func (s *Server) prefillLeg(ctx context.Context, o *output) string {
 	if err != nil {
 		return s.allocFailed(ctx, o, err)
 	}
-	seq := NewSequence(s.cfg.KV.Region(), blocks, g.tokens)
+	seq := NewSequence(s.cfg.KV.Ranks(), blocks, g.tokens)
 	if err := s.prefill(ctx, seq, len(g.tokens)); err != nil {
 		s.cfg.KV.Free(blocks)
 		return s.interrupted(o, err)
@@ -377,7 +389,11 @@ func (s *Server) releaseOwn(ctx context.Context, transferID string) {
 // tokens) of it), computes the rest locally, and generates.
 func (s *Server) decodeLeg(ctx context.Context, o *output) string {
 	g, p := o.g, o.g.params
-	nRemote := len(p.RemoteBlockIds)
+	nRemote, err := s.pullBlocks(p) // checked by check
+	if err != nil {
+		o.fail(badRequest("invalid_value", "kv_transfer_params", "kv_transfer_params: %v", err))
+		return "error"
+	}
 	t0 := time.Now()
 	blocks, err := s.cfg.KV.Alloc(ctx, max(nRemote, s.blocksFor(len(g.tokens)+g.maxTokens)))
 	if err != nil {
@@ -424,7 +440,7 @@ func (s *Server) decodeLeg(ctx context.Context, o *output) string {
 		}
 	})()
 
-	seq := NewSequence(s.cfg.KV.Region(), blocks, g.tokens)
+	seq := NewSequence(s.cfg.KV.Ranks(), blocks, g.tokens)
 	loaded := min(int(p.RemoteNumTokens), len(g.tokens))
 	info := &ConnexInfo{KVLoad: "pulled", EngineID: s.cfg.EngineID}
 	tStart := time.Now()
@@ -458,7 +474,7 @@ func (s *Server) decodeLeg(ctx context.Context, o *output) string {
 			return "kv_load_failed"
 		}
 		s.log.Info("KV load failed; recomputing locally (kv_load_failure_policy=recompute)", "err", le)
-		seq = NewSequence(s.cfg.KV.Region(), blocks, g.tokens)
+		seq = NewSequence(s.cfg.KV.Ranks(), blocks, g.tokens)
 		if err := s.prefill(ctx, seq, len(g.tokens)); err != nil {
 			return s.stopped(o, err, act, finish)
 		}

@@ -55,7 +55,7 @@ func newFakeKV(t *testing.T, id string, holds *holdTable) *fakeKV {
 	return &fakeKV{id: id, region: r, holds: holds, policy: shim.PolicyFail, alloc: shim.NewAllocator(32)}
 }
 
-func (f *fakeKV) Region() *kvmem.Region { return f.region }
+func (f *fakeKV) Ranks() []*kvmem.Region { return []*kvmem.Region{f.region} }
 func (f *fakeKV) Alloc(_ context.Context, n int) ([]uint32, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

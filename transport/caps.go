@@ -40,6 +40,12 @@ type Caps struct {
 	// reader's stall deadline can measure progress instead of how long a
 	// whole batch takes.
 	Progress bool
+	// Strided is true when the backend's endpoints implement
+	// StridedEndpoint: a strided op (a head range of a token-major KV
+	// block: a piece per token) is one op, read without a request per
+	// piece where the memory allows (UCX: same-host mapped reads; other
+	// paths read its pieces one by one).
+	Strided bool
 	// MaxInFlight is the number of GETs a reader should keep outstanding
 	// per endpoint for full bandwidth; 0 means "no preference".
 	MaxInFlight int

@@ -7,6 +7,7 @@
 //	connex-sim --role prefill|decode --nats nats://127.0.0.1:4222 --member <connexd member_id>
 //	           --engine-id <id> --listen 127.0.0.1:0 --advertise-url <optional base url>
 //	           --model connex-sim --layout small|llama3-8b --blocks N
+//	           --tp 1 --block-size 16 --kv-order nhd|hnd|cpu
 //	           --prefill-us-per-token 50 --decode-ms-per-token 20 --max-model-len 16384 --log-level warn
 //
 // Once the KV region exists, the engine is registered and HTTP listens it
@@ -42,7 +43,8 @@ func main() { os.Exit(run(os.Args[1:])) }
 
 type options struct {
 	role, natsURL, natsCreds, natsCA, member, engineID, listen, advertise, model, layout, logLevel string
-	blocks                                                                                         uint32
+	blocks, tp, blockSize                                                                          uint32
+	kvOrder                                                                                        string
 	prefillUS, maxModelLen                                                                         int
 	decodeMS                                                                                       float64
 	tokenize                                                                                       bool
@@ -62,6 +64,9 @@ func parse(args []string) (*options, error) {
 	fs.StringVar(&o.model, "model", "connex-sim", "served model name")
 	fs.StringVar(&o.layout, "layout", "small", "KV layout: small or llama3-8b")
 	fs.Uint32Var(&o.blocks, "blocks", 0, "KV blocks in the region (0: the layout's default)")
+	fs.Uint32Var(&o.tp, "tp", 1, "tensor-parallel size: one KV region per rank, each with its share of the KV heads; engines of other sizes exchange KV with it")
+	fs.Uint32Var(&o.blockSize, "block-size", 0, "tokens per KV block (0: the layout's default, 16)")
+	fs.StringVar(&o.kvOrder, "kv-order", "nhd", "in-block KV order: nhd (vLLM's GPU cache), hnd, or cpu (vLLM's CPU cache: K transposed)")
 	fs.IntVar(&o.prefillUS, "prefill-us-per-token", 50, "prefill cost per prompt token, in microseconds")
 	fs.Float64Var(&o.decodeMS, "decode-ms-per-token", 20, "decode cost per output token, in milliseconds")
 	fs.IntVar(&o.maxModelLen, "max-model-len", 16384, "longest prompt plus completion, in tokens")
@@ -106,7 +111,7 @@ func run(args []string) int {
 	// command's lines get it from log.
 	libLog := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	log := libLog.With("engine", o.engineID)
-	layout, err := sim.LookupLayout(o.layout, o.blocks)
+	layout, err := sim.LookupLayout(o.layout, o.blocks, sim.Shape{TP: o.tp, BlockSize: o.blockSize, Order: o.kvOrder})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "connex-sim: --layout: %v\n", err)
 		return 2

@@ -35,7 +35,8 @@ CODE_PAYLOAD_TOO_LARGE: Final = 413
 CODE_BAD_BLOCK_IDS: Final = 422
 # invalid layout or it disagrees with the region file
 CODE_BAD_LAYOUT: Final = 423
-# the two sides' layouts differ (TP size, block size, …)
+# the two sides cannot exchange KV (another model, dtype or head size; another data plane; another TP or block size
+# where a layout does not describe its blocks): the message names it
 CODE_INCOMPATIBLE: Final = 424
 # destination blocks are being written by another pull
 CODE_BLOCKS_BUSY: Final = 425

@@ -32,6 +32,9 @@ func TestCapsMatchBehaviour(t *testing.T) {
 	if err := ep.Get(ctx, op); err != nil {
 		t.Fatal(err)
 	}
+	if _, ok := ep.(transport.StridedEndpoint); ok || caps.Strided {
+		t.Fatalf("Caps.Strided %v, endpoint a StridedEndpoint %v: TCP reads strided ops' pieces as GetOps", caps.Strided, ok)
+	}
 	pe, ok := ep.(transport.ProgressEndpoint)
 	if !ok {
 		t.Fatal("Caps.Progress, but the endpoint is not a ProgressEndpoint")

@@ -171,6 +171,7 @@ func (b *Backend) Caps() transport.Caps {
 		AllocationExtentKeys: true,
 		Allocate:             allocates(b.tls),
 		Revocable:            checked,
+		Strided:              true,
 		MaxInFlight:          0,
 		MaxGetBytes:          0,
 	}

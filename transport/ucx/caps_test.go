@@ -37,6 +37,9 @@ func TestCapsMatchBehaviour(t *testing.T) {
 			if _, ok := any(&Endpoint{}).(transport.ProgressEndpoint); ok != caps.Progress {
 				t.Fatalf("Caps.Progress %v, endpoints a ProgressEndpoint: %v", caps.Progress, ok)
 			}
+			if _, ok := any(&Endpoint{}).(transport.StridedEndpoint); ok != caps.Strided {
+				t.Fatalf("Caps.Strided %v, endpoints a StridedEndpoint: %v", caps.Strided, ok)
+			}
 			mem := randBytes(1<<16, 3)
 			exts := []transport.Extent{{Off: 0, Len: 4096}, {Off: 8192, Len: 4096}}
 			reg, err := h.RegisterExtents(mem, exts)

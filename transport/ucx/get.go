@@ -50,7 +50,7 @@ func (h *Endpoint) get(ctx context.Context, ops []transport.GetOp) error {
 	// harmless.)
 	holders := sharedHolders(keys)
 	if len(holders) > 0 && allShared(keys) && h.e.b.cfg.SharedReads != SharedReadsGet {
-		if handled, err := h.mapGet(ctx, ops, opKey, keys, holders); handled {
+		if handled, err := h.mapGet(keys, holders, func(ptrs []unsafe.Pointer) error { return copyMapped(ctx, ops, opKey, keys, ptrs) }); handled {
 			return err
 		}
 	}
@@ -59,6 +59,58 @@ func (h *Endpoint) get(ctx context.Context, ops []transport.GetOp) error {
 		return err
 	}
 	return h.post(ctx, ops, keys, runs, holders)
+}
+
+// GetStrided reads strided ops (transport.StridedEndpoint). From holders'
+// shared segments mapped here each op is one piece list of the mapped copy,
+// without a GetOp per piece; any other key's pieces are read as GetOps
+// (Get). It checks every op (transport.StridedOp.Check) and every op's
+// span against its key's extent first.
+func (h *Endpoint) GetStrided(ctx context.Context, ops []transport.StridedOp) error {
+	for i := range ops {
+		if err := ops[i].Check(); err != nil {
+			return fmt.Errorf("op %d: %w", i, err)
+		}
+	}
+	since := faults()
+	handled, err := h.getStridedMapped(ctx, ops)
+	if !handled {
+		var pieces []transport.GetOp
+		for _, op := range ops {
+			pieces = op.AppendPieces(pieces)
+		}
+		return h.Get(ctx, pieces)
+	}
+	if err == nil && faults() != since {
+		spans := make([]transport.GetOp, len(ops))
+		for i, op := range ops {
+			spans[i].Dst = op.Dst[:(op.Count-1)*op.DstStride+op.Len]
+		}
+		err = faultedDuring(since, spans, true)
+	}
+	return err
+}
+
+// getStridedMapped is GetStrided from mapped segments; handled is false
+// when some key is not a shared key mapped here.
+func (h *Endpoint) getStridedMapped(ctx context.Context, ops []transport.StridedOp) (handled bool, err error) {
+	if h.closed.Load() {
+		return true, transport.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return true, transport.CtxErr(err)
+	}
+	keys, opKey, err := planRanges(len(ops), func(i int) ([]byte, uint64, uint64) {
+		return ops[i].RemoteKey, ops[i].RemoteAddr, ops[i].Span() * uint64(min(ops[i].Len, 1))
+	})
+	if err != nil || len(keys) == 0 {
+		return true, err
+	}
+	holders := sharedHolders(keys)
+	if len(holders) == 0 || !allShared(keys) || h.e.b.cfg.SharedReads == SharedReadsGet {
+		return false, nil
+	}
+	return h.mapGet(keys, holders, func(ptrs []unsafe.Pointer) error { return copyStridedMapped(ctx, ops, opKey, keys, ptrs) })
 }
 
 type run struct {
@@ -101,42 +153,49 @@ func allShared(keys []keyInfo) bool {
 // the extent its key carries. opKey[i] is op i's key index, -1 for an empty
 // op; no keys means nothing to read.
 func planKeys(ops []transport.GetOp) (keys []keyInfo, opKey []int32, err error) {
+	return planRanges(len(ops), func(i int) ([]byte, uint64, uint64) {
+		return ops[i].RemoteKey, ops[i].RemoteAddr, uint64(len(ops[i].Dst))
+	})
+}
+
+// planRanges is planKeys for n ranges, range i being at(i): its key, remote
+// address and length (a GetOp's, or the span of a strided op's pieces).
+func planRanges(n int, at func(i int) (key []byte, addr, length uint64)) (keys []keyInfo, opKey []int32, err error) {
 	// A hold registers one extent per layer, plane and run of blocks, so a
 	// scattered KV layout brings thousands of distinct keys: index them by
 	// their bytes (m[string(b)] does not allocate) instead of scanning.
 	index := map[string]int{}
-	opKey = make([]int32, len(ops))
+	opKey = make([]int32, n)
 	last := -1
-	for i := range ops {
-		op := &ops[i]
-		if len(op.Dst) == 0 {
+	for i := range n {
+		key, addr, length := at(i)
+		if length == 0 {
 			opKey[i] = -1
 			continue
 		}
 		ki := -1
-		if last >= 0 && bytes.Equal(keys[last].packed, op.RemoteKey) {
+		if last >= 0 && bytes.Equal(keys[last].packed, key) {
 			ki = last
 		} else {
-			if j, ok := index[string(op.RemoteKey)]; ok {
+			if j, ok := index[string(key)]; ok {
 				ki = j
 			}
 			if ki < 0 {
-				rk, err := parseKey(op.RemoteKey)
+				rk, err := parseKey(key)
 				if err != nil {
 					return nil, nil, err
 				}
-				keys = append(keys, keyInfo{packed: op.RemoteKey, rk: rk})
+				keys = append(keys, keyInfo{packed: key, rk: rk})
 				ki = len(keys) - 1
-				index[string(op.RemoteKey)] = ki
+				index[string(key)] = ki
 			}
 		}
 		last = ki
 		opKey[i] = int32(ki)
 		k := &keys[ki].rk
-		n := uint64(len(op.Dst))
-		if op.RemoteAddr < k.base || op.RemoteAddr-k.base > k.n || n > k.n-(op.RemoteAddr-k.base) {
+		if addr < k.base || addr-k.base > k.n || length > k.n-(addr-k.base) {
 			return nil, nil, fmt.Errorf("%w: [%#x, +%d) is outside the key's extent [%#x, +%d)",
-				transport.ErrNotRegistered, op.RemoteAddr, n, k.base, k.n)
+				transport.ErrNotRegistered, addr, length, k.base, k.n)
 		}
 	}
 	return keys, opKey, nil
