@@ -38,14 +38,19 @@ func (d *Daemon) tellHold(id string, msg any, f func(rep actors.Reply, dead bool
 	if err != nil {
 		return err
 	}
-	p := &answerProcess{sys: d.system, f: f}
-	pid, ok := d.system.ProcessRegistry.Add(p, "answer"+d.system.ProcessRegistry.NextId())
+	return tell(d.system, e.PID, msg, f)
+}
+
+// tell sends msg to the actor pid with an answerProcess as its sender.
+func tell(sys *actor.ActorSystem, pid *actor.PID, msg any, f func(rep actors.Reply, dead bool)) error {
+	p := &answerProcess{sys: sys, f: f}
+	self, ok := sys.ProcessRegistry.Add(p, "answer"+sys.ProcessRegistry.NextId())
 	if !ok {
-		return api.Errorf(api.CodeInternal, "hold %s: no process id for the answer", id)
+		return api.Errorf(api.CodeInternal, "no process id for the answer of %s", pid.Id)
 	}
-	p.pid = pid
+	p.pid = self
 	p.timer = time.AfterFunc(askTimeout, func() { p.forget(false) })
-	d.system.Root.RequestWithCustomSender(e.PID, msg, pid)
+	sys.Root.RequestWithCustomSender(pid, msg, self)
 	return nil
 }
 
