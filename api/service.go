@@ -231,8 +231,9 @@ func inlineEndpoint[Req any, PReq interface {
 	}
 }
 
-// Answer answers a deferred request (a DeferredHandler's): the first call
-// sends the reply or error, later ones do nothing. Safe from any goroutine.
+// Answer answers a request of a deferred endpoint (Handler.Descriptors):
+// the first call sends the reply or error, later ones do nothing. Safe from
+// any goroutine.
 type Answer[Rep proto.Message] func(Rep, error)
 
 // deferredEndpoint adapts a handler that starts its work without blocking
