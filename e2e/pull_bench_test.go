@@ -78,9 +78,14 @@ import (
 //     follows), nats_in_out (wall less PullDone.duration_us: StartPull in to
 //     the puller's start, PullDone out to the engine), descriptors
 //     (descriptors_us), read (read_us), pull_end (pull_end_us, when awaited)
-//     and other (the hand-offs between them), and the reference: a bare NATS
-//     request/reply on the same server (bare_nats_rtt_ms, two hops) and the
-//     wall in those. BENCH_PULL_LAYOUTS=fixed runs only those pulls.
+//     and other (the hand-offs between them), and the references: a bare
+//     NATS request/reply on the same server (bare_nats_rtt_ms, two hops), and
+//     the NATS floor of a pull (nats_floor_ms): its four messages through two
+//     relay processes that only pass them on (pull_bench_floor_test.go), one
+//     chain run right after each small pull, scrubbed caches alike; then the
+//     10th percentiles of both (the machine's other load weighs least on
+//     them) and wall/nats_floor, the median of each pull over its own chain.
+//     BENCH_PULL_LAYOUTS=fixed runs only those pulls.
 //
 // The last line printed is
 // RATIO ucx/memcpy=<x> ucx/perftest=<y> tcp/ucxtcp=<z> kvlayout/contiguous=<w>.
