@@ -123,8 +123,17 @@ type pullerActor struct {
 // time. A request that could not be sent fails the pull, as PullDone says.
 func StartPuller(root *actor.RootContext, deps *PullDeps, p *Pull) {
 	asks, err := postDescriptors(deps, p)
-	root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &pullerActor{deps: deps, p: p, asks: asks, asksErr: err} }))
+	root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &pullerActor{deps: deps, p: p, asks: asks, asksErr: err} },
+		actor.WithDispatcher(pullerDispatcher)))
 }
+
+// pullerDispatcher runs a puller actor's messages on the goroutine that
+// sends them (its Started on pull.start's, its result on the reads'),
+// instead of a goroutine per message: a puller's Receive only starts the
+// reads, cancels them and stops, and on a small machine every goroutine
+// woken while the descriptors request travels takes a CPU the NATS server
+// and the holder need for it.
+var pullerDispatcher = actor.NewSynchronizedDispatcher(300)
 
 // postDescriptors subscribes the answers to p's descriptors requests and
 // sends the first.
