@@ -12,7 +12,17 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// descriptorsRetrying asks for a pull's descriptors until ctx ends (the
+// descAsks is how a puller asks for its descriptors: post sends one more
+// ask without waiting for it, and the answers of every ask arrive on
+// answers, in the order they come, for decode to read (api.Asks: the NATS
+// connection's reader delivers them, no goroutine per ask).
+type descAsks[T any] struct {
+	post    func() error
+	answers <-chan T
+	decode  func(T) (*messages.Descriptors, error)
+}
+
+// descriptorsRetrying waits for a pull's descriptors until ctx ends (the
 // stall deadline), and asks again when the holder's member may be between
 // NATS servers: soon after "no responders" (nothing was received; its NATS
 // server died and it is reconnecting to the next one), and alongside an ask
@@ -20,39 +30,32 @@ import (
 // lost with the server). Earlier asks stay outstanding, so a holder that is
 // merely slow still answers in time; the first answer wins. Asking again
 // is safe: the holder treats a start of a running pull by the same reader
-// as the same pull (lease.PullStart). clk paces the re-asks.
-func descriptorsRetrying(ctx context.Context, clk clock.Clock, stall time.Duration, ask func(context.Context) (*messages.Descriptors, error)) (*messages.Descriptors, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // ends the asks still outstanding
-	type answer struct {
-		d   *messages.Descriptors
-		err error
-	}
-	answers := make(chan answer)
-	send := func() {
-		go func() {
-			d, err := ask(ctx)
-			select {
-			case answers <- answer{d, err}:
-			case <-ctx.Done():
-			}
-		}()
+// as the same pull (lease.PullStart). posted says the first ask was sent
+// already (StartPuller sends it before the puller runs); clk paces the
+// re-asks, from when this is called.
+func descriptorsRetrying[T any](ctx context.Context, clk clock.Clock, stall time.Duration, asks descAsks[T], posted bool) (*messages.Descriptors, error) {
+	if !posted {
+		if err := asks.post(); err != nil {
+			return nil, err
+		}
 	}
 	alongside := max(stall/3, 50*time.Millisecond)
 	next, nextC := clk.NewTimer(alongside)
 	defer next.Stop()
-	send()
 	var last error
 	for {
 		select {
-		case a := <-answers:
-			if a.err == nil || !errors.Is(a.err, nats.ErrNoResponders) {
-				return a.d, a.err // descriptors, or the holder's error, or ctx's end
+		case m := <-asks.answers:
+			d, err := asks.decode(m)
+			if err == nil || !errors.Is(err, nats.ErrNoResponders) {
+				return d, err // descriptors, or the holder's error
 			}
-			last = a.err
+			last = err
 			next.Reset(25 * time.Millisecond) // no responders comes back at once: pace the next ask
 		case <-nextC:
-			send()
+			if err := asks.post(); err != nil {
+				return nil, err
+			}
 			next.Reset(alongside)
 		case <-ctx.Done():
 			if err := ctx.Err(); !errors.Is(err, context.DeadlineExceeded) {

@@ -14,6 +14,32 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
+// stepAsks asks as a NATS request travels: each post runs step on a
+// goroutine of its own (with ctx, the test's), whose result arrives on the
+// answers channel.
+func stepAsks(ctx context.Context, step func(context.Context) (*messages.Descriptors, error)) descAsks[stepAnswer] {
+	ch := make(chan stepAnswer, 16)
+	return descAsks[stepAnswer]{
+		post: func() error {
+			go func() {
+				d, err := step(ctx)
+				select {
+				case ch <- stepAnswer{d, err}:
+				case <-ctx.Done():
+				}
+			}()
+			return nil
+		},
+		answers: ch,
+		decode:  func(a stepAnswer) (*messages.Descriptors, error) { return a.d, a.err },
+	}
+}
+
+type stepAnswer struct {
+	d   *messages.Descriptors
+	err error
+}
+
 func TestDescriptorsRetrying(t *testing.T) {
 	noResponders := &api.Error{Code: api.CodePeerUnavailable, Msg: "peer.descriptors: no responders", Cause: nats.ErrNoResponders}
 	want := &messages.Descriptors{TransferId: "t"}
@@ -64,13 +90,13 @@ func TestDescriptorsRetrying(t *testing.T) {
 			defer cancel()
 			var mu sync.Mutex
 			calls := 0
-			d, err := descriptorsRetrying(ctx, clock.Real{}, 300*time.Millisecond, func(c context.Context) (*messages.Descriptors, error) {
+			d, err := descriptorsRetrying(ctx, clock.Real{}, 300*time.Millisecond, stepAsks(ctx, func(c context.Context) (*messages.Descriptors, error) {
 				mu.Lock()
 				f := tc.steps[min(calls, len(tc.steps)-1)]
 				calls++
 				mu.Unlock()
 				return f(c)
-			})
+			}), false)
 			mu.Lock()
 			defer mu.Unlock()
 			if calls != tc.calls || (err == nil) != tc.ok || (tc.ok && d != want) {
@@ -81,7 +107,7 @@ func TestDescriptorsRetrying(t *testing.T) {
 	// The stall deadline ends the retries.
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	_, err := descriptorsRetrying(ctx, clock.Real{}, time.Second, func(context.Context) (*messages.Descriptors, error) { return nil, noResponders })
+	_, err := descriptorsRetrying(ctx, clock.Real{}, time.Second, stepAsks(ctx, func(context.Context) (*messages.Descriptors, error) { return nil, noResponders }), false)
 	if !errors.Is(err, nats.ErrNoResponders) {
 		t.Fatalf("after the deadline: %v", err)
 	}
@@ -96,11 +122,11 @@ func TestDescriptorsRetryingCanceled(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		asked := make(chan struct{})
 		go func() { <-asked; cancel() }()
-		_, err := descriptorsRetrying(ctx, clock.Real{}, time.Second, func(c context.Context) (*messages.Descriptors, error) {
+		_, err := descriptorsRetrying(ctx, clock.Real{}, time.Second, stepAsks(ctx, func(c context.Context) (*messages.Descriptors, error) {
 			close(asked)
 			<-c.Done()
 			return nil, c.Err()
-		})
+		}), false)
 		if !errors.Is(err, context.Canceled) || api.CodeOf(err) == api.CodeTimeout {
 			t.Fatalf("run %d: canceled ask ended with %v (code %d), want context.Canceled", i, err, api.CodeOf(err))
 		}
@@ -126,7 +152,7 @@ func TestDescriptorsRetryingOnTheClock(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		d, err := descriptorsRetrying(ctx, clk, 3*time.Second, func(c context.Context) (*messages.Descriptors, error) {
+		d, err := descriptorsRetrying(ctx, clk, 3*time.Second, stepAsks(ctx, func(c context.Context) (*messages.Descriptors, error) {
 			mu.Lock()
 			calls++
 			n := calls
@@ -139,7 +165,7 @@ func TestDescriptorsRetryingOnTheClock(t *testing.T) {
 				return nil, noResponders
 			}
 			return want, nil
-		})
+		}), false)
 		done <- result{d, err}
 	}()
 	poll(t, "first ask, and the timer for the next", func() error {

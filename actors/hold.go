@@ -209,6 +209,13 @@ func (a *holdActor) startRead(ctx actor.Context, m *StartRead) {
 		ctx.Respond(Reply{Err: fmt.Errorf("pull %s of %s: %w", m.PullID, a.id(), err)})
 		return
 	}
+	if m.Request != "" && a.h != nil {
+		// The caller binds the hold to the request first (askBound).
+		if st := a.h.Status(); st.Consumer != m.By || st.Request != m.Request {
+			ctx.Respond(Reply{Unbound: true})
+			return
+		}
+	}
 	now := a.now()
 	// A reader may not pin the blocks past the lease it renews: its
 	// deadline is at most one lease away.

@@ -23,7 +23,10 @@ import (
 // and a blank line; lines starting with # are comments. Commands:
 //
 //	create blocks=1,2,5 retain=60s [mode=after_pull] [owner=e] [consumer=d]
-//	start-read id=a by=d timeout=10s [panic]   (panic: the actor panics answering it)
+//	start-read id=a by=d timeout=10s [request=q] [panic]
+//	    (request: start only if bound to d for request q, else "unbound";
+//	    panic: the actor panics answering it)
+//	rebind consumer=d request=q epoch=1
 //	end-read id=a by=d ok=true|false
 //	renew [by=d] · release [by=e] · inspect · engine-gone · shutdown
 //	advance 10s     (fires the due timers, then waits until the actor handled them)
@@ -88,7 +91,7 @@ func (s *holdScript) run(d *datadriven.TestData) string {
 	case "create":
 		s.create(&b, d, dur("retain"))
 	case "start-read":
-		m := &StartRead{By: s.str(d, "by"), PullID: s.str(d, "id"), Timeout: dur("timeout"), Layout: s.rig.region.Region.Layout}
+		m := &StartRead{By: s.str(d, "by"), PullID: s.str(d, "id"), Timeout: dur("timeout"), Layout: s.rig.region.Region.Layout, Request: s.str(d, "request")}
 		if d.HasArg("panic") {
 			s.rig.panicNext.Store(true)
 			s.rig.sys.Root.Send(s.pid, m)
@@ -101,6 +104,10 @@ func (s *holdScript) run(d *datadriven.TestData) string {
 		var ok bool
 		d.ScanArgs(t, "ok", &ok)
 		s.ask(&b, &EndRead{PullID: s.str(d, "id"), By: s.str(d, "by"), OK: ok})
+	case "rebind":
+		var epoch uint64
+		d.ScanArgs(t, "epoch", &epoch)
+		s.ask(&b, &RebindHold{Consumer: s.str(d, "consumer"), Request: s.str(d, "request"), Epoch: epoch})
 	case "renew":
 		s.ask(&b, &RenewHold{By: s.str(d, "by")})
 	case "release":
@@ -198,6 +205,8 @@ func (s *holdScript) ask(b *strings.Builder, m any) {
 	}
 	rep := res.(Reply)
 	switch {
+	case rep.Unbound:
+		b.WriteString("unbound\n")
 	case rep.Err != nil:
 		fmt.Fprintf(b, "error code=%s\n", errcode.AsError(rep.Err).Code.Name())
 	case rep.Desc != nil:

@@ -39,12 +39,18 @@ type RebindHold struct {
 // RenewHold extends the lease. Reply: Status or Err.
 type RenewHold struct{ By string }
 
-// StartRead begins a pull of the hold. Reply: Desc or Err.
+// StartRead begins a pull of the hold. Reply: Desc or Err (or Unbound).
 type StartRead struct {
 	By      string
 	PullID  string
 	Timeout time.Duration
 	Layout  kvmem.Layout
+	// Request, when set, is the request the pull is for. Unless the hold
+	// is bound to By for that request already, the read does not start
+	// and the reply is Unbound: the caller binds the hold from the
+	// request's durable state (which the actor cannot read) and asks
+	// again without Request.
+	Request string
 }
 
 // EndRead ends a pull. Reply: Status or Err.
@@ -80,5 +86,7 @@ type Reply struct {
 	// Consumer is the engine the hold serves ("" while unbound) and
 	// Request the request it is bound to, in InspectHold's reply.
 	Consumer, Request string
-	Err               error
+	// Unbound answers a StartRead for a request the hold is not bound to.
+	Unbound bool
+	Err     error
 }

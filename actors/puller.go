@@ -108,11 +108,58 @@ type pullerActor struct {
 	p               *Pull
 	start           time.Time
 	cancel          context.CancelFunc
+
+	// asks carries the pull's peer.descriptors requests, the first one
+	// sent by StartPuller (nil with asksErr when it could not be).
+	asks    *api.Asks
+	asksErr error
+	// endLater is the PullEnd that nobody waits for, sent once PullDone
+	// went out, so that it does not travel ahead of it (set by run).
+	endLater func()
 }
 
-// PullerProps returns props for a puller actor running p.
-func PullerProps(deps *PullDeps, p *Pull) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor { return &pullerActor{deps: deps, p: p} })
+// StartPuller sends p's first peer.descriptors request to the holder and
+// spawns the puller actor that runs p. The request goes first, from the
+// caller's goroutine, so that it is on the wire before anything else of
+// the pull happens (the caller's answer to pull.start, the actor's start,
+// planning the reads): the holder's round trip is most of a small pull's
+// time. A request that could not be sent fails the pull, as PullDone says.
+func StartPuller(root *actor.RootContext, deps *PullDeps, p *Pull) {
+	asks, err := postDescriptors(deps, p)
+	root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &pullerActor{deps: deps, p: p, asks: asks, asksErr: err} },
+		actor.WithDispatcher(pullerDispatcher)))
+}
+
+// pullerDispatcher runs a puller actor's messages on the goroutine that
+// sends them (its Started on pull.start's, its result on the reads'),
+// instead of a goroutine per message: a puller's Receive only starts the
+// reads, cancels them and stops, and on a small machine every goroutine
+// woken while the descriptors request travels takes a CPU the NATS server
+// and the holder need for it.
+var pullerDispatcher = actor.NewSynchronizedDispatcher(300)
+
+// postDescriptors subscribes the answers to p's descriptors requests and
+// sends the first.
+func postDescriptors(deps *PullDeps, p *Pull) (*api.Asks, error) {
+	peer := &api.Client{NC: deps.NC, Member: p.Params.RemoteCtrl.GetMember()}
+	asks, err := peer.NewAsks(api.EpPeerDescriptors)
+	if err != nil {
+		return nil, err
+	}
+	if err := asks.Post(descriptorsRequest(p)); err != nil {
+		asks.Close()
+		return nil, err
+	}
+	return asks, nil
+}
+
+// descriptorsRequest is p's peer.descriptors request: the holder registers
+// the pull and answers with the hold's descriptors.
+func descriptorsRequest(p *Pull) *messages.DescriptorsRequest {
+	return &messages.DescriptorsRequest{
+		TransferId: p.Params.TransferId, Requester: p.Dst.Engine, PullId: p.ID, RequestId: p.Params.ConnexRequestId,
+		Layout: LayoutToProto(p.Dst.Region.Layout), TimeoutMs: uint32(p.Timeout / time.Millisecond),
+	}
 }
 
 func (a *pullerActor) Receive(ctx actor.Context) {
@@ -136,6 +183,9 @@ func (a *pullerActor) Receive(ctx actor.Context) {
 			r := &pullResult{bytes: n, err: err}
 			a.finish(r)
 			sys.Root.Send(self, r)
+			if a.endLater != nil {
+				a.endLater()
+			}
 		})
 	case *pullResult:
 		a.cancel()
@@ -196,12 +246,7 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 	defer dcancel()
 	dch := make(chan descResult, 1)
 	go func() {
-		d, err := descriptorsRetrying(dctx, a.deps.clock(), a.p.Stall, func(ctx context.Context) (*messages.Descriptors, error) {
-			return peer.Descriptors(ctx, &messages.DescriptorsRequest{
-				TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID, RequestId: prm.ConnexRequestId,
-				Layout: LayoutToProto(a.p.Dst.Region.Layout), TimeoutMs: uint32(a.p.Timeout / time.Millisecond),
-			})
-		})
+		d, err := a.descriptors(dctx) // asked by StartPuller already
 		dch <- descResult{d, err}
 	}()
 	early := connectEarly(ctx, a.deps.Backend, &a.deps.addrs, prm.RemoteCtrl, connectBudget(a.p.Stall))
@@ -276,9 +321,32 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 			getErr = fmt.Errorf("pull %s: %w", a.p.ID, err)
 		}
 	} else {
-		a.deps.goBackground(func() { _ = end() })
+		// After the PullDone notice (run's caller calls it): the engine
+		// waits for that, nobody for this.
+		a.endLater = func() { _ = end() }
 	}
 	return n, getErr
+}
+
+// descriptors waits, until ctx ends, for the answer to the descriptors
+// request StartPuller sent, asking again as descriptorsRetrying does.
+func (a *pullerActor) descriptors(ctx context.Context) (*messages.Descriptors, error) {
+	if a.asksErr != nil {
+		return nil, a.asksErr
+	}
+	defer a.asks.Close()
+	req := descriptorsRequest(a.p)
+	return descriptorsRetrying(ctx, a.deps.clock(), a.p.Stall, descAsks[*nats.Msg]{
+		post:    func() error { return a.asks.Post(req) },
+		answers: a.asks.C(),
+		decode: func(m *nats.Msg) (*messages.Descriptors, error) {
+			d := new(messages.Descriptors)
+			if err := a.asks.Decode(m, d); err != nil {
+				return nil, err
+			}
+			return d, nil
+		},
+	}, true)
 }
 
 func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan **readPlan, early *earlyEndpoint, peer *api.Client, requester string) (uint64, error) {
@@ -415,9 +483,34 @@ func (a *pullerActor) runBatches(ctx context.Context, ep transport.Endpoint, bat
 		firstEr error
 		wg      sync.WaitGroup
 	)
+	doBatch := func(b readBatch) {
+		var err error
+		if progressive && b.strided == nil {
+			err = pe.GetProgress(readCtx, b.ops, watch.progress)
+		} else {
+			bctx, bcancel := context.WithTimeout(readCtx, a.p.Stall)
+			if b.strided != nil {
+				err = ep.(transport.StridedEndpoint).GetStrided(bctx, b.strided)
+			} else {
+				err = ep.Get(bctx, b.ops)
+			}
+			bcancel()
+			if err == nil {
+				watch.landed.Add(b.bytes)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			if firstEr == nil {
+				firstEr = a.batchErr(ctx, readCtx, err, watch.landed.Load(), total, member)
+			}
+			cancel()
+		}
+	}
 	sem := make(chan struct{}, batchesInFlight)
 	launched := 0
-	for _, b := range batches {
+	for i, b := range batches {
 		select {
 		case sem <- struct{}{}:
 		case <-readCtx.Done():
@@ -425,34 +518,19 @@ func (a *pullerActor) runBatches(ctx context.Context, ep transport.Endpoint, bat
 		if readCtx.Err() != nil {
 			break
 		}
-		wg.Add(1)
 		launched++
+		if i == len(batches)-1 {
+			// The last batch (a small pull's only one) on this goroutine:
+			// no hand-off to a goroutine and back.
+			doBatch(b)
+			<-sem
+			break
+		}
+		wg.Add(1)
 		go func(b readBatch) {
 			defer wg.Done()
 			defer func() { <-sem }()
-			var err error
-			if progressive && b.strided == nil {
-				err = pe.GetProgress(readCtx, b.ops, watch.progress)
-			} else {
-				bctx, bcancel := context.WithTimeout(readCtx, a.p.Stall)
-				if b.strided != nil {
-					err = ep.(transport.StridedEndpoint).GetStrided(bctx, b.strided)
-				} else {
-					err = ep.Get(bctx, b.ops)
-				}
-				bcancel()
-				if err == nil {
-					watch.landed.Add(b.bytes)
-				}
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				if firstEr == nil {
-					firstEr = a.batchErr(ctx, readCtx, err, watch.landed.Load(), total, member)
-				}
-				cancel()
-			}
+			doBatch(b)
 		}(b)
 	}
 	wg.Wait()
@@ -478,31 +556,40 @@ func (a *pullerActor) batchErr(ctx, readCtx context.Context, err error, landed, 
 	return fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, member, landed, readErr(ctx, err))
 }
 
+// renewEvery renews the pull's hold every period while its reads run,
+// from a clock timer re-armed after each renewal: a pull that ends before
+// its first renewal (most do) costs a timer, not a goroutine. The returned
+// func stops it.
 func (a *pullerActor) renewEvery(ctx context.Context, peer *api.Client, requester string, every time.Duration) func() {
-	if every < 100*time.Millisecond {
-		every = 100 * time.Millisecond
-	}
-	stop := make(chan struct{})
-	go func() {
-		t, tc := a.deps.clock().NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-ctx.Done():
-				return
-			case <-tc:
-				rctx, cancel := context.WithTimeout(ctx, every)
-				_, err := peer.Renew(rctx, &messages.HoldRef{TransferId: a.p.Params.TransferId, Requester: requester})
-				cancel()
-				if err != nil {
-					a.deps.Log.Warn("lease renew during pull failed", "pull", a.p.ID, "err", err)
-				}
-			}
+	every = max(every, 100*time.Millisecond)
+	var (
+		mu      sync.Mutex
+		stopped bool
+		t       clock.Timer
+		renew   func()
+	)
+	renew = func() {
+		rctx, cancel := context.WithTimeout(ctx, every)
+		_, err := peer.Renew(rctx, &messages.HoldRef{TransferId: a.p.Params.TransferId, Requester: requester})
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			a.deps.Log.Warn("lease renew during pull failed", "pull", a.p.ID, "err", err)
 		}
-	}()
-	return func() { close(stop) }
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped && ctx.Err() == nil {
+			t = a.deps.clock().AfterFunc(every, renew)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t = a.deps.clock().AfterFunc(every, renew)
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
 }
 
 // splitOps cuts ops larger than max into pieces of at most max bytes, so

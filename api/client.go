@@ -31,25 +31,15 @@ var ErrNoResponders = errors.New("api: member not reachable")
 // Call sends in to endpoint ep and decodes the reply into out. API failures
 // come back as *Error.
 func (c *Client) Call(ctx context.Context, ep string, in, out proto.Message) error {
-	data, err := Marshal(in, c.JSON)
+	subj := c.subject(ep)
+	msg, err := c.request(subj, in)
 	if err != nil {
-		return fmt.Errorf("api: encode %s: %w", describe(in), err)
-	}
-	subj := Subject(c.Member, ep)
-	if c.Engine != "" && EngineScoped(ep) {
-		subj = EngineSubject(c.Member, c.Engine, ep)
-	}
-	msg := nats.NewMsg(subj)
-	msg.Data = data
-	if c.JSON {
-		msg.Header.Set(HeaderContentType, ContentJSON)
+		return err
 	}
 	reply, err := c.NC.RequestMsgWithContext(ctx, msg)
 	if err != nil {
 		if errors.Is(err, nats.ErrNoResponders) {
-			e := Errorf(CodePeerUnavailable, "%s on member %s: %v", ep, c.Member, err)
-			e.Cause = err // nothing received it: callers may send it again
-			return e
+			return noResponders(ep, c.Member, err) // nothing received it: callers may send it again
 		}
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
 			// A publish the server's permissions refuse is dropped and
@@ -61,14 +51,16 @@ func (c *Client) Call(ctx context.Context, ep string, in, out proto.Message) err
 		}
 		return fmt.Errorf("api: %s on member %s: %w", ep, c.Member, err)
 	}
-	if e := decodeErrorHeaders(reply.Header.Get(HeaderErrorCode), reply.Header.Get(HeaderError)); e != nil {
-		return e
+	return decodeReply(ep, reply, out)
+}
+
+// subject is where c calls endpoint ep: in its engine's scope when it has
+// one and ep is engine-scoped.
+func (c *Client) subject(ep string) string {
+	if c.Engine != "" && EngineScoped(ep) {
+		return EngineSubject(c.Member, c.Engine, ep)
 	}
-	isJSON := reply.Header.Get(HeaderContentType) == ContentJSON
-	if e := Unmarshal(reply.Data, isJSON, 64<<20, out); e != nil {
-		return fmt.Errorf("api: %s reply: %w", ep, e)
-	}
-	return nil
+	return Subject(c.Member, ep)
 }
 
 // RegisterRegion registers an engine's KV region file.

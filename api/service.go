@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/connex/connex/messages"
@@ -15,7 +16,11 @@ import (
 
 // Handler implements the endpoints. Methods are called concurrently, each
 // with a context that ends at the request's deadline. Returning an *Error
-// (or an error ServeOptions.Errors maps) picks the error code.
+// (or an error ServeOptions.Errors maps) picks the error code. Two are on a
+// pull's critical path and skip the goroutine the others run on: StartPull
+// runs on its endpoint's subscription goroutine and must never block, and
+// Descriptors must not block either but answers through its Answer,
+// from any goroutine, when it has the answer.
 type Handler interface {
 	RegisterRegion(context.Context, *messages.RegisterRegionRequest) (*messages.RegionInfo, error)
 	CreateRegion(context.Context, *messages.CreateRegionRequest) (*messages.RegionInfo, error)
@@ -30,7 +35,7 @@ type Handler interface {
 	Release(context.Context, *messages.HoldRef) (*messages.HoldStatus, error)
 	Inspect(context.Context, *messages.HoldRef) (*messages.HoldStatus, error)
 	StartPull(context.Context, *messages.StartPullRequest) (*messages.StartPullReply, error)
-	Descriptors(context.Context, *messages.DescriptorsRequest) (*messages.Descriptors, error)
+	Descriptors(context.Context, *messages.DescriptorsRequest, Answer[*messages.Descriptors])
 	PullEnd(context.Context, *messages.PullEnd) (*messages.HoldStatus, error)
 	StartRequest(context.Context, *messages.StartRequestMsg) (*messages.RequestStatus, error)
 	Progress(context.Context, *messages.RequestProgress) (*messages.RequestStatus, error)
@@ -115,8 +120,8 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 		{EpHoldRenew, endpoint(s, h.Renew)},
 		{EpHoldRelease, endpoint(s, h.Release)},
 		{EpHoldInspect, endpoint(s, h.Inspect)},
-		{EpPullStart, endpoint(s, h.StartPull)},
-		{EpPeerDescriptors, endpoint(s, h.Descriptors)},
+		{EpPullStart, inlineEndpoint(s, h.StartPull)},
+		{EpPeerDescriptors, deferredEndpoint(s, h.Descriptors)},
 		{EpPeerPullEnd, endpoint(s, h.PullEnd)},
 		{EpRequestStart, endpoint(s, h.StartRequest)},
 		{EpRequestProgress, endpoint(s, h.Progress)},
@@ -192,59 +197,164 @@ func endpoint[Req any, PReq interface {
 	proto.Message
 }, Rep proto.Message](s *server, fn func(context.Context, PReq) (Rep, error)) micro.HandlerFunc {
 	return func(req micro.Request) {
-		isJSON, cerr := contentType(req.Headers())
-		if cerr != nil {
-			s.fail(req, cerr)
-			return
-		}
-		in := PReq(new(Req))
-		if derr := Unmarshal(req.Data(), isJSON, s.o.MaxRequestBytes, in); derr != nil {
-			s.fail(req, derr)
-			return
-		}
-		select {
-		case s.sem <- struct{}{}:
-		default:
-			s.fail(req, Errorf(CodeOverloaded, "more than %d requests in flight", s.o.MaxInFlight))
+		in, isJSON, ok := decode[Req, PReq](s, req)
+		if !ok || !s.admit(req) {
 			return
 		}
 		go func() {
-			defer func() { <-s.sem }()
-			defer func() {
-				if r := recover(); r != nil {
-					s.o.Logger.Error("api handler panicked", "subject", req.Subject(), "panic", r)
-					s.fail(req, Errorf(CodeInternal, "handler panicked: %v", r))
-				}
-			}()
+			defer s.release()
+			defer s.recoverPanic(req)
 			ctx, cancel := context.WithTimeout(context.Background(), s.o.Timeout)
 			defer cancel()
-			if cr, ok := req.(callerRequest); ok {
-				ctx = withCaller(ctx, cr.engine)
+			out, err := fn(callerContext(ctx, req), in)
+			s.answer(req, isJSON, out, err)
+		}()
+	}
+}
+
+// inlineEndpoint adapts a typed handler that never blocks (no I/O, no
+// waiting on another goroutine): it runs on the endpoint's subscription
+// goroutine, which saves a pull.start the hand-off to a goroutine of its
+// own, and is not counted against MaxInFlight.
+func inlineEndpoint[Req any, PReq interface {
+	*Req
+	proto.Message
+}, Rep proto.Message](s *server, fn func(context.Context, PReq) (Rep, error)) micro.HandlerFunc {
+	return func(req micro.Request) {
+		in, isJSON, ok := decode[Req, PReq](s, req)
+		if !ok {
+			return
+		}
+		defer s.recoverPanic(req)
+		out, err := fn(callerContext(context.Background(), req), in)
+		s.answer(req, isJSON, out, err)
+	}
+}
+
+// Answer answers a request of a deferred endpoint (Handler.Descriptors):
+// the first call sends the reply or error, later ones do nothing. Safe from
+// any goroutine.
+type Answer[Rep proto.Message] func(Rep, error)
+
+// deferredEndpoint adapts a handler that starts its work without blocking
+// and answers later through an Answer, from whichever goroutine finishes it
+// (peer.descriptors: the hold actor answers the NATS request itself, with
+// no goroutine waiting for it in between). The request counts against
+// MaxInFlight until answered; one not answered within the service's
+// Timeout is answered with CodeTimeout.
+func deferredEndpoint[Req any, PReq interface {
+	*Req
+	proto.Message
+}, Rep proto.Message](s *server, fn func(context.Context, PReq, Answer[Rep])) micro.HandlerFunc {
+	return func(req micro.Request) {
+		in, isJSON, ok := decode[Req, PReq](s, req)
+		if !ok || !s.admit(req) {
+			return
+		}
+		var answered atomic.Bool
+		finish := func(out Rep, err error) bool {
+			if !answered.CompareAndSwap(false, true) {
+				return false
 			}
-			out, err := fn(ctx, in)
-			if err != nil {
-				s.fail(req, s.o.Errors(err))
-				return
+			s.answer(req, isJSON, out, err)
+			s.release()
+			return true
+		}
+		timer := time.AfterFunc(s.o.Timeout, func() {
+			var none Rep
+			finish(none, Errorf(CodeTimeout, "%s: not answered within %s", req.Subject(), s.o.Timeout))
+		})
+		answer := func(out Rep, err error) {
+			if finish(out, err) {
+				timer.Stop()
 			}
-			data, err := Marshal(out, isJSON)
-			if err != nil {
-				s.fail(req, Errorf(CodeInternal, "encode %s: %v", describe(out), err))
-				return
-			}
-			if s.maxPayload > 0 && len(data)+1024 > s.maxPayload {
-				// NATS would refuse to publish it and the caller would only
-				// see a timeout; say why instead.
-				s.fail(req, Errorf(CodeTooLarge, "reply %s of %d bytes exceeds the NATS server's max_payload (%d); for descriptors: the hold has too many separate extents (use fewer, more contiguous blocks, or raise max_payload)", describe(out), len(data), s.maxPayload))
-				return
-			}
-			ct := ContentProtobuf
-			if isJSON {
-				ct = ContentJSON
-			}
-			if err := req.Respond(data, micro.WithHeaders(micro.Headers{HeaderContentType: {ct}})); err != nil {
-				s.o.Logger.Warn("api respond failed", "subject", req.Subject(), "err", err)
+		}
+		defer func() {
+			if r := recover(); r != nil {
+				s.o.Logger.Error("api handler panicked", "subject", req.Subject(), "panic", r)
+				var none Rep
+				answer(none, Errorf(CodeInternal, "handler panicked: %v", r))
 			}
 		}()
+		fn(callerContext(context.Background(), req), in, answer)
+	}
+}
+
+// decode reads req's content type and payload into a new Req; on failure
+// it answers req with the error and returns ok=false.
+func decode[Req any, PReq interface {
+	*Req
+	proto.Message
+}](s *server, req micro.Request) (in PReq, isJSON, ok bool) {
+	isJSON, cerr := contentType(req.Headers())
+	if cerr != nil {
+		s.fail(req, cerr)
+		return nil, false, false
+	}
+	in = PReq(new(Req))
+	if derr := Unmarshal(req.Data(), isJSON, s.o.MaxRequestBytes, in); derr != nil {
+		s.fail(req, derr)
+		return nil, false, false
+	}
+	return in, isJSON, true
+}
+
+// admit takes one of MaxInFlight slots for req, or answers it
+// CodeOverloaded and returns false; release gives the slot back.
+func (s *server) admit(req micro.Request) bool {
+	select {
+	case s.sem <- struct{}{}:
+		return true
+	default:
+		s.fail(req, Errorf(CodeOverloaded, "more than %d requests in flight", s.o.MaxInFlight))
+		return false
+	}
+}
+
+func (s *server) release() { <-s.sem }
+
+// recoverPanic, deferred, answers req with CodeInternal when its handler
+// panicked.
+func (s *server) recoverPanic(req micro.Request) {
+	if r := recover(); r != nil {
+		s.o.Logger.Error("api handler panicked", "subject", req.Subject(), "panic", r)
+		s.fail(req, Errorf(CodeInternal, "handler panicked: %v", r))
+	}
+}
+
+// callerContext is ctx carrying the calling engine of an engine-scoped
+// request (CallerEngine).
+func callerContext(ctx context.Context, req micro.Request) context.Context {
+	if cr, ok := req.(callerRequest); ok {
+		return withCaller(ctx, cr.engine)
+	}
+	return ctx
+}
+
+// answer sends a handler's result as req's reply: out encoded as the
+// request was, or err as its code and message.
+func (s *server) answer(req micro.Request, isJSON bool, out proto.Message, err error) {
+	if err != nil {
+		s.fail(req, s.o.Errors(err))
+		return
+	}
+	data, err := Marshal(out, isJSON)
+	if err != nil {
+		s.fail(req, Errorf(CodeInternal, "encode %s: %v", describe(out), err))
+		return
+	}
+	if s.maxPayload > 0 && len(data)+1024 > s.maxPayload {
+		// NATS would refuse to publish it and the caller would only
+		// see a timeout; say why instead.
+		s.fail(req, Errorf(CodeTooLarge, "reply %s of %d bytes exceeds the NATS server's max_payload (%d); for descriptors: the hold has too many separate extents (use fewer, more contiguous blocks, or raise max_payload)", describe(out), len(data), s.maxPayload))
+		return
+	}
+	ct := ContentProtobuf
+	if isJSON {
+		ct = ContentJSON
+	}
+	if err := req.Respond(data, micro.WithHeaders(micro.Headers{HeaderContentType: {ct}})); err != nil {
+		s.o.Logger.Warn("api respond failed", "subject", req.Subject(), "err", err)
 	}
 }
 

@@ -304,16 +304,10 @@ func (d *Daemon) ask(pid *actor.PID, msg any) (actors.Reply, error) {
 // askHold sends msg to the live hold named id, mapping ended and unknown
 // transfers to their codes.
 func (d *Daemon) askHold(id string, msg any) (actors.Reply, error) {
-	if !transferIDRe.MatchString(id) {
-		return actors.Reply{}, api.Errorf(api.CodeBadRequest, "transfer_id=%q: want 32 lowercase hex digits", id)
-	}
 	for attempt := 0; attempt < 2; attempt++ {
-		e, st, ended := d.dir.Lookup(id)
-		switch {
-		case ended:
-			return actors.Reply{}, endedError(id, st)
-		case e == nil:
-			return actors.Reply{}, api.Errorf(api.CodeUnknownTransfer, "transfer %s is not held by member %s", id, d.cfg.MemberID)
+		e, err := d.liveHold(id)
+		if err != nil {
+			return actors.Reply{}, err
 		}
 		rep, err := d.ask(e.PID, msg)
 		if errors.Is(err, actor.ErrDeadLetter) {
@@ -322,6 +316,22 @@ func (d *Daemon) askHold(id string, msg any) (actors.Reply, error) {
 		return rep, err
 	}
 	return actors.Reply{}, api.Errorf(api.CodeUnknownTransfer, "transfer %s ended", id)
+}
+
+// liveHold is the directory entry of the live hold named id, or the error
+// that says it ended or is unknown here.
+func (d *Daemon) liveHold(id string) (*actors.HoldEntry, error) {
+	if !transferIDRe.MatchString(id) {
+		return nil, api.Errorf(api.CodeBadRequest, "transfer_id=%q: want 32 lowercase hex digits", id)
+	}
+	e, st, ended := d.dir.Lookup(id)
+	switch {
+	case ended:
+		return nil, endedError(id, st)
+	case e == nil:
+		return nil, api.Errorf(api.CodeUnknownTransfer, "transfer %s is not held by member %s", id, d.cfg.MemberID)
+	}
+	return e, nil
 }
 
 // holderAnswers reports whether member's API answers within a few
@@ -422,21 +432,49 @@ func (d *Daemon) Inspect(ctx context.Context, r *messages.HoldRef) (*messages.Ho
 	return rep.Status, err
 }
 
-// Descriptors starts a peer's read of a hold.
-func (d *Daemon) Descriptors(_ context.Context, r *messages.DescriptorsRequest) (*messages.Descriptors, error) {
+// Descriptors starts a peer's read of a hold. It does not wait for the
+// hold: the hold actor answers the reader itself. A pull for a request
+// whose hold is not bound to the reader for it yet (its first pull after
+// request.start, or after a resume moved the request) is first bound from
+// the request's durable state, on a goroutine of its own (askBound).
+func (d *Daemon) Descriptors(_ context.Context, r *messages.DescriptorsRequest, answer api.Answer[*messages.Descriptors]) {
 	if err := requireToken("pull_id", r.PullId); err != nil {
-		return nil, err
+		answer(nil, err)
+		return
 	}
 	l := actors.LayoutFromProto(r.Layout)
 	if err := l.Validate(); err != nil {
-		return nil, err
+		answer(nil, err)
+		return
 	}
 	timeout, err := d.pullTimeout(r.TimeoutMs)
 	if err != nil {
-		return nil, err
+		answer(nil, err)
+		return
 	}
-	rep, err := d.askBound(r.TransferId, r.Requester, r.RequestId, &actors.StartRead{By: r.Requester, PullID: r.PullId, Timeout: timeout, Layout: l})
-	return rep.Desc, err
+	read := actors.StartRead{By: r.Requester, PullID: r.PullId, Timeout: timeout, Layout: l}
+	// askBound, on a goroutine: the answer when the hold must be bound to
+	// the pull's request first, or when it stopped as it was told.
+	slow := func() {
+		go func() {
+			rep, err := d.askBound(r.TransferId, r.Requester, r.RequestId, &read)
+			answer(rep.Desc, err)
+		}()
+	}
+	fast := read
+	if r.RequestId != "" && r.Requester != "" && d.reqStore != nil {
+		fast.Request = r.RequestId // answered Unbound unless bound to it already
+	}
+	err = d.tellHold(r.TransferId, &fast, func(rep actors.Reply, dead bool) {
+		if dead || rep.Unbound {
+			slow()
+			return
+		}
+		answer(rep.Desc, rep.Err)
+	})
+	if err != nil {
+		answer(nil, err)
+	}
 }
 
 // PullEnd ends a peer's read of a hold.
@@ -511,7 +549,7 @@ func (d *Daemon) StartPull(ctx context.Context, r *messages.StartPullRequest) (*
 	if err := dst.Blocks.BeginWrite(r.BlockIds); err != nil {
 		return fail(err)
 	}
-	props := actors.PullerProps(d.pdeps, &actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Timeout: timeout, Stall: min(d.cfg.PullStall, timeout), ReleaseRegion: release})
-	d.system.Root.Spawn(props)
+	pull := &actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Timeout: timeout, Stall: min(d.cfg.PullStall, timeout), ReleaseRegion: release}
+	actors.StartPuller(d.system.Root, d.pdeps, pull)
 	return &messages.StartPullReply{PullId: pullID}, nil
 }

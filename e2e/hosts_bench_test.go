@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os/exec"
@@ -130,7 +131,13 @@ func BenchmarkHosts(b *testing.B) {
 	fmt.Printf("HOSTS tcp_pull_gbps=%.2f iperf3_gbps=%.2f ratio=%.2f\n", mp, mi, mp/mi)
 }
 
-func median(v []float64) float64 {
+// median is the middle value of v (the upper one of an even count; zero
+// for none).
+func median[T cmp.Ordered](v []T) T {
+	if len(v) == 0 {
+		var zero T
+		return zero
+	}
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[len(s)/2]

@@ -78,9 +78,14 @@ import (
 //     follows), nats_in_out (wall less PullDone.duration_us: StartPull in to
 //     the puller's start, PullDone out to the engine), descriptors
 //     (descriptors_us), read (read_us), pull_end (pull_end_us, when awaited)
-//     and other (the hand-offs between them), and the reference: a bare NATS
-//     request/reply on the same server (bare_nats_rtt_ms, two hops) and the
-//     wall in those. BENCH_PULL_LAYOUTS=fixed runs only those pulls.
+//     and other (the hand-offs between them), and the references: a bare
+//     NATS request/reply on the same server (bare_nats_rtt_ms, two hops), and
+//     the NATS floor of a pull (nats_floor_ms): its four messages through two
+//     relay processes that only pass them on (pull_bench_floor_test.go), one
+//     chain run right after each small pull, scrubbed caches alike; then the
+//     10th percentiles of both (the machine's other load weighs least on
+//     them) and wall/nats_floor, the median of each pull over its own chain.
+//     BENCH_PULL_LAYOUTS=fixed runs only those pulls.
 //
 // The last line printed is
 // RATIO ucx/memcpy=<x> ucx/perftest=<y> tcp/ucxtcp=<z> kvlayout/contiguous=<w>.
@@ -112,6 +117,7 @@ func BenchmarkPull(b *testing.B) {
 	}
 	url := startNATS(b)
 	res.natsRTT = bareNATSRoundTrip(b, url)
+	res.floor = startNATSFloor(b, url)
 	if ucxBuilt {
 		b.Run("ucx", func(b *testing.B) { benchPullConnex(b, layouts, res, url, "ucx", "ucx", true) })
 		b.Run("ucx-checked", func(b *testing.B) {
@@ -341,6 +347,10 @@ type pullResults struct {
 	// connections of this process, on the same server: the reference for
 	// the NATS hops in a BREAKDOWN line.
 	natsRTT time.Duration
+	// floor runs a pull's four NATS messages through two relay processes
+	// that do nothing else (pull_bench_floor_test.go), once beside every
+	// small pull: what a pull's fixed cost cannot go under on this machine.
+	floor *natsFloor
 }
 
 // bareNATSRoundTrip is the median of 301 request/replies through the
@@ -377,6 +387,7 @@ type pullPhases struct {
 	read     time.Duration // read_us: the data-plane reads
 	end      time.Duration // pull_end_us: the awaited peer.pullend round trip (0 when async)
 	other    time.Duration // duration_us less the above: hand-offs between them, the destination check
+	floor    time.Duration // the NATS floor chain run right after this pull (natsFloor)
 }
 
 func phasesOf(wall, startRPC time.Duration, d *messages.PullDone) pullPhases {
@@ -390,18 +401,24 @@ func phasesOf(wall, startRPC time.Duration, d *messages.PullDone) pullPhases {
 // of each phase in ms (medians of parts need not add up to the median
 // wall), and the share of the wall each median is.
 func breakdownLine(name string, ps []pullPhases, natsRTT time.Duration) string {
-	med := func(f func(pullPhases) time.Duration) float64 {
-		v := make([]float64, len(ps))
-		for i, p := range ps {
-			v[i] = float64(f(p)) / 1e6
-		}
-		sort.Float64s(v)
-		if len(v) == 0 {
+	// at is the q-quantile of f over ps, in ms.
+	at := func(q float64, f func(pullPhases) float64) float64 {
+		if len(ps) == 0 {
 			return 0
 		}
-		return v[len(v)/2]
+		v := make([]float64, len(ps))
+		for i, p := range ps {
+			v[i] = f(p)
+		}
+		sort.Float64s(v)
+		return v[int(q*float64(len(v)-1)+0.5)]
 	}
-	wall := med(func(p pullPhases) time.Duration { return p.wall })
+	ms := func(f func(pullPhases) time.Duration) func(pullPhases) float64 {
+		return func(p pullPhases) float64 { return float64(f(p)) / 1e6 }
+	}
+	wallOf := ms(func(p pullPhases) time.Duration { return p.wall })
+	floorOf := ms(func(p pullPhases) time.Duration { return p.floor })
+	wall := at(0.5, wallOf)
 	parts := []struct {
 		n string
 		f func(pullPhases) time.Duration
@@ -415,17 +432,21 @@ func breakdownLine(name string, ps []pullPhases, natsRTT time.Duration) string {
 	}
 	line := fmt.Sprintf("BREAKDOWN %s fixed (2 x 64 KiB, medians of %d) wall_ms=%.3f", name, len(ps), wall)
 	for _, p := range parts {
-		m := med(p.f)
+		m := at(0.5, ms(p.f))
 		line += fmt.Sprintf(" %s_ms=%.3f", p.n, m)
 		if wall > 0 {
 			line += fmt.Sprintf("(%.0f%%)", 100*m/wall)
 		}
 	}
 	rtt := float64(natsRTT) / 1e6
-	line += fmt.Sprintf(" bare_nats_rtt_ms=%.3f", rtt)
+	line += fmt.Sprintf(" bare_nats_rtt_ms=%.3f nats_floor_ms=%.3f wall_p10_ms=%.3f nats_floor_p10_ms=%.3f",
+		rtt, at(0.5, floorOf), at(0.1, wallOf), at(0.1, floorOf))
 	if rtt > 0 {
 		line += fmt.Sprintf(" wall/bare_nats_rtt=%.1f", wall/rtt)
 	}
+	// The ratio of each pull to the floor chain run right after it (the
+	// same machine within tens of ms), median.
+	line += fmt.Sprintf(" wall/nats_floor=%.2f", at(0.5, func(p pullPhases) float64 { return float64(p.wall) / float64(max(p.floor, 1)) }))
 	return line
 }
 
@@ -571,6 +592,9 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 				c.hcpu += procCPU(hn.cmd.Process.Pid) - h0
 				c.rcpu += procCPU(rn.cmd.Process.Pid) - r0
 				total += l.bytes()
+			}
+			if i > 0 && l.name == "fixed" {
+				c.phases[len(c.phases)-1].floor = res.floor.chain(b)
 			}
 			for layer := uint32(0); layer < l.l.Layers; layer++ {
 				for p := uint32(0); p < l.l.Planes; p++ {

@@ -61,7 +61,13 @@ func (l *engineLog) trim(limit int, oldest time.Time) {
 		drop++
 	}
 	if drop > 0 {
-		l.entries = append(l.entries[:0:0], l.entries[drop:]...)
+		// Slide the window rather than copy what is kept: at the limit
+		// every Append drops one, and copying the rest each time cost a
+		// busy engine's every notice (a pull's PullDone among them) an
+		// allocation and a copy of the whole journal. append moves the
+		// entries to a new array once the old one's room is used up.
+		clear(l.entries[:drop]) // the bodies dropped are garbage now
+		l.entries = l.entries[drop:]
 	}
 }
 

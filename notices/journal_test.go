@@ -69,3 +69,24 @@ func TestJournalReplaysFromASequence(t *testing.T) {
 		t.Fatal("behind after everything aged out: want a gap")
 	}
 }
+
+// TestJournalAtItsLimitDoesNotCopy: a journal at its limit drops one entry
+// per Append without copying the rest each time (amortised, an allocation
+// per about Limit appends, not one per append), and still keeps the newest
+// Limit entries.
+func TestJournalAtItsLimitDoesNotCopy(t *testing.T) {
+	const limit = 1024
+	j := NewJournal(limit, time.Hour)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	body := any("notice")
+	for range 2 * limit {
+		j.Append("e", body, t0)
+	}
+	if allocs := testing.AllocsPerRun(4*limit, func() { j.Append("e", body, t0) }); allocs > 0.01 {
+		t.Fatalf("%.3f allocations per Append at the limit: the kept entries are copied", allocs)
+	}
+	entries, last, gap := j.Since("e", 0, 0, t0)
+	if len(entries) != limit || entries[0].Seq != last-limit+1 || entries[limit-1].Seq != last || !gap {
+		t.Fatalf("kept %d entries, %d..%d of last %d, gap %v", len(entries), entries[0].Seq, entries[len(entries)-1].Seq, last, gap)
+	}
+}

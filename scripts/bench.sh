@@ -5,9 +5,10 @@
 #                      costs a round trip on protoactor's remote (REMOTE ...) and a TCP pull's
 #                      throughput (TLSDATA ...): both on by default with auth
 #   bench.sh pull      data-plane pulls vs memcpy, ucx_perftest, TCP (RATIO ...), and where a small pull's fixed
-#                      cost goes against a bare NATS round trip (BREAKDOWN ..., one per case;
-#                      BENCH_PULL_LAYOUTS=fixed for those pulls alone); pulls between engines of other TP
-#                      sizes, block sizes and orders against the homogeneous pull of the same bytes (HETERO ...)
+#                      cost goes against a bare NATS round trip and the NATS floor of a pull's four messages
+#                      (BREAKDOWN ..., one per case; BENCH_PULL_LAYOUTS=fixed for those pulls alone); pulls between
+#                      engines of other TP sizes, block sizes and orders against the homogeneous pull of the same
+#                      bytes (HETERO ...)
 #   bench.sh cluster   failover timings (FAILOVER ...)
 #   bench.sh resume    what a decode death costs a streamed request, resumed vs re-prefilled (RESUME ...)
 #   bench.sh hosts     a TCP pull between two network-namespace hosts vs iperf3 on the same pair (HOSTS ...);

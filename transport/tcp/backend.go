@@ -197,18 +197,48 @@ func (b *Backend) Connect(ctx context.Context, addr []byte) (transport.Endpoint,
 	return &endpointRef{e: e, done: make(chan struct{})}, nil
 }
 
-// release drops one reference to e and shuts it down with the last one.
+// release drops one reference to e. After the last one e lingers for
+// ClientIdle with its connections, so that the next pull from the same
+// holder (a resume, the next request) need not dial and handshake again:
+// that was most of a small pull's read. A Connect within the linger reuses
+// it; expire shuts it down after.
 func (b *Backend) release(e *endpoint) {
 	b.mu.Lock()
 	e.refs--
-	last := e.refs == 0
-	if last && b.endpoints[e.addr] == e {
-		delete(b.endpoints, e.addr)
+	if e.refs > 0 {
+		b.mu.Unlock()
+		return
+	}
+	if b.endpoints[e.addr] == e && !b.closed {
+		e.releasedAt = time.Now()
+		if e.linger == nil {
+			e.linger = time.AfterFunc(b.cfg.ClientIdle, func() { b.expire(e) })
+		} else {
+			e.linger.Reset(b.cfg.ClientIdle)
+		}
+		b.mu.Unlock()
+		return
 	}
 	b.mu.Unlock()
-	if last {
-		e.shutdown(fmt.Errorf("tcp endpoint %s: %w", e.addr, transport.ErrClosed))
+	e.shutdown(fmt.Errorf("tcp endpoint %s: %w", e.addr, transport.ErrClosed))
+}
+
+// expire shuts a lingering endpoint down unless it was used since: its
+// timer fires ClientIdle after the last release, or a release moved it.
+func (b *Backend) expire(e *endpoint) {
+	b.mu.Lock()
+	if e.refs != 0 || b.endpoints[e.addr] != e {
+		b.mu.Unlock()
+		return
 	}
+	if left := b.cfg.ClientIdle - time.Since(e.releasedAt); left > 0 {
+		e.linger.Reset(left) // released again after the timer fired
+		b.mu.Unlock()
+		return
+	}
+	delete(b.endpoints, e.addr)
+	b.mu.Unlock()
+	e.shutdown(fmt.Errorf("tcp endpoint %s: %w", e.addr, transport.ErrClosed))
 }
 
 // Close stops the listener, closes every connection (in-flight Gets fail

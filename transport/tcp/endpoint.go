@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/connex/connex/transport"
 )
@@ -15,6 +16,10 @@ type endpoint struct {
 	b    *Backend
 	addr string
 	refs int // guarded by b.mu
+	// Guarded by b.mu: when the last reference went (the endpoint lingers
+	// from then, Backend.release) and the timer that expires it.
+	releasedAt time.Time
+	linger     *time.Timer
 
 	mu    sync.Mutex
 	slots []*clientConn

@@ -214,10 +214,54 @@ func TestSharedEndpoint(t *testing.T) {
 	_ = ep2.Close()
 	wantErr(t, ep2.Get(ctx, op), transport.ErrClosed)
 
-	// A fresh Connect after the last reference went away dials again.
+	// A fresh Connect after the last reference went away reuses the
+	// lingering endpoint and its connection: no dial, no handshake.
+	e, c0 := ep2.(*endpointRef).e, ep2.(*endpointRef).e.slots[0]
 	ep3 := connect(t, client, server)
+	if ep3.(*endpointRef).e != e || e.slots[0] != c0 {
+		t.Fatalf("a Connect right after the last Close did not reuse the lingering endpoint")
+	}
 	if err := ep3.Get(ctx, op); err != nil {
 		t.Fatalf("get after reconnect: %v", err)
+	}
+}
+
+// TestEndpointLingerExpires: an endpoint without references is shut down
+// ClientIdle after its last Close (its connections closed), and a Connect
+// after that dials a new one.
+func TestEndpointLingerExpires(t *testing.T) {
+	checkNoLeaks(t)
+	server := openBackend(t, Config{})
+	client := openBackend(t, Config{ClientIdle: 20 * time.Millisecond})
+	mem := randomBytes(8, 64<<10)
+	reg := register(t, server, mem)
+	op := []transport.GetOp{{RemoteKey: reg.RemoteKey(), Dst: make([]byte, len(mem))}}
+	ep := connect(t, client, server)
+	if err := ep.Get(context.Background(), op); err != nil {
+		t.Fatal(err)
+	}
+	e := ep.(*endpointRef).e
+	_ = ep.Close()
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		client.mu.Lock()
+		defer client.mu.Unlock()
+		if client.endpoints[e.addr] == e {
+			return errors.New("the endpoint still lingers")
+		}
+		return nil
+	})
+	e.mu.Lock()
+	shut := e.err != nil
+	e.mu.Unlock()
+	if !shut {
+		t.Fatal("the expired endpoint was not shut down")
+	}
+	ep2 := connect(t, client, server)
+	if ep2.(*endpointRef).e == e {
+		t.Fatal("a Connect after expiry reused the expired endpoint")
+	}
+	if err := ep2.Get(context.Background(), op); err != nil {
+		t.Fatal(err)
 	}
 }
 

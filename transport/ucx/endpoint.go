@@ -22,8 +22,18 @@ type endpoint struct {
 	u      *uep
 	noCMA  atomic.Bool // process_vm_readv was refused: use UCX
 	shared atomic.Bool // a Get used shared keys: linger after the last Close
-	maps   mapState    // segments mapped for shared keys (mapGet)
-	idle   uint64      // under b.mu: Close count, tells expire it was reused
+	// up is set while u is connected and not closing (owner thread:
+	// current sets it, closeEP clears it), so that Connect to an endpoint
+	// that is up already does not wait for the owner thread, which costs
+	// a pull tens to hundreds of µs on a small VM (a wake and its spin).
+	up   atomic.Bool
+	maps mapState // segments mapped for shared keys (mapGet)
+	// Under b.mu: when the last Close was (expire waits EndpointLinger
+	// from it), the one timer that expires the endpoint, and when a Close
+	// last had the owner thread sweep the endpoint's caches.
+	closedAt time.Time
+	expiry   *time.Timer
+	swept    time.Time
 }
 
 // current returns the live UCP endpoint, creating one if the last was
@@ -37,7 +47,9 @@ func (e *endpoint) current() (*uep, error) {
 		return nil, err
 	}
 	u.maps = &e.maps
+	u.up = &e.up
 	e.u = u
+	e.up.Store(true)
 	return u, nil
 }
 
@@ -71,8 +83,12 @@ func (b *Backend) Connect(ctx context.Context, addr []byte) (transport.Endpoint,
 		b.eps[e.key] = e
 	}
 	e.refs++
+	up := e.up.Load()
 	b.mu.Unlock()
 	h := &Endpoint{e: e}
+	if up {
+		return h, nil // connected already (a lingering endpoint, or another pull's)
+	}
 	if err2 := b.w.call(func() { _, err = e.current() }); err2 != nil {
 		err = err2
 	}
@@ -108,22 +124,33 @@ func (h *Endpoint) Close() error {
 	if last && mine && !linger {
 		delete(b.eps, e.key)
 	}
-	e.idle++
-	gen := e.idle
+	now := time.Now()
+	sweep := false
+	if linger {
+		e.closedAt = now
+		if e.expiry == nil {
+			e.expiry = time.AfterFunc(EndpointLinger, e.expire)
+		} else {
+			e.expiry.Reset(EndpointLinger)
+		}
+		if sweep = now.Sub(e.swept) >= sweepEvery; sweep {
+			e.swept = now
+		}
+	}
 	b.mu.Unlock()
 	switch {
-	case linger:
-		// Housekeeping only, so not waited for: a pull's Close is on its
-		// critical path, and waking the owner thread costs 25–300 µs on
-		// the VMs measured here. It rechecks the endpoint when it runs.
+	case linger && sweep:
+		// Housekeeping only, so not waited for, and at most every
+		// sweepEvery: a pull's Close is on its critical path, and waking
+		// the owner thread costs 25–300 µs on the VMs measured here (a
+		// wake, then its spin). It rechecks the endpoint when it runs.
 		b.w.submit(func() {
 			if e.u != nil && !e.u.closed && !b.w.busy(e.u) {
 				b.w.dropRkeys(e.u)
 				b.w.dropIdleShared(e.u, EndpointLinger)
 			}
 		})
-		time.AfterFunc(EndpointLinger, func() { e.expire(gen) })
-	case last:
+	case last && !linger:
 		b.w.call(func() {
 			if e.u != nil {
 				b.w.closeEP(e.u, transport.ErrClosed)
@@ -133,12 +160,22 @@ func (h *Endpoint) Close() error {
 	return nil
 }
 
-// expire closes a lingering endpoint unless it was reused since Close
-// number gen.
-func (e *endpoint) expire(gen uint64) {
+// sweepEvery is how often at most a lingering endpoint's Close has the
+// owner thread drop the endpoint's cached rkeys of checked keys and unmap
+// the shared segments no copy used for EndpointLinger.
+const sweepEvery = time.Second
+
+// expire closes a lingering endpoint unless it was used since: its timer
+// fires EndpointLinger after the last Close, or a Close moved it.
+func (e *endpoint) expire() {
 	b := e.b
 	b.mu.Lock()
-	if e.refs != 0 || e.idle != gen || b.eps[e.key] != e {
+	if left := EndpointLinger - time.Since(e.closedAt); left > 0 && e.refs == 0 {
+		e.expiry.Reset(left) // closed again after the timer fired
+		b.mu.Unlock()
+		return
+	}
+	if e.refs != 0 || b.eps[e.key] != e {
 		b.mu.Unlock()
 		return
 	}

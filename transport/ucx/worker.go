@@ -215,8 +215,9 @@ type uep struct {
 	maps     *mapState
 	copying  int
 	released bool
-	dead     error // set once the endpoint failed or was closed
-	closed   bool  // close started
+	dead     error        // set once the endpoint failed or was closed
+	closed   bool         // close started
+	up       *atomic.Bool // its endpoint's up flag, cleared when the close starts
 }
 
 func (w *worker) connect(addr []byte) (*uep, error) {
@@ -260,6 +261,9 @@ func (w *worker) closeEP(u *uep, why error) {
 		return
 	}
 	u.closed = true
+	if u.up != nil {
+		u.up.Store(false)
+	}
 	if u.dead == nil {
 		u.dead = why
 	}
