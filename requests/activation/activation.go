@@ -151,7 +151,7 @@ func (a *Activation) Step(ev Event) ([]Effect, error) {
 	case RenewTick:
 		return a.submit(now, op{kind: opTick}), nil
 	case Inspect:
-		if a.phase == Running || a.phase == Ended {
+		if a.phase == Running {
 			// Answered at once, even while a write is in flight.
 			return []Effect{a.reply(e.Call, "running")}, nil
 		}
@@ -228,9 +228,6 @@ func (a *Activation) drain(now time.Time, fx []Effect) []Effect {
 func (a *Activation) refuse(fx []Effect, o op) []Effect {
 	if o.call == 0 {
 		return fx
-	}
-	if o.kind == opInspect && a.st != nil {
-		return append(fx, a.reply(o.call, "running"))
 	}
 	err := a.endErr
 	if err == nil {
