@@ -124,8 +124,7 @@ func (a *Activation) Instance() string { return a.instance }
 // HoldLost reports whether the request's hold was found gone.
 func (a *Activation) HoldLost() bool { return a.holdLost }
 
-// Busy reports whether an I/O effect is outstanding, and Queued how many
-// calls wait behind it.
+// Busy reports whether an I/O effect is outstanding.
 func (a *Activation) Busy() bool { return a.cur != nil }
 
 // Queued is the number of calls waiting for the one in flight.

@@ -90,7 +90,8 @@ type Reply struct {
 // Arm schedules the next RenewTick at At (replacing any earlier one).
 type Arm struct{ At time.Time }
 
-// Stop ends the actor: the activation ended for Reason.
+// Stop ends the actor: the activation ended for Reason, a line for the
+// log; empty when the Reply before it carries the error that ended it.
 type Stop struct{ Reason string }
 
 // Metric is a counter Count increments.
