@@ -140,6 +140,14 @@ func (e *blockingEndpoint) Get(ctx context.Context, _ []transport.GetOp) error {
 	return transport.CtxErr(ctx.Err())
 }
 
+func (e *blockingEndpoint) GetProgress(ctx context.Context, ops []transport.GetOp, progress func(int)) error {
+	return getThenReport(ctx, ops, progress, e.Get)
+}
+
+func (e *blockingEndpoint) GetStrided(ctx context.Context, ops []transport.StridedOp) error {
+	return e.Get(ctx, transport.Pieces(ops))
+}
+
 func (e *blockingEndpoint) Close() error { return nil }
 
 // funcEndpoint's Get calls the function itself.
@@ -147,6 +155,28 @@ type funcEndpoint func(ctx context.Context, ops []transport.GetOp) error
 
 func (f funcEndpoint) Get(ctx context.Context, ops []transport.GetOp) error { return f(ctx, ops) }
 func (f funcEndpoint) Close() error                                         { return nil }
+
+func (f funcEndpoint) GetProgress(ctx context.Context, ops []transport.GetOp, progress func(int)) error {
+	return getThenReport(ctx, ops, progress, f)
+}
+
+func (f funcEndpoint) GetStrided(ctx context.Context, ops []transport.StridedOp) error {
+	return f(ctx, transport.Pieces(ops))
+}
+
+// getThenReport is GetProgress of a backend without Caps.Progress: get,
+// then one report of every byte.
+func getThenReport(ctx context.Context, ops []transport.GetOp, progress func(int), get func(context.Context, []transport.GetOp) error) error {
+	err := get(ctx, ops)
+	if err == nil && progress != nil {
+		n := 0
+		for _, op := range ops {
+			n += len(op.Dst)
+		}
+		progress(n)
+	}
+	return err
+}
 
 func testOps(n int) ([]transport.GetOp, uint64) {
 	ops := make([]transport.GetOp, n)
@@ -167,7 +197,7 @@ func TestReadsEndWhenHolderLeaves(t *testing.T) {
 	ep := &blockingEndpoint{started: make(chan struct{}, 1)}
 	ops, total := testOps(3)
 	errc := make(chan error, 1)
-	go func() { errc <- a.readBatches(ctx, ep, ops, total, "h1") }()
+	go func() { errc <- a.readBatches(ctx, ep, transport.Caps{}, ops, total, "h1") }()
 	select {
 	case <-ep.started:
 	case <-time.After(10 * time.Second):
@@ -205,7 +235,7 @@ func TestReadsCompleteDespiteLateDeparture(t *testing.T) {
 		}
 		return nil
 	})
-	if err := a.readBatches(ctx, ep, ops, total, "h1"); err != nil {
+	if err := a.readBatches(ctx, ep, transport.Caps{}, ops, total, "h1"); err != nil {
 		t.Fatalf("complete pull failed: %v", err)
 	}
 	if calls.Load() != 2 {

@@ -378,20 +378,16 @@ func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan
 	// Keep the lease alive during long reads.
 	stopRenew := a.renewEvery(ctx, peer, requester, time.Duration(prm.RetainS)*time.Second/3)
 	defer stopRenew()
-	se, _ := ep.(transport.StridedEndpoint)
+	caps := a.deps.Backend.Caps()
 	if err := run(batchReader{
 		get: func(ops []transport.GetOp) error {
-			return a.readBatches(ctx, ep, splitOps(ops, batchBytes), total, peer.Member)
+			return a.readBatches(ctx, ep, caps, splitOps(ops, maxOpBytes(caps)), total, peer.Member)
 		},
 		strided: func(ops []transport.StridedOp) error {
-			if se == nil { // Caps.Strided said otherwise: read the pieces
-				var pieces []transport.GetOp
-				for _, op := range ops {
-					pieces = op.AppendPieces(pieces)
-				}
-				return a.readBatches(ctx, ep, pieces, total, peer.Member)
+			if !caps.Strided { // planned only with Caps.Strided; read the pieces
+				return a.readBatches(ctx, ep, caps, splitOps(transport.Pieces(ops), maxOpBytes(caps)), total, peer.Member)
 			}
-			return a.readStridedBatches(ctx, se, ops, total, peer.Member)
+			return a.readStridedBatches(ctx, ep, caps, ops, total, peer.Member)
 		},
 	}); err != nil {
 		return 0, err
@@ -417,12 +413,22 @@ func (a *pullerActor) planReads(desc *messages.Descriptors, plan **readPlan) (ru
 // plane never drains between two batches.
 const batchesInFlight = 2
 
+// maxOpBytes is the largest GetOp a pull hands the data plane: the batch
+// size, or the backend's Caps.MaxGetBytes where that is smaller.
+func maxOpBytes(caps transport.Caps) int {
+	if caps.MaxGetBytes > 0 && caps.MaxGetBytes < batchBytes {
+		return caps.MaxGetBytes
+	}
+	return batchBytes
+}
+
 // readBatches reads ops in batches of at most batchBytes, batchesInFlight
-// at a time. Against an endpoint that reports progress the reads fail once
+// at a time. Against a backend whose endpoints report progress
+// (Caps.Progress) the reads fail once
 // no byte has landed for the stall deadline (stallWatch); against one that
 // does not, each batch must complete within it. The first error cancels the
 // rest.
-func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, ops []transport.GetOp, total uint64, member string) error {
+func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, caps transport.Caps, ops []transport.GetOp, total uint64, member string) error {
 	var batches []readBatch
 	for len(ops) > 0 {
 		n, size := 0, uint64(0)
@@ -433,13 +439,13 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 		batches = append(batches, readBatch{ops: ops[:n], bytes: size})
 		ops = ops[n:]
 	}
-	return a.runBatches(ctx, ep, batches, total, member)
+	return a.runBatches(ctx, ep, caps.Progress, batches, total, member)
 }
 
 // readStridedBatches is readBatches for strided ops, on an endpoint that
 // reads them (Caps.Strided): batches of at most batchBytes and batchOps
 // ops (each op a head range: many pieces).
-func (a *pullerActor) readStridedBatches(ctx context.Context, ep transport.StridedEndpoint, ops []transport.StridedOp, total uint64, member string) error {
+func (a *pullerActor) readStridedBatches(ctx context.Context, ep transport.Endpoint, caps transport.Caps, ops []transport.StridedOp, total uint64, member string) error {
 	var batches []readBatch
 	for len(ops) > 0 {
 		n, size := 0, uint64(0)
@@ -454,7 +460,7 @@ func (a *pullerActor) readStridedBatches(ctx context.Context, ep transport.Strid
 		batches = append(batches, readBatch{strided: ops[:n], bytes: size})
 		ops = ops[n:]
 	}
-	return a.runBatches(ctx, ep, batches, total, member)
+	return a.runBatches(ctx, ep, caps.Progress, batches, total, member)
 }
 
 // readBatch is one batch of reads: GetOps, or strided ops (an endpoint
@@ -465,12 +471,13 @@ type readBatch struct {
 	bytes   uint64
 }
 
-// runBatches reads batches, batchesInFlight at a time (readBatches).
-func (a *pullerActor) runBatches(ctx context.Context, ep transport.Endpoint, batches []readBatch, total uint64, member string) error {
+// runBatches reads batches, batchesInFlight at a time (readBatches);
+// progressive is the backend's Caps.Progress: GetOps report bytes as they
+// land, and a stall watch replaces each batch's deadline.
+func (a *pullerActor) runBatches(ctx context.Context, ep transport.Endpoint, progressive bool, batches []readBatch, total uint64, member string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	watch := newStallWatch(a.deps.clock(), a.p.Stall)
-	pe, progressive := ep.(transport.ProgressEndpoint)
 	readCtx := ctx // what the Gets run under
 	if progressive {
 		wctx, stalled := context.WithCancelCause(ctx)
@@ -486,11 +493,11 @@ func (a *pullerActor) runBatches(ctx context.Context, ep transport.Endpoint, bat
 	doBatch := func(b readBatch) {
 		var err error
 		if progressive && b.strided == nil {
-			err = pe.GetProgress(readCtx, b.ops, watch.progress)
+			err = ep.GetProgress(readCtx, b.ops, watch.progress)
 		} else {
 			bctx, bcancel := context.WithTimeout(readCtx, a.p.Stall)
 			if b.strided != nil {
-				err = ep.(transport.StridedEndpoint).GetStrided(bctx, b.strided)
+				err = ep.GetStrided(bctx, b.strided)
 			} else {
 				err = ep.Get(bctx, b.ops)
 			}

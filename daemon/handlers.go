@@ -118,8 +118,12 @@ func (d *Daemon) CreateRegion(ctx context.Context, r *messages.CreateRegionReque
 
 // newRegion allocates memory for a created region.
 func (d *Daemon) newRegion(name string, l kvmem.Layout) (*kvmem.Region, error) {
-	if al, ok := d.Backend.(transport.Allocator); ok && d.Backend.Caps().Allocate {
-		mem, err := al.Allocate(int(l.Size()))
+	if d.Backend.Caps().Allocate {
+		al, err := transport.Promised[transport.Allocator](d.Backend, "Allocate")
+		var mem transport.Allocation
+		if err == nil {
+			mem, err = al.Allocate(int(l.Size()))
+		}
 		if err == nil {
 			// UCX commits the memory when it allocates (Allocate checks
 			// the room in /dev/shm, which containers often keep small;
