@@ -109,7 +109,7 @@ func TestReadErrPrefersHolderLeft(t *testing.T) {
 	defer cancel(nil)
 	w.Watch("h", cancel)
 	w.Left("h", "timeout")
-	err := descriptorsErr(ctx, "p1", "h", fmt.Errorf("api: peer.descriptors on member h: %w", context.Canceled))
+	err := descriptorsErr("p1", "h", holderLeft(ctx), fmt.Errorf("api: peer.descriptors on member h: %w", context.Canceled))
 	if errcode.Of(err) != api.CodePeerUnavailable {
 		t.Fatalf("code %d: %v", errcode.Of(err), err)
 	}
@@ -191,7 +191,7 @@ func testOps(n int) ([]transport.GetOp, uint64) {
 // deadline, with peer_unavailable naming the holder.
 func TestReadsEndWhenHolderLeaves(t *testing.T) {
 	deps := &PullDeps{Holders: &HolderWatch{}}
-	a := &pullerActor{deps: deps, p: &Pull{ID: "p1", Stall: time.Hour}}
+	a := &puller{deps: deps, p: &Pull{ID: "p1", Stall: time.Hour}}
 	ctx, end, _ := deps.watchHolder(context.Background(), "h1")
 	defer end()
 	ep := &blockingEndpoint{started: make(chan struct{}, 1)}
@@ -224,7 +224,7 @@ func TestReadsEndWhenHolderLeaves(t *testing.T) {
 // Get returns successfully does not turn a complete pull into a failure.
 func TestReadsCompleteDespiteLateDeparture(t *testing.T) {
 	deps := &PullDeps{Holders: &HolderWatch{}}
-	a := &pullerActor{deps: deps, p: &Pull{ID: "p1", Stall: time.Hour}}
+	a := &puller{deps: deps, p: &Pull{ID: "p1", Stall: time.Hour}}
 	ctx, end, _ := deps.watchHolder(context.Background(), "h1")
 	defer end()
 	ops, total := testOps(batchOps + 1) // two batches

@@ -48,7 +48,7 @@ func (e *callsEndpoint) Close() error { return nil }
 // whatever methods the endpoint has; strided ops go to GetStrided only
 // where Caps.Strided says it reads them natively.
 func TestReadsChooseByCaps(t *testing.T) {
-	a := &pullerActor{deps: &PullDeps{}, p: &Pull{ID: "p1", Stall: time.Hour}}
+	a := &puller{deps: &PullDeps{}, p: &Pull{ID: "p1", Stall: time.Hour}}
 	ops, total := testOps(8)
 	for _, progress := range []bool{true, false} {
 		ep := &callsEndpoint{}

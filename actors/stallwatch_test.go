@@ -54,7 +54,7 @@ func (e *progressEndpoint) Close() error { return nil }
 // readOnClock runs readBatches of one batch against ep with the stall
 // deadline on clk, and returns its result's channel.
 func readOnClock(clk clock.Clock, stall time.Duration, ep transport.Endpoint) <-chan error {
-	a := &pullerActor{deps: &PullDeps{Clock: clk}, p: &Pull{ID: "p1", Stall: stall}}
+	a := &puller{deps: &PullDeps{Clock: clk}, p: &Pull{ID: "p1", Stall: stall}}
 	ops, total := testOps(8)
 	errc := make(chan error, 1)
 	go func() {

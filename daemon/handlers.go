@@ -554,6 +554,6 @@ func (d *Daemon) StartPull(ctx context.Context, r *messages.StartPullRequest) (*
 		return fail(err)
 	}
 	pull := &actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Timeout: timeout, Stall: min(d.cfg.PullStall, timeout), ReleaseRegion: release}
-	actors.StartPuller(d.system.Root, d.pdeps, pull)
+	actors.StartPuller(d.pdeps, pull)
 	return &messages.StartPullReply{PullId: pullID}, nil
 }
