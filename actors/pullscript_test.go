@@ -100,6 +100,9 @@ func runPullCommand(t *testing.T, d *datadriven.TestData, m **pullMachine, now *
 			}
 			*now = w
 			fx = append(fx, (*m).Step(pullTick{Now: *now})...)
+			if w2 := (*m).Wake(); !w2.IsZero() && !w2.After(w) {
+				d.Fatalf(t, "a tick at its wake %s left the wake at %s: the machine ignores its own deadline", w.Sub(t0), w2.Sub(t0))
+			}
 		}
 		*now = end
 	case "answer":
