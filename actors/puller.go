@@ -294,7 +294,8 @@ func (a *puller) drive(ctx context.Context) {
 				a.deps.goBackground(func() { _ = end(false) })
 			case doDone:
 				if !reading {
-					early.drop() // no descriptors: nothing to connect to
+					a.descDur = clk.Now().Sub(a.start) // what asking took
+					early.drop()                       // no descriptors: nothing to connect to
 				}
 				a.finish(n, f.err)
 			case doEndLater:
@@ -302,6 +303,11 @@ func (a *puller) drive(ctx context.Context) {
 				// nobody for this.
 				endOK, endLater = f.ok, true
 			}
+		}
+		if answers != nil && m.Phase() != pullAsking {
+			// The first answer won: later ones are dropped unread.
+			a.asks.Close()
+			answers = nil
 		}
 		if m.Phase() == pullDone {
 			if endLater {
