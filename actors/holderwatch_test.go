@@ -141,7 +141,7 @@ func (e *blockingEndpoint) Get(ctx context.Context, _ []transport.GetOp) error {
 }
 
 func (e *blockingEndpoint) GetProgress(ctx context.Context, ops []transport.GetOp, progress func(int)) error {
-	return getThenReport(ctx, ops, progress, e.Get)
+	return transport.ProgressAtEnd(ctx, ops, progress, e.Get)
 }
 
 func (e *blockingEndpoint) GetStrided(ctx context.Context, ops []transport.StridedOp) error {
@@ -157,25 +157,11 @@ func (f funcEndpoint) Get(ctx context.Context, ops []transport.GetOp) error { re
 func (f funcEndpoint) Close() error                                         { return nil }
 
 func (f funcEndpoint) GetProgress(ctx context.Context, ops []transport.GetOp, progress func(int)) error {
-	return getThenReport(ctx, ops, progress, f)
+	return transport.ProgressAtEnd(ctx, ops, progress, f)
 }
 
 func (f funcEndpoint) GetStrided(ctx context.Context, ops []transport.StridedOp) error {
 	return f(ctx, transport.Pieces(ops))
-}
-
-// getThenReport is GetProgress of a backend without Caps.Progress: get,
-// then one report of every byte.
-func getThenReport(ctx context.Context, ops []transport.GetOp, progress func(int), get func(context.Context, []transport.GetOp) error) error {
-	err := get(ctx, ops)
-	if err == nil && progress != nil {
-		n := 0
-		for _, op := range ops {
-			n += len(op.Dst)
-		}
-		progress(n)
-	}
-	return err
 }
 
 func testOps(n int) ([]transport.GetOp, uint64) {

@@ -298,3 +298,18 @@ type ManyDeregisterer interface {
 type ManyRegisterer interface {
 	RegisterMany(mems [][]byte) ([]Registration, error)
 }
+
+// ProgressAtEnd is GetProgress for a backend without Caps.Progress: get
+// (its Get), then one call of progress with every byte of ops once they
+// all landed.
+func ProgressAtEnd(ctx context.Context, ops []GetOp, progress func(n int), get func(context.Context, []GetOp) error) error {
+	err := get(ctx, ops)
+	if err == nil && progress != nil {
+		n := 0
+		for _, op := range ops {
+			n += len(op.Dst)
+		}
+		progress(n)
+	}
+	return err
+}

@@ -31,15 +31,7 @@ func (h *Endpoint) Get(ctx context.Context, ops []transport.GetOp) error {
 // once they all landed: UCX reports no progress within a Get (Caps.Progress
 // is false), so a reader bounds each Get by its stall deadline instead.
 func (h *Endpoint) GetProgress(ctx context.Context, ops []transport.GetOp, progress func(n int)) error {
-	err := h.Get(ctx, ops)
-	if err == nil && progress != nil {
-		n := 0
-		for _, op := range ops {
-			n += len(op.Dst)
-		}
-		progress(n)
-	}
-	return err
+	return transport.ProgressAtEnd(ctx, ops, progress, h.Get)
 }
 
 // get is Get before the fault check. It plans the batch (planKeys,
