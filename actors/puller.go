@@ -195,11 +195,18 @@ type readResult struct {
 }
 
 // drive runs the pull to its end: it performs pullMachine's effects and
-// feeds it events until it is done, and always gives back the destination
-// blocks and the region reference before returning.
+// feeds it events until it is done. It gives back the destination blocks
+// and the region reference before the PullDone notice (an engine that
+// reads it may start the next pull into the same blocks at once), and in
+// any case before returning.
 func (a *puller) drive(ctx context.Context) {
-	defer a.p.ReleaseRegion()
-	defer a.p.Dst.Blocks.EndWrite(a.p.DstBlocks)
+	var plan *readPlan
+	giveBack := sync.OnceFunc(func() {
+		plan.release() // the reads are over: every Get has returned
+		a.p.Dst.Blocks.EndWrite(a.p.DstBlocks)
+		a.p.ReleaseRegion()
+	})
+	defer giveBack()
 	if a.asks != nil {
 		defer a.asks.Close()
 	}
@@ -219,7 +226,6 @@ func (a *puller) drive(ctx context.Context) {
 	// name in earlier descriptors, connect to it: neither depends on the
 	// answer, and together they are most of a pull's fixed cost.
 	var early *earlyEndpoint
-	var plan *readPlan
 	var planErr error
 	if m.Phase() == pullAsking {
 		early = connectEarly(ctx, a.deps.Backend, &a.deps.addrs, prm.RemoteCtrl, connectBudget(a.p.Stall))
@@ -230,7 +236,6 @@ func (a *puller) drive(ctx context.Context) {
 			plan, planErr = planDst(a.p.Dst, prm.RemoteBlockIds, a.p.DstBlocks)
 		}
 	}
-	defer func() { plan.release() }() // after the reads: every Get has returned by then
 	var answers <-chan *nats.Msg
 	if a.asks != nil {
 		answers = a.asks.C()
@@ -297,6 +302,7 @@ func (a *puller) drive(ctx context.Context) {
 					a.descDur = clk.Now().Sub(a.start) // what asking took
 					early.drop()                       // no descriptors: nothing to connect to
 				}
+				giveBack()
 				a.finish(n, f.err)
 			case doEndLater:
 				// After the PullDone notice: the engine waits for that,
