@@ -264,11 +264,15 @@ func (a *puller) drive(ctx context.Context) {
 		return err
 	}
 	for {
-		for _, f := range fx {
+		for len(fx) > 0 {
+			f := fx[0]
+			fx = fx[1:]
 			switch f.kind {
 			case doAsk:
 				if err := a.asks.Post(req); err != nil {
-					a.deps.Log.Debug("descriptors request not sent", "pull", a.p.ID, "err", err)
+					// Not sent (the NATS connection closed): the pull
+					// fails with that, as with the holder's error.
+					fx = append(fx, m.Step(pullAnswer{Now: clk.Now(), Err: err})...)
 				}
 			case doRead:
 				reading = true
