@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -13,6 +12,7 @@ import (
 	"github.com/connex/connex/clock"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/requests"
+	"github.com/connex/connex/requests/activation"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 )
@@ -21,6 +21,9 @@ import (
 type RequestDeps struct {
 	Store requests.Store
 	NC    *nats.Conn
+	// Holds, if set, renews and releases the requests' holds; nil is the
+	// holders' NATS API over NC.
+	Holds HoldCalls
 	Self  string // this member's id: the owner written into states
 	// Clock reads the time and runs the keep-alive timer; nil is the
 	// system clock.
@@ -28,13 +31,34 @@ type RequestDeps struct {
 	Log     *slog.Logger
 	Publish func(subject string, m proto.Message)
 	Table   *RequestTable
-	// StoreTimeout bounds one durable write.
+	// StoreTimeout bounds one durable write, and one call to a holder.
 	StoreTimeout time.Duration
 	// LoadFailurePolicy is the member's kv_load_failure_policy, told to an
 	// engine whose request lost its hold (HoldLostNotice).
 	LoadFailurePolicy string
 	// Metrics, if set, counts takeovers, adoptions, fences and lost holds.
 	Metrics *Metrics
+}
+
+// HoldCalls are the calls a request makes on its hold's holder (the
+// holders' NATS API: hold.renew, hold.release). Errors carry the API's
+// codes (api.CodeOf).
+type HoldCalls interface {
+	Renew(ctx context.Context, holder string, ref *messages.HoldRef) error
+	Release(ctx context.Context, holder string, ref *messages.HoldRef) error
+}
+
+// natsHolds is HoldCalls over the NATS API.
+type natsHolds struct{ nc *nats.Conn }
+
+func (h natsHolds) Renew(ctx context.Context, holder string, ref *messages.HoldRef) error {
+	_, err := (&api.Client{NC: h.nc, Member: holder}).Renew(ctx, ref)
+	return err
+}
+
+func (h natsHolds) Release(ctx context.Context, holder string, ref *messages.HoldRef) error {
+	_, err := (&api.Client{NC: h.nc, Member: holder}).Release(ctx, ref)
+	return err
 }
 
 // unused absorbs the counts of RequestDeps without Metrics.
@@ -49,58 +73,11 @@ func (d *RequestDeps) metrics() *Metrics {
 	return d.Metrics
 }
 
-// RequestTable maps request ids to the live request actors of this member.
-type RequestTable struct {
-	mu   sync.RWMutex
-	live map[string]*actor.PID
-}
-
-// NewRequestTable returns an empty table.
-func NewRequestTable() *RequestTable { return &RequestTable{live: map[string]*actor.PID{}} }
-
-// Lookup returns the actor of a request hosted here.
-func (t *RequestTable) Lookup(id string) (*actor.PID, bool) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	p, ok := t.live[id]
-	return p, ok
-}
-
-// Len is the number of requests hosted here (the member's load).
-func (t *RequestTable) Len() int {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return len(t.live)
-}
-
-// All returns the actors of every request hosted here.
-func (t *RequestTable) All() []*actor.PID {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	out := make([]*actor.PID, 0, len(t.live))
-	for _, p := range t.live {
-		out = append(out, p)
+func (d *RequestDeps) holds() HoldCalls {
+	if d.Holds == nil {
+		return natsHolds{nc: d.NC}
 	}
-	return out
-}
-
-// claim reserves id for pid; false if another actor has it.
-func (t *RequestTable) claim(id string, pid *actor.PID) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if _, ok := t.live[id]; ok {
-		return false
-	}
-	t.live[id] = pid
-	return true
-}
-
-func (t *RequestTable) drop(id string, pid *actor.PID) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if p, ok := t.live[id]; ok && p.Equal(pid) {
-		delete(t.live, id)
-	}
+	return d.Holds
 }
 
 // StartRequest makes a new request actor create its state. Instance is the
@@ -145,10 +122,15 @@ type FinishRequest struct{ Epoch uint64 }
 // new requests carry on). No reply.
 type EngineLost struct{ Engine, Instance string }
 
-// InspectRequest asks for the state. Reply: Status.
+// InspectRequest asks for the state. Reply: Status (at once, even while a
+// write is in flight).
 type InspectRequest struct{}
 
 type renewTick struct{}
+
+// requestIODone carries the result of an effect's I/O, run off the
+// mailbox, back to it.
+type requestIODone struct{ ev activation.Event }
 
 // RequestReply is a request actor's answer.
 type RequestReply struct {
@@ -156,196 +138,241 @@ type RequestReply struct {
 	Err    error
 }
 
+// requestActor applies the effects of its activation.Activation, which
+// decides: it keeps the callers waiting for an answer, runs the store's
+// and the holder's I/O on goroutines that report back as messages (one at
+// a time: the activation asks for one, and queues calls behind it), arms
+// the keep-alive timer, publishes notices and stops.
 type requestActor struct {
-	deps     *RequestDeps
-	instance string // the engine instance that runs the request here
-	st       *messages.RequestState
-	rev      uint64
-	timer    clock.Timer
-	// holdLost is set once the holder answered that the hold is gone: the
-	// engine was told, and nothing renews or releases it any more.
-	holdLost bool
-	self     *actor.PID
-	system   *actor.ActorSystem
+	deps   *RequestDeps
+	core   *activation.Activation
+	calls  map[uint64]*actor.PID // callers waiting, by the call ids given to the core
+	next   uint64
+	timer  clock.Timer
+	self   *actor.PID
+	system *actor.ActorSystem
 }
 
 // RequestProps returns props for one request actor.
 func RequestProps(deps *RequestDeps) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor { return &requestActor{deps: deps} })
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &requestActor{deps: deps, core: activation.New(deps.Self), calls: map[uint64]*actor.PID{}}
+	})
 }
 
-func (a *requestActor) ctx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), a.deps.StoreTimeout)
-}
+func (a *requestActor) now() time.Time { return a.deps.clock().Now() }
 
 func (a *requestActor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		a.self, a.system = ctx.Self(), ctx.ActorSystem()
 	case *StartRequest:
-		a.start(ctx, m)
+		a.step(ctx, activation.Start{Now: a.now(), Call: a.call(ctx), Msg: m.Msg, Instance: m.Instance})
 	case *AdoptRequest:
-		a.adopt(ctx, m)
+		a.step(ctx, activation.Adopt{Now: a.now(), Call: a.call(ctx), ID: m.ID, DeadOwner: m.DeadOwner, Engine: m.Engine})
 	case *TakeoverRequest:
-		a.takeoverInPlace(ctx, m)
+		a.step(ctx, activation.Takeover{Now: a.now(), Call: a.call(ctx), Msg: m.Msg, Instance: m.Instance})
 	case *RequestProgress:
-		next, err := requests.Append(a.st, m.Epoch, m.Tokens, a.deps.clock().Now())
-		if err != nil {
-			ctx.Respond(RequestReply{Err: err})
-			return
-		}
-		a.write(ctx, next)
+		a.step(ctx, activation.Progress{Now: a.now(), Call: a.call(ctx), Epoch: m.Epoch, Tokens: m.Tokens})
 	case *FinishRequest:
-		a.finish(ctx, m)
+		a.step(ctx, activation.Finish{Now: a.now(), Call: a.call(ctx), Epoch: m.Epoch})
 	case *InspectRequest:
-		ctx.Respond(RequestReply{Status: a.status("running")})
+		a.step(ctx, activation.Inspect{Now: a.now(), Call: a.call(ctx)})
 	case *EngineLost:
-		a.engineLost(ctx, m)
+		a.step(ctx, activation.EngineLost{Now: a.now(), Engine: m.Engine, Instance: m.Instance})
 	case renewTick:
-		if a.fencedInStore(ctx) {
-			return
-		}
-		a.renewHold()
-		a.arm()
+		a.step(ctx, activation.RenewTick{Now: a.now()})
+	case requestIODone:
+		a.step(ctx, m.ev)
 	case *actor.Stopping:
 		if a.timer != nil {
 			a.timer.Stop()
 		}
-		if a.st != nil {
-			a.deps.Table.drop(a.st.RequestId, ctx.Self())
+		if id := a.core.ID(); id != "" {
+			a.deps.Table.drop(id, ctx.Self())
 		}
 	}
 }
 
-func (a *requestActor) status(s string) *messages.RequestStatus {
-	return &messages.RequestStatus{State: a.st, Status: s}
+// call registers the sender of the current message as a caller waiting
+// for a Reply; 0 when nobody waits.
+func (a *requestActor) call(ctx actor.Context) uint64 {
+	if ctx.Sender() == nil {
+		return 0
+	}
+	a.next++
+	a.calls[a.next] = ctx.Sender()
+	return a.next
 }
 
-func (a *requestActor) fail(ctx actor.Context, err error) {
-	ctx.Respond(RequestReply{Err: err})
-	ctx.Stop(ctx.Self())
-}
-
-func (a *requestActor) start(ctx actor.Context, m *StartRequest) {
-	st, err := requests.New(m.Msg, a.deps.Self, a.deps.clock().Now())
+// step feeds ev to the activation and applies its effects in order.
+func (a *requestActor) step(ctx actor.Context, ev activation.Event) {
+	fx, err := a.core.Step(ev)
 	if err != nil {
-		a.fail(ctx, err)
-		return
+		a.deps.Log.Debug("request actor: a result nobody waited for", "request", a.core.ID(), "err", err)
 	}
-	if !a.deps.Table.claim(st.RequestId, ctx.Self()) {
-		a.fail(ctx, fmt.Errorf("%w: %s runs here", requests.ErrExists, st.RequestId))
-		return
-	}
-	a.st, a.instance = st, m.Instance
-	c, cancel := a.ctx()
-	defer cancel()
-	if m.Msg.Takeover {
-		st, err = a.takeover(c, m.Msg)
-	} else {
-		a.rev, err = a.deps.Store.Create(c, st)
-	}
-	if err != nil {
-		a.fail(ctx, err)
-		return
-	}
-	a.st = st
-	a.self, a.system = ctx.Self(), ctx.ActorSystem()
-	// The first renewal, now, names the request: its holder binds the hold
-	// to this engine (the request's state says so), and from then on serves
-	// nobody else. A takeover moves the binding the same way, before it
-	// answers (the engine pulls next); a new request answers first, so that
-	// a slow holder does not delay its start (until bound, the hold serves
-	// whoever has its transfer id, as before).
-	if m.Msg.Takeover {
-		a.renewHold()
-	}
-	a.arm()
-	ctx.Respond(RequestReply{Status: a.status("running")})
-	if !m.Msg.Takeover {
-		a.renewHold()
+	for _, e := range fx {
+		a.apply(ctx, e)
 	}
 }
 
-// takeover moves the stored request here with the next epoch, or creates it
-// if it is not stored (its first activation never started, or it ended). A
-// write of the old owner racing ours makes the CAS fail: read again, retry.
-func (a *requestActor) takeover(c context.Context, start *messages.StartRequestMsg) (*messages.RequestState, error) {
-	for attempt := 0; ; attempt++ {
-		cur, rev, err := a.deps.Store.Get(c, start.RequestId)
-		if errors.Is(err, requests.ErrNotFound) {
-			st, err := requests.New(start, a.deps.Self, a.deps.clock().Now())
-			if err != nil {
-				return nil, err
+// apply performs one effect; its I/O runs on a goroutine of its own that
+// reports back as a requestIODone.
+func (a *requestActor) apply(ctx actor.Context, e activation.Effect) {
+	switch e := e.(type) {
+	case activation.Claim:
+		a.step(ctx, activation.Claimed{Now: a.now(), OK: a.deps.Table.claim(e.ID, ctx.Self())})
+	case activation.Load:
+		a.io(func(c context.Context) activation.Event {
+			st, rev, err := a.deps.Store.Get(c, e.ID)
+			return activation.Loaded{Now: a.now(), State: st, Rev: rev, Err: err}
+		})
+	case activation.Write:
+		a.io(func(c context.Context) activation.Event {
+			var rev uint64
+			var err error
+			switch e.Op {
+			case activation.Create:
+				rev, err = a.deps.Store.Create(c, e.State)
+			case activation.Update:
+				rev, err = a.deps.Store.Update(c, e.State, e.Rev)
+			case activation.Delete:
+				err = a.deps.Store.Delete(c, e.ID, e.Rev)
 			}
-			if a.rev, err = a.deps.Store.Create(c, st); err == nil || attempt >= 3 {
-				return st, err
+			return activation.Written{Now: a.now(), Rev: rev, Err: err}
+		})
+	case activation.Renew:
+		a.io(func(c context.Context) activation.Event { return a.renew(c, e.Hold) })
+	case activation.Release:
+		a.io(func(c context.Context) activation.Event {
+			if err := a.deps.holds().Release(c, e.Hold.Holder, holdRef(e.Hold)); err != nil {
+				a.deps.Log.Warn("release of the request's hold failed; it will expire", "request", e.Hold.RequestID, "err", err)
 			}
-			continue
+			return activation.Released{Now: a.now()}
+		})
+	case activation.NoticeFenced:
+		a.noticeFenced(e)
+	case activation.NoticeHoldLost:
+		st := e.State
+		a.deps.Log.Warn("the request's hold is gone; a resume cannot pull it", "request", st.RequestId, "transfer", st.Params.GetTransferId(),
+			"holder", st.Params.GetRemoteCtrl().GetMember(), "code", e.Reason, "policy", a.deps.LoadFailurePolicy)
+		a.deps.Publish(api.HoldLostSubject(st.EngineId), &messages.HoldLostNotice{
+			RequestId: st.RequestId, Epoch: st.Epoch, TransferId: st.Params.GetTransferId(), Holder: st.Params.GetRemoteCtrl().GetMember(),
+			ErrorCode: e.Code, Reason: e.Reason, KvLoadFailurePolicy: a.deps.LoadFailurePolicy,
+		})
+	case activation.NoticeResume:
+		a.deps.Publish(api.ResumeSubject(e.State.EngineId), &messages.ResumeNotice{State: e.State})
+	case activation.Reply:
+		to, ok := a.calls[e.Call]
+		if !ok {
+			return
 		}
-		if err != nil {
-			return nil, err
+		delete(a.calls, e.Call)
+		rep := RequestReply{Err: e.Err}
+		if e.Err == nil {
+			rep.Status = &messages.RequestStatus{State: e.State, Status: e.Status}
 		}
-		next, err := requests.Takeover(cur, start, a.deps.Self, a.deps.clock().Now())
-		if err != nil {
-			return nil, err
+		ctx.Send(to, rep)
+	case activation.Arm:
+		if a.timer != nil {
+			a.timer.Stop()
 		}
-		if a.rev, err = a.deps.Store.Update(c, next, rev); err == nil {
-			a.deps.Log.Info("request taken over", "request", start.RequestId, "from", cur.Owner, "engine", start.EngineId, "epoch", next.Epoch)
-			a.deps.metrics().TakenOver.Add(1)
-			return next, nil
+		self, sys := a.self, a.system
+		a.timer = a.deps.clock().AfterFunc(e.At.Sub(a.now()), func() { sys.Root.Send(self, renewTick{}) })
+	case activation.Stop:
+		if e.Reason != "" {
+			a.deps.Log.Info(e.Reason, "request", a.core.ID())
 		}
-		if !errors.Is(err, requests.ErrFenced) || attempt >= 3 {
-			return nil, err
-		}
+		ctx.Stop(ctx.Self())
+	case activation.Count:
+		a.count(e)
 	}
 }
 
-// takeoverInPlace moves a request that runs here to the engine a
-// router-decided resume names, fencing the engine that ran it.
-func (a *requestActor) takeoverInPlace(ctx actor.Context, m *TakeoverRequest) {
-	next, err := requests.Takeover(a.st, m.Msg, a.deps.Self, a.deps.clock().Now())
-	if err != nil {
-		ctx.Respond(RequestReply{Err: err})
-		return
-	}
-	old := a.st
-	c, cancel := a.ctx()
-	defer cancel()
-	rev, err := a.deps.Store.Update(c, next, a.rev)
-	if err != nil {
-		a.fail(ctx, fmt.Errorf("takeover of request %s: %w", old.RequestId, err))
-		return
-	}
-	a.st, a.rev, a.instance = next, rev, m.Instance
-	a.deps.Publish(api.FencedSubject(old.EngineId), &messages.FencedNotice{RequestId: old.RequestId, StaleEpoch: old.Epoch, NewOwner: a.deps.Self})
-	a.deps.metrics().TakenOver.Add(1)
-	a.deps.metrics().Fenced.Add(1)
-	a.renewHold()
-	a.arm()
-	ctx.Respond(RequestReply{Status: a.status("running")})
+// io runs f off the mailbox, bounded by StoreTimeout, and steps its result.
+func (a *requestActor) io(f func(context.Context) activation.Event) {
+	self, sys, timeout := a.self, a.system, a.deps.StoreTimeout
+	go func() {
+		c, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		sys.Root.Send(self, requestIODone{ev: f(c)})
+	}()
 }
 
-// noticeFenced tells the request's engine that this activation is fenced,
-// naming the member that owns the request now. The owner is read in the
-// background, so that the write that found the fence answers at once: a
-// store that has just said "fenced" can be recovering from the partition
-// that caused it (JetStream answers "temporarily unavailable" for a moment
-// after a partition heals, and a deposed leader may still answer a read with
-// the state from before). The notice goes out when the owner is known, or
-// with no owner after a few seconds of trying.
-func (a *requestActor) noticeFenced() {
-	id, engine, epoch, self := a.st.RequestId, a.st.EngineId, a.st.Epoch, a.st.Owner
-	store, log, publish, timeout, clk := a.deps.Store, a.deps.Log, a.deps.Publish, a.deps.StoreTimeout, a.deps.clock()
+func holdRef(h activation.HoldRef) *messages.HoldRef {
+	return &messages.HoldRef{TransferId: h.TransferID, Requester: h.Engine, RequestId: h.RequestID}
+}
+
+// renew keeps the hold alive and says what the holder answered: gone for
+// good (unknown, expired, released, engine gone), or failed for now.
+func (a *requestActor) renew(c context.Context, h activation.HoldRef) activation.Event {
+	err := a.deps.holds().Renew(c, h.Holder, holdRef(h))
+	if err == nil {
+		return activation.Renewed{Now: a.now(), Result: activation.RenewOK}
+	}
+	switch code := api.CodeOf(err); code {
+	case api.CodeUnknownTransfer, api.CodeExpired, api.CodeReleased, api.CodeEngineGone:
+		return activation.Renewed{Now: a.now(), Result: activation.RenewGone, Code: uint32(code), Reason: code.Name()}
+	}
+	// The holder is unreachable or slow: try again next period.
+	a.deps.Log.Warn("keep-alive of the request's hold failed", "request", h.RequestID, "transfer", h.TransferID, "err", err)
+	return activation.Renewed{Now: a.now(), Result: activation.RenewFailed}
+}
+
+// count increments a metric the activation names, with its log line.
+func (a *requestActor) count(e activation.Count) {
+	m := a.deps.metrics()
+	switch e.What {
+	case activation.TakenOver:
+		m.TakenOver.Add(1)
+		if st := a.core.State(); st != nil {
+			a.deps.Log.Info("request taken over", "request", st.RequestId, "from", e.From, "engine", st.EngineId, "epoch", st.Epoch)
+		}
+	case activation.Adopted:
+		m.Adopted.Add(1)
+		if st := a.core.State(); st != nil {
+			a.deps.Log.Info("request adopted", "request", st.RequestId, "from", e.From, "epoch", st.Epoch, "engine", st.EngineId)
+		}
+	case activation.Fenced:
+		m.Fenced.Add(1)
+	case activation.HoldLost:
+		m.HoldsLost.Add(1)
+	}
+}
+
+// noticeFenced tells the request's engine that its activation is fenced,
+// naming the member that owns the request now. With LookupOwner the owner
+// is read in the background, so that the write that found the fence
+// answers at once: a store that has just said "fenced" can be recovering
+// from the partition that caused it (JetStream answers "temporarily
+// unavailable" for a moment after a partition heals, and a deposed leader
+// may still answer a read with the state from before). The notice goes out
+// when the owner is known, or with no owner after a few seconds of trying.
+func (a *requestActor) noticeFenced(e activation.NoticeFenced) {
+	publish := a.deps.Publish
+	notice := func(owner string) {
+		publish(api.FencedSubject(e.Engine), &messages.FencedNotice{RequestId: e.RequestID, StaleEpoch: e.StaleEpoch, NewOwner: owner})
+	}
+	if !e.LookupOwner {
+		if e.NewOwner != a.deps.Self {
+			a.deps.Log.Warn("request fenced: it moved to another member", "request", e.RequestID, "epoch", e.StaleEpoch, "new_owner", e.NewOwner)
+		}
+		notice(e.NewOwner)
+		return
+	}
+	store, log, timeout, clk, self := a.deps.Store, a.deps.Log, a.deps.StoreTimeout, a.deps.clock(), a.deps.Self
 	go func() {
 		owner := ""
 		deadline := clk.Now().Add(2 * timeout)
 		for attempt := 1; ; attempt++ {
 			c, cancel := context.WithTimeout(context.Background(), time.Second)
-			cur, _, err := store.Get(c, id)
+			cur, _, err := store.Get(c, e.RequestID)
 			cancel()
 			// The write was refused, so the state moved on: a read that
 			// shows it as this activation left it comes from a server that
 			// has not heard yet (a stream leader deposed by the partition
 			// that caused the fence answers for a moment after the heal).
-			if err == nil && cur.Owner == self && cur.Epoch == epoch {
+			if err == nil && cur.Owner == self && cur.Epoch == e.StaleEpoch {
 				err = fmt.Errorf("read the request as it was before the fence (a stale server)")
 			}
 			if err == nil {
@@ -353,178 +380,13 @@ func (a *requestActor) noticeFenced() {
 				break
 			}
 			if errors.Is(err, requests.ErrNotFound) || clk.Now().After(deadline) {
-				log.Debug("the owner of a fenced request is unknown", "request", id, "attempts", attempt, "err", err)
+				log.Debug("the owner of a fenced request is unknown", "request", e.RequestID, "attempts", attempt, "err", err)
 				break
 			}
 			_, wait := clk.NewTimer(200 * time.Millisecond)
 			<-wait
 		}
-		log.Warn("request fenced: it moved to another member", "request", id, "epoch", epoch, "new_owner", owner)
-		publish(api.FencedSubject(engine), &messages.FencedNotice{RequestId: id, StaleEpoch: epoch, NewOwner: owner})
+		log.Warn("request fenced: it moved to another member", "request", e.RequestID, "epoch", e.StaleEpoch, "new_owner", owner)
+		notice(owner)
 	}()
-}
-
-// fencedInStore reports (and acts on) a request that another activation
-// took over while this one was idle: its engine is told, the actor stops,
-// and it no longer keeps the hold alive.
-func (a *requestActor) fencedInStore(ctx actor.Context) bool {
-	c, cancel := a.ctx()
-	defer cancel()
-	cur, _, err := a.deps.Store.Get(c, a.st.RequestId)
-	switch {
-	case errors.Is(err, requests.ErrNotFound):
-		a.deps.Log.Info("request ended elsewhere; this activation stops", "request", a.st.RequestId, "epoch", a.st.Epoch)
-	case err != nil:
-		return false // the store is unreachable: keep the hold alive meanwhile
-	case cur.Epoch == a.st.Epoch && cur.Owner == a.st.Owner:
-		return false
-	default:
-		a.deps.Log.Warn("request fenced: it moved to another member", "request", a.st.RequestId, "epoch", a.st.Epoch, "new_owner", cur.Owner)
-		a.deps.Publish(api.FencedSubject(a.st.EngineId), &messages.FencedNotice{RequestId: a.st.RequestId, StaleEpoch: a.st.Epoch, NewOwner: cur.Owner})
-		a.deps.metrics().Fenced.Add(1)
-	}
-	ctx.Stop(ctx.Self())
-	return true
-}
-
-func (a *requestActor) adopt(ctx actor.Context, m *AdoptRequest) {
-	if !a.deps.Table.claim(m.ID, ctx.Self()) {
-		a.fail(ctx, fmt.Errorf("%w: %s already runs here", requests.ErrExists, m.ID))
-		return
-	}
-	a.st = &messages.RequestState{RequestId: m.ID}
-	c, cancel := a.ctx()
-	defer cancel()
-	st, rev, err := a.deps.Store.Get(c, m.ID)
-	if err != nil {
-		a.fail(ctx, err)
-		return
-	}
-	next, err := requests.Adopt(st, m.DeadOwner, a.deps.Self, m.Engine, a.deps.clock().Now())
-	if err != nil {
-		a.fail(ctx, err)
-		return
-	}
-	if a.rev, err = a.deps.Store.Update(c, next, rev); err != nil {
-		a.fail(ctx, err)
-		return
-	}
-	a.st = next
-	a.self, a.system = ctx.Self(), ctx.ActorSystem()
-	a.renewHold()
-	a.arm()
-	a.deps.Publish(api.ResumeSubject(next.EngineId), &messages.ResumeNotice{State: next})
-	a.deps.Log.Info("request adopted", "request", m.ID, "from", m.DeadOwner, "epoch", next.Epoch, "engine", next.EngineId)
-	a.deps.metrics().Adopted.Add(1)
-	ctx.Respond(RequestReply{Status: a.status("running")})
-}
-
-// write checkpoints next with compare-and-set. A conflict means another
-// member adopted the request while we were unreachable: we are a zombie,
-// fenced, and stop.
-func (a *requestActor) write(ctx actor.Context, next *messages.RequestState) {
-	c, cancel := a.ctx()
-	defer cancel()
-	rev, err := a.deps.Store.Update(c, next, a.rev)
-	if errors.Is(err, requests.ErrFenced) {
-		a.noticeFenced()
-		a.deps.metrics().Fenced.Add(1)
-		a.fail(ctx, fmt.Errorf("request %s: %w", a.st.RequestId, err))
-		return
-	}
-	if err != nil {
-		ctx.Respond(RequestReply{Err: err})
-		return
-	}
-	a.st, a.rev = next, rev
-	ctx.Respond(RequestReply{Status: a.status("running")})
-}
-
-func (a *requestActor) finish(ctx actor.Context, m *FinishRequest) {
-	if m.Epoch != a.st.Epoch {
-		ctx.Respond(RequestReply{Err: fmt.Errorf("%w: epoch %d, current %d", requests.ErrFenced, m.Epoch, a.st.Epoch)})
-		return
-	}
-	c, cancel := a.ctx()
-	defer cancel()
-	if err := a.deps.Store.Delete(c, a.st.RequestId, a.rev); err != nil {
-		// A conflict here is a fence too; don't release someone else's hold.
-		a.fail(ctx, fmt.Errorf("%w: %v", requests.ErrFenced, err))
-		return
-	}
-	a.releaseHold()
-	ctx.Respond(RequestReply{Status: a.status("finished")})
-	ctx.Stop(ctx.Self())
-}
-
-func (a *requestActor) engineLost(ctx actor.Context, m *EngineLost) {
-	if a.st == nil || a.st.EngineId != m.Engine || (m.Instance != "" && m.Instance != a.instance) {
-		return
-	}
-	c, cancel := a.ctx()
-	defer cancel()
-	if err := a.deps.Store.Delete(c, a.st.RequestId, a.rev); err != nil {
-		// Taken over (the router resumed it elsewhere): not ours to release.
-		a.deps.Log.Info("request's engine went away; it runs elsewhere now", "request", a.st.RequestId, "engine", m.Engine, "err", err)
-		ctx.Stop(ctx.Self())
-		return
-	}
-	a.deps.Log.Warn("request's engine went away and nobody took it over: releasing its hold", "request", a.st.RequestId, "engine", m.Engine, "transfer", a.st.Params.GetTransferId())
-	a.releaseHold()
-	ctx.Stop(ctx.Self())
-}
-
-func (a *requestActor) holder() *api.Client {
-	return &api.Client{NC: a.deps.NC, Member: a.st.Params.GetRemoteCtrl().GetMember()}
-}
-
-func (a *requestActor) renewHold() {
-	if a.holdLost {
-		return
-	}
-	c, cancel := a.ctx()
-	defer cancel()
-	_, err := a.holder().Renew(c, &messages.HoldRef{TransferId: a.st.Params.GetTransferId(), Requester: a.st.EngineId, RequestId: a.st.RequestId})
-	if err == nil {
-		return
-	}
-	switch code := api.CodeOf(err); code {
-	case api.CodeUnknownTransfer, api.CodeExpired, api.CodeReleased, api.CodeEngineGone:
-		// For good: tell the engine once, and stop renewing.
-		a.holdLost = true
-		a.deps.metrics().HoldsLost.Add(1)
-		a.deps.Log.Warn("the request's hold is gone; a resume cannot pull it", "request", a.st.RequestId, "transfer", a.st.Params.GetTransferId(),
-			"holder", a.st.Params.GetRemoteCtrl().GetMember(), "code", code.Name(), "policy", a.deps.LoadFailurePolicy)
-		a.deps.Publish(api.HoldLostSubject(a.st.EngineId), &messages.HoldLostNotice{
-			RequestId: a.st.RequestId, Epoch: a.st.Epoch, TransferId: a.st.Params.GetTransferId(), Holder: a.st.Params.GetRemoteCtrl().GetMember(),
-			ErrorCode: uint32(code), Reason: code.Name(), KvLoadFailurePolicy: a.deps.LoadFailurePolicy,
-		})
-	default:
-		// The holder is unreachable or slow: try again next period.
-		a.deps.Log.Warn("keep-alive of the request's hold failed", "request", a.st.RequestId, "transfer", a.st.Params.GetTransferId(), "err", err)
-	}
-}
-
-func (a *requestActor) releaseHold() {
-	if a.holdLost {
-		return
-	}
-	c, cancel := a.ctx()
-	defer cancel()
-	if _, err := a.holder().Release(c, &messages.HoldRef{TransferId: a.st.Params.GetTransferId(), Requester: a.st.EngineId, RequestId: a.st.RequestId}); err != nil {
-		a.deps.Log.Warn("release of the request's hold failed; it will expire", "request", a.st.RequestId, "err", err)
-	}
-}
-
-// arm schedules the next keep-alive at a third of the hold's lease.
-func (a *requestActor) arm() {
-	if a.timer != nil {
-		a.timer.Stop()
-	}
-	every := time.Duration(a.st.Params.GetRetainS()) * time.Second / 3
-	if every <= 0 {
-		every = 20 * time.Second
-	}
-	self, sys := a.self, a.system
-	a.timer = a.deps.clock().AfterFunc(every, func() { sys.Root.Send(self, renewTick{}) })
 }

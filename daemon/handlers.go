@@ -15,6 +15,7 @@ import (
 	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/lease"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/requests/activation"
 	"github.com/connex/connex/transport"
 )
 
@@ -361,31 +362,33 @@ func (d *Daemon) holderAnswers(member string) bool {
 // newer epoch). A bound hold then serves only its consumer (and its owner's
 // release). The caller's claim alone binds or moves nothing.
 func (d *Daemon) askBound(id, requester, requestID string, msg any) (actors.Reply, error) {
-	if requestID != "" && requester != "" && d.reqStore != nil {
-		d.bindToRequest(id, requester, requestID)
+	if call := (activation.BindCall{Transfer: id, Requester: requester, Request: requestID}); call.Applies() && d.reqStore != nil {
+		d.bindToRequest(call)
 	}
 	return d.askHold(id, msg)
 }
 
-// bindToRequest binds hold id to requester if request requestID's stored
-// state says requester runs it on this transfer; otherwise it leaves the
-// hold as it is (the operation that follows is judged by the binding).
-func (d *Daemon) bindToRequest(id, requester, requestID string) {
-	rep, err := d.askHold(id, &actors.InspectHold{})
-	if err != nil || (rep.Consumer == requester && rep.Request == requestID) {
+// bindToRequest binds the call's hold to its requester if the rebind rule
+// (activation.BindCall) says so from the request's stored state; otherwise
+// it leaves the hold as it is (the operation that follows is judged by the
+// binding).
+func (d *Daemon) bindToRequest(call activation.BindCall) {
+	rep, err := d.askHold(call.Transfer, &actors.InspectHold{})
+	if err != nil || call.Bound(rep.Consumer, rep.Request) {
 		return
 	}
 	c, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, _, gerr := d.reqStore.Get(c, requestID)
-	if gerr != nil || st.GetParams().GetTransferId() != id || st.GetEngineId() != requester {
+	st, _, gerr := d.reqStore.Get(c, call.Request)
+	epoch, ok := call.Rebind(st, gerr)
+	if !ok {
 		return
 	}
-	if _, rerr := d.askHold(id, &actors.RebindHold{Consumer: requester, Request: requestID, Epoch: st.GetEpoch()}); rerr != nil {
-		d.log.Info("hold not bound to the request's engine", "transfer", id, "request", requestID, "consumer", requester, "epoch", st.GetEpoch(), "err", rerr)
+	if _, rerr := d.askHold(call.Transfer, &actors.RebindHold{Consumer: call.Requester, Request: call.Request, Epoch: epoch}); rerr != nil {
+		d.log.Info("hold not bound to the request's engine", "transfer", call.Transfer, "request", call.Request, "consumer", call.Requester, "epoch", epoch, "err", rerr)
 		return
 	}
-	d.log.Info("hold bound to the request's engine", "transfer", id, "request", requestID, "consumer", requester, "epoch", st.GetEpoch(), "was", rep.Consumer)
+	d.log.Info("hold bound to the request's engine", "transfer", call.Transfer, "request", call.Request, "consumer", call.Requester, "epoch", epoch, "was", rep.Consumer)
 }
 
 func endedError(id string, st lease.State) error {

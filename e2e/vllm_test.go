@@ -60,6 +60,11 @@ func startVLLM(t *testing.T) (*localcluster.Cluster, *safeBuffer) {
 	o.VLLM = &localcluster.VLLM{
 		Bin: bin, Model: model, MaxModelLen: 2048,
 		LoadFailurePolicy: "fail", PolicyFor: map[string]string{"decode-1": "recompute"},
+		// Engines of two shapes (issue 34): the prefill vLLM keeps 64-token
+		// blocks, the decode vLLMs vLLM's CPU default of 128, so every load
+		// (first and resumed) is a pull connexd translates between block
+		// sizes in the CPU attention's in-block order.
+		ArgsFor: map[string][]string{"prefill-0": {"--block-size", strconv.Itoa(vllmPrefillBlockSize)}},
 	}
 	// Each decode connexd's own policy follows its engine's (the router's
 	// answer to a failed load).
@@ -73,6 +78,16 @@ func startVLLM(t *testing.T) (*localcluster.Cluster, *safeBuffer) {
 		t.Fatal(err)
 	}
 	t.Logf("three vllm serve engines and four connexds ready in %s", time.Since(start).Round(time.Second))
+	for _, e := range c.Engines() {
+		want := vllmDecodeBlockSize
+		if e.Name == "prefill-0" {
+			want = vllmPrefillBlockSize
+		}
+		if got := vllmBlockSize(t, e.URL); got != want {
+			_ = c.Close()
+			t.Fatalf("%s runs with block_size %d, want %d (the test covers a pull between block sizes)", e.Name, got, want)
+		}
+	}
 	t.Cleanup(func() {
 		if err := c.Close(); err != nil {
 			t.Errorf("close cluster: %v", err)
@@ -144,6 +159,38 @@ func vllmMetric(t *testing.T, url, name string) float64 {
 	return sum(m, name)
 }
 
+// The block sizes of the test's engines: a pull between them is translated.
+const (
+	vllmPrefillBlockSize = 64
+	vllmDecodeBlockSize  = 128 // vLLM's CPU default
+)
+
+// vllmBlockSize is an engine's KV block size, from the block_size label
+// of vLLM's vllm:cache_config_info.
+func vllmBlockSize(t *testing.T, url string) int {
+	t.Helper()
+	m, err := scrape(url + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape %s: %v", url, err)
+	}
+	for k := range m {
+		if !strings.HasPrefix(k, "vllm:cache_config_info{") {
+			continue
+		}
+		if _, rest, ok := strings.Cut(k, `block_size="`); ok {
+			if v, _, ok := strings.Cut(rest, `"`); ok {
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					t.Fatalf("%s: block_size %q in %s", url, v, k)
+				}
+				return n
+			}
+		}
+	}
+	t.Fatalf("%s/metrics has no vllm:cache_config_info with a block_size", url)
+	return 0
+}
+
 // vllmSource is vLLM's count of prompt tokens by where their KV came from
 // (local_compute, external_kv_transfer, local_cache_hit) on one engine.
 func vllmSource(t *testing.T, url, source string) float64 {
@@ -162,7 +209,10 @@ func vllmSource(t *testing.T, url, source string) float64 {
 }
 
 // TestVLLM runs every real-vLLM check on one cluster (three vLLMs take a
-// few minutes to start on 2 cores).
+// few minutes to start on 2 cores). The prefill vLLM runs with 64-token
+// blocks and the decode vLLMs with 128: every KV load below is a pull
+// between block sizes, regrouped by connexd (kvmem.Translate) in the CPU
+// attention's in-block order the connector describes (connex_vllm.cpuorder).
 //
 // resume: a streamed completion and a streamed chat through the
 // router onto real vLLM engines; the decode engine SIGKILLed (its process

@@ -48,15 +48,18 @@ var rules = map[string]struct {
 	"api/codetable": {pure: true},
 	"api/gencodes":  {internal: []string{"api/codetable"}},
 	"requests":      {internal: []string{"messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
-	"cluster":       {internal: []string{"messages", "subject"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/grpc", "google.golang.org/protobuf/"}},
-	"actors":        {internal: []string{"api", "clock", "errcode", "kvmem", "lease", "messages", "requests", "transport"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
-	"bus":           {internal: []string{"auth"}, external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
-	"auth":          {internal: []string{"subject"}, external: []string{"github.com/nats-io/jwt/", "github.com/nats-io/nkeys"}},
-	"config":        {external: []string{"github.com/spf13/"}},
-	"router":        {internal: []string{"clock", "messages"}, external: []string{"github.com/prometheus/client_golang/", "github.com/valyala/fastjson"}},
-	"shim":          {internal: []string{"api", "kvmem", "kvmem/handover", "kvmem/regionfile", "messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
-	"sim":           {internal: []string{"kvmem", "messages", "shim"}, external: []string{"github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
-	"status":        {internal: []string{"api", "messages"}, external: []string{"github.com/nats-io/nats.go"}},
+	// requests/activation decides one activation of a decode request (the
+	// request actor's core): pure, on requests' state transitions.
+	"requests/activation": {internal: []string{"messages", "requests"}, pure: true},
+	"cluster":             {internal: []string{"messages", "subject"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/grpc", "google.golang.org/protobuf/"}},
+	"actors":              {internal: []string{"api", "clock", "errcode", "kvmem", "lease", "messages", "requests", "requests/activation", "transport"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"bus":                 {internal: []string{"auth"}, external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
+	"auth":                {internal: []string{"subject"}, external: []string{"github.com/nats-io/jwt/", "github.com/nats-io/nkeys"}},
+	"config":              {external: []string{"github.com/spf13/"}},
+	"router":              {internal: []string{"clock", "messages"}, external: []string{"github.com/prometheus/client_golang/", "github.com/valyala/fastjson"}},
+	"shim":                {internal: []string{"api", "kvmem", "kvmem/handover", "kvmem/regionfile", "messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"sim":                 {internal: []string{"kvmem", "messages", "shim"}, external: []string{"github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
+	"status":              {internal: []string{"api", "messages"}, external: []string{"github.com/nats-io/nats.go"}},
 	// chaos drives the product as an operator would: localcluster's
 	// processes, the router over HTTP, notices and member.status over NATS.
 	"chaos": {internal: []string{"api", "localcluster", "messages"}, external: []string{"github.com/nats-io/", "google.golang.org/protobuf/", "go.yaml.in/yaml/v3", "gonum.org/v1/plot"}},
@@ -64,7 +67,7 @@ var rules = map[string]struct {
 	"localcluster": {},
 	// netlab builds network-namespace hosts with ip and nft; nothing of ours.
 	"netlab": {},
-	"daemon": {internal: []string{"actors", "api", "auth", "bus", "clock", "cluster", "config", "engines", "errcode", "kvmem", "kvmem/handover", "kvmem/regionfile", "lease", "messages", "notices", "requests", "router", "transport", "transport/tcp", "transport/ucx"},
+	"daemon": {internal: []string{"actors", "api", "auth", "bus", "clock", "cluster", "config", "engines", "errcode", "kvmem", "kvmem/handover", "kvmem/regionfile", "lease", "messages", "notices", "requests", "requests/activation", "router", "transport", "transport/tcp", "transport/ucx"},
 		external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/", "github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
 	"layering": {},
 	// poll is for tests: wait for a condition with a deadline (and a log

@@ -38,6 +38,10 @@ type VLLM struct {
 	PolicyFor map[string]string
 	// Args are extra `vllm serve` flags for every engine.
 	Args []string
+	// ArgsFor are extra `vllm serve` flags for the engines it names, after
+	// Args (e.g. {"prefill-0": {"--block-size", "64"}}: engines of other
+	// block sizes, whose pulls connexd translates).
+	ArgsFor map[string][]string
 	// Env are extra environment variables (KEY=VALUE) for every engine.
 	Env []string
 }
@@ -95,8 +99,8 @@ func (v *VLLM) kvTransferConfig(name string, role Role, natsURL, baseURL, creds 
 	return string(b), err
 }
 
-// serveArgs are the `vllm serve` flags of one engine listening on port.
-func (v *VLLM) serveArgs(served string, port int, kvConfig string) []string {
+// serveArgs are the `vllm serve` flags of engine name listening on port.
+func (v *VLLM) serveArgs(name, served string, port int, kvConfig string) []string {
 	args := []string{
 		"serve", v.Model,
 		"--served-model-name", served,
@@ -112,7 +116,8 @@ func (v *VLLM) serveArgs(served string, port int, kvConfig string) []string {
 		"--no-enable-prefix-caching",
 		"--kv-transfer-config", kvConfig,
 	}
-	return append(args, v.Args...)
+	args = append(args, v.Args...)
+	return append(args, v.ArgsFor[name]...)
 }
 
 // env is engine index i's environment: offline model loading, loopback-only
@@ -168,7 +173,7 @@ func (c *Cluster) startVLLM(ctx context.Context, n *node, index int, natsURL str
 	if err != nil {
 		return nil, "", fmt.Errorf("localcluster: %s kv-transfer-config: %w", n.name, err)
 	}
-	p, err := startProcessEnv(processName(n.name, PartEngine), v.Bin, v.serveArgs(c.opts.Model, port, kv), "", c.log, v.env(index))
+	p, err := startProcessEnv(processName(n.name, PartEngine), v.Bin, v.serveArgs(n.name, c.opts.Model, port, kv), "", c.log, v.env(index))
 	if err != nil {
 		return nil, "", err
 	}

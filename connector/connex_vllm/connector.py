@@ -23,6 +23,7 @@ try:  # vLLM 0.32 on: failed loads reported by request id (get_transfer_results)
 except ImportError:  # pragma: no cover (older vLLM: get_finished and invalid block ids only)
     KVConnectorTransferResults = None  # type: ignore[assignment,misc]
 
+from . import cpuorder
 from .metadata import ConnexMetadata
 from .scheduler import ConnexScheduler
 from .settings import ROLES, Settings, SettingsError, parse, valid_token
@@ -129,7 +130,14 @@ class ConnexConnector(KVConnectorBase_V1):
             )
         else:
             num_blocks = int(kv_cache_config.num_blocks) if kv_cache_config is not None else 0
-            self.connector_worker = ConnexWorker(settings, engine_id, block_size, 1, num_blocks=num_blocks)
+            self.connector_worker = ConnexWorker(
+                settings,
+                engine_id,
+                block_size,
+                1,
+                num_blocks=num_blocks,
+                cpu_order=cpuorder.known(vllm_config, block_size),
+            )
 
     # ---- worker role
 

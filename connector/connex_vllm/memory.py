@@ -96,7 +96,9 @@ class Geometry:
     - ``planes`` 1: ``(num_blocks, ...)``, K and V inside each block (vLLM's CPU backend:
       ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` with K transposed inside each page).
 
-    Either way a block is moved whole (never per token), and a layer is one contiguous slice of the region.
+    A layer is one contiguous slice of the region. ``kv_order`` (with ``num_kv_heads`` and ``head_size``) says
+    what a block holds, so that connexd can translate a pull between engines of other block sizes (``"cpu"`` or
+    ``"nhd"``, see connexd's Layout); empty, blocks move whole between engines of one shape only.
     """
 
     layer_names: tuple[str, ...]
@@ -106,6 +108,9 @@ class Geometry:
     block_size: int  # tokens per block
     dtype: torch.dtype
     shape: tuple[int, ...]
+    kv_order: str = ""  # connexd's kv_order of a described layout; "" = not described
+    num_kv_heads: int = 0  # KV heads of this worker's tensors (TP 1: the model's)
+    head_size: int = 0  # elements of one head's K (or V) vector
 
     @property
     def layer_bytes(self) -> int:
@@ -118,7 +123,9 @@ class Geometry:
         return len(self.layer_names) * self.layer_bytes
 
     def layout(self, tp_size: int) -> pb.Layout:
-        """connexd's Layout of this geometry."""
+        """connexd's Layout of this geometry (described, for translated pulls, at TP 1: a rank's share of the
+        model's heads is vLLM's to say at TP > 1)."""
+        described = bool(self.kv_order) and tp_size == 1
         return pb.Layout(
             num_layers=len(self.layer_names),
             kv_planes=self.planes,
@@ -126,7 +133,39 @@ class Geometry:
             block_bytes=self.block_bytes,
             block_size=self.block_size,
             tp_size=tp_size,
+            kv_order=self.kv_order if described else "",
+            num_kv_heads=self.num_kv_heads if described else 0,
+            head_size=self.head_size if described else 0,
+            dtype=_DTYPE_NAMES[self.dtype] if described else "",
         )
+
+
+# torch's KV element types by connexd's names (kvmem.DtypeBytes).
+_DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float8_e4m3fn: "fp8_e4m3",
+    torch.float8_e5m2: "fp8_e5m2",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+}
+
+
+def describe(
+    shape: tuple[int, ...], planes: int, block_size: int, dtype: torch.dtype, cpu_order: bool
+) -> tuple[str, int, int]:
+    """(kv_order, num_kv_heads, head_size) of a layer tensor's shape, or ("", 0, 0) where the shape does not say:
+    ``(2, num_blocks, block_size, heads, head_size)`` is ``"nhd"``; ``[num_blocks, heads, block_size,
+    2 * head_size]`` is ``"cpu"`` when cpu_order (the CPU attention kernel keeps the order connexd knows:
+    ``cpuorder.known``)."""
+    if dtype not in _DTYPE_NAMES:
+        return "", 0, 0
+    if planes == 2 and len(shape) == 5 and shape[2] == block_size:
+        return "nhd", shape[3], shape[4]
+    if planes == 1 and cpu_order and len(shape) == 4 and shape[2] == block_size and shape[3] % 2 == 0:
+        return "cpu", shape[1], shape[3] // 2
+    return "", 0, 0
 
 
 def _planes(shape: tuple[int, ...], num_blocks: int) -> int:
@@ -139,11 +178,14 @@ def _planes(shape: tuple[int, ...], num_blocks: int) -> int:
     return 0
 
 
-def geometry(kv_caches: dict[str, torch.Tensor], block_size: int, num_blocks: int = 0) -> Geometry:
+def geometry(
+    kv_caches: dict[str, torch.Tensor], block_size: int, num_blocks: int = 0, cpu_order: bool = False
+) -> Geometry:
     """Derives the region geometry from vLLM's KV cache tensors (full attention, one shape for all layers).
 
     num_blocks is vLLM's block count (``KVCacheConfig.num_blocks``) when known: it says which dimension holds
-    the blocks. A tensor in neither served layout, not contiguous, or unlike the others is refused."""
+    the blocks. A tensor in neither served layout, not contiguous, or unlike the others is refused. cpu_order:
+    a ``(num_blocks, ...)`` tensor is in the CPU order connexd knows (``describe``)."""
     if not kv_caches:
         raise LayoutError("ConnexConnector: no KV cache tensors to register")
     names = tuple(kv_caches)
@@ -169,7 +211,9 @@ def geometry(kv_caches: dict[str, torch.Tensor], block_size: int, num_blocks: in
     blocks = int(first.shape[1] if planes == 2 else first.shape[0])
     page = first[0, 0] if planes == 2 else first[0]
     block_bytes = page.numel() * first.element_size()
-    return Geometry(names, blocks, planes, block_bytes, block_size, first.dtype, tuple(first.shape))
+    shape = tuple(first.shape)
+    order, heads, head_size = describe(shape, planes, block_size, first.dtype, cpu_order)
+    return Geometry(names, blocks, planes, block_bytes, block_size, first.dtype, shape, order, heads, head_size)
 
 
 def _storage_span(t: torch.Tensor) -> tuple[int, int, int]:
@@ -219,10 +263,11 @@ class SharedRegionMemory(KVMemory):
     what connexd serves and a pull lands where attention reads. A view left on the old memory is an error at
     start (it would serve stale KV), never a silent copy."""
 
-    def __init__(self, tp_size: int, block_size: int, num_blocks: int = 0) -> None:
+    def __init__(self, tp_size: int, block_size: int, num_blocks: int = 0, cpu_order: bool = False) -> None:
         self.tp_size = tp_size
         self.block_size = block_size
         self.num_blocks = num_blocks
+        self.cpu_order = cpu_order  # geometry's cpu_order
         self._mm: mmap.mmap | None = None
         self._targets: list[torch.Tensor] = []  # every tensor rebound onto the region (caches and views)
         self.info: pb.RegionInfo | None = None
@@ -252,7 +297,7 @@ class SharedRegionMemory(KVMemory):
                     f"ConnexConnector: KV cache of layer {name} is on {t.device}; this version serves CPU KV "
                     "caches through a shared region (CUDA IPC / GPUDirect: see memory.KVMemory)"
                 )
-        self.geometry = geometry(kv_caches, self.block_size, self.num_blocks)
+        self.geometry = geometry(kv_caches, self.block_size, self.num_blocks, self.cpu_order)
         g = self.geometry
         info, self._mm = self._map(create_region)
         self.info = info

@@ -285,15 +285,26 @@ class ConnexScheduler:
             self._start_request(request, m, len(block_ids), spec)
 
     def _incompatible(self, m: pb.KVTransferParams, tokens: int, nblocks: int) -> str:
-        if m.block_size and m.block_size != self.block_size:
-            return (
-                f"incompatible: block_size {m.block_size} on the prefill side, {self.block_size} here "
-                "(they must be equal)"
-            )
+        """Why the hold in m cannot fill nblocks blocks of this engine with tokens tokens ("" when it can). Between
+        block sizes connexd regroups the tokens (when both engines' layouts are described: otherwise pull.start
+        answers ``incompatible`` and vLLM's kv_load_failure_policy decides)."""
         if m.tp_size and m.tp_size != self.tp_size:
             return f"incompatible: tp_size {m.tp_size} on the prefill side, {self.tp_size} here (they must be equal)"
-        if len(m.remote_block_ids) != nblocks:
-            return f"incompatible: the hold has {len(m.remote_block_ids)} blocks, {tokens} tokens need {nblocks}"
+        remote_bs = m.block_size or self.block_size
+        if remote_bs == self.block_size:
+            if len(m.remote_block_ids) != nblocks:
+                return f"incompatible: the hold has {len(m.remote_block_ids)} blocks, {tokens} tokens need {nblocks}"
+            return ""
+        if tokens != m.remote_num_tokens:
+            return (
+                f"incompatible: a pull between block sizes {remote_bs} and {self.block_size} moves all "
+                f"{m.remote_num_tokens} tokens of the hold, {tokens} asked"
+            )
+        if len(m.remote_block_ids) != math.ceil(tokens / remote_bs):
+            return (
+                f"incompatible: the hold has {len(m.remote_block_ids)} blocks of block_size {remote_bs} for {tokens} "
+                f"tokens (want {math.ceil(tokens / remote_bs)})"
+            )
         return ""
 
     def _start_request(

@@ -172,10 +172,13 @@ class ConnexWorker:
         memory: KVMemory | None = None,
         num_blocks: int = 0,
         now: Callable[[], float] = time.monotonic,
+        cpu_order: bool = False,
     ) -> None:
+        """cpu_order: vLLM's CPU attention keeps its blocks in connexd's ``cpu`` order (``cpuorder.known``), so
+        the region's layout is described and pulls from engines of other block sizes are translated."""
         self.settings = settings
         self.engine_id = engine_id
-        self.memory = memory or SharedRegionMemory(tp_size, block_size, num_blocks)
+        self.memory = memory or SharedRegionMemory(tp_size, block_size, num_blocks, cpu_order)
         self.done = Completions(now=now)
         self.notices = notices.Follower(self._fetch_notices, self._deliver, self._on_restart, f" of engine {engine_id}")
         self._now = now

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cluster import wait_for
 
 from connex_vllm.memory import HandoverError, LayoutError, SharedRegionMemory, geometry
 from connex_vllm.pb import connex_pb2 as pb
@@ -35,6 +36,26 @@ def test_geometry_of_the_gpu_layout_is_two_planes() -> None:
     caches = {"l0": torch.zeros(2, BLOCKS, BLOCK_SIZE, HEADS, HEAD)}
     g = geometry(caches, BLOCK_SIZE, BLOCKS)
     assert (g.planes, g.num_blocks, g.block_bytes) == (2, BLOCKS, BLOCK_SIZE * HEADS * HEAD * 4)
+
+
+def test_a_described_layout_says_what_a_block_holds() -> None:
+    # The CPU order only where the kernel's order is known (cpuorder.known); the GPU's NHD from its shape.
+    cpu = geometry(cpu_caches(), BLOCK_SIZE, BLOCKS, cpu_order=True).layout(1)
+    assert (cpu.kv_order, cpu.num_kv_heads, cpu.head_size, cpu.dtype) == ("cpu", HEADS, HEAD, "float32")
+    gpu = geometry({"l0": torch.zeros(2, BLOCKS, BLOCK_SIZE, HEADS, HEAD, dtype=torch.bfloat16)}, BLOCK_SIZE, BLOCKS)
+    assert (gpu.layout(1).kv_order, gpu.layout(1).num_kv_heads, gpu.layout(1).dtype) == ("nhd", HEADS, "bfloat16")
+    # connexd's rule: block_bytes = heads x head_size x element bytes x block_size (x 2 with one plane).
+    assert cpu.block_bytes == cpu.num_kv_heads * cpu.head_size * 4 * cpu.block_size * 2
+
+
+def test_a_layout_not_known_is_left_undescribed() -> None:
+    # The CPU kernel's order not known, TP > 1, or an element type connexd does not name: blocks move whole only.
+    assert geometry(cpu_caches(), BLOCK_SIZE, BLOCKS).layout(1).kv_order == ""
+    assert geometry(cpu_caches(), BLOCK_SIZE, BLOCKS, cpu_order=True).layout(2).kv_order == ""
+    odd = {"l0": torch.zeros(2, BLOCKS, BLOCK_SIZE, HEADS, HEAD, dtype=torch.complex64)}
+    assert geometry(odd, BLOCK_SIZE, BLOCKS).layout(1).kv_order == ""
+    # A block dimension that is not the block size says nothing either.
+    assert geometry(cpu_caches(), BLOCK_SIZE * 2, BLOCKS, cpu_order=True).layout(1).kv_order == ""
 
 
 def test_geometry_refuses_what_it_cannot_serve() -> None:
@@ -205,4 +226,5 @@ def test_region_socket_refusal_is_clear_and_leaks_nothing(tmp_path: Path, region
         mem = handed_over(tmp_path, addr)
         with pytest.raises(HandoverError, match=says):
             mem.attach(cpu_caches(), mem.create)  # type: ignore[attr-defined]
-    assert open_fds() == before
+    # The fixture's server thread closes its side after answering: wait for it, then count.
+    wait_for("every descriptor closed", lambda: open_fds() == before or None, timeout_s=5.0)

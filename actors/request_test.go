@@ -1,0 +1,331 @@
+package actors
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/messages"
+	waitpoll "github.com/connex/connex/poll"
+	"github.com/connex/connex/requests"
+	"google.golang.org/protobuf/proto"
+)
+
+// memStore is a requests.Store in memory whose writes can be held at a
+// gate, standing for a slow JetStream.
+type memStore struct {
+	mu      sync.Mutex
+	states  map[string]*messages.RequestState
+	revs    map[string]uint64
+	rev     uint64
+	gate    chan struct{} // if set, Update waits for it to close
+	waiting int           // Updates waiting at the gate
+}
+
+func newMemStore() *memStore {
+	return &memStore{states: map[string]*messages.RequestState{}, revs: map[string]uint64{}}
+}
+
+func (s *memStore) Create(_ context.Context, st *messages.RequestState) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.states[st.RequestId]; ok {
+		return 0, requests.ErrExists
+	}
+	s.rev++
+	s.states[st.RequestId], s.revs[st.RequestId] = proto.Clone(st).(*messages.RequestState), s.rev
+	return s.rev, nil
+}
+
+func (s *memStore) Update(ctx context.Context, st *messages.RequestState, rev uint64) (uint64, error) {
+	s.mu.Lock()
+	gate := s.gate
+	if gate != nil {
+		s.waiting++
+	}
+	s.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if gate != nil {
+		s.waiting--
+	}
+	if cur, ok := s.revs[st.RequestId]; !ok || cur != rev {
+		return 0, fmt.Errorf("update %s at %d: %w", st.RequestId, rev, requests.ErrFenced)
+	}
+	s.rev++
+	s.states[st.RequestId], s.revs[st.RequestId] = proto.Clone(st).(*messages.RequestState), s.rev
+	return s.rev, nil
+}
+
+func (s *memStore) Get(_ context.Context, id string) (*messages.RequestState, uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st, ok := s.states[id]
+	if !ok {
+		return nil, 0, requests.ErrNotFound
+	}
+	return proto.Clone(st).(*messages.RequestState), s.revs[id], nil
+}
+
+func (s *memStore) Delete(_ context.Context, id string, rev uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cur, ok := s.revs[id]; !ok || cur != rev {
+		return fmt.Errorf("delete %s at %d: %w", id, rev, requests.ErrFenced)
+	}
+	delete(s.states, id)
+	delete(s.revs, id)
+	return nil
+}
+
+func (s *memStore) waitingAtGate() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.waiting
+}
+
+// countingHolds is HoldCalls that counts renewals and releases per
+// transfer; gone makes renewals answer that the hold expired.
+type countingHolds struct {
+	mu       sync.Mutex
+	renews   map[string]int
+	releases map[string]int
+	gone     bool
+}
+
+func (h *countingHolds) Renew(_ context.Context, _ string, ref *messages.HoldRef) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.gone {
+		return api.Errorf(api.CodeExpired, "transfer %s expired", ref.TransferId)
+	}
+	h.renews[ref.TransferId]++
+	return nil
+}
+
+func (h *countingHolds) Release(_ context.Context, _ string, ref *messages.HoldRef) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.releases[ref.TransferId]++
+	return nil
+}
+
+func (h *countingHolds) counts(transfer string) (renews, releases int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.renews[transfer], h.releases[transfer]
+}
+
+// notices records what request actors publish, by subject.
+type notices struct {
+	mu  sync.Mutex
+	got map[string][]proto.Message
+}
+
+func (n *notices) publish(subject string, m proto.Message) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.got[subject] = append(n.got[subject], m)
+}
+
+func (n *notices) on(subject string) []proto.Message {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]proto.Message(nil), n.got[subject]...)
+}
+
+type requestRig struct {
+	sys     *actor.ActorSystem
+	store   *memStore
+	holds   *countingHolds
+	notices *notices
+	deps    *RequestDeps
+}
+
+func newRequestRig(t *testing.T) *requestRig {
+	r := &requestRig{
+		sys: actor.NewActorSystem(), store: newMemStore(),
+		holds:   &countingHolds{renews: map[string]int{}, releases: map[string]int{}},
+		notices: &notices{got: map[string][]proto.Message{}},
+	}
+	r.deps = &RequestDeps{Store: r.store, Holds: r.holds, Self: "m1", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Publish: r.notices.publish, Table: NewRequestTable(), StoreTimeout: 30 * time.Second}
+	t.Cleanup(r.sys.Shutdown)
+	return r
+}
+
+func startMsg(id, engine, transfer string) *messages.StartRequestMsg {
+	return &messages.StartRequestMsg{RequestId: id, EngineId: engine, PromptTokenIds: []uint32{1, 2, 3},
+		Params: &messages.KVTransferParams{TransferId: transfer, RetainS: 60, RemoteCtrl: &messages.RemoteCtrl{Member: "p1"}}}
+}
+
+// ask sends msg to pid and waits up to timeout for its RequestReply.
+func (r *requestRig) ask(t *testing.T, pid *actor.PID, msg any, timeout time.Duration) (*messages.RequestStatus, error) {
+	t.Helper()
+	res, err := r.sys.Root.RequestFuture(pid, msg, timeout).Result()
+	if err != nil {
+		return nil, err
+	}
+	rep := res.(RequestReply)
+	return rep.Status, rep.Err
+}
+
+func (r *requestRig) start(t *testing.T, id, engine, transfer string) *actor.PID {
+	t.Helper()
+	pid := r.sys.Root.Spawn(RequestProps(r.deps))
+	st, err := r.ask(t, pid, &StartRequest{Msg: startMsg(id, engine, transfer)}, 5*time.Second)
+	if err != nil || st.GetStatus() != "running" {
+		t.Fatalf("start %s: %v %v", id, st, err)
+	}
+	return pid
+}
+
+// TestSlowStoreWriteDoesNotDelayOtherMessages: while a request's
+// checkpoint write hangs in JetStream, its actor still answers Inspect at
+// once and takes other messages; the calls that need the store wait their
+// turn, in order, and are answered when the write returns.
+func TestSlowStoreWriteDoesNotDelayOtherMessages(t *testing.T) {
+	r := newRequestRig(t)
+	pid := r.start(t, "r1", "e1", "t1")
+	gate := make(chan struct{})
+	r.store.mu.Lock()
+	r.store.gate = gate
+	r.store.mu.Unlock()
+
+	first := r.sys.Root.RequestFuture(pid, &RequestProgress{Epoch: 1, Tokens: []uint32{7}}, 30*time.Second)
+	second := r.sys.Root.RequestFuture(pid, &RequestProgress{Epoch: 1, Tokens: []uint32{8}}, 30*time.Second)
+	waitpoll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if n := r.store.waitingAtGate(); n != 1 {
+			return fmt.Errorf("%d writes at the gate, want 1", n)
+		}
+		return nil
+	})
+	// Another engine went away: no answer, but it must not queue ahead of
+	// the inspection.
+	r.sys.Root.Send(pid, &EngineLost{Engine: "e9"})
+	st, err := r.ask(t, pid, &InspectRequest{}, time.Second)
+	if err != nil {
+		t.Fatalf("inspect while a write hangs: %v (the mailbox waits for the store)", err)
+	}
+	if got := len(st.GetState().GetGeneratedTokenIds()); st.GetStatus() != "running" || got != 0 {
+		t.Fatalf("inspect while a write hangs: status %q with %d generated tokens, want running with 0", st.GetStatus(), got)
+	}
+	if r.store.waitingAtGate() != 1 {
+		t.Fatal("the write returned before the inspection was answered: the test proves nothing")
+	}
+	close(gate)
+	for i, f := range []*actor.Future{first, second} {
+		res, err := f.Result()
+		if err != nil {
+			t.Fatalf("progress %d: %v", i+1, err)
+		}
+		rep := res.(RequestReply)
+		if rep.Err != nil || len(rep.Status.GetState().GetGeneratedTokenIds()) != i+1 {
+			t.Fatalf("progress %d: %v, %d tokens", i+1, rep.Err, len(rep.Status.GetState().GetGeneratedTokenIds()))
+		}
+	}
+	stored, _, err := r.store.Get(context.Background(), "r1")
+	if err != nil || fmt.Sprint(stored.GeneratedTokenIds) != "[7 8]" {
+		t.Fatalf("stored tokens %v (%v), want [7 8] in order", stored.GetGeneratedTokenIds(), err)
+	}
+}
+
+// TestFinishReleasesTheHoldOnce: a finished request deletes its state,
+// releases its hold once, leaves the table, and later calls find nobody.
+func TestFinishReleasesTheHoldOnce(t *testing.T) {
+	r := newRequestRig(t)
+	pid := r.start(t, "r1", "e1", "t1")
+	waitpoll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if n, _ := r.holds.counts("t1"); n != 1 {
+			return fmt.Errorf("%d renewals after the start, want 1 (the binding one)", n)
+		}
+		return nil
+	})
+	if _, err := r.ask(t, pid, &FinishRequest{Epoch: 2}, 5*time.Second); err == nil {
+		t.Fatal("finish at a stale epoch was accepted")
+	}
+	st, err := r.ask(t, pid, &FinishRequest{Epoch: 1}, 5*time.Second)
+	if err != nil || st.GetStatus() != "finished" {
+		t.Fatalf("finish: %v %v", st, err)
+	}
+	if _, releases := r.holds.counts("t1"); releases != 1 {
+		t.Fatalf("%d releases after the finish answered, want 1", releases)
+	}
+	if _, _, err := r.store.Get(context.Background(), "r1"); err == nil {
+		t.Fatal("the finished request is still stored")
+	}
+	waitpoll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if _, ok := r.deps.Table.Lookup("r1"); ok {
+			return fmt.Errorf("the finished request is still in the table")
+		}
+		return nil
+	})
+}
+
+// TestFencedWriteTellsTheEngine: another activation wrote the request (an
+// adoption elsewhere): the next checkpoint is refused with the fenced
+// error, the engine gets a fenced notice naming the new owner, the actor
+// stops, and the hold is not released.
+func TestFencedWriteTellsTheEngine(t *testing.T) {
+	r := newRequestRig(t)
+	pid := r.start(t, "r1", "e1", "t1")
+	cur, rev, err := r.store.Get(context.Background(), "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adopted, err := requests.Adopt(cur, "m1", "m2", "e2", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.store.Update(context.Background(), adopted, rev); err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.ask(t, pid, &RequestProgress{Epoch: 1, Tokens: []uint32{7}}, 5*time.Second)
+	if !errors.Is(err, requests.ErrFenced) {
+		t.Fatalf("progress after an adoption elsewhere: %v, want fenced", err)
+	}
+	waitpoll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		got := r.notices.on(api.FencedSubject("e1"))
+		if len(got) != 1 || got[0].(*messages.FencedNotice).GetNewOwner() != "m2" {
+			return fmt.Errorf("fenced notices to e1: %v, want one naming m2", got)
+		}
+		return nil
+	})
+	if _, releases := r.holds.counts("t1"); releases != 0 {
+		t.Fatalf("a fenced activation released the hold %d times", releases)
+	}
+}
+
+// TestHoldLostIsToldOnce: a hold gone for good is told to the engine once
+// and never renewed or released again, and the request can still finish.
+func TestHoldLostIsToldOnce(t *testing.T) {
+	r := newRequestRig(t)
+	r.holds.gone = true
+	pid := r.start(t, "r1", "e1", "t1")
+	waitpoll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if n := len(r.notices.on(api.HoldLostSubject("e1"))); n != 1 {
+			return fmt.Errorf("%d hold.lost notices, want 1", n)
+		}
+		return nil
+	})
+	if st, err := r.ask(t, pid, &FinishRequest{Epoch: 1}, 5*time.Second); err != nil || st.GetStatus() != "finished" {
+		t.Fatalf("finish after the hold was lost: %v %v", st, err)
+	}
+	if _, releases := r.holds.counts("t1"); releases != 0 {
+		t.Fatalf("a lost hold was released %d times", releases)
+	}
+}

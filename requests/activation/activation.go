@@ -1,0 +1,559 @@
+package activation
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/connex/connex/messages"
+	"github.com/connex/connex/requests"
+)
+
+// ErrUnexpected is Step's answer to a result nobody waited for (a Written
+// with no write in flight): the caller's bug, and nothing changed.
+var ErrUnexpected = errors.New("activation: unexpected result")
+
+// takeoverAttempts bounds the reads and writes of a takeover or creation
+// that races another writer.
+const takeoverAttempts = 4
+
+// defaultRenewEvery is the keep-alive period of a request whose params
+// carry no retain_s.
+const defaultRenewEvery = 20 * time.Second
+
+// Phase is where an activation is in its life.
+type Phase int
+
+const (
+	// Idle: nothing started yet.
+	Idle Phase = iota
+	// Starting: the start or adoption is claiming the request.
+	Starting
+	// Running: this activation owns the request.
+	Running
+	// Ended: finished, fenced, refused or gone; the actor stops.
+	Ended
+)
+
+var phaseNames = [...]string{"idle", "starting", "running", "ended"}
+
+// String is the phase's name in scripts.
+func (p Phase) String() string { return phaseNames[p] }
+
+// opKind is the kind of a queued or running call.
+type opKind int
+
+const (
+	opStart opKind = iota
+	opAdopt
+	opProgress
+	opTakeover
+	opFinish
+	opEngineLost
+	opTick
+	opInspect
+)
+
+// op is one call (or timer tick) the activation works on.
+type op struct {
+	kind     opKind
+	call     uint64
+	msg      *messages.StartRequestMsg
+	instance string
+	epoch    uint64
+	tokens   []uint32
+	id       string
+	dead     string
+	engine   string
+}
+
+// wait is the result the running op waits for.
+type wait int
+
+const (
+	waitNothing wait = iota
+	waitClaim
+	waitLoad
+	waitWrite
+	waitRenew
+	waitRelease
+)
+
+// Activation is the core of one request actor. Not safe for concurrent
+// use: one actor owns it.
+type Activation struct {
+	self     string // this member: the owner written into states
+	phase    Phase
+	id       string
+	st       *messages.RequestState // the state as last stored by this activation
+	rev      uint64
+	instance string
+	// holdLost: the holder answered that the hold is gone; nothing renews
+	// or releases it any more.
+	holdLost bool
+	released bool
+	// cur is the op in flight and waiting what it waits for; nil when none.
+	cur     *op
+	waiting wait
+	// pending is the state the write in flight stores; created says the
+	// takeover's write is a creation; attempt counts its tries.
+	pending *messages.RequestState
+	created bool
+	attempt int
+	from    string // the previous owner of a takeover or adoption
+	queue   []op
+	endErr  error
+}
+
+// New returns an idle activation on member self.
+func New(self string) *Activation { return &Activation{self: self} }
+
+// Phase is the activation's phase.
+func (a *Activation) Phase() Phase { return a.phase }
+
+// State is the request's state as this activation last stored it (nil
+// before it claimed one).
+func (a *Activation) State() *messages.RequestState { return a.st }
+
+// ID is the request's id ("" before Start or Adopt).
+func (a *Activation) ID() string { return a.id }
+
+// Instance is the engine instance that runs the request here.
+func (a *Activation) Instance() string { return a.instance }
+
+// HoldLost reports whether the request's hold was found gone.
+func (a *Activation) HoldLost() bool { return a.holdLost }
+
+// Busy reports whether an I/O effect is outstanding.
+func (a *Activation) Busy() bool { return a.cur != nil }
+
+// Queued is the number of calls waiting for the one in flight.
+func (a *Activation) Queued() int { return len(a.queue) }
+
+// Step applies ev and returns the effects to perform, in order. Its error
+// is only ErrUnexpected: a result that answers nothing.
+func (a *Activation) Step(ev Event) ([]Effect, error) {
+	now := eventTime(ev)
+	switch e := ev.(type) {
+	case Start:
+		return a.submit(now, op{kind: opStart, call: e.Call, msg: e.Msg, instance: e.Instance}), nil
+	case Adopt:
+		return a.submit(now, op{kind: opAdopt, call: e.Call, id: e.ID, dead: e.DeadOwner, engine: e.Engine}), nil
+	case Progress:
+		return a.submit(now, op{kind: opProgress, call: e.Call, epoch: e.Epoch, tokens: e.Tokens}), nil
+	case Takeover:
+		return a.submit(now, op{kind: opTakeover, call: e.Call, msg: e.Msg, instance: e.Instance}), nil
+	case Finish:
+		return a.submit(now, op{kind: opFinish, call: e.Call, epoch: e.Epoch}), nil
+	case EngineLost:
+		return a.submit(now, op{kind: opEngineLost, engine: e.Engine, instance: e.Instance}), nil
+	case RenewTick:
+		return a.submit(now, op{kind: opTick}), nil
+	case Inspect:
+		if a.phase == Running {
+			// Answered at once, even while a write is in flight.
+			return []Effect{a.reply(e.Call, "running")}, nil
+		}
+		return a.submit(now, op{kind: opInspect, call: e.Call}), nil
+	case Claimed:
+		if a.waiting != waitClaim {
+			return nil, fmt.Errorf("%w: claimed", ErrUnexpected)
+		}
+		return a.drain(now, a.claimed(now, e)), nil
+	case Loaded:
+		if a.waiting != waitLoad {
+			return nil, fmt.Errorf("%w: loaded", ErrUnexpected)
+		}
+		return a.drain(now, a.loaded(now, e)), nil
+	case Written:
+		if a.waiting != waitWrite {
+			return nil, fmt.Errorf("%w: written", ErrUnexpected)
+		}
+		return a.drain(now, a.written(now, e)), nil
+	case Renewed:
+		if a.waiting != waitRenew {
+			return nil, fmt.Errorf("%w: renewed", ErrUnexpected)
+		}
+		return a.drain(now, a.renewed(now, e)), nil
+	case Released:
+		if a.waiting != waitRelease {
+			return nil, fmt.Errorf("%w: released", ErrUnexpected)
+		}
+		return a.drain(now, a.releaseDone()), nil
+	}
+	return nil, fmt.Errorf("%w: event %T", ErrUnexpected, ev)
+}
+
+// submit starts o, or queues it behind the op in flight.
+func (a *Activation) submit(now time.Time, o op) []Effect {
+	if a.phase == Ended {
+		return a.refuse(nil, o)
+	}
+	if a.cur != nil {
+		if o.kind == opTick && a.tickQueued() {
+			return nil
+		}
+		a.queue = append(a.queue, o)
+		return nil
+	}
+	return a.drain(now, a.begin(now, o))
+}
+
+func (a *Activation) tickQueued() bool {
+	for _, q := range a.queue {
+		if q.kind == opTick {
+			return true
+		}
+	}
+	return false
+}
+
+// drain starts queued ops while none is in flight; once the activation
+// ended it refuses them.
+func (a *Activation) drain(now time.Time, fx []Effect) []Effect {
+	for a.cur == nil && len(a.queue) > 0 {
+		o := a.queue[0]
+		a.queue = a.queue[1:]
+		if a.phase == Ended {
+			fx = a.refuse(fx, o)
+			continue
+		}
+		fx = append(fx, a.begin(now, o)...)
+	}
+	return fx
+}
+
+// refuse answers a call that came after the end.
+func (a *Activation) refuse(fx []Effect, o op) []Effect {
+	if o.call == 0 {
+		return fx
+	}
+	err := a.endErr
+	if err == nil {
+		err = fmt.Errorf("%w: request %s: its activation here ended", requests.ErrNotFound, a.id)
+	}
+	return append(fx, Reply{Call: o.call, Err: err})
+}
+
+// begin starts o with nothing in flight.
+func (a *Activation) begin(now time.Time, o op) []Effect {
+	switch o.kind {
+	case opStart, opAdopt:
+		if a.phase != Idle {
+			return []Effect{Reply{Call: o.call, Err: fmt.Errorf("%w: request %s runs here", requests.ErrExists, a.id)}}
+		}
+		return a.start(now, o)
+	case opInspect:
+		if a.phase == Idle {
+			return []Effect{Reply{Call: o.call, Err: fmt.Errorf("%w: no request started", requests.ErrNotFound)}}
+		}
+		return []Effect{a.reply(o.call, "running")}
+	}
+	if a.phase != Running {
+		return a.refuse(nil, o)
+	}
+	switch o.kind {
+	case opProgress:
+		next, err := requests.Append(a.st, o.epoch, o.tokens, now)
+		if err != nil {
+			return []Effect{Reply{Call: o.call, Err: err}}
+		}
+		return a.write(o, Update, next)
+	case opTakeover:
+		next, err := requests.Takeover(a.st, o.msg, a.self, now)
+		if err != nil {
+			return []Effect{Reply{Call: o.call, Err: err}}
+		}
+		return a.write(o, Update, next)
+	case opFinish:
+		if o.epoch != a.st.Epoch {
+			return []Effect{Reply{Call: o.call, Err: fmt.Errorf("%w: epoch %d, current %d", requests.ErrFenced, o.epoch, a.st.Epoch)}}
+		}
+		return a.write(o, Delete, nil)
+	case opEngineLost:
+		if a.st.EngineId != o.engine || (o.instance != "" && o.instance != a.instance) {
+			return nil
+		}
+		return a.write(o, Delete, nil)
+	case opTick:
+		a.cur, a.waiting = &o, waitLoad
+		return []Effect{Load{ID: a.id}}
+	}
+	return nil
+}
+
+// start validates a Start or Adopt and claims the request id.
+func (a *Activation) start(now time.Time, o op) []Effect {
+	a.phase = Starting
+	a.cur = &o
+	if o.kind == opAdopt {
+		a.id = o.id
+	} else {
+		st, err := requests.New(o.msg, a.self, now)
+		if err != nil {
+			a.id = o.msg.GetRequestId()
+			return a.fail(nil, err)
+		}
+		a.id, a.pending, a.instance = st.RequestId, st, o.instance
+	}
+	a.waiting = waitClaim
+	return []Effect{Claim{ID: a.id}}
+}
+
+func (a *Activation) claimed(now time.Time, e Claimed) []Effect {
+	o := a.cur
+	if !e.OK {
+		what := "runs here"
+		if o.kind == opAdopt {
+			what = "already runs here"
+		}
+		return a.fail(nil, fmt.Errorf("%w: %s %s", requests.ErrExists, a.id, what))
+	}
+	if o.kind == opStart && !o.msg.Takeover {
+		a.waiting = waitWrite
+		return []Effect{Write{Op: Create, ID: a.id, State: a.pending}}
+	}
+	a.waiting = waitLoad
+	return []Effect{Load{ID: a.id}}
+}
+
+func (a *Activation) loaded(now time.Time, e Loaded) []Effect {
+	o := a.cur
+	switch o.kind {
+	case opStart: // a takeover
+		if errors.Is(e.Err, requests.ErrNotFound) {
+			st, err := requests.New(o.msg, a.self, now)
+			if err != nil {
+				return a.fail(nil, err)
+			}
+			a.pending, a.created = st, true
+			a.waiting = waitWrite
+			return []Effect{Write{Op: Create, ID: a.id, State: st}}
+		}
+		if e.Err != nil {
+			return a.fail(nil, e.Err)
+		}
+		next, err := requests.Takeover(e.State, o.msg, a.self, now)
+		if err != nil {
+			return a.fail(nil, err)
+		}
+		a.pending, a.created, a.from = next, false, e.State.Owner
+		a.waiting = waitWrite
+		return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev}}
+	case opAdopt:
+		if e.Err != nil {
+			return a.fail(nil, e.Err)
+		}
+		next, err := requests.Adopt(e.State, o.dead, a.self, o.engine, now)
+		if err != nil {
+			return a.fail(nil, err)
+		}
+		a.pending, a.from = next, e.State.Owner
+		a.waiting = waitWrite
+		return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev}}
+	case opTick:
+		switch {
+		case errors.Is(e.Err, requests.ErrNotFound):
+			return a.end(nil, "request ended elsewhere; this activation stops", nil)
+		case e.Err != nil, e.State.Epoch == a.st.Epoch && e.State.Owner == a.st.Owner:
+			// Current, or the store is unreachable: keep the hold alive
+			// meanwhile.
+			return a.renew(now, nil)
+		}
+		fx := []Effect{
+			NoticeFenced{RequestID: a.id, Engine: a.st.EngineId, StaleEpoch: a.st.Epoch, NewOwner: e.State.Owner},
+			Count{What: Fenced},
+		}
+		return a.end(fx, "request fenced: it moved to another member", a.fencedErr())
+	}
+	return nil
+}
+
+func (a *Activation) written(now time.Time, e Written) []Effect {
+	o := a.cur
+	fenced := errors.Is(e.Err, requests.ErrFenced)
+	switch o.kind {
+	case opStart:
+		if e.Err != nil {
+			if o.msg.Takeover && (a.created || fenced) && a.attempt < takeoverAttempts-1 {
+				a.attempt++
+				a.waiting = waitLoad
+				return []Effect{Load{ID: a.id}}
+			}
+			return a.fail(nil, e.Err)
+		}
+		a.run(e.Rev)
+		if !o.msg.Takeover {
+			// A new request answers first, so that a slow holder does not
+			// delay its start; the first renewal then binds the hold.
+			fx := []Effect{a.arm(now), a.reply(o.call, "running")}
+			return a.renew(now, fx)
+		}
+		var fx []Effect
+		if !a.created {
+			fx = append(fx, Count{What: TakenOver, From: a.from})
+		}
+		// A takeover moves the hold's binding before it answers: the
+		// engine pulls next.
+		return a.renew(now, fx)
+	case opAdopt:
+		if e.Err != nil {
+			return a.fail(nil, e.Err)
+		}
+		a.run(e.Rev)
+		return a.renew(now, nil)
+	case opProgress:
+		if fenced {
+			return a.fenced(o, e.Err)
+		}
+		if e.Err != nil {
+			return a.done([]Effect{Reply{Call: o.call, Err: e.Err}})
+		}
+		a.st, a.rev = a.pending, e.Rev
+		return a.done([]Effect{a.reply(o.call, "running")})
+	case opTakeover:
+		if e.Err != nil {
+			return a.fail(nil, fmt.Errorf("takeover of request %s: %w", a.id, e.Err))
+		}
+		old := a.st
+		a.st, a.rev, a.instance = a.pending, e.Rev, o.instance
+		fx := []Effect{
+			NoticeFenced{RequestID: a.id, Engine: old.EngineId, StaleEpoch: old.Epoch, NewOwner: a.self},
+			Count{What: TakenOver, From: old.Owner},
+			Count{What: Fenced},
+		}
+		return a.renew(now, fx)
+	case opFinish:
+		if e.Err != nil {
+			// A conflict here is a fence too: don't release someone
+			// else's hold.
+			return a.fail(nil, fmt.Errorf("%w: %v", requests.ErrFenced, e.Err))
+		}
+		return a.release(nil)
+	case opEngineLost:
+		if e.Err != nil {
+			return a.end(nil, "request's engine went away; it runs elsewhere now", nil)
+		}
+		return a.release(nil)
+	}
+	return nil
+}
+
+// run makes the claimed state this activation's.
+func (a *Activation) run(rev uint64) {
+	a.st, a.rev, a.phase = a.pending, rev, Running
+}
+
+// fenced ends an activation whose write was refused: the engine is told
+// (the owner read in the background) and the call answered.
+func (a *Activation) fenced(o *op, err error) []Effect {
+	fx := []Effect{
+		NoticeFenced{RequestID: a.id, Engine: a.st.EngineId, StaleEpoch: a.st.Epoch, LookupOwner: true},
+		Count{What: Fenced},
+		Reply{Call: o.call, Err: fmt.Errorf("request %s: %w", a.id, err)},
+	}
+	return a.end(fx, "request fenced: a write found a newer owner", a.fencedErr())
+}
+
+func (a *Activation) fencedErr() error {
+	return fmt.Errorf("%w: request %s moved from this activation (epoch %d)", requests.ErrFenced, a.id, a.st.GetEpoch())
+}
+
+// renew keeps the hold alive, then continues the running op (afterRenew);
+// with the hold lost it continues at once.
+func (a *Activation) renew(now time.Time, fx []Effect) []Effect {
+	if a.holdLost {
+		return append(fx, a.afterRenew(now)...)
+	}
+	a.waiting = waitRenew
+	return append(fx, Renew{Hold: a.holdRef()})
+}
+
+func (a *Activation) renewed(now time.Time, e Renewed) []Effect {
+	var fx []Effect
+	if e.Result == RenewGone && !a.holdLost {
+		// For good: tell the engine once, and stop renewing.
+		a.holdLost = true
+		fx = append(fx, Count{What: HoldLost}, NoticeHoldLost{State: a.st, Code: e.Code, Reason: e.Reason})
+	}
+	return append(fx, a.afterRenew(now)...)
+}
+
+// afterRenew continues the op that renewed.
+func (a *Activation) afterRenew(now time.Time) []Effect {
+	o := a.cur
+	switch o.kind {
+	case opStart:
+		if !o.msg.Takeover {
+			return a.done(nil) // armed and answered before the renewal
+		}
+		return a.done([]Effect{a.arm(now), a.reply(o.call, "running")})
+	case opAdopt:
+		return a.done([]Effect{a.arm(now), NoticeResume{State: a.st}, Count{What: Adopted, From: a.from}, a.reply(o.call, "running")})
+	case opTakeover:
+		return a.done([]Effect{a.arm(now), a.reply(o.call, "running")})
+	case opTick:
+		return a.done([]Effect{a.arm(now)})
+	}
+	return a.done(nil)
+}
+
+// release gives the hold back (unless it was lost), then ends the request.
+func (a *Activation) release(fx []Effect) []Effect {
+	if a.holdLost || a.released {
+		return append(fx, a.releaseDone()...)
+	}
+	a.released = true
+	a.waiting = waitRelease
+	return append(fx, Release{Hold: a.holdRef()})
+}
+
+func (a *Activation) releaseDone() []Effect {
+	o := a.cur
+	if o.kind == opFinish {
+		return a.end([]Effect{a.reply(o.call, "finished")}, "request finished", nil)
+	}
+	return a.end(nil, "request's engine went away and nobody took it over: its hold is released", nil)
+}
+
+// write starts a compare-and-set write of next (nil for Delete).
+func (a *Activation) write(o op, w WriteOp, next *messages.RequestState) []Effect {
+	a.cur, a.waiting, a.pending = &o, waitWrite, next
+	return []Effect{Write{Op: w, ID: a.id, State: next, Rev: a.rev}}
+}
+
+// fail answers the running op with err and ends the activation.
+func (a *Activation) fail(fx []Effect, err error) []Effect {
+	return a.end(append(fx, Reply{Call: a.cur.call, Err: err}), "", err)
+}
+
+// end stops the activation; calls queued behind it get endErr (or "not
+// found").
+func (a *Activation) end(fx []Effect, reason string, endErr error) []Effect {
+	a.phase, a.endErr = Ended, endErr
+	fx = append(fx, Stop{Reason: reason})
+	return a.done(fx)
+}
+
+// done finishes the running op.
+func (a *Activation) done(fx []Effect) []Effect {
+	a.cur, a.waiting, a.pending, a.created, a.attempt = nil, waitNothing, nil, false, 0
+	return fx
+}
+
+func (a *Activation) reply(call uint64, status string) Reply {
+	return Reply{Call: call, Status: status, State: a.st}
+}
+
+func (a *Activation) holdRef() HoldRef {
+	return HoldRef{Holder: a.st.GetParams().GetRemoteCtrl().GetMember(), TransferID: a.st.GetParams().GetTransferId(), Engine: a.st.GetEngineId(), RequestID: a.id}
+}
+
+// arm schedules the next keep-alive at a third of the hold's lease.
+func (a *Activation) arm(now time.Time) Arm {
+	every := time.Duration(a.st.GetParams().GetRetainS()) * time.Second / 3
+	if every <= 0 {
+		every = defaultRenewEvery
+	}
+	return Arm{At: now.Add(every)}
+}
