@@ -26,6 +26,10 @@ type dialEndpoint struct {
 }
 
 func (e *dialEndpoint) Get(context.Context, []transport.GetOp) error { return nil }
+func (e *dialEndpoint) GetProgress(context.Context, []transport.GetOp, func(int)) error {
+	return nil
+}
+func (e *dialEndpoint) GetStrided(context.Context, []transport.StridedOp) error { return nil }
 func (e *dialEndpoint) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -109,7 +109,7 @@ func TestReadErrPrefersHolderLeft(t *testing.T) {
 	defer cancel(nil)
 	w.Watch("h", cancel)
 	w.Left("h", "timeout")
-	err := descriptorsErr(ctx, "p1", "h", fmt.Errorf("api: peer.descriptors on member h: %w", context.Canceled))
+	err := descriptorsErr("p1", "h", holderLeft(ctx), fmt.Errorf("api: peer.descriptors on member h: %w", context.Canceled))
 	if errcode.Of(err) != api.CodePeerUnavailable {
 		t.Fatalf("code %d: %v", errcode.Of(err), err)
 	}
@@ -140,6 +140,14 @@ func (e *blockingEndpoint) Get(ctx context.Context, _ []transport.GetOp) error {
 	return transport.CtxErr(ctx.Err())
 }
 
+func (e *blockingEndpoint) GetProgress(ctx context.Context, ops []transport.GetOp, progress func(int)) error {
+	return transport.ProgressAtEnd(ctx, ops, progress, e.Get)
+}
+
+func (e *blockingEndpoint) GetStrided(ctx context.Context, ops []transport.StridedOp) error {
+	return e.Get(ctx, transport.Pieces(ops))
+}
+
 func (e *blockingEndpoint) Close() error { return nil }
 
 // funcEndpoint's Get calls the function itself.
@@ -147,6 +155,14 @@ type funcEndpoint func(ctx context.Context, ops []transport.GetOp) error
 
 func (f funcEndpoint) Get(ctx context.Context, ops []transport.GetOp) error { return f(ctx, ops) }
 func (f funcEndpoint) Close() error                                         { return nil }
+
+func (f funcEndpoint) GetProgress(ctx context.Context, ops []transport.GetOp, progress func(int)) error {
+	return transport.ProgressAtEnd(ctx, ops, progress, f)
+}
+
+func (f funcEndpoint) GetStrided(ctx context.Context, ops []transport.StridedOp) error {
+	return f(ctx, transport.Pieces(ops))
+}
 
 func testOps(n int) ([]transport.GetOp, uint64) {
 	ops := make([]transport.GetOp, n)
@@ -161,13 +177,13 @@ func testOps(n int) ([]transport.GetOp, uint64) {
 // deadline, with peer_unavailable naming the holder.
 func TestReadsEndWhenHolderLeaves(t *testing.T) {
 	deps := &PullDeps{Holders: &HolderWatch{}}
-	a := &pullerActor{deps: deps, p: &Pull{ID: "p1", Stall: time.Hour}}
+	a := &puller{deps: deps, p: &Pull{ID: "p1", Stall: time.Hour}}
 	ctx, end, _ := deps.watchHolder(context.Background(), "h1")
 	defer end()
 	ep := &blockingEndpoint{started: make(chan struct{}, 1)}
 	ops, total := testOps(3)
 	errc := make(chan error, 1)
-	go func() { errc <- a.readBatches(ctx, ep, ops, total, "h1") }()
+	go func() { errc <- a.readBatches(ctx, ep, transport.Caps{}, ops, total, "h1") }()
 	select {
 	case <-ep.started:
 	case <-time.After(10 * time.Second):
@@ -194,7 +210,7 @@ func TestReadsEndWhenHolderLeaves(t *testing.T) {
 // Get returns successfully does not turn a complete pull into a failure.
 func TestReadsCompleteDespiteLateDeparture(t *testing.T) {
 	deps := &PullDeps{Holders: &HolderWatch{}}
-	a := &pullerActor{deps: deps, p: &Pull{ID: "p1", Stall: time.Hour}}
+	a := &puller{deps: deps, p: &Pull{ID: "p1", Stall: time.Hour}}
 	ctx, end, _ := deps.watchHolder(context.Background(), "h1")
 	defer end()
 	ops, total := testOps(batchOps + 1) // two batches
@@ -205,7 +221,7 @@ func TestReadsCompleteDespiteLateDeparture(t *testing.T) {
 		}
 		return nil
 	})
-	if err := a.readBatches(ctx, ep, ops, total, "h1"); err != nil {
+	if err := a.readBatches(ctx, ep, transport.Caps{}, ops, total, "h1"); err != nil {
 		t.Fatalf("complete pull failed: %v", err)
 	}
 	if calls.Load() != 2 {

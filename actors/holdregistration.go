@@ -1,7 +1,6 @@
 package actors
 
 import (
-	"errors"
 	"fmt"
 	"sort"
 
@@ -42,7 +41,11 @@ func registerHold(b transport.Backend, region *kvmem.Region, blocks []uint32) (h
 	hr := holdRegistration{b: b}
 	exts := region.Layout.Extents(blocks)
 	allocated := region.Memory == kvmem.MemoryAllocated(b.Name())
-	if xr, ok := b.(transport.ExtentRegistrar); ok && b.Caps().OneKeyForExtents(allocated) {
+	if b.Caps().OneKeyForExtents(allocated) {
+		xr, err := transport.Promised[transport.ExtentRegistrar](b, "ExtentKeys")
+		if err != nil {
+			return holdRegistration{}, err
+		}
 		sorted := make([]transport.Extent, len(exts))
 		for i, e := range exts {
 			sorted[i] = transport.Extent{Off: e.Off, Len: e.Len}
@@ -56,27 +59,18 @@ func registerHold(b transport.Backend, region *kvmem.Region, blocks []uint32) (h
 		hr.implied, hr.regionAddr = true, reg.RemoteAddr()
 		return hr, nil
 	}
-	if mr, ok := b.(transport.ManyRegisterer); ok && len(exts) > 1 {
-		mems := make([][]byte, len(exts))
-		for i, e := range exts {
-			mems[i] = region.Slice(e)
-		}
-		regs, err := mr.RegisterMany(mems)
-		if err != nil {
-			return holdRegistration{}, fmt.Errorf("register %d extents one key each: %w", len(exts), err)
-		}
-		for i, reg := range regs {
-			hr.addExtent(reg, exts[i].Len)
-		}
-		return hr, nil
+	// One key per extent: in one call where the backend registers many
+	// at once (Caps.ManyRegister).
+	mems := make([][]byte, len(exts))
+	for i, e := range exts {
+		mems[i] = region.Slice(e)
 	}
-	for _, e := range exts {
-		reg, err := b.Register(region.Slice(e))
-		if err != nil {
-			err = fmt.Errorf("register %d bytes at %d: %w", e.Len, e.Off, err)
-			return holdRegistration{}, errors.Join(err, hr.deregisterAll())
-		}
-		hr.addExtent(reg, e.Len)
+	regs, err := transport.RegisterEach(b, mems)
+	if err != nil {
+		return holdRegistration{}, fmt.Errorf("register %d extents one key each: %w", len(exts), err)
+	}
+	for i, reg := range regs {
+		hr.addExtent(reg, exts[i].Len)
 	}
 	return hr, nil
 }
@@ -117,17 +111,10 @@ func (hr *holdRegistration) segments() []*messages.Segment {
 // in one call where the backend deregisters many at once (a hold of
 // onesided UCX keys has one per extent, tens of thousands).
 func (hr *holdRegistration) deregisterAll() error {
-	if md, ok := hr.b.(transport.ManyDeregisterer); ok && len(hr.regs) > 1 {
-		err := md.DeregisterAll(hr.regs)
-		hr.regs = nil
-		return err
+	if len(hr.regs) == 0 {
+		return nil // none made (or already revoked): hr.b may be unset
 	}
-	var errs []error
-	for _, r := range hr.regs {
-		if err := r.Deregister(); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	err := transport.DeregisterEach(hr.b, hr.regs)
 	hr.regs = nil
-	return errors.Join(errs...)
+	return err
 }

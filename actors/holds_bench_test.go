@@ -194,7 +194,7 @@ func rssBytes() int64 {
 // newRegion creates a region as connexd's region.create does: memory the
 // data plane allocates where it can (UCX posix shared memory), else a memfd.
 func newRegion(b *testing.B, be transport.Backend, l kvmem.Layout) *kvmem.Region {
-	if al, ok := be.(transport.Allocator); ok && be.Caps().Allocate {
+	if al, err := transport.Promised[transport.Allocator](be, "Allocate"); err == nil && be.Caps().Allocate {
 		mem, err := al.Allocate(int(l.Size()))
 		if err == nil {
 			r, err := kvmem.NewRegion(mem.Path(), l, kvmem.MemoryAllocated(be.Name()), mem.Bytes(), mem.Free)

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/clock"
 	"github.com/connex/connex/errcode"
@@ -91,52 +90,54 @@ const batchBytes = 32 << 20
 // then decide how long a batch takes.
 const batchOps = 4096
 
-type pullResult struct {
-	bytes uint64
-	err   error
-}
-
-type pullerActor struct {
-	// readDur is how long the data-plane reads took (set by run, read by
-	// finish on the same goroutine).
+// puller runs one pull: a plain goroutine (drive), not an actor. Its
+// decisions are pullMachine's; drive performs the machine's effects
+// (descriptors requests, the reads, renewals, PullEnd, the PullDone
+// notice) and turns their results, its timer and the pull's context into
+// the machine's events. Nothing else ever sends it a message: what ends a
+// pull early (connexd shutting down, its holder leaving the cluster) ends
+// its context (PullDeps.Ctx, HolderWatch).
+type puller struct {
+	// readDur is how long the data-plane reads took (set by the read's
+	// goroutine before it reports readDone, read by finish after it).
 	readDur time.Duration
 	// descDur (start to descriptors in hand) and endDur (the awaited
-	// PullEnd) are the rest of the pull's control plane, set and read as
-	// readDur is: PullDone reports them for make bench-pull's breakdown.
+	// PullEnd) are the rest of the pull's control plane: PullDone reports
+	// them for make bench-pull's breakdown.
 	descDur, endDur time.Duration
 	deps            *PullDeps
 	p               *Pull
 	start           time.Time
-	cancel          context.CancelFunc
 
 	// asks carries the pull's peer.descriptors requests, the first one
 	// sent by StartPuller (nil with asksErr when it could not be).
 	asks    *api.Asks
 	asksErr error
-	// endLater is the PullEnd that nobody waits for, sent once PullDone
-	// went out, so that it does not travel ahead of it (set by run).
-	endLater func()
 }
 
 // StartPuller sends p's first peer.descriptors request to the holder and
-// spawns the puller actor that runs p. The request goes first, from the
-// caller's goroutine, so that it is on the wire before anything else of
-// the pull happens (the caller's answer to pull.start, the actor's start,
-// planning the reads): the holder's round trip is most of a small pull's
-// time. A request that could not be sent fails the pull, as PullDone says.
-func StartPuller(root *actor.RootContext, deps *PullDeps, p *Pull) {
+// starts the goroutine that runs p (on deps.Go). The request goes first,
+// from the caller's goroutine, so that it is on the wire before anything
+// else of the pull happens (the caller's answer to pull.start, planning
+// the reads): the holder's round trip is most of a small pull's time. A
+// request that could not be sent fails the pull, as PullDone says.
+func StartPuller(deps *PullDeps, p *Pull) {
 	asks, err := postDescriptors(deps, p)
-	root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &pullerActor{deps: deps, p: p, asks: asks, asksErr: err} },
-		actor.WithDispatcher(pullerDispatcher)))
+	pl := &puller{deps: deps, p: p, asks: asks, asksErr: err, start: deps.clock().Now()}
+	deps.Metrics.PullsStarted.Add(1)
+	base := deps.Ctx
+	if base == nil {
+		base = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(base, p.Timeout)
+	// On the daemon's background group: Close cancels the reads
+	// (Deps.Ctx), then waits for them to wind down, for the PullDone
+	// notice and for the PullEnd.
+	deps.goBackground(func() {
+		defer cancel()
+		pl.drive(ctx)
+	})
 }
-
-// pullerDispatcher runs a puller actor's messages on the goroutine that
-// sends them (its Started on pull.start's, its result on the reads'),
-// instead of a goroutine per message: a puller's Receive only starts the
-// reads, cancels them and stops, and on a small machine every goroutine
-// woken while the descriptors request travels takes a CPU the NATS server
-// and the holder need for it.
-var pullerDispatcher = actor.NewSynchronizedDispatcher(300)
 
 // postDescriptors subscribes the answers to p's descriptors requests and
 // sends the first.
@@ -162,147 +163,98 @@ func descriptorsRequest(p *Pull) *messages.DescriptorsRequest {
 	}
 }
 
-func (a *pullerActor) Receive(ctx actor.Context) {
-	switch ctx.Message().(type) {
-	case *actor.Started:
-		a.start = a.deps.clock().Now()
-		a.deps.Metrics.PullsStarted.Add(1)
-		base := a.deps.Ctx
-		if base == nil {
-			base = context.Background()
-		}
-		rctx, cancel := context.WithTimeout(base, a.p.Timeout)
-		a.cancel = cancel
-		self, sys := ctx.Self(), ctx.ActorSystem()
-		// On the daemon's background group: Close cancels the reads
-		// (Deps.Ctx), then waits for them to wind down, for the PullDone
-		// notice (published here, not by the actor, which shutdown may
-		// never schedule again) and for the PullEnd.
-		a.deps.goBackground(func() {
-			n, err := a.run(rctx)
-			r := &pullResult{bytes: n, err: err}
-			a.finish(r)
-			sys.Root.Send(self, r)
-			if a.endLater != nil {
-				a.endLater()
-			}
-		})
-	case *pullResult:
-		a.cancel()
-		ctx.Stop(ctx.Self())
-	case *actor.Stopping:
-		if a.cancel != nil {
-			a.cancel() // daemon shutdown: abort the reads; run() cleans up
-		}
-	}
-}
-
-func (a *pullerActor) finish(r *pullResult) {
+// finish publishes the pull's PullDone notice.
+func (a *puller) finish(n uint64, err error) {
 	done := &messages.PullDone{
-		PullId: a.p.ID, TransferId: a.p.Params.TransferId, Ok: r.err == nil,
+		PullId: a.p.ID, TransferId: a.p.Params.TransferId, Ok: err == nil,
 		EngineId: a.p.Dst.Engine, RegionId: a.p.Dst.ID, KvLoadFailurePolicy: a.deps.LoadFailurePolicy,
 		DurationUs: uint64(a.deps.clock().Now().Sub(a.start) / time.Microsecond), RequestId: a.p.Params.ConnexRequestId,
 		ReadUs: uint64(a.readDur / time.Microsecond), DescriptorsUs: uint64(a.descDur / time.Microsecond),
 		PullEndUs: uint64(a.endDur / time.Microsecond),
 	}
-	if r.err != nil {
-		e := errcode.AsError(r.err)
+	if err != nil {
+		e := errcode.AsError(err)
 		done.ErrorCode, done.Error = uint32(e.Code), e.Msg
 		a.deps.Metrics.PullsFailed.Add(1)
 		a.deps.Log.Info("pull failed", "pull", a.p.ID, "transfer", a.p.Params.TransferId, "request", done.RequestId, "engine", a.p.Dst.Engine,
 			"code", int(e.Code), "err", e.Msg, "duration_us", done.DurationUs)
 	} else {
-		done.Bytes = r.bytes
+		done.Bytes = n
 		a.deps.Metrics.PullsOK.Add(1)
 		a.deps.Log.Info("pull done", "pull", a.p.ID, "transfer", a.p.Params.TransferId, "request", done.RequestId, "engine", a.p.Dst.Engine,
-			"bytes", r.bytes, "duration_us", done.DurationUs)
-		a.deps.Metrics.BytesPulled.Add(int64(r.bytes))
+			"bytes", n, "duration_us", done.DurationUs)
+		a.deps.Metrics.BytesPulled.Add(int64(n))
 	}
 	a.deps.Notify(done)
 }
 
-// run performs the pull and always gives back the destination blocks and
-// the region reference before returning.
-func (a *pullerActor) run(ctx context.Context) (uint64, error) {
-	defer a.p.ReleaseRegion()
-	defer a.p.Dst.Blocks.EndWrite(a.p.DstBlocks)
+// readResult is what the reads' goroutine reports.
+type readResult struct {
+	n   uint64
+	err error
+}
+
+// drive runs the pull to its end: it performs pullMachine's effects and
+// feeds it events until it is done. It gives back the destination blocks
+// and the region reference before the PullDone notice (an engine that
+// reads it may start the next pull into the same blocks at once), and in
+// any case before returning.
+func (a *puller) drive(ctx context.Context) {
+	var plan *readPlan
+	giveBack := sync.OnceFunc(func() {
+		plan.release() // the reads are over: every Get has returned
+		a.p.Dst.Blocks.EndWrite(a.p.DstBlocks)
+		a.p.ReleaseRegion()
+	})
+	defer giveBack()
+	if a.asks != nil {
+		defer a.asks.Close()
+	}
 	prm := a.p.Params
 	peer := &api.Client{NC: a.deps.NC, Member: prm.RemoteCtrl.GetMember()}
 	requester := a.p.Dst.Engine
+	clk := a.deps.clock()
 	// The holder's departure from the cluster cancels everything below
 	// with a *HolderLeftError.
 	ctx, endWatch, bindHolder := a.deps.watchHolder(ctx, peer.Member)
 	defer endWatch()
-	// Ask for the descriptors (the holder registers the pull) and, while
-	// they travel, plan the destination side of the reads and, when the
-	// holder's member advertised the data address the params name in
-	// earlier descriptors, connect to it: neither depends on the answer,
-	// and together they are most of a pull's fixed cost.
-	type descResult struct {
-		d   *messages.Descriptors
-		err error
-	}
-	dctx, dcancel := context.WithTimeout(ctx, a.p.Stall)
-	defer dcancel()
-	dch := make(chan descResult, 1)
-	go func() {
-		d, err := a.descriptors(dctx) // asked by StartPuller already
-		dch <- descResult{d, err}
-	}()
-	early := connectEarly(ctx, a.deps.Backend, &a.deps.addrs, prm.RemoteCtrl, connectBudget(a.p.Stall))
-	// A holder of this region's shape (what the params say of it) is read
-	// whole blocks at a time: plan that now. Any other shape waits for the
-	// holder's layout in the descriptors.
-	var plan *readPlan
+	m, fx := newPullMachine(clk.Now(), pullConfig{
+		ID: a.p.ID, Member: peer.Member, Stall: a.p.Stall, Retain: time.Duration(prm.RetainS) * time.Second, AskErr: a.asksErr,
+	})
+	// While the descriptors travel, plan the destination side of the reads
+	// and, when the holder's member advertised the data address the params
+	// name in earlier descriptors, connect to it: neither depends on the
+	// answer, and together they are most of a pull's fixed cost.
+	var early *earlyEndpoint
 	var planErr error
-	if dl := a.p.Dst.Region.Layout; (prm.TpSize == 0 || prm.TpSize == dl.TPSize) && (prm.BlockSize == 0 || prm.BlockSize == dl.BlockSize) {
-		plan, planErr = planDst(a.p.Dst, prm.RemoteBlockIds, a.p.DstBlocks)
-	}
-	defer func() { plan.release() }() // after read: every Get has returned by then
-	r := <-dch
-	a.descDur = a.deps.clock().Now().Sub(a.start)
-	if r.err != nil {
-		early.drop()
-		// The holder may have started the pull before its reply failed
-		// (a reply too large to send, a timeout on the way back): end it,
-		// best effort, so a release need not wait for the pull's deadline.
-		a.deps.goBackground(func() {
-			endCtx, cancel := context.WithTimeout(context.Background(), a.p.Stall)
-			defer cancel()
-			_, _ = peer.PullEnd(endCtx, &messages.PullEnd{TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID})
-		})
-		return 0, descriptorsErr(ctx, a.p.ID, peer.Member, r.err)
-	}
-	desc := r.d
-	bindHolder(desc.HolderIncarnation)
-	var n uint64
-	getErr := planErr
-	if getErr == nil {
-		t0 := a.deps.clock().Now()
-		n, getErr = a.read(ctx, desc, &plan, early, peer, requester)
-		a.readDur = a.deps.clock().Now().Sub(t0)
-	} else {
-		early.drop()
-		getErr = fmt.Errorf("pull %s: %w", a.p.ID, getErr)
-	}
-	// Tell the holder the reads are over, whatever happened, so it can free
-	// on release/expiry without waiting for our deadline. After a success
-	// wait for its answer (bounded by the stall deadline), so that an
-	// engine seeing PullDone knows the holder counted the pull (an
-	// after_pull hold has then normally freed its blocks), unless the
-	// descriptors say PullEnd may be asynchronous (on_finish holds: a
-	// Release that overtakes it is held by the lease until the pull ends).
-	// After a failure always in the background: a frozen holder must not
-	// delay the notice.
-	if getErr == nil {
-		// The destination's file shrank under the copy (the data plane
-		// survived it, see transport.FaultGuard): the bytes are lost.
-		if err := a.p.Dst.CheckBroken(); err != nil {
-			getErr = fmt.Errorf("pull %s: the destination region broke during the read: %w", a.p.ID, err)
+	if m.Phase() == pullAsking {
+		early = connectEarly(ctx, a.deps.Backend, &a.deps.addrs, prm.RemoteCtrl, connectBudget(a.p.Stall))
+		// A holder of this region's shape (what the params say of it) is
+		// read whole blocks at a time: plan that now. Any other shape waits
+		// for the holder's layout in the descriptors.
+		if dl := a.p.Dst.Region.Layout; (prm.TpSize == 0 || prm.TpSize == dl.TPSize) && (prm.BlockSize == 0 || prm.BlockSize == dl.BlockSize) {
+			plan, planErr = planDst(a.p.Dst, prm.RemoteBlockIds, a.p.DstBlocks)
 		}
 	}
-	ok := getErr == nil
-	end := func() error {
+	var answers <-chan *nats.Msg
+	if a.asks != nil {
+		answers = a.asks.C()
+	}
+	var (
+		timer, timerC = clk.NewTimer(time.Hour)
+		ctxDone       = ctx.Done()
+		reads         = make(chan readResult, 1)
+		renewed       = make(chan struct{}, 1)
+		endAcks       = make(chan error, 1)
+		n             uint64
+		endOK         bool
+		endLater      bool
+		reading       bool      // the reads started (they own early then)
+		t0            time.Time // the awaited PullEnd's start
+	)
+	defer timer.Stop()
+	req := descriptorsRequest(a.p)
+	end := func(ok bool) error {
 		endCtx, cancel := context.WithTimeout(context.Background(), a.p.Stall)
 		defer cancel()
 		_, err := peer.PullEnd(endCtx, &messages.PullEnd{TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID, Ok: ok})
@@ -311,46 +263,122 @@ func (a *pullerActor) run(ctx context.Context) (uint64, error) {
 		}
 		return err
 	}
-	if ok && !desc.PullEndAsync {
-		t0 := a.deps.clock().Now()
-		err := end()
-		a.endDur = a.deps.clock().Now().Sub(t0)
-		if api.CodeOf(err) == api.CodeRegionBroken {
-			// The holder's region broke during the read: what it sent
-			// may be zeros.
-			getErr = fmt.Errorf("pull %s: %w", a.p.ID, err)
-		}
-	} else {
-		// After the PullDone notice (run's caller calls it): the engine
-		// waits for that, nobody for this.
-		a.endLater = func() { _ = end() }
-	}
-	return n, getErr
-}
-
-// descriptors waits, until ctx ends, for the answer to the descriptors
-// request StartPuller sent, asking again as descriptorsRetrying does.
-func (a *pullerActor) descriptors(ctx context.Context) (*messages.Descriptors, error) {
-	if a.asksErr != nil {
-		return nil, a.asksErr
-	}
-	defer a.asks.Close()
-	req := descriptorsRequest(a.p)
-	return descriptorsRetrying(ctx, a.deps.clock(), a.p.Stall, descAsks[*nats.Msg]{
-		post:    func() error { return a.asks.Post(req) },
-		answers: a.asks.C(),
-		decode: func(m *nats.Msg) (*messages.Descriptors, error) {
-			d := new(messages.Descriptors)
-			if err := a.asks.Decode(m, d); err != nil {
-				return nil, err
+	for {
+		for len(fx) > 0 {
+			f := fx[0]
+			fx = fx[1:]
+			switch f.kind {
+			case doAsk:
+				if err := a.asks.Post(req); err != nil {
+					// Not sent (the NATS connection closed): the pull
+					// fails with that, as with the holder's error.
+					fx = append(fx, m.Step(pullAnswer{Now: clk.Now(), Err: err})...)
+				}
+			case doRead:
+				reading = true
+				a.descDur = clk.Now().Sub(a.start)
+				bindHolder(f.desc.HolderIncarnation)
+				desc := f.desc
+				go func() {
+					n, err := a.readAll(ctx, desc, &plan, planErr, early, peer)
+					reads <- readResult{n, err}
+				}()
+			case doRenew:
+				go func() {
+					every := m.renewEvery
+					rctx, cancel := context.WithTimeout(ctx, every)
+					_, err := peer.Renew(rctx, &messages.HoldRef{TransferId: prm.TransferId, Requester: requester})
+					cancel()
+					if err != nil && ctx.Err() == nil {
+						a.deps.Log.Warn("lease renew during pull failed", "pull", a.p.ID, "err", err)
+					}
+					renewed <- struct{}{}
+				}()
+			case doEndAwait:
+				t0 = clk.Now()
+				go func() { endAcks <- end(true) }()
+			case doEndNow:
+				// Nobody waits for it: a frozen holder must not delay
+				// the notice.
+				a.deps.goBackground(func() { _ = end(false) })
+			case doDone:
+				if !reading {
+					a.descDur = clk.Now().Sub(a.start) // what asking took
+					early.drop()                       // no descriptors: nothing to connect to
+				}
+				giveBack()
+				a.finish(n, f.err)
+			case doEndLater:
+				// After the PullDone notice: the engine waits for that,
+				// nobody for this.
+				endOK, endLater = f.ok, true
 			}
-			return d, nil
-		},
-	}, true)
+		}
+		if answers != nil && m.Phase() != pullAsking {
+			// The first answer won: later ones are dropped unread.
+			a.asks.Close()
+			answers = nil
+		}
+		if m.Phase() == pullDone {
+			if endLater {
+				_ = end(endOK)
+			}
+			return
+		}
+		if w := m.Wake(); !w.IsZero() {
+			timer.Reset(max(w.Sub(clk.Now()), 0))
+		} else {
+			timer.Stop()
+		}
+		select {
+		case <-timerC:
+			fx = m.Step(pullTick{Now: clk.Now()})
+		case msg := <-answers:
+			d := new(messages.Descriptors)
+			err := a.asks.Decode(msg, d)
+			if err != nil {
+				d = nil
+			}
+			fx = m.Step(pullAnswer{Now: clk.Now(), Desc: d, Err: err, NoResponders: errors.Is(err, nats.ErrNoResponders)})
+		case r := <-reads:
+			n = r.n
+			fx = m.Step(pullReadDone{Now: clk.Now(), Err: r.err})
+		case <-renewed:
+			fx = m.Step(pullRenewed{Now: clk.Now()})
+		case err := <-endAcks:
+			a.endDur = clk.Now().Sub(t0)
+			fx = m.Step(pullEndAck{Now: clk.Now(), Err: err})
+		case <-ctxDone:
+			ctxDone = nil // once: the reads end with it, by themselves
+			fx = m.Step(pullEnded{Now: clk.Now(), Err: ctx.Err(), Gone: holderLeft(ctx)})
+		}
+	}
 }
 
-func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan **readPlan, early *earlyEndpoint, peer *api.Client, requester string) (uint64, error) {
-	prm := a.p.Params
+// readAll reads the pull once its descriptors are in hand (desc) and
+// checks the destination afterwards.
+func (a *puller) readAll(ctx context.Context, desc *messages.Descriptors, plan **readPlan, planErr error, early *earlyEndpoint, peer *api.Client) (uint64, error) {
+	if planErr != nil {
+		early.drop()
+		return 0, fmt.Errorf("pull %s: %w", a.p.ID, planErr)
+	}
+	t0 := a.deps.clock().Now()
+	n, err := a.read(ctx, desc, plan, early, peer)
+	a.readDur = a.deps.clock().Now().Sub(t0)
+	if err != nil {
+		return 0, err
+	}
+	// The destination's file shrank under the copy (the data plane
+	// survived it, see transport.FaultGuard): the bytes are lost.
+	if err := a.p.Dst.CheckBroken(); err != nil {
+		return 0, fmt.Errorf("pull %s: the destination region broke during the read: %w", a.p.ID, err)
+	}
+	return n, nil
+}
+
+// read plans the reads from the holder's descriptors, connects (or takes
+// the early connect) and reads every byte.
+func (a *puller) read(ctx context.Context, desc *messages.Descriptors, plan **readPlan, early *earlyEndpoint, peer *api.Client) (uint64, error) {
 	run, total, err := a.planReads(desc, plan)
 	if err != nil {
 		early.drop()
@@ -375,23 +403,16 @@ func (a *pullerActor) read(ctx context.Context, desc *messages.Descriptors, plan
 		return 0, fmt.Errorf("pull %s: connect data plane of %s: %w", a.p.ID, peer.Member, readErr(ctx, err))
 	}
 	defer ep.Close()
-	// Keep the lease alive during long reads.
-	stopRenew := a.renewEvery(ctx, peer, requester, time.Duration(prm.RetainS)*time.Second/3)
-	defer stopRenew()
-	se, _ := ep.(transport.StridedEndpoint)
+	caps := a.deps.Backend.Caps()
 	if err := run(batchReader{
 		get: func(ops []transport.GetOp) error {
-			return a.readBatches(ctx, ep, splitOps(ops, batchBytes), total, peer.Member)
+			return a.readBatches(ctx, ep, caps, splitOps(ops, maxOpBytes(caps)), total, peer.Member)
 		},
 		strided: func(ops []transport.StridedOp) error {
-			if se == nil { // Caps.Strided said otherwise: read the pieces
-				var pieces []transport.GetOp
-				for _, op := range ops {
-					pieces = op.AppendPieces(pieces)
-				}
-				return a.readBatches(ctx, ep, pieces, total, peer.Member)
+			if !caps.Strided { // planned only with Caps.Strided; read the pieces
+				return a.readBatches(ctx, ep, caps, splitOps(transport.Pieces(ops), maxOpBytes(caps)), total, peer.Member)
 			}
-			return a.readStridedBatches(ctx, se, ops, total, peer.Member)
+			return a.readStridedBatches(ctx, ep, caps, ops, total, peer.Member)
 		},
 	}); err != nil {
 		return 0, err
@@ -408,7 +429,7 @@ type batchReader struct {
 
 // planReads checks the holder's descriptors against the pull and plans its
 // reads (planPull).
-func (a *pullerActor) planReads(desc *messages.Descriptors, plan **readPlan) (run func(batchReader) error, total uint64, err error) {
+func (a *puller) planReads(desc *messages.Descriptors, plan **readPlan) (run func(batchReader) error, total uint64, err error) {
 	prm := a.p.Params
 	return planPull(desc, prm.RemoteBlockIds, prm.RemoteNumTokens, a.p.Dst, a.p.DstBlocks, plan, a.deps.translations.get, a.deps.Backend.Caps().Strided)
 }
@@ -417,12 +438,22 @@ func (a *pullerActor) planReads(desc *messages.Descriptors, plan **readPlan) (ru
 // plane never drains between two batches.
 const batchesInFlight = 2
 
+// maxOpBytes is the largest GetOp a pull hands the data plane: the batch
+// size, or the backend's Caps.MaxGetBytes where that is smaller.
+func maxOpBytes(caps transport.Caps) int {
+	if caps.MaxGetBytes > 0 && caps.MaxGetBytes < batchBytes {
+		return caps.MaxGetBytes
+	}
+	return batchBytes
+}
+
 // readBatches reads ops in batches of at most batchBytes, batchesInFlight
-// at a time. Against an endpoint that reports progress the reads fail once
+// at a time. Against a backend whose endpoints report progress
+// (Caps.Progress) the reads fail once
 // no byte has landed for the stall deadline (stallWatch); against one that
 // does not, each batch must complete within it. The first error cancels the
 // rest.
-func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, ops []transport.GetOp, total uint64, member string) error {
+func (a *puller) readBatches(ctx context.Context, ep transport.Endpoint, caps transport.Caps, ops []transport.GetOp, total uint64, member string) error {
 	var batches []readBatch
 	for len(ops) > 0 {
 		n, size := 0, uint64(0)
@@ -433,13 +464,13 @@ func (a *pullerActor) readBatches(ctx context.Context, ep transport.Endpoint, op
 		batches = append(batches, readBatch{ops: ops[:n], bytes: size})
 		ops = ops[n:]
 	}
-	return a.runBatches(ctx, ep, batches, total, member)
+	return a.runBatches(ctx, ep, caps.Progress, batches, total, member)
 }
 
 // readStridedBatches is readBatches for strided ops, on an endpoint that
 // reads them (Caps.Strided): batches of at most batchBytes and batchOps
 // ops (each op a head range: many pieces).
-func (a *pullerActor) readStridedBatches(ctx context.Context, ep transport.StridedEndpoint, ops []transport.StridedOp, total uint64, member string) error {
+func (a *puller) readStridedBatches(ctx context.Context, ep transport.Endpoint, caps transport.Caps, ops []transport.StridedOp, total uint64, member string) error {
 	var batches []readBatch
 	for len(ops) > 0 {
 		n, size := 0, uint64(0)
@@ -454,7 +485,7 @@ func (a *pullerActor) readStridedBatches(ctx context.Context, ep transport.Strid
 		batches = append(batches, readBatch{strided: ops[:n], bytes: size})
 		ops = ops[n:]
 	}
-	return a.runBatches(ctx, ep, batches, total, member)
+	return a.runBatches(ctx, ep, caps.Progress, batches, total, member)
 }
 
 // readBatch is one batch of reads: GetOps, or strided ops (an endpoint
@@ -465,12 +496,13 @@ type readBatch struct {
 	bytes   uint64
 }
 
-// runBatches reads batches, batchesInFlight at a time (readBatches).
-func (a *pullerActor) runBatches(ctx context.Context, ep transport.Endpoint, batches []readBatch, total uint64, member string) error {
+// runBatches reads batches, batchesInFlight at a time (readBatches);
+// progressive is the backend's Caps.Progress: GetOps report bytes as they
+// land, and a stall watch replaces each batch's deadline.
+func (a *puller) runBatches(ctx context.Context, ep transport.Endpoint, progressive bool, batches []readBatch, total uint64, member string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	watch := newStallWatch(a.deps.clock(), a.p.Stall)
-	pe, progressive := ep.(transport.ProgressEndpoint)
 	readCtx := ctx // what the Gets run under
 	if progressive {
 		wctx, stalled := context.WithCancelCause(ctx)
@@ -486,11 +518,11 @@ func (a *pullerActor) runBatches(ctx context.Context, ep transport.Endpoint, bat
 	doBatch := func(b readBatch) {
 		var err error
 		if progressive && b.strided == nil {
-			err = pe.GetProgress(readCtx, b.ops, watch.progress)
+			err = ep.GetProgress(readCtx, b.ops, watch.progress)
 		} else {
 			bctx, bcancel := context.WithTimeout(readCtx, a.p.Stall)
 			if b.strided != nil {
-				err = ep.(transport.StridedEndpoint).GetStrided(bctx, b.strided)
+				err = ep.GetStrided(bctx, b.strided)
 			} else {
 				err = ep.Get(bctx, b.ops)
 			}
@@ -546,7 +578,7 @@ func (a *pullerActor) runBatches(ctx context.Context, ep transport.Endpoint, bat
 // batchErr is the error of a pull whose batch failed with err after landed
 // of total bytes: a stall (the watch's cause on readCtx, or a batch's own
 // deadline) is a timeout that says so, anything else keeps its cause.
-func (a *pullerActor) batchErr(ctx, readCtx context.Context, err error, landed, total uint64, member string) error {
+func (a *puller) batchErr(ctx, readCtx context.Context, err error, landed, total uint64, member string) error {
 	stalled := errors.Is(context.Cause(readCtx), errStalled) ||
 		errors.Is(transport.CtxErr(err), transport.ErrTimeout)
 	if ctx.Err() == nil && stalled {
@@ -554,42 +586,6 @@ func (a *pullerActor) batchErr(ctx, readCtx context.Context, err error, landed, 
 			a.p.ID, member, a.p.Stall, landed, total, errors.Join(transport.ErrTimeout, err))
 	}
 	return fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, member, landed, readErr(ctx, err))
-}
-
-// renewEvery renews the pull's hold every period while its reads run,
-// from a clock timer re-armed after each renewal: a pull that ends before
-// its first renewal (most do) costs a timer, not a goroutine. The returned
-// func stops it.
-func (a *pullerActor) renewEvery(ctx context.Context, peer *api.Client, requester string, every time.Duration) func() {
-	every = max(every, 100*time.Millisecond)
-	var (
-		mu      sync.Mutex
-		stopped bool
-		t       clock.Timer
-		renew   func()
-	)
-	renew = func() {
-		rctx, cancel := context.WithTimeout(ctx, every)
-		_, err := peer.Renew(rctx, &messages.HoldRef{TransferId: a.p.Params.TransferId, Requester: requester})
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			a.deps.Log.Warn("lease renew during pull failed", "pull", a.p.ID, "err", err)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !stopped && ctx.Err() == nil {
-			t = a.deps.clock().AfterFunc(every, renew)
-		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	t = a.deps.clock().AfterFunc(every, renew)
-	return func() {
-		mu.Lock()
-		defer mu.Unlock()
-		stopped = true
-		t.Stop()
-	}
 }
 
 // splitOps cuts ops larger than max into pieces of at most max bytes, so
@@ -611,20 +607,19 @@ func splitOps(ops []transport.GetOp, max int) []transport.GetOp {
 	return out
 }
 
-// descriptorsErr wraps a failed descriptors request. A pull canceled while
-// its descriptors travel is a canceled transfer (transfer_failed: connexd
-// shutting down), or peer_unavailable when its holder left the cluster, like
-// one canceled during its reads, not an internal error: the NATS client
-// reports the cancellation as a bare context.Canceled.
-func descriptorsErr(ctx context.Context, pull, member string, err error) error {
-	return fmt.Errorf("pull %s: descriptors from %s: %w", pull, member, readErr(ctx, err))
-}
-
 // readErr is the error a pull step ends with: the holder's departure when
 // that cancelled ctx, else err with context errors mapped to the transport's
 // sentinels.
-func readErr(ctx context.Context, err error) error {
-	gone := holderLeft(ctx)
+func readErr(ctx context.Context, err error) error { return stepErr(holderLeft(ctx), err) }
+
+// stepErr is the error a pull step ends with: gone (the holder's
+// departure, a *HolderLeftError) when that ended it, else err with context
+// errors mapped to the transport's sentinels. A pull canceled while its
+// descriptors travel is a canceled transfer (transfer_failed: connexd
+// shutting down), or peer_unavailable when its holder left the cluster,
+// like one canceled during its reads, not an internal error: the NATS
+// client reports the cancellation as a bare context.Canceled.
+func stepErr(gone, err error) error {
 	switch {
 	case gone == nil:
 		return transport.CtxErr(err)

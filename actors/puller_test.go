@@ -251,7 +251,7 @@ func TestDescriptorsErrCodes(t *testing.T) {
 		{"holder said expired", api.Errorf(api.CodeExpired, "expired"), api.CodeExpired},
 		{"no responders", api.Errorf(api.CodePeerUnavailable, "gone"), api.CodePeerUnavailable},
 	} {
-		err := descriptorsErr(context.Background(), "p1", "h", tc.err)
+		err := descriptorsErr("p1", "h", nil, tc.err)
 		if got := errcode.Of(err); got != tc.want {
 			t.Errorf("%s: code %d (%s), want %d: %v", tc.name, got, got.Name(), tc.want, err)
 		}

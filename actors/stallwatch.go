@@ -14,7 +14,7 @@ import (
 var errStalled = errors.New("no bytes landed")
 
 // stallWatch is a pull's stall deadline measured on progress: reads whose
-// endpoint reports bytes as they land (transport.ProgressEndpoint) are
+// backend reports bytes as they land (Caps.Progress, Endpoint.GetProgress) are
 // canceled once nothing has landed for stall, however long the whole read
 // takes. A batch deadline instead (what endpoints without progress get)
 // fails a pull whose bytes keep flowing but slower than a batch per stall:
@@ -33,7 +33,7 @@ func newStallWatch(clk clock.Clock, stall time.Duration) *stallWatch {
 	return w
 }
 
-// progress records that n more bytes landed (a ProgressEndpoint's callback).
+// progress records that n more bytes landed (Endpoint.GetProgress's callback).
 func (w *stallWatch) progress(n int) {
 	w.last.Store(w.clk.Now().UnixNano())
 	w.landed.Add(uint64(n))

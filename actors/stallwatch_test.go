@@ -13,7 +13,8 @@ import (
 	"github.com/connex/connex/transport"
 )
 
-// progressEndpoint is a ProgressEndpoint whose GetProgress the test steers:
+// progressEndpoint is an endpoint of a backend with Caps.Progress whose
+// GetProgress the test steers:
 // each value on steps is reported as landed bytes (acknowledged on acks);
 // a closed steps ends the Get successfully. With steps nil it reports
 // nothing and ends with its context.
@@ -44,15 +45,21 @@ func (e *progressEndpoint) GetProgress(ctx context.Context, _ []transport.GetOp,
 	}
 }
 
+func (e *progressEndpoint) GetStrided(ctx context.Context, ops []transport.StridedOp) error {
+	return e.Get(ctx, transport.Pieces(ops))
+}
+
 func (e *progressEndpoint) Close() error { return nil }
 
 // readOnClock runs readBatches of one batch against ep with the stall
 // deadline on clk, and returns its result's channel.
 func readOnClock(clk clock.Clock, stall time.Duration, ep transport.Endpoint) <-chan error {
-	a := &pullerActor{deps: &PullDeps{Clock: clk}, p: &Pull{ID: "p1", Stall: stall}}
+	a := &puller{deps: &PullDeps{Clock: clk}, p: &Pull{ID: "p1", Stall: stall}}
 	ops, total := testOps(8)
 	errc := make(chan error, 1)
-	go func() { errc <- a.readBatches(context.Background(), ep, ops, total, "h1") }()
+	go func() {
+		errc <- a.readBatches(context.Background(), ep, transport.Caps{Progress: true}, ops, total, "h1")
+	}()
 	return errc
 }
 

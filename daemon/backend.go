@@ -25,9 +25,22 @@ type BackendConfig struct {
 }
 
 // OpenBackend opens the data plane cfg.Name names, with that backend's own
-// configuration. An unknown name fails with the allowed ones; a failure to
-// open says which backend failed ("backend=ucx: ...").
+// configuration, and checks that it implements what its Caps promise
+// (transport.CheckCaps). An unknown name fails with the allowed ones; a
+// failure to open says which backend failed ("backend=ucx: ...").
 func OpenBackend(cfg BackendConfig) (transport.Backend, error) {
+	b, err := openBackend(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := transport.CheckCaps(b); err != nil {
+		_ = b.Close()
+		return nil, fmt.Errorf("backend=%s: %w", b.Name(), err)
+	}
+	return b, nil
+}
+
+func openBackend(cfg BackendConfig) (transport.Backend, error) {
 	switch cfg.Name {
 	case "tcp":
 		return openTCP(cfg)

@@ -190,9 +190,13 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 			return d, fmt.Errorf("region_socket: %w", err)
 		}
 	}
-	if fg, ok := d.Backend.(transport.FaultGuard); ok {
+	if d.Backend.Caps().GuardFaults {
 		// The data plane copies region memory outside Go: a region whose
 		// file an engine shrinks must break, not kill connexd.
+		fg, err := transport.Promised[transport.FaultGuard](d.Backend, "GuardFaults")
+		if err != nil {
+			return d, err
+		}
 		d.regions.SetGuard(func(mem []byte) (kvmem.Guard, error) { return fg.Guard(mem) })
 	}
 	d.journal, d.journalID, d.inflight = notices.NewJournal(noticeJournalLimit, cfg.Tombstone), actors.NewTransferID()[:16], newPullTable()

@@ -119,8 +119,12 @@ func (d *Daemon) CreateRegion(ctx context.Context, r *messages.CreateRegionReque
 
 // newRegion allocates memory for a created region.
 func (d *Daemon) newRegion(name string, l kvmem.Layout) (*kvmem.Region, error) {
-	if al, ok := d.Backend.(transport.Allocator); ok && d.Backend.Caps().Allocate {
-		mem, err := al.Allocate(int(l.Size()))
+	if d.Backend.Caps().Allocate {
+		al, err := transport.Promised[transport.Allocator](d.Backend, "Allocate")
+		var mem transport.Allocation
+		if err == nil {
+			mem, err = al.Allocate(int(l.Size()))
+		}
 		if err == nil {
 			// UCX commits the memory when it allocates (Allocate checks
 			// the room in /dev/shm, which containers often keep small;
@@ -553,6 +557,6 @@ func (d *Daemon) StartPull(ctx context.Context, r *messages.StartPullRequest) (*
 		return fail(err)
 	}
 	pull := &actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Timeout: timeout, Stall: min(d.cfg.PullStall, timeout), ReleaseRegion: release}
-	actors.StartPuller(d.system.Root, d.pdeps, pull)
+	actors.StartPuller(d.pdeps, pull)
 	return &messages.StartPullReply{PullId: pullID}, nil
 }

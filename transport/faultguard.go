@@ -4,7 +4,8 @@ package transport
 // C code), where touching a page of a file mapping beyond the file's end
 // raises SIGBUS and would kill the process: an engine that truncates its
 // own region file, or the shared memory connexd created for it, could
-// otherwise take down every hold of its connexd.
+// otherwise take down every hold of its connexd. Caps.GuardFaults says a
+// backend implements it.
 //
 // Once a backend that implements it is open, such a fault on any file
 // mapping of the process no longer kills it: the faulting page (for a

@@ -1,9 +1,6 @@
 package transport
 
-import (
-	"context"
-	"fmt"
-)
+import "fmt"
 
 // StridedOp reads Count pieces of Len bytes under RemoteKey: piece i from
 // RemoteAddr + i×RemoteStride into Dst[i×DstStride : i×DstStride+Len]. A
@@ -42,7 +39,7 @@ func (op StridedOp) Check() error {
 }
 
 // AppendPieces appends op's pieces to out as GetOps: what a backend without
-// native strided reads (or a reader whose endpoint has none) reads.
+// native strided reads (Caps.Strided false) reads.
 func (op StridedOp) AppendPieces(out []GetOp) []GetOp {
 	for i := range op.Count {
 		d := i * op.DstStride
@@ -51,11 +48,11 @@ func (op StridedOp) AppendPieces(out []GetOp) []GetOp {
 	return out
 }
 
-// StridedEndpoint is an Endpoint that reads strided ops, where its memory
-// allows without a request or a copy call per piece (Caps.Strided).
-type StridedEndpoint interface {
-	Endpoint
-	// GetStrided is Get for strided ops: it returns when every piece has
-	// landed, one failed, or ctx ended, with the errors Get returns.
-	GetStrided(ctx context.Context, ops []StridedOp) error
+// Pieces is every piece of ops as GetOps, in order (AppendPieces).
+func Pieces(ops []StridedOp) []GetOp {
+	var out []GetOp
+	for _, op := range ops {
+		out = op.AppendPieces(out)
+	}
+	return out
 }

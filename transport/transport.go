@@ -99,13 +99,33 @@ type GetOp struct {
 	Dst        []byte
 }
 
-// Endpoint is a reader's connection to one holder.
+// Endpoint is a reader's connection to one holder. Every backend's
+// endpoints have every method; how they work is the backend's Caps
+// (Progress, Strided), which a reader reads to choose a strategy.
 type Endpoint interface {
 	// Get performs every op in ops and returns when all completed, one
 	// failed, or ctx ended. Backends keep many ops in flight and may
 	// coalesce or split them. On error the contents of every Dst are
 	// undefined.
 	Get(ctx context.Context, ops []GetOp) error
+	// GetProgress is Get; it calls progress with the bytes of ops that
+	// landed since its previous call, on Get's goroutine, never after it
+	// returned. With Caps.Progress the calls come as bytes land (one
+	// backend-sized piece at a time, in any order, or 0 when bytes are
+	// arriving toward ops but no piece has completed yet: a slow link), so
+	// a caller can tell a slow transfer from a stalled one without
+	// bounding each Get by a fixed time. Without it there is one call, with
+	// every byte of ops, once they all landed: measure such a Get by its
+	// duration instead. The calls of a failed Get need not sum to
+	// anything.
+	GetProgress(ctx context.Context, ops []GetOp, progress func(n int)) error
+	// GetStrided is Get for strided ops: it returns when every piece has
+	// landed, one failed, or ctx ended, with the errors Get returns. With
+	// Caps.Strided an op is read without a request or a copy call per
+	// piece where the memory allows; without it the endpoint reads the
+	// pieces as GetOps (StridedOp.AppendPieces), and a reader does better
+	// to plan GetOps itself.
+	GetStrided(ctx context.Context, ops []StridedOp) error
 	// Close releases the endpoint. In-flight Gets on it fail with ErrClosed
 	// or ErrCanceled.
 	Close() error
@@ -263,7 +283,8 @@ type Allocation interface {
 
 // ManyDeregisterer is implemented by backends that deregister many
 // registrations at once faster than one by one (UCX: one hand-off to its
-// worker thread instead of one per registration). DeregisterAll does what
+// worker thread instead of one per registration), when Caps.ManyDeregister
+// says so; use DeregisterEach. DeregisterAll does what
 // Deregister does for each of regs, all from this backend, and returns the
 // failures joined.
 type ManyDeregisterer interface {
@@ -271,9 +292,24 @@ type ManyDeregisterer interface {
 }
 
 // ManyRegisterer is implemented by backends that register many buffers at
-// once faster than one by one (UCX: one hand-off to its worker thread).
-// RegisterMany does what Register does for each of mems; on error none
+// once faster than one by one (UCX: one hand-off to its worker thread),
+// when Caps.ManyRegister says so; use RegisterEach. RegisterMany does what Register does for each of mems; on error none
 // stays registered.
 type ManyRegisterer interface {
 	RegisterMany(mems [][]byte) ([]Registration, error)
+}
+
+// ProgressAtEnd is GetProgress for a backend without Caps.Progress: get
+// (its Get), then one call of progress with every byte of ops once they
+// all landed.
+func ProgressAtEnd(ctx context.Context, ops []GetOp, progress func(n int), get func(context.Context, []GetOp) error) error {
+	err := get(ctx, ops)
+	if err == nil && progress != nil {
+		n := 0
+		for _, op := range ops {
+			n += len(op.Dst)
+		}
+		progress(n)
+	}
+	return err
 }

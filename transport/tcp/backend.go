@@ -89,19 +89,16 @@ func OpenConfig(opts transport.Options, cfg Config) (*Backend, error) {
 // Name returns "tcp".
 func (b *Backend) Name() string { return "tcp" }
 
-// Caps reports that the holder's CPU copies the bytes (not one-sided), that
-// RegisterExtents gives one key for many extents of any memory, that
-// Deregister cuts running reads (revocable), that it allocates no memory,
-// that Gets report progress chunk by chunk, how many requests a Get keeps
-// in flight, and that Gets of any size are split internally.
+// Caps reports that RegisterExtents gives one key for many extents of any
+// memory, that Gets report progress chunk by chunk, and nothing else: the
+// holder's CPU copies the bytes, it allocates no memory, registers and
+// deregisters one buffer at a time, reads strided ops piece by piece, and
+// splits Gets of any size itself. Deregister cuts running reads of a key
+// (TestCapsMatchBehaviour).
 func (b *Backend) Caps() transport.Caps {
 	return transport.Caps{
-		OneSided:    false,
 		ExtentKeys:  true,
-		Allocate:    false,
-		Revocable:   true,
 		Progress:    true,
-		MaxInFlight: b.cfg.WindowOps,
 		MaxGetBytes: 0,
 	}
 }

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bytes"
 	"context"
 	"testing"
 	"time"
@@ -8,14 +9,21 @@ import (
 	"github.com/connex/connex/transport"
 )
 
-// TestCapsMatchBehaviour: what Caps claims the TCP backend does, it does:
-// one key for many extents, Deregister cuts a kept key, no allocation.
+// TestCapsMatchBehaviour: what Caps claims the TCP backend does, it does,
+// and what it denies it lacks: one key for many extents, progress reported
+// chunk by chunk, a Get of any size, no allocation, no many-at-once
+// registration, no fault guard, strided ops read piece by piece; and
+// Deregister cuts a kept key.
 func TestCapsMatchBehaviour(t *testing.T) {
 	server := openBackend(t, Config{})
 	client := openBackend(t, Config{})
 	caps := server.Caps()
-	if !caps.ExtentKeys || !caps.OneKeyForExtents(false) || caps.OneSided || caps.Allocate || !caps.Revocable || !caps.Progress || caps.MaxInFlight != DefaultConfig().WindowOps {
+	if !caps.ExtentKeys || !caps.OneKeyForExtents(false) || caps.Allocate || !caps.Progress || caps.Strided ||
+		caps.ManyRegister || caps.ManyDeregister || caps.GuardFaults || caps.MaxGetBytes != 0 {
 		t.Fatalf("Caps = %+v", caps)
+	}
+	if err := transport.CheckCaps(server); err != nil {
+		t.Fatal(err)
 	}
 	mem := randomBytes(3, 1<<16)
 	reg, err := server.RegisterExtents(mem, []transport.Extent{{Off: 0, Len: 4096}, {Off: 8192, Len: 4096}})
@@ -32,16 +40,33 @@ func TestCapsMatchBehaviour(t *testing.T) {
 	if err := ep.Get(ctx, op); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := ep.(transport.StridedEndpoint); ok || caps.Strided {
-		t.Fatalf("Caps.Strided %v, endpoint a StridedEndpoint %v: TCP reads strided ops' pieces as GetOps", caps.Strided, ok)
-	}
-	pe, ok := ep.(transport.ProgressEndpoint)
-	if !ok {
-		t.Fatal("Caps.Progress, but the endpoint is not a ProgressEndpoint")
-	}
 	var landed, calls int
-	if err := pe.GetProgress(ctx, op, func(n int) { landed += n; calls++ }); err != nil || landed != 4096 || calls != 1 {
+	if err := ep.GetProgress(ctx, op, func(n int) { landed += n; calls++ }); err != nil || landed != 4096 || calls != 1 {
 		t.Fatalf("GetProgress of 4096 bytes: err %v, progress %d bytes in %d calls", err, landed, calls)
+	}
+	// Caps.Progress: a Get of several chunks reports each as it lands;
+	// MaxGetBytes 0: one op of many chunks is read whole.
+	big := randomBytes(4, 3*DefaultConfig().ChunkBytes)
+	bigReg, err := server.Register(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bigReg.Deregister()
+	dst := make([]byte, len(big))
+	landed, calls = 0, 0
+	if err := ep.GetProgress(ctx, []transport.GetOp{{RemoteKey: bigReg.RemoteKey(), RemoteAddr: bigReg.RemoteAddr(), Dst: dst}}, func(n int) { landed += n; calls++ }); err != nil {
+		t.Fatal(err)
+	}
+	if landed != len(big) || calls < 3 || !bytes.Equal(dst, big) {
+		t.Fatalf("Caps.Progress, but GetProgress of %d bytes (3 chunks) reported %d bytes in %d calls (equal %v)", len(big), landed, calls, bytes.Equal(dst, big))
+	}
+	// Not Strided: GetStrided still reads every piece, as GetOps.
+	sdst := make([]byte, 2*1024)
+	if err := ep.GetStrided(ctx, []transport.StridedOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr() + 8192, RemoteStride: 2048, Dst: sdst, DstStride: 1024, Len: 1024, Count: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(sdst[:1024], mem[8192:9216]) || !bytes.Equal(sdst[1024:], mem[10240:11264]) {
+		t.Fatal("GetStrided read the wrong bytes")
 	}
 	if err := reg.Deregister(); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,7 @@
 // A Backend both serves its registered memory (a listener on
 // transport.Options.ListenAddr) and reads from other backends (Endpoints,
 // cached per address and shared by reference count). The holder's CPU sends
-// the bytes (Caps().OneSided is false), but no user-space copy is made on
+// the bytes (reads are not one-sided), but no user-space copy is made on
 // either side: the server hands registered memory straight to writev, and
 // the reader's read(2) lands each payload in the caller's GetOp.Dst (only the
 // few bytes that arrive together with a response header pass through a

@@ -105,7 +105,7 @@ type endpointRef struct {
 	done chan struct{} // closed by Close: fails this caller's Gets
 }
 
-var _ transport.ProgressEndpoint = (*endpointRef)(nil)
+var _ transport.Endpoint = (*endpointRef)(nil)
 
 // Get reads every op; see transport.Endpoint. Ops may name different
 // registrations of the same holder and are split into Config.ChunkBytes
@@ -115,7 +115,8 @@ func (r *endpointRef) Get(ctx context.Context, ops []transport.GetOp) error {
 }
 
 // GetProgress is Get, calling progress (when not nil) with the length of
-// each request as it completes; see transport.ProgressEndpoint.
+// each request as it completes (Caps.Progress), and with 0 while bytes
+// arrive toward one; see transport.Endpoint.
 func (r *endpointRef) GetProgress(ctx context.Context, ops []transport.GetOp, progress func(n int)) error {
 	select {
 	case <-r.done:
@@ -123,6 +124,17 @@ func (r *endpointRef) GetProgress(ctx context.Context, ops []transport.GetOp, pr
 	default:
 	}
 	return r.e.get(ctx, r.done, ops, progress)
+}
+
+// GetStrided reads the pieces of ops as GetOps (Caps.Strided is false: a
+// request per piece, which a reader plans itself).
+func (r *endpointRef) GetStrided(ctx context.Context, ops []transport.StridedOp) error {
+	for i := range ops {
+		if err := ops[i].Check(); err != nil {
+			return fmt.Errorf("tcp get %s: op %d: %w", r.e.addr, i, err)
+		}
+	}
+	return r.Get(ctx, transport.Pieces(ops))
 }
 
 // Close releases this reference; the connections close with the last one.

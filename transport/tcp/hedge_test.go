@@ -227,7 +227,7 @@ func TestProgressWhileBytesArrive(t *testing.T) {
 	errc := make(chan error, 1)
 	dst := make([]byte, n)
 	go func() {
-		errc <- ep.(transport.ProgressEndpoint).GetProgress(context.Background(), []transport.GetOp{{RemoteKey: anyKey, Dst: dst}}, func(m int) {
+		errc <- ep.GetProgress(context.Background(), []transport.GetOp{{RemoteKey: anyKey, Dst: dst}}, func(m int) {
 			if m == 0 && len(calls) == 0 {
 				close(sawZero)
 			}

@@ -153,26 +153,29 @@ func OpenConfig(opts transport.Options, cfg Config) (*Backend, error) {
 // Name is "ucx".
 func (b *Backend) Name() string { return "ucx" }
 
-// Caps: in checked mode GETs on registered memory are served by the
-// holder's CPU (OneSided false), the holder checks every read against the
-// registration's extents (ExtentKeys) and Deregister cuts them (Revocable);
-// in onesided mode a reader on the same host copies them with
-// process_vm_readv (OneSided true), without the holder, so a key can be
-// neither restricted to extents nor revoked. Registrations on memory from
-// Allocate are checked in either mode (AllocationExtentKeys). Allocate
-// works when the transport list has UCX's shared-memory transport. Ranges
-// are split and pipelined internally, so callers pass whole pulls to one
-// Get.
+// Caps: in checked mode the holder checks every read against the
+// registration's extents (ExtentKeys) and Deregister cuts them; in
+// onesided mode a reader on the same host copies them with
+// process_vm_readv, without the holder, so a key can be neither restricted
+// to extents nor revoked (safety rests on the lease). Registrations on
+// memory from Allocate are checked in either mode (AllocationExtentKeys).
+// Allocate works when the transport list has UCX's shared-memory
+// transport. Many registrations go to the worker thread in one hand-off
+// (ManyRegister, ManyDeregister); copies run in C under the SIGBUS guard
+// (GuardFaults); strided ops are read natively (Strided). A Get reports no
+// progress before it ends (Progress false). Ranges are split and
+// pipelined internally, so callers pass whole pulls to one Get
+// (MaxGetBytes 0).
 func (b *Backend) Caps() transport.Caps {
 	checked := b.cfg.Reads != ReadsOneSided
 	return transport.Caps{
-		OneSided:             !checked,
 		ExtentKeys:           checked,
 		AllocationExtentKeys: true,
 		Allocate:             allocates(b.tls),
-		Revocable:            checked,
+		ManyRegister:         true,
+		ManyDeregister:       true,
+		GuardFaults:          true,
 		Strided:              true,
-		MaxInFlight:          0,
 		MaxGetBytes:          0,
 	}
 }

@@ -3,6 +3,7 @@
 package ucx
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -11,11 +12,14 @@ import (
 )
 
 // TestCapsMatchBehaviour: in each read mode and transport list, every
-// capability Caps claims works and every one it denies is not there: a
-// backend claiming ExtentKeys registers extents under one key, one
-// claiming Allocate allocates, one claiming Revocable refuses a kept key
-// after Deregister, OneSided backends hand out keys read without the
-// holder.
+// capability Caps claims works and every one it denies is not there: the
+// type implements what each flag promises (CheckCaps), a backend claiming
+// ExtentKeys registers extents under one key, one claiming Allocate
+// allocates, one claiming ManyRegister/ManyDeregister registers and
+// deregisters many at once, and GetProgress reports as Progress says
+// (once, at the end, without it). In checked mode a kept key is refused
+// after Deregister; onesided mode hands out keys read without the holder.
+// Strided's native reads: TestGetStrided counts them.
 func TestCapsMatchBehaviour(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -34,11 +38,8 @@ func TestCapsMatchBehaviour(t *testing.T) {
 			defer h.Close()
 			caps := h.Caps()
 			t.Logf("tls %q: %+v", h.TLS(), caps)
-			if _, ok := any(&Endpoint{}).(transport.ProgressEndpoint); ok != caps.Progress {
-				t.Fatalf("Caps.Progress %v, endpoints a ProgressEndpoint: %v", caps.Progress, ok)
-			}
-			if _, ok := any(&Endpoint{}).(transport.StridedEndpoint); ok != caps.Strided {
-				t.Fatalf("Caps.Strided %v, endpoints a StridedEndpoint: %v", caps.Strided, ok)
+			if err := transport.CheckCaps(h); err != nil {
+				t.Fatal(err)
 			}
 			mem := randBytes(1<<16, 3)
 			exts := []transport.Extent{{Off: 0, Len: 4096}, {Off: 8192, Len: 4096}}
@@ -67,6 +68,15 @@ func TestCapsMatchBehaviour(t *testing.T) {
 				}
 			}
 
+			regs, err := transport.RegisterEach(h, [][]byte{mem[:4096], mem[8192:12288]})
+			if err != nil || len(regs) != 2 {
+				t.Fatalf("RegisterEach (Caps.ManyRegister %v): %d registrations, %v", caps.ManyRegister, len(regs), err)
+			}
+			if err := transport.DeregisterEach(h, regs); err != nil {
+				t.Fatalf("DeregisterEach (Caps.ManyDeregister %v): %v", caps.ManyDeregister, err)
+			}
+
+			mem = randBytes(2*DefaultChunkBytes, 4)
 			reg, err = h.Register(mem)
 			if err != nil {
 				t.Fatal(err)
@@ -75,12 +85,8 @@ func TestCapsMatchBehaviour(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if oneSided := rk.kind == keyOneSided || rk.kind == keyRMA; oneSided != caps.OneSided {
-				t.Fatalf("Caps.OneSided %v, Register handed out a key of kind %d", caps.OneSided, rk.kind)
-			}
-			if !caps.Revocable {
-				reg.Deregister()
-				return
+			if oneSided := rk.kind == keyOneSided || rk.kind == keyRMA; oneSided != (h.Reads() == ReadsOneSided) {
+				t.Fatalf("reads %q, Register handed out a key of kind %d", h.Reads(), rk.kind)
 			}
 			r, err := OpenConfig(transport.Options{}, c.cfg)
 			if err != nil {
@@ -88,16 +94,33 @@ func TestCapsMatchBehaviour(t *testing.T) {
 			}
 			defer r.Close()
 			ep := connectT(t, r, h)
-			op := []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr(), Dst: make([]byte, 4096)}}
-			if err := getT(ep, 5*time.Second, op); err != nil {
+			// Two of UCX's chunks, so a backend reporting progress as
+			// bytes land would call more than once.
+			const n = 2 * DefaultChunkBytes
+			op := []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr(), Dst: make([]byte, n)}}
+			var calls, landed int
+			if err := getProgressT(ep, 5*time.Second, op, func(m int) { calls++; landed += m }); err != nil {
 				t.Fatal(err)
+			}
+			if landed != n || (caps.Progress && calls < 2) || (!caps.Progress && calls != 1) {
+				t.Fatalf("Caps.Progress %v, GetProgress of %d bytes reported %d bytes in %d calls", caps.Progress, n, landed, calls)
+			}
+			if h.Reads() == ReadsOneSided {
+				reg.Deregister()
+				return
 			}
 			if err := reg.Deregister(); err != nil {
 				t.Fatal(err)
 			}
 			if err := getT(ep, 5*time.Second, op); !errors.Is(err, transport.ErrNotRegistered) {
-				t.Fatalf("Caps.Revocable, but a kept key read after Deregister: %v", err)
+				t.Fatalf("checked reads, but a kept key read after Deregister: %v", err)
 			}
 		})
 	}
+}
+
+func getProgressT(ep transport.Endpoint, d time.Duration, ops []transport.GetOp, progress func(int)) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return ep.GetProgress(ctx, ops, progress)
 }

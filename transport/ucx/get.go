@@ -27,6 +27,13 @@ func (h *Endpoint) Get(ctx context.Context, ops []transport.GetOp) error {
 	return err
 }
 
+// GetProgress is Get, then one call of progress with every byte of ops
+// once they all landed: UCX reports no progress within a Get (Caps.Progress
+// is false), so a reader bounds each Get by its stall deadline instead.
+func (h *Endpoint) GetProgress(ctx context.Context, ops []transport.GetOp, progress func(n int)) error {
+	return transport.ProgressAtEnd(ctx, ops, progress, h.Get)
+}
+
 // get is Get before the fault check. It plans the batch (planKeys,
 // runsOf) and hands it to one read path: copies from UCX's mapping of the
 // holders' shared segments (mapread.go), process_vm_readv from one
@@ -61,7 +68,7 @@ func (h *Endpoint) get(ctx context.Context, ops []transport.GetOp) error {
 	return h.post(ctx, ops, keys, runs, holders)
 }
 
-// GetStrided reads strided ops (transport.StridedEndpoint). From holders'
+// GetStrided reads strided ops (transport.Endpoint, Caps.Strided). From holders'
 // shared segments mapped here each op is one piece list of the mapped copy,
 // without a GetOp per piece; any other key's pieces are read as GetOps
 // (Get). It checks every op (transport.StridedOp.Check) and every op's

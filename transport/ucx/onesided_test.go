@@ -93,8 +93,8 @@ func TestOneSidedGet(t *testing.T) {
 					t.Errorf("%s: got %v, want ErrNotRegistered", c.name, err)
 				}
 			}
-			if !h.Caps().OneSided {
-				t.Error("onesided backend does not report OneSided")
+			if h.Caps().ExtentKeys {
+				t.Error("onesided backend claims ExtentKeys: its keys are not checked against extents")
 			}
 		})
 	}

@@ -47,10 +47,7 @@ func TestGetStrided(t *testing.T) {
 			}
 			defer reg.Deregister()
 			ep := connectT(t, r, h)
-			se, ok := ep.(transport.StridedEndpoint)
-			if !ok {
-				t.Fatal("not a StridedEndpoint")
-			}
+			se := ep
 			const piece, count = 1 << 10, 16
 			dst := bytes.Repeat([]byte{0xEE}, 2*count*piece)
 			ops := []transport.StridedOp{

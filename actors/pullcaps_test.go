@@ -1,0 +1,87 @@
+package actors
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/transport"
+)
+
+// callsEndpoint records which of its methods a puller calls, and whether
+// the call had a deadline.
+type callsEndpoint struct {
+	mu                            sync.Mutex
+	get, progress, strided        int
+	getDeadline, progressDeadline bool
+}
+
+func (e *callsEndpoint) Get(ctx context.Context, ops []transport.GetOp) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.get++
+	_, e.getDeadline = ctx.Deadline()
+	return nil
+}
+
+func (e *callsEndpoint) GetProgress(ctx context.Context, ops []transport.GetOp, progress func(int)) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.progress++
+	_, e.progressDeadline = ctx.Deadline()
+	return nil
+}
+
+func (e *callsEndpoint) GetStrided(ctx context.Context, ops []transport.StridedOp) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.strided++
+	return nil
+}
+
+func (e *callsEndpoint) Close() error { return nil }
+
+// TestReadsChooseByCaps: the puller reads through GetProgress under its
+// stall watch where the backend's Caps say Gets report progress, and
+// through Get bounded by the stall deadline per batch where they do not,
+// whatever methods the endpoint has; strided ops go to GetStrided only
+// where Caps.Strided says it reads them natively.
+func TestReadsChooseByCaps(t *testing.T) {
+	a := &puller{deps: &PullDeps{}, p: &Pull{ID: "p1", Stall: time.Hour}}
+	ops, total := testOps(8)
+	for _, progress := range []bool{true, false} {
+		ep := &callsEndpoint{}
+		if err := a.readBatches(context.Background(), ep, transport.Caps{Progress: progress}, ops, total, "h1"); err != nil {
+			t.Fatal(err)
+		}
+		if progress && (ep.progress != 1 || ep.get != 0 || ep.progressDeadline) {
+			t.Errorf("Caps.Progress: %d GetProgress (deadline %v), %d Get; want one GetProgress without a deadline", ep.progress, ep.progressDeadline, ep.get)
+		}
+		if !progress && (ep.get != 1 || ep.progress != 0 || !ep.getDeadline) {
+			t.Errorf("no Caps.Progress: %d Get (deadline %v), %d GetProgress; want one Get bounded by the stall deadline", ep.get, ep.getDeadline, ep.progress)
+		}
+	}
+	dst := make([]byte, 4)
+	sops := []transport.StridedOp{{Dst: dst, DstStride: 2, Len: 1, Count: 2}}
+	ep := &callsEndpoint{}
+	if err := a.readStridedBatches(context.Background(), ep, transport.Caps{Strided: true}, sops, 2, "h1"); err != nil || ep.strided != 1 {
+		t.Errorf("Caps.Strided: %d GetStrided calls, err %v", ep.strided, err)
+	}
+}
+
+// TestMaxOpBytesFromCaps: a backend's Caps.MaxGetBytes bounds the GetOps
+// a pull hands it, below the batch size; 0 leaves the batch size.
+func TestMaxOpBytesFromCaps(t *testing.T) {
+	for _, c := range []struct {
+		max, want int
+	}{{0, batchBytes}, {1 << 20, 1 << 20}, {1 << 30, batchBytes}} {
+		if got := maxOpBytes(transport.Caps{MaxGetBytes: c.max}); got != c.want {
+			t.Errorf("MaxGetBytes %d: ops up to %d bytes, want %d", c.max, got, c.want)
+		}
+	}
+	ops := splitOps([]transport.GetOp{{Dst: make([]byte, 5<<20)}}, maxOpBytes(transport.Caps{MaxGetBytes: 2 << 20}))
+	if len(ops) != 3 || len(ops[0].Dst) != 2<<20 || ops[2].RemoteAddr != 4<<20 || len(ops[2].Dst) != 1<<20 {
+		t.Fatalf("5 MiB under MaxGetBytes 2 MiB: %d ops", len(ops))
+	}
+}
