@@ -250,12 +250,16 @@ func TestEndpointLingerExpires(t *testing.T) {
 		}
 		return nil
 	})
-	e.mu.Lock()
-	shut := e.err != nil
-	e.mu.Unlock()
-	if !shut {
-		t.Fatal("the expired endpoint was not shut down")
-	}
+	// expire drops the endpoint from the table first and shuts it down
+	// after releasing the backend's lock: wait for the shutdown too.
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if e.err == nil {
+			return errors.New("the expired endpoint was not shut down")
+		}
+		return nil
+	})
 	ep2 := connect(t, client, server)
 	if ep2.(*endpointRef).e == e {
 		t.Fatal("a Connect after expiry reused the expired endpoint")
