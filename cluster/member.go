@@ -45,6 +45,11 @@ type Member struct {
 	// Suspect is true while it is silent and being probed; placement
 	// should avoid a suspect member.
 	Suspect bool
+
+	// record is the wire bytes of the announce this member was read from,
+	// less its volatile fields (announcecodec.go): two members with the
+	// same non-empty record have the same fields but Load and Suspect.
+	record string
 }
 
 // Address is the member's protoactor remote address, host:port, spelled

@@ -46,16 +46,19 @@ type Provider struct {
 	frozen      atomic.Bool // test hook: behave like a hung (SIGSTOPped) process
 
 	// Set once by start, read-only afterwards.
-	cl       *actorcluster.Cluster
-	subj     subjects
-	self     *Member // nil on a client
-	inbox    chan any
-	done     chan struct{}
-	loopDone chan struct{}
-	pingSub  *nats.Subscription
-	eventSub *nats.Subscription
-	esSub    *eventstream.Subscription
-	stopOnce sync.Once
+	cl   *actorcluster.Cluster
+	subj subjects
+	self *Member // nil on a client
+	// heartbeats decodes the others' heartbeats; only onEvent (the event
+	// subscription's goroutine) uses it.
+	heartbeats announceDecoder
+	inbox      chan any
+	done       chan struct{}
+	loopDone   chan struct{}
+	pingSub    *nats.Subscription
+	eventSub   *nats.Subscription
+	esSub      *eventstream.Subscription
+	stopOnce   sync.Once
 
 	watch watchers
 }
@@ -218,13 +221,8 @@ func (p *Provider) onEvent(msg *nats.Msg) {
 	}
 	switch kind {
 	case kindHeartbeat:
-		var a messages.MemberAnnounce
-		if err := proto.Unmarshal(msg.Data, &a); err != nil {
-			p.log.Debug("bad heartbeat", slog.String("subject", msg.Subject), slog.Any("error", err))
-			return
-		}
-		m, err := memberOf(&a)
-		if err != nil || m.ID != id {
+		m, err := p.heartbeats.decode(id, msg.Data)
+		if err != nil {
 			p.log.Debug("bad heartbeat", slog.String("subject", msg.Subject), slog.Any("error", err))
 			return
 		}

@@ -6,9 +6,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
-	"google.golang.org/protobuf/proto"
 )
 
 // slowTopologyUpdate is when a MemberList.UpdateClusterTopology call is
@@ -37,11 +35,16 @@ type (
 func (p *Provider) run(v *view) {
 	defer close(p.loopDone)
 	var seq uint64
+	var enc announceEncoder
 	beat := func(now time.Time) {
 		if p.self == nil || p.evicted.Load() || p.frozen.Load() {
 			return
 		}
-		if err := p.publish(p.subj.heartbeat(p.self.ID), announceOf(p.Self(), seq, now)); err != nil {
+		b, err := enc.encode(p.self, p.engines.Load(), p.load.Load(), seq, now)
+		if err == nil {
+			err = p.nc.Publish(p.subj.heartbeat(p.self.ID), b)
+		}
+		if err != nil {
 			p.log.Debug("heartbeat", slog.Any("error", err))
 		}
 		seq++
@@ -177,11 +180,8 @@ func (p *Provider) probe(id string) {
 	var in any = inProbeFailed{id: id}
 	switch {
 	case err == nil:
-		var a messages.MemberAnnounce
-		if proto.Unmarshal(msg.Data, &a) == nil {
-			if m, merr := memberOf(&a); merr == nil && m.ID == id {
-				in = inHeartbeat{m: m, probed: true}
-			}
+		if m, merr := decodeAnnounce(msg.Data); merr == nil && m.ID == id {
+			in = inHeartbeat{m: m, probed: true}
 		}
 	case errors.Is(err, nats.ErrNoResponders):
 		in = inProbeFailed{id: id, unreachable: true}

@@ -360,6 +360,9 @@ func (v *view) remove(fx *effects, e *memberEntry, reason Reason, report bool) {
 }
 
 func sameMember(a, b Member) bool {
+	if a.record != "" && b.record != "" {
+		return a.record == b.record && a.Load == b.Load
+	}
 	return a.Host == b.Host && a.Port == b.Port && a.Role == b.Role && a.Load == b.Load && a.Name == b.Name &&
 		slices.Equal(a.Kinds, b.Kinds) && slices.EqualFunc(a.Engines, b.Engines, func(x, y *messages.EngineInfo) bool { return proto.Equal(x, y) })
 }
