@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/connex/connex/messages"
-	waitpoll "github.com/connex/connex/poll"
+	waitpoll "github.com/connex/connex/harness/poll"
 	"github.com/connex/connex/transport"
 )
 

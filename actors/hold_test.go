@@ -15,7 +15,7 @@ import (
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/lease"
 	"github.com/connex/connex/messages"
-	waitpoll "github.com/connex/connex/poll"
+	waitpoll "github.com/connex/connex/harness/poll"
 	"github.com/connex/connex/transport"
 )
 

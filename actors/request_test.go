@@ -13,7 +13,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/messages"
-	waitpoll "github.com/connex/connex/poll"
+	waitpoll "github.com/connex/connex/harness/poll"
 	"github.com/connex/connex/requests"
 	"google.golang.org/protobuf/proto"
 )

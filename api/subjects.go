@@ -3,7 +3,7 @@ package api
 import (
 	"strings"
 
-	"github.com/connex/connex/subject"
+	"github.com/connex/connex/natssubject"
 )
 
 // Version is the subject API version; it is part of every subject.
@@ -121,4 +121,4 @@ func PullDoneSubject(engine string) string { return Prefix + ".engine." + engine
 // ValidToken reports whether s can be used as one subject token (member
 // and engine ids); the rule is subject.ValidToken's, shared with auth and
 // cluster.
-func ValidToken(s string) bool { return subject.ValidToken(s) }
+func ValidToken(s string) bool { return natssubject.ValidToken(s) }

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/connex/connex/advertise"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/auth"
-	"github.com/connex/connex/engines"
 	"github.com/nats-io/jwt/v2"
 )
 
@@ -48,9 +48,9 @@ func (d *Daemon) checkEngineCreds(ctx context.Context, engine, role, model strin
 	}
 	d.credMu.Lock()
 	if d.credChecks == nil {
-		d.credChecks = map[string]engines.CredCheck{}
+		d.credChecks = map[string]advertise.CredCheck{}
 	}
-	d.credChecks[engine] = engines.CredCheck{Role: role, Model: model, At: now}
+	d.credChecks[engine] = advertise.CredCheck{Role: role, Model: model, At: now}
 	d.credMu.Unlock()
 	return nil
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/connex/connex/messages"
-	"github.com/connex/connex/poll"
+	"github.com/connex/connex/harness/poll"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/connex/connex/messages"
-	"github.com/connex/connex/poll"
+	"github.com/connex/connex/harness/poll"
 )
 
 // fakeEngine is a unit-test stand-in for an engine's HTTP API: a prefill
