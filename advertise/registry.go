@@ -1,4 +1,4 @@
-// Package engines decides which engines a connexd advertises: the engines
+// Package advertise decides which engines a connexd advertises: the engines
 // registered with it through engine.register, each living for its TTL
 // unless renewed. It is pure: callers pass the time, and the daemon wires it
 // to the API and to the member's heartbeats.

@@ -119,6 +119,6 @@ func FreedSubject(engine string) string { return Prefix + ".engine." + engine + 
 func PullDoneSubject(engine string) string { return Prefix + ".engine." + engine + ".pull.done" }
 
 // ValidToken reports whether s can be used as one subject token (member
-// and engine ids); the rule is subject.ValidToken's, shared with auth and
+// and engine ids); the rule is natssubject.ValidToken's, shared with auth and
 // cluster.
 func ValidToken(s string) bool { return natssubject.ValidToken(s) }

@@ -1,4 +1,4 @@
-// Package status gathers a cluster's state over NATS — every member's
+// Package clusterstatus gathers a cluster's state over NATS — every member's
 // engines, holds, requests and pulls (member.status) — and renders it for
 // an operator: `connexd status`. Gathering does I/O; rendering is pure.
 package clusterstatus

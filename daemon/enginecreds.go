@@ -25,7 +25,7 @@ const connzPage = 1024
 // message, so it asks the NATS server for the identities of the
 // connections that speak for engine on this member (user JWTs the server
 // verified, named "engine:<member>/<engine>"): every one of them must
-// allow role and model. A check stands for engines.CredCheckTTL.
+// allow role and model. A check stands for advertise.CredCheckTTL.
 func (d *Daemon) checkEngineCreds(ctx context.Context, engine, role, model string) error {
 	now := d.now()
 	d.credMu.Lock()

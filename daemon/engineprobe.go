@@ -10,7 +10,7 @@ import (
 )
 
 // dialOutcome classifies a connection attempt to an engine's port for
-// engines.Liveness: only a refused connection (ECONNREFUSED) says the
+// advertise.Liveness: only a refused connection (ECONNREFUSED) says the
 // process is gone.
 func dialOutcome(err error) advertise.Dial {
 	switch {

@@ -12,7 +12,7 @@ import (
 	"github.com/connex/connex/messages"
 )
 
-// engineTable wires engines.Registry to the API and to this member's
+// engineTable wires advertise.Registry to the API and to this member's
 // heartbeats: every change (a new engine, a lapse, engine.gone) is
 // advertised at once.
 type engineTable struct {
@@ -168,7 +168,7 @@ func (d *Daemon) expireEngines() {
 // engineProbeInterval is how often connexd tries a connection to each
 // registered engine's HTTP port, and engineProbeTimeout how long one try
 // may take. A refused try ends the engine's registration at once (see
-// engines.Liveness): a killed engine leaves membership within about one
+// advertise.Liveness): a killed engine leaves membership within about one
 // interval instead of its registration TTL (3 s), so the router stops
 // picking it and its /ready turns 503 when the last one of a role goes.
 const (

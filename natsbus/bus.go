@@ -1,4 +1,4 @@
-// Package bus connects connexd to NATS: it starts an embedded nats-server
+// Package natsbus connects connexd to NATS: it starts an embedded nats-server
 // with JetStream when no URL is configured, and keeps one client connection
 // that reconnects forever, logging every loss and recovery.
 package natsbus

@@ -1,4 +1,4 @@
-// Package subject decides what may stand as one token of a NATS subject in
+// Package natssubject decides what may stand as one token of a NATS subject in
 // Connex's API: member, engine and cluster ids are spliced into subjects,
 // credentials and inbox prefixes, so every layer that accepts an id checks
 // it with the same rule. Pure: no I/O.

@@ -1,4 +1,4 @@
-// Package sim is connex-sim's deterministic simulated inference engine: an
+// Package simengine is connex-sim's deterministic simulated inference engine: an
 // OpenAI-compatible HTTP server in the shape of `vllm serve` whose "model"
 // is a pure function, so that a request resumed on another engine gives the
 // same answer as an uninterrupted one.

@@ -10,8 +10,8 @@ import (
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/auth"
-	"github.com/connex/connex/messages"
 	"github.com/connex/connex/engine/shim"
+	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 )

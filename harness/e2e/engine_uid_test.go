@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/connex/connex/api"
-	"github.com/connex/connex/kvmem/handover"
-	"github.com/connex/connex/harness/localcluster"
-	"github.com/connex/connex/messages"
 	"github.com/connex/connex/engine/shim"
+	"github.com/connex/connex/harness/localcluster"
+	"github.com/connex/connex/kvmem/handover"
+	"github.com/connex/connex/messages"
 )
 
 // nobody is the uid and gid the engines run as here (Debian's nobody and

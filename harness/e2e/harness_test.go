@@ -19,10 +19,10 @@ import (
 	"time"
 
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/engine/shim"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/messages"
-	"github.com/connex/connex/engine/shim"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 

@@ -9,8 +9,8 @@ import (
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/daemon"
-	"github.com/connex/connex/messages"
 	"github.com/connex/connex/harness/netlab"
+	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
 )
 

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/connex/connex/api"
-	"github.com/connex/connex/messages"
 	"github.com/connex/connex/harness/netlab"
+	"github.com/connex/connex/messages"
 )
 
 // TestHostsDecodeHostIsolated cuts a decode host off from the other hosts

@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/harness/netlab"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
-	"github.com/connex/connex/harness/netlab"
 )
 
 // pullOn has member on's engine pull params into dst and waits for the

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/connex/connex/messages"
 	"github.com/connex/connex/harness/netlab"
+	"github.com/connex/connex/messages"
 	"github.com/connex/connex/requests"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"

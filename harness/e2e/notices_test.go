@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/connex/connex/api"
-	"github.com/connex/connex/messages"
 	"github.com/connex/connex/engine/shim"
+	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
 )
 

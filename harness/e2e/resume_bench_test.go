@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/harness/localcluster"
+	"github.com/connex/connex/kvmem/regionfile"
 )
 
 // BenchmarkResume measures what a decode failure costs a streamed request

@@ -15,8 +15,8 @@ import (
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/harness/localcluster"
-	"github.com/connex/connex/messages"
 	"github.com/connex/connex/harness/poll"
+	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
 )
 

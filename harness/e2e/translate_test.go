@@ -10,11 +10,11 @@ import (
 
 	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/engine/shim"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/kvmem/kvfill"
 	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/messages"
-	"github.com/connex/connex/engine/shim"
 	"github.com/nats-io/nats.go"
 )
 

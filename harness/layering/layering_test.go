@@ -29,7 +29,7 @@ var rules = map[string]struct {
 	// clock is the time seam (Clock, Real, Fake): no I/O.
 	"clock":             {pure: true},
 	"notices":           {pure: true},
-	"advertise":           {internal: []string{"messages"}, external: []string{"google.golang.org/protobuf/"}, pure: true},
+	"advertise":         {internal: []string{"messages"}, external: []string{"google.golang.org/protobuf/"}, pure: true},
 	"kvmem":             {pure: true},
 	"kvmem/regionfile":  {internal: []string{"kvmem"}, external: []string{"golang.org/x/sys/unix"}}, // kvmem's Regions from files: mmap, memfd, fallocate, openat2, /proc
 	"kvmem/handover":    {external: []string{"golang.org/x/sys/unix"}},                              // created regions' descriptors over a unix socket (SCM_RIGHTS)
@@ -53,13 +53,13 @@ var rules = map[string]struct {
 	"requests/activation": {internal: []string{"messages", "requests"}, pure: true},
 	"cluster":             {internal: []string{"messages", "natssubject"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/grpc", "google.golang.org/protobuf/"}},
 	"actors":              {internal: []string{"api", "clock", "errcode", "kvmem", "lease", "messages", "requests", "requests/activation", "transport"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
-	"natsbus":                 {internal: []string{"auth"}, external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
+	"natsbus":             {internal: []string{"auth"}, external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
 	"auth":                {internal: []string{"natssubject"}, external: []string{"github.com/nats-io/jwt/", "github.com/nats-io/nkeys"}},
 	"config":              {external: []string{"github.com/spf13/"}},
 	"router":              {internal: []string{"clock", "messages"}, external: []string{"github.com/prometheus/client_golang/", "github.com/valyala/fastjson"}},
-	"engine/shim":                {internal: []string{"api", "kvmem", "kvmem/handover", "kvmem/regionfile", "messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
-	"engine/simengine":                 {internal: []string{"kvmem", "messages", "engine/shim"}, external: []string{"github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
-	"clusterstatus":              {internal: []string{"api", "messages"}, external: []string{"github.com/nats-io/nats.go"}},
+	"engine/shim":         {internal: []string{"api", "kvmem", "kvmem/handover", "kvmem/regionfile", "messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"engine/simengine":    {internal: []string{"kvmem", "messages", "engine/shim"}, external: []string{"github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
+	"clusterstatus":       {internal: []string{"api", "messages"}, external: []string{"github.com/nats-io/nats.go"}},
 	// chaos drives the product as an operator would: localcluster's
 	// processes, the router over HTTP, notices and member.status over NATS.
 	"harness/chaos": {internal: []string{"api", "harness/localcluster", "messages"}, external: []string{"github.com/nats-io/", "google.golang.org/protobuf/", "go.yaml.in/yaml/v3", "gonum.org/v1/plot"}},
