@@ -79,9 +79,11 @@ var rules = map[string]struct {
 var ioPackages = []string{"net", "net/http", "os", "os/exec", "syscall", "golang.org/x/sys/unix", "io/fs", "path/filepath"}
 
 type pkg struct {
-	ImportPath string
-	Imports    []string
-	CgoFiles   []string
+	ImportPath   string
+	Imports      []string
+	TestImports  []string
+	XTestImports []string
+	CgoFiles     []string
 }
 
 func listPackages(t *testing.T) []pkg {
