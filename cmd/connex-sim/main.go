@@ -1,7 +1,7 @@
 // Command connex-sim is a simulated, deterministic inference engine with an
 // OpenAI-compatible HTTP API in the shape of `vllm serve`, one per engine.
 // It talks to its own connexd only through the public NATS subject API,
-// via the engine shim (package shim); see package sim for the model, the
+// via the engine shim (package shim); see package simengine for the model, the
 // toy tokenizer and the HTTP surface.
 //
 //	connex-sim --role prefill|decode --nats nats://127.0.0.1:4222 --member <connexd member_id>
