@@ -5,7 +5,8 @@ import (
 	"strings"
 )
 
-// pyWidth is the connector's line length (engine/vllm-connector/pyproject.toml, ruff).
+// pyWidth is the connector's line length
+// (engine/vllm-connector/pyproject.toml, ruff).
 const pyWidth = 120
 
 // Python renders engine/vllm-connector/connex_vllm/codes.py: the NATS codes as

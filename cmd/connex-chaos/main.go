@@ -10,7 +10,8 @@
 //
 // It exits 0 when every invariant held, 1 when one broke (the message names
 // the invariant, the requests and what differed), 2 on a bad scenario or a
-// setup failure. Scenarios: harness/chaos/scenarios/ (README "Chaos-test harness").
+// setup failure. Scenarios: harness/chaos/scenarios/ (README "Chaos-test
+// harness").
 package main
 
 import (

@@ -14,9 +14,10 @@ import (
 )
 
 // TestOpenAIClient runs the official OpenAI Python client, unmodified
-// (harness/e2e/openai/test_openai_client.py, pinned in harness/e2e/openai/requirements.txt),
-// against the router of a local cluster of real processes: models,
-// completions and chat, streamed and not, and an unknown model.
+// (harness/e2e/openai/test_openai_client.py, pinned in
+// harness/e2e/openai/requirements.txt), against the router of a local cluster
+// of real processes: models, completions and chat, streamed and not, and an
+// unknown model.
 func TestOpenAIClient(t *testing.T) {
 	python := os.Getenv("CONNEX_PYTHON")
 	if python == "" {

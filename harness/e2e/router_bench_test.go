@@ -23,23 +23,23 @@ import (
 )
 
 // BenchmarkRouter compares the Connex router with vllm-router (make
-// bench-router): both in front of the same instant P/D engines (one
-// prefill, two decode: instant_engine_test.go), a streamed 16-token
-// completion per request, closed-loop clients at concurrency 1, 8 and 32.
-// Each round runs every router (and the engines directly, the client doing
-// the prefill and decode legs itself) for BENCH_ROUTER_SECONDS (default 3)
-// at each concurrency, in an order that rotates per round, so that what
-// else the shared machine does falls on all of them alike; BENCH_ROUNDS
-// rounds (default 5). Figures are medians over rounds: requests per second,
-// p99 latency added over the direct path at c=1, and router CPU per request
-// (utime+stime of the router's process from /proc, the embedded NATS
-// included for Connex). Then every router idles for BENCH_ROUTER_IDLE_S
-// (default 10) and its CPU is read again. The Connex router's membership
-// runs the BENCH_ROUTER_PRESET cluster preset (default local: make run's,
-// heartbeats at 20 Hz). vllm-router is the binary $CONNEX_VLLM_ROUTER
-// (scripts/bench.sh installs the version engine/vllm-connector/vllm-cpu's lock pins),
-// with --policy round_robin and its default cache_aware; BENCH_ROUTER_PPROF
-// names a file for a CPU profile of the Connex router over its windows at
+// bench-router): both in front of the same instant P/D engines (one prefill,
+// two decode: instant_engine_test.go), a streamed 16-token completion per
+// request, closed-loop clients at concurrency 1, 8 and 32. Each round runs
+// every router (and the engines directly, the client doing the prefill and
+// decode legs itself) for BENCH_ROUTER_SECONDS (default 3) at each
+// concurrency, in an order that rotates per round, so that what else the
+// shared machine does falls on all of them alike; BENCH_ROUNDS rounds
+// (default 5). Figures are medians over rounds: requests per second, p99
+// latency added over the direct path at c=1, and router CPU per request
+// (utime+stime of the router's process from /proc, the embedded NATS included
+// for Connex). Then every router idles for BENCH_ROUTER_IDLE_S (default 10)
+// and its CPU is read again. The Connex router's membership runs the
+// BENCH_ROUTER_PRESET cluster preset (default local: make run's, heartbeats
+// at 20 Hz). vllm-router is the binary $CONNEX_VLLM_ROUTER (scripts/bench.sh
+// installs the version engine/vllm-connector/vllm-cpu's lock pins), with
+// --policy round_robin and its default cache_aware; BENCH_ROUTER_PPROF names
+// a file for a CPU profile of the Connex router over its windows at
 // concurrency BENCH_ROUTER_PPROF_C (default 32).
 func BenchmarkRouter(b *testing.B) {
 	vr := os.Getenv("CONNEX_VLLM_ROUTER")

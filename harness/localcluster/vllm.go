@@ -14,14 +14,15 @@ import (
 	"time"
 )
 
-// VLLM says how to start real `vllm serve` engines (vLLM's CPU build with
-// the ConnexConnector from engine/vllm-connector/) instead of connex-sim. Each engine is
-// one `vllm serve` process group (its API server and engine core) with a
-// connexd beside it, as in production; the connector registers the engine
-// with that connexd, so the router finds it through membership.
+// VLLM says how to start real `vllm serve` engines (vLLM's CPU build with the
+// ConnexConnector from engine/vllm-connector/) instead of connex-sim. Each
+// engine is one `vllm serve` process group (its API server and engine core)
+// with a connexd beside it, as in production; the connector registers the
+// engine with that connexd, so the router finds it through membership.
 type VLLM struct {
-	// Bin is the `vllm` command of a Python environment that holds vLLM
-	// and the connex_vllm package (engine/vllm-connector/vllm-cpu/install.sh makes one).
+	// Bin is the `vllm` command of a Python environment that holds vLLM and
+	// the connex_vllm package (engine/vllm-connector/vllm-cpu/install.sh
+	// makes one).
 	Bin string
 	// Model is the model directory to serve (engine/vllm-connector/vllm-cpu/make_model.py
 	// makes the tiny one the tests use); Options.Model is its served name.

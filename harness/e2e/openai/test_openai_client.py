@@ -18,7 +18,9 @@ ROUTER_URL = os.environ.get("CONNEX_ROUTER_URL", "")
 MODEL = os.environ.get("CONNEX_MODEL", "connex-sim")
 MAX_TOKENS = 12
 
-pytestmark = pytest.mark.skipif(not ROUTER_URL, reason="CONNEX_ROUTER_URL is not set (harness/e2e/openai_test.go sets it)")
+pytestmark = pytest.mark.skipif(
+    not ROUTER_URL, reason="CONNEX_ROUTER_URL is not set (harness/e2e/openai_test.go sets it)"
+)
 
 
 @pytest.fixture(scope="module")
