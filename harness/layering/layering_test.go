@@ -23,8 +23,8 @@ var rules = map[string]struct {
 	pure bool
 }{
 	"lease": {pure: true},
-	// subject is the rule for ids spliced into NATS subjects (api, auth and
-	// cluster accept ids with it).
+	// natssubject is the rule for ids spliced into NATS subjects (api,
+	// auth and cluster accept ids with it).
 	"natssubject": {pure: true},
 	// clock is the time seam (Clock, Real, Fake): no I/O.
 	"clock":             {pure: true},
@@ -60,7 +60,7 @@ var rules = map[string]struct {
 	"engine/shim":         {internal: []string{"api", "kvmem", "kvmem/handover", "kvmem/regionfile", "messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"engine/simengine":    {internal: []string{"kvmem", "messages", "engine/shim"}, external: []string{"github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
 	"clusterstatus":       {internal: []string{"api", "messages"}, external: []string{"github.com/nats-io/nats.go"}},
-	// chaos drives the product as an operator would: localcluster's
+	// harness/chaos drives the product as an operator would: localcluster's
 	// processes, the router over HTTP, notices and member.status over NATS.
 	"harness/chaos": {internal: []string{"api", "harness/localcluster", "messages"}, external: []string{"github.com/nats-io/", "google.golang.org/protobuf/", "go.yaml.in/yaml/v3", "gonum.org/v1/plot"}},
 	// localcluster runs binaries; it imports nothing of ours.
