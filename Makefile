@@ -16,8 +16,8 @@ build:
 	$(GO) build -o bin/connex-sim ./cmd/connex-sim
 	$(GO) build -o bin/connex-up ./cmd/connex-up
 
-# The chaos-test harness against real connexd processes (see chaos/).
-CHAOS_SCENARIO ?= chaos/scenarios/quick.yaml
+# The chaos-test harness against real connexd processes (see harness/chaos/).
+CHAOS_SCENARIO ?= harness/chaos/scenarios/quick.yaml
 chaos: build
 	$(GO) build -o bin/connex-chaos ./cmd/connex-chaos
 	./bin/connex-chaos --connexd ./bin/connexd --report chaos-report.json --plot chaos-report.png $(CHAOS_ARGS) $(CHAOS_SCENARIO)
@@ -27,7 +27,7 @@ chaos: build
 SOAK_SCENARIOS ?= saturation soak-10m soak-mixed
 chaos-soak: build
 	$(GO) build -o bin/connex-chaos ./cmd/connex-chaos
-	for s in $(SOAK_SCENARIOS); do ./bin/connex-chaos --connexd ./bin/connexd --report chaos-$$s.json --plot chaos-$$s.png chaos/scenarios/$$s.yaml || exit 1; done
+	for s in $(SOAK_SCENARIOS); do ./bin/connex-chaos --connexd ./bin/connexd --report chaos-$$s.json --plot chaos-$$s.png harness/chaos/scenarios/$$s.yaml || exit 1; done
 
 # The main job on one command: a local P/D cluster on the embedded NATS
 # default (router on 127.0.0.1:8000, one prefill and two decode simulated
@@ -106,7 +106,7 @@ bench-holds:
 # The Connex router against vllm-router (round_robin and cache_aware) in
 # front of the same instant P/D engines, interleaved: requests/s at c=1, 8,
 # 32, added p99, CPU per request, idle CPU (ROUTER ...); installs the
-# vllm-router version connector/vllm-cpu's lock pins on first use.
+# vllm-router version engine/vllm-connector/vllm-cpu's lock pins on first use.
 bench-router:
 	bash scripts/bench.sh router
 

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	waitpoll "github.com/connex/connex/harness/poll"
 	"github.com/connex/connex/messages"
-	waitpoll "github.com/connex/connex/poll"
 	"github.com/connex/connex/transport"
 )
 

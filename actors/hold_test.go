@@ -12,10 +12,10 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/connex/connex/clock"
+	waitpoll "github.com/connex/connex/harness/poll"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/lease"
 	"github.com/connex/connex/messages"
-	waitpoll "github.com/connex/connex/poll"
 	"github.com/connex/connex/transport"
 )
 

@@ -12,8 +12,8 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/connex/connex/api"
+	waitpoll "github.com/connex/connex/harness/poll"
 	"github.com/connex/connex/messages"
-	waitpoll "github.com/connex/connex/poll"
 	"github.com/connex/connex/requests"
 	"google.golang.org/protobuf/proto"
 )

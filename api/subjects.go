@@ -3,7 +3,7 @@ package api
 import (
 	"strings"
 
-	"github.com/connex/connex/subject"
+	"github.com/connex/connex/natssubject"
 )
 
 // Version is the subject API version; it is part of every subject.
@@ -119,6 +119,6 @@ func FreedSubject(engine string) string { return Prefix + ".engine." + engine + 
 func PullDoneSubject(engine string) string { return Prefix + ".engine." + engine + ".pull.done" }
 
 // ValidToken reports whether s can be used as one subject token (member
-// and engine ids); the rule is subject.ValidToken's, shared with auth and
+// and engine ids); the rule is natssubject.ValidToken's, shared with auth and
 // cluster.
-func ValidToken(s string) bool { return subject.ValidToken(s) }
+func ValidToken(s string) bool { return natssubject.ValidToken(s) }

@@ -6,7 +6,7 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 
-	"github.com/connex/connex/subject"
+	"github.com/connex/connex/natssubject"
 )
 
 // Roles of a NATS identity.
@@ -54,17 +54,17 @@ func (id Identity) Validate() error {
 			return fmt.Errorf("%w: an admin identity names no member or engine", ErrIdentity)
 		}
 	case RoleMember:
-		if !subject.ValidToken(id.Member) {
+		if !natssubject.ValidToken(id.Member) {
 			return fmt.Errorf("%w: member id %q is not a subject token", ErrIdentity, id.Member)
 		}
 		if id.Engine != "" {
 			return fmt.Errorf("%w: a member identity names no engine", ErrIdentity)
 		}
 	case RoleEngine:
-		if !subject.ValidToken(id.Member) {
+		if !natssubject.ValidToken(id.Member) {
 			return fmt.Errorf("%w: member id %q is not a subject token (an engine identity names the member it calls)", ErrIdentity, id.Member)
 		}
-		if !subject.ValidToken(id.Engine) {
+		if !natssubject.ValidToken(id.Engine) {
 			return fmt.Errorf("%w: engine id %q is not a subject token", ErrIdentity, id.Engine)
 		}
 		switch id.EngineRole {

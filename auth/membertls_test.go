@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/connex/connex/poll"
+	"github.com/connex/connex/harness/poll"
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 )

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/connex/connex/subject"
+	"github.com/connex/connex/natssubject"
 )
 
 // DefaultSubjectPrefix is the NATS subject prefix membership traffic uses
@@ -151,7 +151,7 @@ func validSubjectPrefix(p string) bool {
 		return false
 	}
 	for _, tok := range strings.Split(p, ".") {
-		if !subject.ValidToken(tok) {
+		if !natssubject.ValidToken(tok) {
 			return false
 		}
 	}

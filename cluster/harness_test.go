@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/connex/connex/poll"
+	"github.com/connex/connex/harness/poll"
 )
 
 // These helpers start real servers and protoactor systems. protoactor's own

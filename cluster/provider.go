@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/connex/connex/subject"
+	"github.com/connex/connex/natssubject"
 )
 
 // ErrStarted is returned when a Provider is started a second time; a
@@ -102,7 +102,7 @@ func (p *Provider) StartClient(c *actorcluster.Cluster) error {
 }
 
 func (p *Provider) start(c *actorcluster.Cluster, self *Member) error {
-	if !subject.ValidToken(c.Config.Name) {
+	if !natssubject.ValidToken(c.Config.Name) {
 		return fmt.Errorf("cluster: cluster name %q is not a NATS subject token", c.Config.Name)
 	}
 	if !p.started.CompareAndSwap(false, true) {

@@ -3,7 +3,7 @@ package cluster
 import (
 	"strings"
 
-	"github.com/connex/connex/subject"
+	"github.com/connex/connex/natssubject"
 )
 
 // subjects names the NATS subjects of one cluster:
@@ -38,7 +38,7 @@ func (s subjects) parseEvent(subj string) (kind, id string, ok bool) {
 		return "", "", false
 	}
 	kind, id, ok = strings.Cut(rest, ".")
-	if !ok || !subject.ValidToken(id) {
+	if !ok || !natssubject.ValidToken(id) {
 		return "", "", false
 	}
 	return kind, id, true

@@ -7,7 +7,7 @@ import (
 
 	"github.com/connex/connex/messages"
 
-	"github.com/connex/connex/subject"
+	"github.com/connex/connex/natssubject"
 )
 
 // wireVersion is the membership protocol version this code speaks.
@@ -37,7 +37,7 @@ func memberOf(a *messages.MemberAnnounce) (Member, error) {
 	switch {
 	case a.GetVersion() != wireVersion:
 		return Member{}, fmt.Errorf("announce version %d, want %d", a.GetVersion(), wireVersion)
-	case !subject.ValidToken(a.GetMemberId()):
+	case !natssubject.ValidToken(a.GetMemberId()):
 		return Member{}, fmt.Errorf("announce member id %q", a.GetMemberId())
 	case a.GetHost() == "" || a.GetPort() <= 0 || a.GetPort() > 65535:
 		return Member{}, fmt.Errorf("announce of %s: address %q:%d", a.GetMemberId(), a.GetHost(), a.GetPort())

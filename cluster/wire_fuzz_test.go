@@ -7,7 +7,7 @@ import (
 	"github.com/connex/connex/messages"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/connex/connex/subject"
+	"github.com/connex/connex/natssubject"
 )
 
 // FuzzMemberOf: membership announcements arrive from anyone who may publish
@@ -32,7 +32,7 @@ func FuzzMemberOf(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if !subject.ValidToken(m.ID) || m.Host == "" || m.Port <= 0 || m.Port > 65535 || len(m.Engines) > maxEngines {
+		if !natssubject.ValidToken(m.ID) || m.Host == "" || m.Port <= 0 || m.Port > 65535 || len(m.Engines) > maxEngines {
 			t.Fatalf("accepted %+v", m)
 		}
 		for i := 1; i < len(m.Kinds); i++ {

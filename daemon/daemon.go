@@ -14,17 +14,17 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/connex/connex/actors"
+	"github.com/connex/connex/advertise"
 	"github.com/connex/connex/api"
-	"github.com/connex/connex/bus"
 	"github.com/connex/connex/clock"
 	"github.com/connex/connex/cluster"
 	"github.com/connex/connex/config"
-	"github.com/connex/connex/engines"
 	"github.com/connex/connex/errcode"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/kvmem/handover"
 	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/natsbus"
 	"github.com/connex/connex/notices"
 	"github.com/connex/connex/requests"
 	"github.com/connex/connex/router"
@@ -40,7 +40,7 @@ const Version = "0.1.0"
 type Daemon struct {
 	cfg     config.Config
 	log     *slog.Logger
-	Bus     *bus.Bus
+	Bus     *natsbus.Bus
 	Backend transport.Backend
 	system  *actor.ActorSystem
 	holds   *actor.PID
@@ -71,7 +71,7 @@ type Daemon struct {
 	// credChecks are the engines' credentials last checked against their
 	// registrations (checkEngineCreds).
 	credMu     sync.Mutex
-	credChecks map[string]engines.CredCheck
+	credChecks map[string]advertise.CredCheck
 	// grants are the takeovers the router allowed here (peer.grant).
 	grants  requests.Grants
 	cluster *clusterMembers
@@ -113,7 +113,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 	if log == nil {
 		log = slog.Default()
 	}
-	d = &Daemon{cfg: cfg, log: log, clock: clock.Real{}, Metrics: &actors.Metrics{}, stop: make(chan struct{}), engines: engineTable{reg: engines.NewRegistry()}}
+	d = &Daemon{cfg: cfg, log: log, clock: clock.Real{}, Metrics: &actors.Metrics{}, stop: make(chan struct{}), engines: engineTable{reg: advertise.NewRegistry()}}
 	for _, o := range opts {
 		o(d)
 	}

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/connex/connex/advertise"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/auth"
-	"github.com/connex/connex/engines"
 	"github.com/nats-io/jwt/v2"
 )
 
@@ -25,7 +25,7 @@ const connzPage = 1024
 // message, so it asks the NATS server for the identities of the
 // connections that speak for engine on this member (user JWTs the server
 // verified, named "engine:<member>/<engine>"): every one of them must
-// allow role and model. A check stands for engines.CredCheckTTL.
+// allow role and model. A check stands for advertise.CredCheckTTL.
 func (d *Daemon) checkEngineCreds(ctx context.Context, engine, role, model string) error {
 	now := d.now()
 	d.credMu.Lock()
@@ -48,9 +48,9 @@ func (d *Daemon) checkEngineCreds(ctx context.Context, engine, role, model strin
 	}
 	d.credMu.Lock()
 	if d.credChecks == nil {
-		d.credChecks = map[string]engines.CredCheck{}
+		d.credChecks = map[string]advertise.CredCheck{}
 	}
-	d.credChecks[engine] = engines.CredCheck{Role: role, Model: model, At: now}
+	d.credChecks[engine] = advertise.CredCheck{Role: role, Model: model, At: now}
 	d.credMu.Unlock()
 	return nil
 }

@@ -6,20 +6,20 @@ import (
 	"net/url"
 	"syscall"
 
-	"github.com/connex/connex/engines"
+	"github.com/connex/connex/advertise"
 )
 
 // dialOutcome classifies a connection attempt to an engine's port for
-// engines.Liveness: only a refused connection (ECONNREFUSED) says the
+// advertise.Liveness: only a refused connection (ECONNREFUSED) says the
 // process is gone.
-func dialOutcome(err error) engines.Dial {
+func dialOutcome(err error) advertise.Dial {
 	switch {
 	case err == nil:
-		return engines.Connected
+		return advertise.Connected
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return engines.Refused
+		return advertise.Refused
 	}
-	return engines.Failed
+	return advertise.Failed
 }
 
 // dialAddr is the host:port to probe for an engine's base URL ("" if it

@@ -6,7 +6,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/connex/connex/engines"
+	"github.com/connex/connex/advertise"
 )
 
 func TestDialAddr(t *testing.T) {
@@ -23,10 +23,10 @@ func TestDialAddr(t *testing.T) {
 }
 
 func TestDialOutcome(t *testing.T) {
-	for err, want := range map[error]engines.Dial{
-		nil: engines.Connected,
-		fmt.Errorf("dial tcp 127.0.0.1:1: connect: %w", syscall.ECONNREFUSED): engines.Refused,
-		errors.New("dial tcp 10.0.0.1:80: i/o timeout"):                       engines.Failed,
+	for err, want := range map[error]advertise.Dial{
+		nil: advertise.Connected,
+		fmt.Errorf("dial tcp 127.0.0.1:1: connect: %w", syscall.ECONNREFUSED): advertise.Refused,
+		errors.New("dial tcp 10.0.0.1:80: i/o timeout"):                       advertise.Failed,
 	} {
 		if got := dialOutcome(err); got != want {
 			t.Errorf("dialOutcome(%v) = %v, want %v", err, got, want)

@@ -7,16 +7,16 @@ import (
 	"time"
 
 	"github.com/connex/connex/actors"
+	"github.com/connex/connex/advertise"
 	"github.com/connex/connex/api"
-	"github.com/connex/connex/engines"
 	"github.com/connex/connex/messages"
 )
 
-// engineTable wires engines.Registry to the API and to this member's
+// engineTable wires advertise.Registry to the API and to this member's
 // heartbeats: every change (a new engine, a lapse, engine.gone) is
 // advertised at once.
 type engineTable struct {
-	reg *engines.Registry
+	reg *advertise.Registry
 }
 
 // RegisterEngine registers or refreshes an engine with this member.
@@ -26,7 +26,7 @@ func (d *Daemon) RegisterEngine(ctx context.Context, r *messages.RegisterEngineR
 			return nil, err
 		}
 	}
-	ttl, err := engines.Validate(r, api.ValidToken)
+	ttl, err := advertise.Validate(r, api.ValidToken)
 	if err != nil {
 		return nil, api.Errorf(api.CodeBadRequest, "%v", err)
 	}
@@ -34,7 +34,7 @@ func (d *Daemon) RegisterEngine(ctx context.Context, r *messages.RegisterEngineR
 	// Nothing an engine says about itself is believed unchecked: its role
 	// must be one this member hosts and its credentials allow, with a
 	// model they allow; its blocks are at most those of its regions here.
-	if err := engines.CheckRole(e.GetRole(), d.cfg.Role); err != nil {
+	if err := advertise.CheckRole(e.GetRole(), d.cfg.Role); err != nil {
 		return nil, api.Errorf(api.CodeForbidden, "engine.register of %s on member %s: %v", e.GetEngineId(), d.cfg.MemberID, err)
 	}
 	if _, scoped := api.CallerEngine(ctx); scoped && natsAuthenticated(d.cfg) {
@@ -42,7 +42,7 @@ func (d *Daemon) RegisterEngine(ctx context.Context, r *messages.RegisterEngineR
 			return nil, err
 		}
 	}
-	if engines.ClampBlocks(e, d.regions.EngineBlocks(e.GetEngineId())) {
+	if advertise.ClampBlocks(e, d.regions.EngineBlocks(e.GetEngineId())) {
 		d.log.Debug("engine.register: blocks clamped to the engine's regions", "engine", e.GetEngineId(), "blocks_free", e.GetBlocksFree(), "blocks_total", e.GetBlocksTotal())
 	}
 	d.engMu.Lock()
@@ -52,7 +52,7 @@ func (d *Daemon) RegisterEngine(ctx context.Context, r *messages.RegisterEngineR
 		d.log.Warn("engine restarted (a new instance registered): the previous instance's requests end", "engine", replaced.Engine, "instance", replaced.Instance)
 		d.engineLost(*replaced)
 	}
-	if errors.Is(err, engines.ErrFull) {
+	if errors.Is(err, advertise.ErrFull) {
 		return nil, api.Errorf(api.CodeOverloaded, "engine.register of %s on member %s: %v", r.GetEngine().GetEngineId(), d.cfg.MemberID, err)
 	}
 	if err != nil {
@@ -94,7 +94,7 @@ const engineLostGrace = 2 * time.Second
 // ran here that no other engine took over (see
 // actors.EngineLost): otherwise their actors would renew the prefill hold
 // for nobody.
-func (d *Daemon) engineLost(ended engines.Ended) {
+func (d *Daemon) engineLost(ended advertise.Ended) {
 	if d.system == nil || d.reqTable == nil {
 		return
 	}
@@ -168,7 +168,7 @@ func (d *Daemon) expireEngines() {
 // engineProbeInterval is how often connexd tries a connection to each
 // registered engine's HTTP port, and engineProbeTimeout how long one try
 // may take. A refused try ends the engine's registration at once (see
-// engines.Liveness): a killed engine leaves membership within about one
+// advertise.Liveness): a killed engine leaves membership within about one
 // interval instead of its registration TTL (3 s), so the router stops
 // picking it and its /ready turns 503 when the last one of a role goes.
 const (
@@ -179,7 +179,7 @@ const (
 // probeEngines drops the registrations of engines whose process is gone.
 func (d *Daemon) probeEngines() {
 	defer d.wg.Done()
-	live := engines.NewLiveness()
+	live := advertise.NewLiveness()
 	t, tc := d.clock.NewTimer(engineProbeInterval)
 	defer t.Stop()
 	dialer := &net.Dialer{Timeout: engineProbeTimeout}
@@ -220,10 +220,10 @@ func (d *Daemon) probeEngines() {
 		for range n {
 			o := <-results
 			switch live.Observe(o.id, o.instance, dialOutcome(o.err)) {
-			case engines.Listening:
+			case advertise.Listening:
 				d.log.Info("engine listening: a refused connection to it from now on ends its registration at once", "engine", o.id)
 				continue
-			case engines.Unchanged:
+			case advertise.Unchanged:
 				continue
 			}
 			d.engMu.Lock()

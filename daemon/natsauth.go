@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 
 	"github.com/connex/connex/auth"
-	"github.com/connex/connex/bus"
 	"github.com/connex/connex/config"
+	"github.com/connex/connex/natsbus"
 )
 
 // openBus connects to NATS with this member's identity. With the embedded
@@ -21,9 +21,9 @@ import (
 // operator's tools. Against an external server it connects with
 // nats_creds, if given. It returns the credentials it connected with (nil
 // without), from which protoactor's remote makes its TLS identity.
-func openBus(cfg config.Config, log *slog.Logger) (*bus.Bus, []byte, error) {
+func openBus(cfg config.Config, log *slog.Logger) (*natsbus.Bus, []byte, error) {
 	me := auth.Identity{Role: auth.RoleMember, Member: cfg.MemberID}
-	o := bus.Options{
+	o := natsbus.Options{
 		URL: cfg.NATSURL, Listen: cfg.NATSListen, DataDir: cfg.DataDir, Name: cfg.MemberID, Logger: log,
 		InboxPrefix: me.InboxPrefix(),
 		TLSCAFile:   cfg.NATSTLSCA, TLSCertFile: cfg.NATSTLSCert, TLSKeyFile: cfg.NATSTLSKey,
@@ -61,7 +61,7 @@ func openBus(cfg config.Config, log *slog.Logger) (*bus.Bus, []byte, error) {
 		}
 		o.Creds = creds
 	}
-	b, err := bus.Open(o)
+	b, err := natsbus.Open(o)
 	return b, o.Creds, err
 }
 

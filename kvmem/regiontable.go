@@ -274,7 +274,7 @@ func (t *RegionTable) Engines() []string {
 }
 
 // EngineBlocks is the number of blocks in engine's regions (what it may
-// advertise at most; see engines.ClampBlocks).
+// advertise at most; see advertise.ClampBlocks).
 func (t *RegionTable) EngineBlocks(engine string) uint32 {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/connex/connex/harness/poll"
 	"github.com/connex/connex/messages"
-	"github.com/connex/connex/poll"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )

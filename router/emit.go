@@ -184,12 +184,13 @@ func (e *emitter) tokens(text string, ids []uint32, finish *string) {
 	e.dirty = true
 }
 
-// resumePoint is the generated ids a resume sends with the prompt: those
-// the text relayed so far covers. A token-id prompt that ends inside a
-// UTF-8 character makes vLLM 0.32 stream the prompt's own text back
-// (connector/vllm-cpu/partial_char_prompt.py), so the ids past textIDs —
-// whose text the engine still withheld — are left to the resumed engine to
-// generate again, and their ids, already relayed, are not relayed twice.
+// resumePoint is the generated ids a resume sends with the prompt: those the
+// text relayed so far covers. A token-id prompt that ends inside a UTF-8
+// character makes vLLM 0.32 stream the prompt's own text back
+// (engine/vllm-connector/vllm-cpu/partial_char_prompt.py), so the ids past
+// textIDs — whose text the engine still withheld — are left to the resumed
+// engine to generate again, and their ids, already relayed, are not relayed
+// twice.
 func (e *emitter) resumePoint() []uint32 {
 	e.skipIDs = len(e.ids) - e.textIDs
 	return e.ids[:e.textIDs]

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/connex/connex/poll"
+	"github.com/connex/connex/harness/poll"
 )
 
 // TestUnknownModelsAreNotLabels: model names no engine serves, and error

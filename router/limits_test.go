@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/connex/connex/poll"
+	"github.com/connex/connex/harness/poll"
 )
 
 func limitedRouter(t *testing.T, cfg Config, engines ...*fakeEngine) *Server {

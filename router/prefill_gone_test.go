@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/connex/connex/poll"
+	"github.com/connex/connex/harness/poll"
 )
 
 // TestClientGoneDuringPrefill: a client that hangs up while its prefill

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/connex/connex/harness/poll"
 	"github.com/connex/connex/messages"
-	"github.com/connex/connex/poll"
 )
 
 // fakeEngine is a unit-test stand-in for an engine's HTTP API: a prefill

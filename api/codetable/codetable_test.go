@@ -48,10 +48,10 @@ func TestRenderingsCarryTheTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string][]string{
-		"api/codes_gen.go":               {"CodeB Code = 502 // the b one", `CodeA: "a"`},
-		"router/codes_gen.go":            {`CodeX = "x_failed" // 503: x`, "mirrors NATS code 400 (a)", "routerCodes = []string{\n\tCodeX,\n\tCodeA,\n}"},
-		"shim/reasons_gen.go":            {"loadReasons = map[api.Code]string{\n\tapi.CodeB: \"bee gone\",\n}"},
-		"connector/connex_vllm/codes.py": {"# the b one\nCODE_B: Final = 502\n", `    CODE_A: "a",`, `_REASONS: Final[Mapping[int, str]] = {` + "\n" + `    CODE_B: "bee gone",` + "\n}"},
+		"api/codes_gen.go":                           {"CodeB Code = 502 // the b one", `CodeA: "a"`},
+		"router/codes_gen.go":                        {`CodeX = "x_failed" // 503: x`, "mirrors NATS code 400 (a)", "routerCodes = []string{\n\tCodeX,\n\tCodeA,\n}"},
+		"engine/shim/reasons_gen.go":                 {"loadReasons = map[api.Code]string{\n\tapi.CodeB: \"bee gone\",\n}"},
+		"engine/vllm-connector/connex_vllm/codes.py": {"# the b one\nCODE_B: Final = 502\n", `    CODE_A: "a",`, `_REASONS: Final[Mapping[int, str]] = {` + "\n" + `    CODE_B: "bee gone",` + "\n}"},
 	}
 	for _, f := range files {
 		for _, w := range want[f.Path] {

@@ -8,14 +8,14 @@ type File struct {
 
 // Files renders every file generated from t, README.md aside (see README).
 func Files(t Table) ([]File, error) {
-	files := []File{{Path: "connector/connex_vllm/codes.py", Data: Python(t)}}
+	files := []File{{Path: "engine/vllm-connector/connex_vllm/codes.py", Data: Python(t)}}
 	for _, g := range []struct {
 		path   string
 		render func(Table) ([]byte, error)
 	}{
 		{"api/codes_gen.go", APIGo},
 		{"router/codes_gen.go", RouterGo},
-		{"shim/reasons_gen.go", ShimGo},
+		{"engine/shim/reasons_gen.go", ShimGo},
 	} {
 		data, err := g.render(t)
 		if err != nil {

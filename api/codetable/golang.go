@@ -25,7 +25,7 @@ func APIGo(t Table) ([]byte, error) {
 	return format.Source(b.Bytes())
 }
 
-// ShimGo renders shim/reasons_gen.go: the load-failure codes that do not
+// ShimGo renders engine/shim/reasons_gen.go: the load-failure codes that do not
 // read as their name (shim.Reason).
 func ShimGo(t Table) ([]byte, error) {
 	var b bytes.Buffer

@@ -5,10 +5,11 @@ import (
 	"strings"
 )
 
-// pyWidth is the connector's line length (connector/pyproject.toml, ruff).
+// pyWidth is the connector's line length
+// (engine/vllm-connector/pyproject.toml, ruff).
 const pyWidth = 120
 
-// Python renders connector/connex_vllm/codes.py: the NATS codes as
+// Python renders engine/vllm-connector/connex_vllm/codes.py: the NATS codes as
 // CODE_<NAME> constants, their names and load-failure reasons, typed and
 // as `ruff format` writes it.
 func Python(t Table) []byte {

@@ -1,7 +1,7 @@
 // Command gencodes regenerates every copy of the error table from
 // api/codes.json: api/codes_gen.go, router/codes_gen.go,
-// shim/reasons_gen.go, connector/connex_vllm/codes.py and README.md's
-// tables (`go generate ./api`, or `make generate`).
+// engine/shim/reasons_gen.go, engine/vllm-connector/connex_vllm/codes.py and
+// README.md's tables (`go generate ./api`, or `make generate`).
 package main
 
 import (

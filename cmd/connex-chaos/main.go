@@ -10,7 +10,8 @@
 //
 // It exits 0 when every invariant held, 1 when one broke (the message names
 // the invariant, the requests and what differed), 2 on a bad scenario or a
-// setup failure. Scenarios: chaos/scenarios/ (README "Chaos-test harness").
+// setup failure. Scenarios: harness/chaos/scenarios/ (README "Chaos-test
+// harness").
 package main
 
 import (
@@ -23,7 +24,7 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/connex/connex/chaos"
+	"github.com/connex/connex/harness/chaos"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/pflag"
 	"golang.org/x/term"

@@ -1,7 +1,7 @@
 // Command connex-sim is a simulated, deterministic inference engine with an
 // OpenAI-compatible HTTP API in the shape of `vllm serve`, one per engine.
 // It talks to its own connexd only through the public NATS subject API,
-// via the engine shim (package shim); see package sim for the model, the
+// via the engine shim (package shim); see package simengine for the model, the
 // toy tokenizer and the HTTP surface.
 //
 //	connex-sim --role prefill|decode --nats nats://127.0.0.1:4222 --member <connexd member_id>
@@ -33,8 +33,8 @@ import (
 	"time"
 
 	"github.com/connex/connex/auth"
-	"github.com/connex/connex/shim"
-	"github.com/connex/connex/sim"
+	"github.com/connex/connex/engine/shim"
+	"github.com/connex/connex/engine/simengine"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
 )
@@ -111,7 +111,7 @@ func run(args []string) int {
 	// command's lines get it from log.
 	libLog := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	log := libLog.With("engine", o.engineID)
-	layout, err := sim.LookupLayout(o.layout, o.blocks, sim.Shape{TP: o.tp, BlockSize: o.blockSize, Order: o.kvOrder})
+	layout, err := simengine.LookupLayout(o.layout, o.blocks, simengine.Shape{TP: o.tp, BlockSize: o.blockSize, Order: o.kvOrder})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "connex-sim: --layout: %v\n", err)
 		return 2
@@ -151,7 +151,7 @@ func run(args []string) int {
 	defer nc.Close()
 	// Advertise what the engine can hold: a request longer than its KV
 	// region fits nowhere, whatever --max-model-len says.
-	if lim := sim.ContextLimit(o.maxModelLen, layout.Blocks, layout.BlockSize); lim < o.maxModelLen {
+	if lim := simengine.ContextLimit(o.maxModelLen, layout.Blocks, layout.BlockSize); lim < o.maxModelLen {
 		log.Info("max_model_len lowered to what the KV region holds", "max_model_len", lim, "flag", o.maxModelLen, "blocks", layout.Blocks, "block_size", layout.BlockSize)
 		o.maxModelLen = lim
 	}
@@ -165,8 +165,8 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "connex-sim: %v\n", err)
 		return 1
 	}
-	srv := sim.NewServer(sim.Config{
-		KV: sim.ShimKV{Engine: eng}, EngineID: o.engineID, Role: o.role, Model: o.model, MaxModelLen: o.maxModelLen, NoTokenize: !o.tokenize,
+	srv := simengine.NewServer(simengine.Config{
+		KV: simengine.ShimKV{Engine: eng}, EngineID: o.engineID, Role: o.role, Model: o.model, MaxModelLen: o.maxModelLen, NoTokenize: !o.tokenize,
 		PrefillPerToken: time.Duration(o.prefillUS) * time.Microsecond,
 		DecodePerToken:  time.Duration(o.decodeMS * float64(time.Millisecond)),
 		Log:             libLog,

@@ -6,7 +6,7 @@ import (
 	"os/exec"
 	"strings"
 
-	"github.com/connex/connex/localcluster"
+	"github.com/connex/connex/harness/localcluster"
 )
 
 // banner is what a user reads once the cluster is ready. nats is the nats

@@ -6,7 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/connex/connex/localcluster"
+	"github.com/connex/connex/harness/localcluster"
 )
 
 // clusterFiles are the files connex-up writes for the user.

@@ -23,7 +23,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/connex/connex/localcluster"
+	"github.com/connex/connex/harness/localcluster"
 	"github.com/spf13/pflag"
 )
 

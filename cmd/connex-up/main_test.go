@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/connex/connex/localcluster"
+	"github.com/connex/connex/harness/localcluster"
 )
 
 func TestParseFlagsDefaults(t *testing.T) {

@@ -20,8 +20,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/connex/connex/localcluster"
-	"github.com/connex/connex/poll"
+	"github.com/connex/connex/harness/localcluster"
+	"github.com/connex/connex/harness/poll"
 	"github.com/prometheus/common/expfmt"
 )
 

@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/connex/connex/status"
+	"github.com/connex/connex/clusterstatus"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -57,7 +57,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	r, err := status.Gather(ctx, nc, 300*time.Millisecond)
+	r, err := clusterstatus.Gather(ctx, nc, 300*time.Millisecond)
 	if err != nil {
 		fmt.Fprintf(stderr, "connexd status: %v\n", err)
 		return 1
@@ -73,7 +73,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	if err := status.Render(stdout, r); err != nil {
+	if err := clusterstatus.Render(stdout, r); err != nil {
 		fmt.Fprintf(stderr, "connexd status: %v\n", err)
 		return 1
 	}

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/connex/connex/poll"
+	"github.com/connex/connex/harness/poll"
 )
 
 // fakeClock is a settable clock for token expiry.

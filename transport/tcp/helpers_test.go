@@ -16,7 +16,7 @@ import (
 
 	"github.com/connex/connex/transport"
 
-	"github.com/connex/connex/poll"
+	"github.com/connex/connex/harness/poll"
 )
 
 // checkFor polls fn until it returns nil; poll.Until fails the test with

@@ -11,7 +11,7 @@ import (
 
 	"github.com/connex/connex/transport"
 
-	"github.com/connex/connex/poll"
+	"github.com/connex/connex/harness/poll"
 )
 
 // hangGuard is how long a test waits, after a Get's context ended, before

@@ -1,0 +1,193 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/harness/localcluster"
+)
+
+// BenchmarkVLLMResume (make bench-vllm): what a decode death costs a
+// streamed request on real vLLM engines, resumed by Connex (the hold pulled
+// again, the generated tokens recomputed) against re-prefilled (the client,
+// or a Dynamo-style migration, resends prompt + generated tokens: a new
+// prefill). The gap is the time from the fault to the next token, less the
+// stream's own inter-token time. BENCH_VLLM_MODEL is the model directory
+// (make bench-vllm makes the "small" one, whose prefill is long enough to
+// see); BENCH_VLLM_PROMPT the prompt length in tokens (default 1800);
+// BENCH_TRIALS the trials per row (default 5: a killed vLLM takes about a
+// minute to come back). It ends with
+// `VLLM resume_gap_p50_ms=<a> reprefill_gap_p50_ms=<b> ratio=<a/b>`.
+func BenchmarkVLLMResume(b *testing.B) {
+	bin, model := os.Getenv("CONNEX_VLLM"), os.Getenv("BENCH_VLLM_MODEL")
+	if model == "" {
+		model = os.Getenv("CONNEX_VLLM_MODEL")
+	}
+	if bin == "" || model == "" {
+		b.Skip("CONNEX_VLLM and BENCH_VLLM_MODEL (or CONNEX_VLLM_MODEL) are not set: run `make bench-vllm`")
+	}
+	trials, promptLen := 5, 1800
+	if v, err := strconv.Atoi(os.Getenv("BENCH_TRIALS")); err == nil && v > 0 {
+		trials = v
+	}
+	if v, err := strconv.Atoi(os.Getenv("BENCH_VLLM_PROMPT")); err == nil && v > 0 {
+		promptLen = v
+	}
+	const faultAt, maxTokens = 24, 40
+	bins := productBinaries(b)
+	o := localcluster.Defaults()
+	o.Connexd = bins.Connexd
+	o.Model = vllmModel
+	o.LogLevel = "warn"
+	o.VLLM = &localcluster.VLLM{Bin: bin, Model: model, MaxModelLen: promptLen + maxTokens + 128}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	c, err := localcluster.Start(ctx, o)
+	cancel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Printf("model %s, prompt %d tokens, fault after %d of %d tokens, %d trials a row\n", model, promptLen, faultAt, maxTokens, trials)
+	url := c.RouterURL() + "/v1/completions"
+	bg := context.Background()
+	body := func(p []int, max int) map[string]any {
+		return map[string]any{"model": vllmModel, "prompt": p, "max_tokens": max, "stream": true, "temperature": 0,
+			"ignore_eos": true, "return_token_ids": true}
+	}
+	prompt := func(trial int) []int {
+		p := make([]int, promptLen)
+		for i := range p {
+			p[i] = 10 + (i*7919+trial*104729)%2000
+		}
+		return p
+	}
+	itl := func(s *streamed) time.Duration {
+		var gaps []time.Duration
+		for i := 2; i < faultAt && i < len(s.at); i++ {
+			gaps = append(gaps, s.at[i].Sub(s.at[i-1]))
+		}
+		slices.Sort(gaps)
+		return gaps[len(gaps)/2]
+	}
+	prefillURL := engineURL(b, c, "prefill-0")
+	settle := func() {
+		checkFor(b, 60*time.Second, 100*time.Millisecond, func() error {
+			m, err := scrape(prefillURL + "/metrics")
+			if err != nil {
+				return err
+			}
+			if u := sum(m, "vllm:kv_cache_usage_perc"); u != 0 {
+				return fmt.Errorf("prefill KV cache %.4f used", u)
+			}
+			return nil
+		})
+		wctx, wcancel := context.WithTimeout(bg, 3*time.Minute)
+		defer wcancel()
+		if err := c.WaitEngines(wctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	run := func(mode string) (gaps, itls []time.Duration) {
+		for trial := range trials {
+			p := prompt(trial)
+			ref, err := postStream(bg, url, body(p, maxTokens), nil)
+			if err != nil || ref.status != 200 || len(ref.ids) != maxTokens {
+				b.Fatalf("%s: reference: %v %d %s", mode, err, ref.status, ref.body)
+			}
+			settle()
+			var victim string
+			var fault time.Time
+			var faultErr error
+			sctx, scancel := context.WithCancel(bg)
+			got, err := postStream(sctx, url, body(p, maxTokens), func(i int, s *streamed) {
+				if i != faultAt {
+					return
+				}
+				victim = s.header.Get("X-Connex-Decode-Engine")
+				pid, err := c.PID(victim + "/engine")
+				if err != nil {
+					faultErr = err
+					return
+				}
+				fault = time.Now()
+				if mode == "resume" {
+					faultErr = syscall.Kill(-pid, syscall.SIGKILL) // the whole vllm serve
+					return
+				}
+				faultErr = syscall.Kill(-pid, syscall.SIGSTOP)
+				scancel() // the client gives up on this stream and resends
+			})
+			scancel()
+			if faultErr != nil || victim == "" {
+				b.Fatalf("%s: fault on %q: %v", mode, victim, faultErr)
+			}
+			normal := itl(got)
+			var gap time.Duration
+			if mode == "reprefill" {
+				again := append(append([]int(nil), p...), toInts(got.ids[:faultAt])...)
+				rest, err := postStream(bg, url, body(again, maxTokens-faultAt), nil)
+				if err != nil || rest.status != 200 || len(rest.at) == 0 {
+					b.Fatalf("resend: %v %d %s", err, rest.status, rest.body)
+				}
+				gap = rest.at[0].Sub(fault) - normal
+				if fmt.Sprint(append(got.ids[:faultAt:faultAt], rest.ids...)) != fmt.Sprint(ref.ids) {
+					b.Fatalf("reprefill: the resent request's tokens differ from the uninterrupted ones")
+				}
+				if err := c.Cont(victim + "/engine"); err != nil {
+					b.Fatal(err)
+				}
+			} else {
+				if err != nil || got.status != 200 || fmt.Sprint(got.ids) != fmt.Sprint(ref.ids) || got.dones != 1 {
+					b.Fatalf("resume: the resumed stream differs: %v status %d errors %v\n got %v\nwant %v", err, got.status, got.errors, got.ids, ref.ids)
+				}
+				gap = got.at[faultAt].Sub(fault) - normal
+				_ = c.Kill(victim + "/engine") // reap it
+				rctx, rcancel := context.WithTimeout(bg, 5*time.Minute)
+				err := c.Restart(rctx, victim+"/engine")
+				rcancel()
+				if err != nil {
+					b.Fatalf("restart %s: %v", victim, err)
+				}
+			}
+			fmt.Printf("%-9s trial %d: gap %.1f ms (itl %.1f ms, %s)\n", mode, trial, ms(gap), ms(normal), victim)
+			gaps, itls = append(gaps, gap), append(itls, normal)
+			settle()
+		}
+		return gaps, itls
+	}
+	b.ResetTimer()
+	resumed, ritl := run("resume")
+	reprefilled, pitl := run("reprefill")
+	b.StopTimer()
+	p50 := func(ds []time.Duration) float64 {
+		s := slices.Clone(ds)
+		slices.Sort(s)
+		return ms(s[int(math.Ceil(0.5*float64(len(s))))-1])
+	}
+	fmt.Printf("\n%-10s %7s %9s %9s %9s\n", "case", "trials", "gap p50", "gap max", "itl p50")
+	for _, r := range []struct {
+		name      string
+		gaps, itl []time.Duration
+	}{{"resumed", resumed, ritl}, {"reprefill", reprefilled, pitl}} {
+		fmt.Printf("%-10s %7d %7.1fms %7.1fms %7.1fms\n", r.name, len(r.gaps), p50(r.gaps), ms(slices.Max(r.gaps)), p50(r.itl))
+	}
+	a, re := p50(resumed), p50(reprefilled)
+	fmt.Printf("VLLM resume_gap_p50_ms=%.1f reprefill_gap_p50_ms=%.1f ratio=%.3f\n", a, re, a/re)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func toInts(ids []uint32) []int {
+	out := make([]int, len(ids))
+	for i, v := range ids {
+		out[i] = int(v)
+	}
+	return out
+}
