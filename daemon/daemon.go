@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,7 +37,9 @@ import (
 // Version is reported by the micro service.
 const Version = "0.1.0"
 
-// Daemon is one running connexd.
+// Daemon is one running connexd: the assembly of the concerns that answer
+// the subject API (handler.go) over NATS, the data plane and the actor
+// system it starts.
 type Daemon struct {
 	cfg     config.Config
 	log     *slog.Logger
@@ -59,26 +62,24 @@ type Daemon struct {
 	reqErr   error // why reqStore is nil
 	rdeps    *actors.RequestDeps
 	members  Members
-	// Engines registered with this member (engine.register).
-	started time.Time
+	started  time.Time
 	// journal numbers and keeps the notices to each engine (engine.notices);
 	// journalID is fresh per start. inflight lists running pulls.
 	journal   *notices.Journal
 	journalID string
 	inflight  *pullTable
-	engMu     sync.Mutex
-	engines   engineTable
-	// credChecks are the engines' credentials last checked against their
-	// registrations (checkEngineCreds).
-	credMu     sync.Mutex
-	credChecks map[string]advertise.CredCheck
-	// grants are the takeovers the router allowed here (peer.grant).
-	grants  requests.Grants
-	cluster *clusterMembers
-	clock   clock.Clock // the time and timers of everything below (WithClock)
-	stop    chan struct{}
-	wg      sync.WaitGroup
-	closed  sync.Once
+	// The concerns answering the API (handler.go), each over narrow
+	// interfaces that New wires.
+	regionAPI  *regionAPI
+	holdAPI    *holdAPI
+	pullAPI    *pullAPI
+	requestAPI *requestAPI
+	engineAPI  *engineAPI
+	cluster    *clusterMembers
+	clock      clock.Clock // the time and timers of everything below (WithClock)
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	closed     sync.Once
 	// bg tracks pullers' reads and background PullEnds; Close waits for
 	// them (cancelled reads end within a grain or the cancel grace, each
 	// PullEnd within pull_stall_ms) before the data plane and NATS close.
@@ -113,7 +114,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 	if log == nil {
 		log = slog.Default()
 	}
-	d = &Daemon{cfg: cfg, log: log, clock: clock.Real{}, Metrics: &actors.Metrics{}, stop: make(chan struct{}), engines: engineTable{reg: advertise.NewRegistry()}}
+	d = &Daemon{cfg: cfg, log: log, clock: clock.Real{}, Metrics: &actors.Metrics{}, stop: make(chan struct{})}
 	for _, o := range opts {
 		o(d)
 	}
@@ -184,11 +185,13 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 		q.EngineBytes = q.MemberBytes
 	}
 	d.regions.SetQuota(q)
+	d.regionAPI = &regionAPI{table: d.regions, alloc: regionAllocator{backend: d.Backend, shmDir: cfg.ShmDir, log: log}, log: log}
 	if cfg.RegionSocket != "off" && cfg.Role != "router" {
-		d.handover, err = handover.Listen(handover.Options{Addr: cfg.RegionSocket, Open: d.openCreated, Log: log})
+		d.handover, err = handover.Listen(handover.Options{Addr: cfg.RegionSocket, Open: d.regionAPI.openCreated, Log: log})
 		if err != nil {
 			return d, fmt.Errorf("region_socket: %w", err)
 		}
+		d.regionAPI.grants = d.handover
 	}
 	if d.Backend.Caps().GuardFaults {
 		// The data plane copies region memory outside Go: a region whose
@@ -244,11 +247,13 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 		Publish: d.publish, StoreTimeout: 5 * time.Second, LoadFailurePolicy: cfg.KVLoadFailurePolicy,
 		Metrics: d.Metrics,
 	}
+	d.assemble()
 	if cfg.MetricsListen != "" {
 		d.prom = newPromMetrics(d)
 		if err := d.prom.serve(cfg.MetricsListen, d); err != nil {
 			return d, err
 		}
+		d.requestAPI.adopted = d.prom.failover.Observe
 	}
 	if cfg.PprofListen != "" {
 		if d.pprof, err = serveProfiles(cfg.PprofListen, log); err != nil {
@@ -259,7 +264,8 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 	if err != nil {
 		return d, fmt.Errorf("spawn hold table: %w", err)
 	}
-	d.svc, err = api.Serve(d.Bus.Conn, d, api.ServeOptions{
+	d.holdAPI.actors = systemHolds{sys: d.system, table: d.holds}
+	d.svc, err = api.Serve(d.Bus.Conn, handler{d}, api.ServeOptions{
 		Member: cfg.MemberID, Version: Version, MaxRequestBytes: cfg.MaxRequestBytes, Logger: log,
 		Stats: d.stats, Errors: errcode.AsError, EngineInbox: engineInbox(cfg),
 	})
@@ -272,6 +278,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 			return d, err
 		}
 		d.cluster, d.members = cm, cm
+		d.requestAPI.members, d.engineAPI.adv = cm, cm
 		// A holder that leaves the cluster (crashed: its NATS connection
 		// is gone) ends the pulls reading from it now, not at the stall
 		// deadline: UCX's shared-memory lanes report no peer death.
@@ -312,9 +319,38 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 	}
 	d.wg.Add(3)
 	go d.sweep()
-	go d.expireEngines()
-	go d.probeEngines()
+	go func() {
+		defer d.wg.Done()
+		d.engineAPI.expire()
+	}()
+	go func() {
+		defer d.wg.Done()
+		d.engineAPI.probe()
+	}()
 	return d, nil
+}
+
+// assemble builds the concerns that answer the API and wires each to the
+// narrow interfaces it needs: the actor system's holds and requests, the
+// region table, the request store. The hold table's pid and membership
+// are wired once they exist (New).
+func (d *Daemon) assemble() {
+	cfg := d.cfg
+	d.holdAPI = &holdAPI{cfg: cfg, dir: d.dir, regions: d.regions, log: d.log}
+	d.pullAPI = &pullAPI{backend: d.Backend.Name(), timeout: cfg.PullTimeout, stall: cfg.PullStall,
+		regions: d.regions, pullers: pullDeps{d.pdeps}, inflight: d.inflight, clock: d.clock}
+	d.requestAPI = &requestAPI{member: cfg.MemberID, max: cfg.RequestsMax, authenticated: natsAuthenticated(cfg),
+		actors: systemRequests{sys: d.system, table: d.reqTable, deps: d.rdeps}, storeErr: d.reqErr,
+		local: d.regions, clock: d.clock}
+	if d.reqStore != nil {
+		d.requestAPI.store = d.reqStore
+		d.holdAPI.binder = &requestBinder{holds: d.holdAPI, store: d.reqStore, log: d.log}
+	}
+	d.engineAPI = &engineAPI{member: cfg.MemberID, role: cfg.Role, authenticated: natsAuthenticated(cfg),
+		reg: advertise.NewRegistry(), creds: &engineCreds{nc: d.Bus.Conn, member: cfg.MemberID, clock: d.clock},
+		blocks: d.regions, journal: d.journal, journalID: d.journalID, requests: d.requestAPI,
+		clock: d.clock, stop: d.stop, log: d.log}
+	d.requestAPI.instances = d.engineAPI
 }
 
 // MetricsURL is where Prometheus metrics are served ("" when metrics_listen is empty).
@@ -323,6 +359,7 @@ func (d *Daemon) MetricsURL() string { return d.prom.URL() }
 // MemberID is this daemon's member id.
 func (d *Daemon) MemberID() string { return d.cfg.MemberID }
 
+// sweep forgets ended holds' tombstones, once a minute.
 func (d *Daemon) sweep() {
 	defer d.wg.Done()
 	t, tc := d.clock.NewTicker(time.Minute)
@@ -414,4 +451,18 @@ func (d *Daemon) stats() any {
 	m["holds_live"] = int64(d.dir.Live())
 	m["requests_live"] = int64(d.reqTable.Len())
 	return m
+}
+
+// holderAnswers reports whether member's API answers within a few
+// heartbeats: a killed holder's NATS connection is gone, which NATS says at
+// once (no responders); a frozen one does not answer in time.
+func (d *Daemon) holderAnswers(member string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
+	defer cancel()
+	_, err := (&api.Client{NC: d.Bus.Conn, Member: member}).Inspect(ctx, &messages.HoldRef{TransferId: strings.Repeat("0", 32)})
+	switch api.CodeOf(err) {
+	case api.CodePeerUnavailable, api.CodeTimeout:
+		return false
+	}
+	return true
 }

@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/connex/connex/advertise"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/auth"
+	"github.com/connex/connex/clock"
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
 )
 
 // accountConnz is the NATS server's CONNZ of the caller's own account (every
@@ -20,46 +23,60 @@ const accountConnz = "$SYS.REQ.ACCOUNT.PING.CONNZ"
 // connzPage bounds one CONNZ answer; connexd pages through more.
 const connzPage = 1024
 
-// checkEngineCreds refuses a registration of engine with role and model
+// engineCreds checks engines' registrations against the credentials the
+// NATS server verified for their connections (credChecker).
+type engineCreds struct {
+	nc     *nats.Conn
+	member string
+	clock  clock.Clock
+	mu     sync.Mutex
+	// checks are the engines' credentials last checked against their
+	// registrations.
+	checks map[string]advertise.CredCheck
+}
+
+var _ credChecker = (*engineCreds)(nil)
+
+// check refuses a registration of engine with role and model
 // that its credentials do not allow. connexd cannot see who published a
 // message, so it asks the NATS server for the identities of the
 // connections that speak for engine on this member (user JWTs the server
 // verified, named "engine:<member>/<engine>"): every one of them must
 // allow role and model. A check stands for advertise.CredCheckTTL.
-func (d *Daemon) checkEngineCreds(ctx context.Context, engine, role, model string) error {
-	now := d.now()
-	d.credMu.Lock()
-	fresh := d.credChecks[engine].Fresh(role, model, now)
-	d.credMu.Unlock()
+func (c *engineCreds) check(ctx context.Context, engine, role, model string) error {
+	now := c.clock.Now()
+	c.mu.Lock()
+	fresh := c.checks[engine].Fresh(role, model, now)
+	c.mu.Unlock()
 	if fresh {
 		return nil
 	}
-	ids, err := d.engineIdentities(ctx, engine)
+	ids, err := c.engineIdentities(ctx, engine)
 	if err != nil {
 		return api.Errorf(api.CodePeerUnavailable, "engine.register of %s: the NATS server did not say which credentials it holds: %v", engine, err)
 	}
 	if len(ids) == 0 {
-		return api.Errorf(api.CodeForbidden, "engine.register of %s: no connection with engine credentials for it (engine:%s/%s) is open", engine, d.cfg.MemberID, engine)
+		return api.Errorf(api.CodeForbidden, "engine.register of %s: no connection with engine credentials for it (engine:%s/%s) is open", engine, c.member, engine)
 	}
 	for _, id := range ids {
 		if err := id.MayRegister(role, model); err != nil {
 			return api.Errorf(api.CodeForbidden, "engine.register: %v", err)
 		}
 	}
-	d.credMu.Lock()
-	if d.credChecks == nil {
-		d.credChecks = map[string]advertise.CredCheck{}
+	c.mu.Lock()
+	if c.checks == nil {
+		c.checks = map[string]advertise.CredCheck{}
 	}
-	d.credChecks[engine] = advertise.CredCheck{Role: role, Model: model, At: now}
-	d.credMu.Unlock()
+	c.checks[engine] = advertise.CredCheck{Role: role, Model: model, At: now}
+	c.mu.Unlock()
 	return nil
 }
 
-// forgetEngineCreds drops engine's credential check (engine.gone).
-func (d *Daemon) forgetEngineCreds(engine string) {
-	d.credMu.Lock()
-	delete(d.credChecks, engine)
-	d.credMu.Unlock()
+// forget drops engine's credential check (engine.gone).
+func (c *engineCreds) forget(engine string) {
+	c.mu.Lock()
+	delete(c.checks, engine)
+	c.mu.Unlock()
 }
 
 // connzReply is the part of a CONNZ answer connexd reads.
@@ -78,12 +95,12 @@ type connzReply struct {
 
 // engineIdentities lists the identities of the open connections whose
 // user JWT names engine on this member.
-func (d *Daemon) engineIdentities(ctx context.Context, engine string) ([]auth.Identity, error) {
+func (c *engineCreds) engineIdentities(ctx context.Context, engine string) ([]auth.Identity, error) {
 	var out []auth.Identity
 	for offset := 0; ; offset += connzPage {
 		req, _ := json.Marshal(map[string]any{"auth": true, "offset": offset, "limit": connzPage})
-		c, cancel := context.WithTimeout(ctx, 2*time.Second)
-		msg, err := d.Bus.Conn.RequestWithContext(c, accountConnz, req)
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		msg, err := c.nc.RequestWithContext(cctx, accountConnz, req)
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", accountConnz, err)
@@ -104,7 +121,7 @@ func (d *Daemon) engineIdentities(ctx context.Context, engine string) ([]auth.Id
 				continue // not a JWT user (this account has none)
 			}
 			id, ok := auth.IdentityOf(uc)
-			if ok && id.Role == auth.RoleEngine && id.Member == d.cfg.MemberID && id.Engine == engine {
+			if ok && id.Role == auth.RoleEngine && id.Member == c.member && id.Engine == engine {
 				out = append(out, id)
 			}
 		}

@@ -3,24 +3,83 @@ package daemon
 import (
 	"context"
 	"errors"
-	"net"
+	"log/slog"
+	"sync"
 	"time"
 
-	"github.com/connex/connex/actors"
 	"github.com/connex/connex/advertise"
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/clock"
 	"github.com/connex/connex/messages"
+	"google.golang.org/protobuf/proto"
 )
 
-// engineTable wires advertise.Registry to the API and to this member's
-// heartbeats: every change (a new engine, a lapse, engine.gone) is
-// advertised at once.
-type engineTable struct {
+// engineAPI answers engine.register and keeps the engines registered with
+// this member (advertise.Registry): every change (a new engine, a lapse,
+// engine.gone, a probe finding the process gone) is advertised in this
+// member's heartbeat at once, and the requests of an engine that is gone
+// end after engineLostGrace.
+type engineAPI struct {
+	member        string // member_id
+	role          string // this member's role: the engine roles it hosts
+	authenticated bool   // NATS authentication: registrations are checked against credentials
+
+	mu  sync.Mutex
 	reg *advertise.Registry
+
+	creds     credChecker
+	blocks    engineBlocks
+	journal   noticeMarks
+	journalID string
+	// adv carries the live registrations in this member's heartbeat; nil
+	// without membership.
+	adv      advertiser
+	requests requestEnder
+	clock    clock.Clock
+	stop     <-chan struct{} // closed when connexd stops: pending ends are dropped
+	log      *slog.Logger
 }
 
+// credChecker checks an engine's registration against the credentials of
+// its connections (enginecreds.go).
+type credChecker interface {
+	check(ctx context.Context, engine, role, model string) error
+	forget(engine string)
+}
+
+// engineBlocks is how many blocks an engine's regions here have
+// (kvmem.RegionTable.EngineBlocks): a registration claims no more.
+type engineBlocks interface {
+	EngineBlocks(engine string) uint32
+}
+
+// noticeMarks is what registration reads and forgets of the notice
+// journal (notices.Journal).
+type noticeMarks interface {
+	Last(engine string) uint64
+	Forget(engine string)
+}
+
+// advertiser puts the live registrations into this member's heartbeat
+// (clusterMembers.SetEngines).
+type advertiser interface {
+	SetEngines(es []*messages.EngineInfo)
+}
+
+// requestEnder ends the requests of an engine instance that is gone
+// (requestAPI.endEngine).
+type requestEnder interface {
+	endEngine(engine, instance string)
+}
+
+// engineLostGrace is how long after an engine left its requests wait for a
+// takeover before they end: an engine that shuts down hands its streams
+// back to the router (an error event) and says engine.gone at once, and
+// the router's resume must win that race.
+const engineLostGrace = 2 * time.Second
+
 // RegisterEngine registers or refreshes an engine with this member.
-func (d *Daemon) RegisterEngine(ctx context.Context, r *messages.RegisterEngineRequest) (*messages.RegisterEngineReply, error) {
+func (a *engineAPI) RegisterEngine(ctx context.Context, r *messages.RegisterEngineRequest) (*messages.RegisterEngineReply, error) {
 	if r.GetEngine() != nil {
 		if err := acting(ctx, "engine.engine_id", &r.Engine.EngineId); err != nil {
 			return nil, err
@@ -34,208 +93,156 @@ func (d *Daemon) RegisterEngine(ctx context.Context, r *messages.RegisterEngineR
 	// Nothing an engine says about itself is believed unchecked: its role
 	// must be one this member hosts and its credentials allow, with a
 	// model they allow; its blocks are at most those of its regions here.
-	if err := advertise.CheckRole(e.GetRole(), d.cfg.Role); err != nil {
-		return nil, api.Errorf(api.CodeForbidden, "engine.register of %s on member %s: %v", e.GetEngineId(), d.cfg.MemberID, err)
+	if err := advertise.CheckRole(e.GetRole(), a.role); err != nil {
+		return nil, api.Errorf(api.CodeForbidden, "engine.register of %s on member %s: %v", e.GetEngineId(), a.member, err)
 	}
-	if _, scoped := api.CallerEngine(ctx); scoped && natsAuthenticated(d.cfg) {
-		if err := d.checkEngineCreds(ctx, e.GetEngineId(), e.GetRole(), e.GetModel()); err != nil {
+	if _, scoped := api.CallerEngine(ctx); scoped && a.authenticated {
+		if err := a.creds.check(ctx, e.GetEngineId(), e.GetRole(), e.GetModel()); err != nil {
 			return nil, err
 		}
 	}
-	if advertise.ClampBlocks(e, d.regions.EngineBlocks(e.GetEngineId())) {
-		d.log.Debug("engine.register: blocks clamped to the engine's regions", "engine", e.GetEngineId(), "blocks_free", e.GetBlocksFree(), "blocks_total", e.GetBlocksTotal())
+	if advertise.ClampBlocks(e, a.blocks.EngineBlocks(e.GetEngineId())) {
+		a.log.Debug("engine.register: blocks clamped to the engine's regions", "engine", e.GetEngineId(), "blocks_free", e.GetBlocksFree(), "blocks_total", e.GetBlocksTotal())
 	}
-	d.engMu.Lock()
-	replaced, err := d.engines.reg.Register(r.GetEngine(), ttl, d.now())
-	d.engMu.Unlock()
+	a.mu.Lock()
+	replaced, err := a.reg.Register(r.GetEngine(), ttl, a.clock.Now())
+	a.mu.Unlock()
 	if replaced != nil {
-		d.log.Warn("engine restarted (a new instance registered): the previous instance's requests end", "engine", replaced.Engine, "instance", replaced.Instance)
-		d.engineLost(*replaced)
+		a.log.Warn("engine restarted (a new instance registered): the previous instance's requests end", "engine", replaced.Engine, "instance", replaced.Instance)
+		a.engineLost(*replaced)
 	}
 	if errors.Is(err, advertise.ErrFull) {
-		return nil, api.Errorf(api.CodeOverloaded, "engine.register of %s on member %s: %v", r.GetEngine().GetEngineId(), d.cfg.MemberID, err)
+		return nil, api.Errorf(api.CodeOverloaded, "engine.register of %s on member %s: %v", r.GetEngine().GetEngineId(), a.member, err)
 	}
 	if err != nil {
 		return nil, api.Errorf(api.CodeBadRequest, "%v", err)
 	}
-	d.advertiseEngines()
+	a.advertise()
 	return &messages.RegisterEngineReply{
 		TtlMs: uint32(ttl.Milliseconds()), RenewMs: uint32((ttl / 3).Milliseconds()),
-		NoticeSeq: d.journal.Last(r.GetEngine().GetEngineId()), NoticeJournal: d.journalID,
+		NoticeSeq: a.journal.Last(r.GetEngine().GetEngineId()), NoticeJournal: a.journalID,
 	}, nil
 }
 
-// dropEngine forgets an engine's registration (engine.gone).
-func (d *Daemon) dropEngine(id string) {
-	d.engMu.Lock()
-	ended, removed := d.engines.reg.Remove(id)
-	d.engMu.Unlock()
-	d.journal.Forget(id) // it said goodbye: nobody will replay its notices
-	d.forgetEngineCreds(id)
-	if removed {
-		d.advertiseEngines()
+// drop forgets an engine's registration (engine.gone).
+func (a *engineAPI) drop(id string) {
+	a.mu.Lock()
+	ended, removed := a.reg.Remove(id)
+	a.mu.Unlock()
+	a.journal.Forget(id) // it said goodbye: nobody will replay its notices
+	if a.creds != nil {
+		a.creds.forget(id)
 	}
-	d.engineLost(ended)
+	if removed {
+		a.advertise()
+	}
+	a.engineLost(ended)
 }
 
 // engineInstance is the instance id of engine id's live registration.
-func (d *Daemon) engineInstance(id string) string {
-	d.engMu.Lock()
-	defer d.engMu.Unlock()
-	return d.engines.reg.Instance(id)
+func (a *engineAPI) engineInstance(id string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.reg.Instance(id)
 }
 
-// engineLostGrace is how long after an engine left its requests wait for a takeover before they end: an engine that shuts down
-// hands its streams back to the router (an error event) and says
-// engine.gone at once, and the router's resume must win that race.
-const engineLostGrace = 2 * time.Second
+// info is engine id's live registration (nil if none), a copy.
+func (a *engineAPI) info(id string) *messages.EngineInfo {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if e := a.reg.Info(id); e != nil {
+		return proto.CloneOf(e)
+	}
+	return nil
+}
+
+// wantsJSON reports whether engine's live registration asked for JSON
+// notices.
+func (a *engineAPI) wantsJSON(engine string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.reg.Info(engine).GetJsonNotices()
+}
+
+// live is a copy of every live registration.
+func (a *engineAPI) live() []*messages.EngineInfo {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	live, _ := a.reg.Live(a.clock.Now())
+	out := make([]*messages.EngineInfo, 0, len(live))
+	for _, e := range live {
+		out = append(out, proto.CloneOf(e))
+	}
+	return out
+}
 
 // engineLost ends, after engineLostGrace, the requests a departed engine
-// ran here that no other engine took over (see
-// actors.EngineLost): otherwise their actors would renew the prefill hold
-// for nobody.
-func (d *Daemon) engineLost(ended advertise.Ended) {
-	if d.system == nil || d.reqTable == nil {
+// ran here that no other engine took over (see actors.EngineLost):
+// otherwise their actors would renew the prefill hold for nobody.
+func (a *engineAPI) engineLost(ended advertise.Ended) {
+	if a.requests == nil {
 		return
 	}
-	d.clock.AfterFunc(engineLostGrace, func() {
+	a.clock.AfterFunc(engineLostGrace, func() {
 		select {
-		case <-d.stop:
+		case <-a.stop:
 			return
 		default:
 		}
-		if ended.Instance != "" && d.engineInstance(ended.Engine) == ended.Instance {
+		if ended.Instance != "" && a.engineInstance(ended.Engine) == ended.Instance {
 			// The same process registered again within the grace: it was
 			// paused (SIGSTOP, a long GC), not gone. Its requests go on, and
 			// one it started since is not this departure's to end.
-			d.log.Info("engine registered again after its registration lapsed: its requests go on", "engine", ended.Engine)
+			a.log.Info("engine registered again after its registration lapsed: its requests go on", "engine", ended.Engine)
 			return
 		}
-		for _, pid := range d.reqTable.All() {
-			d.system.Root.Send(pid, &actors.EngineLost{Engine: ended.Engine, Instance: ended.Instance})
-		}
+		a.requests.endEngine(ended.Engine, ended.Instance)
 	})
 }
 
-// advertiseEngines puts the live registrations into this member's heartbeat.
-func (d *Daemon) advertiseEngines() {
-	d.engMu.Lock()
-	live, lapsed := d.engines.reg.Live(d.now())
-	d.engMu.Unlock()
+// advertise puts the live registrations into this member's heartbeat.
+func (a *engineAPI) advertise() {
+	a.mu.Lock()
+	live, lapsed := a.reg.Live(a.clock.Now())
+	a.mu.Unlock()
 	for _, e := range lapsed {
-		d.log.Warn("engine registration lapsed (no renewal within its TTL): no longer advertised", "engine", e.Engine)
-		d.engineLost(e)
+		a.log.Warn("engine registration lapsed (no renewal within its TTL): no longer advertised", "engine", e.Engine)
+		a.engineLost(e)
 	}
-	if d.cluster != nil {
-		d.cluster.SetEngines(live)
+	if a.adv != nil {
+		a.adv.SetEngines(live)
 	}
 }
 
-// expireEngines drops lapsed registrations as they lapse.
-func (d *Daemon) expireEngines() {
-	defer d.wg.Done()
-	t, tc := d.clock.NewTimer(time.Hour)
+// expire drops lapsed registrations as they lapse, until stop.
+func (a *engineAPI) expire() {
+	t, tc := a.clock.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
-		d.engMu.Lock()
-		next := d.engines.reg.NextExpiry()
-		d.engMu.Unlock()
+		a.mu.Lock()
+		next := a.reg.NextExpiry()
+		a.mu.Unlock()
 		wait := 250 * time.Millisecond
 		if !next.IsZero() {
-			if w := next.Sub(d.now()); w < wait {
+			if w := next.Sub(a.clock.Now()); w < wait {
 				wait = max(w, time.Millisecond)
 			}
 		}
 		t.Reset(wait)
 		select {
-		case <-d.stop:
+		case <-a.stop:
 			return
 		case <-tc:
 		}
-		d.engMu.Lock()
-		_, lapsed := d.engines.reg.Live(d.now())
-		d.engMu.Unlock()
+		a.mu.Lock()
+		_, lapsed := a.reg.Live(a.clock.Now())
+		a.mu.Unlock()
 		if len(lapsed) > 0 {
 			for _, e := range lapsed {
-				d.log.Warn("engine registration lapsed (no renewal within its TTL): no longer advertised", "engine", e.Engine)
-				d.engineLost(e)
+				a.log.Warn("engine registration lapsed (no renewal within its TTL): no longer advertised", "engine", e.Engine)
+				a.engineLost(e)
 			}
-			d.advertiseEngines()
+			a.advertise()
 		}
-	}
-}
-
-// engineProbeInterval is how often connexd tries a connection to each
-// registered engine's HTTP port, and engineProbeTimeout how long one try
-// may take. A refused try ends the engine's registration at once (see
-// advertise.Liveness): a killed engine leaves membership within about one
-// interval instead of its registration TTL (3 s), so the router stops
-// picking it and its /ready turns 503 when the last one of a role goes.
-const (
-	engineProbeInterval = 250 * time.Millisecond
-	engineProbeTimeout  = 500 * time.Millisecond
-)
-
-// probeEngines drops the registrations of engines whose process is gone.
-func (d *Daemon) probeEngines() {
-	defer d.wg.Done()
-	live := advertise.NewLiveness()
-	t, tc := d.clock.NewTimer(engineProbeInterval)
-	defer t.Stop()
-	dialer := &net.Dialer{Timeout: engineProbeTimeout}
-	for {
-		select {
-		case <-d.stop:
-			return
-		case <-tc:
-		}
-		d.engMu.Lock()
-		regs, _ := d.engines.reg.Live(d.now())
-		d.engMu.Unlock()
-		type outcome struct {
-			id, instance string
-			err          error
-		}
-		results := make(chan outcome, len(regs))
-		n := 0
-		for _, e := range regs {
-			addr := dialAddr(e.GetBaseUrl())
-			if addr == "" {
-				continue
-			}
-			n++
-			go func(id, instance string) {
-				c, err := dialer.Dial("tcp", addr)
-				if err == nil {
-					_ = c.Close()
-				}
-				results <- outcome{id, instance, err}
-			}(e.GetEngineId(), e.GetInstanceId())
-		}
-		registered := map[string]bool{}
-		for _, e := range regs {
-			registered[e.GetEngineId()] = true
-		}
-		live.Forget(func(id string) bool { return registered[id] })
-		for range n {
-			o := <-results
-			switch live.Observe(o.id, o.instance, dialOutcome(o.err)) {
-			case advertise.Listening:
-				d.log.Info("engine listening: a refused connection to it from now on ends its registration at once", "engine", o.id)
-				continue
-			case advertise.Unchanged:
-				continue
-			}
-			d.engMu.Lock()
-			ended, removed := d.engines.reg.RemoveInstance(o.id, o.instance)
-			d.engMu.Unlock()
-			if !removed {
-				continue
-			}
-			d.log.Warn("engine's HTTP port refuses connections (its process is gone): no longer advertised", "engine", o.id, "err", o.err)
-			d.advertiseEngines()
-			d.engineLost(ended)
-		}
-		t.Reset(engineProbeInterval)
 	}
 }

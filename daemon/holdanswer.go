@@ -27,20 +27,6 @@ type answerProcess struct {
 
 var _ actor.Process = (*answerProcess)(nil)
 
-// tellHold sends msg to the live hold named id without waiting for its
-// answer: f gets the hold's Reply on the hold actor's goroutine, or
-// dead=true when the hold stopped between the lookup and the send (its
-// directory entry then says why: ask again with askHold). Ended and
-// unknown transfers are errors at once, as for askHold; f is then never
-// called.
-func (d *Daemon) tellHold(id string, msg any, f func(rep actors.Reply, dead bool)) error {
-	e, err := d.liveHold(id)
-	if err != nil {
-		return err
-	}
-	return tell(d.system, e.PID, msg, f)
-}
-
 // tell sends msg to the actor pid with an answerProcess as its sender.
 func tell(sys *actor.ActorSystem, pid *actor.PID, msg any, f func(rep actors.Reply, dead bool)) error {
 	p := &answerProcess{sys: sys, f: f}

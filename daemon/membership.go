@@ -37,8 +37,7 @@ type clusterMembers struct {
 	load     int64
 	engines  []*messages.EngineInfo
 	closed   bool
-	seen     *cluster.Sightings // departures and tenures by name; decides with now passed in
-	now      func() time.Time   // the clock seen feeds on: time.Now (monotonic, never skewed)
+	roster   *memberRoster // departures and tenures by name, and the view built from them
 
 	rejoins chan struct{}
 	done    chan struct{}
@@ -66,8 +65,8 @@ func clusterRole(role string) cluster.Role {
 
 // joinCluster starts membership and keeps it: on self-eviction it rejoins.
 func joinCluster(nc *nats.Conn, cfg config.Config, ro cluster.RemoteOptions, log, libLog *slog.Logger) (*clusterMembers, error) {
-	m := &clusterMembers{nc: nc, cfg: cfg, remote: ro, log: log, libLog: libLog, rejoins: make(chan struct{}, 1), done: make(chan struct{}), now: time.Now}
-	m.seen = cluster.NewSightings(cfg.MemberID, presetConfig(cfg.ClusterPreset).SettleAfter(), m.now())
+	m := &clusterMembers{nc: nc, cfg: cfg, remote: ro, log: log, libLog: libLog, rejoins: make(chan struct{}, 1), done: make(chan struct{}),
+		roster: newMemberRoster(cfg.MemberID, presetConfig(cfg.ClusterPreset).SettleAfter(), time.Now)}
 	if err := m.start(); err != nil {
 		return nil, err
 	}
@@ -91,9 +90,7 @@ func (m *clusterMembers) start() error {
 	cl.StartMember()
 	// A (re)join starts from a clean slate: what a paused member believed
 	// about departures and ages is stale.
-	m.mu.Lock()
-	m.seen.Rejoin(m.now())
-	m.mu.Unlock()
+	m.roster.rejoin()
 	// Subscribe outside m.mu: Subscribe replays the live members to the
 	// callback at once, and track takes m.mu.
 	cancels := []func(){prov.Subscribe(m.track)}
@@ -162,54 +159,23 @@ func (m *clusterMembers) stopCurrent(graceful bool) {
 
 // LiveDecode implements Members: live decode members by name, suspects excluded.
 func (m *clusterMembers) LiveDecode() []requests.Candidate {
-	all, _ := m.live()
-	return all
+	return decodeCandidates(m.Members())
 }
 
-// live returns placement candidates (decode, not suspect) and the names of
-// every member still in the view (suspects included: they have not left).
-func (m *clusterMembers) live() (cands []requests.Candidate, names []string) {
-	m.mu.Lock()
-	prov := m.prov
-	m.mu.Unlock()
-	if prov == nil {
-		return nil, nil
-	}
-	for _, mem := range prov.Members() {
-		if mem.Name == "" {
-			continue
-		}
-		names = append(names, mem.Name)
-		if mem.Role == cluster.RoleDecode && !mem.Suspect {
-			cands = append(cands, requests.Candidate{ID: mem.Name, Load: mem.Load})
-		}
-	}
-	return cands, names
-}
-
-// View implements Members: the Sightings' roster of the names in the view
-// now.
+// View implements Members: the roster of the names in the view now.
 func (m *clusterMembers) View() requests.View {
-	_, names := m.live()
-	m.mu.Lock()
-	r := m.seen.Roster(names, m.now())
-	m.mu.Unlock()
-	return requests.View{Present: r.Present, Departed: r.Departed, Settled: r.Settled, Watched: r.Watched, Grace: r.Grace}
+	return m.roster.view(m.Members())
 }
 
 // DepartedAt is when this member saw name leave (zero if it has not, or
 // came back since).
 func (m *clusterMembers) DepartedAt(name string) time.Time {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.seen.DepartedAt(name)
+	return m.roster.departedAt(name)
 }
 
-// track feeds the membership events to the Sightings.
+// track feeds the membership events to the roster.
 func (m *clusterMembers) track(e cluster.Event) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.seen.Observe(e, m.now())
+	m.roster.observe(e)
 }
 
 // OnChange implements Members.
@@ -225,15 +191,9 @@ func (m *clusterMembers) OnChange(fn func()) func() {
 // membership goroutine and must return quickly.
 func (m *clusterMembers) OnLeft(fn func(name, id string, reason cluster.Reason)) {
 	m.watch(func(prov *cluster.Provider, e cluster.Event) {
-		if e.Type != cluster.EventLeft || e.Member.Name == "" || e.Member.Name == m.cfg.MemberID {
-			return
+		if leftForGood(e, m.cfg.MemberID, prov.Members()) {
+			fn(e.Member.Name, e.Member.ID, e.Reason)
 		}
-		for _, live := range prov.Members() {
-			if live.Name == e.Member.Name {
-				return
-			}
-		}
-		fn(e.Member.Name, e.Member.ID, e.Reason)
 	})
 }
 

@@ -98,10 +98,7 @@ func newPromMetrics(d *Daemon) *promMetrics {
 		gauge("connex_holds_live", "Holds alive on this member now.", func() float64 { return float64(d.dir.Live()) }),
 		gauge("connex_requests_in_flight", "Decode request actors hosted on this member now.", func() float64 { return float64(d.reqTable.Len()) }),
 		gauge("connex_engines_registered", "Engines registered with this member now.", func() float64 {
-			d.engMu.Lock()
-			defer d.engMu.Unlock()
-			live, _ := d.engines.reg.Live(d.now())
-			return float64(len(live))
+			return float64(len(d.engineAPI.live()))
 		}),
 	)
 	return m

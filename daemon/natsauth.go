@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"fmt"
-	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
 	"log/slog"
 	"path/filepath"
@@ -83,24 +82,6 @@ func acting(ctx context.Context, name string, field *string) error {
 		return err
 	}
 	*field = e
-	return nil
-}
-
-// callerOwns refuses an engine-scoped call about a request of another
-// engine: an epoch is a small number, so knowing a request id and guessing
-// its epoch must not let one engine write another's request.
-func (d *Daemon) callerOwns(ctx context.Context, requestID string) error {
-	caller, ok := api.CallerEngine(ctx)
-	if !ok {
-		return nil
-	}
-	st, err := d.askRequest(requestID, &actors.InspectRequest{})
-	if err != nil {
-		return err
-	}
-	if st.GetState().GetEngineId() != caller {
-		return api.Errorf(api.CodeForbidden, "request %s belongs to another engine than %q", requestID, caller)
-	}
 	return nil
 }
 

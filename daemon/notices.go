@@ -4,7 +4,6 @@ import (
 	"context"
 	"strconv"
 
-	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go"
@@ -29,7 +28,7 @@ func (d *Daemon) publish(subject string, m proto.Message) {
 		n.Seq = d.journal.Append(engine, n, now)
 		msg.Header.Set(api.HeaderNoticeSeq, strconv.FormatUint(n.Seq, 10))
 		msg.Header.Set(api.HeaderNoticeJournal, d.journalID)
-		isJSON = d.engineWantsJSON(engine)
+		isJSON = d.engineAPI.wantsJSON(engine)
 		if d.prom != nil {
 			d.prom.notice(kind)
 		}
@@ -68,14 +67,6 @@ func noticeOf(kind string, m proto.Message) *messages.Notice {
 	return n
 }
 
-// engineWantsJSON reports whether engine's live registration asked for
-// JSON notices.
-func (d *Daemon) engineWantsJSON(engine string) bool {
-	d.engMu.Lock()
-	defer d.engMu.Unlock()
-	return d.engines.reg.Info(engine).GetJsonNotices()
-}
-
 // EngineNotices replays an engine's notices after a sequence number.
 func (d *Daemon) EngineNotices(ctx context.Context, r *messages.NoticesRequest) (*messages.NoticesReply, error) {
 	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
@@ -102,33 +93,4 @@ func (d *Daemon) EngineNotices(ctx context.Context, r *messages.NoticesRequest) 
 		d.prom.replays.Inc()
 	}
 	return rep, nil
-}
-
-// EngineState lists what this member keeps for an engine.
-func (d *Daemon) EngineState(ctx context.Context, r *messages.EngineStateRequest) (*messages.EngineState, error) {
-	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
-		return nil, err
-	}
-	if err := requireToken("engine_id", r.EngineId); err != nil {
-		return nil, err
-	}
-	st := &messages.EngineState{EngineId: r.EngineId, LastSeq: d.journal.Last(r.EngineId), Journal: d.journalID}
-	d.engMu.Lock()
-	if info := d.engines.reg.Info(r.EngineId); info != nil {
-		st.Registration = proto.CloneOf(info)
-	}
-	d.engMu.Unlock()
-	for _, e := range d.dir.ByEngine(r.EngineId) {
-		if rep, err := d.ask(e.PID, &actors.InspectHold{}); err == nil && rep.Status != nil {
-			st.Holds = append(st.Holds, rep.Status)
-		}
-	}
-	st.Pulls = d.inflight.of(r.EngineId)
-	for _, pid := range d.reqTable.All() {
-		rep, err := d.askRequestActor(pid, &actors.InspectRequest{})
-		if err == nil && rep.GetState().GetEngineId() == r.EngineId {
-			st.Requests = append(st.Requests, rep.GetState())
-		}
-	}
-	return st, ctx.Err()
 }

@@ -1,0 +1,175 @@
+package daemon
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/advertise"
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/clock"
+	"github.com/connex/connex/messages"
+)
+
+// fakeAdvertiser is advertiser: every list advertised, in order.
+type fakeAdvertiser struct {
+	mu   sync.Mutex
+	adds [][]string
+}
+
+func (f *fakeAdvertiser) SetEngines(es []*messages.EngineInfo) {
+	var ids []string
+	for _, e := range es {
+		ids = append(ids, e.GetEngineId())
+	}
+	f.mu.Lock()
+	f.adds = append(f.adds, ids)
+	f.mu.Unlock()
+}
+
+// last is the last list advertised, and whether there was one.
+func (f *fakeAdvertiser) last() ([]string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.adds) == 0 {
+		return nil, false
+	}
+	return f.adds[len(f.adds)-1], true
+}
+
+// fakeEnder is requestEnder: the engine instances whose requests ended.
+type fakeEnder struct {
+	mu    sync.Mutex
+	ended []string
+}
+
+func (f *fakeEnder) endEngine(engine, instance string) {
+	f.mu.Lock()
+	f.ended = append(f.ended, engine+"/"+instance)
+	f.mu.Unlock()
+}
+
+func (f *fakeEnder) all() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.ended...)
+}
+
+// fakeJournal is noticeMarks.
+type fakeJournal struct {
+	last      map[string]uint64
+	forgotten []string
+}
+
+func (j *fakeJournal) Last(engine string) uint64 { return j.last[engine] }
+func (j *fakeJournal) Forget(engine string)      { j.forgotten = append(j.forgotten, engine) }
+
+type fakeBlocks uint32
+
+func (b fakeBlocks) EngineBlocks(string) uint32 { return uint32(b) }
+
+func newTestEngineAPI(role string) (*engineAPI, *fakeAdvertiser, *fakeEnder, *clock.Fake, *fakeJournal) {
+	adv, end, clk := &fakeAdvertiser{}, &fakeEnder{}, clock.NewFake(time.Unix(1000, 0))
+	j := &fakeJournal{last: map[string]uint64{"d1": 41}}
+	return &engineAPI{member: "m1", role: role, reg: advertise.NewRegistry(), blocks: fakeBlocks(100), journal: j, journalID: "j1",
+		adv: adv, requests: end, clock: clk, stop: make(chan struct{}), log: quiet}, adv, end, clk, j
+}
+
+func registration(id, instance, role string, ttlMs uint32) *messages.RegisterEngineRequest {
+	return &messages.RegisterEngineRequest{TtlMs: ttlMs, Engine: &messages.EngineInfo{EngineId: id, InstanceId: instance, Role: role,
+		Model: "m", BaseUrl: "http://127.0.0.1:1", BlocksTotal: 500, BlocksFree: 400}}
+}
+
+func TestRegisteredEnginesAreAdvertised(t *testing.T) {
+	a, adv, _, _, _ := newTestEngineAPI(advertise.RoleDecode)
+	ctx := context.Background()
+	rep, err := a.RegisterEngine(ctx, registration("d1", "i1", advertise.RoleDecode, 3000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.NoticeSeq != 41 || rep.NoticeJournal != "j1" || rep.TtlMs != 3000 || rep.RenewMs != 1000 {
+		t.Fatalf("reply %+v: want notice seq 41 of journal j1, ttl 3000 ms, renew every 1000 ms", rep)
+	}
+	if ids, _ := adv.last(); len(ids) != 1 || ids[0] != "d1" {
+		t.Fatalf("advertised %v after a registration, want [d1]", ids)
+	}
+	// Blocks are at most those of its regions here.
+	if info := a.info("d1"); info.GetBlocksTotal() != 100 || info.GetBlocksFree() != 100 {
+		t.Fatalf("registered blocks %d/%d, want clamped to the regions' 100", info.GetBlocksFree(), info.GetBlocksTotal())
+	}
+	_, err = a.RegisterEngine(ctx, registration("p1", "i2", advertise.RolePrefill, 3000))
+	wantCode(t, "a prefill engine on a decode member", err, api.CodeForbidden)
+	_, err = a.RegisterEngine(ctx, registration("d.2", "i2", advertise.RoleDecode, 3000))
+	wantCode(t, "an engine id that is no token", err, api.CodeBadRequest)
+	if ids, _ := adv.last(); len(ids) != 1 {
+		t.Fatalf("advertised %v after refused registrations, want [d1] still", ids)
+	}
+}
+
+func TestEngineGoneIsAdvertisedAndEndsItsRequestsAfterTheGrace(t *testing.T) {
+	a, adv, end, clk, j := newTestEngineAPI(advertise.RoleDecode)
+	if _, err := a.RegisterEngine(context.Background(), registration("d1", "i1", advertise.RoleDecode, 3000)); err != nil {
+		t.Fatal(err)
+	}
+	a.drop("d1")
+	if ids, ok := adv.last(); !ok || len(ids) != 0 {
+		t.Fatalf("advertised %v after engine.gone, want none", ids)
+	}
+	if len(j.forgotten) != 1 {
+		t.Fatalf("journal forgot %v, want d1's notices forgotten", j.forgotten)
+	}
+	clk.Advance(engineLostGrace - time.Millisecond)
+	if got := end.all(); len(got) != 0 {
+		t.Fatalf("requests of d1 ended before the grace: %v", got)
+	}
+	clk.Advance(time.Millisecond)
+	if got := end.all(); len(got) != 1 || got[0] != "d1/i1" {
+		t.Fatalf("ended %v after the grace, want d1/i1", got)
+	}
+}
+
+func TestRestartedEngineEndsTheOldInstancesRequestsOnly(t *testing.T) {
+	a, _, end, clk, _ := newTestEngineAPI(advertise.RoleDecode)
+	ctx := context.Background()
+	if _, err := a.RegisterEngine(ctx, registration("d1", "i1", advertise.RoleDecode, 3000)); err != nil {
+		t.Fatal(err)
+	}
+	// The same instance again (a renewal): nothing ends.
+	if _, err := a.RegisterEngine(ctx, registration("d1", "i1", advertise.RoleDecode, 3000)); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(engineLostGrace)
+	if got := end.all(); len(got) != 0 {
+		t.Fatalf("a renewal ended requests: %v", got)
+	}
+	// A new instance: the old one's requests end.
+	if _, err := a.RegisterEngine(ctx, registration("d1", "i2", advertise.RoleDecode, 3000)); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(engineLostGrace)
+	if got := end.all(); len(got) != 1 || got[0] != "d1/i1" {
+		t.Fatalf("ended %v after a restart, want the old instance d1/i1 only", got)
+	}
+}
+
+func TestLapsedEngineBackWithinTheGraceKeepsItsRequests(t *testing.T) {
+	a, adv, end, clk, _ := newTestEngineAPI(advertise.RoleDecode)
+	ctx := context.Background()
+	if _, err := a.RegisterEngine(ctx, registration("d1", "i1", advertise.RoleDecode, uint32(advertise.MinTTL.Milliseconds()))); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(advertise.MinTTL + time.Millisecond)
+	a.advertise() // as expire does on its timer
+	if ids, _ := adv.last(); len(ids) != 0 {
+		t.Fatalf("a lapsed registration still advertised: %v", ids)
+	}
+	// Paused, not gone: the same instance registers again within the grace.
+	if _, err := a.RegisterEngine(ctx, registration("d1", "i1", advertise.RoleDecode, 3000)); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(engineLostGrace)
+	if got := end.all(); len(got) != 0 {
+		t.Fatalf("requests of an engine back within the grace ended: %v", got)
+	}
+}

@@ -1,0 +1,121 @@
+package daemon
+
+import (
+	"context"
+	"time"
+
+	"github.com/connex/connex/actors"
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/clock"
+	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/messages"
+)
+
+// pullAPI answers pull.start: it checks a pull, claims its destination
+// blocks and starts a puller. It owns the table of running pulls.
+type pullAPI struct {
+	backend  string        // this member's data plane (transport.Backend.Name)
+	timeout  time.Duration // pull_timeout_ms: the default deadline
+	stall    time.Duration // pull_stall_ms
+	regions  regionLeaser
+	pullers  pullStarter
+	inflight *pullTable
+	clock    clock.Clock
+}
+
+// pullStarter starts a puller for a checked pull (actors.StartPuller); its
+// outcome comes back as a PullDone notice.
+type pullStarter interface {
+	startPull(p *actors.Pull)
+}
+
+// maxPullTimeout bounds a caller-chosen pull deadline: a holder never keeps
+// blocks pinned for a reader longer than this after it stops reporting.
+const maxPullTimeout = time.Hour
+
+// pullTimeout is the caller's timeout_ms, or def, within bounds.
+func pullTimeout(ms uint32, def time.Duration) (time.Duration, error) {
+	if ms == 0 {
+		return def, nil
+	}
+	t := time.Duration(ms) * time.Millisecond
+	if t > maxPullTimeout {
+		return 0, api.Errorf(api.CodeBadRequest, "timeout_ms=%d: at most %d", ms, maxPullTimeout.Milliseconds())
+	}
+	return t, nil
+}
+
+// StartPull validates a pull, claims its destination blocks and starts a
+// puller actor. The outcome arrives as a PullDone notice.
+func (a *pullAPI) StartPull(ctx context.Context, r *messages.StartPullRequest) (*messages.StartPullReply, error) {
+	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
+		return nil, err
+	}
+	p := r.Params
+	if p == nil {
+		return nil, api.Errorf(api.CodeBadRequest, "params (kv_transfer_params) missing")
+	}
+	if !transferIDRe.MatchString(p.TransferId) {
+		return nil, api.Errorf(api.CodeBadRequest, "params.transfer_id=%q: want 32 lowercase hex digits", p.TransferId)
+	}
+	if err := requireToken("params.remote_ctrl.member", p.RemoteCtrl.GetMember()); err != nil {
+		return nil, err
+	}
+	if err := requireToken("engine_id", r.EngineId); err != nil {
+		return nil, err
+	}
+	if got, want := p.RemoteCtrl.GetBackend(), a.backend; got != "" && got != want {
+		return nil, api.Errorf(api.CodeIncompatible, "the hold %s lives on member %s, whose data plane is %q; this member's is %q (set backend to the same value on every member)",
+			p.TransferId, p.RemoteCtrl.GetMember(), got, want)
+	}
+	pullID := r.PullId
+	if pullID == "" {
+		pullID = actors.NewTransferID()[:16]
+	} else if err := requireToken("pull_id", pullID); err != nil {
+		return nil, err
+	}
+	timeout, err := pullTimeout(r.TimeoutMs, a.timeout)
+	if err != nil {
+		return nil, err
+	}
+	// pull.start is idempotent while the pull runs and for a minute after
+	// it ended: an engine whose call timed out (its NATS server died with
+	// the answer) sends it again and is told the pull runs; its pull.done
+	// comes once (pulltable.go).
+	if claimed, same := a.inflight.claim(r.EngineId, pullID, p.TransferId, a.clock.Now()); !claimed {
+		if same {
+			return &messages.StartPullReply{PullId: pullID}, nil
+		}
+		return nil, api.Errorf(api.CodeBadRequest, "pull_id=%q is in use by another running pull; give each pull its own id", pullID)
+	}
+	dst, release, err := a.regions.Acquire(r.EngineId, r.RegionId)
+	if err != nil {
+		a.inflight.forget(pullID)
+		return nil, api.Errorf(api.CodeUnknownRegion, "%v", err)
+	}
+	l := dst.Region.Layout
+	fail := func(err error) (*messages.StartPullReply, error) {
+		release()
+		a.inflight.forget(pullID)
+		return nil, err
+	}
+	if err := dst.CheckBroken(); err != nil {
+		return fail(err)
+	}
+	if err := kvmem.CheckPull(p.TpSize, p.BlockSize, len(p.RemoteBlockIds), p.RemoteNumTokens, len(r.BlockIds), l); err != nil {
+		return fail(err)
+	}
+	if err := kvmem.ValidateBlockIDs(r.BlockIds, l.Blocks); err != nil {
+		return fail(err)
+	}
+	if err := dst.Blocks.BeginWrite(r.BlockIds); err != nil {
+		return fail(err)
+	}
+	a.pullers.startPull(&actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Timeout: timeout, Stall: min(a.stall, timeout), ReleaseRegion: release})
+	return &messages.StartPullReply{PullId: pullID}, nil
+}
+
+// pullDeps is pullStarter over the actors package's pullers.
+type pullDeps struct{ deps *actors.PullDeps }
+
+func (p pullDeps) startPull(pull *actors.Pull) { actors.StartPuller(p.deps, pull) }

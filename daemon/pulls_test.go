@@ -1,0 +1,90 @@
+package daemon
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/actors"
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/clock"
+	"github.com/connex/connex/messages"
+)
+
+// fakePullers is pullStarter: the pulls it was given.
+type fakePullers struct{ started []*actors.Pull }
+
+func (f *fakePullers) startPull(p *actors.Pull) { f.started = append(f.started, p) }
+
+func newTestPullAPI() (*pullAPI, *fakeRegions, *fakePullers) {
+	regs, ps := newFakeRegions(), &fakePullers{}
+	return &pullAPI{backend: "tcp", timeout: 30 * time.Second, stall: 10 * time.Second, regions: regs, pullers: ps,
+		inflight: newPullTable(), clock: clock.NewFake(time.Unix(1000, 0))}, regs, ps
+}
+
+// pullOf is a pull.start of two remote blocks of 16 tokens into dst.
+func pullOf(transfer, pullID string, dst ...uint32) *messages.StartPullRequest {
+	return &messages.StartPullRequest{EngineId: "d1", RegionId: "r", PullId: pullID, BlockIds: dst,
+		Params: &messages.KVTransferParams{TransferId: transfer, RemoteCtrl: &messages.RemoteCtrl{Member: "p1", Backend: "tcp"},
+			RemoteBlockIds: []uint32{0, 1}, RemoteNumTokens: 32, TpSize: 1, BlockSize: 16}}
+}
+
+func TestStartPullRefusals(t *testing.T) {
+	a, regs, ps := newTestPullAPI()
+	ctx := context.Background()
+	_, err := a.StartPull(ctx, &messages.StartPullRequest{EngineId: "d1"})
+	wantCode(t, "pull without params", err, api.CodeBadRequest)
+	_, err = a.StartPull(ctx, pullOf("abc", "p1", 2, 3))
+	wantCode(t, "pull of a malformed transfer id", err, api.CodeBadRequest)
+	other := pullOf(tid1, "p1", 2, 3)
+	other.Params.RemoteCtrl.Backend = "ucx"
+	_, err = a.StartPull(ctx, other)
+	wantCode(t, "pull from a holder on another data plane", err, api.CodeIncompatible)
+	_, err = a.StartPull(ctx, pullOf(tid1, "p1", 2, 3))
+	wantCode(t, "pull into an unknown region", err, api.CodeUnknownRegion)
+	if a.inflight.Len() != 0 {
+		t.Fatal("a pull refused for its region stays in the table: its id cannot be sent again")
+	}
+	regs.put(t, "d1", "r", testLayout(), "test")
+	_, err = a.StartPull(ctx, pullOf(tid1, "p1", 2))
+	if err == nil || a.inflight.Len() != 0 || regs.acquired != regs.released {
+		t.Fatalf("pull of 2 remote blocks into 1: err %v, %d running, region acquired %d released %d; want refused and all given back",
+			err, a.inflight.Len(), regs.acquired, regs.released)
+	}
+	if len(ps.started) != 0 {
+		t.Fatalf("%d pullers started for refused pulls", len(ps.started))
+	}
+}
+
+func TestStartPullSentAgainStartsOnePull(t *testing.T) {
+	a, regs, ps := newTestPullAPI()
+	regs.put(t, "d1", "r", testLayout(), "test")
+	ctx := context.Background()
+	rep, err := a.StartPull(ctx, pullOf(tid1, "p1", 2, 3))
+	if err != nil || rep.PullId != "p1" {
+		t.Fatalf("pull.start: %v, %v", rep, err)
+	}
+	// Its answer was lost: the engine sends it again.
+	rep, err = a.StartPull(ctx, pullOf(tid1, "p1", 2, 3))
+	if err != nil || rep.PullId != "p1" {
+		t.Fatalf("pull.start again: %v, %v; want the running pull's id", rep, err)
+	}
+	if len(ps.started) != 1 || regs.acquired != 1 {
+		t.Fatalf("%d pullers started, %d regions acquired; want one pull", len(ps.started), regs.acquired)
+	}
+	if p := ps.started[0]; p.Stall != 10*time.Second || p.Timeout != 30*time.Second || len(p.DstBlocks) != 2 {
+		t.Fatalf("pull %+v: want stall 10s, timeout 30s, 2 blocks", p)
+	}
+	// The same id for another transfer while it runs: refused.
+	_, err = a.StartPull(ctx, pullOf(tid2, "p1", 4, 5))
+	wantCode(t, "another pull under a running pull's id", err, api.CodeBadRequest)
+	// A caller's short deadline bounds the stall too.
+	short := pullOf(tid2, "p2", 4, 5)
+	short.TimeoutMs = 2000
+	if _, err := a.StartPull(ctx, short); err != nil {
+		t.Fatal(err)
+	}
+	if p := ps.started[1]; p.Stall != 2*time.Second || p.Timeout != 2*time.Second {
+		t.Fatalf("pull with timeout_ms=2000: stall %s timeout %s, want 2s each", p.Stall, p.Timeout)
+	}
+}
