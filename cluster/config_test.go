@@ -82,3 +82,22 @@ func TestValidateRejects(t *testing.T) {
 		}
 	}
 }
+
+// TestActorClusterConfigGossip: protoactor's gossip runs at GossipInterval
+// and its heartbeat expiration (which blocks a member for good) stays far
+// beyond both the gossip interval and every preset's TTL, so that only the
+// Provider decides who is gone.
+func TestActorClusterConfigGossip(t *testing.T) {
+	c := ActorClusterConfig("c", nil, nil, NewRemoteConfig("127.0.0.1", 0, RemoteOptions{}))
+	if c.GossipInterval != GossipInterval {
+		t.Fatalf("gossip every %s, want %s", c.GossipInterval, GossipInterval)
+	}
+	if c.HeartbeatExpiration < 10*c.GossipInterval {
+		t.Fatalf("gossip heartbeat expiration %s is under ten gossip intervals (%s)", c.HeartbeatExpiration, c.GossipInterval)
+	}
+	for name, cfg := range map[string]Config{"local": DefaultLocalConfig(), "lan": DefaultLANConfig(), "wan": DefaultWANConfig()} {
+		if c.HeartbeatExpiration <= cfg.TTL() {
+			t.Errorf("%s: gossip heartbeat expiration %s is not beyond the TTL %s", name, c.HeartbeatExpiration, cfg.TTL())
+		}
+	}
+}

@@ -134,7 +134,7 @@
 //	cfg.Role = cluster.RoleDecode
 //	prov, _ := cluster.NewProvider(nc, cfg)
 //	sys := actor.NewActorSystem()
-//	c := actorcluster.New(sys, actorcluster.Configure(name, prov, lookup,
+//	c := actorcluster.New(sys, cluster.ActorClusterConfig(name, prov, lookup,
 //		cluster.NewRemoteConfig(host, port, ro), actorcluster.WithKinds(kinds...)))
 //	c.StartMember()                 // calls prov.StartMember
 //	cancel := prov.Subscribe(onEvent) // replays live members, then changes

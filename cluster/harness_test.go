@@ -113,7 +113,7 @@ func tryTestMember(url string, role Role, client bool) (*testMember, error) {
 			ctx.Respond(wrapperspb.String(s.GetValue() + "@" + ctx.ActorSystem().ID))
 		}
 	}))
-	ccfg := actorcluster.Configure(testClusterName, p, disthash.New(), NewRemoteConfig("127.0.0.1", 0, RemoteOptions{}),
+	ccfg := ActorClusterConfig(testClusterName, p, disthash.New(), NewRemoteConfig("127.0.0.1", 0, RemoteOptions{}),
 		actorcluster.WithKinds(echo))
 	m := &testMember{sys: sys, cl: actorcluster.New(sys, ccfg), p: p, nc: nc, client: client}
 	if client {

@@ -86,7 +86,7 @@ func (m *clusterMembers) start() error {
 	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return m.libLog.With("lib", "protoactor-cluster")
 	}))
-	cl := actorcluster.New(sys, actorcluster.Configure(m.cfg.ClusterName, prov, disthash.New(), cluster.NewRemoteConfig(m.cfg.ClusterHost, 0, m.remote)))
+	cl := actorcluster.New(sys, cluster.ActorClusterConfig(m.cfg.ClusterName, prov, disthash.New(), cluster.NewRemoteConfig(m.cfg.ClusterHost, 0, m.remote)))
 	cl.StartMember()
 	// A (re)join starts from a clean slate: what a paused member believed
 	// about departures and ages is stale.
