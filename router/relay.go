@@ -209,14 +209,8 @@ func (s *Server) prefillOn(ctx context.Context, e Engine, c *ClientRequest, body
 	if resp.Status != http.StatusOK {
 		return nil, engineError(resp.Status, data, id)
 	}
-	var ans struct {
-		KVTransferParams json.RawMessage `json:"kv_transfer_params"`
-		PromptTokenIDs   tokenIDs        `json:"prompt_token_ids"`
-		Choices          []struct {
-			PromptTokenIDs tokenIDs `json:"prompt_token_ids"`
-		} `json:"choices"`
-	}
-	if err := json.Unmarshal(data, &ans); err != nil {
+	ans, err := parsePrefillAnswer(data)
+	if err != nil {
 		return nil, serverError(CodeEngineFailed, "prefill engine %s answered something that is not a completion: %v", id, err)
 	}
 	if len(ans.KVTransferParams) == 0 || isNull(ans.KVTransferParams) {
