@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"reflect"
 	"testing"
 )
@@ -79,4 +80,49 @@ func FuzzPrefillAnswer(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) { checkPrefillAnswer(t, data) })
+}
+
+var paramsSeeds = []string{
+	`{"transfer_id":"t-1","remote_block_ids":[1,2],"remote_num_tokens":3,"do_remote_prefill":true,"x":1.50e3,"s":"a\"b\\c\/d é"}`,
+	`{}`, `null`, `[]`, `{"a":1,"a":2}`, `{"a":"\u00e9"}`, "{\"a\":\"\xff\"}", ` { "a" : [ 1 , { "b" : null } ] } `, `{"a":1`,
+	`{"connex_resume":false,"connex_request_id":"old"}`,
+}
+
+// checkParamsObject: kv_transfer_params decode as encoding/json decodes
+// them into a map of raw values.
+func checkParamsObject(t *testing.T, data []byte) {
+	got, gerr := paramsObject(data)
+	var want map[string]json.RawMessage
+	werr := json.Unmarshal(data, &want)
+	if werr == nil && want == nil {
+		werr = errors.New("null")
+	}
+	if (gerr == nil) != (werr == nil) {
+		t.Fatalf("%q: paramsObject error %v, encoding/json %v", data, gerr, werr)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%q: paramsObject %v, encoding/json %v", data, got, want)
+	}
+	for k, w := range want {
+		if g, ok := got[k]; !ok || !sameJSON(g, w) {
+			t.Fatalf("%q: key %q: paramsObject %s, encoding/json %s", data, k, g, w)
+		}
+	}
+}
+
+func TestParamsObjectIsEncodingJSONs(t *testing.T) {
+	for _, s := range paramsSeeds {
+		checkParamsObject(t, []byte(s))
+	}
+	b, err := withRequestID([]byte(paramsSeeds[9]), "cmpl-1", true)
+	if err != nil || string(b) != `{"connex_request_id":"cmpl-1","connex_resume":true}` {
+		t.Fatalf("withRequestID: %s %v", b, err)
+	}
+}
+
+func FuzzParamsObject(f *testing.F) {
+	for _, s := range paramsSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) { checkParamsObject(t, data) })
 }
