@@ -182,7 +182,7 @@ func (u *upstream) exchange(ctx context.Context, c *upConn, method, host, path s
 			}
 			continue // 100 Continue, 103 Early Hints: the answer follows
 		}
-		b, err := newUpBody(u, c, stop, method, status, hdr)
+		b, err := newUpBody(ctx, u, c, stop, method, status, hdr)
 		if err != nil {
 			return fail(fmt.Errorf("engine %s: %w", c.addr, err))
 		}
@@ -348,6 +348,7 @@ func clip(b []byte) []byte {
 
 // upBody reads an answer's body from its connection.
 type upBody struct {
+	ctx   context.Context
 	u     *upstream
 	c     *upConn     // nil once closed or given back
 	r     io.Reader   // the framed body: limited, chunked, or to EOF
@@ -357,8 +358,8 @@ type upBody struct {
 	err   error       // how reading ended (io.EOF: at its end)
 }
 
-func newUpBody(u *upstream, c *upConn, stop func() bool, method string, status int, h upHead) (*upBody, error) {
-	b := &upBody{u: u, c: c, stop: stop, keep: !h.close}
+func newUpBody(ctx context.Context, u *upstream, c *upConn, stop func() bool, method string, status int, h upHead) (*upBody, error) {
+	b := &upBody{ctx: ctx, u: u, c: c, stop: stop, keep: !h.close}
 	switch {
 	case method == http.MethodHead || status == http.StatusNoContent || status == http.StatusNotModified:
 		b.r = eofReader{}
@@ -436,7 +437,7 @@ func (b *upBody) trailer() error {
 func (b *upBody) failed(err error) error {
 	b.keep = false
 	if !b.stop() { // the hook ran: the context ended
-		return fmt.Errorf("engine %s: reading the answer: %w (%v)", b.c.addr, context.Canceled, err)
+		return fmt.Errorf("engine %s: reading the answer: %w (%v)", b.c.addr, context.Cause(b.ctx), err)
 	}
 	return fmt.Errorf("engine %s: reading the answer: %w", b.c.addr, err)
 }
@@ -493,7 +494,7 @@ func (u *upstream) conn(ctx context.Context, addr string) (*upConn, error) {
 	}
 	nc, err := u.dial(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("engine %s: %w", addr, err)
+		return nil, err // names the address
 	}
 	return &upConn{nc: nc, br: bufio.NewReaderSize(nc, 16<<10), addr: addr}, nil
 }

@@ -72,6 +72,23 @@ func engineLike() http.Handler {
 	return mux
 }
 
+// fetch posts body to url (GET if body is nil) and reads the whole answer.
+func fetch(t *testing.T, u *upstream, url string, body []byte) (int, string) {
+	t.Helper()
+	var resp *upResponse
+	var err error
+	if body == nil {
+		resp, err = u.get(context.Background(), url)
+	} else {
+		resp, err = u.post(context.Background(), url, body, "")
+	}
+	st, b, err := readAnswer(resp, err)
+	if err != nil {
+		t.Fatalf("%s: %v", url, err)
+	}
+	return st, b
+}
+
 func netHTTPDo(t *testing.T, method, url string, body []byte) (int, []byte) {
 	t.Helper()
 	var rd io.Reader
@@ -120,32 +137,17 @@ func TestUpstreamAsNetHTTP(t *testing.T) {
 	// net/http's requests used connections of their own; ours one in all.
 	before := conns.Load()
 	for range 5 {
-		resp, err := u.post(ctx, srv.URL+"/stream", []byte("{}"), "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+		fetch(t, u, srv.URL+"/stream", []byte("{}"))
 	}
 	if n := conns.Load() - before; n != 0 {
 		t.Fatalf("%d new connections for 5 requests on a kept-alive one, want 0", n)
 	}
 	// Connection: close is honoured: the next request dials.
-	resp, err := u.post(ctx, srv.URL+"/close", []byte("{}"), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b, _ := io.ReadAll(resp.Body); string(b) != "bye" {
+	if _, b := fetch(t, u, srv.URL+"/close", []byte("{}")); b != "bye" {
 		t.Fatalf("close: %q", b)
 	}
-	resp.Body.Close()
 	before = conns.Load()
-	resp, err = u.get(ctx, srv.URL+"/length")
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	fetch(t, u, srv.URL+"/length", nil)
 	if n := conns.Load() - before; n != 1 {
 		t.Fatalf("%d new connections after Connection: close, want 1", n)
 	}
@@ -221,12 +223,7 @@ func TestUpstreamContextEndsRead(t *testing.T) {
 	}
 	resp.Body.Close()
 	before := conns.Load()
-	r2, err := u.post(context.Background(), srv.URL+"/hang-not", []byte("{}"), "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, r2.Body)
-	r2.Body.Close()
+	fetch(t, u, srv.URL+"/hang-not", []byte("{}"))
 	if n := conns.Load() - before; n != 1 {
 		t.Fatalf("%d new connections after a cancelled read, want 1 (it is not reused)", n)
 	}
@@ -239,14 +236,9 @@ func TestUpstreamEngineClosedIdle(t *testing.T) {
 	u := testUpstream()
 	defer u.close()
 	do := func() {
-		resp, err := u.post(context.Background(), srv.URL+"/length", []byte("x"), "")
-		if err != nil {
-			t.Fatal(err)
+		if _, b := fetch(t, u, srv.URL+"/length", []byte("x")); b != "<x>" {
+			t.Fatalf("got %q", b)
 		}
-		if b, err := io.ReadAll(resp.Body); err != nil || string(b) != "<x>" {
-			t.Fatalf("got %q, %v", b, err)
-		}
-		resp.Body.Close()
 	}
 	do()
 	srv.CloseClientConnections()
