@@ -54,6 +54,11 @@ type upConn struct {
 	scratch []byte // the request head, reused from one request to the next
 }
 
+// peekAfter is how long a connection idles before it is peeked at reuse
+// (stillOpen): engines close idle connections after seconds (uvicorn: 5 s);
+// one closed sooner (a restart) is met by retryFresh.
+const peekAfter = time.Second
+
 // max1xx bounds the informational answers before the answer, as net/http does.
 const max1xx = 5
 
@@ -486,7 +491,7 @@ func (u *upstream) conn(ctx context.Context, addr string) (*upConn, error) {
 		list[len(list)-1] = nil
 		u.idle[addr] = list[:len(list)-1]
 		u.mu.Unlock()
-		if now.Sub(c.idleAt) < u.idleFor && stillOpen(c.nc) {
+		if idle := now.Sub(c.idleAt); idle < u.idleFor && (idle < peekAfter || stillOpen(c.nc)) {
 			c.reused = true
 			return c, nil
 		}

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/connex/connex/harness/poll"
 )
 
 func testUpstream() *upstream {
@@ -230,31 +232,38 @@ func TestUpstreamContextEndsRead(t *testing.T) {
 }
 
 // TestUpstreamEngineClosedIdle: a kept-alive connection the engine closed
-// while idle is not used: the request goes on a new one.
+// while idle is not used for the request: one idle for a while is peeked
+// and replaced, a fresh one fails before any answer and the request goes
+// once more on a new connection.
 func TestUpstreamEngineClosedIdle(t *testing.T) {
-	srv, conns := countingServer(t, engineLike())
-	u := testUpstream()
-	defer u.close()
-	do := func() {
-		if _, b := fetch(t, u, srv.URL+"/length", []byte("x")); b != "<x>" {
-			t.Fatalf("got %q", b)
+	for _, aged := range []bool{true, false} {
+		srv, conns := countingServer(t, engineLike())
+		u := testUpstream()
+		do := func() {
+			if _, b := fetch(t, u, srv.URL+"/length", []byte("x")); b != "<x>" {
+				t.Fatalf("got %q", b)
+			}
 		}
-	}
-	do()
-	srv.CloseClientConnections()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+		do()
 		u.mu.Lock()
 		c := u.idle[strings.TrimPrefix(srv.URL, "http://")][0]
-		u.mu.Unlock()
-		if !stillOpen(c.nc) || time.Now().After(deadline) {
-			break
+		if aged {
+			c.idleAt = c.idleAt.Add(-peekAfter)
 		}
-		time.Sleep(time.Millisecond) // the close is the server's, in flight
-	}
-	do()
-	if n := conns.Load(); n != 2 {
-		t.Fatalf("%d connections, want 2 (the closed one replaced)", n)
+		u.mu.Unlock()
+		srv.CloseClientConnections()
+		// The close is the server's, in flight.
+		poll.Until(t, 5*time.Second, time.Millisecond, func() error {
+			if stillOpen(c.nc) {
+				return errors.New("the engine's close has not arrived")
+			}
+			return nil
+		})
+		do()
+		if n := conns.Load(); n != 2 {
+			t.Fatalf("aged %v: %d connections, want 2 (the closed one replaced)", aged, n)
+		}
+		u.close()
 	}
 }
 
