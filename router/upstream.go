@@ -107,7 +107,7 @@ func (u *upstream) do(ctx context.Context, method, rawURL string, body []byte, a
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		c, err := u.conn(ctx, addr)
+		c, err := u.conn(ctx, addr, attempt > 0)
 		if err != nil {
 			return nil, err
 		}
@@ -473,10 +473,11 @@ func (b *upBody) Close() error {
 	return nil
 }
 
-// conn is an idle connection to addr that is still open, or a new one.
-func (u *upstream) conn(ctx context.Context, addr string) (*upConn, error) {
+// conn is an idle connection to addr that is still open, or a new one
+// (always when fresh).
+func (u *upstream) conn(ctx context.Context, addr string, fresh bool) (*upConn, error) {
 	now := time.Now()
-	for {
+	for !fresh {
 		u.mu.Lock()
 		if u.closed {
 			u.mu.Unlock()

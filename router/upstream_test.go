@@ -231,10 +231,11 @@ func TestUpstreamContextEndsRead(t *testing.T) {
 	}
 }
 
-// TestUpstreamEngineClosedIdle: a kept-alive connection the engine closed
-// while idle is not used for the request: one idle for a while is peeked
-// and replaced, a fresh one fails before any answer and the request goes
-// once more on a new connection.
+// TestUpstreamEngineClosedIdle: kept-alive connections the engine closed
+// while idle (a restart) are not used for the request: one idle for a
+// while is peeked and replaced; on one idle for less the request fails
+// before any answer and goes once more on a new connection, not on the
+// next kept one.
 func TestUpstreamEngineClosedIdle(t *testing.T) {
 	for _, aged := range []bool{true, false} {
 		srv, conns := countingServer(t, engineLike())
@@ -244,12 +245,28 @@ func TestUpstreamEngineClosedIdle(t *testing.T) {
 				t.Fatalf("got %q", b)
 			}
 		}
-		do()
-		u.mu.Lock()
-		c := u.idle[strings.TrimPrefix(srv.URL, "http://")][0]
-		if aged {
-			c.idleAt = c.idleAt.Add(-peekAfter)
+		// Two connections kept: two answers read at once.
+		r1, err1 := u.post(context.Background(), srv.URL+"/length", []byte("x"), "")
+		r2, err2 := u.post(context.Background(), srv.URL+"/length", []byte("x"), "")
+		for _, a := range []struct {
+			r   *upResponse
+			err error
+		}{{r1, err1}, {r2, err2}} {
+			if _, b, err := readAnswer(a.r, a.err); err != nil || b != "<x>" {
+				t.Fatalf("got %q, %v", b, err)
+			}
 		}
+		u.mu.Lock()
+		kept := u.idle[strings.TrimPrefix(srv.URL, "http://")]
+		if len(kept) != 2 {
+			t.Fatalf("%d connections kept, want 2", len(kept))
+		}
+		for _, c := range kept {
+			if aged {
+				c.idleAt = c.idleAt.Add(-peekAfter)
+			}
+		}
+		c := kept[0]
 		u.mu.Unlock()
 		srv.CloseClientConnections()
 		// The close is the server's, in flight.
@@ -260,8 +277,8 @@ func TestUpstreamEngineClosedIdle(t *testing.T) {
 			return nil
 		})
 		do()
-		if n := conns.Load(); n != 2 {
-			t.Fatalf("aged %v: %d connections, want 2 (the closed one replaced)", aged, n)
+		if n := conns.Load(); n != 3 {
+			t.Fatalf("aged %v: %d connections, want 3 (the closed ones replaced by one)", aged, n)
 		}
 		u.close()
 	}
