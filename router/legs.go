@@ -8,6 +8,9 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"unicode/utf8"
+
+	"github.com/valyala/fastjson"
 )
 
 // Kind is the OpenAI endpoint a client called.
@@ -234,17 +237,48 @@ func PrefillBody(c *ClientRequest) []byte {
 // withRequestID returns the prefill's kv_transfer_params with the router's
 // request id, and connex_resume when resume is set.
 func withRequestID(params json.RawMessage, requestID string, resume bool) (json.RawMessage, error) {
-	var p map[string]json.RawMessage
-	if err := json.Unmarshal(params, &p); err != nil || p == nil {
-		return nil, fmt.Errorf("kv_transfer_params of the prefill answer is not an object: %v", errText(err))
+	p, err := paramsObject(params)
+	if err != nil {
+		return nil, err
 	}
-	p["connex_request_id"] = mustJSON(requestID)
+	p["connex_request_id"] = appendKey(nil, requestID) // a JSON string, as a key is written
 	if resume {
 		p["connex_resume"] = json.RawMessage("true")
 	} else {
 		delete(p, "connex_resume")
 	}
 	return encode(p), nil
+}
+
+// paramsObject decodes a prefill's kv_transfer_params as encoding/json
+// decodes them into a map of raw values: with fastjson when they are valid
+// UTF-8 without \u escapes or a key twice (what a prefill engine sends),
+// else with encoding/json (FuzzParamsObject holds the two equal).
+func paramsObject(params json.RawMessage) (map[string]json.RawMessage, error) {
+	if p, ok := fastParamsObject(params); ok {
+		return p, nil
+	}
+	var p map[string]json.RawMessage
+	if err := json.Unmarshal(params, &p); err != nil || p == nil {
+		return nil, fmt.Errorf("kv_transfer_params of the prefill answer is not an object: %v", errText(err))
+	}
+	return p, nil
+}
+
+func fastParamsObject(data []byte) (map[string]json.RawMessage, bool) {
+	if fastjson.ValidateBytes(data) != nil || bytes.Contains(data, []byte(`\u`)) || !utf8.Valid(data) {
+		return nil, false
+	}
+	parser := jsonParsers.Get()
+	defer jsonParsers.Put(parser)
+	v, err := parser.ParseBytes(data)
+	if err != nil || v.Type() != fastjson.TypeObject {
+		return nil, false
+	}
+	o, _ := v.Object()
+	p := make(map[string]json.RawMessage, o.Len()+1)
+	o.Visit(func(k []byte, v *fastjson.Value) { p[string(k)] = v.MarshalTo(nil) })
+	return p, len(p) == o.Len() // else a key twice: encoding/json keeps the last
 }
 
 // DecodeBody is the first decode leg: the client's request with the

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -198,12 +197,7 @@ func (s *Server) prefillOn(ctx context.Context, e Engine, c *ClientRequest, body
 	defer done()
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.PrefillTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.Info.GetBaseUrl()+c.Kind.Path(), bytes.NewReader(body))
-	if err != nil {
-		return nil, serverError(CodeEngineFailed, "prefill engine %s: %v", id, err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := s.client.Do(req)
+	resp, err := s.up.post(ctx, e.Info.GetBaseUrl()+c.Kind.Path(), body, "")
 	if err != nil {
 		return nil, unavailable(CodeEngineFailed, "prefill engine %s unreachable: %v", id, err)
 	}
@@ -212,17 +206,11 @@ func (s *Server) prefillOn(ctx context.Context, e Engine, c *ClientRequest, body
 	if err != nil {
 		return nil, unavailable(CodeEngineFailed, "prefill engine %s: reading its answer: %v", id, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, engineError(resp.StatusCode, data, id)
+	if resp.Status != http.StatusOK {
+		return nil, engineError(resp.Status, data, id)
 	}
-	var ans struct {
-		KVTransferParams json.RawMessage `json:"kv_transfer_params"`
-		PromptTokenIDs   tokenIDs        `json:"prompt_token_ids"`
-		Choices          []struct {
-			PromptTokenIDs tokenIDs `json:"prompt_token_ids"`
-		} `json:"choices"`
-	}
-	if err := json.Unmarshal(data, &ans); err != nil {
+	ans, err := parsePrefillAnswer(data)
+	if err != nil {
 		return nil, serverError(CodeEngineFailed, "prefill engine %s answered something that is not a completion: %v", id, err)
 	}
 	if len(ans.KVTransferParams) == 0 || isNull(ans.KVTransferParams) {
@@ -400,7 +388,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 
 // legEvent is what the leg's reader goroutine reports.
 type legEvent struct {
-	resp  *http.Response
+	resp  *upResponse
 	chunk *engineChunk
 	err   error // errDone at [DONE]
 	// more: the next event has arrived already and is being read (tokens
@@ -576,22 +564,15 @@ func (s *Server) readLeg(ctx context.Context, url string, body []byte, id string
 			return false
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		send(legEvent{err: err})
-		return
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "text/event-stream")
-	resp, err := s.client.Do(req)
+	resp, err := s.up.post(ctx, url, body, "text/event-stream")
 	if err != nil {
 		send(legEvent{err: err})
 		return
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	if resp.Status != http.StatusOK {
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-		send(legEvent{err: engineError(resp.StatusCode, data, id)})
+		send(legEvent{err: engineError(resp.Status, data, id)})
 		return
 	}
 	if !send(legEvent{resp: resp}) {
@@ -633,12 +614,10 @@ func (s *Server) probeHealth(ctx context.Context, base string, timeout time.Dura
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	alive := false
-	if req, err := http.NewRequestWithContext(pctx, http.MethodGet, base+"/health", nil); err == nil {
-		if resp, err := s.client.Do(req); err == nil {
-			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-			resp.Body.Close()
-			alive = resp.StatusCode >= 200 && resp.StatusCode < 300
-		}
+	if resp, err := s.up.get(pctx, base+"/health"); err == nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		alive = resp.Status >= 200 && resp.Status < 300
 	}
 	select {
 	case out <- probeAnswer{probe: probe, alive: alive}:

@@ -82,7 +82,8 @@ type Server struct {
 	log     *slog.Logger
 	ln      net.Listener
 	srv     *http.Server
-	client  *http.Client
+	client  *http.Client // the engines' tokenizers; the legs' fallback
+	up      *upstream    // the legs
 	metrics *metrics
 	admit   *admission
 	// apiKeys guard /v1/*, adminKeys the operator endpoints.
@@ -132,6 +133,7 @@ func New(cfg Config) (*Server, error) {
 			DisableCompression:  true,
 		}},
 	}
+	s.up = newUpstream(s.client, s.client.Transport.(*http.Transport).DialContext)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/health", s.health)
 	mux.HandleFunc("/ready", s.ready)
@@ -168,7 +170,7 @@ func (s *Server) Close(ctx context.Context) error {
 	if err != nil {
 		err = s.srv.Close()
 	}
-	s.client.CloseIdleConnections()
+	s.up.close()
 	return err
 }
 
