@@ -602,8 +602,9 @@ func testVLLMHoldGone(t *testing.T, c *localcluster.Cluster) {
 	const max, faultAt = 120, 16
 	policyOf := map[string]string{"decode-0": "fail", "decode-1": "recompute"}
 	seen := map[string]bool{}
-	// Ties go to the lower engine id, so the first round fails decode-0 and
-	// decode-1 recomputes; the next keeps decode-0 busy to fail decode-1.
+	// Ties go to the lower engine id, so a round aimed at decode-0 lets
+	// the router pick (decode-1 recomputes); one aimed at decode-1 keeps
+	// decode-0 busy first (decode-0 fails).
 	// Both rounds run. The fail round once ended with [DONE] and no error:
 	// the connector reported a failed load by block ids only, which vLLM
 	// matches against the request's computed tokens; it now also names the
@@ -614,10 +615,21 @@ func testVLLMHoldGone(t *testing.T, c *localcluster.Cluster) {
 		rounds = 1
 	}
 	for round := 0; len(seen) < rounds && round < 4; round++ {
-		want := []string{"decode-0", "decode-1"}[len(seen)]
+		// The victim this round aims at: the one whose resumer has the
+		// policy not seen yet (a round that landed elsewhere is made up by
+		// the next, whatever the order).
+		want := "decode-0" // resumed by decode-1: recompute
+		if seen["recompute"] {
+			want = "decode-1" // resumed by decode-0: fail
+		}
+		// The reference runs on the engine that should not be the victim,
+		// so that its just-ended request does not tip the router's pick
+		// towards the other (the CI once saw decode-1 picked in a round
+		// aimed at decode-0 right after a reference run on decode-0).
+		refEngine := map[string]string{"decode-0": "decode-1", "decode-1": "decode-0"}[want]
 		t.Run(fmt.Sprintf("round-%d", round), func(t *testing.T) {
 			prompt := vllmPrompt(int64(100+round), 300)
-			ref, err := postStream(ctx, engineURL(t, c, "decode-0")+"/v1/completions", vllmCompletion(prompt, max), nil)
+			ref, err := postStream(ctx, engineURL(t, c, refEngine)+"/v1/completions", vllmCompletion(prompt, max), nil)
 			if err != nil {
 				t.Fatalf("reference: %v", err)
 			}
