@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -376,5 +377,52 @@ func TestHoldLostIsToldOnce(t *testing.T) {
 	}
 	if _, releases := r.holds.counts("t1"); releases != 0 {
 		t.Fatalf("a lost hold was released %d times", releases)
+	}
+}
+
+// TestTakeoverWritesTheRecordOnly: a router's resume landing on another
+// member (request.start with takeover) and the progress after it store the
+// record alone: the same bytes at 1k and 8k prompt tokens, where the whole
+// state is tens of KB. The stored request still reads back whole.
+func TestTakeoverWritesTheRecordOnly(t *testing.T) {
+	written := map[int][2]int{}
+	for _, n := range []int{1024, 8192} {
+		r := newRequestRig(t)
+		first := startMsg("r1", "e1", "t1")
+		first.PromptTokenIds = make([]uint32, n)
+		for i := range first.PromptTokenIds {
+			first.PromptTokenIds[i] = uint32(100_000 + i)
+		}
+		first.ResumeAuthority = requests.AuthorityRouter
+		if st, err := r.ask(t, r.sys.Root.Spawn(RequestProps(r.deps)), &StartRequest{Msg: first}, 5*time.Second); err != nil || st.GetState().GetEpoch() != 1 {
+			t.Fatalf("start: %v %v", st, err)
+		}
+		// The engine on the other member resends the prompt and the 3
+		// tokens generated so far.
+		other := *r.deps
+		other.Self, other.Table = "m2", NewRequestTable()
+		resume := proto.CloneOf(first)
+		resume.EngineId, resume.Takeover = "e2", true
+		resume.PromptTokenIds = append(resume.PromptTokenIds, 7, 8, 9)
+		pid := r.sys.Root.Spawn(RequestProps(&other))
+		st, err := r.ask(t, pid, &StartRequest{Msg: resume}, 5*time.Second)
+		if err != nil || st.GetState().GetEpoch() != 2 || st.GetState().GetOwner() != "m2" || fmt.Sprint(st.GetState().GetGeneratedTokenIds()) != "[7 8 9]" {
+			t.Fatalf("takeover at %d prompt tokens: %v %v", n, st, err)
+		}
+		takeover := r.store.lastWrite()
+		if _, err := r.ask(t, pid, &RequestProgress{Epoch: 2, Tokens: []uint32{10}}, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		written[n] = [2]int{takeover, r.store.lastWrite()}
+		if takeover > 512 || r.store.lastWrite() > 512 {
+			t.Fatalf("at %d prompt tokens the takeover stored %d bytes and the progress after it %d: want the record alone (<= 512)", n, takeover, r.store.lastWrite())
+		}
+		got, _, err := r.store.Get(context.Background(), "r1")
+		if err != nil || !slices.Equal(got.PromptTokenIds, first.PromptTokenIds) || fmt.Sprint(got.GeneratedTokenIds) != "[7 8 9 10]" {
+			t.Fatalf("read back: %d prompt tokens, generated %v, %v", len(got.GetPromptTokenIds()), got.GetGeneratedTokenIds(), err)
+		}
+	}
+	if written[1024] != written[8192] {
+		t.Fatalf("bytes stored by the takeover and a progress: %v at 1k prompt tokens, %v at 8k: they grow with the prompt", written[1024], written[8192])
 	}
 }

@@ -99,7 +99,7 @@ func TestStateTransitions(t *testing.T) {
 
 // natsConn starts an in-process NATS server (with JetStream or not) for
 // the test and connects to it.
-func natsConn(t *testing.T, jetstream bool) *nats.Conn {
+func natsConn(t testing.TB, jetstream bool) *nats.Conn {
 	t.Helper()
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: jetstream, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
 	if err != nil {

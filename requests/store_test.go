@@ -106,7 +106,7 @@ func TestKVStoreForgetsFinished(t *testing.T) {
 
 // oldRecord stores st as a connexd before the prompt split did: the whole
 // state under its key, no prompt key.
-func oldRecord(t *testing.T, ctx context.Context, s *KVStore, st *messages.RequestState) uint64 {
+func oldRecord(t testing.TB, ctx context.Context, s *KVStore, st *messages.RequestState) uint64 {
 	t.Helper()
 	old := proto.CloneOf(st)
 	old.PromptLen, old.PromptDigest, old.PromptKey = 0, nil, ""
