@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -61,18 +62,26 @@ func resumeOf(start *messages.StartRequestMsg, generated []uint32) *messages.Sta
 	return m
 }
 
+// openStore opens the request bucket on an embedded JetStream of its own,
+// with a context of timeout.
+func openStore(tb testing.TB, timeout time.Duration) (*KVStore, *nats.Conn, context.Context) {
+	tb.Helper()
+	nc := natsConn(tb, true)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	tb.Cleanup(cancel)
+	s, err := OpenKVStore(ctx, nc, 1, time.Hour, 1<<30)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s, nc, ctx
+}
+
 // TestTakeoverWriteIsBounded pins the cost of a takeover: it reads the
 // record and writes it back, and neither grows with the prompt (it used to
 // write all prompt token ids back, 8k prompt tokens ~ 25 KB). The stored
 // request still reads back whole, and a finish leaves nothing behind.
 func TestTakeoverWriteIsBounded(t *testing.T) {
-	nc := natsConn(t, true)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := OpenKVStore(ctx, nc, 1, time.Hour, 64<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, _, ctx := openStore(t, 30*time.Second)
 	kv := &countingKV{KeyValue: s.KV}
 	s.KV = kv
 	written := map[int]int{}
@@ -154,13 +163,7 @@ func TestTakeoverWriteIsBounded(t *testing.T) {
 // state, no prompt key) reads back as it was, and its next write stores
 // the prompt apart, after which writes carry the record alone.
 func TestOldRecords(t *testing.T) {
-	nc := natsConn(t, true)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := OpenKVStore(ctx, nc, 1, time.Hour, 64<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, _, ctx := openStore(t, 30*time.Second)
 	m := longStart("old", 1024)
 	m.ResumeAuthority = ""
 	st, _ := New(m, "d1", time.Now())

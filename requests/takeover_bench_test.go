@@ -29,13 +29,7 @@ func BenchmarkTakeover(b *testing.B) {
 		got := map[string]result{}
 		for _, path := range []string{"whole", "split"} {
 			b.Run(fmt.Sprintf("prompt=%d/%s", n, path), func(b *testing.B) {
-				nc := natsConn(b, true)
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-				defer cancel()
-				s, err := OpenKVStore(ctx, nc, 1, time.Hour, 1<<30)
-				if err != nil {
-					b.Fatal(err)
-				}
+				s, nc, ctx := openStore(b, 10*time.Minute)
 				kv := &countingKV{KeyValue: s.KV}
 				s.KV = kv
 				// One request per takeover, each at its first move (epoch
