@@ -178,6 +178,9 @@ func TestOldRecords(t *testing.T) {
 		t.Fatalf("owners with an old record: %v %v", owners, err)
 	}
 	old, _, _ := s.Get(ctx, "old")
+	if adopted, err := Adopt(old, "d1", "d2", "e2", time.Now()); err != nil || !PromptChanged(old, adopted) || adopted.PromptKey == "" {
+		t.Fatalf("an adoption of an old record must store its prompt apart: %v", err)
+	}
 	next, err := Append(old, 1, []uint32{7}, time.Now())
 	if err != nil || !PromptChanged(old, next) {
 		t.Fatalf("the first write after the upgrade must store the prompt: %v", err)
