@@ -52,6 +52,17 @@ const MaxTokens = 1 << 20
 
 // New builds the initial state of a request started on owner.
 func New(start *messages.StartRequestMsg, owner string, now time.Time) (*messages.RequestState, error) {
+	st, err := newState(start, owner, now)
+	if err != nil {
+		return nil, err
+	}
+	withPrompt(st, start.PromptTokenIds)
+	return st, nil
+}
+
+// newState is New without the prompt: start checked, and the state at
+// epoch 1 with neither prompt nor digest.
+func newState(start *messages.StartRequestMsg, owner string, now time.Time) (*messages.RequestState, error) {
 	switch {
 	case !ValidID(start.RequestId):
 		return nil, fmt.Errorf("%w: request_id=%q: want 1-128 letters, digits, '-', '_', '=' or '/'", ErrInvalid, start.RequestId)
@@ -67,13 +78,11 @@ func New(start *messages.StartRequestMsg, owner string, now time.Time) (*message
 	default:
 		return nil, fmt.Errorf("%w: resume_authority %q (allowed: \"\" for the cluster, %q)", ErrInvalid, start.ResumeAuthority, AuthorityRouter)
 	}
-	st := &messages.RequestState{
+	return &messages.RequestState{
 		RequestId: start.RequestId, Params: start.Params,
 		Owner: owner, Epoch: 1, EngineId: start.EngineId, UpdatedUnixMs: now.UnixMilli(),
 		ResumeAuthority: start.ResumeAuthority,
-	}
-	withPrompt(st, start.PromptTokenIds)
-	return st, nil
+	}, nil
 }
 
 // Takeover returns st moved to owner and start's engine with the next
@@ -86,7 +95,7 @@ func New(start *messages.StartRequestMsg, owner string, now time.Time) (*message
 // prompt (st needs only its record: PromptLen and PromptDigest); otherwise
 // they all become a new prompt.
 func Takeover(st *messages.RequestState, start *messages.StartRequestMsg, owner string, now time.Time) (*messages.RequestState, error) {
-	fresh, err := New(start, owner, now)
+	fresh, err := newState(start, owner, now)
 	if err != nil {
 		return nil, err
 	}
@@ -101,6 +110,8 @@ func Takeover(st *messages.RequestState, start *messages.StartRequestMsg, owner 
 		fresh.PromptTokenIds, fresh.PromptLen = toks[:n:n], uint32(n)
 		fresh.PromptDigest = digestOf(st)
 		fresh.PromptKey = PromptKey(fresh.RequestId, fresh.PromptDigest)
+	} else {
+		withPrompt(fresh, toks)
 	}
 	fresh.Epoch = st.Epoch + 1
 	fresh.PreviousOwners = append(append([]string(nil), st.PreviousOwners...), st.Owner)
