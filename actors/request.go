@@ -224,7 +224,11 @@ func (a *requestActor) apply(ctx actor.Context, e activation.Effect) {
 		a.step(ctx, activation.Claimed{Now: a.now(), OK: a.deps.Table.claim(e.ID, ctx.Self())})
 	case activation.Load:
 		a.io(func(c context.Context) activation.Event {
-			st, rev, err := a.deps.Store.Get(c, e.ID)
+			get := a.deps.Store.Head
+			if e.Whole {
+				get = a.deps.Store.Get
+			}
+			st, rev, err := get(c, e.ID)
 			return activation.Loaded{Now: a.now(), State: st, Rev: rev, Err: err}
 		})
 	case activation.Write:
@@ -235,7 +239,7 @@ func (a *requestActor) apply(ctx actor.Context, e activation.Effect) {
 			case activation.Create:
 				rev, err = a.deps.Store.Create(c, e.State)
 			case activation.Update:
-				rev, err = a.deps.Store.Update(c, e.State, e.Rev)
+				rev, err = a.deps.Store.Update(c, e.State, e.Rev, e.Prompt)
 			case activation.Delete:
 				err = a.deps.Store.Delete(c, e.ID, e.Rev)
 			}
@@ -366,7 +370,7 @@ func (a *requestActor) noticeFenced(e activation.NoticeFenced) {
 		deadline := clk.Now().Add(2 * timeout)
 		for attempt := 1; ; attempt++ {
 			c, cancel := context.WithTimeout(context.Background(), time.Second)
-			cur, _, err := store.Get(c, e.RequestID)
+			cur, _, err := store.Head(c, e.RequestID)
 			cancel()
 			// The write was refused, so the state moved on: a read that
 			// shows it as this activation left it comes from a server that

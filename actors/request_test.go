@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,32 +21,51 @@ import (
 )
 
 // memStore is a requests.Store in memory whose writes can be held at a
-// gate, standing for a slow JetStream.
+// gate, standing for a slow JetStream. It keeps what KVStore keeps: records
+// and prompts apart (requests.SplitState), and counts the bytes each write
+// stores.
 type memStore struct {
 	mu      sync.Mutex
-	states  map[string]*messages.RequestState
+	records map[string][]byte
+	prompts map[string][]byte
 	revs    map[string]uint64
 	rev     uint64
 	gate    chan struct{} // if set, Update waits for it to close
 	waiting int           // Updates waiting at the gate
+	written []int         // bytes stored by each Create and Update, in order
 }
 
 func newMemStore() *memStore {
-	return &memStore{states: map[string]*messages.RequestState{}, revs: map[string]uint64{}}
+	return &memStore{records: map[string][]byte{}, prompts: map[string][]byte{}, revs: map[string]uint64{}}
+}
+
+// put stores st's record, and its prompt if prompt; s.mu is held.
+func (s *memStore) put(st *messages.RequestState, prompt bool) {
+	n := 0
+	if prompt {
+		_, p := requests.SplitState(st)
+		data, _ := proto.Marshal(p)
+		s.prompts[st.PromptKey] = data
+		n += len(data)
+	}
+	rec, _ := requests.RecordBytes(st)
+	s.records[st.RequestId] = rec
+	s.written = append(s.written, n+len(rec))
+	s.rev++
+	s.revs[st.RequestId] = s.rev
 }
 
 func (s *memStore) Create(_ context.Context, st *messages.RequestState) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.states[st.RequestId]; ok {
+	if _, ok := s.records[st.RequestId]; ok {
 		return 0, requests.ErrExists
 	}
-	s.rev++
-	s.states[st.RequestId], s.revs[st.RequestId] = proto.Clone(st).(*messages.RequestState), s.rev
+	s.put(st, true)
 	return s.rev, nil
 }
 
-func (s *memStore) Update(ctx context.Context, st *messages.RequestState, rev uint64) (uint64, error) {
+func (s *memStore) Update(ctx context.Context, st *messages.RequestState, rev uint64, prompt bool) (uint64, error) {
 	s.mu.Lock()
 	gate := s.gate
 	if gate != nil {
@@ -66,19 +87,36 @@ func (s *memStore) Update(ctx context.Context, st *messages.RequestState, rev ui
 	if cur, ok := s.revs[st.RequestId]; !ok || cur != rev {
 		return 0, fmt.Errorf("update %s at %d: %w", st.RequestId, rev, requests.ErrFenced)
 	}
-	s.rev++
-	s.states[st.RequestId], s.revs[st.RequestId] = proto.Clone(st).(*messages.RequestState), s.rev
+	s.put(st, prompt)
 	return s.rev, nil
 }
 
-func (s *memStore) Get(_ context.Context, id string) (*messages.RequestState, uint64, error) {
+func (s *memStore) Head(_ context.Context, id string) (*messages.RequestState, uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st, ok := s.states[id]
+	data, ok := s.records[id]
 	if !ok {
 		return nil, 0, requests.ErrNotFound
 	}
-	return proto.Clone(st).(*messages.RequestState), s.revs[id], nil
+	st := new(messages.RequestState)
+	if err := proto.Unmarshal(data, st); err != nil {
+		return nil, 0, err
+	}
+	return st, s.revs[id], nil
+}
+
+func (s *memStore) Get(ctx context.Context, id string) (*messages.RequestState, uint64, error) {
+	st, rev, err := s.Head(ctx, id)
+	if err != nil || st.PromptKey == "" {
+		return st, rev, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := new(messages.RequestPrompt)
+	if err := proto.Unmarshal(s.prompts[st.PromptKey], p); err != nil {
+		return nil, 0, err
+	}
+	return requests.JoinState(st, p), rev, nil
 }
 
 func (s *memStore) Delete(_ context.Context, id string, rev uint64) error {
@@ -87,9 +125,21 @@ func (s *memStore) Delete(_ context.Context, id string, rev uint64) error {
 	if cur, ok := s.revs[id]; !ok || cur != rev {
 		return fmt.Errorf("delete %s at %d: %w", id, rev, requests.ErrFenced)
 	}
-	delete(s.states, id)
+	delete(s.records, id)
 	delete(s.revs, id)
+	for k := range s.prompts {
+		if strings.HasPrefix(k, "p."+id+".") {
+			delete(s.prompts, k)
+		}
+	}
 	return nil
+}
+
+// lastWrite is the bytes the last Create or Update stored.
+func (s *memStore) lastWrite() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.written[len(s.written)-1]
 }
 
 func (s *memStore) waitingAtGate() int {
@@ -291,7 +341,7 @@ func TestFencedWriteTellsTheEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.store.Update(context.Background(), adopted, rev); err != nil {
+	if _, err := r.store.Update(context.Background(), adopted, rev, requests.PromptChanged(cur, adopted)); err != nil {
 		t.Fatal(err)
 	}
 	_, err = r.ask(t, pid, &RequestProgress{Epoch: 1, Tokens: []uint32{7}}, 5*time.Second)
@@ -327,5 +377,52 @@ func TestHoldLostIsToldOnce(t *testing.T) {
 	}
 	if _, releases := r.holds.counts("t1"); releases != 0 {
 		t.Fatalf("a lost hold was released %d times", releases)
+	}
+}
+
+// TestTakeoverWritesTheRecordOnly: a router's resume landing on another
+// member (request.start with takeover) and the progress after it store the
+// record alone: the same bytes at 1k and 8k prompt tokens, where the whole
+// state is tens of KB. The stored request still reads back whole.
+func TestTakeoverWritesTheRecordOnly(t *testing.T) {
+	written := map[int][2]int{}
+	for _, n := range []int{1024, 8192} {
+		r := newRequestRig(t)
+		first := startMsg("r1", "e1", "t1")
+		first.PromptTokenIds = make([]uint32, n)
+		for i := range first.PromptTokenIds {
+			first.PromptTokenIds[i] = uint32(100_000 + i)
+		}
+		first.ResumeAuthority = requests.AuthorityRouter
+		if st, err := r.ask(t, r.sys.Root.Spawn(RequestProps(r.deps)), &StartRequest{Msg: first}, 5*time.Second); err != nil || st.GetState().GetEpoch() != 1 {
+			t.Fatalf("start: %v %v", st, err)
+		}
+		// The engine on the other member resends the prompt and the 3
+		// tokens generated so far.
+		other := *r.deps
+		other.Self, other.Table = "m2", NewRequestTable()
+		resume := proto.CloneOf(first)
+		resume.EngineId, resume.Takeover = "e2", true
+		resume.PromptTokenIds = append(resume.PromptTokenIds, 7, 8, 9)
+		pid := r.sys.Root.Spawn(RequestProps(&other))
+		st, err := r.ask(t, pid, &StartRequest{Msg: resume}, 5*time.Second)
+		if err != nil || st.GetState().GetEpoch() != 2 || st.GetState().GetOwner() != "m2" || fmt.Sprint(st.GetState().GetGeneratedTokenIds()) != "[7 8 9]" {
+			t.Fatalf("takeover at %d prompt tokens: %v %v", n, st, err)
+		}
+		takeover := r.store.lastWrite()
+		if _, err := r.ask(t, pid, &RequestProgress{Epoch: 2, Tokens: []uint32{10}}, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		written[n] = [2]int{takeover, r.store.lastWrite()}
+		if takeover > 512 || r.store.lastWrite() > 512 {
+			t.Fatalf("at %d prompt tokens the takeover stored %d bytes and the progress after it %d: want the record alone (<= 512)", n, takeover, r.store.lastWrite())
+		}
+		got, _, err := r.store.Get(context.Background(), "r1")
+		if err != nil || !slices.Equal(got.PromptTokenIds, first.PromptTokenIds) || fmt.Sprint(got.GeneratedTokenIds) != "[7 8 9 10]" {
+			t.Fatalf("read back: %d prompt tokens, generated %v, %v", len(got.GetPromptTokenIds()), got.GetGeneratedTokenIds(), err)
+		}
+	}
+	if written[1024] != written[8192] {
+		t.Fatalf("bytes stored by the takeover and a progress: %v at 1k prompt tokens, %v at 8k: they grow with the prompt", written[1024], written[8192])
 	}
 }

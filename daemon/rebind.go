@@ -27,9 +27,11 @@ type holdCaller interface {
 	askHold(id string, msg any) (actors.Reply, error)
 }
 
-// requestStore reads a request's durable state (requests.KVStore).
+// requestStore reads a request's durable state (requests.KVStore): Get
+// the whole of it, Head its record without the prompt (requests.Store).
 type requestStore interface {
 	Get(ctx context.Context, id string) (*messages.RequestState, uint64, error)
+	Head(ctx context.Context, id string) (*messages.RequestState, uint64, error)
 }
 
 // storeReadTimeout bounds the read of a request's state for a rebind.
@@ -45,7 +47,7 @@ func (b *requestBinder) bind(call activation.BindCall) {
 	}
 	c, cancel := context.WithTimeout(context.Background(), storeReadTimeout)
 	defer cancel()
-	st, _, gerr := b.store.Get(c, call.Request)
+	st, _, gerr := b.store.Head(c, call.Request)
 	epoch, ok := call.Rebind(st, gerr)
 	if !ok {
 		return

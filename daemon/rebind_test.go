@@ -35,6 +35,10 @@ func (s *fakeStore) Get(context.Context, string) (*messages.RequestState, uint64
 	return s.st, 1, s.err
 }
 
+func (s *fakeStore) Head(ctx context.Context, id string) (*messages.RequestState, uint64, error) {
+	return s.Get(ctx, id)
+}
+
 func storedState(engine, transfer string, epoch uint64) *messages.RequestState {
 	return &messages.RequestState{EngineId: engine, Epoch: epoch, Params: &messages.KVTransferParams{TransferId: transfer}}
 }

@@ -25,8 +25,13 @@ const (
 )
 
 // RequestState is a request actor's checkpoint, stored in the JetStream KV
-// bucket "connex_requests" under the request id. Writes are compare-and-set
-// on the entry's revision, so only the current owner (epoch) can write.
+// bucket "connex_requests" in two parts: the record under "r.<request id>"
+// (every field but the prompt's token ids and params.remote_block_ids), and
+// the RequestPrompt under prompt_key, written once when the prompt is new.
+// Writes of the record are compare-and-set on the entry's revision, so only
+// the current owner (epoch) can write; what they carry does not grow with
+// the prompt. A record with prompt_token_ids and no prompt_key is the whole
+// state (written by a connexd before the split).
 type RequestState struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	RequestId         string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -47,8 +52,18 @@ type RequestState struct {
 	// (the router streaming it resends it to another engine, which takes it
 	// over; the coordinator leaves it alone).
 	ResumeAuthority string `protobuf:"bytes,10,opt,name=resume_authority,json=resumeAuthority,proto3" json:"resume_authority,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Number of prompt_token_ids (set also where the record is read without
+	// its prompt).
+	PromptLen uint32 `protobuf:"varint,11,opt,name=prompt_len,json=promptLen,proto3" json:"prompt_len,omitempty"`
+	// SHA-256 of the prompt's token ids and params.remote_block_ids (see
+	// requests.PromptDigest): a takeover whose tokens start with the same
+	// prompt keeps the stored one.
+	PromptDigest []byte `protobuf:"bytes,12,opt,name=prompt_digest,json=promptDigest,proto3" json:"prompt_digest,omitempty"`
+	// KV key of the RequestPrompt ("p.<request id>.<digest prefix, hex>");
+	// empty in a record written before the split, which holds the prompt.
+	PromptKey     string `protobuf:"bytes,13,opt,name=prompt_key,json=promptKey,proto3" json:"prompt_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RequestState) Reset() {
@@ -151,6 +166,83 @@ func (x *RequestState) GetResumeAuthority() string {
 	return ""
 }
 
+func (x *RequestState) GetPromptLen() uint32 {
+	if x != nil {
+		return x.PromptLen
+	}
+	return 0
+}
+
+func (x *RequestState) GetPromptDigest() []byte {
+	if x != nil {
+		return x.PromptDigest
+	}
+	return nil
+}
+
+func (x *RequestState) GetPromptKey() string {
+	if x != nil {
+		return x.PromptKey
+	}
+	return ""
+}
+
+// RequestPrompt is the part of a request's state that does not change after
+// it is written: the prompt's token ids and the hold's block ids, one per
+// block of the prompt. It is stored once under RequestState.prompt_key and
+// purged with the request.
+type RequestPrompt struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	TokenIds       []uint32               `protobuf:"varint,1,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	RemoteBlockIds []uint32               `protobuf:"varint,2,rep,packed,name=remote_block_ids,json=remoteBlockIds,proto3" json:"remote_block_ids,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RequestPrompt) Reset() {
+	*x = RequestPrompt{}
+	mi := &file_request_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestPrompt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestPrompt) ProtoMessage() {}
+
+func (x *RequestPrompt) ProtoReflect() protoreflect.Message {
+	mi := &file_request_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestPrompt.ProtoReflect.Descriptor instead.
+func (*RequestPrompt) Descriptor() ([]byte, []int) {
+	return file_request_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RequestPrompt) GetTokenIds() []uint32 {
+	if x != nil {
+		return x.TokenIds
+	}
+	return nil
+}
+
+func (x *RequestPrompt) GetRemoteBlockIds() []uint32 {
+	if x != nil {
+		return x.RemoteBlockIds
+	}
+	return nil
+}
+
 // StartRequestMsg starts a decode request on the member that receives it.
 type StartRequestMsg struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -171,7 +263,7 @@ type StartRequestMsg struct {
 
 func (x *StartRequestMsg) Reset() {
 	*x = StartRequestMsg{}
-	mi := &file_request_proto_msgTypes[1]
+	mi := &file_request_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -183,7 +275,7 @@ func (x *StartRequestMsg) String() string {
 func (*StartRequestMsg) ProtoMessage() {}
 
 func (x *StartRequestMsg) ProtoReflect() protoreflect.Message {
-	mi := &file_request_proto_msgTypes[1]
+	mi := &file_request_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -196,7 +288,7 @@ func (x *StartRequestMsg) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequestMsg.ProtoReflect.Descriptor instead.
 func (*StartRequestMsg) Descriptor() ([]byte, []int) {
-	return file_request_proto_rawDescGZIP(), []int{1}
+	return file_request_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *StartRequestMsg) GetRequestId() string {
@@ -254,7 +346,7 @@ type RequestProgress struct {
 
 func (x *RequestProgress) Reset() {
 	*x = RequestProgress{}
-	mi := &file_request_proto_msgTypes[2]
+	mi := &file_request_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -266,7 +358,7 @@ func (x *RequestProgress) String() string {
 func (*RequestProgress) ProtoMessage() {}
 
 func (x *RequestProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_request_proto_msgTypes[2]
+	mi := &file_request_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -279,7 +371,7 @@ func (x *RequestProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestProgress.ProtoReflect.Descriptor instead.
 func (*RequestProgress) Descriptor() ([]byte, []int) {
-	return file_request_proto_rawDescGZIP(), []int{2}
+	return file_request_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RequestProgress) GetRequestId() string {
@@ -314,7 +406,7 @@ type FinishRequestMsg struct {
 
 func (x *FinishRequestMsg) Reset() {
 	*x = FinishRequestMsg{}
-	mi := &file_request_proto_msgTypes[3]
+	mi := &file_request_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -326,7 +418,7 @@ func (x *FinishRequestMsg) String() string {
 func (*FinishRequestMsg) ProtoMessage() {}
 
 func (x *FinishRequestMsg) ProtoReflect() protoreflect.Message {
-	mi := &file_request_proto_msgTypes[3]
+	mi := &file_request_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -339,7 +431,7 @@ func (x *FinishRequestMsg) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FinishRequestMsg.ProtoReflect.Descriptor instead.
 func (*FinishRequestMsg) Descriptor() ([]byte, []int) {
-	return file_request_proto_rawDescGZIP(), []int{3}
+	return file_request_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *FinishRequestMsg) GetRequestId() string {
@@ -366,7 +458,7 @@ type RequestRef struct {
 
 func (x *RequestRef) Reset() {
 	*x = RequestRef{}
-	mi := &file_request_proto_msgTypes[4]
+	mi := &file_request_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -378,7 +470,7 @@ func (x *RequestRef) String() string {
 func (*RequestRef) ProtoMessage() {}
 
 func (x *RequestRef) ProtoReflect() protoreflect.Message {
-	mi := &file_request_proto_msgTypes[4]
+	mi := &file_request_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -391,7 +483,7 @@ func (x *RequestRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRef.ProtoReflect.Descriptor instead.
 func (*RequestRef) Descriptor() ([]byte, []int) {
-	return file_request_proto_rawDescGZIP(), []int{4}
+	return file_request_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RequestRef) GetRequestId() string {
@@ -413,7 +505,7 @@ type RequestStatus struct {
 
 func (x *RequestStatus) Reset() {
 	*x = RequestStatus{}
-	mi := &file_request_proto_msgTypes[5]
+	mi := &file_request_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -425,7 +517,7 @@ func (x *RequestStatus) String() string {
 func (*RequestStatus) ProtoMessage() {}
 
 func (x *RequestStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_request_proto_msgTypes[5]
+	mi := &file_request_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -438,7 +530,7 @@ func (x *RequestStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestStatus.ProtoReflect.Descriptor instead.
 func (*RequestStatus) Descriptor() ([]byte, []int) {
-	return file_request_proto_rawDescGZIP(), []int{5}
+	return file_request_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RequestStatus) GetState() *RequestState {
@@ -470,7 +562,7 @@ type AdoptRequestMsg struct {
 
 func (x *AdoptRequestMsg) Reset() {
 	*x = AdoptRequestMsg{}
-	mi := &file_request_proto_msgTypes[6]
+	mi := &file_request_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +574,7 @@ func (x *AdoptRequestMsg) String() string {
 func (*AdoptRequestMsg) ProtoMessage() {}
 
 func (x *AdoptRequestMsg) ProtoReflect() protoreflect.Message {
-	mi := &file_request_proto_msgTypes[6]
+	mi := &file_request_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +587,7 @@ func (x *AdoptRequestMsg) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptRequestMsg.ProtoReflect.Descriptor instead.
 func (*AdoptRequestMsg) Descriptor() ([]byte, []int) {
-	return file_request_proto_rawDescGZIP(), []int{6}
+	return file_request_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AdoptRequestMsg) GetRequestId() string {
@@ -532,7 +624,7 @@ type ResumeNotice struct {
 
 func (x *ResumeNotice) Reset() {
 	*x = ResumeNotice{}
-	mi := &file_request_proto_msgTypes[7]
+	mi := &file_request_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -544,7 +636,7 @@ func (x *ResumeNotice) String() string {
 func (*ResumeNotice) ProtoMessage() {}
 
 func (x *ResumeNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_request_proto_msgTypes[7]
+	mi := &file_request_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -557,7 +649,7 @@ func (x *ResumeNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeNotice.ProtoReflect.Descriptor instead.
 func (*ResumeNotice) Descriptor() ([]byte, []int) {
-	return file_request_proto_rawDescGZIP(), []int{7}
+	return file_request_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ResumeNotice) GetState() *RequestState {
@@ -583,7 +675,7 @@ type FencedNotice struct {
 
 func (x *FencedNotice) Reset() {
 	*x = FencedNotice{}
-	mi := &file_request_proto_msgTypes[8]
+	mi := &file_request_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -595,7 +687,7 @@ func (x *FencedNotice) String() string {
 func (*FencedNotice) ProtoMessage() {}
 
 func (x *FencedNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_request_proto_msgTypes[8]
+	mi := &file_request_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -608,7 +700,7 @@ func (x *FencedNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FencedNotice.ProtoReflect.Descriptor instead.
 func (*FencedNotice) Descriptor() ([]byte, []int) {
-	return file_request_proto_rawDescGZIP(), []int{8}
+	return file_request_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *FencedNotice) GetRequestId() string {
@@ -660,7 +752,7 @@ type HoldLostNotice struct {
 
 func (x *HoldLostNotice) Reset() {
 	*x = HoldLostNotice{}
-	mi := &file_request_proto_msgTypes[9]
+	mi := &file_request_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -672,7 +764,7 @@ func (x *HoldLostNotice) String() string {
 func (*HoldLostNotice) ProtoMessage() {}
 
 func (x *HoldLostNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_request_proto_msgTypes[9]
+	mi := &file_request_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -685,7 +777,7 @@ func (x *HoldLostNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldLostNotice.ProtoReflect.Descriptor instead.
 func (*HoldLostNotice) Descriptor() ([]byte, []int) {
-	return file_request_proto_rawDescGZIP(), []int{9}
+	return file_request_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HoldLostNotice) GetRequestId() string {
@@ -741,7 +833,7 @@ var File_request_proto protoreflect.FileDescriptor
 
 const file_request_proto_rawDesc = "" +
 	"\n" +
-	"\rrequest.proto\x12\tconnex.v1\x1a\fconnex.proto\"\x81\x03\n" +
+	"\rrequest.proto\x12\tconnex.v1\x1a\fconnex.proto\"\xe4\x03\n" +
 	"\fRequestState\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x123\n" +
@@ -754,7 +846,15 @@ const file_request_proto_rawDesc = "" +
 	"\x0fupdated_unix_ms\x18\b \x01(\x03R\rupdatedUnixMs\x12'\n" +
 	"\x0fprevious_owners\x18\t \x03(\tR\x0epreviousOwners\x12)\n" +
 	"\x10resume_authority\x18\n" +
-	" \x01(\tR\x0fresumeAuthority\"\xf3\x01\n" +
+	" \x01(\tR\x0fresumeAuthority\x12\x1d\n" +
+	"\n" +
+	"prompt_len\x18\v \x01(\rR\tpromptLen\x12#\n" +
+	"\rprompt_digest\x18\f \x01(\fR\fpromptDigest\x12\x1d\n" +
+	"\n" +
+	"prompt_key\x18\r \x01(\tR\tpromptKey\"V\n" +
+	"\rRequestPrompt\x12\x1b\n" +
+	"\ttoken_ids\x18\x01 \x03(\rR\btokenIds\x12(\n" +
+	"\x10remote_block_ids\x18\x02 \x03(\rR\x0eremoteBlockIds\"\xf3\x01\n" +
 	"\x0fStartRequestMsg\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x123\n" +
@@ -817,23 +917,24 @@ func file_request_proto_rawDescGZIP() []byte {
 	return file_request_proto_rawDescData
 }
 
-var file_request_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_request_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_request_proto_goTypes = []any{
 	(*RequestState)(nil),     // 0: connex.v1.RequestState
-	(*StartRequestMsg)(nil),  // 1: connex.v1.StartRequestMsg
-	(*RequestProgress)(nil),  // 2: connex.v1.RequestProgress
-	(*FinishRequestMsg)(nil), // 3: connex.v1.FinishRequestMsg
-	(*RequestRef)(nil),       // 4: connex.v1.RequestRef
-	(*RequestStatus)(nil),    // 5: connex.v1.RequestStatus
-	(*AdoptRequestMsg)(nil),  // 6: connex.v1.AdoptRequestMsg
-	(*ResumeNotice)(nil),     // 7: connex.v1.ResumeNotice
-	(*FencedNotice)(nil),     // 8: connex.v1.FencedNotice
-	(*HoldLostNotice)(nil),   // 9: connex.v1.HoldLostNotice
-	(*KVTransferParams)(nil), // 10: connex.v1.KVTransferParams
+	(*RequestPrompt)(nil),    // 1: connex.v1.RequestPrompt
+	(*StartRequestMsg)(nil),  // 2: connex.v1.StartRequestMsg
+	(*RequestProgress)(nil),  // 3: connex.v1.RequestProgress
+	(*FinishRequestMsg)(nil), // 4: connex.v1.FinishRequestMsg
+	(*RequestRef)(nil),       // 5: connex.v1.RequestRef
+	(*RequestStatus)(nil),    // 6: connex.v1.RequestStatus
+	(*AdoptRequestMsg)(nil),  // 7: connex.v1.AdoptRequestMsg
+	(*ResumeNotice)(nil),     // 8: connex.v1.ResumeNotice
+	(*FencedNotice)(nil),     // 9: connex.v1.FencedNotice
+	(*HoldLostNotice)(nil),   // 10: connex.v1.HoldLostNotice
+	(*KVTransferParams)(nil), // 11: connex.v1.KVTransferParams
 }
 var file_request_proto_depIdxs = []int32{
-	10, // 0: connex.v1.RequestState.params:type_name -> connex.v1.KVTransferParams
-	10, // 1: connex.v1.StartRequestMsg.params:type_name -> connex.v1.KVTransferParams
+	11, // 0: connex.v1.RequestState.params:type_name -> connex.v1.KVTransferParams
+	11, // 1: connex.v1.StartRequestMsg.params:type_name -> connex.v1.KVTransferParams
 	0,  // 2: connex.v1.RequestStatus.state:type_name -> connex.v1.RequestState
 	0,  // 3: connex.v1.ResumeNotice.state:type_name -> connex.v1.RequestState
 	4,  // [4:4] is the sub-list for method output_type
@@ -855,7 +956,7 @@ func file_request_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_request_proto_rawDesc), len(file_request_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -99,7 +99,7 @@ func TestStateTransitions(t *testing.T) {
 
 // natsConn starts an in-process NATS server (with JetStream or not) for
 // the test and connects to it.
-func natsConn(t *testing.T, jetstream bool) *nats.Conn {
+func natsConn(t testing.TB, jetstream bool) *nats.Conn {
 	t.Helper()
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: jetstream, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
 	if err != nil {
@@ -139,13 +139,13 @@ func TestKVStoreFencing(t *testing.T) {
 	}
 	// The new owner adopts with compare-and-set...
 	adopted, _ := Adopt(st, "d1", "d2", "e2", time.Now())
-	rev2, err := s.Update(ctx, adopted, rev)
+	rev2, err := s.Update(ctx, adopted, rev, PromptChanged(st, adopted))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// ...and the zombie's write at the old revision is fenced.
 	zombie, _ := Append(st, 1, []uint32{5}, time.Now())
-	if _, err := s.Update(ctx, zombie, rev); !errors.Is(err, ErrFenced) {
+	if _, err := s.Update(ctx, zombie, rev, false); !errors.Is(err, ErrFenced) {
 		t.Fatalf("zombie write: want ErrFenced, got %v", err)
 	}
 	got, grev, err := s.Get(ctx, "req-1")
@@ -202,9 +202,30 @@ func TestTakeover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The resent tokens start with the prompt: the stored prompt stays, the
+	// rest are the tokens generated so far.
 	if next.Epoch != 2 || next.Owner != "d2" || next.EngineId != "e2" || !reflect.DeepEqual(next.PreviousOwners, []string{"d1"}) ||
-		next.ResumeAuthority != AuthorityRouter || len(next.PromptTokenIds) != 6 || len(next.GeneratedTokenIds) != 0 {
+		next.ResumeAuthority != AuthorityRouter || !reflect.DeepEqual(next.PromptTokenIds, []uint32{1, 2, 3, 4}) ||
+		!reflect.DeepEqual(next.GeneratedTokenIds, []uint32{7, 8}) || next.PromptLen != 4 || PromptChanged(st, next) {
 		t.Fatalf("takeover: %v", next)
+	}
+	// From the record alone (Head: no token or block ids), the same.
+	head, _ := SplitState(st)
+	if fromHead, err := Takeover(head, resume, "d2", now); err != nil || PromptChanged(head, fromHead) ||
+		!reflect.DeepEqual(fromHead.GeneratedTokenIds, []uint32{7, 8}) || fromHead.PromptKey != st.PromptKey {
+		t.Fatalf("takeover from the record: %v %v", fromHead, err)
+	}
+	// Tokens that do not start with the prompt, or other hold blocks,
+	// become a new prompt, stored with the takeover.
+	for name, m := range map[string]*messages.StartRequestMsg{
+		"other tokens": {RequestId: "req-1", EngineId: "e2", PromptTokenIds: []uint32{1, 2, 3, 5, 7, 8}, Params: st.Params, Takeover: true},
+		"fewer tokens": {RequestId: "req-1", EngineId: "e2", PromptTokenIds: []uint32{1, 2, 3}, Params: &messages.KVTransferParams{TransferId: "t", RemoteNumTokens: 3}, Takeover: true},
+		"other blocks": {RequestId: "req-1", EngineId: "e2", PromptTokenIds: []uint32{1, 2, 3, 4, 7, 8}, Params: &messages.KVTransferParams{TransferId: "t", RemoteNumTokens: 4, RemoteBlockIds: []uint32{9}}, Takeover: true},
+	} {
+		moved, err := Takeover(head, m, "d2", now)
+		if err != nil || !PromptChanged(head, moved) || !reflect.DeepEqual(moved.PromptTokenIds, m.PromptTokenIds) || len(moved.GeneratedTokenIds) != 0 {
+			t.Fatalf("%s: takeover %v %v: want the resent tokens as a new prompt", name, moved, err)
+		}
 	}
 	if _, err := Append(st, 1, []uint32{9}, now); err != nil {
 		t.Fatalf("the old state itself must not change: %v", err)

@@ -183,7 +183,7 @@ func oneRequest(ctx context.Context, store *KVStore, i int64) error {
 	if err != nil {
 		return err
 	}
-	if rev, err = store.Update(ctx, next, rev); err != nil {
+	if rev, err = store.Update(ctx, next, rev, PromptChanged(st, next)); err != nil {
 		return err
 	}
 	return store.Delete(ctx, st.RequestId, rev)

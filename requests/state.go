@@ -52,6 +52,17 @@ const MaxTokens = 1 << 20
 
 // New builds the initial state of a request started on owner.
 func New(start *messages.StartRequestMsg, owner string, now time.Time) (*messages.RequestState, error) {
+	st, err := newState(start, owner, now)
+	if err != nil {
+		return nil, err
+	}
+	withPrompt(st, start.PromptTokenIds)
+	return st, nil
+}
+
+// newState is New without the prompt: start checked, and the state at
+// epoch 1 with neither prompt nor digest.
+func newState(start *messages.StartRequestMsg, owner string, now time.Time) (*messages.RequestState, error) {
 	switch {
 	case !ValidID(start.RequestId):
 		return nil, fmt.Errorf("%w: request_id=%q: want 1-128 letters, digits, '-', '_', '=' or '/'", ErrInvalid, start.RequestId)
@@ -68,7 +79,7 @@ func New(start *messages.StartRequestMsg, owner string, now time.Time) (*message
 		return nil, fmt.Errorf("%w: resume_authority %q (allowed: \"\" for the cluster, %q)", ErrInvalid, start.ResumeAuthority, AuthorityRouter)
 	}
 	return &messages.RequestState{
-		RequestId: start.RequestId, Params: start.Params, PromptTokenIds: start.PromptTokenIds,
+		RequestId: start.RequestId, Params: start.Params,
 		Owner: owner, Epoch: 1, EngineId: start.EngineId, UpdatedUnixMs: now.UnixMilli(),
 		ResumeAuthority: start.ResumeAuthority,
 	}, nil
@@ -77,10 +88,14 @@ func New(start *messages.StartRequestMsg, owner string, now time.Time) (*message
 // Takeover returns st moved to owner and start's engine with the next
 // epoch: a resume decided by the router, which resends the request to
 // another engine. The activation that ran it before is fenced by the epoch.
-// The new start must name the same transfer; its tokens (the prompt plus the
-// tokens generated so far) become the request's prompt.
+// The new start must name the same transfer; its tokens are the prompt plus
+// the tokens generated so far. When they start with st's prompt (and name
+// the same hold blocks) the stored prompt stays and the rest become the
+// generated tokens, so the takeover writes nothing that grows with the
+// prompt (st needs only its record: PromptLen and PromptDigest); otherwise
+// they all become a new prompt.
 func Takeover(st *messages.RequestState, start *messages.StartRequestMsg, owner string, now time.Time) (*messages.RequestState, error) {
-	fresh, err := New(start, owner, now)
+	fresh, err := newState(start, owner, now)
 	if err != nil {
 		return nil, err
 	}
@@ -88,6 +103,15 @@ func Takeover(st *messages.RequestState, start *messages.StartRequestMsg, owner 
 		// Never name the request's transfer: a request id is not a
 		// secret, its transfer id is.
 		return nil, fmt.Errorf("%w: takeover of request %s: params.transfer_id is not the request's transfer", ErrInvalid, st.RequestId)
+	}
+	if toks := start.PromptTokenIds; extendsPrompt(st, toks, start.Params.RemoteBlockIds) {
+		n := PromptLen(st)
+		fresh.GeneratedTokenIds = toks[n:]
+		fresh.PromptTokenIds, fresh.PromptLen = toks[:n:n], uint32(n)
+		fresh.PromptDigest = digestOf(st)
+		fresh.PromptKey = PromptKey(fresh.RequestId, fresh.PromptDigest)
+	} else {
+		withPrompt(fresh, toks)
 	}
 	fresh.Epoch = st.Epoch + 1
 	fresh.PreviousOwners = append(append([]string(nil), st.PreviousOwners...), st.Owner)
@@ -102,12 +126,13 @@ func Append(st *messages.RequestState, epoch uint64, tokens []uint32, now time.T
 	if epoch != st.Epoch {
 		return nil, fmt.Errorf("%w: epoch %d, current %d (owner %s)", ErrFenced, epoch, st.Epoch, st.Owner)
 	}
-	if len(st.PromptTokenIds)+len(st.GeneratedTokenIds)+len(tokens) > MaxTokens {
+	if PromptLen(st)+len(st.GeneratedTokenIds)+len(tokens) > MaxTokens {
 		return nil, fmt.Errorf("%w: more than %d tokens", ErrInvalid, MaxTokens)
 	}
 	next := proto.Clone(st).(*messages.RequestState)
 	next.GeneratedTokenIds = append(next.GeneratedTokenIds, tokens...)
 	next.UpdatedUnixMs = now.UnixMilli()
+	migrate(next)
 	return next, nil
 }
 
@@ -122,7 +147,23 @@ func Adopt(st *messages.RequestState, deadOwner, newOwner, engine string, now ti
 	next.PreviousOwners = append(next.PreviousOwners, st.Owner)
 	next.Owner, next.EngineId, next.Epoch = newOwner, engine, st.Epoch+1
 	next.UpdatedUnixMs = now.UnixMilli()
+	migrate(next)
 	return next, nil
+}
+
+// migrate gives a state read from a record written before the split (its
+// prompt in the record, no prompt key) a prompt key, so that its next write
+// stores the prompt apart, once, and the writes after it only the record.
+func migrate(st *messages.RequestState) {
+	if st.PromptKey == "" && len(st.PromptTokenIds) > 0 {
+		withPrompt(st, st.PromptTokenIds)
+	}
+}
+
+// PromptChanged reports whether next's prompt is not the one stored with
+// prev (nil: nothing stored), so a write of next must store it too.
+func PromptChanged(prev, next *messages.RequestState) bool {
+	return prev == nil || next.GetPromptKey() != prev.GetPromptKey()
 }
 
 // ResumeTokens is what a resumed engine must feed: the prompt followed by

@@ -16,14 +16,23 @@ import (
 )
 
 // Store keeps request states durably with compare-and-set on revisions.
+// A state is kept in two parts (see messages.RequestState): the record,
+// which every write replaces, and the prompt (SplitState), written only
+// when it is new, so that a write's cost does not grow with the prompt.
 type Store interface {
-	// Create stores a new request; ErrExists if the id is taken.
+	// Create stores a new request, its prompt and its record; ErrExists if
+	// the id is taken.
 	Create(ctx context.Context, st *messages.RequestState) (rev uint64, err error)
-	// Update replaces the state if its revision is still rev; otherwise
-	// ErrFenced (someone else wrote it).
-	Update(ctx context.Context, st *messages.RequestState, rev uint64) (uint64, error)
-	// Get returns the state and its revision; ErrNotFound if absent.
+	// Update replaces the record if its revision is still rev; otherwise
+	// ErrFenced (someone else wrote it). With prompt (PromptChanged) it
+	// stores st's prompt first; without, only the record is written.
+	Update(ctx context.Context, st *messages.RequestState, rev uint64, prompt bool) (uint64, error)
+	// Get returns the whole state and its revision; ErrNotFound if absent.
 	Get(ctx context.Context, id string) (*messages.RequestState, uint64, error)
+	// Head returns the state without the prompt's token ids and
+	// params.remote_block_ids (PromptLen and PromptDigest stand for them),
+	// and its revision: all a takeover, a keep-alive or a rebind reads.
+	Head(ctx context.Context, id string) (*messages.RequestState, uint64, error)
 	// Delete removes the request if its revision is still rev.
 	Delete(ctx context.Context, id string, rev uint64) error
 }
@@ -92,13 +101,15 @@ func Unrecoverable(err error) bool {
 // key tokens: letters, digits, '-', '_', '=', '/').
 func Key(id string) string { return "r." + id }
 
-// Create implements Store.
+// Create implements Store: the prompt first, so that a record is never
+// read without it. A prompt left by a creation that lost (ErrExists) is
+// purged with the request that won (Delete).
 func (s *KVStore) Create(ctx context.Context, st *messages.RequestState) (uint64, error) {
-	data, err := proto.Marshal(st)
+	record, err := s.putPrompt(ctx, st)
 	if err != nil {
 		return 0, err
 	}
-	rev, err := s.KV.Create(ctx, Key(st.RequestId), data)
+	rev, err := s.KV.Create(ctx, Key(st.RequestId), record)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return 0, fmt.Errorf("%w: %s", ErrExists, st.RequestId)
 	}
@@ -111,9 +122,35 @@ func (s *KVStore) Create(ctx context.Context, st *messages.RequestState) (uint64
 	return rev, nil
 }
 
+// putPrompt stores st's prompt under its key and returns the record to
+// write.
+func (s *KVStore) putPrompt(ctx context.Context, st *messages.RequestState) ([]byte, error) {
+	rec, prompt := SplitState(st)
+	if st.PromptKey == "" {
+		return nil, fmt.Errorf("%w: request %s has no prompt key", ErrInvalid, st.RequestId)
+	}
+	data, err := proto.Marshal(prompt)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.KV.Put(ctx, st.PromptKey, data); err != nil {
+		if isFull(err) {
+			return nil, fmt.Errorf("%w: prompt of %s: %w", ErrStoreFull, st.RequestId, err)
+		}
+		return nil, fmt.Errorf("requests: prompt of %s: %w", st.RequestId, err)
+	}
+	return proto.Marshal(rec)
+}
+
 // Update implements Store.
-func (s *KVStore) Update(ctx context.Context, st *messages.RequestState, rev uint64) (uint64, error) {
-	data, err := proto.Marshal(st)
+func (s *KVStore) Update(ctx context.Context, st *messages.RequestState, rev uint64, prompt bool) (uint64, error) {
+	var data []byte
+	var err error
+	if prompt {
+		data, err = s.putPrompt(ctx, st)
+	} else {
+		data, err = RecordBytes(st)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -134,6 +171,18 @@ func (s *KVStore) Update(ctx context.Context, st *messages.RequestState, rev uin
 	return next, nil
 }
 
+// RecordBytes is what an Update without the prompt writes for st: its
+// record, encoded. A state without a prompt key (read from a record
+// written before the split, never through Append, Adopt or Takeover) is
+// written whole, as it was read.
+func RecordBytes(st *messages.RequestState) ([]byte, error) {
+	if st.PromptKey == "" {
+		return proto.Marshal(st)
+	}
+	rec, _ := SplitState(st)
+	return proto.Marshal(rec)
+}
+
 // isFull reports a write refused for lack of room: the bucket's MaxBytes,
 // or JetStream's storage.
 func isFull(err error) bool {
@@ -151,22 +200,54 @@ func isFull(err error) bool {
 	return strings.Contains(m, "maximum bytes exceeded") || strings.Contains(m, "insufficient resources") || strings.Contains(m, "insufficient storage")
 }
 
-// Get implements Store. It reads from the bucket's stream leader, not
+// Get implements Store: the record, then the prompt it names. Both are
+// read from the bucket's stream leader (see Head).
+func (s *KVStore) Get(ctx context.Context, id string) (*messages.RequestState, uint64, error) {
+	st, rev, err := s.Head(ctx, id)
+	if err != nil || st.PromptKey == "" { // a record before the split holds its prompt
+		return st, rev, err
+	}
+	data, _, err := s.last(ctx, st.PromptKey)
+	if err != nil {
+		return nil, 0, fmt.Errorf("requests: prompt of %s: %w", id, err)
+	}
+	prompt := new(messages.RequestPrompt)
+	if err := proto.Unmarshal(data, prompt); err != nil {
+		return nil, 0, fmt.Errorf("requests: decode prompt of %s: %w", id, err)
+	}
+	return JoinState(st, prompt), rev, nil
+}
+
+// Head implements Store. It reads from the bucket's stream leader, not
 // from whichever replica answers first (KeyValue.Get's direct get): a
 // replica that was on the minority side of a partition serves the state
 // from before it for a while after the partition heals, and a member
 // deciding on it (who fenced it, whether it still owns a request) would act
 // on an owner that is no longer there.
-func (s *KVStore) Get(ctx context.Context, id string) (*messages.RequestState, uint64, error) {
+func (s *KVStore) Head(ctx context.Context, id string) (*messages.RequestState, uint64, error) {
+	data, seq, err := s.last(ctx, Key(id))
+	if err != nil {
+		return nil, 0, err
+	}
+	st := new(messages.RequestState)
+	if err := proto.Unmarshal(data, st); err != nil {
+		return nil, 0, fmt.Errorf("requests: decode %s: %w", id, err)
+	}
+	return st, seq, nil
+}
+
+// last reads key's last value and its sequence from the stream leader;
+// ErrNotFound if there is none or it was deleted.
+func (s *KVStore) last(ctx context.Context, key string) ([]byte, uint64, error) {
 	req, err := json.Marshal(struct {
 		LastFor string `json:"last_by_subj"`
-	}{"$KV." + Bucket + "." + Key(id)})
+	}{"$KV." + Bucket + "." + key})
 	if err != nil {
 		return nil, 0, err
 	}
 	m, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+Bucket, req)
 	if err != nil {
-		return nil, 0, fmt.Errorf("requests: get %s: %w", id, err)
+		return nil, 0, fmt.Errorf("requests: get %s: %w", key, err)
 	}
 	var resp struct {
 		Error *struct {
@@ -181,31 +262,27 @@ func (s *KVStore) Get(ctx context.Context, id string) (*messages.RequestState, u
 		} `json:"message"`
 	}
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return nil, 0, fmt.Errorf("requests: get %s: bad reply from JetStream: %w", id, err)
+		return nil, 0, fmt.Errorf("requests: get %s: bad reply from JetStream: %w", key, err)
 	}
 	switch {
 	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
-		return nil, 0, fmt.Errorf("%w: %s", ErrNotFound, id)
+		return nil, 0, fmt.Errorf("%w: %s", ErrNotFound, key)
 	case resp.Error != nil:
-		return nil, 0, fmt.Errorf("requests: get %s: %s (JetStream code %d)", id, resp.Error.Description, resp.Error.ErrCode)
+		return nil, 0, fmt.Errorf("requests: get %s: %s (JetStream code %d)", key, resp.Error.Description, resp.Error.ErrCode)
 	case resp.Message == nil:
-		return nil, 0, fmt.Errorf("requests: get %s: empty reply from JetStream", id)
+		return nil, 0, fmt.Errorf("requests: get %s: empty reply from JetStream", key)
 	}
 	if len(resp.Message.Hdrs) > 0 {
 		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
 		if err != nil {
-			return nil, 0, fmt.Errorf("requests: get %s: headers: %w", id, err)
+			return nil, 0, fmt.Errorf("requests: get %s: headers: %w", key, err)
 		}
 		// A delete or purge leaves a marker as the key's last message.
 		if op := h.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
-			return nil, 0, fmt.Errorf("%w: %s", ErrNotFound, id)
+			return nil, 0, fmt.Errorf("%w: %s", ErrNotFound, key)
 		}
 	}
-	st := new(messages.RequestState)
-	if err := proto.Unmarshal(resp.Message.Data, st); err != nil {
-		return nil, 0, fmt.Errorf("requests: decode %s: %w", id, err)
-	}
-	return st, resp.Message.Seq, nil
+	return resp.Message.Data, resp.Message.Seq, nil
 }
 
 // Delete implements Store: it removes the request if its revision is
@@ -232,6 +309,12 @@ func (s *KVStore) Delete(ctx context.Context, id string, rev uint64) error {
 	// leaves the marker until request_ttl_s, which the caller cannot cure.
 	if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(ack.Sequence+1)); err != nil && s.Log != nil {
 		s.Log.Warn("finished request's delete marker not purged; orphan scans read it until request_ttl_s", "request", id, "err", err)
+	}
+	// Its prompts too: the one its record names, and any a lost creation
+	// or a fenced takeover left.
+	prompts := "$KV." + Bucket + ".p." + id + ".*"
+	if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject(prompts), jetstream.WithPurgeSequence(ack.Sequence+1)); err != nil && s.Log != nil {
+		s.Log.Warn("finished request's prompt not purged; it stays until request_ttl_s", "request", id, "err", err)
 	}
 	return nil
 }
@@ -279,11 +362,11 @@ collect:
 // Owners reads the owner of every live request the cluster resumes (for
 // orphan scans); requests whose router decides where they resume
 // (resume_authority "router") are not listed. It reads the bucket's live
-// entries and nothing of finished requests (Delete purges them); the
-// client-side IgnoreDeletes only skips markers a failed purge, or a
-// connexd before this one, left.
+// records ("r.*", not the prompts) and nothing of finished requests (Delete
+// purges them); the client-side IgnoreDeletes only skips markers a failed
+// purge, or a connexd before this one, left.
 func (s *KVStore) Owners(ctx context.Context) (map[string]string, error) {
-	w, err := s.KV.WatchAll(ctx, jetstream.IgnoreDeletes())
+	w, err := s.KV.Watch(ctx, Key("*"), jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, fmt.Errorf("requests: watch: %w", err)
 	}

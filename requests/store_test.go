@@ -9,6 +9,7 @@ import (
 
 	"github.com/connex/connex/messages"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestKVStoreForgetsFinished pins what made an idle connexd burn a core
@@ -54,7 +55,7 @@ func TestKVStoreForgetsFinished(t *testing.T) {
 			t.Fatal(err)
 		}
 		next, _ := Append(st, st.Epoch, []uint32{7}, time.Now())
-		if rev, err = s.Update(ctx, next, rev); err != nil {
+		if rev, err = s.Update(ctx, next, rev, PromptChanged(st, next)); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.Delete(ctx, st.RequestId, rev); err != nil {
@@ -74,8 +75,8 @@ func TestKVStoreForgetsFinished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := info.Values(); got != 1 {
-		t.Fatalf("the bucket holds %d messages after %d finished requests and one live one, want 1", got, n)
+	if got := info.Values(); got != 2 {
+		t.Fatalf("the bucket holds %d messages after %d finished requests and one live one, want 2 (its record and its prompt)", got, n)
 	}
 
 	// The fence still holds: a delete at a stale revision is refused and
@@ -103,6 +104,23 @@ func TestKVStoreForgetsFinished(t *testing.T) {
 	}
 }
 
+// oldRecord stores st as a connexd before the prompt split did: the whole
+// state under its key, no prompt key.
+func oldRecord(t testing.TB, ctx context.Context, s *KVStore, st *messages.RequestState) uint64 {
+	t.Helper()
+	old := proto.CloneOf(st)
+	old.PromptLen, old.PromptDigest, old.PromptKey = 0, nil, ""
+	data, err := proto.Marshal(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := s.KV.Create(ctx, Key(st.RequestId), data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rev
+}
+
 // TestPurgeMarkers: the delete markers a connexd before Delete purged
 // them left (a bare KV delete) go in one sweep, and nothing live with
 // them; a scan then reads as little as in a bucket that never held them.
@@ -118,10 +136,7 @@ func TestPurgeMarkers(t *testing.T) {
 		m := start()
 		m.RequestId = fmt.Sprintf("r%d", i)
 		st, _ := New(m, "d1", time.Now())
-		rev, err := s.Create(ctx, st)
-		if err != nil {
-			t.Fatal(err)
-		}
+		rev := oldRecord(t, ctx, s, st)
 		if i%10 == 0 { // still running
 			continue
 		}

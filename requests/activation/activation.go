@@ -311,10 +311,10 @@ func (a *Activation) claimed(now time.Time, e Claimed) []Effect {
 	}
 	if o.kind == opStart && !o.msg.Takeover {
 		a.waiting = waitWrite
-		return []Effect{Write{Op: Create, ID: a.id, State: a.pending}}
+		return []Effect{Write{Op: Create, ID: a.id, State: a.pending, Prompt: true}}
 	}
 	a.waiting = waitLoad
-	return []Effect{Load{ID: a.id}}
+	return []Effect{Load{ID: a.id, Whole: o.kind == opAdopt}}
 }
 
 func (a *Activation) loaded(now time.Time, e Loaded) []Effect {
@@ -328,7 +328,7 @@ func (a *Activation) loaded(now time.Time, e Loaded) []Effect {
 			}
 			a.pending, a.created = st, true
 			a.waiting = waitWrite
-			return []Effect{Write{Op: Create, ID: a.id, State: st}}
+			return []Effect{Write{Op: Create, ID: a.id, State: st, Prompt: true}}
 		}
 		if e.Err != nil {
 			return a.fail(nil, e.Err)
@@ -339,7 +339,7 @@ func (a *Activation) loaded(now time.Time, e Loaded) []Effect {
 		}
 		a.pending, a.created, a.from = next, false, e.State.Owner
 		a.waiting = waitWrite
-		return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev}}
+		return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev, Prompt: requests.PromptChanged(e.State, next)}}
 	case opAdopt:
 		if e.Err != nil {
 			return a.fail(nil, e.Err)
@@ -350,7 +350,7 @@ func (a *Activation) loaded(now time.Time, e Loaded) []Effect {
 		}
 		a.pending, a.from = next, e.State.Owner
 		a.waiting = waitWrite
-		return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev}}
+		return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev, Prompt: requests.PromptChanged(e.State, next)}}
 	case opTick:
 		switch {
 		case errors.Is(e.Err, requests.ErrNotFound):
@@ -519,7 +519,7 @@ func (a *Activation) releaseDone() []Effect {
 // write starts a compare-and-set write of next (nil for Delete).
 func (a *Activation) write(o op, w WriteOp, next *messages.RequestState) []Effect {
 	a.cur, a.waiting, a.pending = &o, waitWrite, next
-	return []Effect{Write{Op: w, ID: a.id, State: next, Rev: a.rev}}
+	return []Effect{Write{Op: w, ID: a.id, State: next, Rev: a.rev, Prompt: next != nil && requests.PromptChanged(a.st, next)}}
 }
 
 // fail answers the running op with err and ends the activation.

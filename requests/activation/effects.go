@@ -14,7 +14,12 @@ type Effect interface{ effect() }
 type Claim struct{ ID string }
 
 // Load reads request ID's stored state; the caller answers with Loaded.
-type Load struct{ ID string }
+// Without Whole it reads only the record (requests.Store.Head): the prompt's
+// token ids and the hold's block ids are left out.
+type Load struct {
+	ID    string
+	Whole bool
+}
 
 // WriteOp is the kind of a Write.
 type WriteOp int
@@ -34,12 +39,16 @@ var writeOpNames = [...]string{"create", "update", "delete"}
 func (o WriteOp) String() string { return writeOpNames[o] }
 
 // Write is a compare-and-set write of request ID's durable state; the
-// caller answers with Written. State is nil for Delete.
+// caller answers with Written. State is nil for Delete. Prompt says that an
+// Update stores State's prompt too (requests.PromptChanged); otherwise it
+// writes only the record, whatever the prompt's length. A Create always
+// stores the prompt (Prompt is set).
 type Write struct {
-	Op    WriteOp
-	ID    string
-	State *messages.RequestState
-	Rev   uint64
+	Op     WriteOp
+	ID     string
+	State  *messages.RequestState
+	Rev    uint64
+	Prompt bool
 }
 
 // HoldRef names the request's hold and who keeps it: the holder member,

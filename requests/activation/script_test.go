@@ -131,9 +131,21 @@ func (s *script) run(t *testing.T, d *datadriven.TestData) string {
 	case "loaded":
 		e := Loaded{Now: now, Rev: num("rev", 0), Err: storeErr()}
 		if e.Err == nil {
-			e.State = &messages.RequestState{RequestId: "r1", Owner: str("owner", ""), Epoch: num("epoch", 0), EngineId: str("engine", ""),
-				PromptTokenIds: make([]uint32, 3), GeneratedTokenIds: make([]uint32, num("tokens", 0)),
-				Params: &messages.KVTransferParams{TransferId: str("transfer", "t1"), RetainS: 60, RemoteCtrl: &messages.RemoteCtrl{Member: "p1"}}}
+			// The record as the store's Head reads it (no prompt token
+			// ids), or with old, a record written before the prompt split
+			// (the prompt in it, no prompt key).
+			st, err := requests.New(&messages.StartRequestMsg{RequestId: "r1", PromptTokenIds: make([]uint32, 3),
+				Params: &messages.KVTransferParams{TransferId: str("transfer", "t1"), RetainS: 60, RemoteCtrl: &messages.RemoteCtrl{Member: "p1"}}}, "", now)
+			if err != nil {
+				d.Fatalf(t, "loaded: %v", err)
+			}
+			st.Owner, st.Epoch, st.EngineId, st.GeneratedTokenIds = str("owner", ""), num("epoch", 0), str("engine", ""), make([]uint32, num("tokens", 0))
+			if d.HasArg("old") {
+				st.PromptLen, st.PromptDigest, st.PromptKey = 0, nil, ""
+			} else {
+				st, _ = requests.SplitState(st)
+			}
+			e.State = st
 		}
 		ev = e
 	case "written":
@@ -188,11 +200,18 @@ func describe(e Effect, t0 time.Time) string {
 	case Claim:
 		return "claim id=" + e.ID
 	case Load:
+		if e.Whole {
+			return "load id=" + e.ID + " whole"
+		}
 		return "load id=" + e.ID
 	case Write:
 		s := fmt.Sprintf("write %s id=%s rev=%d", e.Op, e.ID, e.Rev)
 		if e.State != nil {
-			s += fmt.Sprintf(" owner=%s epoch=%d engine=%s tokens=%d", e.State.Owner, e.State.Epoch, e.State.EngineId, len(e.State.GeneratedTokenIds))
+			s += fmt.Sprintf(" owner=%s epoch=%d engine=%s prompt=%d tokens=%d", e.State.Owner, e.State.Epoch, e.State.EngineId,
+				requests.PromptLen(e.State), len(e.State.GeneratedTokenIds))
+		}
+		if e.Prompt {
+			s += " +prompt" // the write stores the prompt too
 		}
 		return s
 	case Renew:
