@@ -11,9 +11,12 @@ import (
 // anything else, which decodeObjectTokens then reads and reports.
 func decodeObjectFast(data []byte) (map[string]json.RawMessage, bool) {
 	data = bytes.Trim(data, " \t\r\n") // JSON's whitespace, not Unicode's
-	if len(data) == 0 || data[0] != '{' || !json.Valid(data) {
+	if len(data) == 0 || data[0] != '{' {
 		return nil, false
 	}
+	// Unmarshal checks that all of data is valid JSON before it reads any
+	// of it (what members needs), so a json.Valid pass first would be a
+	// second validation of every byte.
 	var out map[string]json.RawMessage
 	if json.Unmarshal(data, &out) != nil || len(out) != members(data) || len(out) > maxKeys {
 		return nil, false // a key twice (the map kept one), or too many

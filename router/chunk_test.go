@@ -20,6 +20,9 @@ var chunkSeeds = []string{
 	`{"choices":[{"text":"a"}],"choices":[{"text":"b"}]}`, `{"choices":[{"delta":{"Content":"a"}}]}`,
 	`{"error":{"message":"boom","code":"x"}}`, `{"ERROR":{"message":"boom"}}`, `{"connex":{"kv_load":"pulled"},"choices":[]}`,
 	`{"choices":[{"text":"a"}]} trailing`, `{"choices":[{"text":"a"}]`, ``,
+	`{"created":NaN,"choices":[]}`, `{"created":Inf,"choices":[]}`, `{"created":-0.5e+3,"choices":[]}`, `{"created":+1,"choices":[]}`,
+	`{"created":.5,"choices":[]}`, `{"created":-,"choices":[]}`, `{"created":1e,"choices":[]}`, `{"created":1E+5,"choices":[{"index":-0}]}`,
+	`{"choices":[{"index":00}]}`, `{"x":[[[1,2.0e1,{"y":01}]]],"choices":[]}`, "{\"choices\":[{\"text\":\"\x01\\b\"}]}",
 }
 
 // checkChunk: parseChunk reads data as encoding/json reads it into

@@ -46,7 +46,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		s.metrics.errors.WithLabelValues(codeLabel(e.Code)).Inc()
 		writeError(w, e)
 	}
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	data, err := readBody(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes), r.ContentLength, s.cfg.MaxBodyBytes)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -202,7 +202,7 @@ func (s *Server) prefillOn(ctx context.Context, e Engine, c *ClientRequest, body
 		return nil, unavailable(CodeEngineFailed, "prefill engine %s unreachable: %v", id, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	data, err := readBody(io.LimitReader(resp.Body, maxPrefillAnswer), resp.Length, maxPrefillAnswer)
 	if err != nil {
 		return nil, unavailable(CodeEngineFailed, "prefill engine %s: reading its answer: %v", id, err)
 	}

@@ -75,6 +75,9 @@ func newUpstream(fallback *http.Client, dial func(ctx context.Context, network, 
 type upResponse struct {
 	Status int
 	Body   io.ReadCloser
+	// Length is the body's Content-Length, or -1 when the answer did not
+	// say (chunked, or to the connection's end).
+	Length int64
 }
 
 // post sends body to rawURL (Content-Type application/json; accept, if
@@ -191,7 +194,11 @@ func (u *upstream) exchange(ctx context.Context, c *upConn, method, host, path s
 		if err != nil {
 			return fail(fmt.Errorf("engine %s: %w", c.addr, err))
 		}
-		return &upResponse{Status: status, Body: b}, true, nil
+		length := hdr.contentLength
+		if hdr.chunked {
+			length = -1
+		}
+		return &upResponse{Status: status, Body: b, Length: length}, true, nil
 	}
 }
 
@@ -553,5 +560,5 @@ func (u *upstream) viaNetHTTP(ctx context.Context, method, rawURL string, body [
 	if err != nil {
 		return nil, err
 	}
-	return &upResponse{Status: resp.StatusCode, Body: resp.Body}, nil
+	return &upResponse{Status: resp.StatusCode, Body: resp.Body, Length: resp.ContentLength}, nil
 }
