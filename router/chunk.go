@@ -1,7 +1,6 @@
 package router
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -71,19 +70,8 @@ func parseChunk(data []byte) (*engineChunk, error) {
 
 // fastChunk reads a common chunk; ok is false for anything else.
 func fastChunk(p *fastjson.Parser, data []byte) (ch *engineChunk, ok bool) {
-	// fastjson's parser takes some of what encoding/json refuses: a control
-	// byte or an unknown escape in a string, and numbers such as 01, 1. or
-	// NaN. A chunk with neither control bytes nor escapes (the common one)
-	// is parsed and its numbers checked; one with escapes goes through
-	// fastjson's validator first; one with a control byte (which that
-	// validator misses after an escape) is left to encoding/json. A \u escape fastjson decodes its own way when it is
-	// a bad surrogate pair.
-	plain, control := plainText(data)
-	if control || !plain && (fastjson.ValidateBytes(data) != nil || bytes.Contains(data, []byte(`\u`))) {
-		return nil, false
-	}
-	v, err := p.ParseBytes(data)
-	if err != nil || plain && !strictNumbers(v) || v.Type() != fastjson.TypeObject || v.Exists("error") || v.Exists("connex") ||
+	v, ok := parseStrict(p, data)
+	if !ok || v.Type() != fastjson.TypeObject || v.Exists("error") || v.Exists("connex") ||
 		!plainKeys(v, "choices", "error", "connex") {
 		return nil, false
 	}

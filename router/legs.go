@@ -266,13 +266,13 @@ func paramsObject(params json.RawMessage) (map[string]json.RawMessage, error) {
 }
 
 func fastParamsObject(data []byte) (map[string]json.RawMessage, bool) {
-	if fastjson.ValidateBytes(data) != nil || bytes.Contains(data, []byte(`\u`)) || !utf8.Valid(data) {
+	if !utf8.Valid(data) {
 		return nil, false
 	}
 	parser := jsonParsers.Get()
 	defer jsonParsers.Put(parser)
-	v, err := parser.ParseBytes(data)
-	if err != nil || v.Type() != fastjson.TypeObject {
+	v, ok := parseStrict(parser, data)
+	if !ok || v.Type() != fastjson.TypeObject {
 		return nil, false
 	}
 	o, _ := v.Object()

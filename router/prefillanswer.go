@@ -1,7 +1,6 @@
 package router
 
 import (
-	"bytes"
 	"encoding/json"
 	"unicode/utf8"
 
@@ -41,13 +40,14 @@ func fastPrefillAnswer(p *fastjson.Parser, data []byte) (*prefillAnswer, bool) {
 	// kv_transfer_params is written again from its parse: valid UTF-8 and
 	// no \u escape keep that write JSON (fastjson quotes a string with
 	// Go's strconv) and equal to what the engine sent.
-	if fastjson.ValidateBytes(data) != nil || bytes.Contains(data, []byte(`\u`)) || !utf8.Valid(data) {
+	if !utf8.Valid(data) {
 		return nil, false
 	}
-	v, err := p.ParseBytes(data)
-	if err != nil || v.Type() != fastjson.TypeObject || !plainKeys(v, "kv_transfer_params", "prompt_token_ids", "choices") {
+	v, ok := parseStrict(p, data)
+	if !ok || v.Type() != fastjson.TypeObject || !plainKeys(v, "kv_transfer_params", "prompt_token_ids", "choices") {
 		return nil, false
 	}
+	var err error
 	ans := &prefillAnswer{}
 	if kv := v.Get("kv_transfer_params"); kv != nil {
 		ans.KVTransferParams = kv.MarshalTo(nil)

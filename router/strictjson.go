@@ -1,6 +1,38 @@
 package router
 
-import "github.com/valyala/fastjson"
+import (
+	"bytes"
+
+	"github.com/valyala/fastjson"
+)
+
+// parseStrict parses data with p where fastjson reads it as encoding/json
+// would, and ok is false for anything else (the caller's encoding/json
+// path then reads it and reports its errors). fastjson's parser takes
+// some of what encoding/json refuses: a control byte or an unknown escape
+// in a string, and numbers such as 01, 1. or NaN. Data with neither
+// control bytes nor escapes (an engine's common answer) is parsed and its
+// numbers checked; data with escapes goes through fastjson's validator
+// first; data with a control byte (which that validator misses after an
+// escape) is refused. A \u escape fastjson decodes its own way when it is
+// a bad surrogate pair, so it is refused too.
+func parseStrict(p *fastjson.Parser, data []byte) (v *fastjson.Value, ok bool) {
+	plain, control := plainText(data)
+	if control || !plain && (fastjson.ValidateBytes(data) != nil || bytes.Contains(data, []byte(`\u`))) {
+		return nil, false
+	}
+	v, err := p.ParseBytes(data)
+	if err != nil {
+		return nil, false
+	}
+	if plain {
+		var scratch [32]byte
+		if !strictNumbers(v, scratch[:0]) {
+			return nil, false
+		}
+	}
+	return v, true
+}
 
 // plainText reports whether data has no byte that fastjson's parser reads
 // more leniently than encoding/json inside a string: plain when it has no
@@ -24,14 +56,15 @@ func plainText(data []byte) (plain, control bool) {
 // strictNumbers reports whether every number in v is written as JSON
 // (RFC 8259) writes numbers: fastjson's parser also takes 01, 1., .5,
 // +1, NaN and Inf, which encoding/json refuses.
-func strictNumbers(v *fastjson.Value) bool {
+// scratch is a buffer for a number's text (it is written over).
+func strictNumbers(v *fastjson.Value, scratch []byte) bool {
 	switch v.Type() {
 	case fastjson.TypeNumber:
-		return jsonNumber(v.MarshalTo(nil))
+		return jsonNumber(v.MarshalTo(scratch[:0]))
 	case fastjson.TypeArray:
 		a, _ := v.Array()
 		for _, e := range a {
-			if !strictNumbers(e) {
+			if !strictNumbers(e, scratch) {
 				return false
 			}
 		}
@@ -39,7 +72,7 @@ func strictNumbers(v *fastjson.Value) bool {
 		o, _ := v.Object()
 		ok := true
 		o.Visit(func(_ []byte, e *fastjson.Value) {
-			ok = ok && strictNumbers(e)
+			ok = ok && strictNumbers(e, scratch)
 		})
 		return ok
 	}
