@@ -581,7 +581,9 @@ func (s *Server) readLeg(ctx context.Context, url string, body []byte, id string
 	// Events that arrived together are parsed first and handed over in one
 	// burst: the relay then takes them in one wake-up, not one each.
 	sse := newSSEReader(resp.Body)
-	var batch []legEvent
+	// Room for a whole short answer's burst without growing (the slice
+	// stays on this goroutine's stack while it does not outgrow it).
+	batch := make([]legEvent, 0, 24)
 	for {
 		ev := legEvent{}
 		if data, err := sse.next(); err != nil {
