@@ -236,7 +236,12 @@ func (s *Sequence) Compute(to int) error {
 // sampled positions, and of every head's at position n-1, in every layer
 // and every rank that holds them, against the tokens, and folds the
 // sampled ones into the digest. A mismatch is ErrCorrupt naming the first
-// bad head.
+// bad head (in the order layer, plane, position, rank, head).
+//
+// It runs on a resume's critical path, so it visits only the words it
+// checks (a few per 16 positions of a layer and plane), their offsets
+// worked out once for all layers (loadChecks), in ascending address order
+// when the blocks ascend.
 func (s *Sequence) Load(n int) error {
 	if s.kvDone != 0 {
 		return fmt.Errorf("sim: load of %d positions into a sequence that already has KV", n)
@@ -244,40 +249,125 @@ func (s *Sequence) Load(n int) error {
 	if n > len(s.tokens) || n > s.Capacity() {
 		return fmt.Errorf("sim: load of %d positions: %d tokens, blocks for %d", n, len(s.tokens), s.Capacity())
 	}
+	checks := s.loadChecks(n)
+	plane := make([]uint64, len(s.ranks)) // where the layer and plane begin in each rank's region
+	words := make([]uint64, len(checks))
 	var d uint64
-	for l := uint32(0); l < s.l.Layers; l++ {
-		for k := uint32(0); k < 2; k++ {
-			for p := 0; p < n; p++ {
-				if !sampled(p) && p != n-1 {
-					continue
+	for j := range 2 * s.l.Layers {
+		l, k := j/2, j%2 // in address order: layer l's K, then its V
+		for i := range s.ranks {
+			g := &s.ranks[i]
+			plane[i] = g.r.Layout.Offset(l, g.plane[k], 0)
+		}
+		s.gather(words, checks, plane, k)
+		for i := range checks {
+			c := &checks[i]
+			g := &s.ranks[c.rank]
+			w, want := words[i], chunkSeed(s.hashes[c.p], l, k, c.head)
+			if w != want {
+				what := "wrong KV (another block or another request's)"
+				if w == 0 {
+					what = "unwritten (zero) KV"
 				}
-				all, head := p == n-1, s.sampledHead(p)
-				for i := range s.ranks {
-					g := &s.ranks[i]
-					off := s.slotOff(g, p, l, k)
-					for h := range g.n {
-						if !all && g.first+h != head {
-							continue
-						}
-						if w, want := s.first(g, k, off+g.base[k][h]), chunkSeed(s.hashes[p], l, k, g.first+h); w != want {
-							what := "wrong KV (another block or another request's)"
-							if w == 0 {
-								what = "unwritten (zero) KV"
-							}
-							return fmt.Errorf("%w: %s at position %d, layer %d, plane %d, head %d (rank %d, local block %d)",
-								ErrCorrupt, what, p, l, k, g.first+h, g.r.Layout.TPRank, s.blocks[p/int(s.l.BlockSize)])
-						}
-					}
-				}
-				if sampled(p) {
-					s.foldHeads(&d, p, l, k)
-				}
+				return fmt.Errorf("%w: %s at position %d, layer %d, plane %d, head %d (rank %d, local block %d)",
+					ErrCorrupt, what, c.p, l, k, c.head, g.r.Layout.TPRank, s.blocks[c.p/int(s.l.BlockSize)])
+			}
+			if c.fold {
+				// The word just checked is the one foldHeads reads: the
+				// sampled head's, in the first rank that holds it.
+				d += fold(w, c.p, l, k, c.head)
 			}
 		}
 	}
 	s.digest += d
 	s.kvDone = n
 	return nil
+}
+
+// gather reads the words of checks in a layer and plane K or V (k) that
+// begins at plane[r] in rank r's region into words. A loop that does
+// nothing but load keeps many cache and TLB misses in flight (each check
+// is on another page): that, not the arithmetic, is Load's cost.
+func (s *Sequence) gather(words []uint64, checks []loadCheck, plane []uint64, k uint32) {
+	contiguous := true
+	for i := range s.ranks {
+		contiguous = contiguous && s.ranks[i].dimStride[k] == s.e
+	}
+	if !contiguous {
+		for i := range checks {
+			c := &checks[i]
+			words[i] = s.first(&s.ranks[c.rank], k, plane[c.rank]+c.off[k])
+		}
+		return
+	}
+	if len(s.ranks) == 1 {
+		mem, base := s.ranks[0].r.Bytes(), plane[0]
+		for i := range checks {
+			words[i] = binary.LittleEndian.Uint64(mem[base+checks[i].off[k]:])
+		}
+		return
+	}
+	for i := range checks {
+		c := &checks[i]
+		words[i] = binary.LittleEndian.Uint64(s.ranks[c.rank].r.Bytes()[plane[c.rank]+c.off[k]:])
+	}
+}
+
+// loadCheck is one word Load verifies in every layer and plane: the first
+// word of head head (the model's) at position p in rank rank (an index of
+// Sequence.ranks), off[k] bytes past the start of that layer and plane K
+// or V (k) in the rank's region; fold: it is the word foldHeads reads
+// (the sampled head's, in the first rank whose own heads include it), so
+// it counts in the digest.
+type loadCheck struct {
+	off  [2]uint64
+	p    int
+	rank int
+	head uint32
+	fold bool
+}
+
+// loadChecks are the words Load verifies in each layer and plane, in the
+// order it reports the first bad one: the sampled positions and n-1,
+// ascending; in each, the ranks in order and their heads in order (every
+// head at n-1, the sampled one elsewhere).
+func (s *Sequence) loadChecks(n int) []loadCheck {
+	bs := int(s.l.BlockSize)
+	out := make([]loadCheck, 0, (n/sampleEvery+1)*len(s.ranks)+int(s.l.Heads)*len(s.ranks))
+	add := func(p int, g *rankGeom, i int, h uint32, fold bool) {
+		c := loadCheck{p: p, rank: i, head: g.first + h, fold: fold}
+		block := uint64(s.blocks[p/bs]) * g.r.Layout.BlockBytes
+		for k := range c.off {
+			c.off[k] = block + uint64(p%bs)*g.slotStride[k] + g.base[k][h]
+		}
+		out = append(out, c)
+	}
+	for p := 0; p < n; p += sampleEvery {
+		if p == n-1 {
+			break // checked with every head below
+		}
+		head, folded := s.sampledHead(p), false
+		for i := range s.ranks {
+			g := &s.ranks[i]
+			if head >= g.first && head < g.first+g.n {
+				f := !folded && head >= g.first+g.primary
+				folded = folded || f
+				add(p, g, i, head-g.first, f)
+			}
+		}
+	}
+	if p := n - 1; p >= 0 {
+		head, folded := s.sampledHead(p), !sampled(p)
+		for i := range s.ranks {
+			g := &s.ranks[i]
+			for h := range g.n {
+				f := !folded && g.first+h == head && h >= g.primary
+				folded = folded || f
+				add(p, g, i, h, f)
+			}
+		}
+	}
+	return out
 }
 
 // Adopt folds positions [0, n) as read from the regions without checking

@@ -289,9 +289,19 @@ func TestSimLlamaFillAndVerify(t *testing.T) {
 // (small layout, 64 blocks).
 func shapeRegions(t testing.TB, shape Shape) []*kvmem.Region {
 	t.Helper()
+	return layeredRegions(t, shape, 0)
+}
+
+// layeredRegions is shapeRegions with layers layers (0: the small
+// layout's).
+func layeredRegions(t testing.TB, shape Shape, layers uint32) []*kvmem.Region {
+	t.Helper()
 	l, err := LookupLayout("small", 64, shape)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if layers != 0 {
+		l.Layers = layers
 	}
 	var out []*kvmem.Region
 	for r := range l.TPSize {
