@@ -99,7 +99,7 @@ func MapCreated(ctx context.Context, info *messages.RegionInfo, l kvmem.Layout) 
 		if err != nil {
 			return nil, fmt.Errorf("map the created region at %s (no region socket in region.create's answer): %w", info.Path, err)
 		}
-		return r, nil
+		return populated(r), nil
 	}
 	f, err := handover.Receive(ctx, info.HandoverSocket, info.EngineId, info.RegionId, info.HandoverToken)
 	if err != nil {
@@ -111,7 +111,19 @@ func MapCreated(ctx context.Context, info *messages.RegionInfo, l kvmem.Layout) 
 	if err != nil {
 		return nil, fmt.Errorf("map the created region %s received from %s: %w", info.RegionId, info.HandoverSocket, err)
 	}
-	return r, nil
+	return populated(r), nil
+}
+
+// populated faults in every page of the engine's own mapping of r now, as
+// an engine allocating its KV cache up front does, instead of on the first
+// load or compute that touches each page: connexd populated its mapping at
+// region.create, but each process's page tables are its own. Measured on a
+// 2 GiB llama3-8b region with 4 KiB pages: an 8192-token Load check took
+// ~50 ms on a fresh mapping and 1.2 ms on a populated one (populating cost
+// ~0.4 s once); on the resume path that is time the client waits.
+func populated(r *kvmem.Region) *kvmem.Region {
+	regionfile.Populate(r.Bytes())
+	return r
 }
 
 // regionLost starts (once at a time) the re-creation of the engine's
