@@ -29,7 +29,8 @@
 #                      router CPU per request, idle CPU (ROUTER ...); vllm-router (the version engine/vllm-connector/vllm-cpu's
 #                      lock pins) goes into its own venv on first use ($VLLM_ROUTER_VENV, default
 #                      /var/cache/connex/venv-vllm-router); BENCH_ROUNDS, BENCH_ROUTER_SECONDS, BENCH_ROUTER_IDLE_S,
-#                      BENCH_ROUTER_PRESET (local), BENCH_ROUTER_PPROF=file for a CPU profile of the Connex router
+#                      BENCH_ROUTER_PRESET (local), BENCH_ROUTER_PPROF=file for a CPU profile of the Connex router,
+#                      BENCH_ROUTER_PPROF_IDLE=file one of it idle
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"

@@ -40,7 +40,9 @@ import (
 // installs the version engine/vllm-connector/vllm-cpu's lock pins), with
 // --policy round_robin and its default cache_aware; BENCH_ROUTER_PPROF names
 // a file for a CPU profile of the Connex router over its windows at
-// concurrency BENCH_ROUTER_PPROF_C (default 32).
+// concurrency BENCH_ROUTER_PPROF_C (default 32), BENCH_ROUTER_PPROF_IDLE one
+// for a profile of its idle window (the profiler's cost then counts in the
+// idle figure).
 func BenchmarkRouter(b *testing.B) {
 	vr := os.Getenv("CONNEX_VLLM_ROUTER")
 	if vr == "" {
@@ -120,7 +122,18 @@ func BenchmarkRouter(b *testing.B) {
 	for _, t := range targets {
 		before = append(before, t.cpu())
 	}
+	var stopIdle func() []byte
+	idleProfile := os.Getenv("BENCH_ROUTER_PPROF_IDLE")
+	if idleProfile != "" && pprofURL != "" {
+		stopIdle = startCPUProfile(b, pprofURL, idle)
+	}
 	time.Sleep(idle) // what an idle router costs is the measurement: nothing to wait for
+	if stopIdle != nil {
+		if err := os.WriteFile(idleProfile, stopIdle(), 0o644); err != nil {
+			b.Fatal(err)
+		}
+		fmt.Printf("router: a CPU profile of the idle Connex router (%s, the profiler's own cost in the idle figure) is in %s\n", idle, idleProfile)
+	}
 	for i, t := range targets {
 		if t.pid != 0 {
 			idleCPU[t.name] = 100 * float64(t.cpu()-before[i]) / float64(idle)
@@ -187,7 +200,7 @@ func startConnexRouter(b *testing.B, preset, model string, prefill *instantEngin
 	b.Helper()
 	args := []string{"--role", "router", "--http-listen", "127.0.0.1:0", "--cluster-preset", preset, "--log-level", "warn"}
 	pprofURL := ""
-	if os.Getenv("BENCH_ROUTER_PPROF") != "" {
+	if os.Getenv("BENCH_ROUTER_PPROF") != "" || os.Getenv("BENCH_ROUTER_PPROF_IDLE") != "" {
 		addr := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(b))
 		args, pprofURL = append(args, "--pprof-listen", addr), "http://"+addr
 	}
