@@ -152,8 +152,13 @@ type Config struct {
 	// nats_creds), "on" or "off".
 	ClusterTLS string
 	// OrphanScan is how often the coordinator rescans for requests whose
-	// owner left, besides reacting to membership changes at once.
+	// owner left while something may be pending (after a membership
+	// change, a failed pass, adoptions asked), besides reacting to
+	// membership changes at once.
 	OrphanScan time.Duration
+	// OrphanIdleScan is how often it rescans once a pass found nothing
+	// pending (requests.ScanPace); at least OrphanScan.
+	OrphanIdleScan time.Duration
 	// LogLevel is debug, info, warn or error.
 	LogLevel slog.Level
 	// MetricsListen, if set, is where connexd serves Prometheus metrics
@@ -256,7 +261,8 @@ var defaults = []struct {
 	{"cluster_name", "connex", "protoactor cluster name"},
 	{"cluster_host", "127.0.0.1", "address the cluster's remote listens on and advertises"},
 	{"cluster_tls", "auto", "mutual TLS on the cluster's remote with member credentials: auto (when the member has NATS credentials), on or off"},
-	{"orphan_scan_ms", 1000, "how often orphaned requests are rescanned, in milliseconds"},
+	{"orphan_scan_ms", 1000, "how often orphaned requests are rescanned while some may be pending (after a membership change or a failed pass), in milliseconds"},
+	{"orphan_idle_scan_ms", 30000, "how often orphaned requests are rescanned once a scan found none, in milliseconds (at least orphan_scan_ms)"},
 	{"log_level", "warn", "log level: debug, info, warn or error"},
 	{"metrics_listen", "", "Prometheus metrics listen address (GET /metrics); empty: off"},
 	{"pprof_listen", "", "Go profiles listen address (GET /debug/pprof/, no authentication: use a loopback address); empty: off"},
@@ -435,6 +441,14 @@ func build(v *viper.Viper) (Config, error) {
 		return c, err
 	}
 	c.OrphanScan = time.Duration(scan) * time.Millisecond
+	idleScan, err := positive(v, "orphan_idle_scan_ms", 24*3600*1000)
+	if err != nil {
+		return c, err
+	}
+	if idleScan < scan {
+		return c, fmt.Errorf("%w: orphan_idle_scan_ms=%d is below orphan_scan_ms=%d: the idle rescan is the slower one", ErrInvalid, idleScan, scan)
+	}
+	c.OrphanIdleScan = time.Duration(idleScan) * time.Millisecond
 	lvl, err := oneOf(v, "log_level", "debug", "info", "warn", "error")
 	if err != nil {
 		return c, err

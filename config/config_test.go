@@ -23,6 +23,9 @@ func TestDefaults(t *testing.T) {
 	if c.UCXReads != "checked" {
 		t.Fatalf("ucx_reads defaults to %q, want checked", c.UCXReads)
 	}
+	if c.OrphanScan != time.Second || c.OrphanIdleScan != 30*time.Second {
+		t.Fatalf("orphan scans every %v, %v when idle; want 1s, 30s", c.OrphanScan, c.OrphanIdleScan)
+	}
 }
 
 func TestUCXReads(t *testing.T) {
@@ -90,6 +93,8 @@ func TestInvalidValuesNameTheKey(t *testing.T) {
 		{[]string{"--member-id", "a b"}, nil, "member_id=\"a b\""},
 		{[]string{"--js-replicas", "0"}, nil, "js_replicas=\"0\""},
 		{[]string{"--no-such-flag"}, nil, "unknown flag"},
+		{[]string{"--orphan-scan-ms", "5000", "--orphan-idle-scan-ms", "1000"}, nil, "orphan_idle_scan_ms=1000 is below orphan_scan_ms=5000"},
+		{nil, []string{"CONNEX_ORPHAN_IDLE_SCAN_MS=0"}, "orphan_idle_scan_ms=\"0\""},
 	}
 	for _, c := range cases {
 		_, err := Load(c.args, c.env)

@@ -15,7 +15,7 @@ import (
 // startCoordinator runs this member's orphan coordinator
 // (requests.Coordinator) until d.stop: it asks live members over the API
 // to adopt departed owners' requests, and adopts its previous run's here.
-func (d *Daemon) startCoordinator(interval time.Duration) {
+func (d *Daemon) startCoordinator(interval, idle time.Duration) {
 	c := &requests.Coordinator{
 		Self:    d.cfg.MemberID,
 		Members: d.members,
@@ -37,8 +37,9 @@ func (d *Daemon) startCoordinator(interval time.Duration) {
 			_, ok := d.reqTable.Lookup(req)
 			return ok
 		},
-		Interval: interval,
-		Log:      d.log,
+		Interval:     interval,
+		IdleInterval: idle,
+		Log:          d.log,
 	}
 	d.wg.Add(2)
 	go func() {

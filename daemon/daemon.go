@@ -305,7 +305,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 				}
 			})
 		})
-		d.startCoordinator(cfg.OrphanScan)
+		d.startCoordinator(cfg.OrphanScan, cfg.OrphanIdleScan)
 	}
 	if cfg.Role == "router" {
 		if err := d.startRouter(); err != nil {

@@ -30,7 +30,8 @@ const passTimeout = 5 * time.Second
 
 // Coordinator is the orphan coordinator's loop on one member: at start it
 // adopts the requests its previous run left (Leftovers), then, on every
-// membership change and every Interval, if it is the coordinator
+// membership change and every Interval (IdleInterval once nothing is
+// pending: ScanPace), if it is the coordinator
 // (CoordinatorIn), it asks live members to adopt the requests of departed
 // owners (Adoptions). Every member runs one, so the next coordinator
 // finishes what a dead one left. Fill every field, then call Run.
@@ -51,8 +52,12 @@ type Coordinator struct {
 	// Running reports whether a request actor for req runs here.
 	Running func(req string) bool
 	// Interval is how often it rescans without a membership change
-	// (orphan_scan_ms), in case a coordinator died mid-way.
+	// while something may be pending (orphan_scan_ms; ScanPace.Busy), in
+	// case a coordinator died mid-way.
 	Interval time.Duration
+	// IdleInterval is how often it rescans once a pass found nothing
+	// pending (orphan_idle_scan_ms; ScanPace.Idle). Zero: every Interval.
+	IdleInterval time.Duration
 	// Log gets a warning for each pass that failed (it is retried).
 	Log *slog.Logger
 }
@@ -68,46 +73,65 @@ func (c *Coordinator) Run(stop <-chan struct{}) {
 		}
 	})
 	defer cancel()
-	t := time.NewTicker(c.Interval)
-	defer t.Stop()
+	pace := ScanPace{Busy: c.Interval, Idle: c.IdleInterval}
+	wait := c.Interval
 	leftovers := true
 	for {
+		leftoversFailed := false
 		if leftovers {
 			if err := c.adoptLeftovers(); err != nil {
 				c.Log.Warn("adopting requests of this member's previous run failed; will retry", "err", err)
+				leftoversFailed = true
 			} else {
 				leftovers = false
 			}
 		}
+		t := time.NewTimer(wait)
+		kicked := false
 		select {
 		case <-stop:
+			t.Stop()
 			return
 		case <-kick:
+			kicked = true
 		case <-t.C:
 		}
-		if err := c.placeOrphans(); err != nil {
+		t.Stop()
+		r, err := c.placeOrphans()
+		if err != nil {
 			c.Log.Warn("placing orphaned requests failed; will retry", "err", err)
 		}
+		r.Kicked, r.Failed = kicked, err != nil || leftoversFailed
+		wait = pace.Next(r)
 	}
 }
 
 // placeOrphans is one pass: if this member coordinates, it asks for every
 // adoption its view calls for.
-func (c *Coordinator) placeOrphans() error {
+func (c *Coordinator) placeOrphans() (PassReport, error) {
 	live := c.Members.LiveDecode()
 	view := c.Members.View()
-	if CoordinatorIn(live, view) != c.Self {
-		return nil
+	// Until this member has watched for the grace, who coordinates can
+	// change with no membership change to say so (it may settle first).
+	r := PassReport{Unsettled: view.Watched < view.Grace}
+	switch CoordinatorIn(live, view) {
+	case "":
+		return PassReport{Unsettled: true}, nil
+	case c.Self:
+	default:
+		return r, nil // another member coordinates: its pass, not ours
 	}
-	return c.pass(func(ctx context.Context, owners map[string]string) []error {
+	err := c.pass(func(ctx context.Context, owners map[string]string) []error {
 		var errs []error
 		for _, a := range Adoptions(owners, live, view, c.Members.DepartedAt) {
+			r.Asked++
 			if err := c.Adopt(ctx, a); err != nil && !errors.Is(err, ErrFenced) {
 				errs = append(errs, fmt.Errorf("adopt %s on %s: %w", a.Request, a.Target, err))
 			}
 		}
 		return errs
 	})
+	return r, err
 }
 
 // adoptLeftovers resumes here the requests a previous run of this member
