@@ -91,6 +91,10 @@ func TestCoordinatorScansIdleWhenNothingPending(t *testing.T) {
 		if n := scansNow(); n != 1 {
 			t.Fatalf("%d scans at start, want 1 (its leftovers)", n)
 		}
+		// Inside the synctest bubble each sleep below is the fake clock
+		// moving by exactly that much, at once: the scan timing is what is
+		// under test, and scansNow's synctest.Wait is the condition (every
+		// goroutine of the bubble idle again) before each count is read.
 		time.Sleep(time.Second) // the first rescan comes at Interval
 		if n := scansNow(); n != 2 {
 			t.Fatalf("%d scans after one Interval, want 2", n)
