@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/connex/connex/messages"
@@ -11,7 +12,8 @@ import (
 
 // A heartbeat is a MemberAnnounce: a record that rarely changes (address,
 // role, kinds, name and the registered engines with their layouts) and
-// three fields that change every beat (load, seq, sent_unix_ms). At the
+// fields that change with the beat (load, seq, sent_unix_ms, and the
+// heartbeat interval when the member turns idle or busy). At the
 // local preset every member sends 20 a second and reads 20 from every
 // other member; marshalling, unmarshalling and deep-comparing the record
 // each time was about a fifth of an idle connexd's CPU. The codec below
@@ -25,6 +27,8 @@ const (
 	fieldLoad   protowire.Number = 7
 	fieldSeq    protowire.Number = 8
 	fieldSentMs protowire.Number = 9
+	// fieldInterval is heartbeat_interval_ms.
+	fieldInterval protowire.Number = 12
 )
 
 // announceEncoder builds this member's heartbeats. The record's bytes are
@@ -38,13 +42,15 @@ type announceEncoder struct {
 	marshal func(proto.Message) ([]byte, error)
 }
 
-// encode returns the heartbeat of self with engines, load, seq and now.
-// The returned bytes are valid until the next call. self and engines are
-// compared by identity: the provider replaces, never mutates, them.
-func (e *announceEncoder) encode(self *Member, engines *[]*messages.EngineInfo, load int64, seq uint64, now time.Time) ([]byte, error) {
+// encode returns the heartbeat of self with engines, load, the heartbeat
+// interval it keeps, seq and now. The returned bytes are valid until the
+// next call. self and engines are compared by identity: the provider
+// replaces, never mutates, them.
+func (e *announceEncoder) encode(self *Member, engines *[]*messages.EngineInfo, load int64, interval time.Duration, seq uint64, now time.Time) ([]byte, error) {
 	if e.rec == nil || e.self != self || e.engines != engines {
 		m := *self
 		m.Load = 0
+		m.HeartbeatInterval = 0
 		m.Engines = nil
 		if engines != nil {
 			m.Engines = *engines
@@ -67,6 +73,10 @@ func (e *announceEncoder) encode(self *Member, engines *[]*messages.EngineInfo, 
 		b = protowire.AppendTag(b, fieldLoad, protowire.VarintType)
 		b = protowire.AppendVarint(b, uint64(load))
 	}
+	if ms := interval.Milliseconds(); ms > 0 {
+		b = protowire.AppendTag(b, fieldInterval, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(min(ms, math.MaxUint32)))
+	}
 	if seq != 0 {
 		b = protowire.AppendTag(b, fieldSeq, protowire.VarintType)
 		b = protowire.AppendVarint(b, seq)
@@ -79,8 +89,9 @@ func (e *announceEncoder) encode(self *Member, engines *[]*messages.EngineInfo, 
 	return b, nil
 }
 
-// withoutVolatile returns b's top-level fields other than load, seq and
-// sent_unix_ms, in their order; b must be a valid message.
+// withoutVolatile returns b's top-level fields other than load, seq,
+// sent_unix_ms and heartbeat_interval_ms, in their order; b must be a
+// valid message.
 func withoutVolatile(b []byte) []byte {
 	out := make([]byte, 0, len(b))
 	for len(b) > 0 {
@@ -88,7 +99,7 @@ func withoutVolatile(b []byte) []byte {
 		if n < 0 {
 			return append(out, b...) // not reached for our own marshalling
 		}
-		if num != fieldLoad && num != fieldSeq && num != fieldSentMs {
+		if !volatileField(num) {
 			out = append(out, b[:n]...)
 		}
 		b = b[n:]
@@ -96,35 +107,59 @@ func withoutVolatile(b []byte) []byte {
 	return out
 }
 
+// volatileField reports whether num is one of MemberAnnounce's fields
+// that change with the beat rather than with the record.
+func volatileField(num protowire.Number) bool {
+	return num == fieldLoad || num == fieldSeq || num == fieldSentMs || num == fieldInterval
+}
+
+// announceBeat is what an announce says besides its record: the fields
+// that change with the beat and that a receiver keeps.
+type announceBeat struct {
+	load     int64
+	interval time.Duration
+}
+
 // splitAnnounce separates an announce's record bytes (every top-level field
-// but the volatile ones, in their order) from its load. It fails on bytes
-// that are not a well-formed message at the top level.
-func splitAnnounce(b []byte, rec []byte) (record []byte, load int64, err error) {
+// but the volatile ones, in their order) from its load and heartbeat
+// interval. It fails on bytes that are not a well-formed message at the
+// top level.
+func splitAnnounce(b []byte, rec []byte) (record []byte, beat announceBeat, err error) {
 	rec = rec[:0]
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeField(b)
 		if n < 0 {
-			return nil, 0, fmt.Errorf("announce: %w", protowire.ParseError(n))
+			return nil, announceBeat{}, fmt.Errorf("announce: %w", protowire.ParseError(n))
 		}
 		switch num {
-		case fieldLoad:
+		case fieldLoad, fieldInterval:
 			if typ != protowire.VarintType {
-				return nil, 0, fmt.Errorf("announce: load has wire type %d", typ)
+				return nil, announceBeat{}, fmt.Errorf("announce: field %d has wire type %d", num, typ)
 			}
 			_, _, tn := protowire.ConsumeTag(b)
 			v, vn := protowire.ConsumeVarint(b[tn:])
 			if vn < 0 {
-				return nil, 0, fmt.Errorf("announce: load: %w", protowire.ParseError(vn))
+				return nil, announceBeat{}, fmt.Errorf("announce: field %d: %w", num, protowire.ParseError(vn))
 			}
-			load = int64(v) // the last occurrence wins, as in proto.Unmarshal
+			// The last occurrence wins, as in proto.Unmarshal.
+			if num == fieldLoad {
+				beat.load = int64(v)
+			} else {
+				beat.interval = intervalOfMs(uint32(v))
+			}
 		case fieldSeq, fieldSentMs:
 		default:
 			rec = append(rec, b[:n]...)
 		}
 		b = b[n:]
 	}
-	return rec, load, nil
+	return rec, beat, nil
 }
+
+// intervalOfMs is an announced heartbeat_interval_ms as a duration (a
+// uint32 field: proto.Unmarshal keeps the low 32 bits of a longer varint,
+// and so does this).
+func intervalOfMs(ms uint32) time.Duration { return time.Duration(ms) * time.Millisecond }
 
 // maxDecodeCache bounds the members whose last record a decoder remembers;
 // past it the cache starts again (members come and go with new ids).
@@ -147,14 +182,14 @@ type decodedRecord struct {
 // its member, with Member.record set so that the view compares records by
 // their bytes.
 func (d *announceDecoder) decode(id string, b []byte) (Member, error) {
-	rec, load, err := splitAnnounce(b, d.rec)
+	rec, beat, err := splitAnnounce(b, d.rec)
 	if err != nil {
 		return Member{}, err
 	}
 	d.rec = rec
 	if c, ok := d.last[id]; ok && c.rec == string(rec) {
 		m := c.m
-		m.Load = load
+		m.Load, m.HeartbeatInterval = beat.load, beat.interval
 		return m, nil
 	}
 	m, err := decodeAnnounce(b)

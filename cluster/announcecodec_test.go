@@ -30,9 +30,9 @@ func TestAnnounceEncoderIsTheAnnounce(t *testing.T) {
 		return proto.MarshalOptions{Deterministic: true}.Marshal(m)
 	}}
 	self, engines := codecSelf(), codecEngines("e1", "e2")
-	check := func(engines *[]*messages.EngineInfo, load int64, seq uint64, now time.Time) {
+	check := func(engines *[]*messages.EngineInfo, load int64, iv time.Duration, seq uint64, now time.Time) {
 		t.Helper()
-		b, err := enc.encode(self, engines, load, seq, now)
+		b, err := enc.encode(self, engines, load, iv, seq, now)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -41,7 +41,7 @@ func TestAnnounceEncoderIsTheAnnounce(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := *self
-		m.Load = load
+		m.Load, m.HeartbeatInterval = load, iv
 		if engines != nil {
 			m.Engines = *engines
 		}
@@ -50,15 +50,16 @@ func TestAnnounceEncoderIsTheAnnounce(t *testing.T) {
 		}
 	}
 	t0 := time.UnixMilli(1_700_000_000_000)
-	check(engines, 0, 0, t0)
-	check(engines, 5, 1, t0.Add(50*time.Millisecond))
-	check(engines, -3, 2, t0.Add(100*time.Millisecond))
+	check(engines, 0, 50*time.Millisecond, 0, t0)
+	check(engines, 5, 50*time.Millisecond, 1, t0.Add(50*time.Millisecond))
+	check(engines, -3, 400*time.Millisecond, 2, t0.Add(100*time.Millisecond))
+	check(engines, -3, 0, 3, t0.Add(100*time.Millisecond))
 	if marshals != 1 {
-		t.Fatalf("%d marshals for three beats of one record, want 1", marshals)
+		t.Fatalf("%d marshals for four beats of one record, want 1", marshals)
 	}
 	other := codecEngines("e1")
-	check(other, 1, 3, t0.Add(150*time.Millisecond))
-	check(nil, 1, 4, t0.Add(200*time.Millisecond))
+	check(other, 1, 50*time.Millisecond, 3, t0.Add(150*time.Millisecond))
+	check(nil, 1, 50*time.Millisecond, 4, t0.Add(200*time.Millisecond))
 	if marshals != 3 {
 		t.Fatalf("%d marshals after two engine changes, want 3", marshals)
 	}
@@ -73,9 +74,14 @@ func TestAnnounceDecoderReusesAnUnchangedRecord(t *testing.T) {
 	self := codecSelf()
 	engines := codecEngines("e1", "e2")
 	t0 := time.UnixMilli(1_700_000_000_000)
+	var beatEvery func(engines *[]*messages.EngineInfo, load int64, iv time.Duration, seq uint64) Member
 	beat := func(engines *[]*messages.EngineInfo, load int64, seq uint64) Member {
 		t.Helper()
-		b, err := enc.encode(self, engines, load, seq, t0.Add(time.Duration(seq)*50*time.Millisecond))
+		return beatEvery(engines, load, 50*time.Millisecond, seq)
+	}
+	beatEvery = func(engines *[]*messages.EngineInfo, load int64, iv time.Duration, seq uint64) Member {
+		t.Helper()
+		b, err := enc.encode(self, engines, load, iv, seq, t0.Add(time.Duration(seq)*50*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -92,6 +98,15 @@ func TestAnnounceDecoderReusesAnUnchangedRecord(t *testing.T) {
 	}
 	if len(m2.Engines) != 2 || m1.Engines[0] != m2.Engines[0] {
 		t.Fatal("an unchanged record was decoded again")
+	}
+	// The heartbeat interval travels beside the record: a member turning
+	// idle is neither a new record nor a change for subscribers.
+	idle := beatEvery(engines, 7, 400*time.Millisecond, 2)
+	if idle.HeartbeatInterval != 400*time.Millisecond || m2.HeartbeatInterval != 50*time.Millisecond {
+		t.Fatalf("intervals %v and %v, want 50ms and 400ms", m2.HeartbeatInterval, idle.HeartbeatInterval)
+	}
+	if idle.Engines[0] != m2.Engines[0] || !sameMember(m2, idle) {
+		t.Fatal("a member that only changed its heartbeat interval was decoded again or compares different")
 	}
 	if sameMember(m1, m2) {
 		t.Fatal("members with different loads compare the same")

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/connex/connex/messages"
 	"google.golang.org/protobuf/proto"
@@ -42,6 +43,11 @@ type Member struct {
 	// Engines are the engines registered with the member (role, model,
 	// HTTP base URL, load), as of its last heartbeat.
 	Engines []*messages.EngineInfo
+	// HeartbeatInterval is the interval its last heartbeat said it keeps:
+	// Config.HeartbeatInterval while it has work in hand, its idle
+	// interval otherwise; 0 when it did not say (an older member).
+	// Peers suspect it after SuspectMult of these, at most TTL/2.
+	HeartbeatInterval time.Duration
 	// Suspect is true while it is silent and being probed; placement
 	// should avoid a suspect member.
 	Suspect bool

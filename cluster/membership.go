@@ -3,6 +3,7 @@ package cluster
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/connex/connex/messages"
 	"google.golang.org/protobuf/proto"
@@ -81,6 +82,7 @@ func (p *Provider) Self() Member {
 	}
 	m := p.self.clone()
 	m.Load = p.load.Load()
+	m.HeartbeatInterval = time.Duration(p.interval.Load())
 	m.Engines = p.ownEngines()
 	return m
 }

@@ -38,7 +38,11 @@ type Provider struct {
 
 	started atomic.Bool
 	load    atomic.Int64
-	engines atomic.Pointer[[]*messages.EngineInfo]
+	// interval is the heartbeat interval the loop keeps now (nanoseconds),
+	// for our probe answers.
+	interval atomic.Int64
+	activity *Activity // Config.Activity, or one nobody touches
+	engines  atomic.Pointer[[]*messages.EngineInfo]
 	// announceNow asks the loop for a heartbeat before the next interval
 	// (engines changed).
 	announceNow chan struct{}
@@ -77,7 +81,11 @@ func NewProvider(nc *nats.Conn, cfg Config) (*Provider, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Provider{cfg: cfg, nc: nc, log: cfg.logger(), announceNow: make(chan struct{}, 1)}, nil
+	act := cfg.Activity
+	if act == nil {
+		act = NewActivity(nil)
+	}
+	return &Provider{cfg: cfg, nc: nc, log: cfg.logger(), announceNow: make(chan struct{}, 1), activity: act}, nil
 }
 
 // StartMember joins c as a member: it subscribes to the membership

@@ -36,11 +36,27 @@ func (p *Provider) run(v *view) {
 	defer close(p.loopDone)
 	var seq uint64
 	var enc announceEncoder
+	// lastBusy is when this member last had work in hand: its start (a
+	// joining member beats at the full rate), a beat with its load above
+	// zero or Activity's inHand true, or the last Activity.Touch.
+	lastBusy := time.Now()
+	var nextBeat time.Time
 	beat := func(now time.Time) {
+		if p.load.Load() > 0 || p.activity.working() {
+			lastBusy = now
+		}
+		if t := p.activity.lastTouch(); t.After(lastBusy) {
+			lastBusy = t
+		}
+		iv := beatInterval(p.cfg.HeartbeatInterval, p.cfg.IdleHeartbeatInterval, p.cfg.idleAfter(), lastBusy, now)
+		p.interval.Store(int64(iv))
+		p.activity.idle.Store(iv != p.cfg.HeartbeatInterval)
+		v.beatsEvery(iv, now)
+		nextBeat = now.Add(jittered(iv, p.cfg.HeartbeatJitter, rand.Float64()))
 		if p.self == nil || p.evicted.Load() || p.frozen.Load() {
 			return
 		}
-		b, err := enc.encode(p.self, p.engines.Load(), p.load.Load(), seq, now)
+		b, err := enc.encode(p.self, p.engines.Load(), p.load.Load(), iv, seq, now)
 		if err == nil {
 			err = p.nc.Publish(p.subj.heartbeat(p.self.ID), b)
 		}
@@ -51,7 +67,6 @@ func (p *Provider) run(v *view) {
 	}
 	now := time.Now()
 	beat(now)
-	nextBeat := now.Add(p.heartbeatInterval())
 	linkUp := true
 	wake := nextBeat // when the loop asked to be woken at the latest
 	timer := time.NewTimer(time.Until(wake))
@@ -65,6 +80,10 @@ func (p *Provider) run(v *view) {
 		case in = <-p.inbox:
 		case <-p.announceNow:
 			fx.announce = true
+		case <-p.activity.wake:
+			// Work arrived while we beat at the idle interval: say so at
+			// once, so that peers suspect us at the full rate again.
+			fx.announce = p.activity.idle.Load()
 		case <-timer.C:
 		}
 		now := time.Now()
@@ -83,7 +102,6 @@ func (p *Provider) run(v *view) {
 		}
 		if !now.Before(nextBeat) {
 			beat(now)
-			nextBeat = now.Add(p.heartbeatInterval())
 			fx.merge(p.checkBlocked(v))
 		}
 		linkUp = p.checkLink(v, linkUp, now)
@@ -213,8 +231,4 @@ func (p *Provider) checkBlocked(v *view) effects {
 		}
 	}
 	return fx
-}
-
-func (p *Provider) heartbeatInterval() time.Duration {
-	return jittered(p.cfg.HeartbeatInterval, p.cfg.HeartbeatJitter, rand.Float64())
 }

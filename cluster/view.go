@@ -19,6 +19,9 @@ type view struct {
 	deadAfter    time.Duration // silence before a member is removed (TTL)
 	probeEvery   time.Duration // pause between two probes of one suspect
 	suspectMult  int           // heartbeats missed before suspicion (Config.SuspectMult)
+	jitter       float64       // Config.HeartbeatJitter
+	fullInterval time.Duration // Config.HeartbeatInterval
+	beatEvery    time.Duration // our own heartbeat interval now (Config.HeartbeatInterval until told)
 
 	self    *Member // nil on a client, which is not a member
 	evicted bool    // the others removed self
@@ -38,15 +41,19 @@ type view struct {
 	lateSinceTick time.Duration
 	// lastEcho is when our own heartbeat last came back through NATS:
 	// the latest moment the bus is known to deliver. Zero on a client.
-	lastEcho  time.Time
-	echoGrace time.Duration // how long after lastEcho the next echo is due
+	lastEcho time.Time
+	// echoDue is when our next echo is overdue: one jittered interval and
+	// half an interval (of beatEvery) after lastEcho, or after we last
+	// changed our interval, whichever is later.
+	echoDue time.Time
 }
 
 type memberEntry struct {
 	m          Member
 	lastSeen   time.Time     // last heartbeat or probe answer
 	lagAtSeen  time.Duration // view.lag at lastSeen
-	gaps       gapWindow     // its recent heartbeat gaps, our own lag excluded
+	gaps       gapWindow     // its recent heartbeat gaps at its announced interval, our own lag excluded
+	interval   time.Duration // the heartbeat interval it announced (0: not said)
 	probing    bool          // a probe is in flight
 	probeEnded time.Time     // when the last probe ended; zero if none yet
 }
@@ -63,7 +70,9 @@ func newView(cfg Config, self *Member) *view {
 		deadAfter:    cfg.TTL(),
 		probeEvery:   cfg.HeartbeatInterval,
 		suspectMult:  cfg.SuspectMult,
-		echoGrace:    maxHeartbeatGap(cfg.HeartbeatInterval, cfg.HeartbeatJitter) + cfg.HeartbeatInterval/2,
+		jitter:       cfg.HeartbeatJitter,
+		fullInterval: cfg.HeartbeatInterval,
+		beatEvery:    cfg.HeartbeatInterval,
 		members:      map[string]*memberEntry{},
 		gone:         map[string]*tombstone{},
 	}
@@ -80,6 +89,7 @@ func (v *view) heartbeat(m Member, now time.Time) effects {
 	if v.isSelf(m.ID) {
 		// Our own heartbeat, back through NATS: the bus delivers.
 		v.lastEcho = now
+		v.echoDue = later(v.echoDue, now.Add(v.echoGrace()))
 		return fx
 	}
 	if t, dead := v.gone[m.ID]; dead {
@@ -95,12 +105,17 @@ func (v *view) heartbeat(m Member, now time.Time) effects {
 	m.Suspect = false
 	e, known := v.members[m.ID]
 	if !known {
-		v.members[m.ID] = &memberEntry{m: m.clone(), lastSeen: now, lagAtSeen: v.lag}
+		v.members[m.ID] = &memberEntry{m: m.clone(), lastSeen: now, lagAtSeen: v.lag, interval: m.HeartbeatInterval}
 		fx.event(EventJoined, m, "")
 		fx.announce = true // let the newcomer learn us without waiting a period
 		return fx
 	}
 	e.gaps.add(v.silence(e, now))
+	if m.HeartbeatInterval != e.interval {
+		// It turned idle or busy: the gaps it kept at the old interval
+		// say nothing of the new one.
+		e.interval, e.gaps = m.HeartbeatInterval, gapWindow{}
+	}
 	e.lastSeen, e.lagAtSeen = now, v.lag
 	if e.m.Suspect {
 		e.m.Suspect = false
@@ -219,7 +234,27 @@ func (v *view) busStall(now time.Time) time.Duration {
 	if v.lastEcho.IsZero() || v.lastTick.IsZero() {
 		return 0
 	}
-	return max(0, now.Sub(later(v.lastTick, v.lastEcho.Add(v.echoGrace))))
+	return max(0, now.Sub(later(v.lastTick, v.echoDue)))
+}
+
+// echoGrace is how long after an echo the next one is overdue: one
+// jittered interval of ours and half an interval.
+func (v *view) echoGrace() time.Duration {
+	return maxHeartbeatGap(v.beatEvery, v.jitter) + v.beatEvery/2
+}
+
+// beatsEvery records that from now this member heartbeats every d (it
+// turned idle or busy): our next echo is due one grace of the new
+// interval from now at the earliest, so a switch to a shorter interval
+// does not make the echo of the longer one overdue.
+func (v *view) beatsEvery(d time.Duration, now time.Time) {
+	if d == v.beatEvery || d <= 0 {
+		return
+	}
+	v.beatEvery = d
+	if !v.lastEcho.IsZero() {
+		v.echoDue = later(v.echoDue, now.Add(v.echoGrace()))
+	}
 }
 
 func later(a, b time.Time) time.Time {
@@ -237,10 +272,15 @@ func (v *view) silence(e *memberEntry, now time.Time) time.Duration {
 
 // suspectAfterFor is the silence after which e is suspected: SuspectMult
 // of its own heartbeats, each as long as the longest of its recent gaps
-// (a CPU-starved member beats late), never less than the configured
-// SuspectAfter nor more than suspectCap.
+// (a CPU-starved member beats late), or as the interval it announced
+// where that is longer than ours (an idle member beats slowly), never less
+// than the configured SuspectAfter nor more than suspectCap.
 func (v *view) suspectAfterFor(e *memberEntry) time.Duration {
-	return suspicionTimeout(v.suspectAfter, v.suspectMult, e.gaps.longest(), v.suspectCap)
+	base := v.suspectAfter
+	if e.interval > v.fullInterval {
+		base = max(base, min(v.suspectCap, time.Duration(v.suspectMult)*e.interval))
+	}
+	return suspicionTimeout(base, v.suspectMult, e.gaps.longest(), v.suspectCap)
 }
 
 // tick applies the passage of time: suspect and probe the silent, remove

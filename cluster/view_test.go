@@ -13,7 +13,11 @@ import (
 // line may be followed by "=> <effects>"; a command without one must have
 // no effects. Commands:
 //
-//	hb <id> [load=N] [role=R]   heartbeat from id ("hb a": our own, echoed)
+//	hb <id> [load=N] [role=R] [every=D]
+//	                            heartbeat from id ("hb a": our own, echoed);
+//	                            every= the heartbeat interval it announces
+//	beat-every <duration>       we heartbeat at this interval from now
+//	lag                         => our own lag so far (woke and bus stalls)
 //	advance <duration>          move the fake clock
 //	tick                        let time act
 //	probe-ok <id> [load=N]      a probe of id was answered
@@ -63,6 +67,13 @@ func runViewScript(t *testing.T, script string) {
 				}
 				m.Load = n
 			}
+			if e, ok := args["every"]; ok {
+				d, err := time.ParseDuration(e)
+				if err != nil {
+					t.Fatalf("line %q: %v", line, err)
+				}
+				m.HeartbeatInterval = d
+			}
 			return m
 		}
 		var got string
@@ -92,6 +103,15 @@ func runViewScript(t *testing.T, script string) {
 			got = v.left(f[1], args["by"], now).String()
 		case "blocked":
 			got = v.blocked(f[1]).String()
+		case "beat-every":
+			d, err := time.ParseDuration(f[1])
+			if err != nil {
+				t.Fatalf("line %q: %v", line, err)
+			}
+			v.beatsEvery(d, now)
+			got = "none"
+		case "lag":
+			got = v.lag.String()
 		case "reconnected":
 			v.reconnected(now)
 			got = "none"

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -29,6 +30,8 @@ func announceOf(m Member, seq uint64, now time.Time) *messages.MemberAnnounce {
 		Engines:    m.Engines,
 		Seq:        seq,
 		SentUnixMs: now.UnixMilli(),
+
+		HeartbeatIntervalMs: uint32(min(m.HeartbeatInterval.Milliseconds(), math.MaxUint32)),
 	}
 }
 
@@ -55,6 +58,8 @@ func memberOf(a *messages.MemberAnnounce) (Member, error) {
 		Kinds: kinds,
 		Load:  a.GetLoad(),
 		Name:  a.GetName(),
+
+		HeartbeatInterval: intervalOfMs(a.GetHeartbeatIntervalMs()),
 		// Cloned again by Member.clone before it leaves the view.
 		Engines: a.GetEngines(),
 	}, nil

@@ -92,6 +92,13 @@ type Daemon struct {
 	pprof *profiles
 	// engView is the router's engine list, built once per view generation.
 	engView engineView
+	// activity tells membership whether this member has work in hand, so
+	// that it heartbeats at the preset's idle interval only when it has
+	// none (workInHand, and a Touch per hold, pull, request and routed
+	// completion).
+	activity *cluster.Activity
+	// routing counts the completions the router is serving (role router).
+	routing atomic.Int64
 	// Router is the OpenAI-compatible front door (role router), else nil.
 	Router *router.Server
 	// stopping turns protoactor's shutdown-time errors into info lines
@@ -115,6 +122,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 		log = slog.Default()
 	}
 	d = &Daemon{cfg: cfg, log: log, clock: clock.Real{}, Metrics: &actors.Metrics{}, stop: make(chan struct{})}
+	d.activity = cluster.NewActivity(d.workInHand)
 	for _, o := range opts {
 		o(d)
 	}
@@ -273,7 +281,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 		return d, err
 	}
 	if d.reqStore != nil {
-		cm, err := joinCluster(d.Bus.Conn, cfg, remoteOpts, log, d.libLog)
+		cm, err := joinCluster(d.Bus.Conn, cfg, remoteOpts, d.activity, log, d.libLog)
 		if err != nil {
 			return d, err
 		}
@@ -465,4 +473,14 @@ func (d *Daemon) holderAnswers(member string) bool {
 		return false
 	}
 	return true
+}
+
+// workInHand reports whether this member has work that lasts going on: a
+// hold not yet freed, a pull not yet done, a completion being routed. Its
+// membership heartbeats at the full rate meanwhile (cluster.Activity).
+func (d *Daemon) workInHand() bool {
+	m := d.Metrics
+	return m.HoldsCreated.Load() > m.HoldsFreed.Load() ||
+		m.PullsStarted.Load() > m.PullsOK.Load()+m.PullsFailed.Load() ||
+		d.routing.Load() > 0
 }

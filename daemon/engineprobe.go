@@ -63,6 +63,9 @@ func (a *engineAPI) probe() {
 			return
 		case <-tc:
 		}
+		if !a.awaitRegistration() {
+			return
+		}
 		a.mu.Lock()
 		regs, _ := a.reg.Live(a.clock.Now())
 		a.mu.Unlock()

@@ -26,6 +26,11 @@ type engineAPI struct {
 
 	mu  sync.Mutex
 	reg *advertise.Registry
+	// registered is closed (and forgotten) at the next registration: the
+	// expiry and probe loops wait on it while nothing is registered,
+	// instead of waking four times a second for nothing (a router never
+	// has engines of its own).
+	registered chan struct{}
 
 	creds     credChecker
 	blocks    engineBlocks
@@ -106,6 +111,10 @@ func (a *engineAPI) RegisterEngine(ctx context.Context, r *messages.RegisterEngi
 	}
 	a.mu.Lock()
 	replaced, err := a.reg.Register(r.GetEngine(), ttl, a.clock.Now())
+	if err == nil && a.registered != nil {
+		close(a.registered)
+		a.registered = nil
+	}
 	a.mu.Unlock()
 	if replaced != nil {
 		a.log.Warn("engine restarted (a new instance registered): the previous instance's requests end", "engine", replaced.Engine, "instance", replaced.Instance)
@@ -214,11 +223,43 @@ func (a *engineAPI) advertise() {
 	}
 }
 
+// untilRegisteredLocked returns a channel closed at the next registration when
+// nothing is registered now, else nil. The caller holds a.mu.
+func (a *engineAPI) untilRegisteredLocked() <-chan struct{} {
+	if !a.reg.NextExpiry().IsZero() {
+		return nil // something is registered (lapsed or not: expire's to drop)
+	}
+	if a.registered == nil {
+		a.registered = make(chan struct{})
+	}
+	return a.registered
+}
+
+// awaitRegistration blocks while nothing is registered, until a
+// registration or stop; it reports false on stop.
+func (a *engineAPI) awaitRegistration() bool {
+	a.mu.Lock()
+	ch := a.untilRegisteredLocked()
+	a.mu.Unlock()
+	if ch == nil {
+		return true
+	}
+	select {
+	case <-ch:
+		return true
+	case <-a.stop:
+		return false
+	}
+}
+
 // expire drops lapsed registrations as they lapse, until stop.
 func (a *engineAPI) expire() {
 	t, tc := a.clock.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
+		if !a.awaitRegistration() {
+			return
+		}
 		a.mu.Lock()
 		next := a.reg.NextExpiry()
 		a.mu.Unlock()

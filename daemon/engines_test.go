@@ -173,3 +173,53 @@ func TestLapsedEngineBackWithinTheGraceKeepsItsRequests(t *testing.T) {
 		t.Fatalf("requests of an engine back within the grace ended: %v", got)
 	}
 }
+
+// TestLoopsWaitForARegistration: with nothing registered, the expiry and
+// probe loops wait for a registration (a router, which hosts no engine,
+// would otherwise wake four times a second each for nothing); a
+// registration releases them, and so does stop. A lapsed registration
+// still counts as one (the expiry loop must see it to end it).
+func TestLoopsWaitForARegistration(t *testing.T) {
+	a, _, _, clk, _ := newTestEngineAPI(advertise.RoleDecode)
+	stop := make(chan struct{})
+	a.stop = stop
+	released := make(chan bool, 2)
+	for range 2 {
+		go func() { released <- a.awaitRegistration() }()
+	}
+	select {
+	case <-released:
+		t.Fatal("awaitRegistration returned with nothing registered")
+	case <-time.After(50 * time.Millisecond): // a wrong early return shows within this; a correct wait never returns
+	}
+	if _, err := a.RegisterEngine(context.Background(), registration("d1", "i1", advertise.RoleDecode, 3000)); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		select {
+		case ok := <-released:
+			if !ok {
+				t.Fatal("awaitRegistration reported stop at a registration")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a registration did not release a waiting loop")
+		}
+	}
+	clk.Advance(time.Hour) // lapsed, not yet dropped
+	if !a.awaitRegistration() {
+		t.Fatal("a lapsed registration not yet dropped does not count")
+	}
+	a.mu.Lock()
+	a.reg.Live(clk.Now()) // dropped
+	a.mu.Unlock()
+	go func() { released <- a.awaitRegistration() }()
+	close(stop)
+	select {
+	case ok := <-released:
+		if ok {
+			t.Fatal("awaitRegistration reported a registration at stop")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("stop did not release a waiting loop")
+	}
+}

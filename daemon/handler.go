@@ -33,6 +33,7 @@ func (h handler) RegisterEngine(ctx context.Context, r *messages.RegisterEngineR
 	return h.engineAPI.RegisterEngine(ctx, r)
 }
 func (h handler) CreateHold(ctx context.Context, r *messages.CreateHoldRequest) (*messages.CreateHoldReply, error) {
+	h.activity.Touch() // work arrives: heartbeat at the full rate
 	return h.holdAPI.CreateHold(ctx, r)
 }
 func (h handler) Renew(ctx context.Context, r *messages.HoldRef) (*messages.HoldStatus, error) {
@@ -51,9 +52,11 @@ func (h handler) PullEnd(ctx context.Context, r *messages.PullEnd) (*messages.Ho
 	return h.holdAPI.PullEnd(ctx, r)
 }
 func (h handler) StartPull(ctx context.Context, r *messages.StartPullRequest) (*messages.StartPullReply, error) {
+	h.activity.Touch() // work arrives: heartbeat at the full rate
 	return h.pullAPI.StartPull(ctx, r)
 }
 func (h handler) StartRequest(ctx context.Context, r *messages.StartRequestMsg) (*messages.RequestStatus, error) {
+	h.activity.Touch() // work arrives: heartbeat at the full rate
 	return h.requestAPI.StartRequest(ctx, r)
 }
 func (h handler) Progress(ctx context.Context, r *messages.RequestProgress) (*messages.RequestStatus, error) {

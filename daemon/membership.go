@@ -24,6 +24,7 @@ import (
 type clusterMembers struct {
 	nc     *nats.Conn
 	cfg    config.Config
+	act    *cluster.Activity // shared by the providers of every (re)join
 	remote cluster.RemoteOptions // TLS and logger of protoactor's remote
 	log    *slog.Logger
 	libLog *slog.Logger // for protoactor (see libHandler)
@@ -64,8 +65,8 @@ func clusterRole(role string) cluster.Role {
 }
 
 // joinCluster starts membership and keeps it: on self-eviction it rejoins.
-func joinCluster(nc *nats.Conn, cfg config.Config, ro cluster.RemoteOptions, log, libLog *slog.Logger) (*clusterMembers, error) {
-	m := &clusterMembers{nc: nc, cfg: cfg, remote: ro, log: log, libLog: libLog, rejoins: make(chan struct{}, 1), done: make(chan struct{}),
+func joinCluster(nc *nats.Conn, cfg config.Config, ro cluster.RemoteOptions, act *cluster.Activity, log, libLog *slog.Logger) (*clusterMembers, error) {
+	m := &clusterMembers{nc: nc, cfg: cfg, act: act, remote: ro, log: log, libLog: libLog, rejoins: make(chan struct{}, 1), done: make(chan struct{}),
 		roster: newMemberRoster(cfg.MemberID, presetConfig(cfg.ClusterPreset).SettleAfter(), time.Now)}
 	if err := m.start(); err != nil {
 		return nil, err
@@ -78,6 +79,7 @@ func (m *clusterMembers) start() error {
 	ccfg := presetConfig(m.cfg.ClusterPreset)
 	ccfg.Role = clusterRole(m.cfg.Role)
 	ccfg.Name = m.cfg.MemberID
+	ccfg.Activity = m.act
 	ccfg.Logger = m.log.With("component", "cluster")
 	prov, err := cluster.NewProvider(m.nc, ccfg)
 	if err != nil {

@@ -39,6 +39,7 @@ func (d *Daemon) startRouter() error {
 		AdminKeys:         d.cfg.AdminKeys,
 		Authorize:         d.grantTakeover,
 		ReleaseHold:       d.releaseEndedHold,
+		Busy:              d.routeBusy(),
 		Log:               d.log.With("component", "router"),
 	})
 	if err != nil {
@@ -121,5 +122,19 @@ func (d *Daemon) stopRouter() {
 	defer cancel()
 	if err := d.Router.Close(ctx); err != nil {
 		d.log.Warn("router did not stop cleanly", "err", err)
+	}
+}
+
+// routeBusy is router.Config.Busy: a completion the router serves is
+// work in hand until it ends.
+func (d *Daemon) routeBusy() func() func() {
+	done := func() {
+		d.routing.Add(-1)
+		d.activity.Touch()
+	}
+	return func() func() {
+		d.routing.Add(1)
+		d.activity.Touch()
+		return done
 	}
 }

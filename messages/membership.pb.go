@@ -59,9 +59,15 @@ type MemberAnnounce struct {
 	// restarts, unlike member_id.
 	Name string `protobuf:"bytes,10,opt,name=name,proto3" json:"name,omitempty"`
 	// Engines registered with this member (engine.register), live ones only.
-	Engines       []*EngineInfo `protobuf:"bytes,11,rep,name=engines,proto3" json:"engines,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Engines []*EngineInfo `protobuf:"bytes,11,rep,name=engines,proto3" json:"engines,omitempty"`
+	// The sender's heartbeat interval as of this announce, in milliseconds:
+	// the preset's interval while it has work in hand, its longer idle
+	// interval otherwise. Peers suspect it after their SuspectMult of these
+	// (at most half their TTL); 0 (an older sender) means the peers' own
+	// configured interval.
+	HeartbeatIntervalMs uint32 `protobuf:"varint,12,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *MemberAnnounce) Reset() {
@@ -171,6 +177,13 @@ func (x *MemberAnnounce) GetEngines() []*EngineInfo {
 	return nil
 }
 
+func (x *MemberAnnounce) GetHeartbeatIntervalMs() uint32 {
+	if x != nil {
+		return x.HeartbeatIntervalMs
+	}
+	return 0
+}
+
 // MemberGone says a member is out of the cluster: published on
 // <prefix>.<cluster>.leave.<member_id> by the member itself on a graceful
 // leave, or on <prefix>.<cluster>.dead.<member_id> by a member that found it
@@ -253,7 +266,7 @@ var File_membership_proto protoreflect.FileDescriptor
 
 const file_membership_proto_rawDesc = "" +
 	"\n" +
-	"\x10membership.proto\x12\tconnex.v1\x1a\fconnex.proto\"\xa6\x02\n" +
+	"\x10membership.proto\x12\tconnex.v1\x1a\fconnex.proto\"\xda\x02\n" +
 	"\x0eMemberAnnounce\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x12\n" +
@@ -267,7 +280,8 @@ const file_membership_proto_rawDesc = "" +
 	"sentUnixMs\x12\x12\n" +
 	"\x04name\x18\n" +
 	" \x01(\tR\x04name\x12/\n" +
-	"\aengines\x18\v \x03(\v2\x15.connex.v1.EngineInfoR\aengines\"|\n" +
+	"\aengines\x18\v \x03(\v2\x15.connex.v1.EngineInfoR\aengines\x122\n" +
+	"\x15heartbeat_interval_ms\x18\f \x01(\rR\x13heartbeatIntervalMs\"|\n" +
 	"\n" +
 	"MemberGone\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x1b\n" +

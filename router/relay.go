@@ -33,6 +33,9 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 		return
 	}
 	defer leave()
+	if s.cfg.Busy != nil {
+		defer s.cfg.Busy()()
+	}
 	start := s.clock.Now()
 	s.metrics.inFlight.Inc()
 	defer s.metrics.inFlight.Dec()

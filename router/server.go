@@ -72,6 +72,11 @@ type Config struct {
 	// engine nothing more; a hold a decode engine has bound refuses it (that
 	// engine's request frees it) and the error says so.
 	ReleaseHold func(ctx context.Context, params json.RawMessage, requestID string) error
+	// Busy, if set, is called as each completion is admitted, and the
+	// func it returns as that completion ends (connexd: the member has
+	// work in hand and heartbeats at the full rate meanwhile). Both must be
+	// quick.
+	Busy func() (done func())
 	// Log gets one line per request event worth an operator's attention.
 	Log *slog.Logger
 }
