@@ -24,7 +24,7 @@ import (
 type clusterMembers struct {
 	nc     *nats.Conn
 	cfg    config.Config
-	act    *cluster.Activity // shared by the providers of every (re)join
+	act    *cluster.Activity     // shared by the providers of every (re)join
 	remote cluster.RemoteOptions // TLS and logger of protoactor's remote
 	log    *slog.Logger
 	libLog *slog.Logger // for protoactor (see libHandler)
