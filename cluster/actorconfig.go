@@ -14,8 +14,10 @@ import (
 // HeartbeatExpiration (20 s) or that left gracefully, both long after the
 // Provider has removed it. At 300 ms every member sent a gossip request
 // to three others and answered three: about a quarter of an idle
-// connexd's CPU. Once a second keeps the expiration 20 intervals away.
-const GossipInterval = time.Second
+// connexd's CPU. Every 2 s keeps the expiration 10 intervals away; with
+// idle heartbeats (Config.IdleHeartbeatInterval) a gossip round a second
+// was a third of what an idle router's members cost it.
+const GossipInterval = 2 * time.Second
 
 // ActorClusterConfig is protoactor's cluster configuration for a Connex
 // member: actorcluster.Configure with the provider, the identity lookup
