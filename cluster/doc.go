@@ -23,7 +23,7 @@
 // With prefix P (Config.SubjectPrefix, default "connex.cluster") and the
 // protoactor cluster name C (which must be one NATS token):
 //
-//	P.C.events.heartbeat.<id>  messages.MemberAnnounce  every HeartbeatInterval ± jitter
+//	P.C.events.heartbeat.<id>  messages.MemberAnnounce  every HeartbeatInterval ± jitter (idle: IdleHeartbeatInterval)
 //	P.C.events.leave.<id>      messages.MemberGone      graceful leave, once
 //	P.C.events.dead.<id>       messages.MemberGone      a peer found <id> dead, or tells a zombie so
 //	P.C.ping.<id>              empty request → MemberAnnounce reply
@@ -44,6 +44,12 @@
 //     HeartbeatInterval after the previous probe ended). A member whose
 //     own recent heartbeats came late (it is CPU-starved) gets SuspectMult
 //     of its own longest recent gaps (the last 16), at most TTL/2.
+//   - A member with no work in hand for a TTL (Config.Activity, and its
+//     load zero) beats at IdleHeartbeatInterval, and every heartbeat says
+//     which interval its sender keeps. Peers suspect it after SuspectMult
+//     of the interval it announced where that is longer than their own
+//     (never past TTL/2), and forget the gaps it kept at another interval
+//     when it switches. Activity.Touch brings the full rate back at once.
 //   - Silence is what this process could hear: the time its own loop woke
 //     past its deadline (it was descheduled, CPU-starved, in a GC pause)
 //     is its own lag and is not counted against anyone, and heartbeats
@@ -51,8 +57,8 @@
 //     observer therefore suspects and removes the silent only after
 //     SuspectAfter and the TTL of its own awake time.
 //   - Likewise the bus: every member hears its own heartbeat back. While
-//     that echo is overdue (one jittered interval and half an interval
-//     after the last), NATS — or the process hosting it, CPU-starved — is
+//     that echo is overdue (one jittered interval of its own current
+//     interval and half an interval after the last), NATS — or the process hosting it, CPU-starved — is
 //     delivering nothing, and that time is not counted as anyone's silence
 //     either. A client, which sends no heartbeats, keeps the plain rule.
 //   - Suspicion is a hint: a suspect stays in the view and in protoactor's

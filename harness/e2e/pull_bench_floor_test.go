@@ -33,6 +33,11 @@ const (
 	floorStart = "bench.floor.start" // engine → reader (answered at once, like pull.start)
 	floorDesc  = "bench.floor.desc"  // reader → holder (answered, like peer.descriptors)
 	floorDone  = "bench.floor.done"  // reader → engine (like pull.done)
+	// floorAPI is the engine API's own floor: pull.start answered and
+	// pull.done sent at once, with no holder in between — the two messages
+	// every pull through the NATS subject API pays, whatever carries the
+	// descriptors.
+	floorAPI = "bench.floor.api"
 )
 
 // runFloorRelay runs one relay role until stdin closes (the bench's end);
@@ -55,6 +60,13 @@ func runFloorRelay(spec string) int {
 			_ = m.Respond(m.Data)
 		})
 	case "reader":
+		_, err = nc.Subscribe(floorAPI, func(m *nats.Msg) {
+			_ = m.Respond(nil)
+			_ = nc.Publish(floorDone, m.Data)
+		})
+		if err != nil {
+			break
+		}
 		_, err = nc.Subscribe(floorStart, func(m *nats.Msg) {
 			_ = m.Respond(nil)
 			if _, err := nc.Request(floorDesc, m.Data, 5*time.Second); err != nil {
@@ -125,6 +137,7 @@ func startNATSFloor(b *testing.B, url string) *natsFloor {
 		b.Fatal(err)
 	}
 	f.chain(b) // warm-up
+	f.apiChain(b)
 	return f
 }
 
@@ -134,9 +147,21 @@ func startNATSFloor(b *testing.B, url string) *natsFloor {
 // a minute).
 func (f *natsFloor) chain(b *testing.B) time.Duration {
 	b.Helper()
+	return f.run(b, floorStart)
+}
+
+// apiChain is the time of the engine API's two-message chain (floorAPI),
+// after scrubCaches, run beside chain.
+func (f *natsFloor) apiChain(b *testing.B) time.Duration {
+	b.Helper()
+	return f.run(b, floorAPI)
+}
+
+func (f *natsFloor) run(b *testing.B, start string) time.Duration {
+	b.Helper()
 	scrubCaches()
 	t0 := time.Now()
-	if _, err := f.nc.Request(floorStart, []byte("x"), 5*time.Second); err != nil {
+	if _, err := f.nc.Request(start, []byte("x"), 5*time.Second); err != nil {
 		b.Fatalf("floor start: %v", err)
 	}
 	select {
