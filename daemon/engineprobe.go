@@ -66,9 +66,7 @@ func (a *engineAPI) probe() {
 		if !a.awaitRegistration() {
 			return
 		}
-		a.mu.Lock()
-		regs, _ := a.reg.Live(a.clock.Now())
-		a.mu.Unlock()
+		regs := a.liveEnding()
 		type outcome struct {
 			id, instance string
 			err          error

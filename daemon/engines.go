@@ -175,9 +175,7 @@ func (a *engineAPI) wantsJSON(engine string) bool {
 
 // live is a copy of every live registration.
 func (a *engineAPI) live() []*messages.EngineInfo {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	live, _ := a.reg.Live(a.clock.Now())
+	live := a.liveEnding()
 	out := make([]*messages.EngineInfo, 0, len(live))
 	for _, e := range live {
 		out = append(out, proto.CloneOf(e))
@@ -211,15 +209,41 @@ func (a *engineAPI) engineLost(ended advertise.Ended) {
 
 // advertise puts the live registrations into this member's heartbeat.
 func (a *engineAPI) advertise() {
+	live, lapsed := a.takeLive()
+	a.endLapsed(lapsed)
+	if a.adv != nil {
+		a.adv.SetEngines(live)
+	}
+}
+
+// liveEnding returns the live registrations. Reading them drops those that
+// lapsed, so whoever reads first (the expiry loop, the probe loop, a
+// status call) ends them: logged, their requests ended after the grace,
+// the heartbeat updated. A lapse is never dropped unnoticed.
+func (a *engineAPI) liveEnding() []*messages.EngineInfo {
+	live, lapsed := a.takeLive()
+	if len(lapsed) > 0 {
+		a.endLapsed(lapsed)
+		if a.adv != nil {
+			a.adv.SetEngines(live)
+		}
+	}
+	return live
+}
+
+// takeLive is the registry's live registrations now, and those that lapsed
+// since the last read (dropped from the registry by this call).
+func (a *engineAPI) takeLive() ([]*messages.EngineInfo, []advertise.Ended) {
 	a.mu.Lock()
-	live, lapsed := a.reg.Live(a.clock.Now())
-	a.mu.Unlock()
+	defer a.mu.Unlock()
+	return a.reg.Live(a.clock.Now())
+}
+
+// endLapsed ends the registrations that lapsed.
+func (a *engineAPI) endLapsed(lapsed []advertise.Ended) {
 	for _, e := range lapsed {
 		a.log.Warn("engine registration lapsed (no renewal within its TTL): no longer advertised", "engine", e.Engine)
 		a.engineLost(e)
-	}
-	if a.adv != nil {
-		a.adv.SetEngines(live)
 	}
 }
 
@@ -275,15 +299,6 @@ func (a *engineAPI) expire() {
 			return
 		case <-tc:
 		}
-		a.mu.Lock()
-		_, lapsed := a.reg.Live(a.clock.Now())
-		a.mu.Unlock()
-		if len(lapsed) > 0 {
-			for _, e := range lapsed {
-				a.log.Warn("engine registration lapsed (no renewal within its TTL): no longer advertised", "engine", e.Engine)
-				a.engineLost(e)
-			}
-			a.advertise()
-		}
+		a.liveEnding()
 	}
 }

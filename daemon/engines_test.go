@@ -223,3 +223,26 @@ func TestLoopsWaitForARegistration(t *testing.T) {
 		t.Fatal("stop did not release a waiting loop")
 	}
 }
+
+// TestLapseReadFirstByAnyoneIsEnded: reading the registry drops what
+// lapsed, so the probe loop or a status call reading it before the expiry
+// loop must end the lapse itself (CI caught the probe loop, woken in step
+// with a registration, swallowing one: the engine's request then ran on).
+func TestLapseReadFirstByAnyoneIsEnded(t *testing.T) {
+	a, adv, end, clk, _ := newTestEngineAPI(advertise.RoleDecode)
+	ttl := advertise.MinTTL
+	if _, err := a.RegisterEngine(context.Background(), registration("d1", "i1", advertise.RoleDecode, uint32(ttl.Milliseconds()))); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(ttl)
+	if live := a.live(); len(live) != 0 { // the probe loop's and status's read
+		t.Fatalf("live after the TTL: %v", live)
+	}
+	if ids, ok := adv.last(); !ok || len(ids) != 0 {
+		t.Fatalf("advertised %v after the lapse, want none", ids)
+	}
+	clk.Advance(engineLostGrace)
+	if got := end.all(); len(got) != 1 || got[0] != "d1/i1" {
+		t.Fatalf("ended %v after a lapse read by live(), want d1/i1", got)
+	}
+}
