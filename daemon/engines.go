@@ -251,7 +251,7 @@ func (a *engineAPI) endLapsed(lapsed []advertise.Ended) {
 // nothing is registered now, else nil. The caller holds a.mu.
 func (a *engineAPI) untilRegisteredLocked() <-chan struct{} {
 	if !a.reg.NextExpiry().IsZero() {
-		return nil // something is registered (lapsed or not: expire's to drop)
+		return nil // something is registered (lapsed or not: the next read ends a lapse)
 	}
 	if a.registered == nil {
 		a.registered = make(chan struct{})
