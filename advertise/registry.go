@@ -101,19 +101,22 @@ type Ended struct {
 
 // Register adds or refreshes a registration valid for ttl from now. If it
 // replaces a registration of another instance of the engine (a restart),
-// replaced names that instance.
-func (r *Registry) Register(e *messages.EngineInfo, ttl time.Duration, now time.Time) (replaced *Ended, err error) {
+// replaced names that instance. A new engine first makes room by dropping
+// the registrations that lapsed: lapsed reports them (as Live does), so
+// that the caller ends them — a lapse is never dropped unreported, whoever
+// reads the registry first.
+func (r *Registry) Register(e *messages.EngineInfo, ttl time.Duration, now time.Time) (replaced *Ended, lapsed []Ended, err error) {
 	old, ok := r.live[e.GetEngineId()]
 	if !ok {
-		r.expire(now)
+		lapsed = r.expire(now)
 		if len(r.live) >= MaxEngines {
-			return nil, fmt.Errorf("%w (%d)", ErrFull, MaxEngines)
+			return nil, lapsed, fmt.Errorf("%w (%d)", ErrFull, MaxEngines)
 		}
 	} else if old.info.GetInstanceId() != e.GetInstanceId() {
 		replaced = &Ended{Engine: e.GetEngineId(), Instance: old.info.GetInstanceId()}
 	}
 	r.live[e.GetEngineId()] = entry{info: proto.Clone(e).(*messages.EngineInfo), expires: now.Add(ttl)}
-	return replaced, nil
+	return replaced, lapsed, nil
 }
 
 // Instance is the instance id of engine id's live registration ("" if none).

@@ -47,10 +47,10 @@ func TestValidate(t *testing.T) {
 func TestRegistryLapsesAndRenews(t *testing.T) {
 	r := NewRegistry()
 	t0 := time.Unix(100, 0)
-	if _, err := r.Register(reg("b", 0).Engine, time.Second, t0); err != nil {
+	if _, _, err := r.Register(reg("b", 0).Engine, time.Second, t0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Register(reg("a", 0).Engine, 3*time.Second, t0); err != nil {
+	if _, _, err := r.Register(reg("a", 0).Engine, 3*time.Second, t0); err != nil {
 		t.Fatal(err)
 	}
 	live, lapsed := r.Live(t0.Add(999 * time.Millisecond))
@@ -61,7 +61,7 @@ func TestRegistryLapsesAndRenews(t *testing.T) {
 		t.Fatalf("next expiry %v", next)
 	}
 	// A renewal pushes the deadline out.
-	if replaced, err := r.Register(reg("b", 0).Engine, time.Second, t0.Add(900*time.Millisecond)); err != nil || replaced != nil {
+	if replaced, _, err := r.Register(reg("b", 0).Engine, time.Second, t0.Add(900*time.Millisecond)); err != nil || replaced != nil {
 		t.Fatalf("a renewal of the same instance replaces nothing: %v %v", replaced, err)
 	}
 	if live, _ := r.Live(t0.Add(1500 * time.Millisecond)); len(live) != 2 {
@@ -79,15 +79,20 @@ func TestRegistryLapsesAndRenews(t *testing.T) {
 	}
 	// The table is bounded; lapsed entries make room.
 	for i := 0; i < MaxEngines; i++ {
-		if _, err := r.Register(reg(fmt.Sprint("e", i), 0).Engine, time.Second, t0); err != nil {
+		if _, _, err := r.Register(reg(fmt.Sprint("e", i), 0).Engine, time.Second, t0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := r.Register(reg("one-more", 0).Engine, time.Second, t0); !errors.Is(err, ErrFull) {
+	if _, _, err := r.Register(reg("one-more", 0).Engine, time.Second, t0); !errors.Is(err, ErrFull) {
 		t.Fatalf("past MaxEngines: %v", err)
 	}
-	if _, err := r.Register(reg("one-more", 0).Engine, time.Second, t0.Add(2*time.Second)); err != nil {
+	_, lapsed, err := r.Register(reg("one-more", 0).Engine, time.Second, t0.Add(2*time.Second))
+	if err != nil {
 		t.Fatalf("after the others lapsed: %v", err)
+	}
+	// What made room is reported, for the caller to end.
+	if len(lapsed) != MaxEngines {
+		t.Fatalf("Register reported %d lapsed registrations, want the %d it dropped", len(lapsed), MaxEngines)
 	}
 	// Live hands out copies.
 	live, _ = r.Live(t0.Add(2 * time.Second))
@@ -102,7 +107,7 @@ func TestRegistryRestartEndsThePreviousInstance(t *testing.T) {
 	t0 := time.Unix(100, 0)
 	first := reg("e", 0).Engine
 	first.InstanceId = "i1"
-	if _, err := r.Register(first, time.Second, t0); err != nil {
+	if _, _, err := r.Register(first, time.Second, t0); err != nil {
 		t.Fatal(err)
 	}
 	if r.Instance("e") != "i1" {
@@ -110,7 +115,7 @@ func TestRegistryRestartEndsThePreviousInstance(t *testing.T) {
 	}
 	second := reg("e", 0).Engine
 	second.InstanceId = "i2"
-	replaced, err := r.Register(second, time.Second, t0.Add(100*time.Millisecond))
+	replaced, _, err := r.Register(second, time.Second, t0.Add(100*time.Millisecond))
 	if err != nil || replaced == nil || *replaced != (Ended{Engine: "e", Instance: "i1"}) {
 		t.Fatalf("a new instance must end the old one: %v %v", replaced, err)
 	}

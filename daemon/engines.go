@@ -110,12 +110,19 @@ func (a *engineAPI) RegisterEngine(ctx context.Context, r *messages.RegisterEngi
 		a.log.Debug("engine.register: blocks clamped to the engine's regions", "engine", e.GetEngineId(), "blocks_free", e.GetBlocksFree(), "blocks_total", e.GetBlocksTotal())
 	}
 	a.mu.Lock()
-	replaced, err := a.reg.Register(r.GetEngine(), ttl, a.clock.Now())
+	replaced, lapsed, err := a.reg.Register(r.GetEngine(), ttl, a.clock.Now())
 	if err == nil && a.registered != nil {
 		close(a.registered)
 		a.registered = nil
 	}
 	a.mu.Unlock()
+	// A registration that makes room drops what lapsed: it is the first
+	// reader then, and ends them as the loops would (the heartbeat is
+	// updated below, or here when the registration itself was refused).
+	a.endLapsed(lapsed)
+	if err != nil && len(lapsed) > 0 {
+		a.advertise()
+	}
 	if replaced != nil {
 		a.log.Warn("engine restarted (a new instance registered): the previous instance's requests end", "engine", replaced.Engine, "instance", replaced.Instance)
 		a.engineLost(*replaced)

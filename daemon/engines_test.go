@@ -228,6 +228,28 @@ func TestLoopsWaitForARegistration(t *testing.T) {
 // lapsed, so the probe loop or a status call reading it before the expiry
 // loop must end the lapse itself (CI caught the probe loop, woken in step
 // with a registration, swallowing one: the engine's request then ran on).
+// TestLapseReadByARegistrationIsEnded: a new engine's registration makes
+// room by dropping what lapsed; when it is the first to read the registry
+// after a lapse, it ends the lapse as the loops would.
+func TestLapseReadByARegistrationIsEnded(t *testing.T) {
+	a, adv, end, clk, _ := newTestEngineAPI(advertise.RoleDecode)
+	ttl := advertise.MinTTL
+	if _, err := a.RegisterEngine(context.Background(), registration("d1", "i1", advertise.RoleDecode, uint32(ttl.Milliseconds()))); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(ttl)
+	if _, err := a.RegisterEngine(context.Background(), registration("d2", "i2", advertise.RoleDecode, 3000)); err != nil {
+		t.Fatal(err)
+	}
+	if ids, ok := adv.last(); !ok || len(ids) != 1 || ids[0] != "d2" {
+		t.Fatalf("advertised %v after d1 lapsed and d2 registered, want [d2]", ids)
+	}
+	clk.Advance(engineLostGrace)
+	if got := end.all(); len(got) != 1 || got[0] != "d1/i1" {
+		t.Fatalf("ended %v after a lapse read by another engine's registration, want d1/i1", got)
+	}
+}
+
 func TestLapseReadFirstByAnyoneIsEnded(t *testing.T) {
 	a, adv, end, clk, _ := newTestEngineAPI(advertise.RoleDecode)
 	ttl := advertise.MinTTL
