@@ -314,3 +314,36 @@ func TestProviderBeatsIdleAndWakesOnWork(t *testing.T) {
 		t.Fatalf("%d heartbeats in 1.5 s with work in hand, want the full rate (%v)", n, cfg.HeartbeatInterval)
 	}
 }
+
+// TestViewStarvedIdleObserverStillFindsAHungPeer: an idle member ticks
+// only every ~400 ms; CPU-starved, it wakes 141 ms late each time, so 501
+// ms pass between its ticks, past pausedAfter (500 ms at local). That
+// lateness is its lag, not a pause of its own: a peer that hung meanwhile
+// is still suspected once its silence net of our lag reaches 500 ms (two of
+// its 400 ms beats, capped at TTL/2) and removed at the TTL (1 s). It was
+// forgiven on every tick, forever, when any gap between ticks past
+// pausedAfter counted as a pause.
+func TestViewStarvedIdleObserverStillFindsAHungPeer(t *testing.T) {
+	runViewScript(t, `
+		beat-every 400ms
+		hb b every=400ms
+		=> joined b; announce
+		hb a
+		tick
+		advance 360ms
+		late 141ms
+		hb a
+		tick
+		advance 360ms
+		late 141ms
+		hb a
+		tick
+		=> suspect b; probe b
+		probe-timeout b
+		advance 360ms
+		late 141ms
+		hb a
+		tick
+		=> left b (timeout); report b (timeout)
+	`)
+}

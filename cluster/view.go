@@ -292,10 +292,15 @@ func (v *view) tick(now time.Time) effects {
 	if stall := v.busStall(now); stall > v.lateSinceTick {
 		v.lag += stall - v.lateSinceTick
 	}
-	v.lateSinceTick = 0
-	if !v.lastTick.IsZero() && now.Sub(v.lastTick) > pausedAfter(v.suspectAfter, v.deadAfter) {
+	// A pause is a gap between ticks that our loop's lateness does not
+	// explain: that lateness is lag already, which silence leaves out. An
+	// idle member sleeps up to a jittered idle interval between ticks, so
+	// a starved one would otherwise pass pausedAfter on every wake and
+	// forgive a hung peer forever.
+	if !v.lastTick.IsZero() && now.Sub(v.lastTick)-v.lateSinceTick > pausedAfter(v.suspectAfter, v.deadAfter) {
 		v.reconnected(now)
 	}
+	v.lateSinceTick = 0
 	v.lastTick = now
 	for _, id := range v.ids() {
 		e := v.members[id]
@@ -468,11 +473,13 @@ func (fx effects) String() string {
 	return strings.Join(parts, "; ")
 }
 
-// pausedAfter is the gap between two ticks that means this process itself
-// was paused rather than everyone else falling silent. The provider ticks
-// at least every suspectAfter while it has members, so half the TTL (and
-// never less than twice suspectAfter) is far beyond a normal gap yet
-// shorter than the TTL, so a paused member never times out the others.
+// pausedAfter is the gap between two ticks, less our loop's recorded
+// lateness, that means this process itself was paused rather than
+// everyone else falling silent. The provider ticks at every beat of its
+// own (each one's echo), at most a jittered idle interval apart, which
+// Config.Validate keeps under half the TTL; so half the TTL (and never
+// less than twice suspectAfter) is beyond a normal gap yet shorter than
+// the TTL, so a paused member never times out the others.
 func pausedAfter(suspectAfter, deadAfter time.Duration) time.Duration {
 	return max(deadAfter/2, 2*suspectAfter)
 }
