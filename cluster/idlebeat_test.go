@@ -195,6 +195,40 @@ func TestActivityTouch(t *testing.T) {
 	}
 }
 
+// TestSetLoadWakesAnIdleProvider: a load raised with no Touch (a request
+// adopted after a failover) is work in hand at once: an idle provider is
+// woken to announce the full rate, not at its next idle beat.
+func TestSetLoadWakesAnIdleProvider(t *testing.T) {
+	act := NewActivity(nil)
+	cfg := DefaultLocalConfig()
+	cfg.Role, cfg.Logger, cfg.Activity = RoleDecode, quiet(), act
+	nc, err := nats.Connect(runNATS(t).ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	p, err := NewProvider(nc, cfg) // not started: no loop takes the wake
+	if err != nil {
+		t.Fatal(err)
+	}
+	act.idle.Store(true)
+	p.SetLoad(0)
+	select {
+	case <-act.wake:
+		t.Fatal("SetLoad(0) woke an idle provider")
+	default:
+	}
+	p.SetLoad(1)
+	select {
+	case <-act.wake:
+	default:
+		t.Fatal("SetLoad(1) did not wake an idle provider")
+	}
+	if act.lastTouch().IsZero() {
+		t.Fatal("SetLoad(1) left no Touch for the next beat to read")
+	}
+}
+
 func TestConfigIdleHeartbeat(t *testing.T) {
 	for _, c := range []Config{DefaultLocalConfig(), DefaultLANConfig(), DefaultWANConfig()} {
 		if err := c.Validate(); err != nil {

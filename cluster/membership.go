@@ -106,10 +106,15 @@ func (p *Provider) Member(id string) (Member, bool) {
 	return ms[0], true
 }
 
-// SetLoad implements Membership.
+// SetLoad implements Membership. A load above zero is work in hand: an
+// idle member (a request adopted after a failover raises its load with no
+// other Touch) heartbeats at once and returns to the full rate.
 func (p *Provider) SetLoad(load int64) {
 	p.load.Store(load)
 	p.watch.gen.Add(1)
+	if load > 0 {
+		p.activity.Touch()
+	}
 }
 
 // Generation changes whenever Members may answer differently (the view

@@ -42,6 +42,11 @@ func (p *Provider) run(v *view) {
 	lastBusy := time.Now()
 	var nextBeat time.Time
 	beat := func(now time.Time) {
+		// Say idle before reading the load and the last Touch: a Touch
+		// (or SetLoad) from now on either is read below or finds idle set
+		// and wakes the loop, never neither. A busy beat clears it below;
+		// a Touch in between costs one wake that announces nothing.
+		p.activity.idle.Store(true)
 		if p.load.Load() > 0 || p.activity.working() {
 			lastBusy = now
 		}
