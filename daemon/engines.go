@@ -26,6 +26,9 @@ type engineAPI struct {
 
 	mu  sync.Mutex
 	reg *advertise.Registry
+	// advMu makes reading the registry and publishing the read into the
+	// heartbeat one step (advertise); taken before mu, never under it.
+	advMu sync.Mutex
 	// registered is closed (and forgotten) at the next registration: the
 	// expiry and probe loops wait on it while nothing is registered,
 	// instead of waking four times a second for nothing (a router never
@@ -214,8 +217,13 @@ func (a *engineAPI) engineLost(ended advertise.Ended) {
 	})
 }
 
-// advertise puts the live registrations into this member's heartbeat.
+// advertise puts the live registrations into this member's heartbeat. The
+// read and the update are one step under advMu: two callers (a
+// registration, the probe loop ending a lapse) cannot publish their reads
+// in the other order and leave an older list in the heartbeat.
 func (a *engineAPI) advertise() {
+	a.advMu.Lock()
+	defer a.advMu.Unlock()
 	live, lapsed := a.takeLive()
 	a.endLapsed(lapsed)
 	if a.adv != nil {
@@ -231,9 +239,7 @@ func (a *engineAPI) liveEnding() []*messages.EngineInfo {
 	live, lapsed := a.takeLive()
 	if len(lapsed) > 0 {
 		a.endLapsed(lapsed)
-		if a.adv != nil {
-			a.adv.SetEngines(live)
-		}
+		a.advertise()
 	}
 	return live
 }
