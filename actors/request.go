@@ -38,6 +38,10 @@ type RequestDeps struct {
 	LoadFailurePolicy string
 	// Metrics, if set, counts takeovers, adoptions, fences and lost holds.
 	Metrics *Metrics
+	// PromptRefresh is the age at which a write of a request's record
+	// stores its prompt again (request_ttl_s / requests.PromptRefreshDiv;
+	// activation.RefreshPrompt); 0: only when the prompt changed.
+	PromptRefresh time.Duration
 }
 
 // HoldCalls are the calls a request makes on its hold's holder (the
@@ -156,7 +160,7 @@ type requestActor struct {
 // RequestProps returns props for one request actor.
 func RequestProps(deps *RequestDeps) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &requestActor{deps: deps, core: activation.New(deps.Self), calls: map[uint64]*actor.PID{}}
+		return &requestActor{deps: deps, core: activation.New(deps.Self).RefreshPrompt(deps.PromptRefresh), calls: map[uint64]*actor.PID{}}
 	})
 }
 

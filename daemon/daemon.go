@@ -253,7 +253,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 	d.rdeps = &actors.RequestDeps{
 		Store: d.reqStore, NC: d.Bus.Conn, Self: cfg.MemberID, Clock: d.clock, Log: log, Table: d.reqTable,
 		Publish: d.publish, StoreTimeout: 5 * time.Second, LoadFailurePolicy: cfg.KVLoadFailurePolicy,
-		Metrics: d.Metrics,
+		Metrics: d.Metrics, PromptRefresh: cfg.RequestTTL / requests.PromptRefreshDiv,
 	}
 	d.assemble()
 	if cfg.MetricsListen != "" {

@@ -61,9 +61,16 @@ type RequestState struct {
 	PromptDigest []byte `protobuf:"bytes,12,opt,name=prompt_digest,json=promptDigest,proto3" json:"prompt_digest,omitempty"`
 	// KV key of the RequestPrompt ("p.<request id>.<digest prefix, hex>");
 	// empty in a record written before the split, which holds the prompt.
-	PromptKey     string `protobuf:"bytes,13,opt,name=prompt_key,json=promptKey,proto3" json:"prompt_key,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PromptKey string `protobuf:"bytes,13,opt,name=prompt_key,json=promptKey,proto3" json:"prompt_key,omitempty"`
+	// When the prompt under prompt_key was last written (the bucket's age
+	// limit counts from there, not from the record's writes): a write of the
+	// record stores the prompt again once it is older than a tenth of
+	// request_ttl_s (requests.PromptDue), so a long request's prompt does not
+	// expire under its live record. 0: not known (written before this field),
+	// stored again at the next write.
+	PromptStoredUnixMs int64 `protobuf:"varint,14,opt,name=prompt_stored_unix_ms,json=promptStoredUnixMs,proto3" json:"prompt_stored_unix_ms,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RequestState) Reset() {
@@ -185,6 +192,13 @@ func (x *RequestState) GetPromptKey() string {
 		return x.PromptKey
 	}
 	return ""
+}
+
+func (x *RequestState) GetPromptStoredUnixMs() int64 {
+	if x != nil {
+		return x.PromptStoredUnixMs
+	}
+	return 0
 }
 
 // RequestPrompt is the part of a request's state that does not change after
@@ -833,7 +847,7 @@ var File_request_proto protoreflect.FileDescriptor
 
 const file_request_proto_rawDesc = "" +
 	"\n" +
-	"\rrequest.proto\x12\tconnex.v1\x1a\fconnex.proto\"\xe4\x03\n" +
+	"\rrequest.proto\x12\tconnex.v1\x1a\fconnex.proto\"\x97\x04\n" +
 	"\fRequestState\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x123\n" +
@@ -851,7 +865,8 @@ const file_request_proto_rawDesc = "" +
 	"prompt_len\x18\v \x01(\rR\tpromptLen\x12#\n" +
 	"\rprompt_digest\x18\f \x01(\fR\fpromptDigest\x12\x1d\n" +
 	"\n" +
-	"prompt_key\x18\r \x01(\tR\tpromptKey\"V\n" +
+	"prompt_key\x18\r \x01(\tR\tpromptKey\x121\n" +
+	"\x15prompt_stored_unix_ms\x18\x0e \x01(\x03R\x12promptStoredUnixMs\"V\n" +
 	"\rRequestPrompt\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\rR\btokenIds\x12(\n" +
 	"\x10remote_block_ids\x18\x02 \x03(\rR\x0eremoteBlockIds\"\xf3\x01\n" +

@@ -268,3 +268,45 @@ func value(f protoreflect.FieldDescriptor) protoreflect.Value {
 	}
 	panic(fmt.Sprintf("fill: field %s of kind %s", f.FullName(), f.Kind()))
 }
+
+func TestPromptDue(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	st, err := New(start(), "d1", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !PromptDue(nil, st, time.Minute) || st.PromptStoredUnixMs != now.UnixMilli() {
+		t.Fatalf("new request: prompt not due or not stamped (%d)", st.PromptStoredUnixMs)
+	}
+	at := func(d time.Duration) *messages.RequestState {
+		next, err := Append(st, st.Epoch, []uint32{9}, now.Add(d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return next
+	}
+	if next := at(59 * time.Second); PromptDue(st, next, time.Minute) || next.PromptStoredUnixMs != now.UnixMilli() {
+		t.Fatalf("a prompt 59 s old with a 1 min refresh is due (stamped %d)", next.PromptStoredUnixMs)
+	}
+	if next := at(time.Minute); !PromptDue(st, next, time.Minute) || next.PromptStoredUnixMs != now.Add(time.Minute).UnixMilli() {
+		t.Fatalf("a prompt 1 min old with a 1 min refresh is not due, or not stamped (%d)", next.PromptStoredUnixMs)
+	}
+	if next := at(time.Hour); PromptDue(st, next, 0) {
+		t.Fatal("refresh 0 stores an unchanged prompt again")
+	}
+	unknown := proto.Clone(at(time.Second)).(*messages.RequestState)
+	unknown.PromptStoredUnixMs = 0
+	if !PromptDue(st, unknown, time.Hour) {
+		t.Fatal("a record that does not say when its prompt was stored does not store it again")
+	}
+	// A takeover that keeps the stored prompt keeps its age.
+	resume := &messages.StartRequestMsg{RequestId: st.RequestId, EngineId: "e2", Params: st.Params, Takeover: true,
+		PromptTokenIds: append(append([]uint32(nil), st.PromptTokenIds...), 9)}
+	moved, err := Takeover(st, resume, "d2", now.Add(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved.PromptKey != st.PromptKey || moved.PromptStoredUnixMs != st.PromptStoredUnixMs {
+		t.Fatalf("takeover kept key %v (want %v) stored at %d (want %d)", moved.PromptKey, st.PromptKey, moved.PromptStoredUnixMs, st.PromptStoredUnixMs)
+	}
+}

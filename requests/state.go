@@ -110,6 +110,7 @@ func Takeover(st *messages.RequestState, start *messages.StartRequestMsg, owner 
 		fresh.PromptTokenIds, fresh.PromptLen = toks[:n:n], uint32(n)
 		fresh.PromptDigest = digestOf(st)
 		fresh.PromptKey = PromptKey(fresh.RequestId, fresh.PromptDigest)
+		fresh.PromptStoredUnixMs = st.PromptStoredUnixMs // the stored prompt stays, with its age
 	} else {
 		withPrompt(fresh, toks)
 	}
@@ -158,6 +159,29 @@ func migrate(st *messages.RequestState) {
 	if st.PromptKey == "" && len(st.PromptTokenIds) > 0 {
 		withPrompt(st, st.PromptTokenIds)
 	}
+}
+
+// PromptRefreshDiv divides request_ttl_s into the age at which a stored
+// prompt is written again with the record (PromptDue): the bucket's age
+// limit counts from each key's own last write, and a running request
+// rewrites only its record, so its prompt would expire under it. A request
+// stays whole (adoptable) for at least (1 - 1/PromptRefreshDiv) of
+// request_ttl_s after its last write.
+const PromptRefreshDiv = 10
+
+// PromptDue reports whether a write of next must store its prompt too, and
+// when it must, stamps next's record with the time it is stored (next's
+// UpdatedUnixMs): when its prompt is not the one stored with prev
+// (PromptChanged), or when the stored one is refresh old or older (a
+// request running longer than refresh; refresh 0: never). A record that
+// does not say when its prompt was stored (written before
+// prompt_stored_unix_ms) stores it at its next write.
+func PromptDue(prev, next *messages.RequestState, refresh time.Duration) bool {
+	due := PromptChanged(prev, next) || (refresh > 0 && next.UpdatedUnixMs-next.PromptStoredUnixMs >= refresh.Milliseconds())
+	if due {
+		next.PromptStoredUnixMs = next.UpdatedUnixMs
+	}
+	return due
 }
 
 // PromptChanged reports whether next's prompt is not the one stored with

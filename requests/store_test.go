@@ -170,3 +170,59 @@ func TestPurgeMarkers(t *testing.T) {
 		t.Fatalf("a second sweep: %d, %v; want none", n, err)
 	}
 }
+
+// TestLongRequestKeepsItsPrompt: the bucket's age limit (request_ttl_s)
+// counts from each key's own last write, and a running request rewrites
+// only its record. Its prompt is stored again once it is a tenth of the
+// TTL old (PromptDue), so a request that runs for several TTLs can still
+// be read whole, as an adoption reads it. With PromptChanged alone (the
+// prompt written once, at the start) the prompt expired under the live
+// record and Get failed with "prompt of req-1: no such request".
+func TestLongRequestKeepsItsPrompt(t *testing.T) {
+	nc := natsConn(t, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const ttl = 2 * time.Second
+	s, err := OpenKVStore(ctx, nc, 1, ttl, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refresh := ttl / PromptRefreshDiv
+	st, _ := New(start(), "d1", time.Now())
+	if !PromptDue(nil, st, refresh) {
+		t.Fatal("a new request's prompt is not due")
+	}
+	rev, err := s.Create(ctx, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Progress every 100 ms for three TTLs: the request's own pace.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	writes, prompts := 0, 0
+	for end := time.Now().Add(3 * ttl); time.Now().Before(end); writes++ {
+		<-tick.C
+		next, err := Append(st, st.Epoch, []uint32{uint32(writes)}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		due := PromptDue(st, next, refresh)
+		if due {
+			prompts++
+		}
+		if rev, err = s.Update(ctx, next, rev, due); err != nil {
+			t.Fatal(err)
+		}
+		st = next
+	}
+	got, _, err := s.Get(ctx, st.RequestId)
+	if err != nil {
+		t.Fatalf("a live request running for three TTLs cannot be read whole: %v", err)
+	}
+	if fmt.Sprint(got.PromptTokenIds) != fmt.Sprint(st.PromptTokenIds) || len(got.GeneratedTokenIds) != writes {
+		t.Fatalf("read back prompt %v and %d generated tokens, want %v and %d", got.PromptTokenIds, len(got.GeneratedTokenIds), st.PromptTokenIds, writes)
+	}
+	if prompts == 0 || prompts >= writes {
+		t.Fatalf("the prompt was stored again at %d of %d writes; want some, not every one", prompts, writes)
+	}
+}

@@ -103,10 +103,23 @@ type Activation struct {
 	from    string // the previous owner of a takeover or adoption
 	queue   []op
 	endErr  error
+	// promptRefresh is the age at which a write stores the prompt again
+	// (requests.PromptDue); 0: only when it changed.
+	promptRefresh time.Duration
 }
 
 // New returns an idle activation on member self.
 func New(self string) *Activation { return &Activation{self: self} }
+
+// RefreshPrompt makes a write of the record store the request's prompt
+// again once the stored one is every old (requests.PromptDue): give it
+// request_ttl_s / requests.PromptRefreshDiv, or a request that runs longer
+// than request_ttl_s loses its prompt to the bucket's age limit and can no
+// longer be adopted. It returns a.
+func (a *Activation) RefreshPrompt(every time.Duration) *Activation {
+	a.promptRefresh = every
+	return a
+}
 
 // Phase is the activation's phase.
 func (a *Activation) Phase() Phase { return a.phase }
@@ -311,7 +324,7 @@ func (a *Activation) claimed(now time.Time, e Claimed) []Effect {
 	}
 	if o.kind == opStart && !o.msg.Takeover {
 		a.waiting = waitWrite
-		return []Effect{Write{Op: Create, ID: a.id, State: a.pending, Prompt: true}}
+		return []Effect{Write{Op: Create, ID: a.id, State: a.pending, Prompt: requests.PromptDue(nil, a.pending, a.promptRefresh)}}
 	}
 	a.waiting = waitLoad
 	return []Effect{Load{ID: a.id, Whole: o.kind == opAdopt}}
@@ -328,7 +341,7 @@ func (a *Activation) loaded(now time.Time, e Loaded) []Effect {
 			}
 			a.pending, a.created = st, true
 			a.waiting = waitWrite
-			return []Effect{Write{Op: Create, ID: a.id, State: st, Prompt: true}}
+			return []Effect{Write{Op: Create, ID: a.id, State: st, Prompt: requests.PromptDue(nil, st, a.promptRefresh)}}
 		}
 		if e.Err != nil {
 			return a.fail(nil, e.Err)
@@ -339,7 +352,7 @@ func (a *Activation) loaded(now time.Time, e Loaded) []Effect {
 		}
 		a.pending, a.created, a.from = next, false, e.State.Owner
 		a.waiting = waitWrite
-		return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev, Prompt: requests.PromptChanged(e.State, next)}}
+		return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev, Prompt: requests.PromptDue(e.State, next, a.promptRefresh)}}
 	case opAdopt:
 		if e.Err != nil {
 			return a.fail(nil, e.Err)
@@ -350,7 +363,7 @@ func (a *Activation) loaded(now time.Time, e Loaded) []Effect {
 		}
 		a.pending, a.from = next, e.State.Owner
 		a.waiting = waitWrite
-		return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev, Prompt: requests.PromptChanged(e.State, next)}}
+		return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev, Prompt: requests.PromptDue(e.State, next, a.promptRefresh)}}
 	case opTick:
 		switch {
 		case errors.Is(e.Err, requests.ErrNotFound):
@@ -519,7 +532,7 @@ func (a *Activation) releaseDone() []Effect {
 // write starts a compare-and-set write of next (nil for Delete).
 func (a *Activation) write(o op, w WriteOp, next *messages.RequestState) []Effect {
 	a.cur, a.waiting, a.pending = &o, waitWrite, next
-	return []Effect{Write{Op: w, ID: a.id, State: next, Rev: a.rev, Prompt: next != nil && requests.PromptChanged(a.st, next)}}
+	return []Effect{Write{Op: w, ID: a.id, State: next, Rev: a.rev, Prompt: next != nil && requests.PromptDue(a.st, next, a.promptRefresh)}}
 }
 
 // fail answers the running op with err and ends the activation.

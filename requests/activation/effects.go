@@ -40,9 +40,9 @@ func (o WriteOp) String() string { return writeOpNames[o] }
 
 // Write is a compare-and-set write of request ID's durable state; the
 // caller answers with Written. State is nil for Delete. Prompt says that an
-// Update stores State's prompt too (requests.PromptChanged); otherwise it
-// writes only the record, whatever the prompt's length. A Create always
-// stores the prompt (Prompt is set).
+// Update stores State's prompt too (requests.PromptDue: a new prompt, or
+// the stored one due again); otherwise it writes only the record, whatever
+// the prompt's length. A Create always stores the prompt (Prompt is set).
 type Write struct {
 	Op     WriteOp
 	ID     string
