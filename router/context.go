@@ -2,6 +2,7 @@ package router
 
 import (
 	"encoding/json"
+	"math"
 	"net/http"
 )
 
@@ -72,14 +73,16 @@ func CheckContext(c *ClientRequest, prompt, limit int) *APIError {
 	if _, ok := c.Body["max_tokens"]; !ok && c.Kind == Chat {
 		param = "max_completion_tokens"
 	}
+	// Compared without adding: a max_tokens near the int range would wrap
+	// a sum and pass.
 	if prompt == 0 {
-		if 1+c.MaxTokens > limit {
+		if c.MaxTokens > limit-1 {
 			return contextError(param, "This model's maximum context length is %d tokens. However, you requested %d tokens in the completion, and the prompt has at least 1. Please reduce %s.", limit, c.MaxTokens, param)
 		}
 		return nil
 	}
-	if prompt+c.MaxTokens > limit {
-		return contextError(param, "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the prompt, %d in the completion). Please reduce the length of the prompt or completion.", limit, prompt+c.MaxTokens, prompt, c.MaxTokens)
+	if c.MaxTokens > limit-prompt {
+		return contextError(param, "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the prompt, %d in the completion). Please reduce the length of the prompt or completion.", limit, prompt+min(c.MaxTokens, math.MaxInt-prompt), prompt, c.MaxTokens)
 	}
 	return nil
 }

@@ -77,3 +77,21 @@ func TestCheckContext(t *testing.T) {
 		t.Errorf("token-id prompt length %d, want 3", promptTokens(c))
 	}
 }
+
+// TestContextCheckDoesNotWrap: a max_tokens near the int range is refused
+// with context_length_exceeded (it wrapped a sum to a negative and passed,
+// and the prefill ran for an answer the decode engine then refused).
+func TestContextCheckDoesNotWrap(t *testing.T) {
+	c, aerr := ParseClient(Completions, []byte(`{"model":"m","prompt":"abc","max_tokens":9223372036854775807}`))
+	if aerr != nil {
+		t.Fatalf("parse: %v", aerr)
+	}
+	for _, prompt := range []int{0, 3} {
+		if err := CheckContext(c, prompt, 4096); err == nil || err.Code != CodeContextLength {
+			t.Fatalf("prompt %d, max_tokens 2^63-1 within 4096: %v", prompt, err)
+		}
+	}
+	if needsCount(c, 4096) != true {
+		t.Fatal("needsCount says a request with max_tokens 2^63-1 surely fits 4096")
+	}
+}

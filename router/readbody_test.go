@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 	"testing/iotest"
 )
@@ -31,5 +32,22 @@ func TestReadBody(t *testing.T) {
 	}
 	if _, err := readBody(io.MultiReader(bytes.NewReader(body[:5]), iotest.ErrReader(boom)), int64(len(body)), 1<<20); !errors.Is(err, boom) {
 		t.Fatalf("a reader failing midway: err %v, want %v", err, boom)
+	}
+}
+
+// TestReadBodyDoesNotTrustContentLength: a client that announces 8 MiB and
+// sends one byte gets no 8 MiB buffer set aside for it.
+func TestReadBodyDoesNotTrustContentLength(t *testing.T) {
+	b, err := readBody(strings.NewReader("{"), 8<<20, 8<<20)
+	if err != nil || string(b) != "{" {
+		t.Fatalf("readBody = %q, %v", b, err)
+	}
+	if cap(b) > maxPresize+1 {
+		t.Fatalf("a 1-byte body announced as 8 MiB got a %d-byte buffer", cap(b))
+	}
+	// A body as long as it said, past maxPresize, is still read whole.
+	long := strings.Repeat("x", 3*maxPresize)
+	if b, err := readBody(strings.NewReader(long), int64(len(long)), 8<<20); err != nil || string(b) != long {
+		t.Fatalf("a %d-byte body read back as %d bytes, %v", len(long), len(b), err)
 	}
 }

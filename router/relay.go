@@ -350,7 +350,9 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			// nothing: relay that answer, as the old engine's stream would
 			// have been, and leave this leg.
 			res.abandon()
-			out.stops = prevStops
+			// The resume point's skip (ids the new leg would regenerate)
+			// goes with the new leg: the old leg's ids are all new.
+			out.stops, out.skipIDs = prevStops, 0
 			s.log.Info("the decode leg given up finished its answer first; relaying it", "request_id", rid,
 				"engine", pending.engine, "resumed_on", id)
 			for _, ch := range pending.answer() {

@@ -636,3 +636,29 @@ func TestGivenUpLegThatFinishesFirstIsRelayed(t *testing.T) {
 		t.Fatalf("%d legs on d2 (want the resume), left while starting: %v", len(d2.bodies), d2.leftMidStart)
 	}
 }
+
+// TestSwitchBackKeepsEveryTokenID: the stream is given up right after a
+// token whose text the engine held back (mid-character), so the resume
+// point expects the new leg to regenerate it and skips one id; when the
+// given-up leg finishes first and its answer is relayed instead, that skip
+// must not eat the old leg's next id (1004 was lost, usage one short).
+func TestSwitchBackKeepsEveryTokenID(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", pauseAt: 4, pause: 300 * time.Millisecond, pauseHealth: true,
+		withhold: map[int]bool{1003: true}}).start()
+	d2 := (&fakeEngine{t: t, id: "d2", role: "decode", firstDelay: 2 * time.Second, tag: "v"}).start()
+	s := newTestRouter(t, p, d1, d2)
+	a := streamAnswer(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true,"return_token_ids":true}`)
+	var want []int
+	for i := range 10 {
+		want = append(want, 1000+i)
+	}
+	if len(a.ids) != len(want) {
+		t.Fatalf("token ids %v, want %v", a.ids, want)
+	}
+	for i := range want {
+		if a.ids[i] != want[i] {
+			t.Fatalf("token ids %v, want %v", a.ids, want)
+		}
+	}
+}

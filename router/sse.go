@@ -13,9 +13,10 @@ const maxEventBytes = 4 << 20
 
 // sseReader reads "data:" events from an engine's stream.
 type sseReader struct {
-	r   *bufio.Reader // nil once the stream ended (back in readers)
-	buf []byte        // the event being read; reused from one event to the next
-	end error         // how the stream ended
+	r    *bufio.Reader // nil once the stream ended (back in readers)
+	buf  []byte        // the event being read; reused from one event to the next
+	long []byte        // a line longer than r's buffer, gathered (line)
+	end  error         // how the stream ended
 }
 
 // readers keeps the 64 KiB line buffers of ended streams for the next leg:
@@ -73,13 +74,32 @@ func (s *sseReader) ready() bool {
 	}
 }
 
+// line reads the next line, its end included, valid until the next call.
+// A line longer than the reader's 64 KiB buffer (the first chunk of a
+// long prompt's answer carries its token ids: ~6 bytes each) is gathered
+// into s.long, up to maxEventBytes.
+func (s *sseReader) line() ([]byte, error) {
+	line, err := s.r.ReadSlice('\n')
+	if err != bufio.ErrBufferFull {
+		return line, err
+	}
+	s.long = append(s.long[:0], line...)
+	for {
+		line, err = s.r.ReadSlice('\n')
+		if len(s.long)+len(line) > maxEventBytes+len("data: \r\n") {
+			return nil, fmt.Errorf("router: engine event line longer than %d bytes", maxEventBytes)
+		}
+		s.long = append(s.long, line...)
+		if err != bufio.ErrBufferFull {
+			return s.long, err
+		}
+	}
+}
+
 func (s *sseReader) event() ([]byte, error) {
 	data := s.buf[:0]
 	for {
-		line, err := s.r.ReadSlice('\n')
-		if err == bufio.ErrBufferFull {
-			return nil, fmt.Errorf("router: engine event line longer than %d bytes", s.r.Size())
-		}
+		line, err := s.line()
 		if err != nil {
 			if err == io.EOF {
 				return nil, io.ErrUnexpectedEOF

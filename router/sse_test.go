@@ -50,9 +50,11 @@ func TestSSEReaderEvents(t *testing.T) {
 	if _, err := s.next(); err != io.ErrUnexpectedEOF {
 		t.Fatalf("a stream cut mid-event: %v, want unexpected EOF", err)
 	}
+	// A line past the reader's 64 KiB buffer is read whole (TestSSELongLine:
+	// up to maxEventBytes).
 	s = newSSEReader(strings.NewReader("data: " + strings.Repeat("x", 70<<10) + "\n\n"))
-	if _, err := s.next(); err == nil || !strings.Contains(err.Error(), "longer than") {
-		t.Fatalf("a 70 KiB line: %v", err)
+	if got, err := s.next(); err != nil || len(got) != 70<<10 {
+		t.Fatalf("a 70 KiB line: %d bytes, %v", len(got), err)
 	}
 }
 
@@ -92,5 +94,28 @@ func TestSSEReaderReady(t *testing.T) {
 				r.p = rest
 			}
 		}
+	}
+}
+
+// TestSSELongLine: an engine's event line longer than the reader's 64 KiB
+// buffer (the first chunk of a 12k-token prompt's answer carries its ids)
+// is read whole; one past maxEventBytes is refused.
+func TestSSELongLine(t *testing.T) {
+	ids := strings.Repeat("123456,", 12000) // ~84 KB
+	stream := "data: {\"ids\":[" + ids + "0]}\r\n\r\ndata: next\n\ndata: [DONE]\n\n"
+	r := newSSEReader(strings.NewReader(stream))
+	ev, err := r.next()
+	if err != nil || string(ev) != "{\"ids\":["+ids+"0]}" {
+		t.Fatalf("long event: %d bytes, %v", len(ev), err)
+	}
+	if ev, err := r.next(); err != nil || string(ev) != "next" {
+		t.Fatalf("event after it: %q, %v", ev, err)
+	}
+	if _, err := r.next(); !errors.Is(err, errDone) {
+		t.Fatalf("after [DONE]: %v", err)
+	}
+	huge := "data: " + strings.Repeat("x", maxEventBytes+1) + "\n\n"
+	if _, err := newSSEReader(strings.NewReader(huge)).next(); err == nil || !strings.Contains(err.Error(), "than 4194304 bytes") {
+		t.Fatalf("an event line past maxEventBytes: %v", err)
 	}
 }

@@ -68,7 +68,7 @@ func needsCount(c *ClientRequest, limit int) bool {
 	if !ok || len(raw) > maxCountedPromptBytes {
 		return false
 	}
-	return bound+max(c.MaxTokens, 1) > limit
+	return max(c.MaxTokens, 1) > limit-bound // not a sum: max_tokens may be near the int range
 }
 
 // countPrompt asks one live engine of the request's model (a prefill engine
