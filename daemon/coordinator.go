@@ -58,7 +58,8 @@ const markerSweepTimeout = 5 * time.Minute
 // purgeRequestMarkers removes, once, the delete markers finished requests
 // left in the request bucket before finishes purged them (an upgrade, or a
 // failed purge), so that the orphan scans stop reading them now rather
-// than after request_ttl_s. It gives up when connexd stops.
+// than after request_ttl_s, and the stray prompts of finishes cut short
+// (requests.KVStore.PurgeMarkers). It gives up when connexd stops.
 func (d *Daemon) purgeRequestMarkers() {
 	ctx, cancel := context.WithTimeout(context.Background(), markerSweepTimeout)
 	defer cancel()
@@ -77,9 +78,9 @@ func (d *Daemon) purgeRequestMarkers() {
 	}
 	switch {
 	case err != nil:
-		d.log.Warn("purging old delete markers from the request bucket failed; they expire after request_ttl_s", "purged", n, "err", err)
+		d.log.Warn("purging old delete markers and stray prompts from the request bucket failed; they expire after request_ttl_s", "purged", n, "err", err)
 	case n > 0:
-		d.log.Info("purged old delete markers from the request bucket", "purged", n)
+		d.log.Info("purged old delete markers and stray prompts from the request bucket", "purged", n)
 	}
 }
 

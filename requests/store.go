@@ -52,7 +52,15 @@ type KVStore struct {
 	nc     *nats.Conn          // for Get's reads from the stream leader
 	js     jetstream.JetStream // Delete's marker
 	stream jetstream.Stream    // Delete's purge
+	// strayAfter is how old a prompt with no live record must be for
+	// PurgeMarkers to purge it: a creation writes its prompt a moment
+	// before its record, so a younger one may be a request starting now.
+	strayAfter time.Duration
 }
+
+// strayPromptAge is KVStore.strayAfter: far beyond a creation's two writes
+// (bounded by the caller's store timeout, seconds).
+const strayPromptAge = time.Minute
 
 // OpenKVStore creates or opens the bucket. replicas is the JetStream
 // replication factor (1 for a single server); ttl (request_ttl_s) is how
@@ -77,7 +85,7 @@ func OpenKVStore(ctx context.Context, nc *nats.Conn, replicas int, ttl time.Dura
 	if err != nil {
 		return nil, fmt.Errorf("requests: kv bucket %s: stream: %w", Bucket, err)
 	}
-	return &KVStore{KV: kv, nc: nc, js: js, stream: stream}, nil
+	return &KVStore{KV: kv, nc: nc, js: js, stream: stream, strayAfter: strayPromptAge}, nil
 }
 
 // Unrecoverable reports an OpenKVStore error that waiting will not cure:
@@ -319,19 +327,24 @@ func (s *KVStore) Delete(ctx context.Context, id string, rev uint64) error {
 	return nil
 }
 
-// PurgeMarkers removes the delete markers finished requests left before
-// Delete purged them (a connexd before this one, or a failed purge), each
-// up to its own sequence, and says how many it removed. It reads the whole
-// bucket once: connexd calls it once at start, never per scan, so that an
-// upgraded cluster's orphan scans stop reading its old markers at once
-// rather than after request_ttl_s.
+// PurgeMarkers removes what finished requests left behind before Delete
+// purged it all (a connexd before this one, a failed purge, a crash
+// between Delete's marker and its purges): their delete markers, and
+// stray prompts — a prompt key ("p.<id>.<digest>") older than a minute
+// whose request has no live record. Each is purged up to its own
+// sequence, so a request created again since stays. It says how many it
+// removed. It reads the whole bucket once, keys and metadata only:
+// connexd calls it once at start, never per scan, so that an upgraded
+// cluster's orphan scans stop reading its old markers at once rather than
+// after request_ttl_s, and a stray prompt does not hold request_store_bytes.
 func (s *KVStore) PurgeMarkers(ctx context.Context) (int, error) {
-	w, err := s.KV.WatchAll(ctx)
+	w, err := s.KV.WatchAll(ctx, jetstream.MetaOnly())
 	if err != nil {
 		return 0, fmt.Errorf("requests: purge markers: watch: %w", err)
 	}
 	defer w.Stop()
-	var markers []jetstream.KeyValueEntry
+	var markers, prompts []jetstream.KeyValueEntry
+	live := map[string]bool{} // request ids with a live record
 collect:
 	for {
 		select {
@@ -339,8 +352,13 @@ collect:
 			if e == nil { // initial values done
 				break collect
 			}
-			if op := e.Operation(); op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge {
+			switch op := e.Operation(); {
+			case op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge:
 				markers = append(markers, e)
+			case strings.HasPrefix(e.Key(), "r."):
+				live[strings.TrimPrefix(e.Key(), "r.")] = true
+			case strings.HasPrefix(e.Key(), "p."):
+				prompts = append(prompts, e)
 			}
 		case <-ctx.Done():
 			return 0, fmt.Errorf("requests: purge markers: %w", ctx.Err())
@@ -350,10 +368,16 @@ collect:
 	if err := w.Stop(); err != nil {
 		return 0, fmt.Errorf("requests: purge markers: stop watch: %w", err)
 	}
+	for _, e := range prompts {
+		id, _, ok := strings.Cut(strings.TrimPrefix(e.Key(), "p."), ".")
+		if ok && !live[id] && time.Since(e.Created()) >= s.strayAfter {
+			markers = append(markers, e)
+		}
+	}
 	for i, e := range markers {
 		subject := "$KV." + Bucket + "." + e.Key()
 		if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(e.Revision()+1)); err != nil {
-			return i, fmt.Errorf("requests: purge marker of %s: %w", e.Key(), err)
+			return i, fmt.Errorf("requests: purge %s: %w", e.Key(), err)
 		}
 	}
 	return len(markers), nil

@@ -171,6 +171,62 @@ func TestPurgeMarkers(t *testing.T) {
 	}
 }
 
+// TestPurgeMarkersTakesStrayPrompts: a Delete cut between its marker and
+// its purges (a crash, a store timeout) left the finished request's prompt,
+// up to megabytes held against request_store_bytes until request_ttl_s.
+// The sweep takes such a prompt once it is strayAfter old, and never the
+// prompt of a live request, nor a young one (a creation writes its prompt
+// a moment before its record).
+func TestPurgeMarkersTakesStrayPrompts(t *testing.T) {
+	nc := natsConn(t, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := OpenKVStore(ctx, nc, 1, time.Hour, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(id string) *messages.RequestState {
+		m := start()
+		m.RequestId = id
+		st, _ := New(m, "d1", time.Now())
+		return st
+	}
+	live := mk("live")
+	if _, err := s.Create(ctx, live); err != nil {
+		t.Fatal(err)
+	}
+	// "cut": the marker written, the purges never ran (as Delete's first
+	// step alone).
+	cut := mk("cut")
+	rev, err := s.Create(ctx, cut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.KV.Delete(ctx, Key(cut.RequestId), jetstream.LastRevision(rev)); err != nil {
+		t.Fatal(err)
+	}
+	// "starting": its prompt written, its record not yet.
+	starting := mk("starting")
+	if _, err := s.putPrompt(ctx, starting); err != nil {
+		t.Fatal(err)
+	}
+	s.strayAfter = time.Hour // all of them young: only the marker goes
+	if n, err := s.PurgeMarkers(ctx); err != nil || n != 1 {
+		t.Fatalf("sweep with young prompts: %d, %v; want the marker alone", n, err)
+	}
+	s.strayAfter = 0 // all old: the stray prompts go too
+	if n, err := s.PurgeMarkers(ctx); err != nil || n != 2 {
+		t.Fatalf("sweep with old prompts: %d, %v; want the prompts of cut and starting", n, err)
+	}
+	if got, _, err := s.Get(ctx, live.RequestId); err != nil || fmt.Sprint(got.PromptTokenIds) != fmt.Sprint(live.PromptTokenIds) {
+		t.Fatalf("the live request after the sweeps: %v, %v", got, err)
+	}
+	info, err := s.KV.Status(ctx)
+	if err != nil || info.Values() != 2 {
+		t.Fatalf("%d messages after the sweeps (%v), want the live request's record and prompt", info.Values(), err)
+	}
+}
+
 // TestLongRequestKeepsItsPrompt: the bucket's age limit (request_ttl_s)
 // counts from each key's own last write, and a running request rewrites
 // only its record. Its prompt is stored again once it is a tenth of the
