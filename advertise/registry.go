@@ -53,6 +53,10 @@ type Registry struct {
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry { return &Registry{live: map[string]entry{}} }
 
+// MaxBaseURL bounds a registration's base_url: it travels in every
+// heartbeat of its member.
+const MaxBaseURL = 2048
+
 // Validate checks a registration and returns the TTL it gets.
 func Validate(r *messages.RegisterEngineRequest, validToken func(string) bool) (time.Duration, error) {
 	e := r.GetEngine()
@@ -67,6 +71,13 @@ func Validate(r *messages.RegisterEngineRequest, validToken func(string) bool) (
 		return 0, fmt.Errorf("%w: model must be 1..256 bytes", ErrInvalid)
 	case e.GetBlocksFree() > e.GetBlocksTotal():
 		return 0, fmt.Errorf("%w: blocks_free %d exceeds blocks_total %d", ErrInvalid, e.GetBlocksFree(), e.GetBlocksTotal())
+	case e.GetInstanceId() != "" && (len(e.GetInstanceId()) > 128 || !validToken(e.GetInstanceId())):
+		// Every field here travels in each of the member's heartbeats:
+		// none may be large (a heartbeat past NATS's max_payload is never
+		// sent, and the member drops out of the cluster).
+		return 0, fmt.Errorf("%w: instance_id %q is not one subject token (1-128 bytes)", ErrInvalid, e.GetInstanceId())
+	case len(e.GetBaseUrl()) > MaxBaseURL:
+		return 0, fmt.Errorf("%w: base_url is %d bytes (at most %d)", ErrInvalid, len(e.GetBaseUrl()), MaxBaseURL)
 	}
 	if err := checkBaseURL(e.GetBaseUrl()); err != nil {
 		return 0, err

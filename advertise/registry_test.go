@@ -34,6 +34,12 @@ func TestValidate(t *testing.T) {
 		"base_url with host": func(r *messages.RegisterEngineRequest) { r.Engine.BaseUrl = "http://" },
 		"ttl too short":      func(r *messages.RegisterEngineRequest) { r.TtlMs = 10 },
 		"ttl too long":       func(r *messages.RegisterEngineRequest) { r.TtlMs = 3_600_000 },
+		// Fields that travel in every heartbeat stay small.
+		"base_url too long": func(r *messages.RegisterEngineRequest) {
+			r.Engine.BaseUrl = "http://h:1/" + strings.Repeat("x", MaxBaseURL)
+		},
+		"instance_id":       func(r *messages.RegisterEngineRequest) { r.Engine.InstanceId = "a b" },
+		"instance_id 2 MiB": func(r *messages.RegisterEngineRequest) { r.Engine.InstanceId = strings.Repeat("i", 2<<20) },
 	}
 	for name, mod := range bad {
 		r := reg("e1", 0)

@@ -128,6 +128,12 @@ func (a *requestAPI) StartRequest(ctx context.Context, r *messages.StartRequestM
 	if err := requireToken("engine_id", r.EngineId); err != nil {
 		return nil, err
 	}
+	// The request actor renews and releases the hold on the holder's
+	// subjects with this member's rights: the holder must be one subject
+	// token, or an engine's word would direct them elsewhere.
+	if err := requireToken("params.remote_ctrl.member", r.GetParams().GetRemoteCtrl().GetMember()); err != nil {
+		return nil, err
+	}
 	inst := a.instances.engineInstance(r.EngineId)
 	if _, here := a.actors.lookup(r.RequestId); !here && a.actors.running() >= a.max {
 		return nil, api.Errorf(api.CodeOverloaded, "member %s runs %d requests (requests_max=%d)", a.member, a.actors.running(), a.max)

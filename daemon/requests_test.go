@@ -127,7 +127,7 @@ func TestStartRequestBoundedByRequestsMax(t *testing.T) {
 	ctx := context.Background()
 	_, err := a.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "bad id", EngineId: "d1"})
 	wantCode(t, "request.start with a malformed id", err, api.CodeBadRequest)
-	if _, err := a.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "r2", EngineId: "d1"}); err != nil {
+	if _, err := a.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "r2", EngineId: "d1", Params: heldBy("p1")}); err != nil {
 		t.Fatal(err)
 	}
 	if mem.load != 2 {
@@ -137,16 +137,36 @@ func TestStartRequestBoundedByRequestsMax(t *testing.T) {
 	if !ok || start.Instance != "i1" {
 		t.Fatalf("spawned with %+v, want a StartRequest of the engine's live instance i1", acts.messages()[0].msg)
 	}
-	_, err = a.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "r3", EngineId: "d1"})
+	_, err = a.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "r3", EngineId: "d1", Params: heldBy("p1")})
 	wantCode(t, "request.start over requests_max", err, api.CodeOverloaded)
 	// A takeover of a request running here is no new request: not refused
 	// for the bound, and told to the running actor.
-	if _, err := a.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "r1", EngineId: "d1", Takeover: true}); err != nil {
+	if _, err := a.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "r1", EngineId: "d1", Takeover: true, Params: heldBy("p1")}); err != nil {
 		t.Fatal(err)
 	}
 	last := acts.messages()[len(acts.messages())-1]
 	if _, ok := last.msg.(*actors.TakeoverRequest); !ok || last.to != "r1" {
 		t.Fatalf("takeover sent %+v to %s, want a TakeoverRequest to r1", last.msg, last.to)
+	}
+}
+
+// heldBy is a request's params with its hold on member holder.
+func heldBy(holder string) *messages.KVTransferParams {
+	return &messages.KVTransferParams{TransferId: "0123456789abcdef0123456789abcdef", RemoteCtrl: &messages.RemoteCtrl{Member: holder}}
+}
+
+// TestStartRequestHolderIsAToken: the request actor renews and releases
+// the hold on the holder's subjects with the member's rights, so an
+// engine's params may not name a holder that is not one subject token
+// (it would direct them at another engine's notices or scoped API).
+func TestStartRequestHolderIsAToken(t *testing.T) {
+	a, acts, _ := newTestRequestAPI()
+	for _, holder := range []string{"", "engine.victim", "m2.e.d1", "*", ">", "a b"} {
+		_, err := a.StartRequest(context.Background(), &messages.StartRequestMsg{RequestId: "r1", EngineId: "d1", Params: heldBy(holder)})
+		wantCode(t, "request.start with holder "+holder, err, api.CodeBadRequest)
+	}
+	if n := len(acts.messages()); n != 0 {
+		t.Fatalf("%d request actors told to start", n)
 	}
 }
 
