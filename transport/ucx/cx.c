@@ -268,11 +268,13 @@ int cx_post(cx_ep *e, cx_get *ops, int n, cx_batch *b) {
 			}
 			cx_slot *s = &w->slots[idx];
 			s->state = 1;
+			s->nonce = cx_nonce(w);
 			s->dst = g->local;
 			s->len = g->len;
 			s->b = b;
 			b->pending++;
 			g->hdr.slot = ((uint64_t)idx << 32) | s->gen;
+			g->hdr.nonce = s->nonce;
 			g->hdr.reg = g->reg;
 			g->hdr.token = g->token;
 			g->hdr.addr = g->remote;

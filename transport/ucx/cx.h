@@ -15,6 +15,7 @@
 // holder's registration reg (index<<32 | generation), proving token.
 typedef struct cx_req_hdr {
 	uint64_t slot;      // reader's slot id (index<<32 | generation)
+	uint64_t nonce;     // random per GET; the reply must echo it (cx_nonce)
 	uint64_t reg;
 	uint64_t token;
 	uint64_t addr;
@@ -24,6 +25,7 @@ typedef struct cx_req_hdr {
 // cx_rep_hdr heads the holder's reply; the data follows unless status fails.
 typedef struct cx_rep_hdr {
 	uint64_t slot;
+	uint64_t nonce;     // the request's: a reply without it is no reply
 	int64_t status;
 } cx_rep_hdr;
 
@@ -63,6 +65,7 @@ typedef struct cx_reg {
 typedef struct cx_slot {
 	uint32_t gen;
 	int32_t state;
+	uint64_t nonce;     // what its reply must carry back
 	uint64_t dst, len;
 	struct cx_batch *b;
 } cx_slot;
@@ -90,6 +93,10 @@ typedef struct cx_worker {
 	int32_t eager_replies; // force eager protocol for replies
 	int32_t pad2;
 	cx_reg refusals;     // replies carrying a refusal
+	// reader: unpredictable nonces for GETs (getrandom, a block at a time)
+	uint64_t nonces[64];
+	uint32_t nnonces;
+	uint32_t pad4;
 } cx_worker;
 
 // cx_ep is an endpoint and the status its error callback reported.
@@ -121,6 +128,8 @@ typedef struct cx_get {
 } cx_get;
 
 ucs_status_t cx_open(const char *tls, cx_worker **out);
+// cx_nonce is an unpredictable 64-bit value for one checked GET.
+uint64_t cx_nonce(cx_worker *w);
 void cx_close(cx_worker *w);
 ucs_status_t cx_address(cx_worker *w, void **addr, size_t *len);
 void cx_address_release(cx_worker *w, void *addr);

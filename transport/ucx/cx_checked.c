@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 // ---- holder side of the checked GET ----
@@ -142,6 +143,7 @@ ucs_status_t cx_on_get_req(void *arg, const void *header, size_t header_length,
 		return UCS_OK;
 	}
 	rp->hdr.slot = h->slot;
+	rp->hdr.nonce = h->nonce;
 	rp->ep = param->reply_ep;
 	rp->w = w;
 	cx_reg *r = cx_reg_lookup(w, h->reg, h->token);
@@ -235,6 +237,24 @@ static cx_slot *cx_slot_find(cx_worker *w, uint64_t id, uint32_t *idx) {
 	return &w->slots[i];
 }
 
+uint64_t cx_nonce(cx_worker *w) {
+	if (w->nnonces == 0) {
+		size_t got = 0;
+		while (got < sizeof(w->nonces)) {
+			ssize_t n = getrandom((char *)w->nonces + got, sizeof(w->nonces) - got, 0);
+			if (n < 0) {
+				if (errno == EINTR) {
+					continue;
+				}
+				abort(); // no kernel randomness: no reply could be told from a forgery
+			}
+			got += (size_t)n;
+		}
+		w->nnonces = sizeof(w->nonces) / sizeof(w->nonces[0]);
+	}
+	return w->nonces[--w->nnonces];
+}
+
 int cx_slot_alloc(cx_worker *w, uint32_t *idx) {
 	if (w->nfree == 0) {
 		uint32_t cap = w->capslots ? w->capslots * 2 : 1024;
@@ -286,9 +306,13 @@ ucs_status_t cx_on_get_rep(void *arg, const void *header, size_t header_length,
 	const cx_rep_hdr *h = header;
 	uint32_t idx;
 	cx_slot *s = cx_slot_find(w, h->slot, &idx);
-	if (s == NULL || s->state != 1) {
+	if (s == NULL || s->state != 1 || h->nonce != s->nonce) {
+		// A late reply for a canceled GET, or one forged: slot ids are
+		// predictable and UCX says nothing of who sent an active message,
+		// so only the request's random nonce makes a reply this GET's.
+		// Either way rndv data is dropped and the GET waits on.
 		w->bad_replies++;
-		return UCS_OK; // late reply for a canceled GET; rndv data is dropped
+		return UCS_OK;
 	}
 	if (h->status != UCS_OK) {
 		cx_slot_done(w, idx, (ucs_status_t)h->status);

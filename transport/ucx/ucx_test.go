@@ -468,3 +468,67 @@ func TestAvailable(t *testing.T) {
 		t.Fatalf("name %q, address %d bytes", b.Name(), len(b.Address()))
 	}
 }
+
+// TestForgedReplyIsNotTaken: a checked GET's slot ids are predictable and
+// UCX does not say who sent an active message, so anyone who can reach the
+// reader's worker (or another holder it pulls from) could answer its GETs
+// with bytes of their own. A reply counts only if it carries the GET's
+// random nonce: a forged one, right slot or not, is refused and the GET
+// still gets the holder's bytes.
+func TestForgedReplyIsNotTaken(t *testing.T) {
+	h, r := openT(t, ""), openT(t, "")
+	src := bytes.Repeat([]byte("honest-KV-bytes."), 256)
+	reg, err := h.Register(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := connectT(t, r, h)
+	dst := make([]byte, len(src))
+	resume := pauseHolder(t, h)
+	defer resume()
+	done := make(chan error, 1)
+	go func() {
+		done <- getT(ep, 10*time.Second, []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr(), Dst: dst}})
+	}()
+	// onReader runs f on the reader's worker goroutine.
+	onReader := func(f func()) {
+		t.Helper()
+		ran := make(chan struct{})
+		if !r.w.submit(func() { f(); close(ran) }) {
+			t.Fatal("reader closed")
+		}
+		<-ran
+	}
+	var slots []uint64
+	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+		onReader(func() { slots = r.w.armedSlots() })
+		if len(slots) == 0 {
+			return errors.New("the GET has not been posted yet")
+		}
+		return nil
+	})
+	forged := bytes.Repeat([]byte("EVIL"), len(src)/4)
+	var before, after int64
+	onReader(func() {
+		before = r.w.deliverReply(0, 0, 0, nil) // names no slot: refused
+		for _, s := range slots {
+			after = r.w.deliverReply(s, 0x5eed, 0, forged) // the right slot, a guessed nonce
+			after = r.w.deliverReply(s, 0, -1, nil)        // an error status costs nothing to forge
+		}
+	})
+	if want := before + 2*int64(len(slots)); after != want {
+		t.Fatalf("%d replies refused after the forgeries, want %d", after, want)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the GET ended on a forged reply: %v, dst %q…", err, dst[:16])
+	default:
+	}
+	resume()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst, src) {
+		t.Fatalf("the GET read %q…, want the holder's bytes", dst[:16])
+	}
+}
