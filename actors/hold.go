@@ -49,13 +49,16 @@ func NewTransferID() string {
 }
 
 type holdActor struct {
-	deps   *HoldDeps
-	spec   holdSpec
-	h      *lease.Hold
-	held   bool        // creation only: accounting Hold succeeded, no lease owns it yet
-	wake   wake        // the lease's next wake-up, in deps.timers()
-	linger clock.Timer // the stop after the end (lingerAfterFree)
-	entry  *HoldEntry  // this hold's directory entry
+	deps *HoldDeps
+	spec holdSpec
+	h    *lease.Hold
+	held bool // creation only: accounting Hold succeeded, no lease owns it yet
+	// quarantined: revoking a registration failed, so the data plane may
+	// still read the blocks; free keeps them held for good (deregister).
+	quarantined bool
+	wake        wake        // the lease's next wake-up, in deps.timers()
+	linger      clock.Timer // the stop after the end (lingerAfterFree)
+	entry       *HoldEntry  // this hold's directory entry
 	// the data-plane registrations (regs, perExtent, implied,
 	// regionAddr) made at create, registerHold
 	holdRegistration
@@ -326,9 +329,17 @@ func (a *holdActor) apply(e lease.Effect) {
 
 // deregister revokes the hold's registrations (idempotent: none are left
 // after the first call).
+//
+// A registration the data plane could not revoke (UCX left the memory
+// registered: replies still in flight to a reader that stopped answering)
+// may still be read, so the hold's blocks must never go back to the engine,
+// which would write the next prompt's KV where that reader can see it: the
+// hold is quarantined (free keeps its blocks held, and tells no one).
 func (a *holdActor) deregister() {
 	if err := errors.Join(a.deregisterAll(), a.more.deregister()); err != nil {
-		a.deps.Log.Warn("deregister failed", "transfer", a.id(), "err", err)
+		a.quarantined = true
+		a.deps.Log.Error("deregister failed: the hold's blocks stay held for good, never given back to the engine (a reader may still see them)",
+			"transfer", a.id(), "blocks", len(a.spec.blocks), "err", err)
 	}
 }
 
@@ -348,9 +359,15 @@ func (a *holdActor) unholdAll() error {
 // the blocks go back to the accounting, the engine is told (unless it is
 // gone), the directory keeps a tombstone, and the actor lingers, then stops.
 func (a *holdActor) free(f lease.Free) {
-	if err := a.unholdAll(); err != nil {
-		a.deps.Metrics.DoubleFrees.Add(1)
-		a.deps.Log.Error("block accounting refused a free: double free prevented", "transfer", a.id(), "err", err)
+	switch {
+	case a.quarantined:
+		a.deps.Metrics.HoldsQuarantined.Add(1)
+		f.Notify = false
+	default:
+		if err := a.unholdAll(); err != nil {
+			a.deps.Metrics.DoubleFrees.Add(1)
+			a.deps.Log.Error("block accounting refused a free: double free prevented", "transfer", a.id(), "err", err)
+		}
 	}
 	a.deps.Metrics.HoldsFreed.Add(1)
 	if f.Notify {

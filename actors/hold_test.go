@@ -24,6 +24,8 @@ import (
 type fakeBackend struct {
 	live      atomic.Int64
 	panicNext atomic.Bool
+	// deregFails: Deregister reports that the memory stays registered.
+	deregFails atomic.Bool
 }
 
 type fakeReg struct {
@@ -36,6 +38,9 @@ func (r *fakeReg) RemoteKey() []byte  { return []byte{1} }
 func (r *fakeReg) RemoteAddr() uint64 { return 0 }
 func (r *fakeReg) Len() int           { return r.n }
 func (r *fakeReg) Deregister() error {
+	if r.b.deregFails.Load() {
+		return errors.New("injected: memory left registered")
+	}
 	r.once.Do(func() { r.b.live.Add(-1) })
 	return nil
 }
@@ -162,6 +167,39 @@ func TestHoldActorReleaseFreesOnce(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestHoldWhoseDeregisterFailsKeepsItsBlocks: when the data plane cannot
+// revoke a hold's registrations (a reader may still read them), the hold
+// ends but its blocks never go back to the engine (no blocks.freed, still
+// held in the accounting), and the metric says so.
+func TestHoldWhoseDeregisterFailsKeepsItsBlocks(t *testing.T) {
+	rig := newHoldRig(t)
+	rep, err := rig.create([]uint32{1, 2, 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rig.be.deregFails.Store(true)
+	id := rep.Create.Params.TransferId
+	e, _, _ := rig.dir.Lookup(id)
+	res, err := rig.sys.Root.RequestFuture(e.PID, &ReleaseHold{By: "e"}, time.Second).Result()
+	if err != nil || res.(Reply).Err != nil {
+		t.Fatalf("release: %v %v", err, res)
+	}
+	poll(t, "ended", func() error {
+		if rig.metrics.HoldsQuarantined.Load() != 1 || rig.regRefs.Load() != 0 {
+			return fmt.Errorf("quarantined %d, region refs %d", rig.metrics.HoldsQuarantined.Load(), rig.regRefs.Load())
+		}
+		return nil
+	})
+	rig.mu.Lock()
+	defer rig.mu.Unlock()
+	if len(rig.notices) != 0 {
+		t.Fatalf("the engine was told %v: it would reuse blocks a reader may still see", rig.notices)
+	}
+	if held := rig.region.Blocks.Counts().Held; held != 3 {
+		t.Fatalf("%d blocks held after a failed deregister, want the hold's 3 kept for good", held)
+	}
 }
 
 // TestHoldActorPanicGivesEverythingBack makes a hold actor panic while it

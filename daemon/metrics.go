@@ -94,6 +94,7 @@ func newPromMetrics(d *Daemon) *promMetrics {
 		membersByRole{d: d, desc: prometheus.NewDesc("connex_cluster_members", "Members in this member's view, by role.", []string{"role"}, nil)},
 		counter("connex_holds_created_total", "Holds created on this member (prefill side).", func(x *actors.Metrics) int64 { return x.HoldsCreated.Load() }),
 		counter("connex_double_frees_total", "Frees refused by block accounting; must stay 0.", func(x *actors.Metrics) int64 { return x.DoubleFrees.Load() }),
+		counter("connex_holds_quarantined_total", "Ended holds whose registrations the data plane could not revoke: their blocks stay held for good; must stay 0.", func(x *actors.Metrics) int64 { return x.HoldsQuarantined.Load() }),
 		counter("connex_pulls_abandoned_total", "Pulls of this member's holds whose reader never reported back.", func(x *actors.Metrics) int64 { return x.PullsAbandoned.Load() }),
 		gauge("connex_holds_live", "Holds alive on this member now.", func() float64 { return float64(d.dir.Live()) }),
 		gauge("connex_requests_in_flight", "Decode request actors hosted on this member now.", func() float64 { return float64(d.reqTable.Len()) }),
