@@ -286,7 +286,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 			return d, err
 		}
 		d.cluster, d.members = cm, cm
-		d.requestAPI.members, d.engineAPI.adv = cm, cm
+		d.requestAPI.members, d.engineAPI.adv, d.engineAPI.peers = cm, cm, cm
 		// A holder that leaves the cluster (crashed: its NATS connection
 		// is gone) ends the pulls reading from it now, not at the stall
 		// deadline: UCX's shared-memory lanes report no peer death.

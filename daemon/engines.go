@@ -10,6 +10,7 @@ import (
 	"github.com/connex/connex/advertise"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/clock"
+	"github.com/connex/connex/cluster"
 	"github.com/connex/connex/messages"
 	"google.golang.org/protobuf/proto"
 )
@@ -41,7 +42,10 @@ type engineAPI struct {
 	journalID string
 	// adv carries the live registrations in this member's heartbeat; nil
 	// without membership.
-	adv      advertiser
+	adv advertiser
+	// peers says which engines the other members advertise: an engine id
+	// is refused while another member serves it (nil without membership).
+	peers    memberList
 	requests requestEnder
 	clock    clock.Clock
 	stop     <-chan struct{} // closed when connexd stops: pending ends are dropped
@@ -72,6 +76,31 @@ type noticeMarks interface {
 // (clusterMembers.SetEngines).
 type advertiser interface {
 	SetEngines(es []*messages.EngineInfo)
+}
+
+// memberList is the cluster's live members as this member sees them
+// (clusterMembers.Members): who advertises which engines.
+type memberList interface {
+	Members() []cluster.Member
+}
+
+// engineElsewhere names a member other than self that advertises engine
+// in its heartbeats ("" if none).
+func engineElsewhere(ml memberList, self, engine string) string {
+	if ml == nil {
+		return ""
+	}
+	for _, m := range ml.Members() {
+		if m.Name == "" || m.Name == self {
+			continue
+		}
+		for _, e := range m.Engines {
+			if e.GetEngineId() == engine {
+				return m.Name
+			}
+		}
+	}
+	return ""
 }
 
 // requestEnder ends the requests of an engine instance that is gone
@@ -108,6 +137,13 @@ func (a *engineAPI) RegisterEngine(ctx context.Context, r *messages.RegisterEngi
 		if err := a.creds.check(ctx, e.GetEngineId(), e.GetRole(), e.GetModel()); err != nil {
 			return nil, err
 		}
+	}
+	// Engine ids are the cluster's: notices and replies are addressed to
+	// connex.v1.engine.<id> and _INBOX.e.<id>, so two engines of one id on
+	// two members would read each other's (pulls, resumes with prompts).
+	if other := engineElsewhere(a.peers, a.member, e.GetEngineId()); other != "" {
+		return nil, api.Errorf(api.CodeForbidden, "engine.register of %s on member %s: member %s serves an engine of that id; engine ids must be unique in the cluster (notices and replies are addressed by engine id)",
+			e.GetEngineId(), a.member, other)
 	}
 	if advertise.ClampBlocks(e, a.blocks.EngineBlocks(e.GetEngineId())) {
 		a.log.Debug("engine.register: blocks clamped to the engine's regions", "engine", e.GetEngineId(), "blocks_free", e.GetBlocksFree(), "blocks_total", e.GetBlocksTotal())

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/connex/connex/advertise"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/clock"
+	"github.com/connex/connex/cluster"
 	"github.com/connex/connex/messages"
 )
 
@@ -266,5 +268,33 @@ func TestLapseReadFirstByAnyoneIsEnded(t *testing.T) {
 	clk.Advance(engineLostGrace)
 	if got := end.all(); len(got) != 1 || got[0] != "d1/i1" {
 		t.Fatalf("ended %v after a lapse read by live(), want d1/i1", got)
+	}
+}
+
+type fakeMemberList []cluster.Member
+
+func (f fakeMemberList) Members() []cluster.Member { return f }
+
+// TestEngineIDServedElsewhereIsRefused: notices and replies are addressed
+// by engine id alone, so an engine whose id another member serves would
+// read that engine's (its pulls, its resumes with their prompts): its
+// registration is refused, naming the member; an id nobody else serves,
+// or one this member itself advertises, registers.
+func TestEngineIDServedElsewhereIsRefused(t *testing.T) {
+	a, _, _, _, _ := newTestEngineAPI(advertise.RoleDecode)
+	a.peers = fakeMemberList{
+		{Name: "m1", Engines: []*messages.EngineInfo{{EngineId: "d3"}}}, // ourselves
+		{Name: "m2", Engines: []*messages.EngineInfo{{EngineId: "d1"}}},
+		{Name: "", Engines: []*messages.EngineInfo{{EngineId: "d2"}}}, // not a connexd
+	}
+	_, err := a.RegisterEngine(context.Background(), registration("d1", "i1", advertise.RoleDecode, 3000))
+	wantCode(t, "engine.register of an id member m2 serves", err, api.CodeForbidden)
+	if err == nil || !strings.Contains(err.Error(), "member m2") {
+		t.Fatalf("the refusal does not name the member: %v", err)
+	}
+	for _, id := range []string{"d2", "d3", "d4"} {
+		if _, err := a.RegisterEngine(context.Background(), registration(id, "i1", advertise.RoleDecode, 3000)); err != nil {
+			t.Fatalf("engine.register of %s: %v", id, err)
+		}
 	}
 }
