@@ -264,12 +264,12 @@ func (a *requestActor) apply(ctx actor.Context, e activation.Effect) {
 		st := e.State
 		a.deps.Log.Warn("the request's hold is gone; a resume cannot pull it", "request", st.RequestId, "transfer", st.Params.GetTransferId(),
 			"holder", st.Params.GetRemoteCtrl().GetMember(), "code", e.Reason, "policy", a.deps.LoadFailurePolicy)
-		a.deps.Publish(api.HoldLostSubject(st.EngineId), &messages.HoldLostNotice{
+		a.deps.Publish(api.HoldLostSubject(a.deps.Self, st.EngineId), &messages.HoldLostNotice{
 			RequestId: st.RequestId, Epoch: st.Epoch, TransferId: st.Params.GetTransferId(), Holder: st.Params.GetRemoteCtrl().GetMember(),
 			ErrorCode: e.Code, Reason: e.Reason, KvLoadFailurePolicy: a.deps.LoadFailurePolicy,
 		})
 	case activation.NoticeResume:
-		a.deps.Publish(api.ResumeSubject(e.State.EngineId), &messages.ResumeNotice{State: e.State})
+		a.deps.Publish(api.ResumeSubject(a.deps.Self, e.State.EngineId), &messages.ResumeNotice{State: e.State})
 	case activation.Reply:
 		to, ok := a.calls[e.Call]
 		if !ok {
@@ -359,7 +359,7 @@ func (a *requestActor) count(e activation.Count) {
 func (a *requestActor) noticeFenced(e activation.NoticeFenced) {
 	publish := a.deps.Publish
 	notice := func(owner string) {
-		publish(api.FencedSubject(e.Engine), &messages.FencedNotice{RequestId: e.RequestID, StaleEpoch: e.StaleEpoch, NewOwner: owner})
+		publish(api.FencedSubject(a.deps.Self, e.Engine), &messages.FencedNotice{RequestId: e.RequestID, StaleEpoch: e.StaleEpoch, NewOwner: owner})
 	}
 	if !e.LookupOwner {
 		if e.NewOwner != a.deps.Self {

@@ -349,7 +349,7 @@ func TestFencedWriteTellsTheEngine(t *testing.T) {
 		t.Fatalf("progress after an adoption elsewhere: %v, want fenced", err)
 	}
 	waitpoll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
-		got := r.notices.on(api.FencedSubject("e1"))
+		got := r.notices.on(api.FencedSubject("m1", "e1"))
 		if len(got) != 1 || got[0].(*messages.FencedNotice).GetNewOwner() != "m2" {
 			return fmt.Errorf("fenced notices to e1: %v, want one naming m2", got)
 		}
@@ -367,7 +367,7 @@ func TestHoldLostIsToldOnce(t *testing.T) {
 	r.holds.gone = true
 	pid := r.start(t, "r1", "e1", "t1")
 	waitpoll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
-		if n := len(r.notices.on(api.HoldLostSubject("e1"))); n != 1 {
+		if n := len(r.notices.on(api.HoldLostSubject("m1", "e1"))); n != 1 {
 			return fmt.Errorf("%d hold.lost notices, want 1", n)
 		}
 		return nil

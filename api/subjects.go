@@ -43,20 +43,33 @@ const (
 	EpPeerGrant = "peer.grant"
 )
 
-// ResumeSubject carries ResumeNotice for an engine.
-func ResumeSubject(engine string) string { return Prefix + ".engine." + engine + ".request.resume" }
+// Notices to an engine go to connex.v1.engine.<member>.<engine>.<kind>:
+// the engine's member is part of its address, as in its inbox
+// (_INBOX.e.<member>.<engine>), so that engines of one id on two members
+// (and their credentials) never read each other's.
 
-// HoldLostSubject carries HoldLostNotice for an engine.
-func HoldLostSubject(engine string) string { return Prefix + ".engine." + engine + ".hold.lost" }
+// noticeSubject is the subject of notices of kind to engine on member.
+func noticeSubject(member, engine, kind string) string {
+	return Prefix + ".engine." + member + "." + engine + "." + kind
+}
 
-// FencedSubject carries FencedNotice for an engine.
-func FencedSubject(engine string) string { return Prefix + ".engine." + engine + ".request.fenced" }
+// ResumeSubject carries ResumeNotice for engine on member.
+func ResumeSubject(member, engine string) string { return noticeSubject(member, engine, KindResume) }
 
-// EngineNotices is the wildcard subject of every notice to engine.
-func EngineNotices(engine string) string { return Prefix + ".engine." + engine + ".>" }
+// HoldLostSubject carries HoldLostNotice for engine on member.
+func HoldLostSubject(member, engine string) string {
+	return noticeSubject(member, engine, KindHoldLost)
+}
 
-// Notice kinds: the tokens after connex.v1.engine.<engine>. of each notice
-// subject (Notice.kind).
+// FencedSubject carries FencedNotice for engine on member.
+func FencedSubject(member, engine string) string { return noticeSubject(member, engine, KindFenced) }
+
+// EngineNotices is the wildcard subject of every notice to engine on
+// member.
+func EngineNotices(member, engine string) string { return noticeSubject(member, engine, ">") }
+
+// Notice kinds: the tokens after connex.v1.engine.<member>.<engine>. of
+// each notice subject (Notice.kind).
 const (
 	KindPullDone = "pull.done"
 	KindFreed    = "blocks.freed"
@@ -65,19 +78,23 @@ const (
 	KindHoldLost = "hold.lost"
 )
 
-// NoticeOf splits a notice subject into its engine and kind; ok is false
-// for any other subject.
-func NoticeOf(subject string) (engine, kind string, ok bool) {
+// NoticeOf splits a notice subject into its member, engine and kind; ok
+// is false for any other subject.
+func NoticeOf(subject string) (member, engine, kind string, ok bool) {
 	rest, found := strings.CutPrefix(subject, Prefix+".engine.")
 	if !found {
-		return "", "", false
+		return "", "", "", false
+	}
+	member, rest, found = strings.Cut(rest, ".")
+	if !found || member == "" {
+		return "", "", "", false
 	}
 	engine, kind, found = strings.Cut(rest, ".")
 	switch kind {
 	case KindPullDone, KindFreed, KindResume, KindFenced, KindHoldLost:
-		return engine, kind, found && engine != ""
+		return member, engine, kind, found && engine != ""
 	}
-	return "", "", false
+	return "", "", "", false
 }
 
 // Notice headers: the sequence number of a live notice in its engine's
@@ -112,11 +129,13 @@ func EngineScoped(ep string) bool {
 	return true
 }
 
-// FreedSubject carries BlocksFreed notices for an engine.
-func FreedSubject(engine string) string { return Prefix + ".engine." + engine + ".blocks.freed" }
+// FreedSubject carries BlocksFreed notices for engine on member.
+func FreedSubject(member, engine string) string { return noticeSubject(member, engine, KindFreed) }
 
-// PullDoneSubject carries PullDone notices for an engine.
-func PullDoneSubject(engine string) string { return Prefix + ".engine." + engine + ".pull.done" }
+// PullDoneSubject carries PullDone notices for engine on member.
+func PullDoneSubject(member, engine string) string {
+	return noticeSubject(member, engine, KindPullDone)
+}
 
 // ValidToken reports whether s can be used as one subject token (member
 // and engine ids); the rule is natssubject.ValidToken's, shared with auth and

@@ -33,18 +33,21 @@ func TestPermissionsMatchTheSubjects(t *testing.T) {
 	for _, s := range []string{
 		api.Subject("m1", api.EpHoldRelease), api.Subject("m1", api.EpPeerDescriptors), api.EngineSubject("m1", "e2", api.EpHoldCreate),
 		api.EngineSubject("m2", "e1", api.EpHoldCreate), "$KV.connex_requests.r1", "$JS.API.STREAM.INFO.KV_connex_requests",
-		api.FreedSubject("e1"), cluster.DefaultSubjectPrefix + ".connex.events.heartbeat.x",
+		api.FreedSubject("m1", "e1"), cluster.DefaultSubjectPrefix + ".connex.events.heartbeat.x",
 	} {
 		if allowed(p.Pub.Allow, s) {
 			t.Errorf("engine may publish %s", s)
 		}
 	}
-	for _, s := range []string{api.FreedSubject("e1"), api.PullDoneSubject("e1"), api.ResumeSubject("e1"), eng.InboxPrefix() + ".abc.1"} {
+	for _, s := range []string{api.FreedSubject("m1", "e1"), api.PullDoneSubject("m1", "e1"), api.ResumeSubject("m1", "e1"), eng.InboxPrefix() + ".abc.1"} {
 		if !allowed(p.Sub.Allow, s) {
 			t.Errorf("engine may not subscribe to %s", s)
 		}
 	}
-	for _, s := range []string{api.FreedSubject("e2"), "_INBOX.abc", "_INBOX.e.e2.x", api.Subject("m1", api.EpPeerDescriptors), "$SRV.PING"} {
+	// Nor another engine's, nor those of an engine of the same id on
+	// another member (its notices carry a prompt at a resume).
+	for _, s := range []string{api.FreedSubject("m1", "e2"), "_INBOX.abc", "_INBOX.e.m1.e2.x", api.Subject("m1", api.EpPeerDescriptors), "$SRV.PING",
+		api.FreedSubject("m2", "e1"), api.ResumeSubject("m2", "e1"), "_INBOX.e.m2.e1.x"} {
 		if allowed(p.Sub.Allow, s) {
 			t.Errorf("engine may subscribe to %s", s)
 		}
@@ -57,12 +60,12 @@ func TestPermissionsMatchTheSubjects(t *testing.T) {
 			t.Errorf("member may not subscribe to %s", s)
 		}
 	}
-	for _, s := range []string{api.Subject("m2", api.EpPeerDescriptors), api.EngineSubject("m2", "e7", api.EpHoldCreate), api.FreedSubject("e1"), "_INBOX.m.m2.x", "_INBOX.e.e1.x"} {
+	for _, s := range []string{api.Subject("m2", api.EpPeerDescriptors), api.EngineSubject("m2", "e7", api.EpHoldCreate), api.FreedSubject("m1", "e1"), "_INBOX.m.m2.x", "_INBOX.e.m1.e1.x"} {
 		if allowed(p.Sub.Allow, s) {
 			t.Errorf("member m1 may subscribe to %s", s)
 		}
 	}
-	for _, s := range []string{api.Subject("m2", api.EpPeerDescriptors), api.FreedSubject("e1"), "$KV.connex_requests.r1", "$JS.API.INFO"} {
+	for _, s := range []string{api.Subject("m2", api.EpPeerDescriptors), api.FreedSubject("m1", "e1"), "$KV.connex_requests.r1", "$JS.API.INFO"} {
 		if !allowed(p.Pub.Allow, s) {
 			t.Errorf("member may not publish %s", s)
 		}

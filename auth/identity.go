@@ -102,7 +102,7 @@ func (id Identity) InboxPrefix() string {
 	case RoleMember:
 		return "_INBOX.m." + id.Member
 	case RoleEngine:
-		return "_INBOX.e." + id.Engine
+		return "_INBOX.e." + id.Member + "." + id.Engine
 	}
 	return "_INBOX"
 }
@@ -136,7 +136,7 @@ func (id Identity) Permissions() jwt.Permissions {
 	case RoleEngine:
 		p.Pub.Allow.Add(apiPrefix + "." + id.Member + ".e." + id.Engine + ".>")
 		p.Sub.Allow.Add(
-			apiPrefix+".engine."+id.Engine+".>",
+			apiPrefix+".engine."+id.Member+"."+id.Engine+".>",
 			id.InboxPrefix()+".>",
 		)
 	case RoleAdmin:

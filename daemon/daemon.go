@@ -227,7 +227,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 			if d.prom != nil {
 				d.prom.blocksFreed(m)
 			}
-			d.publish(api.FreedSubject(m.EngineId), m)
+			d.publish(api.FreedSubject(cfg.MemberID, m.EngineId), m)
 		},
 	}
 	d.pdeps = &actors.PullDeps{
@@ -238,7 +238,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 			if d.prom != nil {
 				d.prom.pullDone(m)
 			}
-			d.publish(api.PullDoneSubject(m.EngineId), m)
+			d.publish(api.PullDoneSubject(cfg.MemberID, m.EngineId), m)
 		},
 		Go:      d.goBackground,
 		Holders: &actors.HolderWatch{},

@@ -138,11 +138,11 @@ func (a *engineAPI) RegisterEngine(ctx context.Context, r *messages.RegisterEngi
 			return nil, err
 		}
 	}
-	// Engine ids are the cluster's: notices and replies are addressed to
-	// connex.v1.engine.<id> and _INBOX.e.<id>, so two engines of one id on
-	// two members would read each other's (pulls, resumes with prompts).
+	// Engine ids are the cluster's: the router and the status name engines
+	// by id alone (notices and inboxes carry the member too, so two of one
+	// id would not read each other's, but would be routed as one).
 	if other := engineElsewhere(a.peers, a.member, e.GetEngineId()); other != "" {
-		return nil, api.Errorf(api.CodeForbidden, "engine.register of %s on member %s: member %s serves an engine of that id; engine ids must be unique in the cluster (notices and replies are addressed by engine id)",
+		return nil, api.Errorf(api.CodeForbidden, "engine.register of %s on member %s: member %s serves an engine of that id; engine ids must be unique in the cluster",
 			e.GetEngineId(), a.member, other)
 	}
 	if advertise.ClampBlocks(e, a.blocks.EngineBlocks(e.GetEngineId())) {

@@ -21,7 +21,7 @@ const noticeJournalLimit = 1024
 func (d *Daemon) publish(subject string, m proto.Message) {
 	msg := nats.NewMsg(subject)
 	isJSON := false
-	if engine, kind, ok := api.NoticeOf(subject); ok && d.journal != nil {
+	if _, engine, kind, ok := api.NoticeOf(subject); ok && d.journal != nil {
 		now := d.now()
 		n := noticeOf(kind, m)
 		n.UnixMs = now.UnixMilli()

@@ -171,10 +171,10 @@ func Open(ctx context.Context, cfg Config) (*Engine, error) {
 	e.regions = rs
 	// One subscription for every notice: they arrive in the order connexd
 	// numbered them, on one goroutine.
-	sub, err := cfg.NC.Subscribe(api.EngineNotices(cfg.EngineID), e.onNotice)
+	sub, err := cfg.NC.Subscribe(api.EngineNotices(cfg.Member, cfg.EngineID), e.onNotice)
 	if err != nil {
 		e.closeOpen()
-		return nil, fmt.Errorf("shim: subscribe %s: %w", api.EngineNotices(cfg.EngineID), err)
+		return nil, fmt.Errorf("shim: subscribe %s: %w", api.EngineNotices(cfg.Member, cfg.EngineID), err)
 	}
 	e.subs = append(e.subs, sub)
 	if err := cfg.NC.FlushWithContext(ctx); err != nil {

@@ -24,7 +24,7 @@ type noticeCursor struct {
 // gap (notices lost while NATS reconnected), the missed ones are fetched
 // from connexd (engine.notices) and delivered first; a repeat is dropped.
 func (e *Engine) onNotice(m *nats.Msg) {
-	_, kind, ok := api.NoticeOf(m.Subject)
+	_, _, kind, ok := api.NoticeOf(m.Subject)
 	if !ok {
 		return
 	}

@@ -231,7 +231,7 @@ func (r *run) start(ctx context.Context) error {
 		return fmt.Errorf("connect to NATS as admin: %w", err)
 	}
 	// Every blocks.freed notice, counted per transfer (exactly-once free).
-	_, err = r.nc.Subscribe(api.Prefix+".engine.*."+api.KindFreed, func(m *nats.Msg) {
+	_, err = r.nc.Subscribe(api.Prefix+".engine.*.*."+api.KindFreed, func(m *nats.Msg) {
 		var f messages.BlocksFreed
 		if proto.Unmarshal(m.Data, &f) == nil && f.TransferId != "" {
 			r.mu.Lock()

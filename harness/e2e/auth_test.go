@@ -197,9 +197,15 @@ func TestAttacksRefusedWithAuthentication(t *testing.T) {
 	}
 
 	// Watch everything the attackers might reach.
-	sniffNotices := refusedSubscription(t, evilPNC, api.EngineNotices("engD")) // engD's notices
-	sniffInbox := refusedSubscription(t, evilPNC, "_INBOX.>")                  // every reply
-	refusedSubscription(t, evilPNC, api.Subject("p", api.EpPeerDescriptors))   // answering for p
+	sniffNotices := refusedSubscription(t, evilPNC, api.EngineNotices("d", "engD")) // engD's notices
+	// A credential of the victim's engine id on another member (an id used
+	// twice, or the file of an engine moved away) reads neither its notices
+	// (a resume's carries the prompt) nor its replies.
+	twinNC, _ := n.engine(t, "p", "engD")
+	sniffTwin := refusedSubscription(t, twinNC, api.EngineNotices("d", "engD"))
+	sniffTwinInbox := refusedSubscription(t, twinNC, auth.Identity{Role: auth.RoleEngine, Member: "d", Engine: "engD"}.InboxPrefix()+".>")
+	sniffInbox := refusedSubscription(t, evilPNC, "_INBOX.>")                // every reply
+	refusedSubscription(t, evilPNC, api.Subject("p", api.EpPeerDescriptors)) // answering for p
 	xNC := n.connectAs(t, auth.Identity{Role: auth.RoleMember, Member: "x"}, n.creds(t, "--role", "member", "--member", "x"))
 	answerFor := refusedSubscription(t, xNC, api.Subject("p", api.EpPeerDescriptors)) // member x answering for p
 
@@ -275,7 +281,7 @@ func TestAttacksRefusedWithAuthentication(t *testing.T) {
 	if _, err := dcli.FinishRequest(ctx5(t), &messages.FinishRequestMsg{RequestId: "r-victim", Epoch: 1}); err != nil {
 		t.Fatalf("the victim's request.finish: %v", err)
 	}
-	for _, s := range []*nats.Subscription{sniffNotices, sniffInbox, answerFor} {
+	for _, s := range []*nats.Subscription{sniffNotices, sniffInbox, answerFor, sniffTwin, sniffTwinInbox} {
 		if m, err := s.NextMsg(50 * time.Millisecond); err == nil {
 			t.Fatalf("a refused subscription to %s received %s", s.Subject, m.Subject)
 		}

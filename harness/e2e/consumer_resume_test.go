@@ -20,10 +20,10 @@ func TestResumePullsConsumerBoundHold(t *testing.T) {
 	d1, d2, d3 := c.engines["d1"], c.engines["d2"], c.engines["d3"]
 	prm := proto.CloneOf(c.holdWith(t, &messages.CreateHoldRequest{BlockIds: src, NumTokens: 64, Consumer: d1.id}))
 	prm.ConnexRequestId = "r-bound"
-	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
+	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.cli.Member, c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
 	pull := func(e *engine, id string, dst []uint32) *messages.PullDone {
 		t.Helper()
-		done := subscribe(t, c.nc, api.PullDoneSubject(e.id), func() *messages.PullDone { return new(messages.PullDone) })
+		done := subscribe(t, c.nc, api.PullDoneSubject(e.cli.Member, e.id), func() *messages.PullDone { return new(messages.PullDone) })
 		if _, err := e.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: prm, EngineId: e.id, RegionId: e.rid, BlockIds: dst, PullId: id}); err != nil {
 			t.Fatalf("pull.start %s by %s: %v", id, e.id, err)
 		}

@@ -64,7 +64,7 @@ func createdRegion(t *testing.T, backend string, readerArgs ...string) {
 		t.Fatalf("create a 1 TiB region: %v, want code %d", err, api.CodeRegionIO)
 	}
 
-	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 	src := []uint32{3, 4, 5, 9, 1, 31}
 	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: src, NumTokens: 90})
 	if err != nil {

@@ -204,10 +204,10 @@ func TestEngineRepliesStayInItsInbox(t *testing.T) {
 	evilNC, _ := v.n.engine(t, "d", "evilD")
 	kvSubject := "$KV.connex_requests.r-victim"
 	targets := []string{
-		api.FencedSubject("engD"),              // another engine's notices
+		api.FencedSubject("d", "engD"),         // another engine's notices
 		kvSubject,                              // the request bucket
 		"connex.cluster.connex.events.leave.d", // evict a member
-		"_INBOX.e.engD.steal",                  // another engine's inbox
+		"_INBOX.e.d.engD.steal",                // another engine's inbox
 	}
 	var sniffers []*nats.Subscription
 	for _, subj := range targets {
@@ -331,7 +331,7 @@ func TestRogueEngineRefused(t *testing.T) {
 		t.Fatalf("the engine's max payload is %d, want %d", mp, auth.EngineLimits.Payload)
 	}
 	for i := 0; i <= int(auth.EngineLimits.Subs); i++ {
-		if _, err := rogueNC.SubscribeSync(fmt.Sprintf("_INBOX.e.rogue.s%d", i)); err != nil {
+		if _, err := rogueNC.SubscribeSync(fmt.Sprintf("_INBOX.e.x.rogue.s%d", i)); err != nil {
 			break
 		}
 	}

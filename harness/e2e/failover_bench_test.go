@@ -26,7 +26,7 @@ func BenchmarkFailover(b *testing.B) {
 		}
 	}
 	c := newDecodeCluster(b, "s1", "s2")
-	res := subscribe(b, c.nc, "connex.v1.engine.*.request.resume", func() *messages.ResumeNotice { return new(messages.ResumeNotice) })
+	res := subscribe(b, c.nc, "connex.v1.engine.*.*.request.resume", func() *messages.ResumeNotice { return new(messages.ResumeNotice) })
 	prm := c.hold(b, []uint32{0, 1}, 32)
 	measure := func(kind string, sig syscall.Signal, i int) time.Duration {
 		name := fmt.Sprintf("%s%d", kind, i)

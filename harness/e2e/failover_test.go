@@ -107,7 +107,7 @@ func (c *decodeCluster) progress(t testing.TB, on, id string, epoch uint64, toks
 
 // resumes subscribes to every decode engine's resume notices.
 func (c *decodeCluster) resumes(t testing.TB) *notices[*messages.ResumeNotice] {
-	return subscribe(t, c.nc, "connex.v1.engine.*.request.resume", func() *messages.ResumeNotice { return new(messages.ResumeNotice) })
+	return subscribe(t, c.nc, "connex.v1.engine.*.*.request.resume", func() *messages.ResumeNotice { return new(messages.ResumeNotice) })
 }
 
 func prompt(n int) []uint32 {
@@ -161,7 +161,7 @@ func TestRequestSurvivesDecodeMemberDeath(t *testing.T) {
 	// The new owner's engine pulls the same hold again (no second prefill)
 	// and gets the prompt's KV.
 	newOwner := c.engines[st.Owner]
-	done := subscribe(t, c.nc, api.PullDoneSubject(newOwner.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, c.nc, api.PullDoneSubject(newOwner.cli.Member, newOwner.id), func() *messages.PullDone { return new(messages.PullDone) })
 	dst := []uint32{10, 11, 12, 13}
 	if _, err := newOwner.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: st.Params, EngineId: newOwner.id, RegionId: newOwner.rid, BlockIds: dst, PullId: "resume"}); err != nil {
 		t.Fatal(err)
@@ -193,7 +193,7 @@ func TestRequestSurvivesDecodeMemberDeath(t *testing.T) {
 	}
 	// The zombie comes back: its write is fenced, its engine told to stop,
 	// and the durable state is untouched.
-	fenced := subscribe(t, c.nc, api.FencedSubject(c.engines["d2"].id), func() *messages.FencedNotice { return new(messages.FencedNotice) })
+	fenced := subscribe(t, c.nc, api.FencedSubject(c.engines["d2"].cli.Member, c.engines["d2"].id), func() *messages.FencedNotice { return new(messages.FencedNotice) })
 	zombie, peer := c.procs["d2"], c.procs["d3"]
 	count := func(p *proc, s string) int { return strings.Count(p.logs(), s) }
 	evictions, joins := count(zombie, "rejoining with a new id"), count(peer, `msg="member joined"`)
@@ -240,7 +240,7 @@ func TestRequestSurvivesDecodeMemberDeath(t *testing.T) {
 	t.Logf("zombie rejoined %s after SIGCONT; owners unchanged through the %s after", rejoined.Sub(resumed).Round(time.Millisecond), settle)
 	// Finishing releases the hold exactly once (both requests share it in
 	// this test; the second release finds it already released).
-	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
+	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.cli.Member, c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
 	if _, err := c.engines[st.Owner].cli.FinishRequest(ctx5(t), &messages.FinishRequestMsg{RequestId: "r-kill", Epoch: 2}); err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ func TestHolderRestartTellsTheDecodeEngine(t *testing.T) {
 	c := newDecodeCluster(t, "d1")
 	d1 := c.engines["d1"]
 	prm := c.holdWith(t, &messages.CreateHoldRequest{BlockIds: []uint32{1, 2}, NumTokens: 32, RetainS: 3})
-	lost := subscribe(t, c.nc, api.HoldLostSubject(d1.id), func() *messages.HoldLostNotice { return new(messages.HoldLostNotice) })
+	lost := subscribe(t, c.nc, api.HoldLostSubject(d1.cli.Member, d1.id), func() *messages.HoldLostNotice { return new(messages.HoldLostNotice) })
 	c.startRequest(t, "d1", "r-lost", prm, prompt(32))
 
 	c.procs["prefill"].stop()
@@ -42,7 +42,7 @@ func TestLapsedEngineEndsItsRequests(t *testing.T) {
 	c := newDecodeCluster(t, "d1")
 	d1 := c.engines["d1"]
 	prm := c.holdWith(t, &messages.CreateHoldRequest{BlockIds: []uint32{1, 2}, NumTokens: 32, RetainS: 60})
-	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
+	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.cli.Member, c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
 	if _, err := d1.cli.RegisterEngine(ctx5(t), &messages.RegisterEngineRequest{
 		Engine: &messages.EngineInfo{EngineId: d1.id, Role: "decode", Model: "m", BaseUrl: "http://127.0.0.1:1", InstanceId: "i1"}, TtlMs: 500,
 	}); err != nil {

@@ -68,8 +68,8 @@ func blocksDiffer(src, dst *kvmem.Region, srcIDs, dstIDs []uint32) error {
 func TestHoldPullReleaseAcrossProcesses(t *testing.T) {
 	pe, de, pn, _ := cluster2(t, "tcp")
 	nc := pe.cli.NC
-	freed := subscribe(t, nc, api.FreedSubject(pe.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
-	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	freed := subscribe(t, nc, api.FreedSubject(pe.cli.Member, pe.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
+	done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 
 	src := []uint32{3, 4, 5, 9, 1, 31}
 	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: src, NumTokens: 90, Consumer: de.id})
@@ -185,8 +185,8 @@ func TestHoldPullReleaseAcrossProcesses(t *testing.T) {
 func TestLeaseExpiryRefusesPullAndFrees(t *testing.T) {
 	pe, de, _, _ := cluster2(t, "tcp")
 	nc := pe.cli.NC
-	freed := subscribe(t, nc, api.FreedSubject(pe.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
-	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	freed := subscribe(t, nc, api.FreedSubject(pe.cli.Member, pe.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
+	done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 	created := time.Now()
 	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: []uint32{0, 1, 2}, RetainS: 1})
 	if err != nil {
@@ -233,7 +233,7 @@ func TestLeaseExpiryRefusesPullAndFrees(t *testing.T) {
 func TestPullDialsOnlyAdvertisedDataAddresses(t *testing.T) {
 	pe, de, _, _ := cluster2(t, "tcp")
 	nc := pe.cli.NC
-	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 	trap, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -289,7 +289,7 @@ func TestPullAcrossAdjacentExtents(t *testing.T) {
 	for _, backend := range backends() {
 		t.Run(backend, func(t *testing.T) {
 			pe, de, _, _ := cluster2(t, backend)
-			done := subscribe(t, pe.cli.NC, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+			done := subscribe(t, pe.cli.NC, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 			last := testLayout.Blocks - 1
 			src := []uint32{last, 0}
 			hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: src})

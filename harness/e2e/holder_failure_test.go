@@ -57,7 +57,7 @@ func holderDies(t *testing.T, backend string, sig syscall.Signal) {
 	nc := connect(t, url)
 	pe := newEngine(t, nc, "holder", "engP", bigLayout, false)
 	de := newEngine(t, nc, "reader", "engD", bigLayout, false)
-	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 	ids, hold := holdEveryBlock(t, pe)
 	var sent time.Time
 	var pullID string
@@ -147,7 +147,7 @@ func TestReaderShutdownDuringPull(t *testing.T) {
 		}
 		dn := startConnexd(t, fmt.Sprintf("reader%d", attempt), "--backend", "tcp", "--nats-url", url)
 		de := newEngine(t, nc, dn.member, fmt.Sprintf("engD%d", attempt), bigLayout, false)
-		done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+		done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 		pullID := fmt.Sprintf("p%d", attempt)
 		if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: ids, PullId: pullID}); err != nil {
 			t.Fatal(err)

@@ -20,7 +20,7 @@ func TestPausedHolderRejoinsWithoutFailingPulls(t *testing.T) {
 	c := newDecodeCluster(t, "d1")
 	d1 := c.engines["d1"]
 	prm := c.hold(t, []uint32{1, 2, 3}, 48)
-	done := subscribe(t, c.nc, api.PullDoneSubject(d1.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, c.nc, api.PullDoneSubject(d1.cli.Member, d1.id), func() *messages.PullDone { return new(messages.PullDone) })
 	n := 0
 	pull := func() *messages.PullDone {
 		t.Helper()

@@ -53,7 +53,7 @@ func BenchmarkHosts(b *testing.B) {
 		b.Fatal(err)
 	}
 	notes := make(chan *nats.Msg, 16)
-	sub, err := nc2.ChanSubscribe(api.PullDoneSubject(de.id), notes)
+	sub, err := nc2.ChanSubscribe(api.PullDoneSubject(de.cli.Member, de.id), notes)
 	if err != nil {
 		b.Fatal(err)
 	}

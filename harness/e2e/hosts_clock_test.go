@@ -66,7 +66,7 @@ func TestHostsClockSkew(t *testing.T) {
 		}
 		<-tick.C
 	}
-	res := subscribe(t, c.ncs["d3"], "connex.v1.engine.*.request.resume", func() *messages.ResumeNotice { return new(messages.ResumeNotice) })
+	res := subscribe(t, c.ncs["d3"], "connex.v1.engine.*.*.request.resume", func() *messages.ResumeNotice { return new(messages.ResumeNotice) })
 	c.procs["d2"].kill()
 	n := res.wait(t, 20*time.Second, func(m *messages.ResumeNotice) bool { return m.State.RequestId == "r-skew" })
 	if n.State.Owner != "d3" || n.State.Epoch != 2 || !slices.Equal(n.State.GeneratedTokenIds, []uint32{7, 8}) {
@@ -75,7 +75,7 @@ func TestHostsClockSkew(t *testing.T) {
 	if d := c.pullOn(t, "d3", "adopted", n.State.Params, []uint32{5, 6, 7, 8}, 10*time.Second); !d.Ok {
 		t.Fatalf("adopter's pull: %v", d)
 	}
-	freed := subscribe(t, c.ncs["p1"], api.FreedSubject(c.engP.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
+	freed := subscribe(t, c.ncs["p1"], api.FreedSubject(c.engP.cli.Member, c.engP.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
 	if _, err := c.engines["d3"].cli.FinishRequest(ctx5(t), &messages.FinishRequestMsg{RequestId: "r-skew", Epoch: 2}); err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ func (c *hostPD) startPullLoad(t *testing.T, on string, nc *nats.Conn, prm *mess
 	e := c.engines[on]
 	cli := &api.Client{NC: nc, Member: on}
 	notes := make(chan *nats.Msg, 64)
-	sub, err := nc.ChanSubscribe(api.PullDoneSubject(e.id), notes)
+	sub, err := nc.ChanSubscribe(api.PullDoneSubject(e.cli.Member, e.id), notes)
 	if err != nil {
 		t.Fatal(err)
 	}

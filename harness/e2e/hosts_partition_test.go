@@ -30,7 +30,7 @@ func TestHostsDecodeHostIsolated(t *testing.T) {
 	if _, err := d2.cli.Progress(ctx5(t), &messages.RequestProgress{RequestId: "r-iso", Epoch: 1, TokenIds: []uint32{7, 8, 9}}); err != nil {
 		t.Fatal(err)
 	}
-	res := subscribe(t, c.ncs["d3"], "connex.v1.engine.*.request.resume", func() *messages.ResumeNotice { return new(messages.ResumeNotice) })
+	res := subscribe(t, c.ncs["d3"], "connex.v1.engine.*.*.request.resume", func() *messages.ResumeNotice { return new(messages.ResumeNotice) })
 	h2 := c.lab.Hosts[1]
 	isolated := time.Now()
 	if err := h2.Isolate(); err != nil {
@@ -57,7 +57,7 @@ func TestHostsDecodeHostIsolated(t *testing.T) {
 	} else {
 		t.Logf("isolated member's progress: %v (code %d)", err, api.CodeOf(err))
 	}
-	fenced := subscribe(t, c.ncs["d2"], api.FencedSubject(d2.id), func() *messages.FencedNotice { return new(messages.FencedNotice) })
+	fenced := subscribe(t, c.ncs["d2"], api.FencedSubject(d2.cli.Member, d2.id), func() *messages.FencedNotice { return new(messages.FencedNotice) })
 	healed := time.Now()
 	if err := h2.Heal(); err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 func (c *hostPD) pullOn(t *testing.T, on, id string, prm *messages.KVTransferParams, dst []uint32, total time.Duration) *messages.PullDone {
 	t.Helper()
 	e := c.engines[on]
-	done := subscribe(t, c.ncs[on], api.PullDoneSubject(e.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, c.ncs[on], api.PullDoneSubject(e.cli.Member, e.id), func() *messages.PullDone { return new(messages.PullDone) })
 	if _, err := e.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: prm, EngineId: e.id, RegionId: e.rid, BlockIds: dst, PullId: id}); err != nil {
 		t.Fatalf("start pull %s on %s: %v", id, on, err)
 	}
@@ -98,7 +98,7 @@ func TestHostsLossAndDelay(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		done := subscribe(t, c.ncs["d2"], api.PullDoneSubject(dst.id), func() *messages.PullDone { return new(messages.PullDone) })
+		done := subscribe(t, c.ncs["d2"], api.PullDoneSubject(dst.cli.Member, dst.id), func() *messages.PullDone { return new(messages.PullDone) })
 		t0 := time.Now()
 		if _, err := dst.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: h.Params, EngineId: dst.id, RegionId: dst.rid, BlockIds: blocks, PullId: id}); err != nil {
 			t.Fatal(err)
@@ -171,7 +171,7 @@ func TestHostsUCXOverTCP(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			done := subscribe(t, nc2, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+			done := subscribe(t, nc2, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 			rx0, err := h2.RxBytes()
 			if err != nil {
 				t.Fatal(err)

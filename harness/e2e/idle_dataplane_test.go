@@ -54,7 +54,7 @@ func TestIdleDataPlaneConnectionsRefuseNoPull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := subscribe(t, dec.cli.NC, api.PullDoneSubject(dec.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, dec.cli.NC, api.PullDoneSubject(dec.cli.Member, dec.id), func() *messages.PullDone { return new(messages.PullDone) })
 	if _, err := dec.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: h.Params, EngineId: dec.id, RegionId: dec.rid, BlockIds: []uint32{6, 7, 8}, PullId: "under-attack"}); err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestDataPlaneSlotsFromStrangers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := subscribe(t, dec.cli.NC, api.PullDoneSubject(dec.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, dec.cli.NC, api.PullDoneSubject(dec.cli.Member, dec.id), func() *messages.PullDone { return new(messages.PullDone) })
 	if _, err := dec.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: h.Params, EngineId: dec.id, RegionId: dec.rid, BlockIds: []uint32{6, 7, 8}, PullId: "strangers"}); err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ func TestConnexdMetrics(t *testing.T) {
 		t.Fatal("the ready line names no metrics= URL")
 	}
 	nc := pe.cli.NC
-	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 	src := []uint32{1, 2, 3}
 	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: src, NumTokens: 48})
 	if err != nil {

@@ -86,7 +86,7 @@ func TestNATSOverTLS(t *testing.T) {
 	// (data_tls=auto: both have the cluster's certificate and CA).
 	// connexd answers an engine-scoped call only on the calling engine's
 	// inbox: the test's admin connections use each engine's inbox prefix.
-	pre := newEngine(t, adminAsEngine(t, p.natsURL, "engP"), "tls-p", "engP", testLayout, true)
+	pre := newEngine(t, adminAsEngine(t, p.natsURL, "tls-p", "engP"), "tls-p", "engP", testLayout, true)
 	dec := openDecodeShim(t, engineConn(t, p.natsURL, "tls-d", "engD"), "tls-d", "engD")
 	h, err := pre.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pre.id, RegionId: pre.rid, BlockIds: []uint32{5, 6}, NumTokens: 32})
 	if err != nil {
@@ -106,11 +106,11 @@ func TestNATSOverTLS(t *testing.T) {
 }
 
 // adminAsEngine is an admin connection to url whose replies arrive on
-// engine's inbox, for calls the test makes in that engine's name (an
+// the inbox of engine on member, for calls the test makes in that engine's name (an
 // admin may also call member-scoped endpoints an engine may not).
-func adminAsEngine(t testing.TB, url, engine string) *nats.Conn {
+func adminAsEngine(t testing.TB, url, member, engine string) *nats.Conn {
 	t.Helper()
-	opts := []nats.Option{nats.CustomInboxPrefix(auth.Identity{Role: auth.RoleEngine, Engine: engine}.InboxPrefix())}
+	opts := []nats.Option{nats.CustomInboxPrefix(auth.Identity{Role: auth.RoleEngine, Member: member, Engine: engine}.InboxPrefix())}
 	if f := adminCreds(url); f != "" {
 		opts = append(opts, nats.UserCredentials(f))
 	}

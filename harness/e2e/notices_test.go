@@ -233,7 +233,7 @@ func TestJSONNoticesAndTheirJournal(t *testing.T) {
 		t.Fatal(err)
 	}
 	raw := make(chan *nats.Msg, 4)
-	sub, err := nc.ChanSubscribe(api.EngineNotices(e.id), raw)
+	sub, err := nc.ChanSubscribe(api.EngineNotices(e.cli.Member, e.id), raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func TestJSONNoticesAndTheirJournal(t *testing.T) {
 		t.Fatal("no blocks.freed notice")
 	}
 	var freed messages.BlocksFreed
-	if m.Subject != api.FreedSubject(e.id) || m.Header.Get(api.HeaderContentType) != api.ContentJSON ||
+	if m.Subject != api.FreedSubject(e.cli.Member, e.id) || m.Header.Get(api.HeaderContentType) != api.ContentJSON ||
 		api.Unmarshal(m.Data, true, len(m.Data), &freed) != nil || freed.TransferId != h.Params.TransferId {
 		t.Fatalf("notice %s %v %s", m.Subject, m.Header, m.Data)
 	}

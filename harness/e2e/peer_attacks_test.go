@@ -23,7 +23,7 @@ func TestPeerCallsCannotBeAbused(t *testing.T) {
 		t.Fatal(err)
 	}
 	tid := h.Params.TransferId
-	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
+	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.cli.Member, c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
 	layout := &messages.Layout{NumLayers: testLayout.Layers, KvPlanes: testLayout.Planes, NumBlocks: testLayout.Blocks, BlockBytes: testLayout.BlockBytes, BlockSize: testLayout.BlockSize, TpSize: testLayout.TPSize}
 	if _, err := peer.Descriptors(ctx5(t), &messages.DescriptorsRequest{TransferId: tid, Requester: "engA", PullId: "pa", Layout: layout, TimeoutMs: 3_600_000}); err != nil {
 		t.Fatal(err)

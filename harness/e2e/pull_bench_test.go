@@ -532,7 +532,7 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 		}
 		c.de = newEngine(b, nc, rn.member, "D"+name+l.name, l.l, false)
 		fillPattern(c.pe.region.Bytes(), uint64(len(l.name)))
-		sub, err := nc.Subscribe(api.PullDoneSubject(c.de.id), func(m *nats.Msg) {
+		sub, err := nc.Subscribe(api.PullDoneSubject(c.de.cli.Member, c.de.id), func(m *nats.Msg) {
 			at := time.Now()
 			v := new(messages.PullDone)
 			if proto.Unmarshal(m.Data, v) == nil {

@@ -124,7 +124,7 @@ func benchHetero(b *testing.B, url, backend string, cases []heteroCase) {
 		}
 		r.did = did
 		r.region = rankRegion(b, nc, rn.member, did, c.read.layout(0, uint32(nDst)))
-		sub, err := nc.Subscribe(api.PullDoneSubject(did), func(m *nats.Msg) {
+		sub, err := nc.Subscribe(api.PullDoneSubject(rn.member, did), func(m *nats.Msg) {
 			v := new(messages.PullDone)
 			if proto.Unmarshal(m.Data, v) == nil {
 				r.notes <- v

@@ -28,7 +28,7 @@ func TestPullStartSentAgain(t *testing.T) {
 		return h.Params
 	}
 	a, b := hold(1, 2), hold(3)
-	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 	holder.signal(syscall.SIGSTOP)
 	start := func(prm *messages.KVTransferParams, dst ...uint32) error {
 		_, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: prm, EngineId: de.id, RegionId: de.rid, BlockIds: dst, PullId: "again"})

@@ -19,8 +19,8 @@ import (
 func TestAfterPullFreesAfterFirstPull(t *testing.T) {
 	pe, de, _, _ := cluster2(t, "tcp")
 	nc := pe.cli.NC
-	freed := subscribe(t, nc, api.FreedSubject(pe.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
-	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	freed := subscribe(t, nc, api.FreedSubject(pe.cli.Member, pe.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
+	done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 	src := []uint32{7, 8}
 	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: src, Release: "after_pull"})
 	if err != nil {
@@ -63,8 +63,8 @@ func TestAfterPullFreesAfterFirstPull(t *testing.T) {
 func TestEngineGoneEndsHolds(t *testing.T) {
 	pe, de, _, _ := cluster2(t, "tcp")
 	nc := pe.cli.NC
-	freed := subscribe(t, nc, api.FreedSubject(pe.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
-	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	freed := subscribe(t, nc, api.FreedSubject(pe.cli.Member, pe.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
+	done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: []uint32{1}})
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +122,7 @@ func scatteredHold(t *testing.T, backend string, args []string) {
 	nc := connect(t, pn.natsURL)
 	pe := newEngine(t, nc, "deep-p", "engP", deep, true)
 	de := newEngine(t, nc, "deep-d", "engD", deep, false)
-	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 	var src, dst []uint32
 	for b := uint32(0); b < deep.Blocks; b += 2 { // every other block: nothing coalesces
 		src = append(src, b)
@@ -158,7 +158,7 @@ func scatteredHold(t *testing.T, backend string, args []string) {
 	}
 	// The pull is over on the holder too: a release frees at once instead
 	// of waiting for the pull's 30 s deadline.
-	freed := subscribe(t, nc, api.FreedSubject(pe.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
+	freed := subscribe(t, nc, api.FreedSubject(pe.cli.Member, pe.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
 	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
 		if err != nil || st.ActivePulls != 0 {
@@ -189,7 +189,7 @@ func TestDataAdvertise(t *testing.T) {
 	nc := connect(t, pn.natsURL)
 	pe := newEngine(t, nc, "adv-p", "engP", testLayout, true)
 	de := newEngine(t, nc, "adv-d", "engD", testLayout, false)
-	done := subscribe(t, nc, api.PullDoneSubject(de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 	hold, err := pe.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: pe.id, RegionId: pe.rid, BlockIds: []uint32{4}})
 	if err != nil {
 		t.Fatal(err)

@@ -137,7 +137,7 @@ func TestTranslatedPulls(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				done := subscribe(t, nc, api.PullDoneSubject("Dbad"), func() *messages.PullDone { return new(messages.PullDone) })
+				done := subscribe(t, nc, api.PullDoneSubject("decode", "Dbad"), func() *messages.PullDone { return new(messages.PullDone) })
 				if _, err := (&api.Client{NC: nc, Member: "decode"}).StartPull(ctx5(t), &messages.StartPullRequest{
 					Params: hold.Params, EngineId: "Dbad", RegionId: "r0", BlockIds: []uint32{3, 4}, PullId: "bad"}); err != nil {
 					t.Fatal(err)
@@ -181,7 +181,7 @@ func translatedPull(t *testing.T, nc *nats.Conn, pid, did string, p, d shape, re
 		t.Fatal(err)
 	}
 	dcli := &api.Client{NC: nc, Member: "decode"}
-	done := subscribe(t, nc, api.PullDoneSubject(did), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, nc, api.PullDoneSubject("decode", did), func() *messages.PullDone { return new(messages.PullDone) })
 	regions := make([]*kvmem.Region, d.tp)
 	for r := range d.tp {
 		regions[r] = rankRegion(t, nc, "decode", did, d.layout(r, 64))

@@ -82,7 +82,7 @@ func truncatedRegion(t *testing.T, c truncateCase) {
 	if err := os.Truncate(victimPath(t, victim), 4096); err != nil {
 		t.Fatal(err)
 	}
-	done := subscribe(t, nc, api.PullDoneSubject(dec.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, nc, api.PullDoneSubject(dec.cli.Member, dec.id), func() *messages.PullDone { return new(messages.PullDone) })
 	if _, err := dec.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: h.Params, EngineId: dec.id, RegionId: dec.rid, BlockIds: []uint32{1, 2, 3, 4}, PullId: "trunc"}); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func truncatedRegion(t *testing.T, c truncateCase) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done2 := subscribe(t, nc, api.PullDoneSubject(dec2.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done2 := subscribe(t, nc, api.PullDoneSubject(dec2.cli.Member, dec2.id), func() *messages.PullDone { return new(messages.PullDone) })
 	if _, err := dec2.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: h2.Params, EngineId: dec2.id, RegionId: dec2.rid, BlockIds: []uint32{7, 8}, PullId: "after"}); err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func victimRecovers(t *testing.T, c truncateCase, pre, dec, victim *engine, h *m
 	if err != nil {
 		t.Fatalf("a hold after the region was made again: %v", err)
 	}
-	done := subscribe(t, dec.cli.NC, api.PullDoneSubject(dec.id), func() *messages.PullDone { return new(messages.PullDone) })
+	done := subscribe(t, dec.cli.NC, api.PullDoneSubject(dec.cli.Member, dec.id), func() *messages.PullDone { return new(messages.PullDone) })
 	if _, err := dec.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: h2.Params, EngineId: dec.id, RegionId: dec.rid, BlockIds: []uint32{11, 12}, PullId: "remade"}); err != nil {
 		t.Fatal(err)
 	}

@@ -58,15 +58,16 @@ def subject(member: str, endpoint: str, engine: str | None = None) -> str:
     return f"{PREFIX}.{member}.{endpoint}"
 
 
-def inbox_prefix(engine: str | None) -> str:
-    """The reply-subject prefix of an engine's connection: its credentials may subscribe to no other inbox."""
-    return f"_INBOX.e.{engine}" if engine else "_INBOX"
+def inbox_prefix(member: str, engine: str | None) -> str:
+    """The reply-subject prefix of an engine's connection on ``member``: its credentials may subscribe to no other
+    inbox (the member is part of it, so an engine of the same id on another member reads none of its replies)."""
+    return f"_INBOX.e.{member}.{engine}" if engine else "_INBOX"
 
 
-def engine_subject(engine_id: str, notice: str) -> str:
-    """The subject of an engine's notices: blocks.freed, pull.done, request.fenced, request.resume, hold.lost
-    (">" for all of them)."""
-    return f"{PREFIX}.engine.{engine_id}.{notice}"
+def engine_subject(member: str, engine_id: str, notice: str) -> str:
+    """The subject of the notices of engine ``engine_id`` on ``member``: blocks.freed, pull.done, request.fenced,
+    request.resume, hold.lost (">" for all of them)."""
+    return f"{PREFIX}.engine.{member}.{engine_id}.{notice}"
 
 
 class Bus:
@@ -111,7 +112,7 @@ class Bus:
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.2,
                 allow_reconnect=True,
-                inbox_prefix=inbox_prefix(engine),
+                inbox_prefix=inbox_prefix(member, engine),
                 **opts,
             )
 

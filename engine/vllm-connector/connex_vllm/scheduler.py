@@ -140,7 +140,7 @@ class ConnexScheduler:
         self.notices = notices.Follower(self._fetch_notices, self._deliver, name=f" of engine {engine_id} (scheduler)")
         try:
             if kv_role == CONSUMER:
-                self._bus.subscribe_async(busmod.engine_subject(engine_id, ">"), self._on_notice)
+                self._bus.subscribe_async(busmod.engine_subject(settings.member, engine_id, ">"), self._on_notice)
             rep = self._bus.request_sync(
                 "engine.register", self._registration(), pb.RegisterEngineReply, settings.call_timeout_s
             )
@@ -186,7 +186,8 @@ class ConnexScheduler:
         return await self._bus.call("engine.notices", req, npb.NoticesReply, self.settings.call_timeout_s)
 
     async def _on_notice(self, subj: str, data: bytes, headers: dict[str, str]) -> None:
-        await self.notices.live(subj.removeprefix(busmod.engine_subject(self.engine_id, "")), data, headers)
+        kind = subj.removeprefix(busmod.engine_subject(self.settings.member, self.engine_id, ""))
+        await self.notices.live(kind, data, headers)
 
     def _deliver(self, n: npb.Notice) -> None:
         if n.HasField("fenced"):

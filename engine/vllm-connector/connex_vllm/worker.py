@@ -214,7 +214,7 @@ class ConnexWorker:
             tls_ca=s.nats_tls_ca,
         )
         # One subscription for every notice, handled in order; missed ones are replayed from connexd.
-        self.bus.subscribe_async(busmod.engine_subject(self.engine_id, ">"), self._on_notice)
+        self.bus.subscribe_async(busmod.engine_subject(s.member, self.engine_id, ">"), self._on_notice)
         self.memory.attach(kv_caches, self._create_region, views)
         self.region = getattr(self.memory, "info", None)
         # Where the journal stands now: notices of an earlier run of this engine are not news.
@@ -351,7 +351,7 @@ class ConnexWorker:
 
     async def _on_notice(self, subj: str, data: bytes, headers: dict[str, str]) -> None:
         """A live notice: handed on in journal order (see notices.Follower). Bus thread only."""
-        kind = subj.removeprefix(busmod.engine_subject(self.engine_id, ""))
+        kind = subj.removeprefix(busmod.engine_subject(self.settings.member, self.engine_id, ""))
         await self.notices.live(kind, data, headers)
 
     def _deliver(self, n: npb.Notice) -> None:
