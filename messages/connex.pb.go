@@ -1233,7 +1233,7 @@ func (x *StartPullRequest) GetTimeoutMs() uint32 {
 }
 
 // StartPullReply acknowledges a started pull. Completion arrives as a
-// PullDone notice on connex.v1.engine.<engine_id>.pull.done.
+// PullDone notice on connex.v1.engine.<member>.<engine_id>.pull.done.
 type StartPullReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PullId        string                 `protobuf:"bytes,1,opt,name=pull_id,json=pullId,proto3" json:"pull_id,omitempty"`
@@ -1442,7 +1442,7 @@ func (x *PullDone) GetPullEndUs() uint64 {
 }
 
 // BlocksFreed tells an engine it may reuse blocks: published on
-// connex.v1.engine.<engine_id>.blocks.freed exactly once per hold.
+// connex.v1.engine.<member>.<engine_id>.blocks.freed exactly once per hold.
 type BlocksFreed struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	TransferId string                 `protobuf:"bytes,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`

@@ -628,7 +628,7 @@ func (x *AdoptRequestMsg) GetDepartedUnixMs() int64 {
 // ResumeNotice tells a decode engine to continue a request whose previous
 // owner died: load remote_num_tokens of KV from params (pull the hold
 // again), recompute the generated tokens after the prompt, continue. Sent on
-// connex.v1.engine.<engine_id>.request.resume.
+// connex.v1.engine.<member>.<engine_id>.request.resume.
 type ResumeNotice struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	State         *RequestState          `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
@@ -675,7 +675,7 @@ func (x *ResumeNotice) GetState() *RequestState {
 
 // FencedNotice tells an engine that its request moved to another owner
 // while it was unreachable; it must stop generating. Sent on
-// connex.v1.engine.<engine_id>.request.fenced.
+// connex.v1.engine.<member>.<engine_id>.request.fenced.
 type FencedNotice struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	RequestId  string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -743,7 +743,7 @@ func (x *FencedNotice) GetNewOwner() string {
 // released or its prefill engine went away): the request can still finish
 // with the KV the engine has, but a resume can no longer pull it. Its
 // connexd stops renewing the hold. Sent once per request activation on
-// connex.v1.engine.<engine_id>.hold.lost.
+// connex.v1.engine.<member>.<engine_id>.hold.lost.
 type HoldLostNotice struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	RequestId  string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
