@@ -178,13 +178,7 @@ func TestPurgeMarkers(t *testing.T) {
 // prompt of a live request, nor a young one (a creation writes its prompt
 // a moment before its record).
 func TestPurgeMarkersTakesStrayPrompts(t *testing.T) {
-	nc := natsConn(t, true)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	s, err := OpenKVStore(ctx, nc, 1, time.Hour, 64<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, _, ctx := openStore(t, 60*time.Second)
 	mk := func(id string) *messages.RequestState {
 		m := start()
 		m.RequestId = id
