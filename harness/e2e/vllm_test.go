@@ -664,7 +664,17 @@ func testVLLMHoldGone(t *testing.T, c *localcluster.Cluster) {
 			got, err := postStream(ctx, c.RouterURL()+"/v1/completions", vllmCompletion(prompt, max), func(n int, s *streamed) {
 				if n == faultAt {
 					victim = s.header.Get("X-Connex-Decode-Engine")
-					faultErr = errorsJoin(c.Kill("prefill-0/connexd"), c.Kill(victim+"/engine"))
+					// Both at once: Kill waits for the process to be gone,
+					// and a connexd that mapped the prefill engine's KV takes
+					// long enough to exit that the 120-token stream once
+					// finished on the victim before its own kill came (the
+					// fail round saw [DONE] and no resume). The holder's
+					// threads stop at the signal, so the resume's pull finds
+					// the hold gone either way.
+					kills := make(chan error, 2)
+					go func() { kills <- c.Kill("prefill-0/connexd") }()
+					go func() { kills <- c.Kill(victim + "/engine") }()
+					faultErr = errorsJoin(<-kills, <-kills)
 				}
 			})
 			bcancel()
