@@ -110,15 +110,16 @@ func Unrecoverable(err error) bool {
 func Key(id string) string { return "r." + id }
 
 // Create implements Store: the prompt first, so that a record is never
-// read without it. A prompt left by a creation that lost (ErrExists) is
-// purged with the request that won (Delete).
+// read without it. A creation that lost (ErrExists) takes its prompt back
+// unless the request that won names the same one (dropLostPrompt).
 func (s *KVStore) Create(ctx context.Context, st *messages.RequestState) (uint64, error) {
-	record, err := s.putPrompt(ctx, st)
+	record, seq, err := s.storePrompt(ctx, st)
 	if err != nil {
 		return 0, err
 	}
 	rev, err := s.KV.Create(ctx, Key(st.RequestId), record)
 	if errors.Is(err, jetstream.ErrKeyExists) {
+		s.dropLostPrompt(ctx, st, seq)
 		return 0, fmt.Errorf("%w: %s", ErrExists, st.RequestId)
 	}
 	if isFull(err) {
@@ -130,24 +131,48 @@ func (s *KVStore) Create(ctx context.Context, st *messages.RequestState) (uint64
 	return rev, nil
 }
 
+// dropLostPrompt purges the prompt a creation that lost wrote (at seq),
+// unless the request that won names the same key (the same prompt: a key
+// names its content). Otherwise every refused request.start on a live id
+// would leave a prompt, up to MiBs, until that request finished. Only up
+// to seq: a creation of the same prompt since (after the winner finished)
+// keeps its own. Best effort: what it cannot purge goes with the winner's
+// finish or the start-up sweep.
+func (s *KVStore) dropLostPrompt(ctx context.Context, st *messages.RequestState, seq uint64) {
+	if won, _, err := s.Head(ctx, st.RequestId); err == nil && won.PromptKey == st.PromptKey {
+		return
+	}
+	subject := "$KV." + Bucket + "." + st.PromptKey
+	if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(seq+1)); err != nil && s.Log != nil {
+		s.Log.Warn("a refused creation's prompt not purged; it goes with the request's finish", "request", st.RequestId, "err", err)
+	}
+}
+
 // putPrompt stores st's prompt under its key and returns the record to
 // write.
 func (s *KVStore) putPrompt(ctx context.Context, st *messages.RequestState) ([]byte, error) {
+	rec, _, err := s.storePrompt(ctx, st)
+	return rec, err
+}
+
+// storePrompt is putPrompt, also returning the prompt's sequence.
+func (s *KVStore) storePrompt(ctx context.Context, st *messages.RequestState) (record []byte, seq uint64, err error) {
 	rec, prompt := SplitState(st)
 	if st.PromptKey == "" {
-		return nil, fmt.Errorf("%w: request %s has no prompt key", ErrInvalid, st.RequestId)
+		return nil, 0, fmt.Errorf("%w: request %s has no prompt key", ErrInvalid, st.RequestId)
 	}
 	data, err := proto.Marshal(prompt)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	if _, err := s.KV.Put(ctx, st.PromptKey, data); err != nil {
+	if seq, err = s.KV.Put(ctx, st.PromptKey, data); err != nil {
 		if isFull(err) {
-			return nil, fmt.Errorf("%w: prompt of %s: %w", ErrStoreFull, st.RequestId, err)
+			return nil, 0, fmt.Errorf("%w: prompt of %s: %w", ErrStoreFull, st.RequestId, err)
 		}
-		return nil, fmt.Errorf("requests: prompt of %s: %w", st.RequestId, err)
+		return nil, 0, fmt.Errorf("requests: prompt of %s: %w", st.RequestId, err)
 	}
-	return proto.Marshal(rec)
+	record, err = proto.Marshal(rec)
+	return record, seq, err
 }
 
 // Update implements Store.

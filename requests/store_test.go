@@ -276,3 +276,35 @@ func TestLongRequestKeepsItsPrompt(t *testing.T) {
 		t.Fatalf("the prompt was stored again at %d of %d writes; want some, not every one", prompts, writes)
 	}
 }
+
+// TestRefusedCreateTakesItsPromptBack: a request.start on the id of a live
+// request is refused (ErrExists); its prompt, written first, goes again,
+// so that repeated refused starts cannot pile prompts up (bypassing
+// requests_max) until the live request finishes. A refused start of the
+// same prompt leaves the live request's prompt alone (the same key).
+func TestRefusedCreateTakesItsPromptBack(t *testing.T) {
+	s, _, ctx := openStore(t, 60*time.Second)
+	live, _ := New(start(), "d1", time.Now())
+	if _, err := s.Create(ctx, live); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		m := start()
+		m.PromptTokenIds = []uint32{uint32(100 + i), 2, 3, 4}
+		other, _ := New(m, "d2", time.Now())
+		if _, err := s.Create(ctx, other); !errors.Is(err, ErrExists) {
+			t.Fatalf("create over a live id: %v, want ErrExists", err)
+		}
+	}
+	same, _ := New(start(), "d2", time.Now())
+	if _, err := s.Create(ctx, same); !errors.Is(err, ErrExists) {
+		t.Fatalf("create of the same prompt over a live id: %v, want ErrExists", err)
+	}
+	info, err := s.KV.Status(ctx)
+	if err != nil || info.Values() != 2 {
+		t.Fatalf("%d messages after 21 refused creations (%v), want the live request's record and prompt", info.Values(), err)
+	}
+	if got, _, err := s.Get(ctx, live.RequestId); err != nil || fmt.Sprint(got.PromptTokenIds) != fmt.Sprint(live.PromptTokenIds) {
+		t.Fatalf("the live request after the refused creations: %v, %v", got, err)
+	}
+}
