@@ -359,15 +359,12 @@ func (a *holdActor) unholdAll() error {
 // the blocks go back to the accounting, the engine is told (unless it is
 // gone), the directory keeps a tombstone, and the actor lingers, then stops.
 func (a *holdActor) free(f lease.Free) {
-	switch {
-	case a.quarantined:
+	if a.quarantined {
 		a.deps.Metrics.HoldsQuarantined.Add(1)
 		f.Notify = false
-	default:
-		if err := a.unholdAll(); err != nil {
-			a.deps.Metrics.DoubleFrees.Add(1)
-			a.deps.Log.Error("block accounting refused a free: double free prevented", "transfer", a.id(), "err", err)
-		}
+	} else if err := a.unholdAll(); err != nil {
+		a.deps.Metrics.DoubleFrees.Add(1)
+		a.deps.Log.Error("block accounting refused a free: double free prevented", "transfer", a.id(), "err", err)
 	}
 	a.deps.Metrics.HoldsFreed.Add(1)
 	if f.Notify {

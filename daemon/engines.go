@@ -140,10 +140,18 @@ func (a *engineAPI) RegisterEngine(ctx context.Context, r *messages.RegisterEngi
 	}
 	// Engine ids are the cluster's: the router and the status name engines
 	// by id alone (notices and inboxes carry the member too, so two of one
-	// id would not read each other's, but would be routed as one).
-	if other := engineElsewhere(a.peers, a.member, e.GetEngineId()); other != "" {
-		return nil, api.Errorf(api.CodeForbidden, "engine.register of %s on member %s: member %s serves an engine of that id; engine ids must be unique in the cluster",
-			e.GetEngineId(), a.member, other)
+	// id would not read each other's, but would be routed as one). Checked
+	// when an engine registers here first, not at its renewals: two members
+	// that took one id in the same moment must not refuse each other's
+	// renewals into a flapping pair, and a renewal scans no member list.
+	a.mu.Lock()
+	renewal := a.reg.Info(e.GetEngineId()) != nil
+	a.mu.Unlock()
+	if !renewal {
+		if other := engineElsewhere(a.peers, a.member, e.GetEngineId()); other != "" {
+			return nil, api.Errorf(api.CodeForbidden, "engine.register of %s on member %s: member %s serves an engine of that id; engine ids must be unique in the cluster",
+				e.GetEngineId(), a.member, other)
+		}
 	}
 	if advertise.ClampBlocks(e, a.blocks.EngineBlocks(e.GetEngineId())) {
 		a.log.Debug("engine.register: blocks clamped to the engine's regions", "engine", e.GetEngineId(), "blocks_free", e.GetBlocksFree(), "blocks_total", e.GetBlocksTotal())

@@ -297,4 +297,10 @@ func TestEngineIDServedElsewhereIsRefused(t *testing.T) {
 			t.Fatalf("engine.register of %s: %v", id, err)
 		}
 	}
+	// Two members that took one id in the same moment: the one registered
+	// here keeps renewing (refusing renewals would make the pair flap).
+	a.peers = append(a.peers.(fakeMemberList), cluster.Member{Name: "m3", Engines: []*messages.EngineInfo{{EngineId: "d4"}}})
+	if _, err := a.RegisterEngine(context.Background(), registration("d4", "i1", advertise.RoleDecode, 3000)); err != nil {
+		t.Fatalf("renewal of d4, which m3 now advertises too: %v", err)
+	}
 }
