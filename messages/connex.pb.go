@@ -660,9 +660,14 @@ type KVTransferParams struct {
 	// Set by the router when it resumes the request on this engine: the engine
 	// takes the request over (request.start with takeover), which fences the
 	// activation that ran it before.
-	ConnexResume  bool `protobuf:"varint,12,opt,name=connex_resume,json=connexResume,proto3" json:"connex_resume,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ConnexResume bool `protobuf:"varint,12,opt,name=connex_resume,json=connexResume,proto3" json:"connex_resume,omitempty"`
+	// Set by the router on a resumed leg: how many of the prompt's trailing
+	// tokens earlier decode legs generated. The engine advances the request's
+	// structured-output grammar over them before it samples (a resumed
+	// structured request continues its grammar instead of restarting it).
+	ConnexResumeGenerated uint32 `protobuf:"varint,13,opt,name=connex_resume_generated,json=connexResumeGenerated,proto3" json:"connex_resume_generated,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *KVTransferParams) Reset() {
@@ -777,6 +782,13 @@ func (x *KVTransferParams) GetConnexResume() bool {
 		return x.ConnexResume
 	}
 	return false
+}
+
+func (x *KVTransferParams) GetConnexResumeGenerated() uint32 {
+	if x != nil {
+		return x.ConnexResumeGenerated
+	}
+	return 0
 }
 
 // CreateHoldRequest asks connexd to hold blocks of a registered region after
@@ -2351,7 +2363,7 @@ const file_connex_proto_rawDesc = "" +
 	"RemoteCtrl\x12\x16\n" +
 	"\x06member\x18\x01 \x01(\tR\x06member\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1b\n" +
-	"\tdata_addr\x18\x03 \x01(\fR\bdataAddr\"\xe5\x03\n" +
+	"\tdata_addr\x18\x03 \x01(\fR\bdataAddr\"\x9d\x04\n" +
 	"\x10KVTransferParams\x12*\n" +
 	"\x11do_remote_prefill\x18\x01 \x01(\bR\x0fdoRemotePrefill\x12(\n" +
 	"\x10do_remote_decode\x18\x02 \x01(\bR\x0edoRemoteDecode\x12\x1f\n" +
@@ -2368,7 +2380,8 @@ const file_connex_proto_rawDesc = "" +
 	"\bretain_s\x18\n" +
 	" \x01(\rR\aretainS\x12*\n" +
 	"\x11connex_request_id\x18\v \x01(\tR\x0fconnexRequestId\x12#\n" +
-	"\rconnex_resume\x18\f \x01(\bR\fconnexResume\"\x82\x02\n" +
+	"\rconnex_resume\x18\f \x01(\bR\fconnexResume\x126\n" +
+	"\x17connex_resume_generated\x18\r \x01(\rR\x15connexResumeGenerated\"\x82\x02\n" +
 	"\x11CreateHoldRequest\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
 	"\tregion_id\x18\x02 \x01(\tR\bregionId\x12\x1b\n" +

@@ -55,11 +55,19 @@ type ClientRequest struct {
 
 // Fields a resume (a /v1/completions request of token ids) cannot carry
 // over from a chat request, or that the router sets itself.
+// response_format stays: vLLM's /v1/completions reads it as its chat
+// endpoint does (json_object, json_schema, structural_tag become the
+// request's structured outputs), so the resumed leg's grammar is the first
+// leg's, advanced over the generated tokens (connex_resume_generated).
+// truncate_prompt_tokens would cut the resumed prompt (the prefill's ids,
+// already truncated, then the generated ones); prompt_logprobs would make the
+// engine compute the whole prompt again, and the router relays neither.
 var resumeDrops = []string{
 	"messages", "prompt", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n",
 	"kv_transfer_params", "return_token_ids", "echo", "logprobs", "top_logprobs", "tools", "tool_choice",
-	"parallel_tool_calls", "response_format", "chat_template", "chat_template_kwargs", "add_generation_prompt",
-	"continue_final_message", "documents", "min_tokens", "suffix", "best_of",
+	"parallel_tool_calls", "chat_template", "chat_template_kwargs", "add_generation_prompt",
+	"continue_final_message", "documents", "min_tokens", "suffix", "best_of", "truncate_prompt_tokens",
+	"prompt_logprobs",
 }
 
 // ParseClient validates a client's body for endpoint kind.
@@ -235,15 +243,22 @@ func PrefillBody(c *ClientRequest) []byte {
 }
 
 // withRequestID returns the prefill's kv_transfer_params with the router's
-// request id, and connex_resume when resume is set.
-func withRequestID(params json.RawMessage, requestID string, resume bool) (json.RawMessage, error) {
+// request id, and for a resume (generated ≥ 0) connex_resume and
+// connex_resume_generated: how many of the resumed prompt's trailing tokens
+// were generated (the engine advances the request's grammar over them).
+// generated < 0 is the first decode leg.
+func withRequestID(params json.RawMessage, requestID string, generated int) (json.RawMessage, error) {
 	p, err := paramsObject(params)
 	if err != nil {
 		return nil, err
 	}
 	p["connex_request_id"] = appendKey(nil, requestID) // a JSON string, as a key is written
-	if resume {
+	delete(p, "connex_resume_generated")
+	if generated >= 0 {
 		p["connex_resume"] = json.RawMessage("true")
+		if generated > 0 {
+			p["connex_resume_generated"] = strconv.AppendInt(nil, int64(generated), 10)
+		}
 	} else {
 		delete(p, "connex_resume")
 	}
@@ -285,7 +300,7 @@ func fastParamsObject(data []byte) (map[string]json.RawMessage, bool) {
 // prefill's kv_transfer_params, always streamed (a non-streaming client's
 // answer is assembled by the router, so that it too survives a decode death).
 func DecodeBody(c *ClientRequest, params json.RawMessage, requestID string) ([]byte, error) {
-	p, err := withRequestID(params, requestID, false)
+	p, err := withRequestID(params, requestID, -1)
 	if err != nil {
 		return nil, err
 	}
@@ -304,13 +319,17 @@ func DecodeBody(c *ClientRequest, params json.RawMessage, requestID string) ([]b
 // is the prompt's token ids followed by the tokens already generated, asking
 // for the tokens still missing, with the same kv_transfer_params and
 // connex_resume. The engine loads remote_num_tokens of KV and recomputes the
-// rest. Sampling fields pass through; chat-only fields cannot (a resumed
-// request restarts guided decoding and tool parsing: a known limit).
+// rest. Sampling fields and structured outputs (structured_outputs,
+// response_format) pass through, and connex_resume_generated tells the
+// engine's connector how many generated tokens to advance the grammar over,
+// so the resumed leg continues the constraint where the failed one stopped.
+// What a completions leg cannot carry (tool calls, logprobs) or would answer
+// differently is refused before a resume (resumeRefusal).
 func ResumeBody(c *ClientRequest, promptIDs, generated []uint32, params json.RawMessage, requestID string) ([]byte, error) {
 	if len(promptIDs) == 0 {
 		return nil, fmt.Errorf("the prefill engine did not report the prompt's token ids (return_token_ids), so the request cannot resume")
 	}
-	p, err := withRequestID(params, requestID, true)
+	p, err := withRequestID(params, requestID, len(generated))
 	if err != nil {
 		return nil, err
 	}

@@ -66,6 +66,7 @@ type metrics struct {
 	prefills     *prometheus.CounterVec
 	resumes      *prometheus.CounterVec
 	falseResumes *prometheus.CounterVec
+	refused      *prometheus.CounterVec
 	errors       *prometheus.CounterVec
 	kvLoads      *prometheus.CounterVec
 	ttft         prometheus.Histogram
@@ -88,6 +89,8 @@ func newMetrics() *metrics {
 			Help: "Decode streams moved to another decode engine, by why: broken, stalled, engine_left, engine_error."}, []string{"reason"}),
 		falseResumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_false_resumes_total",
 			Help: "Resumes whose old decode leg showed life after it was given up (a chunk or the end of its stream, or a 2xx answer to its health probe, before the resumed stream's first token: waiting would have been no slower): the cost of a false alarm, by the resume's reason (stalled, engine_left, broken, engine_error)."}, []string{"reason"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_resumes_refused_total",
+			Help: "Requests whose decode engine failed mid-request and that were ended with resume_refused instead of resumed into a different answer, by why: tools, logprobs, seeded_sampling, output_penalties, bad_words."}, []string{"reason"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_errors_total",
 			Help: "Requests that ended with an error, by error code."}, []string{"code"}),
 		kvLoads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_kv_loads_total",
@@ -103,6 +106,6 @@ func newMetrics() *metrics {
 		resumeGap: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_router_resume_gap_seconds",
 			Help: "From a decode failure being detected to the next token relayed from the resumed stream.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 	}
-	m.reg.MustRegister(m.requests, m.inFlight, m.prefills, m.resumes, m.falseResumes, m.errors, m.kvLoads, m.ttft, m.itl, m.e2e, m.resumeGap, m.holdReleases)
+	m.reg.MustRegister(m.requests, m.inFlight, m.prefills, m.resumes, m.falseResumes, m.refused, m.errors, m.kvLoads, m.ttft, m.itl, m.e2e, m.resumeGap, m.holdReleases)
 	return m
 }

@@ -114,9 +114,19 @@ func TestParamsObjectIsEncodingJSONs(t *testing.T) {
 	for _, s := range paramsSeeds {
 		checkParamsObject(t, []byte(s))
 	}
-	b, err := withRequestID([]byte(paramsSeeds[9]), "cmpl-1", true)
+	b, err := withRequestID([]byte(paramsSeeds[9]), "cmpl-1", 0)
 	if err != nil || string(b) != `{"connex_request_id":"cmpl-1","connex_resume":true}` {
 		t.Fatalf("withRequestID: %s %v", b, err)
+	}
+	// A resume after 7 tokens says so; an engine's own connex_resume_generated
+	// never survives (the router alone counts what was generated).
+	b, err = withRequestID([]byte(`{"connex_resume_generated":99,"connex_resume":true}`), "cmpl-1", 7)
+	if err != nil || string(b) != `{"connex_request_id":"cmpl-1","connex_resume":true,"connex_resume_generated":7}` {
+		t.Fatalf("withRequestID of a resume: %s %v", b, err)
+	}
+	b, err = withRequestID([]byte(`{"connex_resume_generated":99,"connex_resume":true}`), "cmpl-1", -1)
+	if err != nil || string(b) != `{"connex_request_id":"cmpl-1"}` {
+		t.Fatalf("withRequestID of a first leg: %s %v", b, err)
 	}
 }
 

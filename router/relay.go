@@ -382,6 +382,15 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		pending = res.retired
 		failedAt = s.clock.Now()
 		lastErr = res.err.Message
+		if reason, why := resumeRefusal(c); reason != "" {
+			// Never a different answer: the client learns where its answer
+			// ends and why, instead of a stream that goes on unlike itself.
+			s.metrics.refused.WithLabelValues(reason).Inc()
+			s.log.Warn("decode leg failed; the request cannot be resumed exactly, ending it", "request_id", rid, "engine", id,
+				"reason", reason, "tokens_so_far", len(out.ids), "err", res.err.Message)
+			return serverError(CodeResumeRefused, "request %s: its decode engine failed after %d tokens (%s) and it cannot be resumed into the same answer: %s (%s)",
+				rid, len(out.ids), res.err.Message, why, reason)
+		}
 		s.metrics.resumes.WithLabelValues(res.reason).Inc()
 		if resumes >= s.cfg.MaxResumes {
 			return serverError(CodeResumeFailed, "request %s: decode failed %d times (router_max_resumes=%d); last: %s", rid, resumes+1, s.cfg.MaxResumes, res.err.Message)

@@ -99,6 +99,13 @@ def layer_views(vllm_config: VllmConfig) -> list[torch.Tensor]:
     return out
 
 
+def reasoning_constrains_late(vllm_config: VllmConfig) -> bool:
+    """Whether this engine's grammars start only after a reasoning parser sees the reasoning end (a resumed structured
+    request cannot then be continued exactly: connex_vllm.grammar)."""
+    so = getattr(vllm_config, "structured_outputs_config", None)
+    return bool(getattr(so, "reasoning_parser", "")) and not bool(getattr(so, "enable_in_reasoning", False))
+
+
 class ConnexConnector(KVConnectorBase_V1):
     """Prefill (kv_producer) keeps a request's KV as a renewable hold in connexd; decode (kv_consumer) pulls it,
     possibly again after a resume. See "The vLLM connector" in ARCHITECTURE.md."""
@@ -127,6 +134,7 @@ class ConnexConnector(KVConnectorBase_V1):
                 1,
                 str(mc.served_model_name if mc is not None else ""),
                 int(mc.max_model_len) if mc is not None else 0,
+                reasoning=reasoning_constrains_late(vllm_config),
             )
         else:
             num_blocks = int(kv_cache_config.num_blocks) if kv_cache_config is not None else 0

@@ -17,7 +17,7 @@ from .pb import connex_pb2 as pb
 
 _BOOLS = ("do_remote_prefill", "do_remote_decode", "connex_resume")
 _STRS = ("transfer_id", "remote_engine_id", "connex_request_id")
-_UINTS = ("remote_num_tokens", "tp_size", "block_size", "retain_s")
+_UINTS = ("remote_num_tokens", "tp_size", "block_size", "retain_s", "connex_resume_generated")
 
 
 def _uint(key: str, v: Any) -> int:

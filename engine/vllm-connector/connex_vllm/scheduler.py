@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from . import bus as busmod
-from . import codes, notices
+from . import codes, grammar, notices
 from .bus import Bus, ConnexError
 from .metadata import ConnexMetadata, LoadSpec
 from .params import load_tokens, to_dict, to_proto
@@ -61,6 +61,8 @@ class Stats:
     requests_finished: int = 0
     progress_calls: int = 0
     fenced: int = 0
+    grammar_advanced: int = 0  # resumed structured-output requests whose grammar went past the generated tokens
+    grammar_refused: int = 0  # resumed requests whose grammar could not be advanced (their load fails)
 
 
 @dataclass
@@ -109,8 +111,10 @@ class ConnexScheduler:
         tp_size: int,
         model: str,
         max_model_len: int,
+        reasoning: bool = False,
     ) -> None:
         self.settings = settings
+        self.reasoning = reasoning  # grammars start after a reasoning parser's end of reasoning (connex_vllm.grammar)
         self.engine_id = engine_id
         self.kv_role = kv_role
         self.block_size = block_size
@@ -269,6 +273,12 @@ class ConnexScheduler:
             bad = ""
         except ValueError as e:
             m, bad = pb.KVTransferParams(), str(e)
+        if not bad and m.connex_resume and m.connex_resume_generated:
+            bad = grammar.advance(request, m.connex_resume_generated, self.reasoning)
+            if bad:
+                self.stats.grammar_refused += 1
+            elif grammar.structured(request):
+                self.stats.grammar_advanced += 1
         spec: LoadSpec | None = None
         if num_external_tokens > 0:
             nblocks = math.ceil(num_external_tokens / self.block_size)

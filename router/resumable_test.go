@@ -1,0 +1,138 @@
+package router
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func TestResumeRefusal(t *testing.T) {
+	cases := []struct {
+		kind Kind
+		body string
+		want string // reason, "" when the request resumes
+	}{
+		{Completions, `{"model":"m","prompt":"p"}`, ""},
+		{Completions, `{"model":"m","prompt":"p","temperature":0,"seed":7}`, ""},
+		{Completions, `{"model":"m","prompt":"p","temperature":0.7}`, ""}, // unseeded: the same distribution
+		{Completions, `{"model":"m","prompt":"p","structured_outputs":{"regex":"[a-z]+"}}`, ""},
+		{Completions, `{"model":"m","prompt":"p","response_format":{"type":"json_object"}}`, ""},
+		{Completions, `{"model":"m","prompt":"p","repetition_penalty":1.3,"presence_penalty":0}`, ""},
+		{Completions, `{"model":"m","prompt":"p","logprobs":null,"seed":null,"bad_words":[]}`, ""},
+		{Completions, `{"model":"m","prompt":"p","logprobs":0}`, RefuseLogprobs},
+		{Completions, `{"model":"m","prompt":"p","logprobs":5}`, RefuseLogprobs},
+		{Completions, `{"model":"m","prompt":"p","seed":7}`, RefuseSeed}, // the default temperature samples
+		{Completions, `{"model":"m","prompt":"p","seed":7,"temperature":1}`, RefuseSeed},
+		{Completions, `{"model":"m","prompt":"p","presence_penalty":0.5}`, RefusePenalties},
+		{Completions, `{"model":"m","prompt":"p","frequency_penalty":-1}`, RefusePenalties},
+		{Completions, `{"model":"m","prompt":"p","bad_words":["no"]}`, RefuseBadWords},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}]}`, ""},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":false}`, ""},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"array"}}}}`, ""},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[],"tool_choice":"auto"}`, ""},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none"}`, ""},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}`, RefuseTools},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required"}`, RefuseTools},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}}}`, RefuseTools},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true}`, RefuseLogprobs},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2}`, RefuseLogprobs},
+	}
+	for _, tc := range cases {
+		c, aerr := ParseClient(tc.kind, []byte(tc.body))
+		if aerr != nil {
+			t.Fatalf("%s: %v", tc.body, aerr.Message)
+		}
+		reason, why := resumeRefusal(c)
+		if reason != tc.want || (reason != "") != (why != "") {
+			t.Errorf("%s: refusal %q (%q), want %q", tc.body, reason, why, tc.want)
+		}
+	}
+}
+
+// TestResumeBodyKeepsStructuredOutputs: a resumed leg carries the request's
+// constraint (structured_outputs, response_format, the legacy guided_*
+// keys) and says how many of its prompt's tokens were generated, so the
+// engine continues the grammar instead of restarting it.
+func TestResumeBodyKeepsStructuredOutputs(t *testing.T) {
+	params := json.RawMessage(`{"transfer_id":"t1","remote_num_tokens":2}`)
+	for _, tc := range []struct {
+		kind Kind
+		body string
+		keep []string
+	}{
+		{Completions, `{"model":"m","prompt":"p","max_tokens":9,"structured_outputs":{"regex":"a+"}}`, []string{"structured_outputs"}},
+		{Completions, `{"model":"m","prompt":"p","max_tokens":9,"response_format":{"type":"json_object"}}`, []string{"response_format"}},
+		{Completions, `{"model":"m","prompt":"p","max_tokens":9,"guided_choice":["yes","no"]}`, []string{"guided_choice"}},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":9,"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"array"}}}}`, []string{"response_format"}},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":9,"structured_outputs":{"choice":["a","b"]}}`, []string{"structured_outputs"}},
+	} {
+		c, aerr := ParseClient(tc.kind, []byte(tc.body))
+		if aerr != nil {
+			t.Fatal(aerr.Message)
+		}
+		b, err := ResumeBody(c, []uint32{1, 2}, []uint32{30, 31, 32}, params, "cmpl-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var leg map[string]json.RawMessage
+		if err := json.Unmarshal(b, &leg); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range tc.keep {
+			if string(leg[k]) != string(c.Body[k]) {
+				t.Errorf("%s: the resumed leg's %s is %s, want the client's %s", tc.body, k, leg[k], c.Body[k])
+			}
+		}
+		var kv struct {
+			Resume    bool `json:"connex_resume"`
+			Generated int  `json:"connex_resume_generated"`
+		}
+		if err := json.Unmarshal(leg["kv_transfer_params"], &kv); err != nil || !kv.Resume || kv.Generated != 3 {
+			t.Errorf("%s: kv_transfer_params %s: want connex_resume and connex_resume_generated 3", tc.body, leg["kv_transfer_params"])
+		}
+		if string(leg["prompt"]) != "[1,2,30,31,32]" || string(leg["max_tokens"]) != "6" {
+			t.Errorf("%s: prompt %s max_tokens %s", tc.body, leg["prompt"], leg["max_tokens"])
+		}
+		for _, k := range []string{"messages", "tools", "truncate_prompt_tokens", "prompt_logprobs"} {
+			if _, ok := leg[k]; ok {
+				t.Errorf("%s: the resumed leg carries %s", tc.body, k)
+			}
+		}
+	}
+	// A resume before any token says nothing about generated tokens.
+	c, _ := ParseClient(Completions, []byte(`{"model":"m","prompt":"p","max_tokens":9}`))
+	b, err := ResumeBody(c, []uint32{1, 2}, nil, params, "cmpl-1")
+	if err != nil || strings.Contains(string(b), "connex_resume_generated") {
+		t.Fatalf("a resume after no token: %s %v", b, err)
+	}
+}
+
+// TestRefusedResumeEndsTheAnswer: a request the router cannot resume
+// exactly (here: seeded sampling) whose decode engine breaks mid-stream ends
+// with one resume_refused error and [DONE] after the tokens it had; no
+// other engine is asked, and the refusal is counted by reason.
+func TestRefusedResumeEndsTheAnswer(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", failAfter: 4}).start()
+	d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
+	s := newTestRouter(t, p, d1, d2)
+	a := streamAnswer(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true,"seed":3,"temperature":0.8}`)
+	if a.dones != 1 || fmt.Sprint(a.errs) != "[resume_refused]" || strings.Join(a.texts, "") != strings.Join(want(4), "") {
+		t.Fatalf("texts %q, %d [DONE], errors %v: want the 4 tokens, one resume_refused and [DONE]", a.texts, a.dones, a.errs)
+	}
+	if len(d2.bodies) != 0 {
+		t.Fatalf("the other decode engine got %d legs, want none", len(d2.bodies))
+	}
+	if n := counted(t, s, "connex_router_resumes_refused_total"); n != 1 {
+		t.Fatalf("connex_router_resumes_refused_total = %v, want 1", n)
+	}
+	if n := counted(t, s, "connex_router_resumes_total"); n != 0 {
+		t.Fatalf("connex_router_resumes_total = %v, want 0", n)
+	}
+	// The same request greedy resumes.
+	a = streamAnswer(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true,"seed":3,"temperature":0}`)
+	if a.dones != 1 || len(a.errs) != 0 || strings.Join(a.texts, "") != strings.Join(want(10), "") {
+		t.Fatalf("greedy: texts %q, errors %v", a.texts, a.errs)
+	}
+}
