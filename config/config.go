@@ -99,6 +99,13 @@ type Config struct {
 	HoldsMaxPerEngine int
 	// RequestsMax bounds the requests in flight on this member.
 	RequestsMax int
+	// NATSMaxConnections bounds the embedded server's client connections
+	// (at most half the descriptor limit); engines together hold at most
+	// three quarters of them, so members always find room.
+	NATSMaxConnections int
+	// NATSEngineConnections bounds the connections of one engine identity
+	// on the embedded server with authentication.
+	NATSEngineConnections int
 	// RequestStoreBytes bounds the request bucket's JetStream storage.
 	RequestStoreBytes int64
 	// ShmDir, if set, is where connexd allocates the memory of created
@@ -231,6 +238,8 @@ var defaults = []struct {
 	{"nats_listen", "127.0.0.1:4222", "embedded NATS client address (port 0 = any free port)"},
 	{"data_dir", "connex-data", "directory for embedded NATS JetStream storage"},
 	{"nats_auth", "on", "embedded NATS authentication: on, or off (development only: anyone reaching nats_listen can do anything)"},
+	{"nats_max_connections", 4096, "embedded NATS: client connections at most (at most half of ulimit -n; engines together get three quarters)"},
+	{"nats_engine_connections", 32, "embedded NATS with nats_auth: connections one engine's credentials may hold (more are closed)"},
 	{"auth_dir", "", "authority keys and generated credentials of the embedded server (default <data_dir>/auth)"},
 	{"nats_creds", "", "this member's NATS credentials file (connexd creds --role member), for an external server"},
 	{"nats_tls_ca", "", "CA certificate (PEM) that verifies the NATS server"},
@@ -602,6 +611,12 @@ func build(v *viper.Viper) (Config, error) {
 		return c, err
 	}
 	if c.RequestsMax, err = positive(v, "requests_max", 1<<24); err != nil {
+		return c, err
+	}
+	if c.NATSMaxConnections, err = positive(v, "nats_max_connections", 1<<20); err != nil {
+		return c, err
+	}
+	if c.NATSEngineConnections, err = positive(v, "nats_engine_connections", 1<<16); err != nil {
 		return c, err
 	}
 	rsb, err := positive(v, "request_store_bytes", 1<<50)

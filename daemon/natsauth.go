@@ -26,6 +26,7 @@ func openBus(cfg config.Config, log *slog.Logger) (*natsbus.Bus, []byte, error) 
 		URL: cfg.NATSURL, Listen: cfg.NATSListen, DataDir: cfg.DataDir, Name: cfg.MemberID, Logger: log,
 		InboxPrefix: me.InboxPrefix(),
 		TLSCAFile:   cfg.NATSTLSCA, TLSCertFile: cfg.NATSTLSCert, TLSKeyFile: cfg.NATSTLSKey,
+		MaxConnections: cfg.NATSMaxConnections, EngineConnections: cfg.NATSEngineConnections,
 	}
 	switch {
 	case cfg.NATSURL == "" && cfg.NATSAuth:

@@ -43,6 +43,16 @@ type Options struct {
 	// client's certificate (mutual TLS) and, for an embedded server, the
 	// certificate it serves (clients must then trust its CA).
 	TLSCAFile, TLSCertFile, TLSKeyFile string
+
+	// MaxConnections bounds the embedded server's client connections (0:
+	// DefaultMaxConnections), clamped to half the process's descriptor
+	// limit: connections past it are refused by the server before they
+	// authenticate.
+	MaxConnections int
+	// EngineConnections bounds the connections of one engine identity on
+	// the embedded server with an Authority (0: DefaultEngineConnections);
+	// engines together hold at most three quarters of MaxConnections.
+	EngineConnections int
 }
 
 // Bus is a NATS client connection and, if embedded, its server.
@@ -54,6 +64,16 @@ type Bus struct {
 	lock    *os.File // the data_dir lock of an embedded server, held until Close
 	closing atomic.Bool
 	closed  chan struct{} // closed by the connection's ClosedHandler
+	limiter *connLimiter  // engine connection limits of an embedded server with an Authority
+}
+
+// EngineConnsRefused is how many engine connections the embedded server
+// closed for being over their limits (0 without one).
+func (b *Bus) EngineConnsRefused() uint64 {
+	if b.limiter == nil {
+		return 0
+	}
+	return b.limiter.refused.Load()
 }
 
 // Open starts or connects to NATS.
@@ -69,6 +89,10 @@ func Open(o Options) (*Bus, error) {
 			return nil, err
 		}
 		b.lock = lock
+		if o.MaxConnections, err = maxConnections(o.MaxConnections, log); err != nil {
+			b.Close()
+			return nil, err
+		}
 		srv, err := startEmbedded(o)
 		if err != nil {
 			b.Close()
@@ -76,6 +100,16 @@ func Open(o Options) (*Bus, error) {
 		}
 		b.Server = srv
 		b.URL = srv.ClientURL()
+		if o.Authority != nil {
+			per := o.EngineConnections
+			if per <= 0 {
+				per = DefaultEngineConnections
+			}
+			if b.limiter, err = startConnLimiter(srv, o.Authority, per, o.MaxConnections, log); err != nil {
+				b.Close()
+				return nil, err
+			}
+		}
 	}
 	opts, err := clientOptions(o)
 	if err != nil {
@@ -138,6 +172,7 @@ func startEmbedded(o Options) (*server.Server, error) {
 		_ = ln.Close()
 	}
 	opts := &server.Options{
+		MaxConn:    o.MaxConnections,
 		ServerName: o.Name,
 		Host:       host,
 		Port:       port,
@@ -176,6 +211,7 @@ func startEmbedded(o Options) (*server.Server, error) {
 // Close drains the connection and stops the embedded server, if any.
 func (b *Bus) Close() {
 	b.closing.Store(true)
+	b.limiter.close()
 	if b.Conn != nil {
 		if b.Conn.Drain() == nil {
 			select { // draining ends by closing the connection
@@ -193,6 +229,28 @@ func (b *Bus) Close() {
 		_ = b.lock.Close() // releases the flock
 		b.lock = nil
 	}
+}
+
+// maxConnections is the embedded server's connection limit: want (0: the
+// default), at most half the process's descriptor limit, so connections
+// cannot take the descriptors the process needs for everything else.
+func maxConnections(want int, log *slog.Logger) (int, error) {
+	if want < 0 {
+		return 0, fmt.Errorf("bus: nats_max_connections=%d: want a positive number", want)
+	}
+	if want == 0 {
+		want = DefaultMaxConnections
+	}
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil && rl.Cur != unix.RLIM_INFINITY && uint64(want) > rl.Cur/2 {
+		half := int(rl.Cur / 2)
+		if half < 64 {
+			return 0, fmt.Errorf("bus: the descriptor limit (ulimit -n %d) leaves no room for NATS connections", rl.Cur)
+		}
+		log.Warn("nats_max_connections lowered to half the descriptor limit", "asked", want, "max_connections", half, "ulimit_n", rl.Cur)
+		want = half
+	}
+	return want, nil
 }
 
 // ErrDataDirLocked means another process runs an embedded NATS server on
