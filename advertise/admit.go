@@ -44,6 +44,12 @@ func ClampBlocks(e *messages.EngineInfo, regionBlocks uint32) bool {
 // model they allow) stands before the next registration checks again.
 const CredCheckTTL = 30 * time.Second
 
+// CredCheckGrace is how long a passed check still stands when the NATS
+// server cannot be asked again (its answer late or lost under load): a
+// registration is not lost to a slow server, only to credentials that no
+// longer allow it.
+const CredCheckGrace = 10 * time.Minute
+
 // CredCheck is the last successful check of an engine's credentials for a
 // role and model.
 type CredCheck struct {
@@ -54,4 +60,10 @@ type CredCheck struct {
 // Fresh reports whether c still vouches for role and model at now.
 func (c CredCheck) Fresh(role, model string, now time.Time) bool {
 	return !c.At.IsZero() && c.Role == role && c.Model == model && now.Sub(c.At) < CredCheckTTL
+}
+
+// Stands reports whether c still vouches for role and model at now when
+// the server could not be asked: a check within CredCheckGrace does.
+func (c CredCheck) Stands(role, model string, now time.Time) bool {
+	return !c.At.IsZero() && c.Role == role && c.Model == model && now.Sub(c.At) < CredCheckGrace
 }
