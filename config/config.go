@@ -108,6 +108,13 @@ type Config struct {
 	NATSEngineConnections int
 	// RequestStoreBytes bounds the request bucket's JetStream storage.
 	RequestStoreBytes int64
+	// RequestsMaxPerEngine bounds one engine's live requests on this
+	// member.
+	RequestsMaxPerEngine int
+	// RequestBytesPerEngine bounds the bytes one engine's requests store in
+	// the request bucket through this member (0 in the file: an eighth of
+	// request_store_bytes; Load fills it in).
+	RequestBytesPerEngine int64
 	// ShmDir, if set, is where connexd allocates the memory of created
 	// regions (region.create): a tmpfs mounted with huge=always gives them
 	// 2 MiB pages. Empty: a memfd (and UCX's UCX_POSIX_DIR or /dev/shm).
@@ -261,6 +268,8 @@ var defaults = []struct {
 	{"holds_max_per_engine", 16384, "live holds of one engine"},
 	{"requests_max", 4096, "requests in flight on this member"},
 	{"request_store_bytes", 1 << 30, "JetStream storage of the request-state bucket, in bytes"},
+	{"requests_max_per_engine", 1024, "live requests of one engine on this member"},
+	{"request_bytes_per_engine", 0, "bytes one engine's requests may store in the request bucket through this member (0: an eighth of request_store_bytes)"},
 	{"request_ttl_s", 3600, "seconds a request's durable state lives after its last write (progress, takeover)"},
 	{"pull_timeout_ms", 30000, "deadline of one pull in milliseconds"},
 	{"pull_stall_ms", 1000, "a pull fails after this many milliseconds without progress"},
@@ -624,6 +633,19 @@ func build(v *viper.Viper) (Config, error) {
 		return c, err
 	}
 	c.RequestStoreBytes = int64(rsb)
+	if c.RequestsMaxPerEngine, err = positive(v, "requests_max_per_engine", 1<<24); err != nil {
+		return c, err
+	}
+	rbe, err := nonNegative("request_bytes_per_engine")
+	if err != nil {
+		return c, err
+	}
+	if rbe > 1<<50 {
+		return c, fmt.Errorf("%w: request_bytes_per_engine=%d, allowed: a byte count up to 2^50 (0: the default)", ErrInvalid, rbe)
+	}
+	if c.RequestBytesPerEngine = int64(rbe); rbe == 0 {
+		c.RequestBytesPerEngine = c.RequestStoreBytes / 8
+	}
 	ttl, err := positive(v, "request_ttl_s", 30*24*3600)
 	if err != nil {
 		return c, err

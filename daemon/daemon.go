@@ -349,7 +349,8 @@ func (d *Daemon) assemble() {
 		regions: d.regions, pullers: pullDeps{d.pdeps}, inflight: d.inflight, clock: d.clock}
 	d.requestAPI = &requestAPI{member: cfg.MemberID, max: cfg.RequestsMax, authenticated: natsAuthenticated(cfg),
 		actors: systemRequests{sys: d.system, table: d.reqTable, deps: d.rdeps}, storeErr: d.reqErr,
-		local: d.regions, clock: d.clock}
+		local: d.regions, clock: d.clock,
+		quota: &requests.Quota{MaxRequests: cfg.RequestsMaxPerEngine, MaxBytes: cfg.RequestBytesPerEngine, MaxMemberBytes: cfg.RequestStoreBytes / 2}}
 	if d.reqStore != nil {
 		d.requestAPI.store = d.reqStore
 		d.holdAPI.binder = &requestBinder{holds: d.holdAPI, store: d.reqStore, log: d.log}

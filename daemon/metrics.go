@@ -11,6 +11,7 @@ import (
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/lease"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/requests"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -93,6 +94,8 @@ func newPromMetrics(d *Daemon) *promMetrics {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "connex_nats_engine_conns_refused_total",
 			Help: "Engine connections the embedded NATS server closed for being over nats_engine_connections (or engines' share of nats_max_connections)."},
 			func() float64 { return float64(d.Bus.EngineConnsRefused()) }),
+		requestQuota{q: d.requestAPI.quota,
+			refused: prometheus.NewDesc("connex_request_quota_refused_total", "request.start and request.progress calls refused 429 by a request-store quota, by limit (requests: requests_max_per_engine; bytes: request_bytes_per_engine; member_bytes: half of request_store_bytes).", []string{"limit"}, nil)},
 		gauge("connex_nats_reconnects", "Times this member's NATS connection reconnected since start.", func() float64 { return float64(d.Bus.Conn.Stats().Reconnects) }),
 		membersByRole{d: d, desc: prometheus.NewDesc("connex_cluster_members", "Members in this member's view, by role.", []string{"role"}, nil)},
 		counter("connex_holds_created_total", "Holds created on this member (prefill side).", func(x *actors.Metrics) int64 { return x.HoldsCreated.Load() }),
@@ -123,6 +126,24 @@ func (m *promMetrics) pullDone(p *messages.PullDone) {
 
 // notice records a published notice of kind.
 func (m *promMetrics) notice(kind string) { m.notices.WithLabelValues(kind).Inc() }
+
+// requestQuota reports the refusals of the request-store quotas (the
+// label's values are the three limits: bounded).
+type requestQuota struct {
+	q       *requests.Quota
+	refused *prometheus.Desc
+}
+
+func (c requestQuota) Describe(ch chan<- *prometheus.Desc) { ch <- c.refused }
+
+func (c requestQuota) Collect(ch chan<- prometheus.Metric) {
+	if c.q == nil {
+		return
+	}
+	for limit, n := range c.q.Refused() {
+		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(n), limit)
+	}
+}
 
 // heldByEngine reports the blocks and bytes of live holds per engine (the
 // label's values are the registered engines: bounded).

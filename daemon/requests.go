@@ -40,7 +40,10 @@ type requestAPI struct {
 	// members is this member's view and load; nil without membership.
 	members memberView
 	grants  requests.Grants
-	clock   clock.Clock
+	// quota bounds each engine's live requests and stored tokens here,
+	// and this member's share of the request store.
+	quota *requests.Quota
+	clock clock.Clock
 	// adopted observes the time from an owner's departure to its request
 	// adopted here (seconds); nil when metrics are off.
 	adopted func(seconds float64)
@@ -149,7 +152,24 @@ func (a *requestAPI) StartRequest(ctx context.Context, r *messages.StartRequestM
 			return a.askRequest(r.RequestId, &actors.TakeoverRequest{Msg: r, Instance: inst})
 		}
 	}
-	return a.spawnRequest(&actors.StartRequest{Msg: r, Instance: inst})
+	// One engine may not fill the cluster's one request bucket: its own
+	// starts are refused (429) at its quota, no one else's.
+	if err := a.quota.Start(r.RequestId, r.EngineId, len(r.PromptTokenIds), a.live); err != nil {
+		return nil, api.Errorf(api.CodeOverloaded, "request.start of %s: %v", r.RequestId, err)
+	}
+	st, err := a.spawnRequest(&actors.StartRequest{Msg: r, Instance: inst})
+	if err != nil {
+		if _, ok := a.actors.lookup(r.RequestId); !ok {
+			a.quota.End(r.RequestId)
+		}
+	}
+	return st, err
+}
+
+// live reports whether request id still runs here (Quota's question).
+func (a *requestAPI) live(id string) bool {
+	_, ok := a.actors.lookup(id)
+	return ok
 }
 
 // Progress appends generated tokens.
@@ -157,7 +177,16 @@ func (a *requestAPI) Progress(ctx context.Context, r *messages.RequestProgress) 
 	if err := a.callerOwns(ctx, r.RequestId); err != nil {
 		return nil, err
 	}
+	if len(r.TokenIds) > requests.MaxGenerated {
+		return nil, api.Errorf(api.CodeBadRequest, "request.progress of %s: %d tokens in one call (at most %d)", r.RequestId, len(r.TokenIds), requests.MaxGenerated)
+	}
+	if err := a.quota.Grow(r.RequestId, len(r.TokenIds), a.live); err != nil {
+		return nil, api.Errorf(api.CodeOverloaded, "request.progress of %s: %v", r.RequestId, err)
+	}
 	st, err := a.askRequest(r.RequestId, &actors.RequestProgress{Epoch: r.Epoch, Tokens: r.TokenIds})
+	if err != nil {
+		_ = a.quota.Grow(r.RequestId, -len(r.TokenIds), a.live) // giving back never fails
+	}
 	a.updateLoad()
 	return st, err
 }
@@ -168,6 +197,9 @@ func (a *requestAPI) FinishRequest(ctx context.Context, r *messages.FinishReques
 		return nil, err
 	}
 	st, err := a.askRequest(r.RequestId, &actors.FinishRequest{Epoch: r.Epoch})
+	if err == nil {
+		a.quota.End(r.RequestId)
+	}
 	a.updateLoad()
 	return st, err
 }

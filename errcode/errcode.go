@@ -48,7 +48,7 @@ func Of(err error) api.Code {
 		return api.CodeBadBlockIDs
 	case errors.Is(err, kvmem.ErrOutsideRegionDir):
 		return api.CodeForbidden
-	case errors.Is(err, kvmem.ErrOverQuota), errors.Is(err, requests.ErrStoreFull):
+	case errors.Is(err, kvmem.ErrOverQuota), errors.Is(err, requests.ErrStoreFull), errors.Is(err, requests.ErrQuota):
 		return api.CodeOverloaded
 	case errors.Is(err, kvmem.ErrBadLayout):
 		return api.CodeBadLayout

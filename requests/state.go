@@ -130,6 +130,9 @@ func Append(st *messages.RequestState, epoch uint64, tokens []uint32, now time.T
 	if PromptLen(st)+len(st.GeneratedTokenIds)+len(tokens) > MaxTokens {
 		return nil, fmt.Errorf("%w: more than %d tokens", ErrInvalid, MaxTokens)
 	}
+	if len(st.GeneratedTokenIds)+len(tokens) > MaxGenerated {
+		return nil, fmt.Errorf("%w: more than %d generated tokens in one request", ErrInvalid, MaxGenerated)
+	}
 	next := proto.Clone(st).(*messages.RequestState)
 	next.GeneratedTokenIds = append(next.GeneratedTokenIds, tokens...)
 	next.UpdatedUnixMs = now.UnixMilli()
