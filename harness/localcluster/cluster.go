@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -41,6 +42,44 @@ type Cluster struct {
 	closed      bool
 	backoff     map[string]time.Duration // process name → the delay of its last automatic restart
 	promTargets bool                     // WritePrometheusConfig ran: restarts rewrite its targets
+	engineUIDs  map[string]User          // engine name → its own uid and gid under Options.EngineUser
+}
+
+// EngineUser is the uid and gid engine name runs under (Options.EngineUser
+// plus its index), or nil when it runs as the launcher or has not started.
+func (c *Cluster) EngineUser(name string) *User {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if u, ok := c.engineUIDs[name]; ok {
+		return &u
+	}
+	return nil
+}
+
+// engineUser is the uid and gid engine name runs under with
+// Options.EngineUser: the base plus the engine's index in start order, the
+// same across its restarts. Engines sharing a uid could read each other's
+// engine.creds and speak as each other.
+func (c *Cluster) engineUser(name string) (*User, error) {
+	base := c.opts.EngineUser
+	if base == nil {
+		return nil, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if u, ok := c.engineUIDs[name]; ok {
+		return &u, nil
+	}
+	i := uint64(len(c.engineUIDs))
+	if uint64(base.UID)+i > math.MaxUint32-1 || uint64(base.GID)+i > math.MaxUint32-1 {
+		return nil, fmt.Errorf("localcluster: engine %s: uid %d + %d is past the largest uid", name, base.UID, i)
+	}
+	u := User{UID: base.UID + uint32(i), GID: base.GID + uint32(i)}
+	if c.engineUIDs == nil {
+		c.engineUIDs = map[string]User{}
+	}
+	c.engineUIDs[name] = u
+	return &u, nil
 }
 
 // node is one engine: its connexd and its connex-sim.
@@ -269,12 +308,16 @@ func (c *Cluster) startNode(ctx context.Context, name string, part Part) error {
 			return err
 		}
 		args = append(args, flags...)
-		if u := c.opts.EngineUser; u != nil && len(flags) == 2 {
+		user, err := c.engineUser(name)
+		if err != nil {
+			return err
+		}
+		if u := user; u != nil && len(flags) == 2 {
 			if err := os.Chown(flags[1], int(u.UID), int(u.GID)); err != nil {
 				return fmt.Errorf("localcluster: hand %s to the engines' user %d: %w", flags[1], u.UID, err)
 			}
 		}
-		p, err := startProcessAs(processName(name, PartEngine), c.opts.Sim, args, simReady, c.log, childEnv(), c.opts.EngineUser)
+		p, err := startProcessAs(processName(name, PartEngine), c.opts.Sim, args, simReady, c.log, childEnv(), user)
 		if err != nil {
 			return err
 		}

@@ -81,8 +81,10 @@ type Options struct {
 	// name (after SimArgs): engines of different shapes, e.g. "--tp", "2",
 	// "--block-size", "32".
 	SimArgsFor func(name string, role Role) []string
-	// EngineUser, when set, runs every connex-sim under that uid and gid
-	// (the launcher must be root): its engine.creds is handed to that user
+	// EngineUser, when set, runs each connex-sim under a uid and gid of
+	// its own: this one plus the engine's index in start order (the
+	// launcher must be root), so no engine reads another's engine.creds.
+	// Its engine.creds is handed to that user
 	// (0600), the cluster's directory made traversable (0711) but not
 	// listable, and each connexd's member.creds stays 0600 and the
 	// launcher's, so the engine cannot read it (README "Engines under
