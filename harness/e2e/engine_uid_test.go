@@ -20,42 +20,53 @@ import (
 	"github.com/connex/connex/messages"
 )
 
-// nobody is the uid and gid the engines run as here (Debian's nobody and
-// nogroup): any uid other than connexd's shows the same.
-var nobody = localcluster.User{UID: 65534, GID: 65534}
+// engineBase is the uid and gid the engines' own users count from here:
+// each engine runs as engineBase plus its start index (issue 44: engines
+// sharing a uid read each other's engine.creds). Any uid other than
+// connexd's shows the same.
+var engineBase = localcluster.User{UID: 61000, GID: 61000}
 
 // TestEngineUnderItsOwnUID is issue 29's finding 6: engines had to run
 // as connexd's user, because the region connexd creates was handed over as
 // /proc/<connexd pid>/fd/<n>, which another uid cannot open; and as
 // connexd's user they could read member.creds and act as a member. Here
-// every connex-sim runs as nobody while each connexd runs as root: the
+// every connex-sim runs as a uid of its own while each connexd runs as root: the
 // engines still get their regions (connexd hands the descriptor over its
 // region socket), a request goes through with its KV pulled from the
-// prefill engine's region into the decode engine's, and nobody cannot read
+// prefill engine's region into the decode engine's, and no engine user can read
 // any connexd's member.creds.
 func TestEngineUnderItsOwnUID(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: starts connex-sim as uid 65534 (SysProcAttr.Credential) next to root connexds; CI runs as root")
+		t.Skip("needs root: starts connex-sim as uids from 61000 (SysProcAttr.Credential) next to root connexds; CI runs as root")
 	}
 	bins := productBinaries(t)
-	// productBinaries' directory is MkdirTemp's 0700: let nobody run connex-sim.
+	// productBinaries' directory is MkdirTemp's 0700: let the engines' users run connex-sim.
 	if err := os.Chmod(filepath.Dir(bins.Sim), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	c := startProduct(t, func(o *localcluster.Options) {
 		o.Decode = 1
-		o.EngineUser = &nobody
+		o.EngineUser = &engineBase
 	})
 
-	// The engines do run as nobody, their connexds as root.
+	// Each engine runs as a uid of its own, its connexd as root.
+	seen := map[uint32]string{}
 	for name, pid := range c.PIDs() {
 		uid, err := procUID(pid)
 		if err != nil {
 			t.Fatalf("%s (pid %d): %v", name, pid, err)
 		}
 		want := uint32(0)
-		if strings.HasSuffix(name, "/engine") {
-			want = nobody.UID
+		if engine, ok := strings.CutSuffix(name, "/engine"); ok {
+			u := c.EngineUser(engine)
+			if u == nil || u.UID == 0 {
+				t.Fatalf("%s has no user of its own (EngineUser %v)", name, u)
+			}
+			want = u.UID
+			if other, dup := seen[uid]; dup {
+				t.Fatalf("%s and %s both run as uid %d", name, other, uid)
+			}
+			seen[uid] = name
 		}
 		if uid != want {
 			t.Fatalf("%s runs as uid %d, want %d", name, uid, want)
@@ -73,14 +84,24 @@ func TestEngineUnderItsOwnUID(t *testing.T) {
 		t.Fatalf("the decode engine loaded no KV (connex_sim_kv_loaded_tokens_total 0): the prefill was not pulled; answer %v", ans)
 	}
 
-	// nobody reads its own engine.creds (the check can pass) but no
-	// member.creds.
+	// An engine's user reads its own engine.creds (the check can pass) but
+	// no member.creds and no other engine's engine.creds.
 	for _, e := range c.Engines() {
 		dir := filepath.Join(c.Dir(), e.Name)
-		if out, err := readAs(nobody, filepath.Join(dir, "engine.creds")); err != nil {
+		me := *c.EngineUser(e.Name)
+		if out, err := readAs(me, filepath.Join(dir, "engine.creds")); err != nil {
 			t.Fatalf("the engine's user cannot read its own engine.creds (the test's control): %v: %s", err, out)
 		}
-		out, err := readAs(nobody, filepath.Join(dir, "member.creds"))
+		for _, o := range c.Engines() {
+			if o.Name == e.Name {
+				continue
+			}
+			out, err := readAs(me, filepath.Join(c.Dir(), o.Name, "engine.creds"))
+			if err == nil {
+				t.Fatalf("%s's user (uid %d) read %s's engine.creds (%d bytes): it could speak as that engine", e.Name, me.UID, o.Name, len(out))
+			}
+		}
+		out, err := readAs(me, filepath.Join(dir, "member.creds"))
 		if err == nil {
 			t.Fatalf("the engine's user read %s/member.creds (%d bytes): it could act as member %s", dir, len(out), e.Name)
 		}
