@@ -66,6 +66,7 @@ func startVLLM(t *testing.T) (*localcluster.Cluster, *safeBuffer) {
 		// (first and resumed) is a pull connexd translates between block
 		// sizes in the CPU attention's in-block order.
 		ArgsFor: map[string][]string{"prefill-0": {"--block-size", strconv.Itoa(vllmPrefillBlockSize)}},
+		Args:    vllmStructuredArgs,
 	}
 	// Each decode connexd's own policy follows its engine's (the router's
 	// answer to a failed load).
@@ -226,6 +227,7 @@ func vllmSource(t *testing.T, url, source string) float64 {
 func TestVLLM(t *testing.T) {
 	c, logs := startVLLM(t)
 	t.Run("resume", func(t *testing.T) { testVLLMResume(t, c) })
+	t.Run("structured", func(t *testing.T) { testVLLMStructured(t, c, logs) })
 	t.Run("stop-strings", func(t *testing.T) { testVLLMStopStrings(t, c) })
 	t.Run("vllm-router", func(t *testing.T) { testVLLMRouter(t, c) })
 	t.Run("vllm-bench-serve", func(t *testing.T) { testVLLMBenchServe(t, c) })

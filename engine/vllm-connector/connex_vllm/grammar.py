@@ -45,8 +45,8 @@ def advance(request: Any, generated: int, reasoning: bool = False) -> str:
         )
     if reasoning and not so.reasoning_ended:
         return (
-            f"{REFUSED}: this engine runs a reasoning parser, and which of the {generated} generated tokens its grammar "
-            "constrains is the reasoner's call: the structured request is not continued from a guessed state"
+            f"{REFUSED}: this engine runs a reasoning parser, and which of the {generated} generated tokens its "
+            "grammar constrains is the reasoner's call: the structured request is not continued from a guessed state"
         )
     g = so.grammar
     if g is None or isinstance(g, Exception):

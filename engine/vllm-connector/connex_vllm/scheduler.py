@@ -15,6 +15,7 @@ import logging
 import math
 import re
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -273,12 +274,22 @@ class ConnexScheduler:
             bad = ""
         except ValueError as e:
             m, bad = pb.KVTransferParams(), str(e)
-        if not bad and m.connex_resume and m.connex_resume_generated:
+        if not bad and m.connex_resume and m.connex_resume_generated and grammar.structured(request):
+            t0 = time.perf_counter()
             bad = grammar.advance(request, m.connex_resume_generated, self.reasoning)
             if bad:
                 self.stats.grammar_refused += 1
-            elif grammar.structured(request):
+                log.error("connex: resumed request %s cannot go on under its constraint: %s", request.request_id, bad)
+            else:
                 self.stats.grammar_advanced += 1
+                # A resume is rare and worth a line: the operator sees the constraint carried over, and its cost.
+                log.warning(
+                    "connex: resumed request %s: its structured-output grammar goes on after the %d generated tokens "
+                    "(advanced in %.2f ms)",
+                    request.request_id,
+                    m.connex_resume_generated,
+                    (time.perf_counter() - t0) * 1000,
+                )
         spec: LoadSpec | None = None
         if num_external_tokens > 0:
             nblocks = math.ceil(num_external_tokens / self.block_size)

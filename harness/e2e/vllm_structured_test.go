@@ -1,0 +1,236 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/harness/localcluster"
+)
+
+// vllmStructuredArgs are the test engines' structured-output settings:
+// xgrammar with compact JSON, so that this random-weight model's JSON ends
+// (with whitespace allowed it pads between values until max_tokens).
+var vllmStructuredArgs = []string{"--structured-outputs-config", `{"backend":"xgrammar","disable_any_whitespace":true}`}
+
+// structuredCase is one constrained request and how to check its answer.
+type structuredCase struct {
+	name, signal, path string
+	body               func(prompt string) map[string]any
+	// valid says whether a whole answer satisfies the client's constraint.
+	valid func(text string) error
+}
+
+// intArray is a JSON schema: exactly n integers in [0, 999].
+func intArray(n int) map[string]any {
+	return map[string]any{"type": "array", "minItems": n, "maxItems": n,
+		"items": map[string]any{"type": "integer", "minimum": 0, "maximum": 999}}
+}
+
+// validIntArray parses text as the array intArray(n) describes.
+func validIntArray(n int) func(string) error {
+	return func(text string) error {
+		var xs []int
+		if err := json.Unmarshal([]byte(text), &xs); err != nil {
+			return fmt.Errorf("not a JSON array of integers: %v", err)
+		}
+		if len(xs) != n {
+			return fmt.Errorf("%d items, the schema says %d", len(xs), n)
+		}
+		for _, x := range xs {
+			if x < 0 || x > 999 {
+				return fmt.Errorf("item %d is outside [0, 999]", x)
+			}
+		}
+		return nil
+	}
+}
+
+func matches(expr string) func(string) error {
+	re := regexp.MustCompile(`^(?:` + expr + `)$`)
+	return func(text string) error {
+		if !re.MatchString(text) {
+			return fmt.Errorf("does not match %s", expr)
+		}
+		return nil
+	}
+}
+
+// structuredCompletion is a greedy streamed completion under a constraint;
+// it ends when the constraint is complete (max is only a bound).
+func structuredCompletion(prompt string, so map[string]any) map[string]any {
+	b := vllmCompletion(prompt, 400)
+	delete(b, "ignore_eos") // the grammar's end is the answer's end
+	b["structured_outputs"] = so
+	return b
+}
+
+// testVLLMStructured (issue 43): a structured request — structured_outputs
+// regex / json / choice / grammar on completions, response_format
+// json_schema on a chat — whose decode vLLM is SIGKILLed or SIGSTOPped
+// mid-answer resumes on the other decode vLLM with its grammar where the
+// dead engine left it: the answer equals one vLLM's serving it alone, token
+// for token, satisfies the constraint, and cost one prefill. Before the
+// fix the resumed engine started the grammar again from its root and the
+// answer broke the constraint. Then a request the router cannot resume
+// exactly (a seeded sampler) ends with one resume_refused error instead of
+// a different answer.
+func testVLLMStructured(t *testing.T, c *localcluster.Cluster, logs *safeBuffer) {
+	prefillURL := engineURL(t, c, "prefill-0")
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	const faultAt = 20
+	word := `[a-z]{1,6}`
+	choices := []string{
+		"the river runs to the ocean under a blue sky and the forest reads one two three four five six seven",
+		"the river runs to the ocean under a blue sky and the city writes three two one and the robot walks home",
+	}
+	grammar := `root ::= "[" item ("," item){29} "]"` + "\n" + `item ::= [a-z]{2,5}`
+	cases := []structuredCase{
+		{"regex-SIGKILL", "kill", "/v1/completions",
+			func(p string) map[string]any {
+				return structuredCompletion(p, map[string]any{"regex": "Answer:( " + word + "){50}\\."})
+			},
+			matches(`Answer:( ` + word + `){50}\.`)},
+		{"json-SIGSTOP", "stop", "/v1/completions",
+			func(p string) map[string]any { return structuredCompletion(p, map[string]any{"json": intArray(40)}) },
+			validIntArray(40)},
+		{"choice-SIGSTOP", "stop", "/v1/completions",
+			func(p string) map[string]any { return structuredCompletion(p, map[string]any{"choice": choices}) },
+			func(text string) error {
+				if !slices.Contains(choices, text) {
+					return fmt.Errorf("not one of the choices")
+				}
+				return nil
+			}},
+		{"grammar-SIGSTOP", "stop", "/v1/completions",
+			func(p string) map[string]any { return structuredCompletion(p, map[string]any{"grammar": grammar}) },
+			matches(`\[[a-z]{2,5}(,[a-z]{2,5}){29}\]`)},
+		{"chat-response_format-SIGKILL", "kill", "/v1/chat/completions",
+			func(p string) map[string]any {
+				b := vllmChat(p, 400)
+				delete(b, "ignore_eos")
+				b["response_format"] = map[string]any{"type": "json_schema",
+					"json_schema": map[string]any{"name": "numbers", "schema": intArray(40)}}
+				return b
+			},
+			validIntArray(40)},
+	}
+	routerMetric := func(name string) float64 {
+		return sum(must2(scrapeAs(c.RouterURL()+"/metrics", c.AdminKey())), name)
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			prompt := vllmPrompt(int64(300+i), 300)
+			ref, err := postStream(ctx, engineURL(t, c, "decode-0")+tc.path, tc.body(prompt), nil)
+			if err != nil || ref.status != 200 || ref.dones != 1 || len(ref.errors) > 0 {
+				t.Fatalf("reference from vLLM alone: %v, status %d %s, errors %v", err, ref.status, ref.body, ref.errors)
+			}
+			if err := tc.valid(ref.text()); err != nil {
+				t.Fatalf("vLLM alone's answer %q: %v (the constraint is not what the test thinks)", ref.text(), err)
+			}
+			if len(ref.ids) < faultAt+10 {
+				t.Fatalf("vLLM alone's answer has %d tokens: too short to fault at %d", len(ref.ids), faultAt)
+			}
+			prefillDone := vllmMetric(t, prefillURL, "vllm:request_success_total")
+			resumes := routerMetric("connex_router_resumes_total")
+			var victim string
+			var faultErr error
+			got, err := postStream(ctx, c.RouterURL()+tc.path, tc.body(prompt), func(n int, s *streamed) {
+				if n != faultAt {
+					return
+				}
+				victim = s.header.Get("X-Connex-Decode-Engine")
+				if tc.signal == "kill" {
+					faultErr = c.Kill(victim + "/engine")
+				} else {
+					faultErr = c.Stop(victim + "/engine")
+					t.Cleanup(func() { _ = c.Cont(victim + "/engine") })
+				}
+			})
+			if victim != "" {
+				defer func() {
+					if tc.signal == "stop" {
+						if err := c.Cont(victim + "/engine"); err != nil {
+							t.Error(err)
+						}
+					} else {
+						rctx, rcancel := context.WithTimeout(ctx, 5*time.Minute)
+						defer rcancel()
+						if err := c.Restart(rctx, victim+"/engine"); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+					waitEnginesFor(t, c, 2*time.Minute)
+				}()
+			}
+			if err != nil || faultErr != nil || victim == "" {
+				t.Fatalf("stream: %v; fault on %q: %v", err, victim, faultErr)
+			}
+			if got.status != 200 || got.dones != 1 || len(got.errors) > 0 {
+				t.Fatalf("after %s of %s: status %d %s, %d [DONE], errors %v", tc.signal, victim, got.status, got.body, got.dones, got.errors)
+			}
+			if d := routerMetric("connex_router_resumes_total") - resumes; d != 1 {
+				t.Fatalf("the router resumed %v times, want 1 (the fault after %d of %d tokens must land mid-answer)", d, faultAt, len(ref.ids))
+			}
+			if err := tc.valid(got.text()); err != nil {
+				t.Fatalf("the resumed answer breaks the client's constraint: %v\n got %q\nwant %q", err, got.text(), ref.text())
+			}
+			if fmt.Sprint(got.ids) != fmt.Sprint(ref.ids) || got.text() != ref.text() {
+				t.Fatalf("the resumed answer differs from vLLM alone:\n got %q\nwant %q", got.text(), ref.text())
+			}
+			if d := vllmMetric(t, prefillURL, "vllm:request_success_total") - prefillDone; d != 1 {
+				t.Fatalf("the prefill vLLM finished %v requests for one client request, want exactly 1", d)
+			}
+			t.Logf("%s of %s after %d of %d tokens: the resumed answer equals vLLM alone's and satisfies the constraint (%s)",
+				tc.signal, victim, faultAt, len(ref.ids), lastLine(logs.String(), "", "its structured-output grammar goes on"))
+		})
+	}
+
+	// A seeded sampler restarts on a resumed leg: the router ends the
+	// answer where it is instead of streaming a different one.
+	t.Run("seeded-refused-SIGSTOP", func(t *testing.T) {
+		body := vllmCompletion(vllmPrompt(399, 300), 120)
+		body["temperature"], body["seed"] = 0.8, 7
+		ref, err := postStream(ctx, engineURL(t, c, "decode-1")+"/v1/completions", body, nil)
+		if err != nil || ref.status != 200 || len(ref.ids) != 120 {
+			t.Fatalf("reference: %v %d %s", err, ref.status, ref.body)
+		}
+		refused := routerMetric("connex_router_resumes_refused_total")
+		var victim string
+		got, err := postStream(ctx, c.RouterURL()+"/v1/completions", body, func(n int, s *streamed) {
+			if n == faultAt {
+				victim = s.header.Get("X-Connex-Decode-Engine")
+				if err := c.Stop(victim + "/engine"); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+		if victim != "" {
+			if err := c.Cont(victim + "/engine"); err != nil {
+				t.Error(err)
+			}
+			defer waitEnginesFor(t, c, 2*time.Minute)
+		}
+		if err != nil || victim == "" {
+			t.Fatalf("stream: %v (victim %q)", err, victim)
+		}
+		if got.status != 200 || got.dones != 1 || len(got.errors) != 1 || !strings.HasPrefix(got.errors[0], "resume_refused: ") ||
+			!strings.Contains(got.errors[0], "seeded_sampling") {
+			t.Fatalf("status %d %s, %d [DONE], errors %v: want one resume_refused error naming seeded_sampling, then [DONE]", got.status, got.body, got.dones, got.errors)
+		}
+		if len(got.ids) < faultAt || len(got.ids) >= len(ref.ids) || !strings.HasPrefix(ref.text(), got.text()) {
+			t.Fatalf("the answer before the error (%d tokens) is not the seeded reference's beginning:\n got %q\nwant a prefix of %q", len(got.ids), got.text(), ref.text())
+		}
+		if d := routerMetric("connex_router_resumes_refused_total") - refused; d != 1 {
+			t.Fatalf("connex_router_resumes_refused_total grew by %v, want 1", d)
+		}
+		t.Logf("seeded sampler, %s frozen after %d tokens: %s", victim, faultAt, got.errors[0])
+	})
+}
