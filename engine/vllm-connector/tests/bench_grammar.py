@@ -27,7 +27,7 @@ from vllm.v1.structured_output.backend_xgrammar import XgrammarGrammar
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 
-from connex_vllm import grammar  # noqa: E402
+from connex_vllm import grammar
 
 
 @dataclass
