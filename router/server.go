@@ -136,7 +136,12 @@ func New(cfg Config) (*Server, error) {
 			MaxIdleConnsPerHost: 64,
 			IdleConnTimeout:     60 * time.Second,
 			DisableCompression:  true,
-		}},
+		},
+			// An engine's base_url is its own word: a redirect it answers
+			// would send the router's requests, clients' prompts in them, to
+			// any host it names. The 3xx is the engine's answer, an error.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
 	}
 	s.up = newUpstream(s.client, s.client.Transport.(*http.Transport).DialContext)
 	mux := http.NewServeMux()
