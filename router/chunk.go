@@ -21,14 +21,24 @@ type engineChunk struct {
 	one [1]engineChoice
 }
 
-// engineChoice is one choice of an engine chunk.
+// engineChoice is one choice of an engine chunk. Beside the text, ids and
+// finish reason the router reads, it keeps what vLLM sends for the client
+// alone — logprobs, a chat delta's reasoning and tool calls — as the
+// engine's JSON (extraJSON), relayed as it is (passthrough.go).
 type engineChoice struct {
 	Text  string `json:"text"`
 	Delta struct {
 		Content *string `json:"content"`
+		// Reasoning is vLLM's reasoning parser's output (vLLM 0.32
+		// names it reasoning); ReasoningContent the name engines before
+		// it, and others, use.
+		Reasoning        extraJSON `json:"reasoning"`
+		ReasoningContent extraJSON `json:"reasoning_content"`
+		ToolCalls        extraJSON `json:"tool_calls"`
 	} `json:"delta"`
-	TokenIDs     []uint32 `json:"token_ids"`
-	FinishReason *string  `json:"finish_reason"`
+	Logprobs     extraJSON `json:"logprobs"`
+	TokenIDs     []uint32  `json:"token_ids"`
+	FinishReason *string   `json:"finish_reason"`
 }
 
 // text is the chunk's new text, whatever the endpoint.
@@ -47,7 +57,8 @@ func (c *engineChunk) text() string {
 // with encoding/json: 17 chunks per 16-token answer). It serves the common
 // chunk — choices with text or delta content, token ids and a finish
 // reason, all of the expected types, valid UTF-8 — and hands everything
-// else (an error or connex object, whose raw bytes travel on, a \u escape,
+// else (an error or connex object, whose raw bytes travel on, logprobs,
+// reasoning or tool calls, relayed as the engine wrote them, a \u escape,
 // a key in another case or twice, any type it does not expect) to
 // encoding/json, so that what the
 // router reads, and the errors it reports, are encoding/json's.
@@ -100,7 +111,8 @@ func fastChoice(c *fastjson.Value, out *engineChoice) bool {
 	if c.Type() == fastjson.TypeNull {
 		return true
 	}
-	if c.Type() != fastjson.TypeObject || !plainKeys(c, "text", "delta", "token_ids", "finish_reason") {
+	if c.Type() != fastjson.TypeObject || !plainKeys(c, "text", "delta", "token_ids", "finish_reason", "logprobs") ||
+		!absent(c, "logprobs") {
 		return false
 	}
 	var ok bool
@@ -108,7 +120,8 @@ func fastChoice(c *fastjson.Value, out *engineChoice) bool {
 		return false
 	}
 	if d := c.Get("delta"); d != nil && d.Type() != fastjson.TypeNull {
-		if d.Type() != fastjson.TypeObject || !plainKeys(d, "content") {
+		if d.Type() != fastjson.TypeObject || !plainKeys(d, "content", "reasoning", "reasoning_content", "tool_calls") ||
+			!absent(d, "reasoning") || !absent(d, "reasoning_content") || !absent(d, "tool_calls") {
 			return false
 		}
 		if cv := d.Get("content"); cv != nil && cv.Type() != fastjson.TypeNull {
@@ -132,6 +145,13 @@ func fastChoice(c *fastjson.Value, out *engineChoice) bool {
 	}
 	out.TokenIDs = ids
 	return true
+}
+
+// absent reports whether object v has no key, or null, for key: a value
+// there is an extra the encoding/json path keeps.
+func absent(v *fastjson.Value, key string) bool {
+	x := v.Get(key)
+	return x == nil || x.Type() == fastjson.TypeNull
 }
 
 // plainKeys reports whether object v names each of the keys it reads at

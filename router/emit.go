@@ -39,6 +39,13 @@ type emitter struct {
 	// resume (stopfilter.go); stopped: one matched, the answer is complete.
 	stops   *stopFilter
 	stopped bool
+	// whole gathers a non-streamed answer's logprobs, reasoning and tool
+	// calls (passthrough.go); nil until a chunk carries one.
+	whole *answerExtras
+	// failed: the engine sent what the answer cannot hold (more extras
+	// than maxExtrasBytes, or malformed ones); the relay ends the answer
+	// with it.
+	failed *APIError
 }
 
 func newEmitter(w http.ResponseWriter, c *ClientRequest, id string, created int64) *emitter {
@@ -72,15 +79,18 @@ type outChunk struct {
 // outChoice is a choice of outChunk in either endpoint's shape: text
 // (completions), delta (a chat chunk) or message (a chat answer).
 type outChoice struct {
-	Index        int         `json:"index"`
-	Text         *string     `json:"text,omitempty"`
-	Delta        *outMessage `json:"delta,omitempty"`
-	Message      *outMessage `json:"message,omitempty"`
-	Logprobs     *struct{}   `json:"logprobs"` // always null
-	FinishReason *string     `json:"finish_reason"`
-	TokenIDs     *[]uint32   `json:"token_ids,omitempty"`
+	Index   int            `json:"index"`
+	Text    *string        `json:"text,omitempty"`
+	Delta   *outMessage    `json:"delta,omitempty"`
+	Message *answerMessage `json:"message,omitempty"`
+	// Logprobs are the engine's (passthrough.go); nil writes null.
+	Logprobs     json.RawMessage `json:"logprobs"`
+	FinishReason *string         `json:"finish_reason"`
+	TokenIDs     *[]uint32       `json:"token_ids,omitempty"`
 }
 
+// outMessage is a chat chunk's delta: the role (the first chunk) or the
+// content. A delta with extras is written by event (tokenevent.go).
 type outMessage struct {
 	Role    string `json:"role,omitempty"`
 	Content string `json:"content"`
@@ -145,14 +155,24 @@ func (e *emitter) begin() {
 	}
 }
 
-// tokens relays new tokens (and a finish reason, if the engine ended).
-func (e *emitter) tokens(text string, ids []uint32, finish *string) {
+// tokens relays new tokens (and a finish reason, if the engine ended),
+// with the engine choice's extras x (logprobs, reasoning, tool calls;
+// nil: none), which go out on the same chunk or into the whole answer.
+func (e *emitter) tokens(text string, ids []uint32, finish *string, x *engineChoice) {
 	if e.dropNext && (text != "" || len(ids) > 0) {
 		e.dropNext = false
 		return
 	}
-	if e.stopped {
+	if e.stopped || e.failed != nil {
 		return
+	}
+	if x != nil && !e.carries(x) {
+		x = nil
+	}
+	if x != nil && !e.c.Stream {
+		if e.gather(x); e.failed != nil {
+			return
+		}
 	}
 	if e.skipIDs > 0 && len(ids) > 0 {
 		n := min(e.skipIDs, len(ids))
@@ -175,11 +195,11 @@ func (e *emitter) tokens(text string, ids []uint32, finish *string) {
 	if finish != nil {
 		e.finish = *finish
 	}
-	if !e.c.Stream || (text == "" && len(ids) == 0 && finish == nil) {
+	if !e.c.Stream || (text == "" && len(ids) == 0 && finish == nil && x == nil) {
 		return
 	}
 	e.begin()
-	e.buf = e.tokenEvent(e.buf[:0], text, ids, finish)
+	e.buf = e.event(e.buf[:0], text, ids, finish, x)
 	_, _ = e.w.Write(e.buf)
 	e.dirty = true
 }
@@ -209,9 +229,12 @@ func (e *emitter) done(promptTokens int) {
 		text := e.text.String()
 		ch := outChoice{FinishReason: &e.finish}
 		if e.c.Kind == Chat {
-			ch.Message = &outMessage{Role: "assistant", Content: text}
+			ch.Message = &answerMessage{Role: "assistant", Content: &text}
 		} else {
 			ch.Text = &text
+		}
+		if e.whole != nil {
+			e.whole.fill(&ch, e.c)
 		}
 		if e.c.ReturnTokenIDs {
 			ch.TokenIDs = &e.ids

@@ -362,12 +362,12 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 				if chunkHasToken(ch) {
 					onTokens(s.clock.Now())
 				}
-				out.tokens(ch.text(), ch.Choices[0].TokenIDs, ch.Choices[0].FinishReason)
-				if out.stopped {
+				out.tokens(ch.text(), ch.Choices[0].TokenIDs, ch.Choices[0].FinishReason, ch.extras())
+				if out.stopped || out.failed != nil {
 					break
 				}
 			}
-			return nil
+			return out.failed
 		case legClientGone:
 			res.abandon()
 			return nil
@@ -553,10 +553,13 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 				onTokens(now)
 				arm(stall.Token(now))
 			}
-			out.tokens(text, ids, fin)
+			out.tokens(text, ids, fin, ch.extras())
 			if out.stopped { // a stop string matched across the resume: the answer is complete
 				abandon()
 				return legResult{end: legDone}
+			}
+			if out.failed != nil { // the engine sent what the answer cannot hold: no resume
+				return legResult{end: legRejected, err: out.failed, abandon: abandon}
 			}
 		}
 	}

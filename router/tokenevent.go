@@ -13,21 +13,39 @@ import (
 
 // tokenEvent appends the SSE event of one streamed chunk to b.
 func (e *emitter) tokenEvent(b []byte, text string, ids []uint32, finish *string) []byte {
+	return e.event(b, text, ids, finish, nil)
+}
+
+// event appends the SSE event of one streamed chunk to b, with the extras
+// of the engine choice x (nil: none, the common chunk). Its extras are
+// compact JSON already (extraJSON), in the form encoding/json gives them.
+func (e *emitter) event(b []byte, text string, ids []uint32, finish *string, x *engineChoice) []byte {
 	if e.head == nil {
 		h, _ := json.Marshal(e.envelope(true))
 		// h ends with "choices":[]}: the choices go inside.
 		e.head = append([]byte("data: "), h[:len(h)-2]...)
 	}
 	b = append(b, e.head...)
-	if e.c.Kind == Chat {
+	switch {
+	case e.c.Kind == Chat && x == nil:
 		b = append(b, `{"index":0,"delta":{"content":`...)
 		b = appendJSONString(b, text)
 		b = append(b, '}')
-	} else {
+	case e.c.Kind == Chat:
+		b = append(b, `{"index":0,"delta":{`...)
+		b = appendDelta(b, text, x)
+		b = append(b, '}')
+	default:
 		b = append(b, `{"index":0,"text":`...)
 		b = appendJSONString(b, text)
 	}
-	b = append(b, `,"logprobs":null,"finish_reason":`...)
+	if x == nil || x.Logprobs == "" {
+		b = append(b, `,"logprobs":null,"finish_reason":`...)
+	} else {
+		b = append(b, `,"logprobs":`...)
+		b = append(b, x.Logprobs...)
+		b = append(b, `,"finish_reason":`...)
+	}
 	if finish == nil {
 		b = append(b, "null"...)
 	} else {
