@@ -56,3 +56,13 @@ func BenchmarkRelayPlainChunk(b *testing.B) {
 	b.Run("completions-whole", func(b *testing.B) { benchChunks(b, Completions, false, comp) })
 	b.Run("chat-whole", func(b *testing.B) { benchChunks(b, Chat, false, chat) })
 }
+
+// BenchmarkRelayExtrasChunk: a chunk with logprobs or tool calls (the
+// encoding/json path), streamed and not.
+func BenchmarkRelayExtrasChunk(b *testing.B) {
+	lp := `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" hello"},"logprobs":{"content":[{"token":" hello","logprob":-0.25,"bytes":[32,104,101,108,108,111],"top_logprobs":[{"token":" hello","logprob":-0.25,"bytes":[32,104,101,108,108,111]},{"token":" hi","logprob":-1.5,"bytes":[32,104,105]}]}]},"finish_reason":null,"token_ids":[1003]}]}`
+	tc := `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\""}}]},"logprobs":null,"finish_reason":null,"token_ids":[1003]}]}`
+	b.Run("logprobs-stream", func(b *testing.B) { benchChunks(b, Chat, true, lp) })
+	b.Run("logprobs-whole", func(b *testing.B) { benchChunks(b, Chat, false, lp) })
+	b.Run("tool-calls-stream", func(b *testing.B) { benchChunks(b, Chat, true, tc) })
+}

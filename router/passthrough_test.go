@@ -443,3 +443,24 @@ func TestExtrasFloodIsCut(t *testing.T) {
 		})
 	}
 }
+
+// FuzzParseChunkExtras: chunks with extras read as encoding/json reads
+// them, and what the router keeps of them is valid, compact JSON.
+func FuzzParseChunkExtras(f *testing.F) {
+	for _, s := range extrasSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkChunk(t, data)
+		ch, err := parseChunk(data)
+		if err != nil || len(ch.Choices) == 0 {
+			return
+		}
+		x := &ch.Choices[0]
+		for _, v := range []extraJSON{x.Logprobs, x.Delta.Reasoning, x.Delta.ReasoningContent, x.Delta.ToolCalls} {
+			if v != "" && (!json.Valid([]byte(v)) || !utf8.ValidString(string(v)) || strings.ContainsAny(string(v), "\n\r")) {
+				t.Fatalf("%q: kept %q", data, v)
+			}
+		}
+	})
+}
