@@ -170,7 +170,8 @@ func (e *emitter) tokens(text string, ids []uint32, finish *string, x *engineCho
 		x = nil
 	}
 	if x != nil && !e.c.Stream {
-		if e.gather(x); e.failed != nil {
+		e.gather(x)
+		if e.failed != nil {
 			return
 		}
 	}
