@@ -16,7 +16,7 @@ const (
 	CodeEngineFailed   = "engine_failed"           // 502, 503, or the engine's own: an engine failed, could not be reached or answered something unusable (an engine's error without a code of its own is relayed under this one), or the router is shutting down
 	CodeKVLoadFailed   = "kv_load_failed"          // the engine's (503): the decode engine could not load the prefilled KV and its kv_load_failure_policy is fail: relayed, never retried on another engine
 	CodeResumeFailed   = "resume_failed"           // 502, 503: a decode engine failed mid-request and no resume succeeded (none left, or router_max_resumes reached)
-	CodeResumeRefused  = "resume_refused"          // 502: a decode engine failed mid-request and the request cannot be resumed into the same answer (the message names why: tool calls, logprobs, a seeded sampler, output-dependent penalties, bad_words); ended rather than answered differently
+	CodeResumeRefused  = "resume_refused"          // 502: a decode engine failed mid-request and the request cannot be resumed into the same answer (the message names why: tool calls, logprobs, a seeded sampler, reasoning, output-dependent penalties, bad_words); ended rather than answered differently
 	CodeNoEngine       = "no_engine"               // 503: the model has no live prefill and decode engine pair right now; retry later
 	CodeOverloaded     = "overloaded"              // 503: the router runs router_max_in_flight requests already; retry after Retry-After; mirrors NATS code 429 (overloaded)
 )

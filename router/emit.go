@@ -39,6 +39,9 @@ type emitter struct {
 	// resume (stopfilter.go); stopped: one matched, the answer is complete.
 	stops   *stopFilter
 	stopped bool
+	// reasoned: an engine's chunk carried reasoning (its reasoning parser
+	// runs), which a resumed leg — a completion, no parser — cannot go on.
+	reasoned bool
 	// whole gathers a non-streamed answer's logprobs, reasoning and tool
 	// calls (passthrough.go); nil until a chunk carries one.
 	whole *answerExtras
@@ -168,6 +171,9 @@ func (e *emitter) tokens(text string, ids []uint32, finish *string, x *engineCho
 	}
 	if x != nil && !e.carries(x) {
 		x = nil
+	}
+	if x != nil && (x.Delta.Reasoning != "" || x.Delta.ReasoningContent != "") {
+		e.reasoned = true // a reasoning parser split this answer: a resumed leg would not (resumeRefusal)
 	}
 	if x != nil && !e.c.Stream {
 		e.gather(x)

@@ -90,7 +90,7 @@ func newMetrics() *metrics {
 		falseResumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_false_resumes_total",
 			Help: "Resumes whose old decode leg showed life after it was given up (a chunk or the end of its stream, or a 2xx answer to its health probe, before the resumed stream's first token: waiting would have been no slower): the cost of a false alarm, by the resume's reason (stalled, engine_left, broken, engine_error)."}, []string{"reason"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_resumes_refused_total",
-			Help: "Requests whose decode engine failed mid-request and that were ended with resume_refused instead of resumed into a different answer, by why: tools, logprobs, seeded_sampling, output_penalties, bad_words."}, []string{"reason"}),
+			Help: "Requests whose decode engine failed mid-request and that were ended with resume_refused instead of resumed into a different answer, by why: tools, reasoning, logprobs, seeded_sampling, output_penalties, bad_words."}, []string{"reason"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_errors_total",
 			Help: "Requests that ended with an error, by error code."}, []string{"code"}),
 		kvLoads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_kv_loads_total",

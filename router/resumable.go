@@ -29,6 +29,10 @@ const (
 	// generated tokens that begin it, which on a resumed leg sit in its
 	// prompt: a word across the resume point would pass.
 	RefuseBadWords = "bad_words"
+	// RefuseReasoning: the engine's reasoning parser split the answer into
+	// reasoning and content; a resumed leg is a completion that no parser
+	// splits, so the rest of the reasoning would arrive as content.
+	RefuseReasoning = "reasoning"
 )
 
 // resumeRefusal says whether a request can be resumed into the answer it
@@ -38,11 +42,16 @@ const (
 // connector advances the grammar over the generated tokens. Greedy and
 // unseeded sampling can: a resumed leg samples from the same distribution.
 //
+// reasoned says that an engine's chunk carried reasoning (emitter.reasoned).
+//
 // Pure, on the fields ParseClient kept; asked only when a leg failed.
-func resumeRefusal(c *ClientRequest) (reason, why string) {
+func resumeRefusal(c *ClientRequest, reasoned bool) (reason, why string) {
 	b := c.Body
 	if c.Kind == Chat && hasTools(b) {
 		return RefuseTools, "a chat with tools: its tool calls are parsed by the engine's chat layer, which a resumed leg does not run"
+	}
+	if reasoned {
+		return RefuseReasoning, "the engine's reasoning parser split the answer into reasoning and content, which a resumed leg (a completion) would not"
 	}
 	var lp json.RawMessage
 	if field(b, "logprobs", &lp) == nil && lp != nil && string(lp) != "false" {

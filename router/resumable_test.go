@@ -3,6 +3,9 @@ package router
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -43,10 +46,23 @@ func TestResumeRefusal(t *testing.T) {
 		if aerr != nil {
 			t.Fatalf("%s: %v", tc.body, aerr.Message)
 		}
-		reason, why := resumeRefusal(c)
+		reason, why := resumeRefusal(c, false)
 		if reason != tc.want || (reason != "") != (why != "") {
 			t.Errorf("%s: refusal %q (%q), want %q", tc.body, reason, why, tc.want)
 		}
+	}
+}
+
+// TestResumeRefusalOfReasoning: an answer the engine's reasoning parser
+// split is refused whatever the request says; tools still name themselves.
+func TestResumeRefusalOfReasoning(t *testing.T) {
+	c, _ := ParseClient(Chat, []byte(`{"model":"m","messages":[{"role":"user","content":"x"}]}`))
+	if reason, _ := resumeRefusal(c, true); reason != RefuseReasoning {
+		t.Fatalf("refusal %q, want %q", reason, RefuseReasoning)
+	}
+	c, _ = ParseClient(Chat, []byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}`))
+	if reason, _ := resumeRefusal(c, true); reason != RefuseTools {
+		t.Fatalf("refusal %q, want %q", reason, RefuseTools)
 	}
 }
 
@@ -134,5 +150,41 @@ func TestRefusedResumeEndsTheAnswer(t *testing.T) {
 	a = streamAnswer(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true,"seed":3,"temperature":0}`)
 	if a.dones != 1 || len(a.errs) != 0 || strings.Join(a.texts, "") != strings.Join(want(10), "") {
 		t.Fatalf("greedy: texts %q, errors %v", a.texts, a.errs)
+	}
+}
+
+// TestReasonedAnswerIsNotResumed: a chat whose engine streamed reasoning
+// (its reasoning parser runs) and then broke ends with resume_refused
+// naming reasoning; the other decode engine is not asked.
+func TestReasonedAnswerIsNotResumed(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := &fakeEngine{t: t, id: "d1", role: "decode"}
+	d1.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 3 {
+			fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":\"think %d \"},\"token_ids\":[%d],\"finish_reason\":null}]}\n\n", i, 1000+i)
+			w.(http.Flusher).Flush()
+		}
+		// the stream breaks: no [DONE]
+	}))
+	t.Cleanup(d1.srv.Close)
+	d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
+	s := newTestRouter(t, p, d1, d2)
+	resp, err := http.Post(s.URL()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":10,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `"reasoning":"think 2 "`) || !strings.Contains(string(body), `"code":"resume_refused"`) ||
+		!strings.Contains(string(body), "(reasoning)") || strings.Count(string(body), "data: [DONE]") != 1 {
+		t.Fatalf("want the reasoning relayed, then one resume_refused naming reasoning and [DONE]; got\n%s", body)
+	}
+	if len(d2.bodies) != 0 {
+		t.Fatalf("the other decode engine got %d legs, want none", len(d2.bodies))
 	}
 }
