@@ -228,6 +228,7 @@ func TestVLLM(t *testing.T) {
 	c, logs := startVLLM(t)
 	t.Run("resume", func(t *testing.T) { testVLLMResume(t, c) })
 	t.Run("structured", func(t *testing.T) { testVLLMStructured(t, c, logs) })
+	t.Run("tools", func(t *testing.T) { testVLLMTools(t, c) })
 	t.Run("stop-strings", func(t *testing.T) { testVLLMStopStrings(t, c) })
 	t.Run("vllm-router", func(t *testing.T) { testVLLMRouter(t, c) })
 	t.Run("vllm-bench-serve", func(t *testing.T) { testVLLMBenchServe(t, c) })

@@ -1,0 +1,210 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/harness/localcluster"
+)
+
+// toolStream is what a streamed chat answer said about tool calls.
+type toolStream struct {
+	calls  map[int]*toolCall // by index
+	finish string
+	errors []string
+	dones  int
+	chunks int
+}
+
+type toolCall struct {
+	Name, Arguments string
+	IDs             int // deltas that carried an id (one: the first)
+}
+
+// postToolStream posts a streamed chat request and merges its tool_calls
+// deltas as an OpenAI client does; onChunk runs after each chunk.
+func postToolStream(ctx context.Context, url string, body map[string]any, onChunk func(n int, header http.Header)) (*toolStream, error) {
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		var e bytes.Buffer
+		_, _ = e.ReadFrom(resp.Body)
+		return nil, fmt.Errorf("status %d: %s", resp.StatusCode, e.String())
+	}
+	s := &toolStream{calls: map[int]*toolCall{}}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if line == "[DONE]" {
+			s.dones++
+			continue
+		}
+		var ch struct {
+			Choices []struct {
+				Delta struct {
+					ToolCalls []struct {
+						Index    int    `json:"index"`
+						ID       string `json:"id"`
+						Function struct {
+							Name      string `json:"name"`
+							Arguments string `json:"arguments"`
+						} `json:"function"`
+					} `json:"tool_calls"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+			Error *struct {
+				Code    string `json:"code"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(line), &ch); err != nil {
+			return s, fmt.Errorf("chunk %q: %w", line, err)
+		}
+		if ch.Error != nil {
+			s.errors = append(s.errors, ch.Error.Code+": "+ch.Error.Message)
+		}
+		for _, c := range ch.Choices {
+			if c.FinishReason != nil {
+				s.finish = *c.FinishReason
+			}
+			for _, tc := range c.Delta.ToolCalls {
+				call := s.calls[tc.Index]
+				if call == nil {
+					call = &toolCall{}
+					s.calls[tc.Index] = call
+				}
+				if tc.ID != "" {
+					call.IDs++
+				}
+				call.Name += tc.Function.Name
+				call.Arguments += tc.Function.Arguments
+			}
+			s.chunks++
+			if onChunk != nil {
+				onChunk(s.chunks, resp.Header)
+			}
+		}
+	}
+	return s, sc.Err()
+}
+
+// weatherTools is one tool the tiny model is made to call.
+var weatherTools = []map[string]any{{"type": "function", "function": map[string]any{
+	"name": "get_weather", "description": "the weather of a city",
+	"parameters": map[string]any{"type": "object", "additionalProperties": false, "required": []string{"city", "days"},
+		"properties": map[string]any{
+			"city": map[string]any{"type": "string", "maxLength": 40},
+			"days": map[string]any{"type": "array", "minItems": 12, "maxItems": 12, "items": map[string]any{"type": "integer", "minimum": 0, "maximum": 99}}}}}}}
+
+func toolChat(prompt string, choice any) map[string]any {
+	b := vllmChat(prompt, 400)
+	delete(b, "ignore_eos")
+	b["tools"], b["tool_choice"] = weatherTools, choice
+	return b
+}
+
+// testVLLMTools (issue 43): a chat that calls a tool (tool_choice
+// "required" and a named function: vLLM's chat layer forces the call's
+// JSON and turns it into delta.tool_calls) through the router gives the
+// client the same tool calls — name, arguments, finish_reason tool_calls —
+// as one vLLM alone, streamed and not; its decode vLLM frozen mid-call, the
+// router ends the answer with resume_refused (tools) instead of resuming it
+// into text.
+func testVLLMTools(t *testing.T, c *localcluster.Cluster) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	named := map[string]any{"type": "function", "function": map[string]any{"name": "get_weather"}}
+	for i, choice := range []any{"required", named} {
+		t.Run(fmt.Sprintf("choice-%d", i), func(t *testing.T) {
+			prompt := vllmPrompt(int64(500+i), 200)
+			ref, err := postToolStream(ctx, engineURL(t, c, "decode-1")+"/v1/chat/completions", toolChat(prompt, choice), nil)
+			if err != nil || ref.dones != 1 || len(ref.calls) == 0 {
+				t.Fatalf("reference from vLLM alone: %v, %+v", err, ref)
+			}
+			got, err := postToolStream(ctx, c.RouterURL()+"/v1/chat/completions", toolChat(prompt, choice), nil)
+			if err != nil || got.dones != 1 || len(got.errors) > 0 {
+				t.Fatalf("through the router: %v, %+v", err, got)
+			}
+			if !reflect.DeepEqual(got.calls, ref.calls) || got.finish != ref.finish {
+				t.Fatalf("tool calls through the router differ from vLLM alone's:\n got %s (finish %s)\nwant %s (finish %s)", dump(got.calls), got.finish, dump(ref.calls), ref.finish)
+			}
+			for idx, call := range got.calls {
+				var args map[string]any
+				if call.Name != "get_weather" || call.IDs != 1 || json.Unmarshal([]byte(call.Arguments), &args) != nil {
+					t.Fatalf("tool call %d: %+v: want get_weather with one id and JSON arguments", idx, call)
+				}
+			}
+			// Not streamed: message.tool_calls assembled by the router.
+			body := toolChat(prompt, choice)
+			body["stream"] = false
+			delete(body, "stream_options")
+			status, ans, err := postJSON(ctx, c.RouterURL()+"/v1/chat/completions", body)
+			if err != nil || status != 200 {
+				t.Fatalf("not streamed: %v %d %v", err, status, ans)
+			}
+			msg := ans["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
+			calls, _ := msg["tool_calls"].([]any)
+			if len(calls) != len(ref.calls) {
+				t.Fatalf("not streamed: %d tool calls, want %d: %v", len(calls), len(ref.calls), msg)
+			}
+			for idx, raw := range calls {
+				fn := raw.(map[string]any)["function"].(map[string]any)
+				if fn["name"] != ref.calls[idx].Name || fn["arguments"] != ref.calls[idx].Arguments {
+					t.Fatalf("not streamed: tool call %d %v, want %+v", idx, fn, ref.calls[idx])
+				}
+			}
+			t.Logf("tool_choice %v: %d call(s) relayed, arguments %d bytes, finish %s", choice, len(got.calls), len(got.calls[0].Arguments), got.finish)
+		})
+	}
+	t.Run("frozen-mid-call-refused", func(t *testing.T) {
+		var victim string
+		got, err := postToolStream(ctx, c.RouterURL()+"/v1/chat/completions", toolChat(vllmPrompt(510, 200), "required"), func(n int, h http.Header) {
+			if n == 12 {
+				victim = h.Get("X-Connex-Decode-Engine")
+				if err := c.Stop(victim + "/engine"); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+		if victim != "" {
+			if err := c.Cont(victim + "/engine"); err != nil {
+				t.Error(err)
+			}
+			defer waitEnginesFor(t, c, 2*time.Minute)
+		}
+		if err != nil || victim == "" {
+			t.Fatalf("stream: %v (victim %q)", err, victim)
+		}
+		if got.dones != 1 || len(got.errors) != 1 || !strings.HasPrefix(got.errors[0], "resume_refused: ") || !strings.Contains(got.errors[0], "(tools)") {
+			t.Fatalf("%d [DONE], errors %v: want one resume_refused naming tools, then [DONE]", got.dones, got.errors)
+		}
+		t.Logf("%s frozen mid-call: %s", victim, got.errors[0])
+	})
+}
+
+func dump(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
