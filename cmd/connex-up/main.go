@@ -125,6 +125,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	prefillUS := fs.Int("prefill-us-per-token", int(d.PrefillPerToken/time.Microsecond), "simulated prefill cost per prompt token, µs")
 	decodeMS := fs.Int("decode-ms-per-token", int(d.DecodePerToken/time.Millisecond), "simulated decode time per output token, ms")
 	connexdArgs := fs.StringArray("connexd-arg", nil, "extra flag for every connexd, repeatable (e.g. --connexd-arg=--kv-load-failure-policy=recompute)")
+	vllmArgs := fs.StringArray("vllm-arg", nil, "extra flag for every `vllm serve`, repeatable (e.g. --vllm-arg=--tool-call-parser --vllm-arg=pythonic); needs --vllm")
 	logLevel := fs.String("log-level", "warn", "every process's log level: debug, info, warn or error")
 	dir := fs.String("dir", "", "directory for the connexds' data (default: a temporary one, removed at exit)")
 	quiet := fs.Bool("quiet", false, "do not show the processes' log lines")
@@ -159,9 +160,9 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	d.LogLevel = *logLevel
 	d.Dir = *dir
 	if *vllmBin != "" {
-		d.VLLM = &localcluster.VLLM{Bin: *vllmBin, Model: *vllmModel, MaxModelLen: *vllmMaxLen, LoadFailurePolicy: *vllmPolicy}
-	} else if *vllmModel != "" {
-		return flags{}, errors.New("--vllm-model needs --vllm")
+		d.VLLM = &localcluster.VLLM{Bin: *vllmBin, Model: *vllmModel, MaxModelLen: *vllmMaxLen, LoadFailurePolicy: *vllmPolicy, Args: *vllmArgs}
+	} else if *vllmModel != "" || len(*vllmArgs) > 0 {
+		return flags{}, errors.New("--vllm-model and --vllm-arg need --vllm")
 	}
 	if *engineUser != "" {
 		u, err := parseUser(*engineUser)

@@ -66,7 +66,10 @@ func startVLLM(t *testing.T) (*localcluster.Cluster, *safeBuffer) {
 		// (first and resumed) is a pull connexd translates between block
 		// sizes in the CPU attention's in-block order.
 		ArgsFor: map[string][]string{"prefill-0": {"--block-size", strconv.Itoa(vllmPrefillBlockSize)}},
-		Args:    vllmStructuredArgs,
+		// Compact JSON (vllm_structured_test.go) and a tool parser, as
+		// `make run-vllm` runs (vLLM 0.32 serves tool_choice required or a
+		// named function only with one).
+		Args: append(append([]string{}, vllmStructuredArgs...), "--enable-auto-tool-choice", "--tool-call-parser", "pythonic"),
 	}
 	// Each decode connexd's own policy follows its engine's (the router's
 	// answer to a failed load).
