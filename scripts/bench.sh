@@ -33,7 +33,8 @@
 #                      BENCH_ROUTER_PPROF_IDLE=file one of it idle
 #   bench.sh pace      a decode vLLM's pace through Connex against the same engine alone, interleaved (PACE
 #                      engine_itl_vs_alone= client_gap_p99_vs_alone= max_gap_vs_alone=); BENCH_ROUNDS,
-#                      BENCH_PACE_TOKENS, BENCH_VLLM_MODEL (default: the tiny model)
+#                      BENCH_PACE_TOKENS, BENCH_VLLM_MODEL (default: the tiny model), BENCH_PACE_ISOLATE=1 (decode-0
+#                      alone on CPU 1, all else on CPU 0), BENCH_PACE_PROGRESS_EVERY=n (request.progress every n tokens)
 #   bench.sh grammar   what a resume's grammar carry-over costs: connex_vllm.grammar.advance (vLLM's XgrammarGrammar)
 #                      over k = 20 and 200 generated tokens, regex / json / grammar, beside the grammar work of
 #                      sampling them (GRAMMAR ...); the tiny model's tokenizer

@@ -3,8 +3,12 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,6 +50,11 @@ func BenchmarkVLLMPace(b *testing.B) {
 	o.Model = vllmModel
 	o.LogLevel = "warn"
 	o.VLLM = &localcluster.VLLM{Bin: bin, Model: model, MaxModelLen: 2048}
+	if n := envInt("BENCH_PACE_PROGRESS_EVERY", 0); n > 0 {
+		// request.progress every n tokens (the connector's default is 8):
+		// what the checkpoints cost the engine's step loop.
+		o.VLLM.Connector = map[string]any{"progress_every": n}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	c, err := localcluster.Start(ctx, o)
 	cancel()
@@ -54,6 +63,53 @@ func BenchmarkVLLMPace(b *testing.B) {
 	}
 	defer c.Close()
 	bg := context.Background()
+	engines := []string{"decode-0", "decode-1"}
+	if os.Getenv("BENCH_PACE_ISOLATE") == "1" {
+		// How much of the gap is CPU shared with Connex's processes: decode-0
+		// (its API server and engine core) alone on CPU 1, everything else —
+		// router, connexds, NATS, the prefill engine, this client — on CPU 0;
+		// decode-1 killed so that every request lands on decode-0.
+		if runtime.NumCPU() < 2 {
+			b.Skip("BENCH_PACE_ISOLATE needs two CPUs")
+		}
+		if err := c.Kill("decode-1/engine"); err != nil {
+			b.Fatal(err)
+		}
+		engines = engines[:1]
+		checkFor(b, 30*time.Second, 100*time.Millisecond, func() error {
+			req, _ := http.NewRequest(http.MethodGet, c.RouterURL()+"/connex/v1/engines", nil)
+			req.Header.Set("Authorization", "Bearer "+c.AdminKey())
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || strings.Contains(string(body), `"engine_id":"decode-1"`) {
+				return fmt.Errorf("the router still lists decode-1 (%d)", resp.StatusCode)
+			}
+			return nil
+		})
+		pinned := map[int]bool{}
+		for name, pid := range c.PIDs() {
+			cpu := 0
+			if name == "decode-0/engine" {
+				cpu = 1
+			}
+			for _, p := range append(processGroup(pid), pid) {
+				if !pinned[p] {
+					pinned[p] = true
+					if err := pinProcess(p, cpu); err != nil {
+						b.Logf("%s: %v", name, err)
+					}
+				}
+			}
+		}
+		if err := pinProcess(os.Getpid(), 0); err != nil {
+			b.Fatal(err)
+		}
+		fmt.Printf("isolated: decode-0's %d processes on CPU 1, %d others on CPU 0\n", len(processGroup(c.PIDs()["decode-0/engine"])), len(pinned)-len(processGroup(c.PIDs()["decode-0/engine"])))
+	}
 	// itl is engine url's vLLM inter-token latency so far: sum and count.
 	itl := func(url string) (float64, float64) {
 		m := must2(scrape(url + "/metrics"))
@@ -87,7 +143,7 @@ func BenchmarkVLLMPace(b *testing.B) {
 	}
 	counters := func() map[string][2]float64 {
 		out := map[string][2]float64{}
-		for _, d := range []string{"decode-0", "decode-1"} {
+		for _, d := range engines {
 			s, n := itl(engineURL(b, c, d))
 			out[d] = [2]float64{s, n}
 		}

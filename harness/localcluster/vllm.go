@@ -45,6 +45,10 @@ type VLLM struct {
 	ArgsFor map[string][]string
 	// Env are extra environment variables (KEY=VALUE) for every engine.
 	Env []string
+	// Connector are extra ConnexConnector settings (kv_connector_extra_config,
+	// e.g. {"progress_every": 64}) for every engine; the member, NATS and
+	// base_url settings are the cluster's and cannot be overridden here.
+	Connector map[string]any
 }
 
 // vllmStartTimeout is the default start bound with real engines: loading
@@ -84,7 +88,11 @@ func (v *VLLM) kvTransferConfig(name string, role Role, natsURL, baseURL, creds 
 	if role == RolePrefill {
 		kvRole = "kv_producer"
 	}
-	extra := map[string]any{"member": name, "nats_url": natsURL, "base_url": baseURL}
+	extra := map[string]any{}
+	for k, v := range v.Connector {
+		extra[k] = v
+	}
+	extra["member"], extra["nats_url"], extra["base_url"] = name, natsURL, baseURL
 	if creds != "" {
 		extra["nats_creds"] = creds
 	}

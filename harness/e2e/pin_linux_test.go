@@ -1,0 +1,49 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// processGroup lists the processes of group pgid (a `vllm serve`: its API
+// server and its engine core), from /proc.
+func processGroup(pgid int) []int {
+	var out []int
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		if g, err := unix.Getpgid(pid); err == nil && g == pgid {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// pinProcess binds every thread of pid to cpu.
+func pinProcess(pid, cpu int) error {
+	var set unix.CPUSet
+	set.Set(cpu)
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	if err != nil || len(tasks) == 0 {
+		return fmt.Errorf("threads of %d: %v", pid, err)
+	}
+	var errs []string
+	for _, t := range tasks {
+		tid, _ := strconv.Atoi(filepath.Base(t))
+		if err := unix.SchedSetaffinity(tid, &set); err != nil && err != unix.ESRCH {
+			errs = append(errs, fmt.Sprintf("%d: %v", tid, err))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("pin %d to cpu %d: %s", pid, cpu, strings.Join(errs, "; "))
+	}
+	return nil
+}
