@@ -1,0 +1,11 @@
+//go:build !linux
+
+package e2e
+
+import "errors"
+
+// processGroup is Linux-only (/proc); elsewhere BenchmarkVLLMPace cannot
+// isolate an engine's CPU.
+func processGroup(int) []int { return nil }
+
+func pinProcess(int, int) error { return errors.New("pinning a process to a CPU needs Linux") }
