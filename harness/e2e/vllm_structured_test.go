@@ -154,21 +154,7 @@ func testVLLMStructured(t *testing.T, c *localcluster.Cluster, logs *safeBuffer)
 				}
 			})
 			if victim != "" {
-				defer func() {
-					if tc.signal == "stop" {
-						if err := c.Cont(victim + "/engine"); err != nil {
-							t.Error(err)
-						}
-					} else {
-						rctx, rcancel := context.WithTimeout(ctx, 5*time.Minute)
-						defer rcancel()
-						if err := c.Restart(rctx, victim+"/engine"); err != nil {
-							t.Error(err)
-							return
-						}
-					}
-					waitEnginesFor(t, c, 2*time.Minute)
-				}()
+				defer bringBack(ctx, t, c, tc.signal, victim)
 			}
 			if err != nil || faultErr != nil || victim == "" {
 				t.Fatalf("stream: %v; fault on %q: %v", err, victim, faultErr)

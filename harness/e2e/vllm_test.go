@@ -289,21 +289,7 @@ func testVLLMResume(t *testing.T, c *localcluster.Cluster) {
 				t.Fatal("the router named no decode engine (X-Connex-Decode-Engine)")
 			}
 			// Put the victim back for what follows, whatever the checks say.
-			defer func() {
-				if tc.signal == "stop" {
-					if err := c.Cont(victim + "/engine"); err != nil {
-						t.Error(err)
-					}
-				} else {
-					rctx, rcancel := context.WithTimeout(ctx, 5*time.Minute)
-					defer rcancel()
-					if err := c.Restart(rctx, victim+"/engine"); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-				waitEnginesFor(t, c, 2*time.Minute)
-			}()
+			defer bringBack(ctx, t, c, tc.signal, victim)
 			other := "decode-0"
 			if victim == "decode-0" {
 				other = "decode-1"
@@ -335,6 +321,26 @@ func testVLLMResume(t *testing.T, c *localcluster.Cluster) {
 			})
 		})
 	}
+}
+
+// bringBack puts a decode engine faulted with signal ("kill" or "stop")
+// back for the checks that follow: a stopped one continues, a killed one
+// starts again; then every engine is registered.
+func bringBack(ctx context.Context, t *testing.T, c *localcluster.Cluster, signal, victim string) {
+	t.Helper()
+	if signal == "stop" {
+		if err := c.Cont(victim + "/engine"); err != nil {
+			t.Error(err)
+		}
+	} else {
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer rcancel()
+		if err := c.Restart(rctx, victim+"/engine"); err != nil {
+			t.Error(err)
+			return
+		}
+	}
+	waitEnginesFor(t, c, 2*time.Minute)
 }
 
 // waitEnginesFor is waitEngines with a longer bound (a vLLM takes a minute
