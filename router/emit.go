@@ -45,6 +45,10 @@ type emitter struct {
 	// whole gathers a non-streamed answer's logprobs, reasoning and tool
 	// calls (passthrough.go); nil until a chunk carries one.
 	whole *answerExtras
+	// replay, on a replayed leg, is how far it came (replay.go); sent is
+	// the reasoning and tool calls the client has, which it compares.
+	replay *replayCursor
+	sent   *sentExtras
 	// failed: the engine sent what the answer cannot hold (more extras
 	// than maxExtrasBytes, or malformed ones); the relay ends the answer
 	// with it.
@@ -171,6 +175,23 @@ func (e *emitter) tokens(text string, ids []uint32, finish *string, x *engineCho
 	}
 	if x != nil && !e.carries(x) {
 		x = nil
+	}
+	if e.replay != nil {
+		var err error
+		if text, ids, x, err = e.filterReplay(text, ids, x); err != nil {
+			code, reason := CodeEngineFailed, ""
+			if _, ok := err.(*errDiverged); ok {
+				code, reason = CodeResumeRefused, " ("+RefuseDiverged+")"
+			}
+			e.failed = serverError(code, "decode engine %s, resuming the answer by replay: %v%s", e.decodeEngine(), err, reason)
+			return
+		}
+	}
+	if x != nil && e.c.Kind == Chat && (x.Delta.Reasoning != "" || x.Delta.ReasoningContent != "" || x.Delta.ToolCalls != "") {
+		if err := e.sentX().keep(x); err != nil {
+			e.failed = serverError(CodeEngineFailed, "decode engine %s: %v", e.decodeEngine(), err)
+			return
+		}
 	}
 	if x != nil && (x.Delta.Reasoning != "" || x.Delta.ReasoningContent != "") {
 		e.reasoned = true // a reasoning parser split this answer: a resumed leg would not (resumeRefusal)

@@ -304,15 +304,32 @@ func DecodeBody(c *ClientRequest, params json.RawMessage, requestID string) ([]b
 	if err != nil {
 		return nil, err
 	}
+	return decodeBody(c, p), nil
+}
+
+func decodeBody(c *ClientRequest, params json.RawMessage) []byte {
 	b := maps.Clone(c.Body)
 	b["stream"] = rawTrue
 	b["stream_options"] = rawIncludeUsage
 	b["return_token_ids"] = rawTrue
-	b["kv_transfer_params"] = p
+	b["kv_transfer_params"] = params
 	if c.Kind == Completions {
 		b["max_tokens"] = strconv.AppendInt(nil, int64(c.MaxTokens), 10)
 	}
-	return encode(b), nil
+	return encode(b)
+}
+
+// ReplayBody is a decode leg that resumes a request by replay (replay.go):
+// the first decode leg again (the client's request, the prefill's
+// kv_transfer_params), with connex_resume, so the engine's connector takes
+// the request over and loads the hold's KV. The engine generates the answer
+// again from its first token, its grammar from its start.
+func ReplayBody(c *ClientRequest, params json.RawMessage, requestID string) ([]byte, error) {
+	p, err := withRequestID(params, requestID, 0)
+	if err != nil {
+		return nil, err
+	}
+	return decodeBody(c, p), nil
 }
 
 // ResumeBody is a resumed decode leg: a /v1/completions request whose prompt

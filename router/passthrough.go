@@ -140,12 +140,12 @@ type answerToolCall struct {
 // toolCallDelta is one element of a chat delta's tool_calls.
 type toolCallDelta struct {
 	Index    *int    `json:"index"`
-	ID       *string `json:"id"`
-	Type     *string `json:"type"`
+	ID       *string `json:"id,omitempty"`
+	Type     *string `json:"type,omitempty"`
 	Function *struct {
-		Name      *string `json:"name"`
-		Arguments *string `json:"arguments"`
-	} `json:"function"`
+		Name      *string `json:"name,omitempty"`
+		Arguments *string `json:"arguments,omitempty"`
+	} `json:"function,omitempty"`
 }
 
 // gatheredCall is a tool call being gathered from its deltas.

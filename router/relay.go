@@ -265,6 +265,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		lastTok   time.Time
 		decoders  []string
 		prevStops *stopFilter // the stop filter before a resume set its own
+		replay    bool        // the request resumes by replay (replay.go)
 	)
 	defer func() {
 		if pending != nil {
@@ -301,11 +302,23 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		decoders = append(decoders, id)
 		out.connex["decode_engines"] = decoders
 		out.connex["resumes"] = resumes
+		if resumes > 0 && s.cfg.Authorize != nil {
+			if aerr := s.cfg.Authorize(ctx, e, rid); aerr != nil {
+				s.log.Warn("resume: the engine's member refused the router's grant; trying another", "request_id", rid, "engine", id, "err", aerr)
+				continue
+			}
+		}
 		var body []byte
 		var err error
-		if resumes == 0 {
+		switch {
+		case resumes == 0:
 			body, err = DecodeBody(c, pre.params, rid)
-		} else {
+		case replay:
+			// The client's request again, generated again from its first
+			// token: the relay leaves out what the client has (replay.go).
+			body, err = ReplayBody(c, pre.params, rid)
+			out.startReplay()
+		default:
 			if planted("second-prefill-on-resume") { // a planted bug (chaos harness tests only)
 				if p2, perr := s.prefill(ctx, c, rid); perr == nil {
 					pre = p2
@@ -317,12 +330,6 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			}
 			gen := out.resumePoint()
 			body, err = ResumeBody(c, pre.promptIDs, gen, pre.params, rid)
-			if err == nil && s.cfg.Authorize != nil {
-				if aerr := s.cfg.Authorize(ctx, e, rid); aerr != nil {
-					s.log.Warn("resume: the engine's member refused the router's grant; trying another", "request_id", rid, "engine", id, "err", aerr)
-					continue
-				}
-			}
 			prevStops = out.stops
 			if stops, include := stopStrings(c.Body); err == nil && len(stops) > 0 {
 				out.stops = newStopFilter(stops, include, out.text.String(), s.withheld(ctx, e, c.Model, gen, out.text.String(), rid))
@@ -332,7 +339,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			return serverError(CodeResumeFailed, "request %s: %v", rid, err)
 		}
 		path := c.Kind.Path()
-		if resumes > 0 {
+		if resumes > 0 && !replay {
 			path = Completions.Path()
 		}
 		// Whether a stalled leg could move: an engine not yet tried serves
@@ -352,7 +359,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			res.abandon()
 			// The resume point's skip (ids the new leg would regenerate)
 			// goes with the new leg: the old leg's ids are all new.
-			out.stops, out.skipIDs = prevStops, 0
+			out.stops, out.skipIDs, out.replay = prevStops, 0, nil
 			s.log.Info("the decode leg given up finished its answer first; relaying it", "request_id", rid,
 				"engine", pending.engine, "resumed_on", id)
 			for _, ch := range pending.answer() {
@@ -373,6 +380,9 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			return nil
 		case legRejected:
 			res.abandon()
+			if res.err.Code == CodeResumeRefused { // a replay that drew other tokens
+				s.metrics.refused.WithLabelValues(RefuseDiverged).Inc()
+			}
 			return res.err
 		}
 		out.flush() // the tokens the failed leg relayed, before the resume's wait
@@ -382,14 +392,22 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		pending = res.retired
 		failedAt = s.clock.Now()
 		lastErr = res.err.Message
-		if reason, why := resumeRefusal(c, out.reasoned); reason != "" {
-			// Never a different answer: the client learns where its answer
-			// ends and why, instead of a stream that goes on unlike itself.
-			s.metrics.refused.WithLabelValues(reason).Inc()
-			s.log.Warn("decode leg failed; the request cannot be resumed exactly, ending it", "request_id", rid, "engine", id,
-				"reason", reason, "tokens_so_far", len(out.ids), "err", res.err.Message)
-			return serverError(CodeResumeRefused, "request %s: its decode engine failed after %d tokens (%s) and it cannot be resumed into the same answer: %s (%s)",
-				rid, len(out.ids), res.err.Message, why, reason)
+		if reason, why := resumeRefusal(c, out.reasoned); reason != "" && !replay {
+			if !replayable(c) {
+				// Never a different answer: the client learns where its
+				// answer ends and why, instead of a stream that goes on
+				// unlike itself.
+				s.metrics.refused.WithLabelValues(reason).Inc()
+				s.log.Warn("decode leg failed; the request cannot be resumed exactly, ending it", "request_id", rid, "engine", id,
+					"reason", reason, "tokens_so_far", len(out.ids), "err", res.err.Message)
+				return serverError(CodeResumeRefused, "request %s: its decode engine failed after %d tokens (%s) and it cannot be resumed into the same answer: %s, and it samples without a seed, so generating it again would draw other tokens (%s)",
+					rid, len(out.ids), res.err.Message, why, reason)
+			}
+			replay = true
+			s.log.Info("the request resumes by replay: generated again from its first token", "request_id", rid, "why", reason)
+		}
+		if replay {
+			s.metrics.replays.Inc()
 		}
 		s.metrics.resumes.WithLabelValues(res.reason).Inc()
 		if resumes >= s.cfg.MaxResumes {
@@ -550,7 +568,9 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 			if chunkHasToken(ch) {
 				prevDone = nil // this leg delivers: no switch back
 				s.heardFrom(id, now)
-				onTokens(now)
+				if !out.replayed(len(ids)) { // a replay's tokens the client has are no tokens to it
+					onTokens(now)
+				}
 				arm(stall.Token(now))
 			}
 			out.tokens(text, ids, fin, ch.extras())

@@ -33,10 +33,16 @@ const (
 	// reasoning and content; a resumed leg is a completion that no parser
 	// splits, so the rest of the reasoning would arrive as content.
 	RefuseReasoning = "reasoning"
+	// RefuseDiverged: a request resumed by replay (replay.go) whose resumed
+	// engine, generating the answer again, drew other tokens than the
+	// client has.
+	RefuseDiverged = "diverged"
 )
 
-// resumeRefusal says whether a request can be resumed into the answer it
-// would have had without the failure, and if not, why: reason is one of
+// resumeRefusal says whether a prefix resume (a completion of the prompt
+// and the generated tokens) gives the answer the request would have had
+// without the failure, and if not, why; such a request resumes by replay
+// when it is replayable, else it is refused: reason is one of
 // the Refuse* labels and why the sentence for the client. Structured
 // outputs (structured_outputs, response_format) can: the resumed engine's
 // connector advances the grammar over the generated tokens. Greedy and

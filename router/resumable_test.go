@@ -125,15 +125,17 @@ func TestResumeBodyKeepsStructuredOutputs(t *testing.T) {
 }
 
 // TestRefusedResumeEndsTheAnswer: a request the router cannot resume
-// exactly (here: seeded sampling) whose decode engine breaks mid-stream ends
-// with one resume_refused error and [DONE] after the tokens it had; no
-// other engine is asked, and the refusal is counted by reason.
+// exactly (here: output penalties, sampled without a seed, which neither a
+// prefix resume nor a replay gives again) whose decode engine breaks
+// mid-stream ends with one resume_refused error and [DONE] after the tokens
+// it had; no other engine is asked, and the refusal is counted by reason.
+// The same request seeded resumes by replay.
 func TestRefusedResumeEndsTheAnswer(t *testing.T) {
 	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
 	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", failAfter: 4}).start()
 	d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
 	s := newTestRouter(t, p, d1, d2)
-	a := streamAnswer(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true,"seed":3,"temperature":0.8}`)
+	a := streamAnswer(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true,"presence_penalty":0.5,"temperature":0.8}`)
 	if a.dones != 1 || fmt.Sprint(a.errs) != "[resume_refused]" || strings.Join(a.texts, "") != strings.Join(want(4), "") {
 		t.Fatalf("texts %q, %d [DONE], errors %v: want the 4 tokens, one resume_refused and [DONE]", a.texts, a.dones, a.errs)
 	}
@@ -146,10 +148,21 @@ func TestRefusedResumeEndsTheAnswer(t *testing.T) {
 	if n := counted(t, s, "connex_router_resumes_total"); n != 0 {
 		t.Fatalf("connex_router_resumes_total = %v, want 0", n)
 	}
-	// The same request greedy resumes.
-	a = streamAnswer(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true,"seed":3,"temperature":0}`)
+	// Seeded, it is generated again on d2 from its first token (a replay:
+	// the client's prompt, not the generated ids), and the client gets
+	// each token once.
+	a = streamAnswer(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true,"presence_penalty":0.5,"temperature":0.8,"seed":3}`)
 	if a.dones != 1 || len(a.errs) != 0 || strings.Join(a.texts, "") != strings.Join(want(10), "") {
-		t.Fatalf("greedy: texts %q, errors %v", a.texts, a.errs)
+		t.Fatalf("seeded: texts %q, errors %v", a.texts, a.errs)
+	}
+	if len(d2.bodies) != 1 || d2.bodies[0]["prompt"] != "abc" || d2.bodies[0]["max_tokens"] != float64(10) || d2.bodies[0]["seed"] != float64(3) {
+		t.Fatalf("the replayed leg: %v, want the client's request again", d2.bodies)
+	}
+	if kv, _ := d2.bodies[0]["kv_transfer_params"].(map[string]any); kv["connex_resume"] != true || kv["connex_resume_generated"] != nil {
+		t.Fatalf("the replayed leg's kv_transfer_params %v: want connex_resume and no generated tokens", kv)
+	}
+	if n := counted(t, s, "connex_router_resume_replays_total"); n != 1 {
+		t.Fatalf("connex_router_resume_replays_total = %v, want 1", n)
 	}
 }
 

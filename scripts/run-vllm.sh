@@ -13,6 +13,8 @@ venv=${paths[0]} model=${paths[1]}
 echo "run-vllm: vLLM in $venv, model in $model; starting the cluster (about a minute while vLLM loads)…"
 # shellcheck disable=SC2086 # RUN_ARGS is a list of flags
 # A tool parser, so that chats with tools work (tool_choice auto, required or a named function: the router relays
-# their tool_calls, and refuses to resume them, README "What a resume keeps"); pythonic needs no special tokens.
+# their tool_calls, and resumes them by replay, README "What a resume keeps"); pythonic needs no special tokens.
+# The chat template puts the request's tools into the prompt (the tiny model's own template has no place for them).
 exec ./bin/connex-up --connexd ./bin/connexd --vllm "$venv/bin/vllm" --vllm-model "$model" --model tiny \
-  --vllm-arg=--enable-auto-tool-choice --vllm-arg=--tool-call-parser --vllm-arg=pythonic ${RUN_ARGS:-}
+  --vllm-arg=--enable-auto-tool-choice --vllm-arg=--tool-call-parser --vllm-arg=pythonic \
+  --vllm-arg=--chat-template="$(pwd)/engine/vllm-connector/vllm-cpu/tiny-chat-template.jinja" ${RUN_ARGS:-}

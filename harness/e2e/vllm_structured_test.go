@@ -77,9 +77,10 @@ func structuredCompletion(prompt string, so map[string]any) map[string]any {
 // dead engine left it: the answer equals one vLLM's serving it alone, token
 // for token, satisfies the constraint, and cost one prefill. Before the
 // fix the resumed engine started the grammar again from its root and the
-// answer broke the constraint. Then a request the router cannot resume
-// exactly (a seeded sampler) ends with one resume_refused error instead of
-// a different answer.
+// answer broke the constraint. Then a seeded sampler with logprobs resumes
+// by replay, equal to vLLM alone, and a request neither a prefix resume nor
+// a replay gives again (output penalties, unseeded) ends with one
+// resume_refused error instead of a different answer.
 func testVLLMStructured(t *testing.T, c *localcluster.Cluster, logs *safeBuffer) {
 	prefillURL := engineURL(t, c, "prefill-0")
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -179,44 +180,68 @@ func testVLLMStructured(t *testing.T, c *localcluster.Cluster, logs *safeBuffer)
 		})
 	}
 
-	// A seeded sampler restarts on a resumed leg: the router ends the
-	// answer where it is instead of streaming a different one.
-	t.Run("seeded-refused-SIGSTOP", func(t *testing.T) {
+	// A seeded sampler would restart on a prefix resume: the router
+	// resumes the request by replay (the resumed engine generates it again
+	// from its first token with the same seed) and the client gets the
+	// seeded answer whole. Unseeded, with output penalties, neither gives
+	// the answer again: the router ends it where it is.
+	t.Run("seeded-replayed-SIGSTOP", func(t *testing.T) {
 		body := vllmCompletion(vllmPrompt(399, 300), 120)
-		body["temperature"], body["seed"] = 0.8, 7
+		body["temperature"], body["seed"], body["logprobs"] = 0.8, 7, 2
 		ref, err := postStream(ctx, engineURL(t, c, "decode-1")+"/v1/completions", body, nil)
 		if err != nil || ref.status != 200 || len(ref.ids) != 120 {
 			t.Fatalf("reference: %v %d %s", err, ref.status, ref.body)
 		}
+		replays := routerMetric("connex_router_resume_replays_total")
+		got, victim := streamFrozenAt(ctx, t, c, "/v1/completions", body, faultAt)
+		if got.status != 200 || got.dones != 1 || len(got.errors) != 0 {
+			t.Fatalf("status %d %s, %d [DONE], errors %v", got.status, got.body, got.dones, got.errors)
+		}
+		if !slices.Equal(got.ids, ref.ids) || got.text() != ref.text() {
+			t.Fatalf("the replayed answer differs from the seeded reference:\n got %q\nwant %q", got.text(), ref.text())
+		}
+		if d := routerMetric("connex_router_resume_replays_total") - replays; d != 1 {
+			t.Fatalf("connex_router_resume_replays_total grew by %v, want 1", d)
+		}
+		t.Logf("seeded sampler with logprobs, %s frozen after %d tokens: replayed, %d tokens equal to vLLM alone's", victim, faultAt, len(got.ids))
+	})
+	t.Run("penalty-unseeded-refused-SIGSTOP", func(t *testing.T) {
+		body := vllmCompletion(vllmPrompt(398, 300), 120)
+		body["temperature"], body["presence_penalty"] = 0.8, 0.5
 		refused := routerMetric("connex_router_resumes_refused_total")
-		var victim string
-		got, err := postStream(ctx, c.RouterURL()+"/v1/completions", body, func(n int, s *streamed) {
-			if n == faultAt {
-				victim = s.header.Get("X-Connex-Decode-Engine")
-				if err := c.Stop(victim + "/engine"); err != nil {
-					t.Error(err)
-				}
-			}
-		})
-		if victim != "" {
-			if err := c.Cont(victim + "/engine"); err != nil {
-				t.Error(err)
-			}
-			defer waitEnginesFor(t, c, 2*time.Minute)
-		}
-		if err != nil || victim == "" {
-			t.Fatalf("stream: %v (victim %q)", err, victim)
-		}
+		got, _ := streamFrozenAt(ctx, t, c, "/v1/completions", body, faultAt)
 		if got.status != 200 || got.dones != 1 || len(got.errors) != 1 || !strings.HasPrefix(got.errors[0], "resume_refused: ") ||
-			!strings.Contains(got.errors[0], "seeded_sampling") {
-			t.Fatalf("status %d %s, %d [DONE], errors %v: want one resume_refused error naming seeded_sampling, then [DONE]", got.status, got.body, got.dones, got.errors)
-		}
-		if len(got.ids) < faultAt || len(got.ids) >= len(ref.ids) || !strings.HasPrefix(ref.text(), got.text()) {
-			t.Fatalf("the answer before the error (%d tokens) is not the seeded reference's beginning:\n got %q\nwant a prefix of %q", len(got.ids), got.text(), ref.text())
+			!strings.Contains(got.errors[0], "output_penalties") || len(got.ids) < faultAt || len(got.ids) >= 120 {
+			t.Fatalf("status %d %s, %d [DONE], %d tokens, errors %v: want one resume_refused error naming output_penalties, then [DONE]", got.status, got.body, got.dones, len(got.ids), got.errors)
 		}
 		if d := routerMetric("connex_router_resumes_refused_total") - refused; d != 1 {
 			t.Fatalf("connex_router_resumes_refused_total grew by %v, want 1", d)
 		}
-		t.Logf("seeded sampler, %s frozen after %d tokens: %s", victim, faultAt, got.errors[0])
+		t.Logf("unseeded sampler with a presence penalty: %s", got.errors[0])
 	})
+}
+
+// streamFrozenAt streams body through the router and SIGSTOPs its decode
+// vLLM after n chunks; the engine is continued and waited for afterwards.
+func streamFrozenAt(ctx context.Context, t *testing.T, c *localcluster.Cluster, path string, body map[string]any, n int) (*streamed, string) {
+	t.Helper()
+	var victim string
+	got, err := postStream(ctx, c.RouterURL()+path, body, func(i int, s *streamed) {
+		if i == n {
+			victim = s.header.Get("X-Connex-Decode-Engine")
+			if err := c.Stop(victim + "/engine"); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if victim != "" {
+		if err := c.Cont(victim + "/engine"); err != nil {
+			t.Error(err)
+		}
+		t.Cleanup(func() { waitEnginesFor(t, c, 2*time.Minute) })
+	}
+	if err != nil || victim == "" {
+		t.Fatalf("stream: %v (victim %q)", err, victim)
+	}
+	return got, victim
 }

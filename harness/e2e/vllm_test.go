@@ -66,10 +66,12 @@ func startVLLM(t *testing.T) (*localcluster.Cluster, *safeBuffer) {
 		// (first and resumed) is a pull connexd translates between block
 		// sizes in the CPU attention's in-block order.
 		ArgsFor: map[string][]string{"prefill-0": {"--block-size", strconv.Itoa(vllmPrefillBlockSize)}},
-		// Compact JSON (vllm_structured_test.go) and a tool parser, as
-		// `make run-vllm` runs (vLLM 0.32 serves tool_choice required or a
-		// named function only with one).
-		Args: append(append([]string{}, vllmStructuredArgs...), "--enable-auto-tool-choice", "--tool-call-parser", "pythonic"),
+		// Compact JSON (vllm_structured_test.go), a tool parser and the
+		// chat template that renders tools, as `make run-vllm` runs (vLLM
+		// 0.32 serves tool_choice required or a named function only with
+		// a parser).
+		Args: append(append([]string{}, vllmStructuredArgs...), "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+			"--chat-template", tinyChatTemplate(t)),
 	}
 	// Each decode connexd's own policy follows its engine's (the router's
 	// answer to a failed load).
@@ -114,6 +116,19 @@ func startVLLM(t *testing.T) (*localcluster.Cluster, *safeBuffer) {
 		}
 	})
 	return c, logs
+}
+
+// tinyChatTemplate is the tiny model's chat template with tools
+// (engine/vllm-connector/vllm-cpu/tiny-chat-template.jinja), as an absolute path.
+func tinyChatTemplate(t testing.TB) string {
+	p, err := filepath.Abs("../../engine/vllm-connector/vllm-cpu/tiny-chat-template.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("the tiny model's chat template: %v", err)
+	}
+	return p
 }
 
 // vllmPrompt is a seeded prompt of n words: long enough to fill several KV

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"reflect"
 	"strings"
@@ -17,11 +18,22 @@ import (
 
 // toolStream is what a streamed chat answer said about tool calls.
 type toolStream struct {
-	calls  map[int]*toolCall // by index
-	finish string
-	errors []string
-	dones  int
-	chunks int
+	calls   map[int]*toolCall // by index
+	content string
+	// logprobs are the chosen tokens' (logprobs.content), in order.
+	logprobs []chatLogprob
+	finish   string
+	errors   []string
+	dones    int
+	chunks   int
+}
+
+type chatLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+	Top     []struct {
+		Token string `json:"token"`
+	} `json:"top_logprobs"`
 }
 
 type toolCall struct {
@@ -63,6 +75,7 @@ func postToolStream(ctx context.Context, url string, body map[string]any, onChun
 		var ch struct {
 			Choices []struct {
 				Delta struct {
+					Content   string `json:"content"`
 					ToolCalls []struct {
 						Index    int    `json:"index"`
 						ID       string `json:"id"`
@@ -72,6 +85,9 @@ func postToolStream(ctx context.Context, url string, body map[string]any, onChun
 						} `json:"function"`
 					} `json:"tool_calls"`
 				} `json:"delta"`
+				Logprobs *struct {
+					Content []chatLogprob `json:"content"`
+				} `json:"logprobs"`
 				FinishReason *string `json:"finish_reason"`
 			} `json:"choices"`
 			Error *struct {
@@ -88,6 +104,10 @@ func postToolStream(ctx context.Context, url string, body map[string]any, onChun
 		for _, c := range ch.Choices {
 			if c.FinishReason != nil {
 				s.finish = *c.FinishReason
+			}
+			s.content += c.Delta.Content
+			if c.Logprobs != nil {
+				s.logprobs = append(s.logprobs, c.Logprobs.Content...)
 			}
 			for _, tc := range c.Delta.ToolCalls {
 				call := s.calls[tc.Index]
@@ -130,8 +150,8 @@ func toolChat(prompt string, choice any) map[string]any {
 // JSON and turns it into delta.tool_calls) through the router gives the
 // client the same tool calls — name, arguments, finish_reason tool_calls —
 // as one vLLM alone, streamed and not; its decode vLLM frozen mid-call, the
-// router ends the answer with resume_refused (tools) instead of resuming it
-// into text.
+// router resumes it by replay into the same call, and a sampled, unseeded
+// one ends with resume_refused (tools) instead of a different call.
 func testVLLMTools(t *testing.T, c *localcluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -178,30 +198,90 @@ func testVLLMTools(t *testing.T, c *localcluster.Cluster) {
 			t.Logf("tool_choice %v: %d call(s) relayed, arguments %d bytes, finish %s", choice, len(got.calls), len(got.calls[0].Arguments), got.finish)
 		})
 	}
-	t.Run("frozen-mid-call-refused", func(t *testing.T) {
-		var victim string
-		got, err := postToolStream(ctx, c.RouterURL()+"/v1/chat/completions", toolChat(vllmPrompt(510, 200), "required"), func(n int, h http.Header) {
-			if n == 12 {
-				victim = h.Get("X-Connex-Decode-Engine")
-				if err := c.Stop(victim + "/engine"); err != nil {
-					t.Error(err)
+	// Frozen in the middle of the call's arguments, the request resumes by
+	// replay on the other decode vLLM (its chat layer runs again over the
+	// whole answer): the client's tool call equals vLLM alone's, with one
+	// id. Sampled without a seed, it cannot be given again: resume_refused.
+	t.Run("frozen-mid-call-replayed", func(t *testing.T) {
+		body := toolChat(vllmPrompt(510, 200), "required")
+		ref, err := postToolStream(ctx, engineURL(t, c, "decode-1")+"/v1/chat/completions", body, nil)
+		if err != nil || ref.dones != 1 || len(ref.calls) == 0 {
+			t.Fatalf("reference from vLLM alone: %v, %+v", err, ref)
+		}
+		got, victim := toolStreamFrozenAt(ctx, t, c, body, 12)
+		if got.dones != 1 || len(got.errors) != 0 || !reflect.DeepEqual(got.calls, ref.calls) || got.finish != ref.finish {
+			t.Fatalf("resumed mid-call: %d [DONE], errors %v\n got %s (finish %s)\nwant %s (finish %s)", got.dones, got.errors, dump(got.calls), got.finish, dump(ref.calls), ref.finish)
+		}
+		t.Logf("%s frozen mid-call after 12 chunks: replayed, %d call(s) equal to vLLM alone's (arguments %d bytes)", victim, len(got.calls), len(got.calls[0].Arguments))
+	})
+	// A chat with logprobs frozen mid-answer resumes by replay: the same
+	// content, and a logprob entry for each token once, the same tokens and
+	// top tokens as vLLM alone's (the values within 1e-3: the replay
+	// computes them again).
+	t.Run("chat-logprobs-replayed", func(t *testing.T) {
+		body := vllmChat(vllmPrompt(512, 200), 80)
+		body["logprobs"], body["top_logprobs"] = true, 2
+		ref, err := postToolStream(ctx, engineURL(t, c, "decode-1")+"/v1/chat/completions", body, nil)
+		if err != nil || ref.dones != 1 || len(ref.logprobs) != 80 {
+			t.Fatalf("reference from vLLM alone: %v, %d logprobs", err, len(ref.logprobs))
+		}
+		got, victim := toolStreamFrozenAt(ctx, t, c, body, 20)
+		if got.dones != 1 || len(got.errors) != 0 || got.content != ref.content || len(got.logprobs) != len(ref.logprobs) {
+			t.Fatalf("resumed: %d [DONE], errors %v, %d logprobs (want %d)\n got %q\nwant %q", got.dones, got.errors, len(got.logprobs), len(ref.logprobs), got.content, ref.content)
+		}
+		worst := 0.0
+		for i, lp := range got.logprobs {
+			want := ref.logprobs[i]
+			if lp.Token != want.Token || len(lp.Top) != len(want.Top) {
+				t.Fatalf("logprob %d: %+v, want %+v", i, lp, want)
+			}
+			for j := range lp.Top {
+				if lp.Top[j].Token != want.Top[j].Token {
+					t.Fatalf("logprob %d's top %d: %q, want %q", i, j, lp.Top[j].Token, want.Top[j].Token)
 				}
 			}
-		})
-		if victim != "" {
-			if err := c.Cont(victim + "/engine"); err != nil {
-				t.Error(err)
-			}
-			defer waitEnginesFor(t, c, 2*time.Minute)
+			worst = max(worst, math.Abs(lp.Logprob-want.Logprob))
 		}
-		if err != nil || victim == "" {
-			t.Fatalf("stream: %v (victim %q)", err, victim)
+		if worst > 1e-3 {
+			t.Fatalf("a logprob differs from vLLM alone's by %g", worst)
 		}
+		t.Logf("%s frozen after 20 chunks: replayed, %d logprobs equal to vLLM alone's (largest difference %g)", victim, len(got.logprobs), worst)
+	})
+	t.Run("sampled-mid-call-refused", func(t *testing.T) {
+		body := toolChat(vllmPrompt(511, 200), "required")
+		body["temperature"] = 0.8
+		got, victim := toolStreamFrozenAt(ctx, t, c, body, 12)
 		if got.dones != 1 || len(got.errors) != 1 || !strings.HasPrefix(got.errors[0], "resume_refused: ") || !strings.Contains(got.errors[0], "(tools)") {
 			t.Fatalf("%d [DONE], errors %v: want one resume_refused naming tools, then [DONE]", got.dones, got.errors)
 		}
-		t.Logf("%s frozen mid-call: %s", victim, got.errors[0])
+		t.Logf("%s frozen mid-call, sampled without a seed: %s", victim, got.errors[0])
 	})
+}
+
+// toolStreamFrozenAt streams a chat through the router (postToolStream)
+// and SIGSTOPs its decode vLLM after n chunks; the engine is continued and
+// waited for when the test ends.
+func toolStreamFrozenAt(ctx context.Context, t *testing.T, c *localcluster.Cluster, body map[string]any, n int) (*toolStream, string) {
+	t.Helper()
+	var victim string
+	got, err := postToolStream(ctx, c.RouterURL()+"/v1/chat/completions", body, func(i int, h http.Header) {
+		if i == n {
+			victim = h.Get("X-Connex-Decode-Engine")
+			if err := c.Stop(victim + "/engine"); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if victim != "" {
+		if err := c.Cont(victim + "/engine"); err != nil {
+			t.Error(err)
+		}
+		t.Cleanup(func() { waitEnginesFor(t, c, 2*time.Minute) })
+	}
+	if err != nil || victim == "" {
+		t.Fatalf("stream: %v (victim %q)", err, victim)
+	}
+	return got, victim
 }
 
 func dump(v any) string {
