@@ -137,6 +137,12 @@ func (a *requestAPI) StartRequest(ctx context.Context, r *messages.StartRequestM
 	if err := requireToken("params.remote_ctrl.member", r.GetParams().GetRemoteCtrl().GetMember()); err != nil {
 		return nil, err
 	}
+	// A transfer id no holder could answer for is refused now, not kept
+	// renewing in vain (a well-formed one naming no hold ends the request
+	// at its first renewal: requests/activation).
+	if !transferIDRe.MatchString(r.GetParams().GetTransferId()) {
+		return nil, api.Errorf(api.CodeBadRequest, "params.transfer_id=%q: want 32 lowercase hex digits", r.GetParams().GetTransferId())
+	}
 	inst := a.instances.engineInstance(r.EngineId)
 	if _, here := a.actors.lookup(r.RequestId); !here && a.actors.running() >= a.max {
 		return nil, api.Errorf(api.CodeOverloaded, "member %s runs %d requests (requests_max=%d)", a.member, a.actors.running(), a.max)

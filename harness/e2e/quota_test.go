@@ -4,8 +4,12 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/connex/connex/api"
+	"github.com/connex/connex/harness/poll"
 	"github.com/connex/connex/messages"
 )
 
@@ -137,6 +141,48 @@ func TestEngineQuotaSparesOtherEngines(t *testing.T) {
 	}
 	if err := start(a, "a3", []uint32{4}); err != nil {
 		t.Fatalf("engA once one of its requests ended: %v", err)
+	}
+	if !pn.running() {
+		t.Fatal("connexd died")
+	}
+}
+
+// TestStartWithoutHoldKeepsNoRecord (issue 44): against real NATS and
+// connexd processes, an engine's request.start whose transfer id names no
+// hold is answered (the start does not wait on the holder), but its first
+// renewal finds the hold gone: the engine gets hold.lost, the record leaves
+// the request store, and the request no longer counts against the engine's
+// quota. Before the fix such records stayed until their engine went, and
+// one engine filled the cluster's request bucket with them.
+func TestStartWithoutHoldKeepsNoRecord(t *testing.T) {
+	url := startNATS(t)
+	pn := startConnexd(t, "nh", "--backend", "tcp", "--nats-url", url, "--requests-max-per-engine", "1")
+	nc := connect(t, url)
+	e := newEngine(t, nc, "nh", "engN", testLayout, false)
+	h, err := e.cli.CreateHold(ctx5(t), &messages.CreateHoldRequest{EngineId: e.id, RegionId: e.rid, BlockIds: []uint32{1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := proto.Clone(h.Params).(*messages.KVTransferParams)
+	forged.TransferId = "0123456789abcdef0123456789abcdef" // well-formed, naming no hold
+	malformed := proto.Clone(forged).(*messages.KVTransferParams)
+	malformed.TransferId = "no-such-transfer"
+	if _, err := e.cli.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: "nh0", Params: malformed, PromptTokenIds: []uint32{1}, EngineId: e.id}); api.CodeOf(err) != api.CodeBadRequest {
+		t.Fatalf("request.start with a malformed transfer id: %v, want bad_request", err)
+	}
+	if _, err := e.cli.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: "nh1", Params: forged, PromptTokenIds: []uint32{1, 2, 3}, EngineId: e.id}); err != nil {
+		t.Fatalf("request.start naming no hold: %v (the start answers before its first renewal)", err)
+	}
+	poll.Until(t, 10*time.Second, 20*time.Millisecond, func() error {
+		_, err := e.cli.InspectRequest(ctx5(t), &messages.RequestRef{RequestId: "nh1"})
+		if api.CodeOf(err) != api.CodeUnknownRequest {
+			return fmt.Errorf("request nh1 after its first renewal: %v, want unknown_request", err)
+		}
+		return nil
+	})
+	// Its quota slot is back: a real request of the same engine starts.
+	if _, err := e.cli.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: "nh2", Params: h.Params, PromptTokenIds: []uint32{1, 2, 3}, EngineId: e.id}); err != nil {
+		t.Fatalf("a request with a live hold after the one without: %v", err)
 	}
 	if !pn.running() {
 		t.Fatal("connexd died")

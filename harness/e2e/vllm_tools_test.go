@@ -171,9 +171,11 @@ func testVLLMTools(t *testing.T, c *localcluster.Cluster) {
 				t.Fatalf("tool calls through the router differ from vLLM alone's:\n got %s (finish %s)\nwant %s (finish %s)", dump(got.calls), got.finish, dump(ref.calls), ref.finish)
 			}
 			for idx, call := range got.calls {
-				var args map[string]any
-				if call.Name != "get_weather" || call.IDs != 1 || json.Unmarshal([]byte(call.Arguments), &args) != nil {
-					t.Fatalf("tool call %d: %+v: want get_weather with one id and JSON arguments", idx, call)
+				// The arguments are vLLM's (equal above): the tiny model's
+				// strings may hold bytes JSON escapes, which vLLM's
+				// grammar lets through, so they are not parsed here.
+				if call.Name != "get_weather" || call.IDs != 1 || !strings.HasPrefix(call.Arguments, `{"city":`) {
+					t.Fatalf("tool call %d: %+v: want get_weather with one id and its arguments object", idx, call)
 				}
 			}
 			// Not streamed: message.tool_calls assembled by the router.

@@ -52,6 +52,7 @@ const (
 	opEngineLost
 	opTick
 	opInspect
+	opNoHold // the request's hold never existed: its record goes
 )
 
 // op is one call (or timer tick) the activation works on.
@@ -91,6 +92,8 @@ type Activation struct {
 	// holdLost: the holder answered that the hold is gone; nothing renews
 	// or releases it any more.
 	holdLost bool
+	// held: a renewal found the hold alive once.
+	held     bool
 	released bool
 	// cur is the op in flight and waiting what it waits for; nil when none.
 	cur     *op
@@ -448,6 +451,10 @@ func (a *Activation) written(now time.Time, e Written) []Effect {
 			return a.end(nil, "request's engine went away; it runs elsewhere now", nil)
 		}
 		return a.release(nil)
+	case opNoHold:
+		// Written or not (a newer owner's record stays), this activation
+		// has nothing to keep alive.
+		return a.end(nil, "request's hold does not exist (hold.lost at its first renewal): its record is removed", nil)
 	}
 	return nil
 }
@@ -484,10 +491,20 @@ func (a *Activation) renew(now time.Time, fx []Effect) []Effect {
 
 func (a *Activation) renewed(now time.Time, e Renewed) []Effect {
 	var fx []Effect
+	if e.Result == RenewOK {
+		a.held = true
+	}
 	if e.Result == RenewGone && !a.holdLost {
 		// For good: tell the engine once, and stop renewing.
 		a.holdLost = true
 		fx = append(fx, Count{What: HoldLost}, NoticeHoldLost{State: a.st, Code: e.Code, Reason: e.Reason})
+		if o := a.cur; !a.held && o.kind == opStart && !o.msg.Takeover {
+			// A new request whose hold its first renewal found gone:
+			// nothing it could resume from, and a start naming no hold
+			// must not keep a record (an engine filling the request
+			// store with them). The record goes; the engine was told.
+			return append(fx, a.write(op{kind: opNoHold}, Delete, nil)...)
+		}
 	}
 	return append(fx, a.afterRenew(now)...)
 }

@@ -384,6 +384,11 @@ class ConnexScheduler:
             except ConnexError as e:
                 if e.code == codes.CODE_FENCED:
                     self._fence(d, str(e))
+                elif e.code == codes.CODE_UNKNOWN_REQUEST and not d.fenced:
+                    # connexd keeps no record of it (its hold never existed, or it ended there): nothing more to
+                    # report; the engine finishes the request on what it has.
+                    d.fenced = True
+                    log.info("connex: request %s has no record at connexd (%s): it reports no more", d.connex_id, e)
                 else:
                     log.warning("connex: %s of request %s failed: %s", what, d.connex_id, e)
 
