@@ -108,6 +108,9 @@ type Config struct {
 	NATSEngineConnections int
 	// RequestStoreBytes bounds the request bucket's JetStream storage.
 	RequestStoreBytes int64
+	// EngineURLHosts are host names an engine's base_url may name beside
+	// this machine's own addresses ("*": any host).
+	EngineURLHosts []string
 	// RequestsMaxPerEngine bounds one engine's live requests on this
 	// member.
 	RequestsMaxPerEngine int
@@ -253,6 +256,7 @@ var defaults = []struct {
 	{"nats_tls_cert", "", "TLS certificate (PEM): presented to an external server, served by the embedded one"},
 	{"nats_tls_key", "", "TLS private key (PEM) of nats_tls_cert"},
 	{"data_tls", "auto", "mutual TLS on the TCP data plane with nats_tls_cert/key/ca, else member credentials: auto (when either exists), on or off"},
+	{"engine_url_hosts", "", "host names (comma-separated) an engine's base_url may name besides this machine's own addresses, e.g. a service name; * allows any (the router posts clients' prompts there)"},
 	{"region_dir", "/dev/shm", "region.register accepts only regular files beneath this directory (no symbolic links)"},
 	{"region_owner_uids", "", "comma-separated uids whose files region.register accepts (empty: connexd's own user)"},
 	{"shm_dir", "", "directory for created regions' memory (a huge=always tmpfs for 2 MiB pages); empty: memfd"},
@@ -633,6 +637,11 @@ func build(v *viper.Viper) (Config, error) {
 		return c, err
 	}
 	c.RequestStoreBytes = int64(rsb)
+	for _, h := range strings.Split(v.GetString("engine_url_hosts"), ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			c.EngineURLHosts = append(c.EngineURLHosts, h)
+		}
+	}
 	if c.RequestsMaxPerEngine, err = positive(v, "requests_max_per_engine", 1<<24); err != nil {
 		return c, err
 	}

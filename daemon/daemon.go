@@ -358,7 +358,7 @@ func (d *Daemon) assemble() {
 	d.engineAPI = &engineAPI{member: cfg.MemberID, role: cfg.Role, authenticated: natsAuthenticated(cfg),
 		reg: advertise.NewRegistry(), creds: &engineCreds{nc: d.Bus.Conn, member: cfg.MemberID, clock: d.clock},
 		blocks: d.regions, journal: d.journal, journalID: d.journalID, requests: d.requestAPI,
-		clock: d.clock, stop: d.stop, log: d.log}
+		hosts: ownHost(cfg.EngineURLHosts), clock: d.clock, stop: d.stop, log: d.log}
 	d.requestAPI.instances = d.engineAPI
 }
 

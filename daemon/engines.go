@@ -37,6 +37,9 @@ type engineAPI struct {
 	registered chan struct{}
 
 	creds     credChecker
+	// hosts checks that an engine's base_url names its own host (a zero
+	// policy, in unit tests, checks nothing).
+	hosts advertise.HostPolicy
 	blocks    engineBlocks
 	journal   noticeMarks
 	journalID string
@@ -145,8 +148,20 @@ func (a *engineAPI) RegisterEngine(ctx context.Context, r *messages.RegisterEngi
 	// that took one id in the same moment must not refuse each other's
 	// renewals into a flapping pair, and a renewal scans no member list.
 	a.mu.Lock()
-	renewal := a.reg.Info(e.GetEngineId()) != nil
+	prev := a.reg.Info(e.GetEngineId())
 	a.mu.Unlock()
+	renewal := prev != nil
+	// The router posts clients' prompts to base_url: it must name the
+	// engine's own host (this machine), checked when it first registers or
+	// names another URL (a renewal resolves nothing).
+	if a.hosts.Local != nil && (!renewal || prev.GetBaseUrl() != e.GetBaseUrl()) {
+		hctx, cancel := context.WithTimeout(ctx, hostCheckTimeout)
+		err := a.hosts.Check(hctx, e.GetBaseUrl())
+		cancel()
+		if err != nil {
+			return nil, api.Errorf(api.CodeBadRequest, "engine.register of %s on member %s: %v", e.GetEngineId(), a.member, err)
+		}
+	}
 	if !renewal {
 		if other := engineElsewhere(a.peers, a.member, e.GetEngineId()); other != "" {
 			return nil, api.Errorf(api.CodeForbidden, "engine.register of %s on member %s: member %s serves an engine of that id; engine ids must be unique in the cluster",

@@ -111,6 +111,10 @@ func TestEnginesTravelWithMembership(t *testing.T) {
 		{Engine: &messages.EngineInfo{EngineId: "x", Role: "decode", Model: "m1", BaseUrl: "http://h:1/v1"}},
 		{Engine: &messages.EngineInfo{EngineId: "x.y", Role: "decode", Model: "m1", BaseUrl: "http://h:1"}},
 		{Engine: &messages.EngineInfo{EngineId: "x", Role: "decode", Model: "m1", BaseUrl: "http://h:1"}, TtlMs: 10},
+		// Another machine's address (issue 44): the router would post
+		// clients' prompts there.
+		{Engine: &messages.EngineInfo{EngineId: "x", Role: "prefill", Model: "m1", BaseUrl: "http://192.0.2.7:8100"}},
+		{Engine: &messages.EngineInfo{EngineId: "x", Role: "prefill", Model: "m1", BaseUrl: "http://169.254.169.254"}},
 	} {
 		_, err := (&api.Client{NC: nc, Member: p.member}).RegisterEngine(ctx5(t), bad)
 		if api.CodeOf(err) != api.CodeBadRequest {
