@@ -36,10 +36,10 @@ type engineAPI struct {
 	// has engines of its own).
 	registered chan struct{}
 
-	creds     credChecker
+	creds credChecker
 	// hosts checks that an engine's base_url names its own host (a zero
 	// policy, in unit tests, checks nothing).
-	hosts advertise.HostPolicy
+	hosts     advertise.HostPolicy
 	blocks    engineBlocks
 	journal   noticeMarks
 	journalID string
