@@ -68,10 +68,14 @@ func (d *PullDeps) goBackground(f func()) {
 // destination blocks (BeginWrite) and acquired the region; the puller gives
 // both back when the reads are over.
 type Pull struct {
-	ID            string
-	Params        *messages.KVTransferParams
-	Dst           *kvmem.Mapped
-	DstBlocks     []uint32
+	ID        string
+	Params    *messages.KVTransferParams
+	Dst       *kvmem.Mapped
+	DstBlocks []uint32
+	// Skip is how many leading blocks of the hold the pull leaves out
+	// (their tokens are in the destination already); DstBlocks are the
+	// rest's.
+	Skip          int
 	Timeout       time.Duration // the whole pull
 	Stall         time.Duration // descriptors must come within this; reads fail after this long without progress (stallwatch.go)
 	ReleaseRegion func()
@@ -233,7 +237,9 @@ func (a *puller) drive(ctx context.Context) {
 		// read whole blocks at a time: plan that now. Any other shape waits
 		// for the holder's layout in the descriptors.
 		if dl := a.p.Dst.Region.Layout; (prm.TpSize == 0 || prm.TpSize == dl.TPSize) && (prm.BlockSize == 0 || prm.BlockSize == dl.BlockSize) {
-			plan, planErr = planDst(a.p.Dst, prm.RemoteBlockIds, a.p.DstBlocks)
+			if a.p.Skip < len(prm.RemoteBlockIds) {
+				plan, planErr = planDst(a.p.Dst, prm.RemoteBlockIds[a.p.Skip:], a.p.DstBlocks)
+			}
 		}
 	}
 	var answers <-chan *nats.Msg
@@ -431,7 +437,7 @@ type batchReader struct {
 // reads (planPull).
 func (a *puller) planReads(desc *messages.Descriptors, plan **readPlan) (run func(batchReader) error, total uint64, err error) {
 	prm := a.p.Params
-	return planPull(desc, prm.RemoteBlockIds, prm.RemoteNumTokens, a.p.Dst, a.p.DstBlocks, plan, a.deps.translations.get, a.deps.Backend.Caps().Strided)
+	return planPull(desc, prm.RemoteBlockIds, a.p.Skip, prm.RemoteNumTokens, a.p.Dst, a.p.DstBlocks, plan, a.deps.translations.get, a.deps.Backend.Caps().Strided)
 }
 
 // batchesInFlight is how many read batches run at once, so that the data

@@ -211,7 +211,7 @@ func TestPlanBuffersReused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := p.bind(&r[0], srcIDs); err != nil {
+		if err := p.bind(&r[0], srcIDs, 0); err != nil {
 			t.Fatal(err)
 		}
 		readAndCompare(t, src, dst, 0, p.ops, srcIDs, dstIDs)

@@ -52,6 +52,9 @@ type source struct {
 	runs   []kvmem.Run
 	runOf  []int32 // the run of each position of the hold's list
 	layout kvmem.Layout
+	// base is the position in the hold's list of a plan's position 0: the
+	// leading blocks a pull skips (Pull.Skip).
+	base int
 }
 
 // seal checks the rank's keys and segments against the hold's block list
@@ -93,7 +96,7 @@ func (s *source) at(layer, plane uint32, pos int, off uint64) ([]byte, uint64) {
 	if s.r.implied {
 		return s.r.rkeys[0], s.r.regionAddr + off
 	}
-	ri := int(s.runOf[pos])
+	ri := int(s.runOf[pos+s.base])
 	run := s.runs[ri]
 	sg := s.r.segments[int(layer*s.layout.Planes+plane)*len(s.runs)+ri]
 	return s.r.rkeys[sg.GetRkey()], sg.GetRemoteAddr() + off - s.layout.Offset(layer, plane, run.First)

@@ -106,7 +106,7 @@ func planDst(dst *kvmem.Mapped, srcIDs, dstIDs []uint32) (*readPlan, error) {
 // as the destination: kvmem.Translate said Whole) against the transfer and
 // the layout, so that a bad peer can never make us read outside its hold or
 // write outside the destination blocks, and fills in every read's source.
-func (p *readPlan) bind(r *rankDesc, srcIDs []uint32) error {
+func (p *readPlan) bind(r *rankDesc, srcIDs []uint32, skip int) error {
 	holderLayout := r.layout
 	if holderLayout.Layers != p.layout.Layers || holderLayout.Planes != p.layout.Planes || holderLayout.BlockBytes != p.layout.BlockBytes {
 		return fmt.Errorf("%w: rank %d's layout is not the reader's shape", ErrBadDescriptors, holderLayout.TPRank)
@@ -115,6 +115,7 @@ func (p *readPlan) bind(r *rankDesc, srcIDs []uint32) error {
 	if err != nil {
 		return err
 	}
+	src.base = skip
 	nruns := len(p.runs)
 	last := -1
 	var addr uint64
@@ -161,7 +162,7 @@ func (p *readPlan) release() {
 // translation reads into scratch and regroups after its reads land.
 func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, dstIDs []uint32) ([]transport.GetOp, uint64, error) {
 	var plan *readPlan
-	run, total, err := planPull(desc, srcIDs, 0, dst, dstIDs, &plan, kvmem.Translate, false)
+	run, total, err := planPull(desc, srcIDs, 0, 0, dst, dstIDs, &plan, kvmem.Translate, false)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -174,15 +175,16 @@ func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, d
 }
 
 // planPull checks a holder's descriptors against a pull of numTokens tokens
-// (kvmem.PullSize) of the hold's blocks srcIDs into dstIDs of dst and plans
-// its reads: whole blocks from the holder's rank of the destination's rank
+// (kvmem.PullSize) of the hold's blocks srcIDs, less its first skip (their
+// tokens already in the destination), into dstIDs of dst and plans its
+// reads: whole blocks from the holder's rank of the destination's rank
 // where the holder has the destination's shape (*plan, made early when the
 // params said so, else here), else translated from the ranks that hold the
 // destination rank's heads (translate: kvmem.Translate, or a cache of it).
 // run performs the reads with a batch reader; total is what they write
 // into the destination. With strided, direct translated reads are planned
 // as strided ops (a head range of a token-major block is one).
-func planPull(desc *messages.Descriptors, srcIDs []uint32, numTokens uint32, dst *kvmem.Mapped, dstIDs []uint32, plan **readPlan,
+func planPull(desc *messages.Descriptors, srcIDs []uint32, skip int, numTokens uint32, dst *kvmem.Mapped, dstIDs []uint32, plan **readPlan,
 	translate func(src, dst kvmem.Layout) (*kvmem.Translation, error), strided bool) (run func(batchReader) error, total uint64, err error) {
 	dl := dst.Region.Layout
 	// The error names neither the holder's blocks nor their count: a
@@ -198,19 +200,32 @@ func planPull(desc *messages.Descriptors, srcIDs []uint32, numTokens uint32, dst
 	if err != nil {
 		return nil, 0, err
 	}
+	if skip < 0 || skip >= len(srcIDs) {
+		return nil, 0, fmt.Errorf("%w: skip_blocks %d of a hold of %d blocks", kvmem.ErrBadBlockIDs, skip, len(srcIDs))
+	}
 	if tr.Whole {
 		if *plan == nil {
-			if *plan, err = planDst(dst, srcIDs, dstIDs); err != nil {
+			if *plan, err = planDst(dst, srcIDs[skip:], dstIDs); err != nil {
 				return nil, 0, err
 			}
 		}
 		p := *plan
-		if err := p.bind(&ranks[dl.TPRank], srcIDs); err != nil {
+		if err := p.bind(&ranks[dl.TPRank], srcIDs, skip); err != nil {
 			return nil, 0, err
 		}
 		return func(r batchReader) error { return r.get(p.ops) }, p.total, nil
 	}
-	tp, err := planTranslated(tr, ranks, srcIDs, dstIDs, numTokens, dst, strided)
+	if skip > 0 {
+		// The skipped tokens must fill whole destination blocks, so that
+		// the rest starts a tile of the translation.
+		if skipped := uint64(skip) * uint64(tr.Src.BlockSize); skipped%uint64(tr.Dst.BlockSize) != 0 || (numTokens > 0 && skipped >= uint64(numTokens)) {
+			return nil, 0, fmt.Errorf("%w: skip_blocks %d of %d tokens is not a whole number of this region's blocks of %d tokens, or not fewer than the pull's %d tokens",
+				kvmem.ErrBadBlockIDs, skip, tr.Src.BlockSize, tr.Dst.BlockSize, numTokens)
+		} else if numTokens > 0 {
+			numTokens -= uint32(skipped)
+		}
+	}
+	tp, err := planTranslated(tr, ranks, srcIDs, skip, dstIDs, numTokens, dst, strided)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -32,8 +32,8 @@ const stagedWindowBytes = batchBytes
 // against the hold's block list and plans the pull of numTokens tokens
 // (kvmem.PullSize) from srcIDs into dstIDs of dst: direct reads as strided
 // ops where the data plane reads those (strided), else as GetOps.
-func planTranslated(tr *kvmem.Translation, ranks []rankDesc, srcIDs, dstIDs []uint32, numTokens uint32, dst *kvmem.Mapped, strided bool) (*translatedPlan, error) {
-	x, err := tr.ForPull(srcIDs, dstIDs, numTokens)
+func planTranslated(tr *kvmem.Translation, ranks []rankDesc, srcIDs []uint32, skip int, dstIDs []uint32, numTokens uint32, dst *kvmem.Mapped, strided bool) (*translatedPlan, error) {
+	x, err := tr.ForPull(srcIDs[skip:], dstIDs, numTokens)
 	if err != nil {
 		return nil, err
 	}
@@ -45,6 +45,7 @@ func planTranslated(tr *kvmem.Translation, ranks []rankDesc, srcIDs, dstIDs []ui
 		if p.srcs[r], err = ranks[r].seal(srcIDs); err != nil {
 			return nil, err
 		}
+		p.srcs[r].base = skip
 	}
 	switch {
 	case !tr.Staged && strided:

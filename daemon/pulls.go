@@ -102,7 +102,11 @@ func (a *pullAPI) StartPull(ctx context.Context, r *messages.StartPullRequest) (
 	if err := dst.CheckBroken(); err != nil {
 		return fail(err)
 	}
-	if err := kvmem.CheckPull(p.TpSize, p.BlockSize, len(p.RemoteBlockIds), p.RemoteNumTokens, len(r.BlockIds), l); err != nil {
+	skip, tokens, err := pullSuffix(p, r.SkipBlocks, l.BlockSize)
+	if err != nil {
+		return fail(err)
+	}
+	if err := kvmem.CheckPull(p.TpSize, p.BlockSize, len(p.RemoteBlockIds)-skip, tokens, len(r.BlockIds), l); err != nil {
 		return fail(err)
 	}
 	if err := kvmem.ValidateBlockIDs(r.BlockIds, l.Blocks); err != nil {
@@ -111,8 +115,33 @@ func (a *pullAPI) StartPull(ctx context.Context, r *messages.StartPullRequest) (
 	if err := dst.Blocks.BeginWrite(r.BlockIds); err != nil {
 		return fail(err)
 	}
-	a.pullers.startPull(&actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Timeout: timeout, Stall: min(a.stall, timeout), ReleaseRegion: release})
+	a.pullers.startPull(&actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Skip: skip, Timeout: timeout, Stall: min(a.stall, timeout), ReleaseRegion: release})
 	return &messages.StartPullReply{PullId: pullID}, nil
+}
+
+// pullSuffix checks a pull's skip_blocks against its params and the
+// destination's block size and returns it with the tokens the pull moves
+// (params.remote_num_tokens less the skipped ones; 0: every slot). The
+// skipped tokens must fill whole destination blocks.
+func pullSuffix(p *messages.KVTransferParams, skipBlocks, dstBlockSize uint32) (skip int, tokens uint32, err error) {
+	if skipBlocks == 0 {
+		return 0, p.RemoteNumTokens, nil
+	}
+	srcBS := p.BlockSize
+	if srcBS == 0 {
+		srcBS = dstBlockSize
+	}
+	skipped := uint64(skipBlocks) * uint64(srcBS)
+	switch {
+	case int(skipBlocks) >= len(p.RemoteBlockIds) || (p.RemoteNumTokens > 0 && skipped >= uint64(p.RemoteNumTokens)):
+		return 0, 0, api.Errorf(api.CodeBadBlockIDs, "skip_blocks=%d: the pull must read at least one of the hold's %d blocks", skipBlocks, len(p.RemoteBlockIds))
+	case dstBlockSize == 0 || skipped%uint64(dstBlockSize) != 0:
+		return 0, 0, api.Errorf(api.CodeBadBlockIDs, "skip_blocks=%d: %d tokens are not a whole number of this region's blocks of %d tokens", skipBlocks, skipped, dstBlockSize)
+	}
+	if p.RemoteNumTokens > 0 {
+		tokens = p.RemoteNumTokens - uint32(skipped)
+	}
+	return int(skipBlocks), tokens, nil
 }
 
 // pullDeps is pullStarter over the actors package's pullers.

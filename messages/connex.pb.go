@@ -1167,7 +1167,13 @@ type StartPullRequest struct {
 	// Optional caller token echoed in the completion notice; generated if empty.
 	PullId string `protobuf:"bytes,5,opt,name=pull_id,json=pullId,proto3" json:"pull_id,omitempty"`
 	// Deadline for the whole pull; 0 uses the daemon's pull_timeout_ms.
-	TimeoutMs     uint32 `protobuf:"varint,6,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	TimeoutMs uint32 `protobuf:"varint,6,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// Leading blocks of the hold (params.remote_block_ids) not to read: the
+	// decode engine holds their tokens already (a local prefix-cache hit).
+	// block_ids then name the destination blocks of the rest. Their tokens
+	// must fill whole destination blocks (skip_blocks x the hold's
+	// block_size a multiple of the region's block_size).
+	SkipBlocks    uint32 `protobuf:"varint,7,opt,name=skip_blocks,json=skipBlocks,proto3" json:"skip_blocks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1240,6 +1246,13 @@ func (x *StartPullRequest) GetPullId() string {
 func (x *StartPullRequest) GetTimeoutMs() uint32 {
 	if x != nil {
 		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *StartPullRequest) GetSkipBlocks() uint32 {
+	if x != nil {
+		return x.SkipBlocks
 	}
 	return 0
 }
@@ -2417,7 +2430,7 @@ const file_connex_proto_rawDesc = "" +
 	"\x05freed\x18\n" +
 	" \x01(\bR\x05freed\x12&\n" +
 	"\x0fcreated_unix_ms\x18\v \x01(\x03R\rcreatedUnixMs\x12\x14\n" +
-	"\x05bytes\x18\f \x01(\x04R\x05bytes\"\xd6\x01\n" +
+	"\x05bytes\x18\f \x01(\x04R\x05bytes\"\xf7\x01\n" +
 	"\x10StartPullRequest\x123\n" +
 	"\x06params\x18\x01 \x01(\v2\x1b.connex.v1.KVTransferParamsR\x06params\x12\x1b\n" +
 	"\tengine_id\x18\x02 \x01(\tR\bengineId\x12\x1b\n" +
@@ -2425,7 +2438,9 @@ const file_connex_proto_rawDesc = "" +
 	"\tblock_ids\x18\x04 \x03(\rR\bblockIds\x12\x17\n" +
 	"\apull_id\x18\x05 \x01(\tR\x06pullId\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\")\n" +
+	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\x12\x1f\n" +
+	"\vskip_blocks\x18\a \x01(\rR\n" +
+	"skipBlocks\")\n" +
 	"\x0eStartPullReply\x12\x17\n" +
 	"\apull_id\x18\x01 \x01(\tR\x06pullId\"\xae\x03\n" +
 	"\bPullDone\x12\x17\n" +
