@@ -9,7 +9,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """One decode-side load: read every block of the hold into the local ``dst_blocks`` (same order).
+    """One decode-side load: read the hold's blocks, less its first ``skip_blocks`` (tokens the engine's prefix cache
+    holds already), into the local ``dst_blocks`` (same order).
 
     ``params`` is the serialized KVTransferParams. ``error`` set means the load cannot even start (the request
     breaks a limit of this version, e.g. a different block size): the worker reports it failed at once, so that
@@ -20,6 +21,7 @@ class LoadSpec:
     params: bytes
     dst_blocks: tuple[int, ...]
     error: str = ""
+    skip_blocks: int = 0
 
 
 @dataclass

@@ -64,6 +64,9 @@ class Stats:
     fenced: int = 0
     grammar_advanced: int = 0  # resumed structured-output requests whose grammar went past the generated tokens
     grammar_refused: int = 0  # resumed requests whose grammar could not be advanced (their load fails)
+    suffix_loads: int = 0  # loads of a hold's blocks past a local prefix-cache hit
+    cached_tokens: int = 0  # tokens those loads did not pull (the engine's cache had them)
+    cache_hits_computed: int = 0  # local hits a pull could not continue (not block-aligned): computed locally
 
 
 @dataclass
@@ -129,6 +132,7 @@ class ConnexScheduler:
         self._decodes: dict[str, _Decode] = {}  # vLLM request id -> decode request
         self._by_connex: dict[str, _Decode] = {}  # request actor id -> decode request
         self._held: dict[str, int] = {}  # vLLM request id -> blocks held (prefill side, until finished_sending)
+        self._hits: dict[str, int] = {}  # vLLM request id -> tokens its local prefix-cache hit covers (decode side)
         self._inflight: set[concurrent.futures.Future[Any]] = set()  # request calls queued or running
         self._bus = Bus(
             settings.nats_url,
@@ -249,18 +253,27 @@ class ConnexScheduler:
         p = request.kv_transfer_params
         if not p or not p.get("do_remote_prefill"):
             return 0, False
-        if num_computed_tokens > 0:
-            # A local prefix-cache hit: a pull reads all of a hold's blocks, so it cannot fill only the rest.
-            log.warning(
-                "connex: request %s has %d tokens cached locally; computing the rest locally instead of loading",
-                request.request_id,
-                num_computed_tokens,
-            )
-            return 0, False
         remote = p.get("remote_num_tokens")
         if isinstance(remote, bool) or not isinstance(remote, int):
             return 0, False  # not a hold's params: computed locally
         n = load_tokens(remote, len(request.prompt_token_ids or []))
+        if num_computed_tokens > 0:
+            # A local prefix-cache hit: the pull reads only the hold's blocks past it (pull.start skip_blocks), when
+            # the hit ends on a block boundary of the hold too; otherwise the engine computes the rest itself.
+            remote_bs = p.get("block_size") or self.block_size
+            if not isinstance(remote_bs, int) or num_computed_tokens % remote_bs or num_computed_tokens >= n:
+                self.stats.cache_hits_computed += 1
+                log.info(
+                    "connex: request %s has %d tokens cached locally (not a whole number of the hold's %s-token "
+                    "blocks, or all it holds); computing the rest locally instead of loading",
+                    request.request_id,
+                    num_computed_tokens,
+                    remote_bs,
+                )
+                return 0, False
+            with self._mu:
+                self._hits[request.request_id] = num_computed_tokens
+            return n - num_computed_tokens, True
         return (n, True) if n > 0 else (0, False)
 
     def update_state_after_alloc(self, request: RequestLike, block_ids: list[int], num_external_tokens: int) -> None:
@@ -290,12 +303,20 @@ class ConnexScheduler:
                     m.connex_resume_generated,
                     (time.perf_counter() - t0) * 1000,
                 )
+        with self._mu:
+            cached = self._hits.pop(request.request_id, 0)
         spec: LoadSpec | None = None
         if num_external_tokens > 0:
+            # The first blocks hold the local prefix-cache hit (cached tokens); the load fills the ones after it.
+            first = cached // self.block_size
             nblocks = math.ceil(num_external_tokens / self.block_size)
-            dst = tuple(block_ids[:nblocks])
-            bad = bad or self._incompatible(m, num_external_tokens, nblocks)
-            spec = LoadSpec(request.request_id, m.SerializeToString(), dst, bad)
+            dst = tuple(block_ids[first : first + nblocks])
+            skip = cached // (m.block_size or self.block_size)
+            bad = bad or self._incompatible(m, num_external_tokens, nblocks, skip)
+            spec = LoadSpec(request.request_id, m.SerializeToString(), dst, bad, skip_blocks=skip)
+            if cached and not bad:
+                self.stats.suffix_loads += 1
+                self.stats.cached_tokens += cached
             if bad:
                 with self._mu:
                     self._pending.loads.append(spec)
@@ -306,26 +327,28 @@ class ConnexScheduler:
         if not bad:
             self._start_request(request, m, len(block_ids), spec)
 
-    def _incompatible(self, m: pb.KVTransferParams, tokens: int, nblocks: int) -> str:
-        """Why the hold in m cannot fill nblocks blocks of this engine with tokens tokens ("" when it can). Between
-        block sizes connexd regroups the tokens (when both engines' layouts are described: otherwise pull.start
-        answers ``incompatible`` and vLLM's kv_load_failure_policy decides)."""
+    def _incompatible(self, m: pb.KVTransferParams, tokens: int, nblocks: int, skip: int = 0) -> str:
+        """Why the hold in m, less its first skip blocks (a local prefix-cache hit), cannot fill nblocks blocks of
+        this engine with tokens tokens ("" when it can). Between block sizes connexd regroups the tokens (when both
+        engines' layouts are described: otherwise pull.start answers ``incompatible`` and vLLM's
+        kv_load_failure_policy decides)."""
         if m.tp_size and m.tp_size != self.tp_size:
             return f"incompatible: tp_size {m.tp_size} on the prefill side, {self.tp_size} here (they must be equal)"
         remote_bs = m.block_size or self.block_size
+        have = len(m.remote_block_ids) - skip
         if remote_bs == self.block_size:
-            if len(m.remote_block_ids) != nblocks:
-                return f"incompatible: the hold has {len(m.remote_block_ids)} blocks, {tokens} tokens need {nblocks}"
+            if have != nblocks:
+                return f"incompatible: the hold has {have} blocks past the cached ones, {tokens} tokens need {nblocks}"
             return ""
-        if tokens != m.remote_num_tokens:
+        if tokens + skip * remote_bs != m.remote_num_tokens:
             return (
                 f"incompatible: a pull between block sizes {remote_bs} and {self.block_size} moves all "
-                f"{m.remote_num_tokens} tokens of the hold, {tokens} asked"
+                f"{m.remote_num_tokens - skip * remote_bs} tokens of the hold past the cached ones, {tokens} asked"
             )
-        if len(m.remote_block_ids) != math.ceil(tokens / remote_bs):
+        if len(m.remote_block_ids) != math.ceil(m.remote_num_tokens / remote_bs):
             return (
-                f"incompatible: the hold has {len(m.remote_block_ids)} blocks of block_size {remote_bs} for {tokens} "
-                f"tokens (want {math.ceil(tokens / remote_bs)})"
+                f"incompatible: the hold has {len(m.remote_block_ids)} blocks of block_size {remote_bs} for "
+                f"{m.remote_num_tokens} tokens (want {math.ceil(m.remote_num_tokens / remote_bs)})"
             )
         return ""
 
@@ -441,6 +464,7 @@ class ConnexScheduler:
     def request_finished_decode(self, request: RequestLike) -> tuple[bool, dict[str, Any] | None]:
         """The request ended: request.finish (the request actor releases the prefill hold), on the bus thread."""
         with self._mu:
+            self._hits.pop(request.request_id, None)
             d = self._decodes.pop(request.request_id, None)
             if d is not None and self._by_connex.get(d.connex_id) is d:
                 del self._by_connex[d.connex_id]

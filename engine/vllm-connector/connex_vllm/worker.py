@@ -317,6 +317,7 @@ class ConnexWorker:
             engine_id=self.engine_id,
             region_id=REGION_ID,
             block_ids=list(spec.dst_blocks),
+            skip_blocks=spec.skip_blocks,
             pull_id=pull_id,
             timeout_ms=int(s.pull_timeout_s * 1000),
         )

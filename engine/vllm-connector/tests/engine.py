@@ -74,6 +74,7 @@ class Engine:
         layers: int = NUM_LAYERS,
         heads: int = NUM_KV_HEADS,
         head_size: int = HEAD_SIZE,
+        prefix_caching: bool = False,
     ) -> None:
         self.engine_id = engine_id
         self.layers = tuple(f"model.layers.{i}.self_attn.attn" for i in range(layers))
@@ -93,7 +94,7 @@ class Engine:
                 max_model_len=2048,
                 is_encoder_decoder=False,
             ),
-            cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False),
+            cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=prefix_caching),
             device_config=DeviceConfig("cpu"),
             kv_transfer_config=KVTransferConfig(
                 kv_connector="ConnexConnector",

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from cluster import Connexd, wait_for
 from conftest import Cluster
-from engine import BLOCK_SIZE, Engine
+from engine import BLOCK_SIZE, Engine, kv_value
 from vllm.v1.request import RequestStatus
 
 from connex_vllm.pb import connex_pb2 as pb
@@ -141,6 +141,55 @@ def test_resume_on_third_scheduler_loads_only_remote_tokens(cluster: Cluster, en
     ed2.run_until("resumed decode", lambda: ed2.finished("r2-resumed"))
     ep.run_until("prefill blocks back after the resume", lambda: ep.free_blocks() == total)
     assert hold(cluster, params["transfer_id"]).freed
+
+
+def test_prefix_cached_decode_pulls_only_the_rest(cluster: Cluster, engines: dict[str, Engine]) -> None:
+    """A decode engine with prefix caching on (issue 45): a second request whose first two blocks the engine caches
+    (a chat's second turn) pulls only the hold's last block (pull.start skip_blocks) into the block after them,
+    and sees every position's KV as the prefill wrote it."""
+    ep = engines["prefill"]
+    total = ep.free_blocks()
+    # The decode engine's own 'model' writes other KV than the prefill's: a position it computed would show.
+    other = Engine(
+        "kv_consumer",
+        cluster.decode1.member,
+        cluster.nats_url,
+        "eng-dec-pc",
+        prefix_caching=True,
+        kv_fn=lambda t, p, li, pl: -kv_value(t, p, li, pl),
+    )
+    try:
+        first = prefill(ep, "pc1")
+        first["connex_request_id"] = "conn-pc1"
+        r1 = other.add("pc1", PROMPT, 2, first)
+        other.run_until("load of pc1", lambda: r1.status == RequestStatus.RUNNING)
+        cached = other.block_ids("pc1")[:2]
+        other.run_until("decode of pc1", lambda: other.finished("pc1"))
+        ep.run_until("prefill blocks back", lambda: ep.free_blocks() == total)
+
+        second_prompt = PROMPT[:32] + [(i * 53 + 7) % 1000 + 3 for i in range(8)]
+        ep.add("pc2", second_prompt, 1, {"do_remote_decode": True, "do_remote_prefill": False})
+        second = dict(ep.run_until("prefill of pc2", lambda: ep.finished("pc2")).kv_transfer_params)
+        second["connex_request_id"] = "conn-pc2"
+        stats = other.connector_sched.stats
+        before = (stats.suffix_loads, stats.cached_tokens, stats.loads_started)
+        other.add("pc2", second_prompt, 2, second)
+        req = other.sched.requests["pc2"]
+        other.run_until("load of pc2", lambda: req.status == RequestStatus.RUNNING)
+        assert (stats.suffix_loads, stats.cached_tokens, stats.loads_started) == (
+            before[0] + 1,
+            before[1] + 32,
+            before[2] + 1,
+        ), "one load, of the blocks past the 32 cached tokens"
+        assert other.block_ids("pc2")[:2] == cached, "the cached blocks are reused, not loaded again"
+        n = len(second_prompt) - 1  # vLLM computes the last prompt token itself
+        assert other.kv_bytes("pc2", range(n)) == ep.expected_kv(second_prompt, range(n))
+        st = wait_for("the pull counted", lambda: (s := hold(cluster, second["transfer_id"])).pulls_done == 1 and s)
+        assert st.state == "held"
+        other.run_until("decode of pc2", lambda: other.finished("pc2"))
+        ep.run_until("prefill blocks back after pc2", lambda: ep.free_blocks() == total)
+    finally:
+        other.close()
 
 
 def release(cluster: Cluster, ep: Engine, params: dict[str, Any], total: int) -> None:
