@@ -58,6 +58,7 @@ func startVLLM(t *testing.T) (*localcluster.Cluster, *safeBuffer) {
 	o.Connexd = bins.Connexd
 	o.Model = vllmModel
 	o.LogLevel = "info"
+	o.Metrics = true // the decode connexds' pulled bytes (prefix-cache)
 	o.VLLM = &localcluster.VLLM{
 		Bin: bin, Model: model, MaxModelLen: 2048,
 		LoadFailurePolicy: "fail", PolicyFor: map[string]string{"decode-1": "recompute"},
@@ -247,6 +248,7 @@ func TestVLLM(t *testing.T) {
 	t.Run("resume", func(t *testing.T) { testVLLMResume(t, c) })
 	t.Run("structured", func(t *testing.T) { testVLLMStructured(t, c, logs) })
 	t.Run("tools", func(t *testing.T) { testVLLMTools(t, c) })
+	t.Run("prefix-cache", func(t *testing.T) { testVLLMPrefixCache(t, c) })
 	t.Run("stop-strings", func(t *testing.T) { testVLLMStopStrings(t, c) })
 	t.Run("vllm-router", func(t *testing.T) { testVLLMRouter(t, c) })
 	t.Run("vllm-bench-serve", func(t *testing.T) { testVLLMBenchServe(t, c) })
@@ -279,9 +281,10 @@ func testVLLMResume(t *testing.T, c *localcluster.Cluster) {
 			promptTokens := float64(ref.usage["prompt_tokens"])
 			prefillComputed := vllmSource(t, prefillURL, "local_compute")
 			prefillDone := vllmMetric(t, prefillURL, "vllm:request_success_total")
-			loadedBefore := map[string]float64{}
+			loadedBefore, cachedBefore := map[string]float64{}, map[string]float64{}
 			for _, d := range []string{"decode-0", "decode-1"} {
 				loadedBefore[d] = vllmSource(t, engineURL(t, c, d), "external_kv_transfer")
+				cachedBefore[d] = vllmSource(t, engineURL(t, c, d), "local_cache_hit")
 			}
 			var victim string
 			var faultErr error
@@ -321,12 +324,16 @@ func testVLLMResume(t *testing.T, c *localcluster.Cluster) {
 			if d := vllmSource(t, prefillURL, "local_compute") - prefillComputed; d != promptTokens {
 				t.Fatalf("the prefill vLLM computed %v prompt tokens, want %v (one prefill)", d, promptTokens)
 			}
-			// The resumer loaded the prompt's KV from the hold: it computed
-			// at most the generated tokens plus the one vLLM always recomputes.
+			// The resumer had the prompt's KV from the hold, past what its
+			// own prefix cache held (decode engines cache: the reference
+			// ran on decode-0): it computed at most the generated tokens
+			// plus the one vLLM always recomputes.
 			loaded := vllmSource(t, engineURL(t, c, other), "external_kv_transfer") - loadedBefore[other]
-			t.Logf("%s of %s after %d tokens: %s resumed and loaded %v tokens of KV (prompt %v tokens)", tc.signal, victim, faultAt, other, loaded, promptTokens)
-			if loaded < promptTokens-128 {
-				t.Fatalf("%s loaded %v tokens of KV; the resume must load the request's %v prompt tokens from the hold", other, loaded, promptTokens)
+			cached := vllmSource(t, engineURL(t, c, other), "local_cache_hit") - cachedBefore[other]
+			t.Logf("%s of %s after %d tokens: %s resumed, %v tokens of KV from its cache and %v loaded from the hold (prompt %v tokens)",
+				tc.signal, victim, faultAt, other, cached, loaded, promptTokens)
+			if loaded == 0 || loaded+cached < promptTokens-128 {
+				t.Fatalf("%s loaded %v tokens of KV and had %v cached; the resume must load the rest of the request's %v prompt tokens from the hold", other, loaded, cached, promptTokens)
 			}
 			checkFor(t, 30*time.Second, 100*time.Millisecond, func() error {
 				if u := vllmMetric(t, prefillURL, "vllm:kv_cache_usage_perc"); u != 0 {
@@ -575,9 +582,10 @@ func testVLLMConnexdRestart(t *testing.T, c *localcluster.Cluster, logs *safeBuf
 		}
 		promptTokens := float64(ref.usage["prompt_tokens"])
 		computed := vllmSource(t, prefillURL, "local_compute")
-		loaded := map[string]float64{}
+		loaded, cached := map[string]float64{}, map[string]float64{}
 		for _, d := range []string{"decode-0", "decode-1"} {
 			loaded[d] = vllmSource(t, engineURL(t, c, d), "external_kv_transfer")
+			cached[d] = vllmSource(t, engineURL(t, c, d), "local_cache_hit")
 		}
 		got, err := postStream(ctx, c.RouterURL()+"/v1/completions", vllmCompletion(prompt, 32), nil)
 		if err != nil || got.status != 200 || got.dones != 1 || len(got.errors) > 0 {
@@ -591,8 +599,12 @@ func testVLLMConnexdRestart(t *testing.T, c *localcluster.Cluster, logs *safeBuf
 		}
 		dec := got.header.Get("X-Connex-Decode-Engine")
 		served[dec] = true
-		if l := vllmSource(t, engineURL(t, c, dec), "external_kv_transfer") - loaded[dec]; l < promptTokens-128 {
-			t.Fatalf("request %d: %s loaded %v tokens of KV, want the prompt's %v from the hold", i, dec, l, promptTokens)
+		// From the hold: the prompt past what the decode engine's own
+		// prefix cache held (the reference ran on decode-0).
+		l := vllmSource(t, engineURL(t, c, dec), "external_kv_transfer") - loaded[dec]
+		h := vllmSource(t, engineURL(t, c, dec), "local_cache_hit") - cached[dec]
+		if l == 0 || l+h < promptTokens-128 {
+			t.Fatalf("request %d: %s loaded %v tokens of KV and had %v cached, want the rest of the prompt's %v from the hold", i, dec, l, h, promptTokens)
 		}
 	}
 	// Each engine whose connexd restarted moved its region exactly once by

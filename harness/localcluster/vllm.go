@@ -45,6 +45,11 @@ type VLLM struct {
 	ArgsFor map[string][]string
 	// Env are extra environment variables (KEY=VALUE) for every engine.
 	Env []string
+	// NoDecodePrefixCaching runs decode engines with vLLM's prefix caching
+	// off (on by default: a request whose prefix a decode engine caches
+	// pulls only the rest of its hold). Prefill engines always run without
+	// it, so that every prefill computes and holds the whole prompt.
+	NoDecodePrefixCaching bool
 	// Connector are extra ConnexConnector settings (kv_connector_extra_config,
 	// e.g. {"progress_every": 64}) for every engine; the member, NATS and
 	// base_url settings are the cluster's and cannot be overridden here.
@@ -109,7 +114,7 @@ func (v *VLLM) kvTransferConfig(name string, role Role, natsURL, baseURL, creds 
 }
 
 // serveArgs are the `vllm serve` flags of engine name listening on port.
-func (v *VLLM) serveArgs(name, served string, port int, kvConfig string) []string {
+func (v *VLLM) serveArgs(name string, role Role, served string, port int, kvConfig string) []string {
 	args := []string{
 		"serve", v.Model,
 		"--served-model-name", served,
@@ -120,10 +125,15 @@ func (v *VLLM) serveArgs(name, served string, port int, kvConfig string) []strin
 		"--dtype", "float32",
 		"--enforce-eager",
 		"--max-model-len", strconv.Itoa(v.MaxModelLen),
-		// A decode-side prefix-cache hit would make the connector load
-		// nothing; a prefill-side one would hide a second prefill.
-		"--no-enable-prefix-caching",
 		"--kv-transfer-config", kvConfig,
+	}
+	// A prefill-side prefix-cache hit would hide a second prefill; a
+	// decode-side one makes the connector pull only the hold's blocks past
+	// it.
+	if role == RolePrefill || v.NoDecodePrefixCaching {
+		args = append(args, "--no-enable-prefix-caching")
+	} else {
+		args = append(args, "--enable-prefix-caching")
 	}
 	args = append(args, v.Args...)
 	return append(args, v.ArgsFor[name]...)
@@ -182,7 +192,7 @@ func (c *Cluster) startVLLM(ctx context.Context, n *node, index int, natsURL str
 	if err != nil {
 		return nil, "", fmt.Errorf("localcluster: %s kv-transfer-config: %w", n.name, err)
 	}
-	p, err := startProcessEnv(processName(n.name, PartEngine), v.Bin, v.serveArgs(n.name, c.opts.Model, port, kv), "", c.log, v.env(index))
+	p, err := startProcessEnv(processName(n.name, PartEngine), v.Bin, v.serveArgs(n.name, n.role, c.opts.Model, port, kv), "", c.log, v.env(index))
 	if err != nil {
 		return nil, "", err
 	}
