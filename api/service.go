@@ -51,6 +51,10 @@ type ServeOptions struct {
 	Version         string        // service version reported by $SRV.INFO
 	MaxRequestBytes int           // larger payloads get CodeTooLarge
 	MaxInFlight     int           // concurrent handlers; beyond it CodeOverloaded
+	// MaxInFlightPerEngine bounds the concurrent handlers of one engine's
+	// calls (engine-scoped subjects), within MaxInFlight; beyond it that
+	// engine gets CodeOverloaded. 0: a quarter of MaxInFlight.
+	MaxInFlightPerEngine int
 	Timeout         time.Duration // per-request handler deadline
 	Logger          *slog.Logger
 	// Stats, if set, is reported as every endpoint's "data" in
@@ -79,6 +83,9 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 	if o.MaxInFlight <= 0 {
 		o.MaxInFlight = 1024
 	}
+	if o.MaxInFlightPerEngine <= 0 {
+		o.MaxInFlightPerEngine = max(o.MaxInFlight/4, 1)
+	}
 	if o.Timeout <= 0 {
 		o.Timeout = 10 * time.Second
 	}
@@ -103,7 +110,7 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("api: add service: %w", err)
 	}
-	s := &server{o: o, sem: make(chan struct{}, o.MaxInFlight), maxPayload: int(nc.MaxPayload())}
+	s := &server{o: o, sem: make(chan struct{}, o.MaxInFlight), engines: &engineSlots{max: o.MaxInFlightPerEngine}, maxPayload: int(nc.MaxPayload())}
 	eps := []struct {
 		name string
 		fn   micro.HandlerFunc
@@ -186,6 +193,7 @@ type callerRequest struct {
 type server struct {
 	o          ServeOptions
 	sem        chan struct{}
+	engines    *engineSlots // each engine's share of sem
 	maxPayload int // the server's max_payload; a larger reply cannot be sent
 }
 
@@ -202,7 +210,7 @@ func endpoint[Req any, PReq interface {
 			return
 		}
 		go func() {
-			defer s.release()
+			defer s.release(req)
 			defer s.recoverPanic(req)
 			ctx, cancel := context.WithTimeout(context.Background(), s.o.Timeout)
 			defer cancel()
@@ -257,7 +265,7 @@ func deferredEndpoint[Req any, PReq interface {
 				return false
 			}
 			s.answer(req, isJSON, out, err)
-			s.release()
+			s.release(req)
 			return true
 		}
 		timer := time.AfterFunc(s.o.Timeout, func() {
@@ -299,19 +307,33 @@ func decode[Req any, PReq interface {
 	return in, isJSON, true
 }
 
-// admit takes one of MaxInFlight slots for req, or answers it
-// CodeOverloaded and returns false; release gives the slot back.
+// admit takes one of MaxInFlight slots for req (and of its engine's
+// MaxInFlightPerEngine, for an engine's call), or answers it
+// CodeOverloaded and returns false; release gives them back.
 func (s *server) admit(req micro.Request) bool {
+	cr, scoped := req.(callerRequest)
+	if scoped && !s.engines.take(cr.engine) {
+		s.fail(req, Errorf(CodeOverloaded, "engine %s has more than %d calls in flight on member %s (its share)", cr.engine, s.o.MaxInFlightPerEngine, s.o.Member))
+		return false
+	}
 	select {
 	case s.sem <- struct{}{}:
 		return true
 	default:
+		if scoped {
+			s.engines.give(cr.engine)
+		}
 		s.fail(req, Errorf(CodeOverloaded, "more than %d requests in flight", s.o.MaxInFlight))
 		return false
 	}
 }
 
-func (s *server) release() { <-s.sem }
+func (s *server) release(req micro.Request) {
+	<-s.sem
+	if cr, ok := req.(callerRequest); ok {
+		s.engines.give(cr.engine)
+	}
+}
 
 // recoverPanic, deferred, answers req with CodeInternal when its handler
 // panicked.
