@@ -1,7 +1,8 @@
 // Command gencodes regenerates every copy of the error table from
 // api/codes.json: api/codes_gen.go, router/codes_gen.go,
 // engine/shim/reasons_gen.go, engine/vllm-connector/connex_vllm/codes.py and
-// README.md's tables (`go generate ./api`, or `make generate`).
+// README.md's tables, and the connector's subject table from api/subjects.go
+// (connex_vllm/subjects_gen.py) (`go generate ./api`, or `make generate`).
 package main
 
 import (
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/connex/connex/api"
 	"github.com/connex/connex/api/codetable"
 )
 
@@ -34,6 +36,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	files = append(files, codetable.File{Path: api.PythonSubjectsPath, Data: api.PythonSubjects()})
 	for _, f := range files {
 		if err := os.WriteFile(filepath.Join("..", f.Path), f.Data, 0o644); err != nil {
 			return err

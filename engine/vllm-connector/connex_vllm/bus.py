@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from . import subjects_gen
 from .codes import CODE_FORBIDDEN, CODE_INTERNAL, CODE_PEER_UNAVAILABLE, CODE_TIMEOUT
 
 log = logging.getLogger("connex_vllm")
@@ -30,7 +31,7 @@ log = logging.getLogger("connex_vllm")
 M = TypeVar("M", bound=Message)
 T = TypeVar("T")
 
-PREFIX = "connex.v1"
+PREFIX = subjects_gen.PREFIX
 _HDR_CODE = "Nats-Service-Error-Code"
 _HDR_ERROR = "Nats-Service-Error"
 
@@ -45,8 +46,9 @@ class ConnexError(Exception):
 
 
 # Endpoints served only in the member scope (members and admins call them); every other endpoint is also
-# served in each engine's scope, where connexd takes the calling engine from the subject.
-MEMBER_ONLY = frozenset({"peer.descriptors", "peer.pullend", "peer.adopt", "member.status"})
+# served in each engine's scope, where connexd takes the calling engine from the subject. Generated from
+# api/subjects.go (subjects_gen.py), so that it cannot drift from what connexd serves.
+MEMBER_ONLY = subjects_gen.MEMBER_ONLY
 
 
 def subject(member: str, endpoint: str, engine: str | None = None) -> str:

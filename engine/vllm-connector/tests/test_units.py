@@ -175,3 +175,15 @@ def test_store_id_keeps_valid_ids_and_digests_the_rest() -> None:
     odd = "cmpl-___prefill_addr_127.0.0.1:36709___decode_addr_127.0.0.1:41769_38713fe4-0-94da35db"
     got = store_id(odd)
     assert got.startswith("vllm-") and len(got) == 45 and got == store_id(odd) and "." not in got and ":" not in got
+
+
+def test_subjects_follow_connexd_scopes() -> None:
+    """The connector addresses an endpoint in the scope connexd serves it in (subjects_gen.py, generated from
+    api/subjects.go): engine calls in the engine's scope, member-only endpoints (peer.grant among them) never."""
+    from connex_vllm.bus import subject
+    from connex_vllm.subjects_gen import ENDPOINTS, MEMBER_ONLY
+
+    assert "peer.grant" in MEMBER_ONLY and MEMBER_ONLY < ENDPOINTS
+    assert subject("m1", "request.start", "e1") == "connex.v1.m1.e.e1.request.start"
+    assert subject("m1", "peer.grant", "e1") == "connex.v1.m1.peer.grant"
+    assert subject("m1", "hold.create") == "connex.v1.m1.hold.create"
