@@ -37,7 +37,7 @@ var engineBase = localcluster.User{UID: 61000, GID: 61000}
 // any connexd's member.creds.
 func TestEngineUnderItsOwnUID(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: starts connex-sim as uids from 61000 (SysProcAttr.Credential) next to root connexds; CI runs as root")
+		missing(t, "needs root: starts connex-sim as uids from 61000 (SysProcAttr.Credential) next to root connexds; CI runs as root")
 	}
 	bins := productBinaries(t)
 	// productBinaries' directory is MkdirTemp's 0700: let the engines' users run connex-sim.

@@ -154,7 +154,7 @@ func TestHostsLossAndDelay(t *testing.T) {
 // -tags ucx.
 func TestHostsUCXOverTCP(t *testing.T) {
 	if buildTags() != "ucx" {
-		t.Skip("connexd built without -tags ucx (libucx not installed)")
+		missing(t, "connexd built without -tags ucx (libucx not installed)")
 	}
 	for _, reads := range []string{"checked", "onesided"} {
 		t.Run(reads, func(t *testing.T) {

@@ -36,7 +36,7 @@ type hostLab struct {
 func newHostLab(t testing.TB, n int) *hostLab {
 	t.Helper()
 	if err := netlab.Available(); err != nil {
-		t.Skip(err)
+		missing(t, err.Error())
 	}
 	lab, err := netlab.New(n)
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 func TestNatsMicroLsListsConnex(t *testing.T) {
 	natsBin, err := exec.LookPath("nats")
 	if err != nil {
-		t.Skip("natscli not installed (scripts/test.sh installs it with go install)")
+		missing(t, "natscli not installed (scripts/test.sh installs it with go install)")
 	}
 	pn := startConnexd(t, "listed", "--backend", "tcp")
 	out, err := exec.Command(natsBin, "-s", pn.natsURL, "--creds", adminCreds(pn.natsURL), "micro", "ls").CombinedOutput()

@@ -21,9 +21,9 @@ import (
 func TestOpenAIClient(t *testing.T) {
 	python := os.Getenv("CONNEX_PYTHON")
 	if python == "" {
-		t.Skip("CONNEX_PYTHON is unset: `make test` sets it (scripts/test.sh builds .venv-test/ from " +
-			"harness/e2e/openai/requirements.txt); by hand: python3 -m venv .venv-test && " +
-			".venv-test/bin/pip install -r harness/e2e/openai/requirements.txt && " +
+		missing(t, "CONNEX_PYTHON is unset: `make test` sets it (scripts/test.sh builds .venv-test/ from "+
+			"harness/e2e/openai/requirements.txt); by hand: python3 -m venv .venv-test && "+
+			".venv-test/bin/pip install -r harness/e2e/openai/requirements.txt && "+
 			"CONNEX_PYTHON=$PWD/.venv-test/bin/python go test ./harness/e2e -run OpenAI")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

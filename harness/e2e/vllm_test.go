@@ -39,7 +39,7 @@ func vllmEnv(t *testing.T) (bin, model string) {
 		if os.Getenv("CONNEX_VLLM_REQUIRED") == "1" {
 			t.Fatal(msg)
 		}
-		t.Skip(msg)
+		missing(t, msg)
 	}
 	if _, err := os.Stat(filepath.Join(model, "config.json")); err != nil {
 		t.Fatalf("CONNEX_VLLM_MODEL %s: %v", model, err)
