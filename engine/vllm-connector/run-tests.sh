@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The connector's checks: a pinned virtual environment (created once, reused), ruff, pytest against real
-# connexd processes. `run-tests.sh --bench` runs the decode-side overhead benchmark instead of the tests.
+# connexd processes, on vLLM 0.33 and again on vLLM 0.34. `run-tests.sh --bench` runs the decode-side overhead benchmark instead of the tests.
 #
 # VENV (default: <repo>/.venv-vllm) is made by install-test-venv.sh and reused when it already holds the
 # pinned set; the first install of vllm==0.33.0 takes ~12 minutes and ~9.4 GB (pip's download cache is kept).
@@ -26,4 +26,11 @@ if [[ "${1:-}" == "--bench" ]]; then
 fi
 "$venv/bin/ruff" check .
 "$venv/bin/ruff" format --check .
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
+# The same tests on vLLM 0.34 (install-test-venv-034.sh derives its environment from the 0.33 one), unless
+# CONNEX_VLLM034=0.
+if [[ "${CONNEX_VLLM034:-1}" != 0 ]]; then
+  venv034=$(VENV="$venv" bash "$here/install-test-venv-034.sh")
+  echo "connector: the same tests on $("$venv034/bin/python" -c 'import vllm; print("vLLM", vllm.__version__)')"
+  "$venv034/bin/python" -m pytest -q -p no:cacheprovider "$@"
+fi

@@ -204,6 +204,15 @@ class ConnexConnector(KVConnectorBase_V1):
             return 0, False
         return self.connector_scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
+    def may_load_async(self, request: Request) -> bool:
+        """vLLM 0.34+ (``--max-num-inflight-kv-loads``): whether ``get_num_new_matched_tokens`` may answer an async
+        load for the request: a decode engine's request whose params name a hold (``remote_num_tokens``)."""
+        if self.kv_role != "kv_consumer":
+            return False
+        p = request.kv_transfer_params
+        remote = p.get("remote_num_tokens") if p else None
+        return bool(p and p.get("do_remote_prefill")) and isinstance(remote, int) and not isinstance(remote, bool)
+
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         assert self.connector_scheduler is not None
         if self.kv_role != "kv_consumer":

@@ -10,6 +10,7 @@ ModelRunnerOutput with the KVConnectorOutput.
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import zlib
 from pathlib import Path
@@ -56,6 +57,10 @@ def kv_value(
     """The KV the 'model' writes for one token at one position (one slot: num_kv_heads x head_size)."""
     base = (token * 131 + pos * 17 + layer * 7 + plane * 3) % 1000
     return (torch.arange(heads * head_size, dtype=torch.float32) + base).reshape(heads, head_size).to(DTYPE)
+
+
+# vLLM 0.34 dropped ModelRunnerOutput.req_id_to_index (the order of req_ids is the index).
+_RUNNER_OUTPUT_INDEX = "req_id_to_index" in inspect.signature(ModelRunnerOutput).parameters
 
 
 class Engine:
@@ -213,14 +218,16 @@ class Engine:
         sending, recving = w.get_finished(so.finished_req_ids)
         invalid = w.get_block_ids_with_load_errors()
         w.clear_connector_metadata()
-        mro = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-            kv_connector_output=KVConnectorOutput(
+        fields: dict[str, Any] = {
+            "req_ids": req_ids,
+            "sampled_token_ids": sampled,
+            "kv_connector_output": KVConnectorOutput(
                 finished_sending=sending, finished_recving=recving, invalid_block_ids=invalid
             ),
-        )
+        }
+        if _RUNNER_OUTPUT_INDEX:  # vLLM before 0.34 also took the index of each request id
+            fields["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+        mro = ModelRunnerOutput(**fields)
         eco = self.sched.update_from_output(so, mro)
         self.steps += 1
         for outs in eco.values():

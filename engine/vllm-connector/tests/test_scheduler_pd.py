@@ -244,3 +244,17 @@ def test_limits_block_size_mismatch_fails_the_load(cluster: Cluster, engines: di
 def test_unknown_setting_stops_the_engine_at_start(cluster: Cluster) -> None:
     with pytest.raises(SettingsError, match="retian_s"):
         Engine("kv_consumer", cluster.decode1.member, cluster.nats_url, "eng-bad", extra={"retian_s": 5})
+
+
+def test_may_load_async_names_requests_with_a_hold(cluster: Cluster, engines: dict[str, Engine]) -> None:
+    """vLLM 0.34's --max-num-inflight-kv-loads asks before scheduling: a decode request whose params name a hold may
+    load asynchronously; one without (or on the prefill side) may not."""
+    ed, ep = engines["fail"], engines["prefill"]
+    with_hold = ed.add("mla1", PROMPT, 1, {"do_remote_prefill": True, "remote_num_tokens": len(PROMPT)})
+    without = ed.add("mla2", PROMPT, 1, None)
+    bad = ed.add("mla3", PROMPT, 1, {"do_remote_prefill": True, "remote_num_tokens": True})
+    assert ed.conn.may_load_async(with_hold)
+    assert not ed.conn.may_load_async(without) and not ed.conn.may_load_async(bad)
+    assert not ep.conn.may_load_async(with_hold)
+    for r in ("mla1", "mla2", "mla3"):
+        ed.sched.finish_requests(r, RequestStatus.FINISHED_ABORTED)
