@@ -69,8 +69,13 @@ type RequestState struct {
 	// expire under its live record. 0: not known (written before this field),
 	// stored again at the next write.
 	PromptStoredUnixMs int64 `protobuf:"varint,14,opt,name=prompt_stored_unix_ms,json=promptStoredUnixMs,proto3" json:"prompt_stored_unix_ms,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The most generated_token_ids the request may hold, from its engine's
+	// max_tokens (a takeover adds the tokens generated before it). 0: none
+	// given (requests.MaxGenerated). It bounds an engine's mistakes; what a
+	// hostile engine can store is bounded by its request-store quota.
+	MaxTokens     uint32 `protobuf:"varint,15,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RequestState) Reset() {
@@ -201,6 +206,13 @@ func (x *RequestState) GetPromptStoredUnixMs() int64 {
 	return 0
 }
 
+func (x *RequestState) GetMaxTokens() uint32 {
+	if x != nil {
+		return x.MaxTokens
+	}
+	return 0
+}
+
 // RequestPrompt is the part of a request's state that does not change after
 // it is written: the prompt's token ids and the hold's block ids, one per
 // block of the prompt. It is stored once under RequestState.prompt_key and
@@ -271,8 +283,12 @@ type StartRequestMsg struct {
 	Takeover bool `protobuf:"varint,5,opt,name=takeover,proto3" json:"takeover,omitempty"`
 	// See RequestState.resume_authority.
 	ResumeAuthority string `protobuf:"bytes,6,opt,name=resume_authority,json=resumeAuthority,proto3" json:"resume_authority,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The request's own bound on generated tokens (its sampling max_tokens on
+	// this engine; on a takeover, what is left of it). 0: none given, and
+	// requests.MaxGenerated bounds it. request.progress past it is refused.
+	MaxTokens     uint32 `protobuf:"varint,7,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StartRequestMsg) Reset() {
@@ -345,6 +361,13 @@ func (x *StartRequestMsg) GetResumeAuthority() string {
 		return x.ResumeAuthority
 	}
 	return ""
+}
+
+func (x *StartRequestMsg) GetMaxTokens() uint32 {
+	if x != nil {
+		return x.MaxTokens
+	}
+	return 0
 }
 
 // RequestProgress appends generated tokens. epoch must be the caller's
@@ -847,7 +870,7 @@ var File_request_proto protoreflect.FileDescriptor
 
 const file_request_proto_rawDesc = "" +
 	"\n" +
-	"\rrequest.proto\x12\tconnex.v1\x1a\fconnex.proto\"\x97\x04\n" +
+	"\rrequest.proto\x12\tconnex.v1\x1a\fconnex.proto\"\xb6\x04\n" +
 	"\fRequestState\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x123\n" +
@@ -866,10 +889,12 @@ const file_request_proto_rawDesc = "" +
 	"\rprompt_digest\x18\f \x01(\fR\fpromptDigest\x12\x1d\n" +
 	"\n" +
 	"prompt_key\x18\r \x01(\tR\tpromptKey\x121\n" +
-	"\x15prompt_stored_unix_ms\x18\x0e \x01(\x03R\x12promptStoredUnixMs\"V\n" +
+	"\x15prompt_stored_unix_ms\x18\x0e \x01(\x03R\x12promptStoredUnixMs\x12\x1d\n" +
+	"\n" +
+	"max_tokens\x18\x0f \x01(\rR\tmaxTokens\"V\n" +
 	"\rRequestPrompt\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\rR\btokenIds\x12(\n" +
-	"\x10remote_block_ids\x18\x02 \x03(\rR\x0eremoteBlockIds\"\xf3\x01\n" +
+	"\x10remote_block_ids\x18\x02 \x03(\rR\x0eremoteBlockIds\"\x92\x02\n" +
 	"\x0fStartRequestMsg\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x123\n" +
@@ -877,7 +902,9 @@ const file_request_proto_rawDesc = "" +
 	"\x10prompt_token_ids\x18\x03 \x03(\rR\x0epromptTokenIds\x12\x1b\n" +
 	"\tengine_id\x18\x04 \x01(\tR\bengineId\x12\x1a\n" +
 	"\btakeover\x18\x05 \x01(\bR\btakeover\x12)\n" +
-	"\x10resume_authority\x18\x06 \x01(\tR\x0fresumeAuthority\"c\n" +
+	"\x10resume_authority\x18\x06 \x01(\tR\x0fresumeAuthority\x12\x1d\n" +
+	"\n" +
+	"max_tokens\x18\a \x01(\rR\tmaxTokens\"c\n" +
 	"\x0fRequestProgress\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +

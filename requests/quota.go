@@ -17,8 +17,8 @@ var ErrQuota = errors.New("requests: quota reached")
 const TokenBytes = 4
 
 // MaxGenerated bounds the tokens request.progress may append to one
-// request: the protocol does not carry a request's max_tokens, and no model
-// served today generates more in one request.
+// request whose request.start gave no max_tokens (and any max_tokens): no
+// model served today generates more in one request.
 const MaxGenerated = 1 << 17
 
 // Quota bounds what each engine, and this member as a whole, keeps in the

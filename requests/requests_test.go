@@ -268,3 +268,42 @@ func TestOpenKVStoreUnrecoverable(t *testing.T) {
 		t.Fatal("a timeout is not unrecoverable")
 	}
 }
+
+// TestMaxTokensBoundsProgress: request.progress past the request's own
+// max_tokens is refused, and a takeover's max_tokens (what is left) counts
+// the tokens generated before it.
+func TestMaxTokensBoundsProgress(t *testing.T) {
+	now := time.Unix(100, 0)
+	m := start()
+	m.MaxTokens = 3
+	st, err := New(m, "d1", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err = Append(st, 1, []uint32{7, 8}, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Append(st, 1, []uint32{9, 10}, now); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("the 4th token of a max_tokens=3 request: %v", err)
+	}
+	head, _ := SplitState(st)
+	if head.MaxTokens != 3 {
+		t.Fatalf("the record keeps max_tokens: %d", head.MaxTokens)
+	}
+	resume := &messages.StartRequestMsg{RequestId: "req-1", EngineId: "e2", PromptTokenIds: []uint32{1, 2, 3, 4, 7, 8},
+		Params: st.Params, Takeover: true, MaxTokens: 1}
+	next, err := Takeover(head, resume, "d2", now)
+	if err != nil || next.MaxTokens != 3 {
+		t.Fatalf("takeover with 1 token left of 3: max_tokens %d, %v", next.GetMaxTokens(), err)
+	}
+	if next, err = Append(next, 2, []uint32{9}, now); err != nil {
+		t.Fatalf("the last token: %v", err)
+	}
+	if _, err := Append(next, 2, []uint32{10}, now); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("past max_tokens after a takeover: %v", err)
+	}
+	m.MaxTokens = MaxGenerated + 1
+	if st, err := New(m, "d1", now); err != nil || st.MaxTokens != MaxGenerated {
+		t.Fatalf("max_tokens past MaxGenerated: %v %v", st.GetMaxTokens(), err)
+	}
+}

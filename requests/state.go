@@ -82,6 +82,8 @@ func newState(start *messages.StartRequestMsg, owner string, now time.Time) (*me
 		RequestId: start.RequestId, Params: start.Params,
 		Owner: owner, Epoch: 1, EngineId: start.EngineId, UpdatedUnixMs: now.UnixMilli(),
 		ResumeAuthority: start.ResumeAuthority,
+		// Past MaxGenerated the store's own bound is the tighter one.
+		MaxTokens: min(start.MaxTokens, MaxGenerated),
 	}, nil
 }
 
@@ -111,6 +113,10 @@ func Takeover(st *messages.RequestState, start *messages.StartRequestMsg, owner 
 		fresh.PromptDigest = digestOf(st)
 		fresh.PromptKey = PromptKey(fresh.RequestId, fresh.PromptDigest)
 		fresh.PromptStoredUnixMs = st.PromptStoredUnixMs // the stored prompt stays, with its age
+		if fresh.MaxTokens > 0 {
+			// The new engine's max_tokens is what is left of the request's.
+			fresh.MaxTokens = uint32(min(int(fresh.MaxTokens)+len(fresh.GeneratedTokenIds), MaxGenerated))
+		}
 	} else {
 		withPrompt(fresh, toks)
 	}
@@ -129,6 +135,9 @@ func Append(st *messages.RequestState, epoch uint64, tokens []uint32, now time.T
 	}
 	if PromptLen(st)+len(st.GeneratedTokenIds)+len(tokens) > MaxTokens {
 		return nil, fmt.Errorf("%w: more than %d tokens", ErrInvalid, MaxTokens)
+	}
+	if limit := st.MaxTokens; limit > 0 && len(st.GeneratedTokenIds)+len(tokens) > int(limit) {
+		return nil, fmt.Errorf("%w: %d generated tokens would pass the request's max_tokens=%d", ErrInvalid, len(st.GeneratedTokenIds)+len(tokens), limit)
 	}
 	if len(st.GeneratedTokenIds)+len(tokens) > MaxGenerated {
 		return nil, fmt.Errorf("%w: more than %d generated tokens in one request", ErrInvalid, MaxGenerated)

@@ -23,6 +23,10 @@ type RequestSpec struct {
 	// Takeover moves an existing request here with the next epoch, fencing
 	// the activation that ran it (kv_transfer_params.connex_resume).
 	Takeover bool
+	// MaxTokens is the request's max_tokens on this engine (for a takeover,
+	// what is left of it); connexd refuses progress past it, so a runaway
+	// report loop cannot grow the stored request. 0: no bound of its own.
+	MaxTokens uint32
 }
 
 // Request is one decode request's activation on the engine's connexd. Its
@@ -52,7 +56,7 @@ func (e *Engine) StartRequest(ctx context.Context, s RequestSpec) (*Request, err
 	defer cancel()
 	st, err := e.cli.StartRequest(c, &messages.StartRequestMsg{
 		RequestId: s.ID, Params: s.Params, PromptTokenIds: s.Tokens, EngineId: e.cfg.EngineID,
-		Takeover: s.Takeover, ResumeAuthority: "router",
+		Takeover: s.Takeover, ResumeAuthority: "router", MaxTokens: s.MaxTokens,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("engine %s: request.start of %s (takeover %v) on member %s: %w", e.cfg.EngineID, s.ID, s.Takeover, e.cfg.Member, err)

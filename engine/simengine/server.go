@@ -409,7 +409,7 @@ func (s *Server) decodeLeg(ctx context.Context, o *output) string {
 	// nobody to finish it, keeping the prefill hold alive.
 	tAlloc := time.Now()
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	act, err := s.cfg.KV.StartRequest(sctx, shim.RequestSpec{ID: id, Params: p, Tokens: g.tokens, Takeover: p.ConnexResume})
+	act, err := s.cfg.KV.StartRequest(sctx, shim.RequestSpec{ID: id, Params: p, Tokens: g.tokens, Takeover: p.ConnexResume, MaxTokens: uint32(g.maxTokens)})
 	scancel()
 	if err != nil {
 		if ctx.Err() != nil {

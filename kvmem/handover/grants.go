@@ -14,10 +14,17 @@ import (
 // start while leaving a leaked token little time.
 const TokenTTL = 60 * time.Second
 
-// MaxGrants bounds the tokens outstanding at once; past it the oldest is
-// forgotten (its engine creates the region again for a new one). An engine
-// calling region.create in a loop cannot grow connexd's memory.
+// MaxGrants bounds the tokens outstanding at once; past it the oldest token
+// of the engine holding the most is forgotten (its engine creates the region
+// again for a new one). An engine calling region.create in a loop cannot grow
+// connexd's memory.
 const MaxGrants = 1024
+
+// MaxGrantsPerEngine bounds one engine's outstanding tokens; past it that
+// engine's own oldest is forgotten. An engine calling region.create in a loop
+// therefore only ever forgets its own tokens, never a neighbour's: an engine
+// maps its region right after the reply, so it needs one or two at a time.
+const MaxGrantsPerEngine = 64
 
 // ErrRefused means the socket refused a handover: unknown, used or expired
 // token, a token for another engine's region, or a malformed request. The
@@ -39,12 +46,14 @@ type grant struct {
 // grants is the table of outstanding tokens. It is pure: the caller passes
 // the time and holds the lock.
 type grants struct {
-	max  int
-	list []grant // oldest first
+	max       int     // every engine's tokens together
+	perEngine int     // one engine's tokens (0: MaxGrantsPerEngine)
+	list      []grant // oldest first
 }
 
 // issue records a new token for engine's region, valid until now+ttl, and
-// returns it. Expired tokens go first; past max the oldest goes too.
+// returns it. Expired tokens go first; past the engine's bound its own
+// oldest goes, and past max the oldest of the engine holding the most.
 func (g *grants) issue(engine, region string, ref any, now time.Time, ttl time.Duration) (string, error) {
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -52,8 +61,15 @@ func (g *grants) issue(engine, region string, ref any, now time.Time, ttl time.D
 	}
 	tok := hex.EncodeToString(b[:])
 	g.expire(now)
-	if len(g.list) >= g.max {
-		g.list = g.list[len(g.list)-g.max+1:]
+	per := g.perEngine
+	if per <= 0 {
+		per = MaxGrantsPerEngine
+	}
+	for g.count(engine) >= per {
+		g.dropOldest(engine)
+	}
+	for len(g.list) >= g.max && len(g.list) > 0 {
+		g.dropOldest(g.largest())
 	}
 	g.list = append(g.list, grant{engine: engine, region: region, token: []byte(tok), ref: ref, expires: now.Add(ttl)})
 	return tok, nil
@@ -79,6 +95,45 @@ func (g *grants) take(engine, region, token string, now time.Time) (any, error) 
 	ref := g.list[found].ref
 	g.list = append(g.list[:found], g.list[found+1:]...)
 	return ref, nil
+}
+
+// count is how many tokens engine holds.
+func (g *grants) count(engine string) int {
+	n := 0
+	for i := range g.list {
+		if g.list[i].engine == engine {
+			n++
+		}
+	}
+	return n
+}
+
+// largest names the engine holding the most tokens (among equals, the first
+// to reach that count in age order, so the choice is deterministic).
+func (g *grants) largest() string {
+	counts := map[string]int{}
+	best, most := "", 0
+	for i := range g.list {
+		e := g.list[i].engine
+		counts[e]++
+		if counts[e] > most {
+			best, most = e, counts[e]
+		}
+	}
+	return best
+}
+
+// dropOldest forgets engine's oldest token.
+func (g *grants) dropOldest(engine string) {
+	for i := range g.list {
+		if g.list[i].engine == engine {
+			last := len(g.list) - 1
+			copy(g.list[i:], g.list[i+1:])
+			g.list[last] = grant{} // the ref goes with it
+			g.list = g.list[:last]
+			return
+		}
+	}
 }
 
 // forget drops every token of engine's regions (the engine went away).

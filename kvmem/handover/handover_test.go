@@ -329,3 +329,37 @@ func TestHandoverBusy(t *testing.T) {
 		return nil
 	})
 }
+
+// TestGrantsOneEngineForgetsOnlyItsOwn: an engine calling region.create in a
+// loop forgets its own oldest tokens, never a neighbour's, whether its own
+// bound or the table's is reached first.
+func TestGrantsOneEngineForgetsOnlyItsOwn(t *testing.T) {
+	for _, c := range []struct {
+		name           string
+		max, perEngine int
+	}{{"engine bound", 100, 4}, {"table bound", 6, 100}} {
+		t.Run(c.name, func(t *testing.T) {
+			g := grants{max: c.max, perEngine: c.perEngine}
+			now := time.Unix(0, 0)
+			quiet, err := g.issue("quiet", "r", "quiet's", now, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var last string
+			for i := range 200 {
+				if last, err = g.issue("loud", "r", i, now, time.Minute); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := g.count("loud"); n > c.perEngine || n > c.max-1 {
+				t.Fatalf("loud holds %d tokens; want at most min(%d, %d)", n, c.perEngine, c.max-1)
+			}
+			if ref, err := g.take("quiet", "r", quiet, now); err != nil || ref != "quiet's" {
+				t.Fatalf("the quiet engine's token after its neighbour's loop: %v %v", ref, err)
+			}
+			if ref, err := g.take("loud", "r", last, now); err != nil || ref != 199 {
+				t.Fatalf("the loud engine's newest token: %v %v", ref, err)
+			}
+		})
+	}
+}

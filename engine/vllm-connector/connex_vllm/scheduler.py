@@ -93,6 +93,13 @@ class _Pending:
 _STORE_ID = re.compile(r"[A-Za-z0-9_=/-]{1,128}")
 
 
+def _max_tokens(request: RequestLike) -> int:
+    """The request's max_tokens on this engine (vLLM's ``Request.max_tokens``; a resumed leg's is what is left),
+    which connexd holds its request.progress to; 0 when vLLM gives none."""
+    n = getattr(request, "max_tokens", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and 0 < n < 2**32 else 0
+
+
 def store_id(vllm_request_id: str) -> str:
     """A connexd request id for a request no Connex router named (connex_request_id unset: vLLM's own proxy or
     vllm-router): vLLM's id when connexd's request store can key it, else a digest of it (vllm-router's ids carry
@@ -371,6 +378,7 @@ class ConnexScheduler:
                 engine_id=self.engine_id,
                 takeover=m.connex_resume,
                 resume_authority="router",
+                max_tokens=_max_tokens(request),
             )
             try:
                 st = await self._bus.call("request.start", msg, rpb.RequestStatus, self.settings.call_timeout_s)

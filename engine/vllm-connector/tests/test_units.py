@@ -187,3 +187,14 @@ def test_subjects_follow_connexd_scopes() -> None:
     assert subject("m1", "request.start", "e1") == "connex.v1.m1.e.e1.request.start"
     assert subject("m1", "peer.grant", "e1") == "connex.v1.m1.peer.grant"
     assert subject("m1", "hold.create") == "connex.v1.m1.hold.create"
+
+
+def test_max_tokens_sent_with_request_start() -> None:
+    from types import SimpleNamespace
+
+    from connex_vllm.scheduler import _max_tokens
+
+    assert _max_tokens(SimpleNamespace(max_tokens=37)) == 37  # type: ignore[arg-type]
+    for absent in (None, 0, -1, True, 2**32, "16"):
+        assert _max_tokens(SimpleNamespace(max_tokens=absent)) == 0  # type: ignore[arg-type]
+    assert _max_tokens(SimpleNamespace()) == 0  # type: ignore[arg-type]
