@@ -18,6 +18,9 @@ func banner(c *localcluster.Cluster, o localcluster.Options, files clusterFiles,
 	var decode []localcluster.Engine
 	for _, e := range c.Engines() {
 		fmt.Fprintf(&b, "  %-10s engine %s (pid %d), connexd pid %d\n", e.Name, e.URL, e.EnginePID, e.ConnexdPID)
+		if o.VLLM != nil && o.VLLM.LogDir != "" {
+			fmt.Fprintf(&b, "  %-10s vLLM's log: %s\n", "", localcluster.EngineLogPath(o.VLLM.LogDir, e.Name))
+		}
 		if e.Role == localcluster.RoleDecode {
 			decode = append(decode, e)
 		}

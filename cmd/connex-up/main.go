@@ -132,6 +132,8 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	vllmBin := fs.String("vllm", "", "run real `vllm serve` engines with this vllm command instead of connex-sim (make run-vllm sets it up)")
 	vllmModel := fs.String("vllm-model", "", "with --vllm: the model directory to serve (--model is its served name)")
 	vllmMaxLen := fs.Int("vllm-max-model-len", 4096, "with --vllm: vllm serve --max-model-len")
+	engineLogs := fs.Bool("engine-logs", false, "with --vllm: show the engines' own log lines on screen too (default: each engine's go to a file in --engine-log-dir, whose paths the banner prints)")
+	engineLogDir := fs.String("engine-log-dir", filepath.Join(os.TempDir(), "connex-up-logs"), "with --vllm: directory of the engines' log files (<engine>.log, truncated at each start, kept after exit)")
 	vllmPolicy := fs.String("kv-load-failure-policy", "fail", "with --vllm: vLLM's kv_load_failure_policy on decode engines, fail or recompute")
 	engineUser := fs.String("engine-user", "", "run each connex-sim under its own uid: UID[:GID] plus the engine's index (as root; engines then read neither a connexd's member.creds nor each other's engine.creds, README \"Engines under their own uid\"); --sim must be executable by those users")
 	apiKeyFile := fs.String("api-key-file", "", "file whose first line is the API key the router then requires on /v1/* (default: none)")
@@ -161,6 +163,12 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	d.Dir = *dir
 	if *vllmBin != "" {
 		d.VLLM = &localcluster.VLLM{Bin: *vllmBin, Model: *vllmModel, MaxModelLen: *vllmMaxLen, LoadFailurePolicy: *vllmPolicy, Args: *vllmArgs}
+		if !*engineLogs {
+			if *engineLogDir == "" {
+				return flags{}, errors.New("--engine-log-dir is empty (--engine-logs shows the engines' lines on screen instead)")
+			}
+			d.VLLM.LogDir = *engineLogDir
+		}
 	} else if *vllmModel != "" || len(*vllmArgs) > 0 {
 		return flags{}, errors.New("--vllm-model and --vllm-arg need --vllm")
 	}

@@ -71,3 +71,20 @@ func TestParseFlagsEngineUser(t *testing.T) {
 		}
 	}
 }
+
+func TestParseFlagsEngineLogs(t *testing.T) {
+	f, err := parseFlags([]string{"--vllm", "vllm", "--vllm-model", "m", "--engine-log-dir", "/var/log/x"}, io.Discard)
+	if err != nil || f.opts.VLLM == nil || f.opts.VLLM.LogDir != "/var/log/x" {
+		t.Fatalf("vLLM engines log to files by default: %+v %v", f.opts.VLLM, err)
+	}
+	if f, err = parseFlags([]string{"--vllm", "vllm", "--vllm-model", "m"}, io.Discard); err != nil || f.opts.VLLM.LogDir == "" {
+		t.Fatalf("the default log dir: %+v %v", f.opts.VLLM, err)
+	}
+	f, err = parseFlags([]string{"--vllm", "vllm", "--vllm-model", "m", "--engine-logs"}, io.Discard)
+	if err != nil || f.opts.VLLM.LogDir != "" {
+		t.Fatalf("--engine-logs brings them to the screen: %+v %v", f.opts.VLLM, err)
+	}
+	if _, err := parseFlags([]string{"--vllm", "vllm", "--vllm-model", "m", "--engine-log-dir", ""}, io.Discard); err == nil {
+		t.Fatal("an empty --engine-log-dir: want an error")
+	}
+}

@@ -43,6 +43,7 @@ type Cluster struct {
 	backoff     map[string]time.Duration // process name → the delay of its last automatic restart
 	promTargets bool                     // WritePrometheusConfig ran: restarts rewrite its targets
 	engineUIDs  map[string]User          // engine name → its own uid and gid under Options.EngineUser
+	engineLogs  map[string]*lineLog      // engine name → its log file under VLLM.LogDir
 }
 
 // EngineUser is the uid and gid engine name runs under (Options.EngineUser

@@ -190,6 +190,7 @@ func (c *Cluster) Close() error {
 	for _, group := range [][]*process{engines, connexds, {router}} {
 		errs = append(errs, c.termAll(group)...)
 	}
+	errs = append(errs, c.closeEngineLogs())
 	if c.ownDir {
 		if err := os.RemoveAll(c.dir); err != nil {
 			errs = append(errs, fmt.Errorf("localcluster: remove %s: %w", c.dir, err))

@@ -44,6 +44,9 @@ func fakeMain(args []string) int {
 		}
 		return ""
 	}
+	if len(args) > 0 && args[0] == "serve" { // `vllm serve`: its /health, and a line of its own
+		return fakeVLLM(arg)
+	}
 	sim := slices.Contains(args, "--nats")
 	name := arg("--member-id")
 	if sim {
@@ -93,6 +96,22 @@ func fakeMain(args []string) int {
 	default:
 		fmt.Printf("connexd ready member=%s nats=%s backend=tcp data=127.0.0.1:1 role=%s%s\n", name, arg("--nats-url"), arg("--role"), metrics)
 	}
+	<-sig
+	return 0
+}
+
+// fakeVLLM plays `vllm serve`: a log line naming its engine, then /health
+// on --host:--port until SIGTERM.
+func fakeVLLM(arg func(string) string) int {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	ln, err := net.Listen("tcp", net.JoinHostPort(arg("--host"), arg("--port")))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	go http.Serve(ln, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	fmt.Fprintf(os.Stderr, "INFO fake vllm serving %s as %s\n", arg("--served-model-name"), arg("--kv-transfer-config"))
 	<-sig
 	return 0
 }

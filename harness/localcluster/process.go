@@ -2,6 +2,7 @@ package localcluster
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,8 +37,9 @@ type process struct {
 	waitErr  error
 	exitedAt time.Time
 	fields   map[string]string
-	intended bool // an exit we asked for (Term, Close, Restart)
-	stopped  bool // SIGSTOPped and not continued since
+	intended bool     // an exit we asked for (Term, Close, Restart)
+	notes    *lineLog // where the cluster's notes on it go (nil: log, with its output)
+	stopped  bool     // SIGSTOPped and not continued since
 }
 
 // startProcess starts path with args; its stdout and stderr go to log,
@@ -81,14 +83,14 @@ func (p *process) wait() {
 	err := p.cmd.Wait()
 	p.mu.Lock()
 	p.waitErr, p.exitedAt = err, time.Now()
-	intended := p.intended
+	intended, notes := p.intended, cmp.Or(p.notes, p.log)
 	p.mu.Unlock()
 	if !intended { // before exited closes, so no note outlives Close
 		state := "exited"
 		if err != nil {
 			state += ": " + err.Error()
 		}
-		p.log.note("localcluster: %s (pid %d) %s", p.name, p.pid(), state)
+		notes.note("localcluster: %s (pid %d) %s", p.name, p.pid(), state)
 	}
 	close(p.exited)
 }

@@ -50,6 +50,11 @@ type VLLM struct {
 	// pulls only the rest of its hold). Prefill engines always run without
 	// it, so that every prefill computes and holds the whole prompt.
 	NoDecodePrefixCaching bool
+	// LogDir, when set, takes each engine's own output (vLLM's log lines)
+	// off Options.Log into LogDir/<engine>.log (EngineLogPath): truncated at
+	// the cluster's start, appended across the engine's restarts, kept
+	// after Close. The last lines are still kept for error messages.
+	LogDir string
 	// Connector are extra ConnexConnector settings (kv_connector_extra_config,
 	// e.g. {"progress_every": 64}) for every engine; the member, NATS and
 	// base_url settings are the cluster's and cannot be overridden here.
@@ -192,9 +197,18 @@ func (c *Cluster) startVLLM(ctx context.Context, n *node, index int, natsURL str
 	if err != nil {
 		return nil, "", fmt.Errorf("localcluster: %s kv-transfer-config: %w", n.name, err)
 	}
-	p, err := startProcessEnv(processName(n.name, PartEngine), v.Bin, v.serveArgs(n.name, n.role, c.opts.Model, port, kv), "", c.log, v.env(index))
+	log, err := c.engineLog(n.name)
 	if err != nil {
 		return nil, "", err
+	}
+	p, err := startProcessEnv(processName(n.name, PartEngine), v.Bin, v.serveArgs(n.name, n.role, c.opts.Model, port, kv), "", log, v.env(index))
+	if err != nil {
+		return nil, "", err
+	}
+	if log != c.log { // its exit is news for the screen, not only for its file
+		p.mu.Lock()
+		p.notes = c.log
+		p.mu.Unlock()
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.opts.StartTimeout)
 	defer cancel()
