@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -46,4 +47,26 @@ func pinProcess(pid, cpu int) error {
 		return fmt.Errorf("pin %d to cpu %d: %s", pid, cpu, strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// cpuTime is the CPU time the threads of pids have run so far
+// (/proc/<pid>/task/*/schedstat, nanoseconds; threads that exited are not
+// counted).
+func cpuTime(pids []int) time.Duration {
+	var total time.Duration
+	for _, pid := range pids {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+		for _, t := range tasks {
+			b, err := os.ReadFile(t)
+			if err != nil {
+				continue
+			}
+			f := strings.Fields(string(b))
+			if len(f) > 0 {
+				ns, _ := strconv.ParseInt(f[0], 10, 64)
+				total += time.Duration(ns)
+			}
+		}
+	}
+	return total
 }

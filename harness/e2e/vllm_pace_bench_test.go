@@ -23,7 +23,45 @@ type paceRun struct {
 	gaps      []time.Duration
 	engineITL time.Duration
 	total     time.Duration
+	cpu       map[string]time.Duration // CPU time each part of the cluster ran during the request (cpuParts)
 }
+
+// cpuOf is the CPU time each of the cluster's processes (a `vllm serve`
+// with its engine core) and this client have run so far, by name.
+func cpuOf(c *localcluster.Cluster) map[string]time.Duration {
+	out := map[string]time.Duration{"client": cpuTime([]int{os.Getpid()})}
+	for name, pid := range c.PIDs() {
+		pids := []int{pid}
+		if strings.HasSuffix(name, "/engine") {
+			pids = append(processGroup(pid), pid)
+		}
+		out[name] = cpuTime(pids)
+	}
+	return out
+}
+
+// cpuPart is the part of BenchmarkVLLMPace's CPU account process name
+// belongs to, for a request decode engine served: the router (with its
+// embedded NATS), the connexds, the prefill engine, the decode engine that
+// served it, the other decode engines, the client.
+func cpuPart(name, served string) string {
+	switch {
+	case name == "client":
+		return "client"
+	case name == localcluster.RouterName:
+		return "router"
+	case name == served+"/engine":
+		return "decode_engine"
+	case strings.HasPrefix(name, "prefill") && strings.HasSuffix(name, "/engine"):
+		return "prefill_engine"
+	case strings.HasSuffix(name, "/engine"):
+		return "other_decode"
+	}
+	return "connexds"
+}
+
+// cpuPartOrder is the order BenchmarkVLLMPace prints cpuParts in.
+var cpuPartOrder = []string{"decode_engine", "router", "connexds", "prefill_engine", "other_decode", "client"}
 
 // BenchmarkVLLMPace (make bench-vllm-pace, issue 46): whether a decode vLLM
 // runs as fast through Connex as alone. The same greedy streamed
@@ -121,11 +159,15 @@ func BenchmarkVLLMPace(b *testing.B) {
 	// counted every token (it updates its histograms as outputs are
 	// processed).
 	stream := func(url string, body map[string]any, engine func(*streamed) string, before func(string) [2]float64) paceRun {
+		cpu0 := cpuOf(c)
 		got, err := postStream(bg, url, body, nil)
 		if err != nil || got.status != 200 || len(got.ids) != tokens {
 			b.Fatalf("%s: %v, status %d %s, %d tokens", url, err, got.status, got.body, len(got.ids))
 		}
-		r := paceRun{engine: engine(got), total: got.at[len(got.at)-1].Sub(got.started)}
+		r := paceRun{engine: engine(got), total: got.at[len(got.at)-1].Sub(got.started), cpu: map[string]time.Duration{}}
+		for name, t := range cpuOf(c) {
+			r.cpu[cpuPart(name, r.engine)] += t - cpu0[name]
+		}
 		for i := 1; i < len(got.at); i++ {
 			r.gaps = append(r.gaps, got.at[i].Sub(got.at[i-1]))
 		}
@@ -191,6 +233,20 @@ func BenchmarkVLLMPace(b *testing.B) {
 		}
 		return v
 	}
+	// Where the CPU went: each part's CPU time per request, through Connex
+	// and alone (what Connex's processes take from the engine's cores).
+	cpuLine := func(rs []paceRun) string {
+		var f []string
+		for _, p := range cpuPartOrder {
+			var sum time.Duration
+			for _, r := range rs {
+				sum += r.cpu[p]
+			}
+			f = append(f, fmt.Sprintf("%s=%.0f", p, ms(sum/time.Duration(len(rs)))))
+		}
+		return strings.Join(f, " ")
+	}
+	fmt.Printf("CPU ms per request through Connex: %s\nCPU ms per request alone:          %s\n", cpuLine(connex), cpuLine(alone))
 	ga, gx := all(alone), all(connex)
 	fmt.Printf("PACE tokens=%d rounds=%d engine_itl_ms_alone=%.3f engine_itl_ms_connex=%.3f engine_itl_vs_alone=%.3f client_gap_p99_ms_alone=%.2f client_gap_p99_ms_connex=%.2f client_gap_p99_vs_alone=%.3f max_gap_ms_alone=%.1f max_gap_ms_connex=%.1f max_gap_vs_alone=%.3f\n",
 		tokens, rounds, ms(med(alone)), ms(med(connex)), ratio(med(connex), med(alone)),
