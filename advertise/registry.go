@@ -76,6 +76,8 @@ func Validate(r *messages.RegisterEngineRequest, validToken func(string) bool) (
 		// none may be large (a heartbeat past NATS's max_payload is never
 		// sent, and the member drops out of the cluster).
 		return 0, fmt.Errorf("%w: instance_id %q is not one subject token (1-128 bytes)", ErrInvalid, e.GetInstanceId())
+	case len(e.GetReasoningParser()) > 64 || !parserName(e.GetReasoningParser()):
+		return 0, fmt.Errorf("%w: reasoning_parser %q must be a parser name of at most 64 letters, digits, '_', '-' or '.'", ErrInvalid, e.GetReasoningParser())
 	case len(e.GetBaseUrl()) > MaxBaseURL:
 		return 0, fmt.Errorf("%w: base_url is %d bytes (at most %d)", ErrInvalid, len(e.GetBaseUrl()), MaxBaseURL)
 	}
@@ -90,6 +92,17 @@ func Validate(r *messages.RegisterEngineRequest, validToken func(string) bool) (
 		return 0, fmt.Errorf("%w: ttl_ms %d (allowed %d..%d)", ErrInvalid, r.GetTtlMs(), MinTTL.Milliseconds(), MaxTTL.Milliseconds())
 	}
 	return ttl, nil
+}
+
+// parserName: empty, or letters, digits, '_', '-' and '.' (vLLM's parser
+// names: "qwen3", "deepseek_r1", "openai_gptoss").
+func parserName(s string) bool {
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 func checkBaseURL(s string) error {

@@ -23,6 +23,11 @@ func TestValidate(t *testing.T) {
 	if ttl, err := Validate(reg("e1", 1500), token); err != nil || ttl != 1500*time.Millisecond {
 		t.Fatalf("ttl_ms 1500: %v %v", ttl, err)
 	}
+	withParser := reg("e1", 0)
+	withParser.Engine.ReasoningParser = "deepseek_r1"
+	if _, err := Validate(withParser, token); err != nil {
+		t.Fatalf("reasoning_parser deepseek_r1: %v", err)
+	}
 	bad := map[string]func(r *messages.RegisterEngineRequest){
 		"missing engine":     func(r *messages.RegisterEngineRequest) { r.Engine = nil },
 		"engine_id":          func(r *messages.RegisterEngineRequest) { r.Engine.EngineId = "a.b" },
@@ -40,6 +45,10 @@ func TestValidate(t *testing.T) {
 		},
 		"instance_id":       func(r *messages.RegisterEngineRequest) { r.Engine.InstanceId = "a b" },
 		"instance_id 2 MiB": func(r *messages.RegisterEngineRequest) { r.Engine.InstanceId = strings.Repeat("i", 2<<20) },
+		"reasoning_parser":  func(r *messages.RegisterEngineRequest) { r.Engine.ReasoningParser = "qwen3 --x" },
+		"reasoning_parser 1 KiB": func(r *messages.RegisterEngineRequest) {
+			r.Engine.ReasoningParser = strings.Repeat("p", 1024)
+		},
 	}
 	for name, mod := range bad {
 		r := reg("e1", 0)

@@ -2077,9 +2077,15 @@ type EngineInfo struct {
 	InstanceId string `protobuf:"bytes,10,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	// Notices to this engine are JSON (protojson, as the JSON replies: field
 	// names as in this file, 64-bit integers as strings) instead of protobuf.
-	JsonNotices   bool `protobuf:"varint,11,opt,name=json_notices,json=jsonNotices,proto3" json:"json_notices,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	JsonNotices bool `protobuf:"varint,11,opt,name=json_notices,json=jsonNotices,proto3" json:"json_notices,omitempty"`
+	// The reasoning parser the engine's chat layer runs (vLLM's
+	// --reasoning-parser, e.g. "qwen3"); empty: none. A chat on such an engine
+	// is parsed into reasoning and content by the engine, which a resumed leg
+	// (a completion of token ids) is not: the router resumes its chats only by
+	// replay (greedy or seeded), and refuses the rest.
+	ReasoningParser string `protobuf:"bytes,12,opt,name=reasoning_parser,json=reasoningParser,proto3" json:"reasoning_parser,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *EngineInfo) Reset() {
@@ -2187,6 +2193,13 @@ func (x *EngineInfo) GetJsonNotices() bool {
 		return x.JsonNotices
 	}
 	return false
+}
+
+func (x *EngineInfo) GetReasoningParser() string {
+	if x != nil {
+		return x.ReasoningParser
+	}
+	return ""
 }
 
 // RegisterEngineRequest registers (or refreshes) an engine with its local
@@ -2518,7 +2531,7 @@ const file_connex_proto_rawDesc = "" +
 	"\x02ok\x18\x04 \x01(\bR\x02ok\"E\n" +
 	"\tRegionRef\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
-	"\tregion_id\x18\x02 \x01(\tR\bregionId\"\xd6\x02\n" +
+	"\tregion_id\x18\x02 \x01(\tR\bregionId\"\x81\x03\n" +
 	"\n" +
 	"EngineInfo\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x12\n" +
@@ -2535,7 +2548,8 @@ const file_connex_proto_rawDesc = "" +
 	"\vinstance_id\x18\n" +
 	" \x01(\tR\n" +
 	"instanceId\x12!\n" +
-	"\fjson_notices\x18\v \x01(\bR\vjsonNotices\"]\n" +
+	"\fjson_notices\x18\v \x01(\bR\vjsonNotices\x12)\n" +
+	"\x10reasoning_parser\x18\f \x01(\tR\x0freasoningParser\"]\n" +
 	"\x15RegisterEngineRequest\x12-\n" +
 	"\x06engine\x18\x01 \x01(\v2\x15.connex.v1.EngineInfoR\x06engine\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\rR\x05ttlMs\"\x8d\x01\n" +

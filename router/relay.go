@@ -392,7 +392,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		pending = res.retired
 		failedAt = s.clock.Now()
 		lastErr = res.err.Message
-		if reason, why := resumeRefusal(c, out.reasoned); reason != "" && !replay {
+		if reason, why := resumeRefusal(c, out.reasoned, e.Info.GetReasoningParser()); reason != "" && !replay {
 			if !replayable(c) {
 				// Never a different answer: the client learns where its
 				// answer ends and why, instead of a stream that goes on

@@ -50,6 +50,8 @@ type fakeEngine struct {
 	msg     string // the error's message (default "no")
 	// served, if set, is closed when the engine gets its first leg.
 	served chan struct{}
+	// reasoning is the reasoning parser the engine registers ("": none).
+	reasoning string
 	// withhold: tokens whose text the engine holds back until the next
 	// token (as vLLM does for a token that ends inside a UTF-8 character):
 	// their chunk carries the id and no text.
@@ -70,7 +72,7 @@ func (f *fakeEngine) start() *fakeEngine {
 }
 
 func (f *fakeEngine) engine() Engine {
-	return Engine{Member: "m-" + f.id, Info: &messages.EngineInfo{EngineId: f.id, Role: f.role, Model: "m", BaseUrl: f.srv.URL}}
+	return Engine{Member: "m-" + f.id, Info: &messages.EngineInfo{EngineId: f.id, Role: f.role, Model: "m", BaseUrl: f.srv.URL, ReasoningParser: f.reasoning}}
 }
 
 func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {

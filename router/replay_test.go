@@ -16,8 +16,9 @@ import (
 // data of each event); a leg whose script does not end with "[DONE]"
 // breaks after its last chunk. Leg i plays legs[min(i, len-1)].
 type scriptedEngine struct {
-	id   string
-	legs [][]string
+	id        string
+	legs      [][]string
+	reasoning string // the reasoning parser it registers
 
 	mu     sync.Mutex
 	bodies []map[string]any
@@ -51,7 +52,7 @@ func (f *scriptedEngine) start(t *testing.T) *scriptedEngine {
 }
 
 func (f *scriptedEngine) fake() *fakeEngine {
-	return &fakeEngine{id: f.id, role: "decode", srv: f.srv}
+	return &fakeEngine{id: f.id, role: "decode", srv: f.srv, reasoning: f.reasoning}
 }
 
 // chatChunk is a chat chunk's data: a delta (JSON) and token ids.
@@ -293,6 +294,52 @@ func TestReplayResumesReasoningAndLogprobs(t *testing.T) {
 	}
 	if got := strings.Join(a.logprobTokens, "|"); got != "let| me| think|.|</think>|Sunny" || fmt.Sprint(a.ids) != "[1000 1001 1002 1003 1004 1005]" {
 		t.Fatalf("logprob tokens %q ids %v: want each token once", got, a.ids)
+	}
+}
+
+// TestChatOnAReasoningEngine: a chat whose engine registered a reasoning
+// parser resumes only by replay, even when no reasoning reached the client
+// yet (the engine's chat layer may still split what comes): a greedy one
+// is replayed through the chat endpoint, an unseeded sampled one ends with
+// resume_refused (reasoning).
+func TestChatOnAReasoningEngine(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	for _, tc := range []struct {
+		name, temperature string
+		replayed          bool
+	}{{"greedy", "0", true}, {"sampled", "0.7", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			d1 := (&scriptedEngine{id: "d1", reasoning: "qwen3", legs: [][]string{{
+				chatChunk(`{"content":"Sun"}`, 1000),
+			}}}).start(t)
+			d2 := (&scriptedEngine{id: "d2", reasoning: "qwen3", legs: [][]string{{
+				chatChunk(`{"content":"Sun"}`, 1000),
+				chatChunk(`{"content":"ny"}`, 1001),
+				finishChunk("stop"),
+				"[DONE]",
+			}}}).start(t)
+			s := newTestRouter(t, p, d1.fake(), d2.fake())
+			a := postChat(t, s.URL()+"/v1/chat/completions",
+				`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":20,"stream":true,"temperature":`+tc.temperature+`}`)
+			if tc.replayed {
+				if len(a.errs) != 0 || a.content != "Sunny" || a.dones != 1 {
+					t.Fatalf("content %q errors %v [DONE]s %d: want the replayed answer", a.content, a.errs, a.dones)
+				}
+				d2.mu.Lock()
+				path := d2.paths[0]
+				d2.mu.Unlock()
+				if path != "/v1/chat/completions" {
+					t.Fatalf("the resumed leg went to %s, want the chat endpoint (a replay)", path)
+				}
+				return
+			}
+			if len(a.errs) != 1 || !strings.Contains(a.errs[0], "(reasoning)") || !strings.Contains(a.errs[0], "qwen3") || a.content != "Sun" {
+				t.Fatalf("content %q errors %v: want resume_refused naming the reasoning parser", a.content, a.errs)
+			}
+			if n := counted(t, s, "connex_router_resumes_refused_total"); n != 1 {
+				t.Fatalf("connex_router_resumes_refused_total = %v, want 1", n)
+			}
+		})
 	}
 }
 

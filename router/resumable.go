@@ -30,8 +30,9 @@ const (
 	// prompt: a word across the resume point would pass.
 	RefuseBadWords = "bad_words"
 	// RefuseReasoning: the engine's reasoning parser split the answer into
-	// reasoning and content; a resumed leg is a completion that no parser
-	// splits, so the rest of the reasoning would arrive as content.
+	// reasoning and content, or the engine runs one and the request is a
+	// chat; a resumed leg is a completion that no parser splits, so the
+	// rest of the reasoning would arrive as content.
 	RefuseReasoning = "reasoning"
 	// RefuseDiverged: a request resumed by replay (replay.go) whose resumed
 	// engine, generating the answer again, drew other tokens than the
@@ -48,16 +49,24 @@ const (
 // connector advances the grammar over the generated tokens. Greedy and
 // unseeded sampling can: a resumed leg samples from the same distribution.
 //
-// reasoned says that an engine's chunk carried reasoning (emitter.reasoned).
+// reasoned says that an engine's chunk carried reasoning (emitter.reasoned);
+// parser is the reasoning parser the failed leg's engine registered
+// (EngineInfo.reasoning_parser, "" for none): such an engine's chat layer
+// parses every chat's answer (whether it reasons is the chat template's and
+// the model's call, and may start after the resume point), so none of its
+// chats resumes as a completion.
 //
 // Pure, on the fields ParseClient kept; asked only when a leg failed.
-func resumeRefusal(c *ClientRequest, reasoned bool) (reason, why string) {
+func resumeRefusal(c *ClientRequest, reasoned bool, parser string) (reason, why string) {
 	b := c.Body
 	if c.Kind == Chat && hasTools(b) {
 		return RefuseTools, "a chat with tools: its tool calls are parsed by the engine's chat layer, which a resumed leg does not run"
 	}
 	if reasoned {
 		return RefuseReasoning, "the engine's reasoning parser split the answer into reasoning and content, which a resumed leg (a completion) would not"
+	}
+	if c.Kind == Chat && parser != "" {
+		return RefuseReasoning, fmt.Sprintf("the engine's chat layer runs the reasoning parser %s over the answer, which a resumed leg (a completion) would not", parser)
 	}
 	var lp json.RawMessage
 	if field(b, "logprobs", &lp) == nil && lp != nil && string(lp) != "false" {

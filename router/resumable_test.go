@@ -46,7 +46,7 @@ func TestResumeRefusal(t *testing.T) {
 		if aerr != nil {
 			t.Fatalf("%s: %v", tc.body, aerr.Message)
 		}
-		reason, why := resumeRefusal(c, false)
+		reason, why := resumeRefusal(c, false, "")
 		if reason != tc.want || (reason != "") != (why != "") {
 			t.Errorf("%s: refusal %q (%q), want %q", tc.body, reason, why, tc.want)
 		}
@@ -57,12 +57,22 @@ func TestResumeRefusal(t *testing.T) {
 // split is refused whatever the request says; tools still name themselves.
 func TestResumeRefusalOfReasoning(t *testing.T) {
 	c, _ := ParseClient(Chat, []byte(`{"model":"m","messages":[{"role":"user","content":"x"}]}`))
-	if reason, _ := resumeRefusal(c, true); reason != RefuseReasoning {
+	if reason, _ := resumeRefusal(c, true, ""); reason != RefuseReasoning {
 		t.Fatalf("refusal %q, want %q", reason, RefuseReasoning)
 	}
 	c, _ = ParseClient(Chat, []byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}`))
-	if reason, _ := resumeRefusal(c, true); reason != RefuseTools {
+	if reason, _ := resumeRefusal(c, true, ""); reason != RefuseTools {
 		t.Fatalf("refusal %q, want %q", reason, RefuseTools)
+	}
+	// An engine that runs a reasoning parser: every chat, reasoning seen or
+	// not (a chat that has not reasoned yet may still); completions resume.
+	chat, _ := ParseClient(Chat, []byte(`{"model":"m","messages":[{"role":"user","content":"x"}]}`))
+	if reason, why := resumeRefusal(chat, false, "qwen3"); reason != RefuseReasoning || !strings.Contains(why, "qwen3") {
+		t.Fatalf("a chat on a qwen3 engine: refusal %q (%s), want %q naming the parser", reason, why, RefuseReasoning)
+	}
+	comp, _ := ParseClient(Completions, []byte(`{"model":"m","prompt":"p","structured_outputs":{"regex":"a+"}}`))
+	if reason, _ := resumeRefusal(comp, false, "qwen3"); reason != "" {
+		t.Fatalf("a completion on a qwen3 engine: refusal %q, want none (the connector continues its grammar)", reason)
 	}
 }
 
