@@ -8,6 +8,7 @@ only checks the limits at start and routes vLLM's hooks to the role's half.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -99,11 +100,39 @@ def layer_views(vllm_config: VllmConfig) -> list[torch.Tensor]:
     return out
 
 
-def reasoning_constrains_late(vllm_config: VllmConfig) -> bool:
-    """Whether this engine's grammars start only after a reasoning parser sees the reasoning end (a resumed structured
-    request cannot then be continued exactly: connex_vllm.grammar)."""
+def reasoning_parser(vllm_config: VllmConfig) -> str:
+    """The reasoning parser this engine's chat layer runs (``--reasoning-parser``); "" for none."""
     so = getattr(vllm_config, "structured_outputs_config", None)
-    return bool(getattr(so, "reasoning_parser", "")) and not bool(getattr(so, "enable_in_reasoning", False))
+    return str(getattr(so, "reasoning_parser", "") or "")
+
+
+def reasoner_factory(vllm_config: VllmConfig) -> Callable[[Any], Any] | None:
+    """On an engine whose grammars start only once a reasoning parser sees the reasoning end, what builds a request's
+    reasoner exactly as vLLM's ``StructuredOutputManager._get_reasoner`` does (the engine's parser class, its
+    tokenizer, the request's ``reasoning_parser_kwargs``; kept on the request, where vLLM then reuses it), for
+    connex_vllm.grammar; None elsewhere."""
+    so = getattr(vllm_config, "structured_outputs_config", None)
+    name = reasoning_parser(vllm_config)
+    if not name or bool(getattr(so, "enable_in_reasoning", False)):
+        return None
+    state: dict[str, Any] = {}
+
+    def reasoner_for(request: Any) -> Any:
+        sr = request.structured_output_request
+        if sr.reasoner is None:
+            if "cls" not in state:  # once: loading the tokenizer is not the step loop's work more than once
+                from vllm.reasoning import ReasoningParserManager
+                from vllm.tokenizers import cached_tokenizer_from_config
+
+                plugin = getattr(so, "reasoning_parser_plugin", "") or ""
+                if len(plugin) > 3:
+                    ReasoningParserManager.import_reasoning_parser(plugin)
+                state["cls"] = ReasoningParserManager.get_reasoning_parser(name)
+                state["tokenizer"] = cached_tokenizer_from_config(model_config=vllm_config.model_config)
+            sr.reasoner = state["cls"](tokenizer=state["tokenizer"], **(sr.reasoning_parser_kwargs or {}))
+        return sr.reasoner
+
+    return reasoner_for
 
 
 class ConnexConnector(KVConnectorBase_V1):
@@ -134,7 +163,8 @@ class ConnexConnector(KVConnectorBase_V1):
                 1,
                 str(mc.served_model_name if mc is not None else ""),
                 int(mc.max_model_len) if mc is not None else 0,
-                reasoning=reasoning_constrains_late(vllm_config),
+                reasoner_for=reasoner_factory(vllm_config),
+                reasoning_parser=reasoning_parser(vllm_config),
             )
         else:
             num_blocks = int(kv_cache_config.num_blocks) if kv_cache_config is not None else 0

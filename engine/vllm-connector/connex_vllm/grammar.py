@@ -10,14 +10,23 @@ would start again from the root and the rest of the answer would break the clien
 exactly as vLLM's own ``accept_tokens`` would have after sampling them. The first token this engine samples is then
 masked by the grammar at the state the interrupted engine left it in.
 
-Limit: an engine with a reasoning parser (``--reasoning-parser``) constrains only the tokens after the reasoning ends,
-and which of the k tokens those are is the reasoner's call; such a request is refused here (its load fails, and the
-engine's ``kv_load_failure_policy`` decides) rather than continued from a guessed state.
+On an engine with a reasoning parser (``--reasoning-parser``, without ``enable_in_reasoning``) vLLM constrains only
+the tokens after the reasoning ends: it checks the request's prompt once (``is_reasoning_end``), then each sampled token
+(``find_reasoning_end`` for the parser-engine parsers, else ``is_reasoning_end_streaming``), and feeds the grammar from
+the token after the end (or from the end itself, when the end is implicit: a tool call's first token). ``advance``
+replays exactly that over the k generated tokens with the request's own reasoner — the one vLLM would build for it,
+from the same parser and the request's ``reasoning_parser_kwargs`` — and leaves ``reasoning_ended`` as vLLM would
+have: True with the grammar advanced past the end, or False when the reasoning goes on (the engine then watches the
+next tokens for its end, as it would have).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+#: Builds a request's reasoner (vLLM's ``ReasoningParser``) as vLLM's ``StructuredOutputManager`` would.
+ReasonerFor = Callable[[Any], Any]
 
 #: Why a grammar could not be carried over: the reason travels in a failed load's error.
 REFUSED = "resume_refused"
@@ -28,9 +37,12 @@ def structured(request: Any) -> bool:
     return getattr(request, "structured_output_request", None) is not None
 
 
-def advance(request: Any, generated: int, reasoning: bool = False) -> str:
+def advance(request: Any, generated: int, reasoner_for: ReasonerFor | None = None) -> str:
     """Feeds the last ``generated`` prompt tokens of a resumed request to its grammar; "" when done (or when the
     request has no grammar), else why it could not be (the request must then not run unconstrained).
+
+    ``reasoner_for`` is given on an engine whose grammars wait for the reasoning to end: only the tokens after the
+    end (as vLLM would have found it, token by token) reach the grammar.
 
     Called once per request (the connector clears ``do_remote_prefill`` first), from the scheduler's thread.
     """
@@ -43,15 +55,43 @@ def advance(request: Any, generated: int, reasoning: bool = False) -> str:
             f"{REFUSED}: kv_transfer_params.connex_resume_generated={generated} is not less than the prompt's "
             f"{len(prompt)} tokens"
         )
-    if reasoning and not so.reasoning_ended:
-        return (
-            f"{REFUSED}: this engine runs a reasoning parser, and which of the {generated} generated tokens its "
-            "grammar constrains is the reasoner's call: the structured request is not continued from a guessed state"
-        )
     g = so.grammar
     if g is None or isinstance(g, Exception):
         return f"{REFUSED}: the request's grammar is not ready ({g!r}) when its KV is allocated"
     tokens = prompt[-generated:]
-    if not g.accept_tokens(request.request_id, tokens):
-        return f"{REFUSED}: the grammar rejects the {generated} tokens generated before the resume"
+    start = 0
+    if reasoner_for is not None and not so.reasoning_ended:
+        try:
+            end = reasoning_end(reasoner_for(request), prompt[:-generated], tokens, so.reasoning_ended is None)
+        except Exception as e:  # a parser that fails here must not leave the request unconstrained
+            return f"{REFUSED}: the engine's reasoning parser failed on the generated tokens: {e!r}"
+        if end is None:  # still reasoning: the grammar has not started, and the engine watches for the end
+            so.reasoning_ended = False
+            return ""
+        start = end
+    if start < len(tokens) and not g.accept_tokens(request.request_id, tokens[start:]):
+        return f"{REFUSED}: the grammar rejects the {len(tokens) - start} tokens generated under it before the resume"
+    if reasoner_for is not None:
+        so.reasoning_ended = True
     return ""
+
+
+def reasoning_end(reasoner: Any, before: list[int], tokens: list[int], check_prompt: bool) -> int | None:
+    """Where the grammar starts among ``tokens`` (sampled one by one after ``before``), as vLLM's
+    ``StructuredOutputManager`` decides it: 0 when the prompt already ended the reasoning (checked only while the
+    request's ``reasoning_ended`` is unset, as vLLM does), else just after the first token that ends it (at it, for an
+    implicit end); None while the reasoning goes on."""
+    if check_prompt and reasoner.is_reasoning_end(before):
+        return 0
+    # The parser-engine parsers say where the reasoning ends, and whether the end token is content.
+    find = getattr(reasoner, "find_reasoning_end", None) if getattr(reasoner, "reasoning_end_token_ids", None) else None
+    ids = list(before)
+    for i, t in enumerate(tokens):
+        ids.append(t)
+        if find is not None:
+            e = find([t])
+            if e is not None:
+                return i if e.implicit else i + 1
+        if reasoner.is_reasoning_end_streaming(ids, [t]):
+            return i + 1
+    return None

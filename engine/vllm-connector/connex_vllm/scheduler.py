@@ -122,10 +122,13 @@ class ConnexScheduler:
         tp_size: int,
         model: str,
         max_model_len: int,
-        reasoning: bool = False,
+        reasoner_for: grammar.ReasonerFor | None = None,
+        reasoning_parser: str = "",
     ) -> None:
         self.settings = settings
-        self.reasoning = reasoning  # grammars start after a reasoning parser's end of reasoning (connex_vllm.grammar)
+        # Set where grammars start after a reasoning parser's end of reasoning (connex_vllm.grammar).
+        self.reasoner_for = reasoner_for
+        self.reasoning_parser = reasoning_parser  # registered: the router resumes this engine's chats by replay
         self.engine_id = engine_id
         self.kv_role = kv_role
         self.block_size = block_size
@@ -185,6 +188,7 @@ class ConnexScheduler:
             blocks_total=self.num_blocks,
             block_size=self.block_size,
             max_model_len=self.max_model_len,
+            reasoning_parser=self.reasoning_parser,
         )
         return pb.RegisterEngineRequest(engine=info, ttl_ms=self.settings.register_ttl_ms)
 
@@ -296,7 +300,7 @@ class ConnexScheduler:
             m, bad = pb.KVTransferParams(), str(e)
         if not bad and m.connex_resume and m.connex_resume_generated and grammar.structured(request):
             t0 = time.perf_counter()
-            bad = grammar.advance(request, m.connex_resume_generated, self.reasoning)
+            bad = grammar.advance(request, m.connex_resume_generated, self.reasoner_for)
             if bad:
                 self.stats.grammar_refused += 1
                 log.error("connex: resumed request %s cannot go on under its constraint: %s", request.request_id, bad)

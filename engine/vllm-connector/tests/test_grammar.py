@@ -30,6 +30,48 @@ class SequenceGrammar:
 class StructuredRequest:
     grammar: Any
     reasoning_ended: bool | None = None
+    reasoner: Any = None
+    reasoning_parser_kwargs: dict[str, Any] | None = None
+
+
+THINK, END_THINK, TOOL = 90, 91, 92
+
+
+class ThinkReasoner:
+    """vLLM's BaseThinkingReasoningParser rules over <think>=90 and </think>=91: the prompt ended the reasoning when
+    its last think token is an end; a sampled token ends it when it is the end token."""
+
+    def is_reasoning_end(self, ids: list[int]) -> bool:
+        for t in reversed(ids):
+            if t == THINK:
+                return False
+            if t == END_THINK:
+                return True
+        return False
+
+    def is_reasoning_end_streaming(self, ids: list[int], delta: list[int]) -> bool:
+        return END_THINK in delta
+
+
+@dataclass
+class End:
+    offset: int
+    implicit: bool
+
+
+class EngineReasoner(ThinkReasoner):
+    """A parser-engine parser: it also says where the reasoning ends, and a tool call's first token (92) ends it
+    implicitly (the token is content: the grammar starts at it)."""
+
+    reasoning_end_token_ids = (END_THINK, TOOL)
+
+    def find_reasoning_end(self, ids: list[int]) -> End | None:
+        for i, t in enumerate(ids):
+            if t == END_THINK:
+                return End(i, False)
+            if t == TOOL:
+                return End(i, True)
+        return None
 
 
 @dataclass
@@ -72,10 +114,61 @@ def test_advance_refuses_what_it_cannot_continue_exactly() -> None:
     for bad in (None, ValueError("bad schema")):
         why = grammar.advance(Request("r", PROMPT + GENERATED, StructuredRequest(bad)), 3)
         assert why.startswith(grammar.REFUSED) and "not ready" in why
-    # An engine with a reasoning parser: which tokens the grammar constrains is the reasoner's call.
+    # A reasoner that fails: never an unconstrained request.
+
+    class Broken(ThinkReasoner):
+        def is_reasoning_end(self, ids: list[int]) -> bool:
+            raise RuntimeError("boom")
+
+    broken = Request("r", PROMPT + GENERATED, StructuredRequest(SequenceGrammar([])))
+    why = grammar.advance(broken, 3, lambda r: Broken())
+    assert why.startswith(grammar.REFUSED) and "boom" in why
+
+
+def reasoner_for(r: Any) -> Any:
+    """As vLLM builds a request's reasoner: once, kept on the request."""
+    so = r.structured_output_request
+    if so.reasoner is None:
+        so.reasoner = ThinkReasoner()
+    return so.reasoner
+
+
+def test_advance_on_a_reasoning_engine_feeds_only_what_follows_the_reasoning() -> None:
+    # The reasoning ended inside the generated tokens: the grammar gets the tokens after </think>.
+    gen = [50, 51, END_THINK, *GENERATED]
+    g = SequenceGrammar(allowed=[*GENERATED, 43])
+    r = Request("r", [*PROMPT, THINK, *gen], StructuredRequest(g))
+    assert grammar.advance(r, len(gen), reasoner_for) == ""
+    assert g.calls == [("r", GENERATED)] and r.structured_output_request.reasoning_ended is True
+    # Still reasoning: nothing reaches the grammar, and the engine goes on watching for the end.
     g = SequenceGrammar(allowed=GENERATED)
-    why = grammar.advance(Request("r", PROMPT + GENERATED, StructuredRequest(g)), 3, reasoning=True)
-    assert why.startswith(grammar.REFUSED) and "reasoning" in why and g.calls == []
-    # ... unless the reasoning had ended already.
+    r = Request("r", [*PROMPT, THINK, 50, 51, 52], StructuredRequest(g))
+    assert grammar.advance(r, 3, reasoner_for) == ""
+    assert g.calls == [] and r.structured_output_request.reasoning_ended is False
+    # The prompt closed the reasoning before the answer began (as a template with thinking off does): all of it.
     g = SequenceGrammar(allowed=GENERATED)
-    assert grammar.advance(Request("r", PROMPT + GENERATED, StructuredRequest(g, reasoning_ended=True)), 3, True) == ""
+    r = Request("r", [*PROMPT, THINK, END_THINK, *GENERATED], StructuredRequest(g))
+    assert grammar.advance(r, 3, reasoner_for) == ""
+    assert g.calls == [("r", GENERATED)] and r.structured_output_request.reasoning_ended is True
+    # ... but vLLM checks the prompt only while reasoning_ended is unset (False: it watched the tokens instead).
+    g = SequenceGrammar(allowed=GENERATED)
+    r = Request("r", [*PROMPT, THINK, END_THINK, *GENERATED], StructuredRequest(g, reasoning_ended=False))
+    assert grammar.advance(r, 3, reasoner_for) == "" and g.calls == []
+    # A reasoning that had ended (a chat's, resolved by its chat layer): every generated token.
+    g = SequenceGrammar(allowed=GENERATED)
+    r = Request("r", PROMPT + GENERATED, StructuredRequest(g, reasoning_ended=True))
+    assert grammar.advance(r, 3, reasoner_for) == "" and g.calls == [("r", GENERATED)]
+    # The end is the last generated token: the grammar starts with the next one, nothing to feed yet.
+    g = SequenceGrammar(allowed=GENERATED)
+    r = Request("r", [*PROMPT, THINK, 50, END_THINK], StructuredRequest(g))
+    assert grammar.advance(r, 2, reasoner_for) == "" and g.calls == []
+    assert r.structured_output_request.reasoning_ended is True
+
+
+def test_advance_follows_a_parser_engine_end() -> None:
+    # An explicit end (</think>): after it; an implicit one (a tool call's first token): at it.
+    for end, fed in ((END_THINK, [40, 41]), (TOOL, [TOOL, 40, 41])):
+        g = SequenceGrammar(allowed=fed)
+        r = Request("r", [*PROMPT, 50, end, 40, 41], StructuredRequest(g, reasoner=EngineReasoner()))
+        assert grammar.advance(r, 4, reasoner_for) == ""
+        assert g.calls == [("r", fed)], end
