@@ -6,7 +6,7 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds bench-router bench-grammar bench-vllm-pace proto generate tidy clean
+.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-quick test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds bench-router bench-grammar bench-vllm-pace proto generate tidy clean
 
 all: build
 
@@ -67,6 +67,13 @@ proto:
 
 test:
 	bash scripts/test.sh
+
+# The quick loop: vet and the tests of every package but the end-to-end and
+# chaos harnesses, which start clusters of real processes (make test runs
+# everything, vLLM included).
+test-quick:
+	$(GO) vet ./...
+	$(GO) test -count=1 $$($(GO) list ./... | grep -v -e /harness/e2e -e /harness/chaos)
 
 bench:
 	bash scripts/bench.sh control

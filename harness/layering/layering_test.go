@@ -44,9 +44,9 @@ var rules = map[string]struct {
 	"api":     {internal: []string{"messages", "natssubject"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"errcode": {internal: []string{"api", "kvmem", "lease", "requests", "transport"}, pure: true},
 	// The error table's generator: pure rendering, and the command that
-	// writes its files.
+	// writes its files (and the connector's subject table, from api's).
 	"api/codetable": {pure: true},
-	"api/gencodes":  {internal: []string{"api/codetable"}},
+	"api/gencodes":  {internal: []string{"api", "api/codetable"}},
 	"requests":      {internal: []string{"messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	// requests/activation decides one activation of a decode request (the
 	// request actor's core): pure, on requests' state transitions.
