@@ -72,7 +72,9 @@ func postStream(ctx context.Context, url string, body map[string]any, onChunk fu
 				TokenIDs     []uint32 `json:"token_ids"`
 				FinishReason *string  `json:"finish_reason"`
 			} `json:"choices"`
-			Usage map[string]int `json:"usage"`
+			// The counts; nested details (completion_tokens_details, with
+			// a reasoning parser) are left out.
+			Usage map[string]any `json:"usage"`
 			Error *struct {
 				Code    string `json:"code"`
 				Message string `json:"message"`
@@ -85,7 +87,12 @@ func postStream(ctx context.Context, url string, body map[string]any, onChunk fu
 			s.errors = append(s.errors, ch.Error.Code+": "+ch.Error.Message)
 		}
 		if ch.Usage != nil {
-			s.usage = ch.Usage
+			s.usage = map[string]int{}
+			for k, v := range ch.Usage {
+				if n, ok := v.(float64); ok {
+					s.usage[k] = int(n)
+				}
+			}
 		}
 		for _, c := range ch.Choices {
 			if c.FinishReason != nil {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -46,6 +47,24 @@ func testVLLMReasoning(t *testing.T, c *localcluster.Cluster) {
 			t.Fatalf("connex_router_resume_replays_total rose by %v, want 1", d)
 		}
 		t.Logf("%s frozen mid-reasoning after 20 chunks: replayed, reasoning (%d bytes) equal to vLLM alone's", victim, len(got.reasoning))
+	})
+	// A structured completion whose prompt opens the reasoning channel: vLLM
+	// holds its grammar until the reasoning ends (the tiny model does not
+	// end it), and so does the engine that resumes it — the connector asks
+	// the request's reasoner and leaves the grammar waiting, instead of
+	// feeding it the reasoning (which it would reject) or refusing.
+	t.Run("structured-still-reasoning-resumed", func(t *testing.T) {
+		body := structuredCompletion(vllmPrompt(522, 200)+"<|channel>thought\n", map[string]any{"regex": "Answer: [a-z]{1,6}"})
+		body["max_tokens"] = 60
+		ref, err := postStream(ctx, engineURL(t, c, "decode-1")+"/v1/completions", body, nil)
+		if err != nil || ref.status != 200 || len(ref.ids) < 30 {
+			t.Fatalf("reference from vLLM alone: %v, status %d %s, %d tokens (want 30 or more, to freeze it after 20)", err, ref.status, ref.body, len(ref.ids))
+		}
+		got, victim := streamFrozenAt(ctx, t, c, "/v1/completions", body, 20)
+		if got.status != 200 || got.dones != 1 || len(got.errors) != 0 || fmt.Sprint(got.ids) != fmt.Sprint(ref.ids) {
+			t.Fatalf("%s frozen: status %d, errors %v\n got %v\nwant %v", victim, got.status, got.errors, got.ids, ref.ids)
+		}
+		t.Logf("%s frozen after 20 tokens of an open reasoning: resumed by prefix, the grammar still waiting, %d tokens equal to vLLM alone's", victim, len(got.ids))
 	})
 	t.Run("sampled-refused", func(t *testing.T) {
 		body := vllmChat(vllmPrompt(521, 200), 80) // reasoning off: content only, yet the engine's parser reads it
