@@ -91,7 +91,12 @@ def reasoning_end(reasoner: Any, before: list[int], tokens: list[int], check_pro
         if find is not None:
             e = find([t])
             if e is not None:
-                return i if e.implicit else i + 1
+                # vLLM's bounds for the one sampled token: the grammar starts at the end (implicit) or after it; an
+                # end past the token (offset == 1: none in it) leaves the reasoning going on.
+                start = e.offset if e.implicit else e.offset + 1
+                if start <= 1:
+                    return i + start
+                continue
         if reasoner.is_reasoning_end_streaming(ids, [t]):
             return i + 1
     return None

@@ -66,12 +66,13 @@ class EngineReasoner(ThinkReasoner):
     reasoning_end_token_ids = (END_THINK, TOOL)
 
     def find_reasoning_end(self, ids: list[int]) -> End | None:
+        # As vLLM's ParserEngine: no end among ids is an end just past them.
         for i, t in enumerate(ids):
             if t == END_THINK:
                 return End(i, False)
             if t == TOOL:
                 return End(i, True)
-        return None
+        return End(len(ids), False)
 
 
 @dataclass
@@ -172,3 +173,8 @@ def test_advance_follows_a_parser_engine_end() -> None:
         r = Request("r", [*PROMPT, 50, end, 40, 41], StructuredRequest(g, reasoner=EngineReasoner()))
         assert grammar.advance(r, 4, reasoner_for) == ""
         assert g.calls == [("r", fed)], end
+    # No end among the tokens (vLLM's "an end just past them"): still reasoning, nothing fed.
+    g = SequenceGrammar(allowed=[40, 41])
+    r = Request("r", [*PROMPT, 50, 51, 40, 41], StructuredRequest(g, reasoner=EngineReasoner()))
+    assert grammar.advance(r, 4, reasoner_for) == "" and g.calls == []
+    assert r.structured_output_request.reasoning_ended is False
