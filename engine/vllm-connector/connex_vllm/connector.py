@@ -8,6 +8,7 @@ only checks the limits at start and routes vLLM's hooks to the role's half.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ except ImportError:  # pragma: no cover (older vLLM: get_finished and invalid bl
     KVConnectorTransferResults = None  # type: ignore[assignment,misc]
 
 from . import cpuorder
+from .idlewait import IdleWait
 from .metadata import ConnexMetadata
 from .scheduler import ConnexScheduler
 from .settings import ROLES, Settings, SettingsError, parse, valid_token
@@ -150,6 +152,7 @@ class ConnexConnector(KVConnectorBase_V1):
         self.kv_role = str(ktc.kv_role)
         block_size = int(vllm_config.cache_config.block_size)
         self.connector_scheduler: ConnexScheduler | None = None
+        self.idle_wait: IdleWait | None = None
         self.connector_worker: ConnexWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
             num_blocks = int(kv_cache_config.num_blocks) if kv_cache_config is not None else 0
@@ -166,6 +169,8 @@ class ConnexConnector(KVConnectorBase_V1):
                 reasoner_for=reasoner_factory(vllm_config),
                 reasoning_parser=reasoning_parser(vllm_config),
             )
+            if self.kv_role == "kv_producer" and settings.idle_wait_ms > 0:
+                self.idle_wait = IdleWait(settings.idle_wait_ms / 1000)
         else:
             num_blocks = int(kv_cache_config.num_blocks) if kv_cache_config is not None else 0
             self.connector_worker = ConnexWorker(
@@ -252,7 +257,14 @@ class ConnexConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self.connector_scheduler is not None
-        return self.connector_scheduler.build_meta()
+        meta = self.connector_scheduler.build_meta()
+        if self.idle_wait is not None:  # a prefill engine that only keeps holds waits for work (connex_vllm.idlewait)
+            self.idle_wait.maybe_wait(
+                int(getattr(scheduler_output, "total_num_scheduled_tokens", 1)),
+                self.connector_scheduler.holds_outstanding(),
+                sys._getframe(1),
+            )
+        return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self.connector_scheduler is not None
