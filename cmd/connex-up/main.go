@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -132,6 +133,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	vllmBin := fs.String("vllm", "", "run real `vllm serve` engines with this vllm command instead of connex-sim (make run-vllm sets it up)")
 	vllmModel := fs.String("vllm-model", "", "with --vllm: the model directory to serve (--model is its served name)")
 	vllmMaxLen := fs.Int("vllm-max-model-len", 4096, "with --vllm: vllm serve --max-model-len")
+	connectorSettings := fs.StringArray("vllm-connector", nil, "with --vllm: a ConnexConnector setting KEY=VALUE for every engine (kv_connector_extra_config; VALUE is JSON, else a string), repeatable, e.g. --vllm-connector idle_wait_ms=0")
 	engineLogs := fs.Bool("engine-logs", false, "with --vllm: show the engines' own log lines on screen too (default: each engine's go to a file in --engine-log-dir, whose paths the banner prints)")
 	engineLogDir := fs.String("engine-log-dir", filepath.Join(os.TempDir(), "connex-up-logs"), "with --vllm: directory of the engines' log files (<engine>.log, truncated at each start, kept after exit)")
 	vllmPolicy := fs.String("kv-load-failure-policy", "fail", "with --vllm: vLLM's kv_load_failure_policy on decode engines, fail or recompute")
@@ -163,14 +165,28 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	d.Dir = *dir
 	if *vllmBin != "" {
 		d.VLLM = &localcluster.VLLM{Bin: *vllmBin, Model: *vllmModel, MaxModelLen: *vllmMaxLen, LoadFailurePolicy: *vllmPolicy, Args: *vllmArgs}
+		if len(*connectorSettings) > 0 {
+			d.VLLM.Connector = map[string]any{}
+			for _, kv := range *connectorSettings {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return flags{}, fmt.Errorf("--vllm-connector %q: want KEY=VALUE", kv)
+				}
+				var val any
+				if json.Unmarshal([]byte(v), &val) != nil {
+					val = v // not JSON: a string
+				}
+				d.VLLM.Connector[k] = val
+			}
+		}
 		if !*engineLogs {
 			if *engineLogDir == "" {
 				return flags{}, errors.New("--engine-log-dir is empty (--engine-logs shows the engines' lines on screen instead)")
 			}
 			d.VLLM.LogDir = *engineLogDir
 		}
-	} else if *vllmModel != "" || len(*vllmArgs) > 0 {
-		return flags{}, errors.New("--vllm-model and --vllm-arg need --vllm")
+	} else if *vllmModel != "" || len(*vllmArgs) > 0 || len(*connectorSettings) > 0 {
+		return flags{}, errors.New("--vllm-model, --vllm-arg and --vllm-connector need --vllm")
 	}
 	if *engineUser != "" {
 		u, err := parseUser(*engineUser)

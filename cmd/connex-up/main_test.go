@@ -88,3 +88,15 @@ func TestParseFlagsEngineLogs(t *testing.T) {
 		t.Fatal("an empty --engine-log-dir: want an error")
 	}
 }
+
+func TestParseFlagsConnectorSettings(t *testing.T) {
+	f, err := parseFlags([]string{"--vllm", "vllm", "--vllm-model", "m", "--vllm-connector", "idle_wait_ms=0", "--vllm-connector", "release=after_pull"}, io.Discard)
+	if err != nil || f.opts.VLLM.Connector["idle_wait_ms"] != float64(0) || f.opts.VLLM.Connector["release"] != "after_pull" {
+		t.Fatalf("settings: %+v %v", f.opts.VLLM, err)
+	}
+	for _, bad := range [][]string{{"--vllm", "vllm", "--vllm-connector", "novalue"}, {"--vllm-connector", "a=1"}} {
+		if _, err := parseFlags(bad, io.Discard); err == nil {
+			t.Errorf("parseFlags(%q): want an error", bad)
+		}
+	}
+}

@@ -88,10 +88,17 @@ func BenchmarkVLLMPace(b *testing.B) {
 	o.Model = vllmModel
 	o.LogLevel = "warn"
 	o.VLLM = &localcluster.VLLM{Bin: bin, Model: model, MaxModelLen: 2048}
+	o.VLLM.Connector = map[string]any{}
 	if n := envInt("BENCH_PACE_PROGRESS_EVERY", 0); n > 0 {
 		// request.progress every n tokens (the connector's default is 8):
 		// what the checkpoints cost the engine's step loop.
-		o.VLLM.Connector = map[string]any{"progress_every": n}
+		o.VLLM.Connector["progress_every"] = n
+	}
+	if v := os.Getenv("BENCH_PACE_IDLE_WAIT_MS"); v != "" {
+		// How long an idle prefill engine with holds waits for work per
+		// step (the connector's default is 50; 0: it steps every
+		// millisecond, as vLLM makes it, for the whole decode).
+		o.VLLM.Connector["idle_wait_ms"] = envInt("BENCH_PACE_IDLE_WAIT_MS", 50)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	c, err := localcluster.Start(ctx, o)

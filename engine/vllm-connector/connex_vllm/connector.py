@@ -169,7 +169,9 @@ class ConnexConnector(KVConnectorBase_V1):
                 reasoner_for=reasoner_factory(vllm_config),
                 reasoning_parser=reasoning_parser(vllm_config),
             )
-            if self.kv_role == "kv_producer" and settings.idle_wait_ms > 0:
+            # Not with data parallel: its engines step together, and one that waits would hold the others.
+            dp = int(getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1)
+            if self.kv_role == "kv_producer" and settings.idle_wait_ms > 0 and dp == 1:
                 self.idle_wait = IdleWait(settings.idle_wait_ms / 1000)
         else:
             num_blocks = int(kv_cache_config.num_blocks) if kv_cache_config is not None else 0

@@ -8,8 +8,12 @@ hold keeps them for the whole decode (so that a resume pulls them again), and an
 most of a core stepping — on a machine it shares with decode engines, their decode slows by as much
 (``make bench-vllm-pace``'s CPU account). So when a step of a prefill engine schedules nothing, its scheduler has no
 request waiting or running, and holds are outstanding, the connector's ``build_connector_meta`` waits up to
-``idle_wait_ms`` for new work: it polls the engine core's input queue (where a new request, an abort or a shutdown
-arrives) every millisecond, and returns as soon as it holds something. A new request waits at most one poll.
+``idle_wait_ms`` for new work: it polls the engine core's input queue (where a new request, an abort, a health check
+or a shutdown arrives) every millisecond, and returns as soon as it holds something. A new request waits at most one
+poll. The bound is long (10 s by default) because every step also keeps vLLM's worker process spinning on its
+shared-memory queue for a second afterwards (``SpinCondition.busy_loop_s``); blocks a hold gave back in the meantime
+are handed to vLLM at the next step, which new work starts at once. Off with data parallel (its engines step
+together).
 
 The engine core and its scheduler are found once, from the call's own stack (vLLM calls ``build_connector_meta``
 from ``Scheduler.schedule`` in ``EngineCore.step``); where they are not found (another vLLM layout), the connector

@@ -40,8 +40,9 @@ class Settings:
     notice_poll_s: float = 1.0  # how often each half asks connexd for missed notices (and sees it restarted)
     pull_start_attempts: int = 3  # pull.start sends when its answer is lost (same pull id: one pull)
     # A prefill engine with holds and nothing else to do waits this long per engine step for new work (a request in
-    # its input queue ends the wait at once) instead of stepping every millisecond: connex_vllm.idlewait. 0: off.
-    idle_wait_ms: int = 50
+    # its input queue ends the wait within a millisecond) instead of stepping every millisecond: connex_vllm.idlewait.
+    # Long, because each step also keeps vLLM's worker spinning for a second after it. 0: off.
+    idle_wait_ms: int = 10000
 
 
 _DEFAULTS = Settings(member="", base_url="")
@@ -115,7 +116,7 @@ def parse(extra: dict[str, Any] | None) -> Settings:
     if "pull_start_attempts" in extra:
         out["pull_start_attempts"] = _int("pull_start_attempts", extra["pull_start_attempts"], 1, 20)
     if "idle_wait_ms" in extra:
-        out["idle_wait_ms"] = _int("idle_wait_ms", extra["idle_wait_ms"], 0, 1000)
+        out["idle_wait_ms"] = _int("idle_wait_ms", extra["idle_wait_ms"], 0, 60000)
     if "progress_every" in extra:
         out["progress_every"] = _int("progress_every", extra["progress_every"], 1, 1 << 20)
     for key, hi in (
