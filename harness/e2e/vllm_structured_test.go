@@ -112,6 +112,20 @@ func testVLLMStructured(t *testing.T, c *localcluster.Cluster, logs *safeBuffer)
 		{"grammar-SIGSTOP", "stop", "/v1/completions",
 			func(p string) map[string]any { return structuredCompletion(p, map[string]any{"grammar": grammar}) },
 			matches(`\[[a-z]{2,5}(,[a-z]{2,5}){29}\]`)},
+		{"structural_tag-SIGSTOP", "stop", "/v1/completions",
+			func(p string) map[string]any {
+				tag, _ := json.Marshal(map[string]any{"type": "structural_tag", "format": map[string]any{"type": "sequence", "elements": []any{
+					map[string]any{"type": "const_string", "value": "Answer: "},
+					map[string]any{"type": "json_schema", "json_schema": intArray(40)}}}})
+				return structuredCompletion(p, map[string]any{"structural_tag": string(tag)})
+			},
+			func(text string) error {
+				rest, ok := strings.CutPrefix(text, "Answer: ")
+				if !ok {
+					return fmt.Errorf("no \"Answer: \" first")
+				}
+				return validIntArray(40)(rest)
+			}},
 		{"chat-response_format-SIGKILL", "kill", "/v1/chat/completions",
 			func(p string) map[string]any {
 				b := vllmChat(p, 400)

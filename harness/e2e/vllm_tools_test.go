@@ -253,6 +253,22 @@ func testVLLMTools(t *testing.T, c *localcluster.Cluster) {
 		}
 		t.Logf("%s frozen after 20 chunks: replayed, %d logprobs equal to vLLM alone's (largest difference %g)", victim, len(got.logprobs), worst)
 	})
+	// tool_choice auto with the tool parser: the tiny model answers in
+	// text (it writes no call), which the parser must still read to the
+	// end; frozen mid-answer, it is replayed into the same answer.
+	t.Run("auto-frozen-replayed", func(t *testing.T) {
+		body := toolChat(vllmPrompt(513, 200), "auto")
+		ref, err := postToolStream(ctx, engineURL(t, c, "decode-1")+"/v1/chat/completions", body, nil)
+		if err != nil || ref.dones != 1 || ref.chunks < 30 {
+			t.Fatalf("reference from vLLM alone: %v, %+v: want an answer of 30 chunks or more", err, ref)
+		}
+		got, victim := toolStreamFrozenAt(ctx, t, c, body, 20)
+		if got.dones != 1 || len(got.errors) != 0 || got.content != ref.content || !reflect.DeepEqual(got.calls, ref.calls) || got.finish != ref.finish {
+			t.Fatalf("resumed: %d [DONE], errors %v, finish %q (want %q)\n got %q %s\nwant %q %s", got.dones, got.errors, got.finish, ref.finish,
+				got.content, dump(got.calls), ref.content, dump(ref.calls))
+		}
+		t.Logf("%s frozen after 20 chunks of a tool_choice auto answer: replayed, %d bytes of content and %d call(s) equal to vLLM alone's", victim, len(got.content), len(got.calls))
+	})
 	t.Run("sampled-mid-call-refused", func(t *testing.T) {
 		body := toolChat(vllmPrompt(511, 200), "required")
 		body["temperature"] = 0.8
