@@ -30,7 +30,9 @@ func testVLLMReasoning(t *testing.T, c *localcluster.Cluster) {
 		b["chat_template_kwargs"] = map[string]any{"enable_thinking": true}
 		return b
 	}
-	replays := func() float64 { return sum(must2(scrapeAs(c.RouterURL()+"/metrics", c.AdminKey())), "connex_router_resume_replays_total") }
+	replays := func() float64 {
+		return sum(must2(scrapeAs(c.RouterURL()+"/metrics", c.AdminKey())), "connex_router_resume_replays_total")
+	}
 	t.Run("thinking-frozen-replayed", func(t *testing.T) {
 		body := thinking(520, 80)
 		ref, err := postToolStream(ctx, engineURL(t, c, "decode-1")+"/v1/chat/completions", body, nil)
