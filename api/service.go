@@ -47,16 +47,16 @@ type Handler interface {
 
 // ServeOptions tune the service.
 type ServeOptions struct {
-	Member          string        // subject group connex.v1.<Member>
-	Version         string        // service version reported by $SRV.INFO
-	MaxRequestBytes int           // larger payloads get CodeTooLarge
-	MaxInFlight     int           // concurrent handlers; beyond it CodeOverloaded
+	Member          string // subject group connex.v1.<Member>
+	Version         string // service version reported by $SRV.INFO
+	MaxRequestBytes int    // larger payloads get CodeTooLarge
+	MaxInFlight     int    // concurrent handlers; beyond it CodeOverloaded
 	// MaxInFlightPerEngine bounds the concurrent handlers of one engine's
 	// calls (engine-scoped subjects), within MaxInFlight; beyond it that
 	// engine gets CodeOverloaded. 0: a quarter of MaxInFlight.
 	MaxInFlightPerEngine int
-	Timeout         time.Duration // per-request handler deadline
-	Logger          *slog.Logger
+	Timeout              time.Duration // per-request handler deadline
+	Logger               *slog.Logger
 	// Stats, if set, is reported as every endpoint's "data" in
 	// $SRV.STATS.connex (`nats micro stats connex`): the daemon's counters.
 	Stats func() any
@@ -194,7 +194,7 @@ type server struct {
 	o          ServeOptions
 	sem        chan struct{}
 	engines    *engineSlots // each engine's share of sem
-	maxPayload int // the server's max_payload; a larger reply cannot be sent
+	maxPayload int          // the server's max_payload; a larger reply cannot be sent
 }
 
 // endpoint adapts a typed handler: it decodes, bounds concurrency, runs the
