@@ -55,7 +55,7 @@ run-vllm: build
 
 # Every copy of the error table from api/codes.json: the Go constants of
 # api and router, the shim's load-failure reasons, the vLLM connector's
-# connex_vllm/codes.py and README.md's tables (TestGeneratedCodesAreCurrent
+# connex_vllm/codes.py and docs/api.md's tables (TestGeneratedCodesAreCurrent
 # fails when one drifts).
 generate:
 	$(GO) generate ./api

@@ -14,7 +14,7 @@ type Code int
 // The constants and names of the error table are generated from
 // codes.json (codes_gen.go), the one table every language shares: it also
 // writes the router's codes, the shims' load-failure reasons (Go and
-// Python) and README.md's tables. Edit it, then run `make generate`.
+// Python) and docs/api.md's tables. Edit it, then run `make generate`.
 
 // Name is the code's stable name, e.g. "expired".
 func (c Code) Name() string {

@@ -11,7 +11,7 @@ import (
 
 // TestGeneratedCodesAreCurrent: every copy of the error table (the Go
 // constants of api and router, the shim's load-failure reasons, the Python
-// connector's codes module, README.md's tables) is what codes.json
+// connector's codes module, docs/api.md's tables) is what codes.json
 // generates now, so editing one copy by hand fails here (run `make
 // generate` after editing codes.json); and every code has its name.
 func TestGeneratedCodesAreCurrent(t *testing.T) {
@@ -35,12 +35,12 @@ func TestGeneratedCodesAreCurrent(t *testing.T) {
 			t.Errorf("%s is not what codes.json generates (%v): run make generate", f.Path, err)
 		}
 	}
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/api.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want, err := codetable.README(string(readme), table); err != nil || want != string(readme) {
-		t.Errorf("README.md's error tables are not what codes.json generates (%v): run make generate", err)
+	if want, err := codetable.Doc(string(readme), table); err != nil || want != string(readme) {
+		t.Errorf("docs/api.md's error tables are not what codes.json generates (%v): run make generate", err)
 	}
 	for _, e := range table.NATS {
 		if Code(e.Code).Name() != e.Name {

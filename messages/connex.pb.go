@@ -349,7 +349,7 @@ type RegionInfo struct {
 	// (SOCK_SEQPACKET; "@name" is Linux's abstract namespace) where the
 	// engine receives the region's descriptor (SCM_RIGHTS) by sending
 	// "CONNEX-REGION/1 <engine_id> <region_id> <handover_token>", then maps
-	// it. How engines of any uid get the memory (README "Engines under their
+	// it. How engines of any uid get the memory (docs/security.md "Engines under their
 	// own uid").
 	HandoverSocket string `protobuf:"bytes,11,opt,name=handover_socket,json=handoverSocket,proto3" json:"handover_socket,omitempty"`
 	// The one-use secret for handover_socket (32 hex digits), valid for

@@ -121,7 +121,7 @@ func Open(o Options) (*Bus, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		// nats_url's servers in the order given: the operator lists the
-		// host's own server first (README, "Production topology"), and the
+		// host's own server first (docs/operating.md, "Production topology"), and the
 		// others are where connexd goes when that one is gone.
 		nats.DontRandomize(),
 		nats.RetryOnFailedConnect(true),

@@ -72,7 +72,7 @@ case "${1:-control}" in
     grep '^FAILOVER ' "$out" | tail -1
     ;;
   resume)
-    # KV regions on 2 MiB pages, as in production (README: shm_dir): as
+    # KV regions on 2 MiB pages, as in production (docs/configuration.md: shm_dir): as
     # root, a huge=always tmpfs of our own unless BENCH_SHM_DIR names one.
     if [ -z "${BENCH_SHM_DIR:-}" ] && [ "$(id -u)" = 0 ]; then
       shm=$(mktemp -d /tmp/connex-bench-shm.XXXXXX)

@@ -2,7 +2,7 @@
 // codes, into every copy the code base keeps: the NATS API's constants and
 // names (package api), how the shims name a failed KV load (package shim and
 // the Python connector), the router's OpenAI error codes (package router),
-// the Python connector's codes module, and README.md's tables. It is pure:
+// the Python connector's codes module, and docs/api.md's tables. It is pure:
 // bytes in, bytes out; api/gencodes writes the files (`go generate ./api`,
 // `make generate`) and a test in api fails when a committed copy drifts.
 package codetable

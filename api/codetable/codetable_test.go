@@ -64,7 +64,7 @@ func TestRenderingsCarryTheTable(t *testing.T) {
 	if len(want) != 0 {
 		t.Errorf("not generated: %v", want)
 	}
-	readme, err := README("intro\n"+Begin+"\nold\n"+End+"\nmiddle\n"+BeginHTTP+"\n"+EndHTTP+"\nend\n", tb)
+	readme, err := Doc("intro\n"+Begin+"\nold\n"+End+"\nmiddle\n"+BeginHTTP+"\n"+EndHTTP+"\nend\n", tb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestRenderingsCarryTheTable(t *testing.T) {
 	if strings.Contains(readme, "old") {
 		t.Errorf("README kept the old table:\n%s", readme)
 	}
-	if _, err := README("no markers", tb); err == nil {
+	if _, err := Doc("no markers", tb); err == nil {
 		t.Fatal("README without markers: want an error")
 	}
 }

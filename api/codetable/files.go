@@ -6,7 +6,7 @@ type File struct {
 	Data []byte
 }
 
-// Files renders every file generated from t, README.md aside (see README).
+// Files renders every file generated from t, docs/api.md aside (see Doc).
 func Files(t Table) ([]File, error) {
 	files := []File{{Path: "engine/vllm-connector/connex_vllm/codes.py", Data: Python(t)}}
 	for _, g := range []struct {
@@ -26,8 +26,8 @@ func Files(t Table) ([]File, error) {
 	return files, nil
 }
 
-// README is readme with both generated tables rewritten from t.
-func README(readme string, t Table) (string, error) {
+// Doc is readme (docs/api.md) with both generated tables rewritten from t.
+func Doc(readme string, t Table) (string, error) {
 	out, err := Splice(readme, Begin, End, Markdown(t))
 	if err != nil {
 		return "", err

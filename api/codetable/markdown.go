@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// The markers around README.md's generated tables.
+// The markers around docs/api.md's generated tables.
 const (
 	Begin     = "<!-- error codes: generated from api/codes.json by `go generate ./api`; do not edit -->"
 	End       = "<!-- end of error codes -->"
@@ -54,7 +54,7 @@ func MarkdownHTTP(t Table) string {
 func Splice(readme, begin, end, block string) (string, error) {
 	i, j := strings.Index(readme, begin), strings.Index(readme, end)
 	if i < 0 || j < i {
-		return "", fmt.Errorf("README.md has no %q ... %q block", begin, end)
+		return "", fmt.Errorf("docs/api.md has no %q ... %q block", begin, end)
 	}
 	return readme[:i] + block + readme[j+len(end):], nil
 }

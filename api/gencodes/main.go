@@ -1,7 +1,7 @@
 // Command gencodes regenerates every copy of the error table from
 // api/codes.json: api/codes_gen.go, router/codes_gen.go,
 // engine/shim/reasons_gen.go, engine/vllm-connector/connex_vllm/codes.py and
-// README.md's tables, and the connector's subject table from api/subjects.go
+// docs/api.md's tables, and the connector's subject table from api/subjects.go
 // (connex_vllm/subjects_gen.py) (`go generate ./api`, or `make generate`).
 package main
 
@@ -42,12 +42,12 @@ func run() error {
 			return err
 		}
 	}
-	readmePath := filepath.Join("..", "README.md")
+	readmePath := filepath.Join("..", "docs", "api.md")
 	readme, err := os.ReadFile(readmePath)
 	if err != nil {
 		return err
 	}
-	out, err := codetable.README(string(readme), t)
+	out, err := codetable.Doc(string(readme), t)
 	if err != nil {
 		return err
 	}

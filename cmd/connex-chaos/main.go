@@ -10,7 +10,7 @@
 //
 // It exits 0 when every invariant held, 1 when one broke (the message names
 // the invariant, the requests and what differed), 2 on a bad scenario or a
-// setup failure. Scenarios: harness/chaos/scenarios/ (README "Chaos-test
+// setup failure. Scenarios: harness/chaos/scenarios/ (docs/chaos.md "Chaos-test
 // harness").
 package main
 

@@ -137,7 +137,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	engineLogs := fs.Bool("engine-logs", false, "with --vllm: show the engines' own log lines on screen too (default: each engine's go to a file in --engine-log-dir, whose paths the banner prints)")
 	engineLogDir := fs.String("engine-log-dir", filepath.Join(os.TempDir(), "connex-up-logs"), "with --vllm: directory of the engines' log files (<engine>.log, truncated at each start, kept after exit)")
 	vllmPolicy := fs.String("kv-load-failure-policy", "fail", "with --vllm: vLLM's kv_load_failure_policy on decode engines, fail or recompute")
-	engineUser := fs.String("engine-user", "", "run each connex-sim under its own uid: UID[:GID] plus the engine's index (as root; engines then read neither a connexd's member.creds nor each other's engine.creds, README \"Engines under their own uid\"); --sim must be executable by those users")
+	engineUser := fs.String("engine-user", "", "run each connex-sim under its own uid: UID[:GID] plus the engine's index (as root; engines then read neither a connexd's member.creds nor each other's engine.creds, docs/security.md \"Engines under their own uid\"); --sim must be executable by those users")
 	apiKeyFile := fs.String("api-key-file", "", "file whose first line is the API key the router then requires on /v1/* (default: none)")
 	restartAfter := fs.Duration("restart-after", d.Restart.After, "start a process that died unasked (kill -9, a crash) again after this long, doubling while it keeps dying (at most 30s); 0 turns restarts off")
 	envFile := fs.String("env-file", defaultEnvFile(), "also write the env file that points a shell at the cluster here (`. FILE`; removed at exit); empty: only <cluster dir>/connex.env")

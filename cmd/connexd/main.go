@@ -7,9 +7,9 @@
 // (--config), CONNEX_* environment variables and flags; see --help.
 //
 // `connexd status [--nats-url URL] [--creds FILE] [--json]` prints every
-// member's engines, holds, requests and pulls instead (see README
-// "Operating it"); `connexd auth init|server-config|creds` manages the
-// bus's authority and credentials (README "Security").
+// member's engines, holds, requests and pulls instead (see
+// docs/operating.md); `connexd auth init|server-config|creds` manages the
+// bus's authority and credentials (docs/security.md).
 package main
 
 import (

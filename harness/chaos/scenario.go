@@ -15,7 +15,7 @@ import (
 )
 
 // Scenario is one chaos run, as a YAML file describes it (see
-// harness/chaos/scenarios/ and README "Chaos-test harness").
+// harness/chaos/scenarios/ and docs/chaos.md).
 type Scenario struct {
 	// Name labels the report and the picture (default: the file's name).
 	Name string `yaml:"name"`

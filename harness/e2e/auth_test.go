@@ -44,7 +44,7 @@ func natsServerBin(t testing.TB) string {
 	return natsServerPath
 }
 
-// securedNATS is a nats-server OS process configured the way README's
+// securedNATS is a nats-server OS process configured the way docs/security.md's
 // "Security" section tells an operator to: `connexd auth init` prints the
 // trust block, the operator adds listen and jetstream.
 type securedNATS struct {

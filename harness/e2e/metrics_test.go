@@ -80,13 +80,13 @@ func TestConnexdMetrics(t *testing.T) {
 }
 
 // TestDashboardUsesDocumentedMetrics: every series the Grafana dashboard
-// queries is in README's metrics table, so the two cannot drift apart.
+// queries is in docs/operating.md's metrics table, so the two cannot drift apart.
 func TestDashboardUsesDocumentedMetrics(t *testing.T) {
 	dash, err := os.ReadFile("../../deploy/grafana/connex.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/operating.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestDashboardUsesDocumentedMetrics(t *testing.T) {
 	for _, n := range names {
 		base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(n, "_bucket"), "_sum"), "_count")
 		if !strings.Contains(string(readme), "`"+base+"`") {
-			t.Errorf("the dashboard queries %s, which README's metrics table does not document", base)
+			t.Errorf("the dashboard queries %s, which docs/operating.md's metrics table does not document", base)
 		}
 	}
 }

@@ -301,8 +301,8 @@ func (c *Cluster) startNode(ctx context.Context, name string, part Part) error {
 		if err := os.MkdirAll(dataDir, 0o755); err != nil {
 			return fmt.Errorf("localcluster: %s data dir: %w", name, err)
 		}
-		// The engine's credentials allow only its role and model (README
-		// "Security").
+		// The engine's credentials allow only its role and model
+		// (docs/security.md).
 		flags, err := c.creds("--nats-creds", filepath.Join(dataDir, "engine.creds"), "--role", "engine", "--member", name, "--engine", name,
 			"--engine-role", string(n.role), "--model", c.opts.Model)
 		if err != nil {

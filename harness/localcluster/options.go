@@ -87,7 +87,7 @@ type Options struct {
 	// Its engine.creds is handed to that user
 	// (0600), the cluster's directory made traversable (0711) but not
 	// listable, and each connexd's member.creds stays 0600 and the
-	// launcher's, so the engine cannot read it (README "Engines under
+	// launcher's, so the engine cannot read it (docs/security.md "Engines under
 	// their own uid"). Sim must be executable by that user.
 	EngineUser *User
 	// VLLM, when set, starts real `vllm serve` engines instead of

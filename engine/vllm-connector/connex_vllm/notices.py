@@ -1,4 +1,4 @@
-"""Where this engine stands in its connexd's notice journal (README "Notices").
+"""Where this engine stands in its connexd's notice journal (docs/api.md "Notices").
 
 connexd numbers every notice it sends an engine (headers ``Connex-Notice-Seq`` and ``Connex-Notice-Journal``)
 and keeps the recent ones for replay (``engine.notices``). ``NoticeCursor`` is the pure bookkeeping: which live
