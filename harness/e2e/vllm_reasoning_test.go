@@ -30,9 +30,8 @@ func testVLLMReasoning(t *testing.T, c *localcluster.Cluster) {
 		b["chat_template_kwargs"] = map[string]any{"enable_thinking": true}
 		return b
 	}
-	replays := func() float64 {
-		return sum(must2(scrapeAs(c.RouterURL()+"/metrics", c.AdminKey())), "connex_router_resume_replays_total")
-	}
+	routerMetric := func(name string) float64 { return sum(must2(scrapeAs(c.RouterURL()+"/metrics", c.AdminKey())), name) }
+	replays := func() float64 { return routerMetric("connex_router_resume_replays_total") }
 	t.Run("thinking-frozen-replayed", func(t *testing.T) {
 		body := thinking(520, 80)
 		ref, err := postToolStream(ctx, engineURL(t, c, "decode-1")+"/v1/chat/completions", body, nil)
@@ -62,7 +61,11 @@ func testVLLMReasoning(t *testing.T, c *localcluster.Cluster) {
 		if err != nil || ref.status != 200 || len(ref.ids) < 30 {
 			t.Fatalf("reference from vLLM alone: %v, status %d %s, %d tokens (want 30 or more, to freeze it after 20)", err, ref.status, ref.body, len(ref.ids))
 		}
+		resumes, replayed := routerMetric("connex_router_resumes_total"), replays()
 		got, victim := streamFrozenAt(ctx, t, c, "/v1/completions", body, 20)
+		if d, r := routerMetric("connex_router_resumes_total")-resumes, replays()-replayed; d != 1 || r != 0 {
+			t.Fatalf("the router resumed %v times (%v by replay), want one prefix resume: the freeze must land mid-answer", d, r)
+		}
 		if got.status != 200 || got.dones != 1 || len(got.errors) != 0 || fmt.Sprint(got.ids) != fmt.Sprint(ref.ids) {
 			t.Fatalf("%s frozen: status %d, errors %v\n got %v\nwant %v", victim, got.status, got.errors, got.ids, ref.ids)
 		}

@@ -160,6 +160,9 @@ func testVLLMTools(t *testing.T, c *localcluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	named := map[string]any{"type": "function", "function": map[string]any{"name": "get_weather"}}
+	replays := func() float64 {
+		return sum(must2(scrapeAs(c.RouterURL()+"/metrics", c.AdminKey())), "connex_router_resume_replays_total")
+	}
 	for i, choice := range []any{"required", named} {
 		t.Run(fmt.Sprintf("choice-%d", i), func(t *testing.T) {
 			prompt := vllmPrompt(int64(500+i), 200)
@@ -214,7 +217,11 @@ func testVLLMTools(t *testing.T, c *localcluster.Cluster) {
 		if err != nil || ref.dones != 1 || len(ref.calls) == 0 {
 			t.Fatalf("reference from vLLM alone: %v, %+v", err, ref)
 		}
+		before := replays()
 		got, victim := toolStreamFrozenAt(ctx, t, c, body, 12)
+		if d := replays() - before; d != 1 {
+			t.Fatalf("connex_router_resume_replays_total rose by %v, want 1: the freeze must land mid-call", d)
+		}
 		if got.dones != 1 || len(got.errors) != 0 || !reflect.DeepEqual(got.calls, ref.calls) || got.finish != ref.finish {
 			t.Fatalf("resumed mid-call: %d [DONE], errors %v\n got %s (finish %s)\nwant %s (finish %s)", got.dones, got.errors, dump(got.calls), got.finish, dump(ref.calls), ref.finish)
 		}
@@ -231,7 +238,11 @@ func testVLLMTools(t *testing.T, c *localcluster.Cluster) {
 		if err != nil || ref.dones != 1 || len(ref.logprobs) != 80 {
 			t.Fatalf("reference from vLLM alone: %v, %d logprobs", err, len(ref.logprobs))
 		}
+		before := replays()
 		got, victim := toolStreamFrozenAt(ctx, t, c, body, 20)
+		if d := replays() - before; d != 1 {
+			t.Fatalf("connex_router_resume_replays_total rose by %v, want 1: the freeze must land mid-answer", d)
+		}
 		if got.dones != 1 || len(got.errors) != 0 || got.content != ref.content || len(got.logprobs) != len(ref.logprobs) {
 			t.Fatalf("resumed: %d [DONE], errors %v, %d logprobs (want %d)\n got %q\nwant %q", got.dones, got.errors, len(got.logprobs), len(ref.logprobs), got.content, ref.content)
 		}
@@ -262,7 +273,11 @@ func testVLLMTools(t *testing.T, c *localcluster.Cluster) {
 		if err != nil || ref.dones != 1 || ref.chunks < 30 {
 			t.Fatalf("reference from vLLM alone: %v, %+v: want an answer of 30 chunks or more", err, ref)
 		}
+		before := replays()
 		got, victim := toolStreamFrozenAt(ctx, t, c, body, 20)
+		if d := replays() - before; d != 1 {
+			t.Fatalf("connex_router_resume_replays_total rose by %v, want 1: the freeze must land mid-answer", d)
+		}
 		if got.dones != 1 || len(got.errors) != 0 || got.content != ref.content || !reflect.DeepEqual(got.calls, ref.calls) || got.finish != ref.finish {
 			t.Fatalf("resumed: %d [DONE], errors %v, finish %q (want %q)\n got %q %s\nwant %q %s", got.dones, got.errors, got.finish, ref.finish,
 				got.content, dump(got.calls), ref.content, dump(ref.calls))
