@@ -207,6 +207,10 @@ type Config struct {
 	// RouterMaxResumes is how many times one request may move to another
 	// decode engine before it fails.
 	RouterMaxResumes int
+	// RouterAssignSeed ("on" or "off") says whether the router gives a
+	// sampled request that resumes only by replay a random seed of its own
+	// (router.Config.NoAssignSeed).
+	RouterAssignSeed string
 	// RouterMaxBodyBytes bounds a client request body.
 	RouterMaxBodyBytes int
 	// RouterReadHeaderTimeout, RouterReadTimeout and RouterIdleTimeout
@@ -296,6 +300,7 @@ var defaults = []struct {
 	{"router_first_token_ms", 30000, "router: deadline (ms) for a decode engine's first token, KV pull included"},
 	{"router_prefill_timeout_ms", 120000, "router: deadline (ms) of the prefill leg"},
 	{"router_max_resumes", 3, "router: how often one request may move to another decode engine"},
+	{"router_assign_seed", "on", "router: on: a sampled request without a seed that resumes only by replay (a chat with tools or on a reasoning engine, logprobs, penalties, bad_words) gets a random seed, so it resumes exactly; off: it is ended with resume_refused when its decode engine fails"},
 	{"router_max_body_bytes", 8 << 20, "router: largest accepted client request body in bytes"},
 	{"router_read_header_timeout_ms", 10000, "router: a client's deadline (ms) to send its request headers"},
 	{"router_read_timeout_ms", 60000, "router: a client's deadline (ms) to send its whole request, body included"},
@@ -506,6 +511,9 @@ func build(v *viper.Viper) (Config, error) {
 		return c, err
 	}
 	if c.RouterPrefillTimeout, err = ms("router_prefill_timeout_ms", 3600*1000); err != nil {
+		return c, err
+	}
+	if c.RouterAssignSeed, err = oneOf(v, "router_assign_seed", "on", "off"); err != nil {
 		return c, err
 	}
 	if c.RouterMaxResumes, err = positive(v, "router_max_resumes", 100); err != nil {

@@ -29,6 +29,7 @@ func (d *Daemon) startRouter() error {
 		Clock:             d.clock,
 		PrefillTimeout:    d.cfg.RouterPrefillTimeout,
 		MaxResumes:        d.cfg.RouterMaxResumes,
+		NoAssignSeed:      d.cfg.RouterAssignSeed == "off",
 		MaxBodyBytes:      int64(d.cfg.RouterMaxBodyBytes),
 		ReadHeaderTimeout: d.cfg.RouterReadHeaderTimeout,
 		ReadTimeout:       d.cfg.RouterReadTimeout,

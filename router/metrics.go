@@ -68,6 +68,7 @@ type metrics struct {
 	falseResumes *prometheus.CounterVec
 	refused      *prometheus.CounterVec
 	replays      prometheus.Counter
+	seeded       prometheus.Counter
 	errors       *prometheus.CounterVec
 	kvLoads      *prometheus.CounterVec
 	ttft         prometheus.Histogram
@@ -91,9 +92,11 @@ func newMetrics() *metrics {
 		falseResumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_false_resumes_total",
 			Help: "Resumes whose old decode leg showed life after it was given up (a chunk or the end of its stream, or a 2xx answer to its health probe, before the resumed stream's first token: waiting would have been no slower): the cost of a false alarm, by the resume's reason (stalled, engine_left, broken, engine_error)."}, []string{"reason"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_resumes_refused_total",
-			Help: "Requests whose decode engine failed mid-request and that were ended with resume_refused instead of resumed into a different answer, by why: tools, reasoning, logprobs, seeded_sampling, output_penalties, bad_words (each for a request that samples without a seed, which a replay cannot resume), diverged (a replay drew other tokens)."}, []string{"reason"}),
+			Help: "Requests whose decode engine failed mid-request and that were ended with resume_refused instead of resumed into a different answer, by why: tools, reasoning, logprobs, seeded_sampling, output_penalties, bad_words (each for a request that samples without a seed, which a replay cannot resume: only with router_assign_seed off), diverged (a replay drew other tokens)."}, []string{"reason"}),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{Name: "connex_router_resume_replays_total",
 			Help: "Resumes by replay: a request whose answer needs its whole generation (tools, a reasoning parser, logprobs, a seeded sampler, output penalties, bad_words), sent again and generated again from its first token on the resumed engine, the tokens the client has left out."}),
+		seeded: prometheus.NewCounter(prometheus.CounterOpts{Name: "connex_router_seeds_assigned_total",
+			Help: "Sampled requests the router gave a random seed of its own (router_assign_seed) because they resume only by replay (tools, a reasoning parser, logprobs, output penalties, bad_words), so that a replay draws the tokens the client has."}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_errors_total",
 			Help: "Requests that ended with an error, by error code."}, []string{"code"}),
 		kvLoads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "connex_router_kv_loads_total",
@@ -109,6 +112,6 @@ func newMetrics() *metrics {
 		resumeGap: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "connex_router_resume_gap_seconds",
 			Help: "From a decode failure being detected to the next token relayed from the resumed stream.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 	}
-	m.reg.MustRegister(m.requests, m.inFlight, m.prefills, m.resumes, m.falseResumes, m.refused, m.replays, m.errors, m.kvLoads, m.ttft, m.itl, m.e2e, m.resumeGap, m.holdReleases)
+	m.reg.MustRegister(m.requests, m.inFlight, m.prefills, m.resumes, m.falseResumes, m.refused, m.replays, m.seeded, m.errors, m.kvLoads, m.ttft, m.itl, m.e2e, m.resumeGap, m.holdReleases)
 	return m
 }

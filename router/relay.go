@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"time"
@@ -312,6 +313,12 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		var err error
 		switch {
 		case resumes == 0:
+			if !s.cfg.NoAssignSeed && needsSeed(c, e.Info.GetReasoningParser()) {
+				seed := assignSeed(c, rand.Uint64())
+				out.connex["seed"] = seed // the answer's record: the request can be sent again with it
+				s.metrics.seeded.Inc()
+				s.log.Debug("the request samples without a seed and resumes only by replay: the router seeds it", "request_id", rid, "seed", seed)
+			}
 			body, err = DecodeBody(c, pre.params, rid)
 		case replay:
 			// The client's request again, generated again from its first

@@ -191,7 +191,13 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 
 func newTestRouter(t *testing.T, engines ...*fakeEngine) *Server {
 	t.Helper()
-	s, err := New(Config{
+	return newTestRouterWith(t, nil, engines...)
+}
+
+// newTestRouterWith is newTestRouter with its Config changed by mod first.
+func newTestRouterWith(t *testing.T, mod func(*Config), engines ...*fakeEngine) *Server {
+	t.Helper()
+	cfg := Config{
 		Listen: "127.0.0.1:0",
 		Engines: func() []Engine {
 			var out []Engine
@@ -203,7 +209,11 @@ func newTestRouter(t *testing.T, engines ...*fakeEngine) *Server {
 		Stall:          StallRule{Factor: 3, Floor: 50 * time.Millisecond, Cold: 200 * time.Millisecond, Ceiling: time.Second, FirstToken: 5 * time.Second},
 		PrefillTimeout: 5 * time.Second, MaxResumes: 3, MaxBodyBytes: 1 << 20,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

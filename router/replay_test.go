@@ -306,8 +306,13 @@ func TestChatOnAReasoningEngine(t *testing.T) {
 	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
 	for _, tc := range []struct {
 		name, temperature string
-		replayed          bool
-	}{{"greedy", "0", true}, {"sampled", "0.7", false}} {
+		noAssignSeed      bool
+		replayed, seeded  bool
+	}{
+		{"greedy", "0", false, true, false},
+		{"sampled", "0.7", false, true, true},
+		{"sampled-assign-seed-off", "0.7", true, false, false},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d1 := (&scriptedEngine{id: "d1", reasoning: "qwen3", legs: [][]string{{
 				chatChunk(`{"content":"Sun"}`, 1000),
@@ -318,18 +323,30 @@ func TestChatOnAReasoningEngine(t *testing.T) {
 				finishChunk("stop"),
 				"[DONE]",
 			}}}).start(t)
-			s := newTestRouter(t, p, d1.fake(), d2.fake())
+			s := newTestRouterWith(t, func(c *Config) { c.NoAssignSeed = tc.noAssignSeed }, p, d1.fake(), d2.fake())
 			a := postChat(t, s.URL()+"/v1/chat/completions",
 				`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":20,"stream":true,"temperature":`+tc.temperature+`}`)
+			d1.mu.Lock()
+			first := d1.bodies[0]
+			d1.mu.Unlock()
+			if _, has := first["seed"]; has != tc.seeded {
+				t.Fatalf("the first decode leg's seed: %v, want one: %v", first["seed"], tc.seeded)
+			}
+			if n := counted(t, s, "connex_router_seeds_assigned_total"); n != map[bool]float64{true: 1}[tc.seeded] {
+				t.Fatalf("connex_router_seeds_assigned_total = %v", n)
+			}
 			if tc.replayed {
 				if len(a.errs) != 0 || a.content != "Sunny" || a.dones != 1 {
 					t.Fatalf("content %q errors %v [DONE]s %d: want the replayed answer", a.content, a.errs, a.dones)
 				}
 				d2.mu.Lock()
-				path := d2.paths[0]
+				path, replayed := d2.paths[0], d2.bodies[0]
 				d2.mu.Unlock()
 				if path != "/v1/chat/completions" {
 					t.Fatalf("the resumed leg went to %s, want the chat endpoint (a replay)", path)
+				}
+				if replayed["seed"] != first["seed"] {
+					t.Fatalf("the replay's seed %v, the first leg's %v: want the same", replayed["seed"], first["seed"])
 				}
 				return
 			}

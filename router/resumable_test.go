@@ -134,17 +134,17 @@ func TestResumeBodyKeepsStructuredOutputs(t *testing.T) {
 	}
 }
 
-// TestRefusedResumeEndsTheAnswer: a request the router cannot resume
-// exactly (here: output penalties, sampled without a seed, which neither a
-// prefix resume nor a replay gives again) whose decode engine breaks
-// mid-stream ends with one resume_refused error and [DONE] after the tokens
-// it had; no other engine is asked, and the refusal is counted by reason.
-// The same request seeded resumes by replay.
+// TestRefusedResumeEndsTheAnswer: with router_assign_seed off, a request
+// the router cannot resume exactly (here: output penalties, sampled without
+// a seed, which neither a prefix resume nor a replay gives again) whose
+// decode engine breaks mid-stream ends with one resume_refused error and
+// [DONE] after the tokens it had; no other engine is asked, and the refusal
+// is counted by reason. The same request seeded resumes by replay.
 func TestRefusedResumeEndsTheAnswer(t *testing.T) {
 	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
 	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", failAfter: 4}).start()
 	d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
-	s := newTestRouter(t, p, d1, d2)
+	s := newTestRouterWith(t, func(c *Config) { c.NoAssignSeed = true }, p, d1, d2)
 	a := streamAnswer(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true,"presence_penalty":0.5,"temperature":0.8}`)
 	if a.dones != 1 || fmt.Sprint(a.errs) != "[resume_refused]" || strings.Join(a.texts, "") != strings.Join(want(4), "") {
 		t.Fatalf("texts %q, %d [DONE], errors %v: want the 4 tokens, one resume_refused and [DONE]", a.texts, a.dones, a.errs)
@@ -209,5 +209,43 @@ func TestReasonedAnswerIsNotResumed(t *testing.T) {
 	}
 	if len(d2.bodies) != 0 {
 		t.Fatalf("the other decode engine got %d legs, want none", len(d2.bodies))
+	}
+}
+
+// TestNeedsSeed: the router seeds only a request that samples without a
+// seed and resumes only by replay; a prefix-resumable, greedy or seeded
+// request keeps its body as the client sent it.
+func TestNeedsSeed(t *testing.T) {
+	tools := `"tools":[{"type":"function","function":{"name":"f"}}]`
+	for _, tc := range []struct {
+		kind   Kind
+		body   string
+		parser string
+		want   bool
+	}{
+		{Completions, `{"model":"m","prompt":"p","temperature":0.7}`, "", false},
+		{Completions, `{"model":"m","prompt":"p","temperature":0.7}`, "qwen3", false}, // completions are not parsed
+		{Completions, `{"model":"m","prompt":"p","temperature":0.7,"logprobs":2}`, "", true},
+		{Completions, `{"model":"m","prompt":"p","presence_penalty":0.5}`, "", true}, // default temperature samples
+		{Completions, `{"model":"m","prompt":"p","presence_penalty":0.5,"temperature":0}`, "", false},
+		{Completions, `{"model":"m","prompt":"p","presence_penalty":0.5,"top_k":1}`, "", false},
+		{Completions, `{"model":"m","prompt":"p","presence_penalty":0.5,"seed":0}`, "", false},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":0.7}`, "", false},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":0.7}`, "qwen3", true},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":0.7,` + tools + `}`, "", true},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":0.7,` + tools + `,"tool_choice":"none"}`, "", false},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":0.7,` + tools + `,"seed":9}`, "", false},
+	} {
+		c, err := ParseClient(tc.kind, []byte(tc.body))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		if got := needsSeed(c, tc.parser); got != tc.want {
+			t.Errorf("needsSeed(%s, %q) = %v, want %v", tc.body, tc.parser, got, tc.want)
+		}
+	}
+	c, _ := ParseClient(Chat, []byte(`{"model":"m","messages":[{"role":"user","content":"x"}],`+tools+`}`))
+	if seed := assignSeed(c, 1<<60+5); seed != 5 || string(c.Body["seed"]) != "5" || !replayable(c) {
+		t.Fatalf("assignSeed: %d, body seed %s, replayable %v: want 5 (53 bits), in the body, replayable", seed, c.Body["seed"], replayable(c))
 	}
 }

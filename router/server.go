@@ -41,6 +41,11 @@ type Config struct {
 	PrefillTimeout time.Duration
 	// MaxResumes bounds how often one request moves to another decode engine.
 	MaxResumes int
+	// NoAssignSeed turns off the seed the router gives a sampled request
+	// that resumes only by replay (seed.go): such a request is then ended
+	// with resume_refused when its decode engine fails (router_assign_seed
+	// off).
+	NoAssignSeed bool
 	// MaxBodyBytes bounds a client body.
 	MaxBodyBytes int64
 	// ReadHeaderTimeout, ReadTimeout and IdleTimeout bound how long a

@@ -26,6 +26,7 @@ type streamed struct {
 	body    string      // the error body when status != 200
 	finish  string
 	usage   map[string]int
+	connex  map[string]any // the router's record of the answer (the usage chunk's)
 	started time.Time
 }
 
@@ -74,14 +75,18 @@ func postStream(ctx context.Context, url string, body map[string]any, onChunk fu
 			} `json:"choices"`
 			// The counts; nested details (completion_tokens_details, with
 			// a reasoning parser) are left out.
-			Usage map[string]any `json:"usage"`
-			Error *struct {
+			Usage  map[string]any `json:"usage"`
+			Connex map[string]any `json:"connex"`
+			Error  *struct {
 				Code    string `json:"code"`
 				Message string `json:"message"`
 			} `json:"error"`
 		}
 		if err := json.Unmarshal([]byte(line), &ch); err != nil {
 			return s, fmt.Errorf("chunk %q: %w", line, err)
+		}
+		if ch.Connex != nil {
+			s.connex = ch.Connex
 		}
 		if ch.Error != nil {
 			s.errors = append(s.errors, ch.Error.Code+": "+ch.Error.Message)

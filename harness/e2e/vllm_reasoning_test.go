@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,9 +18,8 @@ const vllmReasoningParser = "gemma4"
 
 // testVLLMReasoning: on engines that run a reasoning parser, a chat that
 // reasons, frozen mid-reasoning, resumes by replay with the same
-// reasoning as vLLM alone streams; a sampled chat without a seed (even one
-// that has not reasoned) is not resumed into another answer: its stream
-// ends with resume_refused naming the parser.
+// reasoning as vLLM alone streams, and so does a sampled one the client
+// sent without a seed (the router seeds it).
 func testVLLMReasoning(t *testing.T, c *localcluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -71,14 +69,30 @@ func testVLLMReasoning(t *testing.T, c *localcluster.Cluster) {
 		}
 		t.Logf("%s frozen after 20 tokens of an open reasoning: resumed by prefix, the grammar still waiting, %d tokens equal to vLLM alone's", victim, len(got.ids))
 	})
-	t.Run("sampled-refused", func(t *testing.T) {
-		body := vllmChat(vllmPrompt(521, 200), 80) // reasoning off: content only, yet the engine's parser reads it
+	// A sampled thinking chat without a seed: the router seeds it, and
+	// frozen mid-reasoning it is replayed into the answer vLLM alone gives
+	// with that seed.
+	t.Run("sampled-replayed", func(t *testing.T) {
+		body := thinking(521, 80)
 		body["temperature"] = 0.8
+		before := replays()
 		got, victim := toolStreamFrozenAt(ctx, t, c, body, 20)
-		if got.dones != 1 || len(got.errors) != 1 || !strings.HasPrefix(got.errors[0], "resume_refused: ") ||
-			!strings.Contains(got.errors[0], "(reasoning)") || !strings.Contains(got.errors[0], vllmReasoningParser) {
-			t.Fatalf("%d [DONE], errors %v: want one resume_refused naming the reasoning parser, then [DONE]", got.dones, got.errors)
+		if d := replays() - before; d != 1 {
+			t.Fatalf("connex_router_resume_replays_total rose by %v, want 1", d)
 		}
-		t.Logf("%s frozen, sampled without a seed: %s", victim, got.errors[0])
+		seed, ok := got.connex["seed"].(float64)
+		if got.dones != 1 || len(got.errors) != 0 || !ok {
+			t.Fatalf("%d [DONE], errors %v, connex %v: want the replayed answer with the router's seed in its record", got.dones, got.errors, got.connex)
+		}
+		body["seed"] = int64(seed)
+		ref, err := postToolStream(ctx, engineURL(t, c, "decode-1")+"/v1/chat/completions", body, nil)
+		if err != nil || ref.dones != 1 || ref.reasoning == "" {
+			t.Fatalf("reference from vLLM alone with seed %d: %v, %+v: want a reasoning answer", int64(seed), err, ref)
+		}
+		if got.reasoning != ref.reasoning || got.content != ref.content || got.finish != ref.finish {
+			t.Fatalf("resumed: finish %q (want %q)\n got reasoning %q content %q\nwant reasoning %q content %q",
+				got.finish, ref.finish, got.reasoning, got.content, ref.reasoning, ref.content)
+		}
+		t.Logf("%s frozen mid-reasoning, sampled without a seed: seeded (%d), replayed, reasoning (%d bytes) equal to vLLM alone's with that seed", victim, int64(seed), len(got.reasoning))
 	})
 }

@@ -27,6 +27,8 @@ type toolStream struct {
 	errors   []string
 	dones    int
 	chunks   int
+	// connex is the router's record of the answer (the usage chunk's).
+	connex map[string]any
 }
 
 type chatLogprob struct {
@@ -97,9 +99,13 @@ func postToolStream(ctx context.Context, url string, body map[string]any, onChun
 				Code    string `json:"code"`
 				Message string `json:"message"`
 			} `json:"error"`
+			Connex map[string]any `json:"connex"`
 		}
 		if err := json.Unmarshal([]byte(line), &ch); err != nil {
 			return s, fmt.Errorf("chunk %q: %w", line, err)
+		}
+		if ch.Connex != nil {
+			s.connex = ch.Connex
 		}
 		if ch.Error != nil {
 			s.errors = append(s.errors, ch.Error.Code+": "+ch.Error.Message)
@@ -155,7 +161,7 @@ func toolChat(prompt string, choice any) map[string]any {
 // client the same tool calls — name, arguments, finish_reason tool_calls —
 // as one vLLM alone, streamed and not; its decode vLLM frozen mid-call, the
 // router resumes it by replay into the same call, and a sampled, unseeded
-// one ends with resume_refused (tools) instead of a different call.
+// one too: the router seeds it.
 func testVLLMTools(t *testing.T, c *localcluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -210,7 +216,7 @@ func testVLLMTools(t *testing.T, c *localcluster.Cluster) {
 	// Frozen in the middle of the call's arguments, the request resumes by
 	// replay on the other decode vLLM (its chat layer runs again over the
 	// whole answer): the client's tool call equals vLLM alone's, with one
-	// id. Sampled without a seed, it cannot be given again: resume_refused.
+	// id.
 	t.Run("frozen-mid-call-replayed", func(t *testing.T) {
 		body := toolChat(vllmPrompt(510, 200), "required")
 		ref, err := postToolStream(ctx, engineURL(t, c, "decode-1")+"/v1/chat/completions", body, nil)
@@ -284,14 +290,30 @@ func testVLLMTools(t *testing.T, c *localcluster.Cluster) {
 		}
 		t.Logf("%s frozen after 20 chunks of a tool_choice auto answer: replayed, %d bytes of content and %d call(s) equal to vLLM alone's", victim, len(got.content), len(got.calls))
 	})
-	t.Run("sampled-mid-call-refused", func(t *testing.T) {
+	// Sampled without a seed, the router seeds the request (its answer's
+	// connex record says the seed): frozen mid-call, it is replayed into the
+	// same call, the one vLLM alone gives the request with that seed.
+	t.Run("sampled-mid-call-replayed", func(t *testing.T) {
 		body := toolChat(vllmPrompt(511, 200), "required")
 		body["temperature"] = 0.8
+		before := replays()
 		got, victim := toolStreamFrozenAt(ctx, t, c, body, 12)
-		if got.dones != 1 || len(got.errors) != 1 || !strings.HasPrefix(got.errors[0], "resume_refused: ") || !strings.Contains(got.errors[0], "(tools)") {
-			t.Fatalf("%d [DONE], errors %v: want one resume_refused naming tools, then [DONE]", got.dones, got.errors)
+		if d := replays() - before; d != 1 {
+			t.Fatalf("connex_router_resume_replays_total rose by %v, want 1: the freeze must land mid-call", d)
 		}
-		t.Logf("%s frozen mid-call, sampled without a seed: %s", victim, got.errors[0])
+		seed, ok := got.connex["seed"].(float64)
+		if got.dones != 1 || len(got.errors) != 0 || !ok {
+			t.Fatalf("%d [DONE], errors %v, connex %v: want the replayed answer with the router's seed in its record", got.dones, got.errors, got.connex)
+		}
+		body["seed"] = int64(seed)
+		ref, err := postToolStream(ctx, engineURL(t, c, "decode-1")+"/v1/chat/completions", body, nil)
+		if err != nil || ref.dones != 1 || len(ref.calls) == 0 {
+			t.Fatalf("reference from vLLM alone with seed %d: %v, %+v", int64(seed), err, ref)
+		}
+		if !reflect.DeepEqual(got.calls, ref.calls) || got.finish != ref.finish {
+			t.Fatalf("resumed mid-call:\n got %s (finish %s)\nwant %s (finish %s), vLLM alone with seed %d", dump(got.calls), got.finish, dump(ref.calls), ref.finish, int64(seed))
+		}
+		t.Logf("%s frozen mid-call, sampled without a seed: the router seeded it (%d) and replayed it into vLLM alone's call (arguments %d bytes)", victim, int64(seed), len(got.calls[0].Arguments))
 	})
 }
 

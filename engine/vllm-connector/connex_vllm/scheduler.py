@@ -309,9 +309,10 @@ class ConnexScheduler:
                 # A resume is rare and worth a line: the operator sees the constraint carried over, and its cost.
                 log.warning(
                     "connex: resumed request %s: its structured-output grammar goes on after the %d generated tokens "
-                    "(advanced in %.2f ms)",
+                    "(%s, advanced in %.2f ms)",
                     request.request_id,
                     m.connex_resume_generated,
+                    type(request.structured_output_request.grammar).__name__,
                     (time.perf_counter() - t0) * 1000,
                 )
         with self._mu:
