@@ -70,3 +70,24 @@ func cpuTime(pids []int) time.Duration {
 	}
 	return total
 }
+
+// threadCPU is the CPU time each thread of pids has run so far, by
+// "process name/thread name" (their comm; threads of one name summed).
+func threadCPU(pids []int) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for _, pid := range pids {
+		proc, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+		for _, t := range tasks {
+			b, err := os.ReadFile(t + "/schedstat")
+			comm, _ := os.ReadFile(t + "/comm")
+			f := strings.Fields(string(b))
+			if err != nil || len(f) == 0 {
+				continue
+			}
+			ns, _ := strconv.ParseInt(f[0], 10, 64)
+			out[strings.TrimSpace(string(proc))+"/"+strings.TrimSpace(string(comm))] += time.Duration(ns)
+		}
+	}
+	return out
+}

@@ -14,3 +14,5 @@ func processGroup(int) []int { return nil }
 func pinProcess(int, int) error { return errors.New("pinning a process to a CPU needs Linux") }
 
 func cpuTime([]int) time.Duration { return 0 }
+
+func threadCPU([]int) map[string]time.Duration { return nil }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"net"
 	"net/http"
 	"os"
 	"runtime"
@@ -89,6 +91,8 @@ func BenchmarkVLLMPace(b *testing.B) {
 	o.LogLevel = "warn"
 	o.VLLM = &localcluster.VLLM{Bin: bin, Model: model, MaxModelLen: 2048}
 	o.VLLM.Connector = map[string]any{}
+	// BENCH_PACE_LOGS=dir: each engine's vLLM log in dir/<engine>.log.
+	o.VLLM.LogDir = os.Getenv("BENCH_PACE_LOGS")
 	if n := envInt("BENCH_PACE_PROGRESS_EVERY", 0); n > 0 {
 		// request.progress every n tokens (the connector's default is 8):
 		// what the checkpoints cost the engine's step loop.
@@ -99,6 +103,19 @@ func BenchmarkVLLMPace(b *testing.B) {
 		// step (the connector's default is 50; 0: it steps every
 		// millisecond, as vLLM makes it, for the whole decode).
 		o.VLLM.Connector["idle_wait_ms"] = envInt("BENCH_PACE_IDLE_WAIT_MS", 50)
+	}
+	profile := os.Getenv("BENCH_PACE_PROFILE")
+	pprofAddr := ""
+	if profile != "" {
+		// Where the router's CPU goes: its Go CPU profile over the rounds
+		// (the routed requests and the direct ones, which cost it nothing).
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		pprofAddr = ln.Addr().String()
+		ln.Close()
+		o.RouterArgs = append(o.RouterArgs, "--pprof-listen", pprofAddr)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	c, err := localcluster.Start(ctx, o)
@@ -165,7 +182,49 @@ func BenchmarkVLLMPace(b *testing.B) {
 	// before the request: its ITL over the request is read once vLLM has
 	// counted every token (it updates its histograms as outputs are
 	// processed).
+	// BENCH_PACE_THREADS=1: the engines' CPU by thread over the routed
+	// requests (which of an engine's threads Connex's requests keep busy).
+	threads := os.Getenv("BENCH_PACE_THREADS") == "1"
+	enginePIDs := func() map[string][]int {
+		out := map[string][]int{}
+		for name, pid := range c.PIDs() {
+			if strings.HasSuffix(name, "/engine") {
+				out[name] = append(processGroup(pid), pid)
+			}
+		}
+		return out
+	}
+	threadSum := map[string]time.Duration{} // part/process/thread over the routed requests
+	// quiet waits (up to 5 s) until the engines are idle: under 5 ms of CPU
+	// in 100 ms. vLLM's worker spins for a second after its last step, and
+	// a request must not pay for the one before it on another engine.
+	quiet := func() {
+		deadline := time.Now().Add(5 * time.Second)
+		prev := cpuOf(c)
+		for time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+			now := cpuOf(c)
+			var busy time.Duration
+			for name, t := range now {
+				if strings.HasSuffix(name, "/engine") && t > prev[name] {
+					busy += t - prev[name]
+				}
+			}
+			if busy < 5*time.Millisecond {
+				return
+			}
+			prev = now
+		}
+	}
 	stream := func(url string, body map[string]any, engine func(*streamed) string, before func(string) [2]float64) paceRun {
+		quiet()
+		var th0 map[string]map[string]time.Duration
+		if threads {
+			th0 = map[string]map[string]time.Duration{}
+			for name, pids := range enginePIDs() {
+				th0[name] = threadCPU(pids)
+			}
+		}
 		cpu0 := cpuOf(c)
 		got, err := postStream(bg, url, body, nil)
 		if err != nil || got.status != 200 || len(got.ids) != tokens {
@@ -173,7 +232,16 @@ func BenchmarkVLLMPace(b *testing.B) {
 		}
 		r := paceRun{engine: engine(got), total: got.at[len(got.at)-1].Sub(got.started), cpu: map[string]time.Duration{}}
 		for name, t := range cpuOf(c) {
-			r.cpu[cpuPart(name, r.engine)] += t - cpu0[name]
+			if t >= cpu0[name] { // a process killed (BENCH_PACE_ISOLATE) reads 0
+				r.cpu[cpuPart(name, r.engine)] += t - cpu0[name]
+			}
+		}
+		if threads && url == c.RouterURL()+"/v1/completions" {
+			for name, pids := range enginePIDs() {
+				for th, t := range threadCPU(pids) {
+					threadSum[cpuPart(name, r.engine)+" "+th] += t - th0[name][th]
+				}
+			}
 		}
 		for i := 1; i < len(got.at); i++ {
 			r.gaps = append(r.gaps, got.at[i].Sub(got.at[i-1]))
@@ -209,6 +277,10 @@ func BenchmarkVLLMPace(b *testing.B) {
 			func(e string) [2]float64 { return before[e] })
 	}
 	var alone, connex []paceRun
+	if profile != "" {
+		done := profileRouter(b, pprofAddr, profile)
+		defer done()
+	}
 	for round := range rounds {
 		body := vllmCompletion(vllmPrompt(int64(700+round), 300), tokens)
 		// The router picks the decode engine; the request alone goes to the
@@ -254,6 +326,13 @@ func BenchmarkVLLMPace(b *testing.B) {
 		return strings.Join(f, " ")
 	}
 	fmt.Printf("CPU ms per request through Connex: %s\nCPU ms per request alone:          %s\n", cpuLine(connex), cpuLine(alone))
+	if threads {
+		keys := slices.Collect(maps.Keys(threadSum))
+		slices.SortFunc(keys, func(a, b string) int { return int(threadSum[b] - threadSum[a]) })
+		for _, k := range keys[:min(len(keys), 24)] {
+			fmt.Printf("THREAD %-60s %7.1f ms per routed request\n", k, ms(threadSum[k]/time.Duration(len(connex))))
+		}
+	}
 	ga, gx := all(alone), all(connex)
 	fmt.Printf("PACE tokens=%d rounds=%d engine_itl_ms_alone=%.3f engine_itl_ms_connex=%.3f engine_itl_vs_alone=%.3f client_gap_p99_ms_alone=%.2f client_gap_p99_ms_connex=%.2f client_gap_p99_vs_alone=%.3f max_gap_ms_alone=%.1f max_gap_ms_connex=%.1f max_gap_vs_alone=%.3f\n",
 		tokens, rounds, ms(med(alone)), ms(med(connex)), ratio(med(connex), med(alone)),
@@ -277,4 +356,40 @@ func pct(v []time.Duration, p float64) time.Duration {
 	slices.Sort(s)
 	i := int(p*float64(len(s))+0.5) - 1
 	return s[max(0, min(i, len(s)-1))]
+}
+
+// profileRouter starts the router's CPU profile (pprof_listen at addr) for
+// BENCH_PACE_PROFILE_S seconds (default 40) and returns the func that waits
+// for it and writes it to file (go tool pprof reads it).
+func profileRouter(b *testing.B, addr, file string) (done func()) {
+	b.Helper()
+	type result struct {
+		data []byte
+		err  error
+	}
+	out := make(chan result, 1)
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, envInt("BENCH_PACE_PROFILE_S", 40))
+	go func() {
+		resp, err := http.Get(url)
+		if err != nil {
+			out <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != 200 {
+			err = fmt.Errorf("%s: status %d: %s", url, resp.StatusCode, data)
+		}
+		out <- result{data, err}
+	}()
+	return func() {
+		r := <-out
+		if r.err == nil {
+			r.err = os.WriteFile(file, r.data, 0o644)
+		}
+		if r.err != nil {
+			b.Fatalf("router profile: %v", r.err)
+		}
+		fmt.Printf("router CPU profile: %s (go tool pprof -top %s)\n", file, file)
+	}
 }

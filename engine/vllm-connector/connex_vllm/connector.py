@@ -25,7 +25,7 @@ try:  # vLLM 0.32 on: failed loads reported by request id (get_transfer_results)
 except ImportError:  # pragma: no cover (older vLLM: get_finished and invalid block ids only)
     KVConnectorTransferResults = None  # type: ignore[assignment,misc]
 
-from . import cpuorder
+from . import cpuorder, spin
 from .idlewait import IdleWait
 from .metadata import ConnexMetadata
 from .scheduler import ConnexScheduler
@@ -189,6 +189,8 @@ class ConnexConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self.connector_worker is not None
         self.connector_worker.register_kv_caches(kv_caches, layer_views(self._vllm_config))
+        if self.kv_role == "kv_producer":
+            spin.shorten(self.connector_worker.settings.worker_spin_ms / 1000, sys._getframe(1))
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)

@@ -8,9 +8,10 @@ hold keeps them for the whole decode (so that a resume pulls them again), and an
 most of a core stepping — on a machine it shares with decode engines, their decode slows by as much
 (``make bench-vllm-pace``'s CPU account). So when a step of a prefill engine schedules nothing, its scheduler has no
 request waiting or running, and holds are outstanding, the connector's ``build_connector_meta`` waits up to
-``idle_wait_ms`` for new work: it polls the engine core's input queue (where a new request, an abort, a health check
-or a shutdown arrives) every millisecond, and returns as soon as it holds something. A new request waits at most one
-poll. The bound is long (10 s by default) because every step also keeps vLLM's worker process spinning on its
+``idle_wait_ms`` for new work: it blocks on the engine core's input queue (where a new request, an abort, a health
+check or a shutdown arrives; a ``queue.Queue``, whose ``put`` wakes the wait at once) and returns as soon as it holds
+something. An input queue of another kind is polled every millisecond instead (which costs an idle engine a few per
+cent of a core). The bound is long (10 s by default) because every step also keeps vLLM's worker process spinning on its
 shared-memory queue for a second afterwards (``SpinCondition.busy_loop_s``); blocks a hold gave back in the meantime
 are handed to vLLM at the next step, which new work starts at once. Off with data parallel (its engines step
 together).
@@ -32,8 +33,21 @@ from typing import Any
 
 log = logging.getLogger("connex_vllm")
 
-#: How often a wait looks at the engine's input queue.
+#: How often a wait looks at an input queue it cannot block on.
 POLL_S = 0.001
+
+
+def wait_for_input(q: Any, timeout: float, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Returns when q holds something or after timeout seconds (or sooner: the caller looks again). A
+    ``queue.Queue`` is waited on through its own condition, which its ``put`` notifies; anything else is looked at
+    again after POLL_S."""
+    cond, items = getattr(q, "not_empty", None), getattr(q, "queue", None)
+    if cond is None or items is None:
+        sleep(min(POLL_S, timeout))
+        return
+    with cond:
+        if not len(items):
+            cond.wait(timeout)
 
 
 @dataclass
@@ -82,14 +96,15 @@ class IdleWait:
         self,
         max_s: float,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        wait: Callable[[Any, float], None] = wait_for_input,
     ) -> None:
         self.max_s = max_s
-        self._clock, self._sleep = clock, sleep
+        self._clock, self._wait = clock, wait
         self._engine: Engine | None = None
         self._looked = False
         self.waits = 0  # steps that waited (tests, the benchmark)
         self.waited_s = 0.0  # time spent waiting
+        self.looks = 0  # times a wait looked whether work came (a blocking wait: about once a wait)
 
     def maybe_wait(self, scheduled_tokens: int, holds: int, frame: FrameType | None = None) -> float:
         """In a step that scheduled nothing while holds are outstanding, waits until the engine has work or max_s
@@ -111,7 +126,8 @@ class IdleWait:
             now = self._clock()
             if now >= deadline or not idle(e):
                 break
-            self._sleep(min(POLL_S, deadline - now))
+            self.looks += 1
+            self._wait(e.input_queue, deadline - now)
         waited = self._clock() - t0
         self.waits += 1
         self.waited_s += waited

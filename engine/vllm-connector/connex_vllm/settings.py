@@ -43,6 +43,9 @@ class Settings:
     # its input queue ends the wait within a millisecond) instead of stepping every millisecond: connex_vllm.idlewait.
     # Long, because each step also keeps vLLM's worker spinning for a second after it. 0: off.
     idle_wait_ms: int = 10000
+    # A prefill engine's worker spins this long after each step (vLLM: 1 s) before it sleeps until the next one:
+    # connex_vllm.spin. 1000: as vLLM.
+    worker_spin_ms: int = 20
 
 
 _DEFAULTS = Settings(member="", base_url="")
@@ -117,6 +120,8 @@ def parse(extra: dict[str, Any] | None) -> Settings:
         out["pull_start_attempts"] = _int("pull_start_attempts", extra["pull_start_attempts"], 1, 20)
     if "idle_wait_ms" in extra:
         out["idle_wait_ms"] = _int("idle_wait_ms", extra["idle_wait_ms"], 0, 60000)
+    if "worker_spin_ms" in extra:
+        out["worker_spin_ms"] = _int("worker_spin_ms", extra["worker_spin_ms"], 0, 1000)
     if "progress_every" in extra:
         out["progress_every"] = _int("progress_every", extra["progress_every"], 1, 1 << 20)
     for key, hi in (

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import queue
 import sys
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from connex_vllm.idlewait import IdleWait, find_engine
+from connex_vllm.idlewait import POLL_S, IdleWait, find_engine, wait_for_input
 
 
 class Scheduler:
@@ -49,6 +50,10 @@ class Clock:
         self.sleeps += 1
         self.on_sleep(self.sleeps)
 
+    def poll(self, q: Any, timeout: float) -> None:
+        """A wait that cannot block: one poll (wait_for_input on a queue of another kind)."""
+        wait_for_input(object(), timeout, self.sleep)
+
 
 def caller_frame() -> FrameType:
     return sys._getframe(1)
@@ -69,7 +74,7 @@ def waiter(max_s: float = 0.05) -> tuple[IdleWait, Clock, Core]:
     clock = Clock()
     sch = Scheduler()
     core = Core(sch)
-    w = IdleWait(max_s, clock=clock.now, sleep=clock.sleep)
+    w = IdleWait(max_s, clock=clock.now, wait=clock.poll)
     return w, clock, core
 
 
@@ -90,7 +95,7 @@ def test_waits_only_in_an_idle_step_with_holds() -> None:
 def test_wait_ends_at_its_bound_or_when_work_arrives() -> None:
     w, clock, core = waiter(max_s=0.05)
     frame = core.step(caller_frame)
-    assert abs(w.maybe_wait(0, 3, frame) - 0.05) < 1e-9  # nothing came: the whole bound, polling each millisecond
+    assert abs(w.maybe_wait(0, 3, frame) - 0.05) < 1e-9  # nothing came: the whole bound, polling each POLL_S
     assert 49 <= clock.sleeps <= 51
     clock.sleeps = 0
     clock.on_sleep = lambda n: core.input_queue.put("new request") if n == 3 else None
@@ -101,7 +106,27 @@ def test_wait_ends_at_its_bound_or_when_work_arrives() -> None:
 
 def test_no_engine_found_means_no_wait() -> None:
     clock = Clock()
-    w = IdleWait(0.05, clock=clock.now, sleep=clock.sleep)
+    w = IdleWait(0.05, clock=clock.now, wait=clock.poll)
     assert w.maybe_wait(0, 3, sys._getframe()) == 0
     assert w.maybe_wait(0, 3, Core(Scheduler()).step(caller_frame)) == 0  # looked once: not again
     assert clock.sleeps == 0
+
+
+def test_a_queue_is_waited_on_not_polled() -> None:
+    """On a real queue.Queue the wait blocks until a put wakes it: it looks about once, not every POLL_S, and ends
+    when the work arrives, long before its bound."""
+    core = Core(Scheduler())
+    frame = core.step(caller_frame)
+    w = IdleWait(30.0)
+    timer = threading.Timer(0.2, core.input_queue.put, args=("new request",))
+    timer.start()
+    try:
+        waited = w.maybe_wait(0, 3, frame)
+    finally:
+        timer.cancel()
+    assert 0.15 < waited < 29, waited  # ended by the put, not by the bound
+    assert w.looks <= 2, f"{w.looks} looks in {waited:.3f} s: polled, not blocked ({waited / POLL_S:.0f} polls)"
+    # Nothing comes: the whole bound, in one look.
+    w2 = IdleWait(0.05)
+    core.input_queue.get_nowait()
+    assert w2.maybe_wait(0, 3, frame) >= 0.05 and w2.looks <= 2

@@ -46,6 +46,8 @@ def test_settings_unknown_keys_named() -> None:
         ({"retain_s": 10, "pull_timeout_s": 10}, "pull_timeout_s"),
         ({"idle_wait_ms": -1}, "idle_wait_ms"),
         ({"idle_wait_ms": 60001}, "idle_wait_ms"),
+        ({"worker_spin_ms": 1001}, "worker_spin_ms"),
+        ({"worker_spin_ms": True}, "worker_spin_ms"),
     ],
 )
 def test_settings_bad_values_name_the_key(extra: dict[str, object], key: str) -> None:
