@@ -243,6 +243,15 @@ class ConnexConnector(KVConnectorBase_V1):
             return 0, False
         return self.connector_scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: Any) -> Any:
+        """vLLM 0.34+: how the workers reach the KV cache vLLM allocates. ``IN_PROCESS``: each worker rebinds its KV
+        tensors onto a connexd region of its own (the file connexd maps and registers with UCX), so vLLM's
+        allocation is never registered or exported and may take any form. Earlier vLLMs do not ask."""
+        from vllm.config.kv_transfer import KVCacheAccess
+
+        return KVCacheAccess.IN_PROCESS
+
     def may_load_async(self, request: Request) -> bool:
         """vLLM 0.34+ (``--max-num-inflight-kv-loads``): whether ``get_num_new_matched_tokens`` may answer an async
         load for the request: a decode engine's request whose params name a hold (``remote_num_tokens``)."""

@@ -258,3 +258,15 @@ def test_may_load_async_names_requests_with_a_hold(cluster: Cluster, engines: di
     assert not ep.conn.may_load_async(with_hold)
     for r in ("mla1", "mla2", "mla3"):
         ed.sched.finish_requests(r, RequestStatus.FINISHED_ABORTED)
+
+
+def test_kv_cache_access_leaves_vllm_allocation_alone() -> None:
+    """vLLM 0.34 asks a connector how its workers reach the KV cache: the connector rebinds the tensors onto a connexd
+    region itself, so vLLM's allocation needs nothing (REGISTERS would make it allocate every segment in one piece)."""
+    kv_transfer = pytest.importorskip("vllm.config.kv_transfer")
+    if not hasattr(kv_transfer, "KVCacheAccess"):
+        pytest.skip("this vLLM (before 0.34) does not ask")
+    from connex_vllm.connector import ConnexConnector
+
+    access = ConnexConnector.kv_cache_access(None)
+    assert access == kv_transfer.KVCacheAccess.IN_PROCESS and not access.needs_single_chunk()
