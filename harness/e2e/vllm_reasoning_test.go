@@ -70,8 +70,8 @@ func testVLLMReasoning(t *testing.T, c *localcluster.Cluster) {
 		t.Logf("%s frozen after 20 tokens of an open reasoning: resumed by prefix, the grammar still waiting, %d tokens equal to vLLM alone's", victim, len(got.ids))
 	})
 	// A sampled thinking chat without a seed: the router seeds it, and
-	// frozen mid-reasoning it is replayed into the answer vLLM alone gives
-	// with that seed.
+	// frozen mid-reasoning it is replayed into the answer the request with
+	// that seed gets uninterrupted.
 	t.Run("sampled-replayed", func(t *testing.T) {
 		body := thinking(521, 80)
 		body["temperature"] = 0.8
@@ -84,15 +84,17 @@ func testVLLMReasoning(t *testing.T, c *localcluster.Cluster) {
 		if got.dones != 1 || len(got.errors) != 0 || !ok {
 			t.Fatalf("%d [DONE], errors %v, connex %v: want the replayed answer with the router's seed in its record", got.dones, got.errors, got.connex)
 		}
+		// The reference: the same request with that seed, uninterrupted,
+		// through the router (see testVLLMTools' sampled case).
 		body["seed"] = int64(seed)
-		ref, err := postToolStream(ctx, engineURL(t, c, "decode-1")+"/v1/chat/completions", body, nil)
-		if err != nil || ref.dones != 1 || ref.reasoning == "" {
-			t.Fatalf("reference from vLLM alone with seed %d: %v, %+v: want a reasoning answer", int64(seed), err, ref)
+		ref, err := postToolStream(ctx, c.RouterURL()+"/v1/chat/completions", body, nil)
+		if err != nil || ref.dones != 1 || ref.reasoning == "" || ref.connex["resumes"] != float64(0) {
+			t.Fatalf("uninterrupted reference with seed %d: %v, %+v: want a reasoning answer", int64(seed), err, ref)
 		}
 		if got.reasoning != ref.reasoning || got.content != ref.content || got.finish != ref.finish {
 			t.Fatalf("resumed: finish %q (want %q)\n got reasoning %q content %q\nwant reasoning %q content %q",
 				got.finish, ref.finish, got.reasoning, got.content, ref.reasoning, ref.content)
 		}
-		t.Logf("%s frozen mid-reasoning, sampled without a seed: seeded (%d), replayed, reasoning (%d bytes) equal to vLLM alone's with that seed", victim, int64(seed), len(got.reasoning))
+		t.Logf("%s frozen mid-reasoning, sampled without a seed: seeded (%d), replayed, reasoning (%d bytes) equal to the uninterrupted answer with that seed", victim, int64(seed), len(got.reasoning))
 	})
 }

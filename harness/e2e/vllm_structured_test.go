@@ -227,8 +227,8 @@ func testVLLMStructured(t *testing.T, c *localcluster.Cluster, logs *safeBuffer)
 		t.Logf("seeded sampler with logprobs, %s frozen after %d tokens: replayed, %d tokens equal to vLLM alone's", victim, faultAt, len(got.ids))
 	})
 	// Unseeded with a presence penalty: the router seeds it, and frozen
-	// mid-stream it is replayed into the answer vLLM alone gives with that
-	// seed.
+	// mid-stream it is replayed into the answer the request with that seed
+	// gets uninterrupted.
 	t.Run("penalty-unseeded-replayed-SIGSTOP", func(t *testing.T) {
 		body := vllmCompletion(vllmPrompt(398, 300), 120)
 		body["temperature"], body["presence_penalty"] = 0.8, 0.5
@@ -244,12 +244,14 @@ func testVLLMStructured(t *testing.T, c *localcluster.Cluster, logs *safeBuffer)
 		if !ok {
 			t.Fatalf("the answer's connex record %v has no seed", got.connex)
 		}
+		// The reference: the same request with that seed, uninterrupted,
+		// through the router (see testVLLMTools' sampled case).
 		body["seed"] = int64(seed)
-		ref, err := postStream(ctx, engineURL(t, c, "decode-1")+"/v1/completions", body, nil)
-		if err != nil || ref.status != 200 || !slices.Equal(got.ids, ref.ids) {
-			t.Fatalf("vLLM alone with seed %d: %v, status %d\n got %v\nwant %v", int64(seed), err, ref.status, got.ids, ref.ids)
+		ref, err := postStream(ctx, c.RouterURL()+"/v1/completions", body, nil)
+		if err != nil || ref.status != 200 || ref.connex["resumes"] != float64(0) || !slices.Equal(got.ids, ref.ids) {
+			t.Fatalf("uninterrupted with seed %d: %v, status %d, record %v\n got %v\nwant %v", int64(seed), err, ref.status, ref.connex, got.ids, ref.ids)
 		}
-		t.Logf("unseeded sampler with a presence penalty, frozen after %d tokens: seeded (%d), replayed, %d tokens equal to vLLM alone's with that seed", faultAt, int64(seed), len(got.ids))
+		t.Logf("unseeded sampler with a presence penalty, frozen after %d tokens: seeded (%d), replayed, %d tokens equal to the uninterrupted answer with that seed", faultAt, int64(seed), len(got.ids))
 	})
 }
 
