@@ -303,11 +303,14 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		decoders = append(decoders, id)
 		out.connex["decode_engines"] = decoders
 		out.connex["resumes"] = resumes
+		var grantTook time.Duration
 		if resumes > 0 && s.cfg.Authorize != nil {
+			t0 := s.clock.Now()
 			if aerr := s.cfg.Authorize(ctx, e, rid); aerr != nil {
 				s.log.Warn("resume: the engine's member refused the router's grant; trying another", "request_id", rid, "engine", id, "err", aerr)
 				continue
 			}
+			grantTook = s.clock.Now().Sub(t0)
 		}
 		var body []byte
 		var err error
@@ -354,6 +357,12 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		movable := func() bool {
 			_, ok := Pick(s.live(), "decode", c.Model, s.busySnapshot(), skip)
 			return ok
+		}
+		if resumes > 0 {
+			// A resume is rare and worth a line: how long after the failure
+			// its leg leaves, and what the grant took of that.
+			s.log.Info("resumed leg sent", "request_id", rid, "engine", id, "replay", replay,
+				"since_failure_ms", s.clock.Now().Sub(failedAt).Milliseconds(), "grant_ms", grantTook.Milliseconds())
 		}
 		res := s.leg(ctx, rid, e, path, body, out, stall, onTokens, movable, pending)
 		switch res.end {

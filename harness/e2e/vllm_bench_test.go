@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"syscall"
@@ -46,6 +47,12 @@ func BenchmarkVLLMResume(b *testing.B) {
 	o.Connexd = bins.Connexd
 	o.Model = vllmModel
 	o.LogLevel = "warn"
+	o.Metrics = true // the connexds' pull metrics (the resume's breakdown)
+	// The router's line for each resumed leg: when it left after the
+	// failure, and the grant's part.
+	logs := &safeBuffer{}
+	o.Log = logs
+	o.RouterArgs = append(o.RouterArgs, "--log-level", "info")
 	o.VLLM = &localcluster.VLLM{Bin: bin, Model: model, MaxModelLen: promptLen + maxTokens + 128}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	c, err := localcluster.Start(ctx, o)
@@ -59,8 +66,30 @@ func BenchmarkVLLMResume(b *testing.B) {
 	bg := context.Background()
 	body := func(p []int, max int) map[string]any {
 		return map[string]any{"model": vllmModel, "prompt": p, "max_tokens": max, "stream": true, "temperature": 0,
-			"ignore_eos": true, "return_token_ids": true}
+			"ignore_eos": true, "return_token_ids": true, "stream_options": map[string]any{"include_usage": true}}
 	}
+	// The resume's parts, from the resumed engine's own counters around a
+	// trial: vLLM's time to first token (the leg's arrival to its first
+	// token), its prefill time (first scheduled to first token: the
+	// forward pass over the recomputed tokens, once the KV is in), and its
+	// connexd's pull.
+	type counters struct{ ttft, prefill, queue, pull, pullRead, pulls float64 }
+	counted := func(engine string) counters {
+		m := must2(scrape(engineURL(b, c, engine) + "/metrics"))
+		out := counters{ttft: sum(m, "vllm:time_to_first_token_seconds_sum"), prefill: sum(m, "vllm:request_prefill_time_seconds_sum"),
+			queue: sum(m, "vllm:request_queue_time_seconds_sum")}
+		if u, err := c.ReadyField(engine+"/connexd", "metrics"); err == nil && u != "" {
+			cm := must2(scrape(u))
+			out.pull, out.pullRead, out.pulls = sum(cm, "connex_pull_duration_seconds_sum"), sum(cm, "connex_pull_read_seconds_sum"), sum(cm, "connex_pull_duration_seconds_count")
+		}
+		return out
+	}
+	// rest is gap + ITL - engineTTFT: the failure seen (the killed engine's
+	// connection closed), the resumed leg sent (sent: fault to the
+	// router's send), vLLM's front end before the engine core has the
+	// request, and the first token relayed (front: those last two).
+	type breakdown struct{ gap, engineTTFT, queue, pull, pullRead, prefill, rest, sent, front time.Duration }
+	var parts []breakdown
 	prompt := func(trial int) []int {
 		p := make([]int, promptLen)
 		for i := range p {
@@ -102,6 +131,12 @@ func BenchmarkVLLMResume(b *testing.B) {
 				b.Fatalf("%s: reference: %v %d %s", mode, err, ref.status, ref.body)
 			}
 			settle()
+			before := map[string]counters{}
+			if mode == "resume" {
+				for _, e := range []string{"decode-0", "decode-1"} {
+					before[e] = counted(e)
+				}
+			}
 			var victim string
 			var fault time.Time
 			var faultErr error
@@ -148,6 +183,33 @@ func BenchmarkVLLMResume(b *testing.B) {
 					b.Fatalf("resume: the resumed stream differs: %v status %d errors %v\n got %v\nwant %v", err, got.status, got.errors, got.ids, ref.ids)
 				}
 				gap = got.at[faultAt].Sub(fault) - normal
+				if ds, _ := got.connex["decode_engines"].([]any); len(ds) == 2 {
+					on, _ := ds[1].(string)
+					a, z := before[on], counted(on)
+					sec := func(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
+					bd := breakdown{gap: gap, engineTTFT: sec(z.ttft - a.ttft), queue: sec(z.queue - a.queue), prefill: sec(z.prefill - a.prefill),
+						pull: sec(z.pull - a.pull), pullRead: sec(z.pullRead - a.pullRead)}
+					// What the engine's TTFT does not cover: the failure seen, the
+					// grant, the resumed leg sent, its first token relayed.
+					bd.rest = gap + normal - bd.engineTTFT
+					if z.pulls-a.pulls != 1 {
+						b.Logf("resume trial %d: %s's connexd counted %v pulls, want 1", trial, on, z.pulls-a.pulls)
+					}
+					parts = append(parts, bd)
+					// When the router sent the resumed leg (its log's time, this
+					// machine's clock): the failure seen and the leg sent, then
+					// vLLM's HTTP front end before the request's arrival.
+					line := lastLine(logs.String(), "", "resumed leg sent")
+					if m := regexp.MustCompile(`time=(\S+)`).FindStringSubmatch(line); m != nil {
+						if sent, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
+							bd.sent = sent.Sub(fault)
+							bd.front = got.at[faultAt].Sub(sent) - bd.engineTTFT
+							parts[len(parts)-1] = bd
+						}
+					}
+					fmt.Printf("resume    trial %d: leg sent %.1f ms after the fault; vLLM's front end and the relay %.1f ms; engine ttft %.1f ms (queue %.1f, of which pull %.1f [read %.1f]; prefill %.1f)\n",
+						trial, ms(bd.sent), ms(bd.front), ms(bd.engineTTFT), ms(bd.queue), ms(bd.pull), ms(bd.pullRead), ms(bd.prefill))
+				}
 				_ = c.Kill(victim + "/engine") // reap it
 				rctx, rcancel := context.WithTimeout(bg, 5*time.Minute)
 				err := c.Restart(rctx, victim+"/engine")
@@ -179,7 +241,31 @@ func BenchmarkVLLMResume(b *testing.B) {
 		fmt.Printf("%-10s %7d %7.1fms %7.1fms %7.1fms\n", r.name, len(r.gaps), p50(r.gaps), ms(slices.Max(r.gaps)), p50(r.itl))
 	}
 	a, re := p50(resumed), p50(reprefilled)
-	fmt.Printf("VLLM resume_gap_p50_ms=%.1f reprefill_gap_p50_ms=%.1f ratio=%.3f\n", a, re, a/re)
+	// The limit a resume cannot beat, measured in the same trials: the pull
+	// of the hold's bytes and the engine's own forward pass over the
+	// recomputed tokens (its prefill time).
+	col := func(f func(breakdown) time.Duration) []time.Duration {
+		var v []time.Duration
+		for _, bd := range parts {
+			v = append(v, f(bd))
+		}
+		return v
+	}
+	line := fmt.Sprintf("VLLM resume_gap_p50_ms=%.1f reprefill_gap_p50_ms=%.1f ratio=%.3f", a, re, a/re)
+	if len(parts) > 0 {
+		limit := p50(col(func(bd breakdown) time.Duration { return bd.pull + bd.prefill }))
+		line += fmt.Sprintf(" sent_p50_ms=%.1f front_p50_ms=%.1f engine_ttft_p50_ms=%.1f queue_p50_ms=%.1f pull_p50_ms=%.1f prefill_p50_ms=%.1f limit_p50_ms=%.1f resume_vs_limit=%.2f",
+			p50(col(func(bd breakdown) time.Duration { return bd.sent })), p50(col(func(bd breakdown) time.Duration { return bd.front })),
+			p50(col(func(bd breakdown) time.Duration { return bd.engineTTFT })), p50(col(func(bd breakdown) time.Duration { return bd.queue })),
+			p50(col(func(bd breakdown) time.Duration { return bd.pull })), p50(col(func(bd breakdown) time.Duration { return bd.prefill })),
+			limit, a/limit)
+		// From the router's sight of the failure (a killed engine's
+		// connection closes only once the kernel has torn the process
+		// down): what Connex and the resumed engine take.
+		after := p50(col(func(bd breakdown) time.Duration { return bd.gap - bd.sent }))
+		line += fmt.Sprintf(" after_detection_p50_ms=%.1f after_detection_vs_limit=%.2f", after, after/limit)
+	}
+	fmt.Println(line)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
