@@ -15,21 +15,26 @@ var Endpoints = []string{
 	EpPeerAdopt, EpPeerGrant,
 }
 
+// NoticeKinds lists every notice kind connexd publishes to engines.
+var NoticeKinds = []string{KindPullDone, KindFreed, KindResume, KindFenced, KindHoldLost}
+
 // PythonSubjectsPath is where PythonSubjects is written, from the
 // repository's root.
 const PythonSubjectsPath = "engine/vllm-connector/connex_vllm/subjects_gen.py"
 
 // PythonSubjects is the vLLM connector's copy of the subject table
-// (connex_vllm/subjects_gen.py): the prefix, every endpoint, and those
-// served only in the member scope (EngineScoped false), so that the
-// connector never addresses an endpoint in a scope connexd does not serve
-// it in. `go generate ./api` writes it; TestPythonSubjectsAreCurrent
+// (connex_vllm/subjects_gen.py): the prefix, every endpoint, those served
+// only in the member scope (EngineScoped false), so that the connector
+// never addresses an endpoint in a scope connexd does not serve it in, and
+// the notice kinds (NoticeKinds), so that it never waits for a kind
+// connexd does not send. `go generate ./api` writes it; TestPythonSubjectsAreCurrent
 // fails when it drifts.
 func PythonSubjects() []byte {
 	var b bytes.Buffer
 	b.WriteString("# Code generated from api/subjects.go by `go generate ./api` (api/gencodes); DO NOT EDIT.\n")
-	b.WriteString(`"""The subject API's table as connexd serves it: its prefix, every endpoint, and the endpoints served only in the
-member scope (members and admins call them); every other endpoint is also served in each engine's scope."""` + "\n\n")
+	b.WriteString(`"""The subject API's table as connexd serves it: its prefix, every endpoint, the endpoints served only in the
+member scope (members and admins call them; every other endpoint is also served in each engine's scope), and the
+kinds of notice connexd publishes to engines."""` + "\n\n")
 	b.WriteString("from __future__ import annotations\n\nfrom typing import Final\n\n")
 	fmt.Fprintf(&b, "PREFIX: Final = %q\n\n", Prefix)
 	b.WriteString("ENDPOINTS: Final = frozenset(\n    {\n")
@@ -43,6 +48,11 @@ member scope (members and admins call them); every other endpoint is also served
 		if !EngineScoped(ep) {
 			fmt.Fprintf(&b, "        %q,\n", ep)
 		}
+	}
+	b.WriteString("    }\n)\n\n")
+	b.WriteString("NOTICE_KINDS: Final = frozenset(\n    {\n")
+	for _, k := range slices.Sorted(slices.Values(NoticeKinds)) {
+		fmt.Fprintf(&b, "        %q,\n", k)
 	}
 	b.WriteString("    }\n)\n")
 	return b.Bytes()

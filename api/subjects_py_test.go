@@ -2,8 +2,14 @@ package api
 
 import (
 	"bytes"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -37,5 +43,40 @@ func TestPythonSubjectsAreCurrent(t *testing.T) {
 	}
 	for s := range served {
 		t.Errorf("Serve registers %s, which Endpoints (and so the connector's table) lacks", s)
+	}
+}
+
+// TestNoticeKindsListsEveryKind: NoticeKinds (and so the connector's
+// NOTICE_KINDS) holds every Kind* constant api/subjects.go declares.
+func TestNoticeKindsListsEveryKind(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "subjects.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	declared := 0
+	for _, d := range f.Decls {
+		g, ok := d.(*ast.GenDecl)
+		if !ok || g.Tok != token.CONST {
+			continue
+		}
+		for _, spec := range g.Specs {
+			vs := spec.(*ast.ValueSpec)
+			for i, name := range vs.Names {
+				if !strings.HasPrefix(name.Name, "Kind") || i >= len(vs.Values) {
+					continue
+				}
+				lit, ok := vs.Values[i].(*ast.BasicLit)
+				if !ok {
+					continue
+				}
+				declared++
+				if kind, _ := strconv.Unquote(lit.Value); !slices.Contains(NoticeKinds, kind) {
+					t.Errorf("%s = %s is not in NoticeKinds", name.Name, lit.Value)
+				}
+			}
+		}
+	}
+	if declared != len(NoticeKinds) {
+		t.Errorf("subjects.go declares %d notice kinds, NoticeKinds lists %d", declared, len(NoticeKinds))
 	}
 }

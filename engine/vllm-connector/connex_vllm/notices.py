@@ -150,7 +150,9 @@ class Follower:
         return replayed
 
 
-_LIVE: dict[str, tuple[str, type[Message]]] = {
+#: The live notice kinds this connector reads (each one of connexd's, subjects_gen.NOTICE_KINDS), by the field of the
+#: journal's Notice its body goes in.
+LIVE: dict[str, tuple[str, type[Message]]] = {
     "pull.done": ("pull_done", pb.PullDone),
     "blocks.freed": ("blocks_freed", pb.BlocksFreed),
     "request.fenced": ("fenced", rpb.FencedNotice),
@@ -160,7 +162,7 @@ _LIVE: dict[str, tuple[str, type[Message]]] = {
 def parse_live(kind: str, data: bytes) -> npb.Notice | None:
     """A live notice's body as a journal Notice (the form replays come in); None for a kind this connector
     does not act on. A body that does not parse is dropped with a warning (never raised into NATS)."""
-    entry = _LIVE.get(kind)
+    entry = LIVE.get(kind)
     if entry is None:
         return None
     field_name, cls = entry

@@ -1,6 +1,7 @@
 # Code generated from api/subjects.go by `go generate ./api` (api/gencodes); DO NOT EDIT.
-"""The subject API's table as connexd serves it: its prefix, every endpoint, and the endpoints served only in the
-member scope (members and admins call them); every other endpoint is also served in each engine's scope."""
+"""The subject API's table as connexd serves it: its prefix, every endpoint, the endpoints served only in the
+member scope (members and admins call them; every other endpoint is also served in each engine's scope), and the
+kinds of notice connexd publishes to engines."""
 
 from __future__ import annotations
 
@@ -41,5 +42,15 @@ MEMBER_ONLY: Final = frozenset(
         "peer.descriptors",
         "peer.grant",
         "peer.pullend",
+    }
+)
+
+NOTICE_KINDS: Final = frozenset(
+    {
+        "blocks.freed",
+        "hold.lost",
+        "pull.done",
+        "request.fenced",
+        "request.resume",
     }
 )

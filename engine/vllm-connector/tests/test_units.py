@@ -193,6 +193,16 @@ def test_subjects_follow_connexd_scopes() -> None:
     assert subject("m1", "hold.create") == "connex.v1.m1.hold.create"
 
 
+def test_notice_kinds_are_connexd_s() -> None:
+    """Every live notice kind the connector reads is one connexd publishes (subjects_gen.NOTICE_KINDS, generated from
+    api/subjects.go): a kind renamed there and not here would never arrive."""
+    from connex_vllm.notices import LIVE
+    from connex_vllm.subjects_gen import NOTICE_KINDS
+
+    assert set(LIVE) <= NOTICE_KINDS, set(LIVE) - NOTICE_KINDS
+    assert {"pull.done", "blocks.freed", "request.fenced"} <= set(LIVE)
+
+
 def test_max_tokens_sent_with_request_start() -> None:
     from types import SimpleNamespace
 
