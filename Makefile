@@ -6,7 +6,7 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-quick test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds bench-router bench-grammar bench-vllm-pace proto generate tidy clean
+.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-quick test-unit test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds bench-router bench-grammar bench-vllm-pace proto generate tidy clean
 
 all: build
 
@@ -74,6 +74,9 @@ test:
 test-quick:
 	$(GO) vet ./...
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v -e /harness/e2e -e /harness/chaos)
+
+# The same loop under the name issue 47 asked for.
+test-unit: test-quick
 
 bench:
 	bash scripts/bench.sh control
