@@ -75,7 +75,7 @@ test-quick:
 	$(GO) vet ./...
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v -e /harness/e2e -e /harness/chaos)
 
-# The same loop under the name issue 47 asked for.
+# test-unit: the same loop, by the name unit-test runners look for.
 test-unit: test-quick
 
 bench:
