@@ -256,6 +256,17 @@ func TestVLLM(t *testing.T) {
 	t.Run("vllm-bench-serve", func(t *testing.T) { testVLLMBenchServe(t, c) })
 	t.Run("connexd-restart", func(t *testing.T) { testVLLMConnexdRestart(t, c, logs) })
 	t.Run("hold-gone", func(t *testing.T) { testVLLMHoldGone(t, c) })
+	// The connector reaches into vLLM's engine core (the idle prefill
+	// wait) and worker (its spin after a step) by their layout; a vLLM
+	// whose layout moved leaves them as vLLM made them, with a warning,
+	// and the CPU they cost comes back unseen. Pin that they were found.
+	t.Run("connector-found-vllm", func(t *testing.T) {
+		for _, warning := range []string{"engine core was not found", "worker queue was not found"} {
+			if line := lastLine(logs.String(), "", warning); line != "" {
+				t.Errorf("an engine logged %q", line)
+			}
+		}
+	})
 }
 
 func testVLLMResume(t *testing.T, c *localcluster.Cluster) {

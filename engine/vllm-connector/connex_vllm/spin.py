@@ -44,7 +44,7 @@ def shorten(spin_s: float, frame: FrameType | None = None) -> bool:
     queue was found. frame is where to look (default: the caller's)."""
     spin = find_spin(frame if frame is not None else sys._getframe(1))
     if spin is None:
-        log.info("connex: this vLLM's worker queue was not found; its worker spins after each step as vLLM makes it")
+        log.warning("connex: this vLLM's worker queue was not found; its worker spins after each step as vLLM makes it")
         return False
     if spin.busy_loop_s > spin_s:
         spin.busy_loop_s = spin_s
