@@ -88,7 +88,9 @@ func BenchmarkVLLMResume(b *testing.B) {
 	// connection closed), the resumed leg sent (sent: fault to the
 	// router's send), vLLM's front end before the engine core has the
 	// request, and the first token relayed (front: those last two).
-	type breakdown struct{ gap, engineTTFT, queue, pull, pullRead, prefill, rest, sent, front time.Duration }
+	// start is the resumed engine's request.start round trip (its
+	// connector's "taken over" line): the takeover before the pull.
+	type breakdown struct{ gap, engineTTFT, queue, start, pull, pullRead, prefill, rest, sent, front time.Duration }
 	var parts []breakdown
 	prompt := func(trial int) []int {
 		p := make([]int, promptLen)
@@ -207,8 +209,15 @@ func BenchmarkVLLMResume(b *testing.B) {
 							parts[len(parts)-1] = bd
 						}
 					}
-					fmt.Printf("resume    trial %d: leg sent %.1f ms after the fault; vLLM's front end and the relay %.1f ms; engine ttft %.1f ms (queue %.1f, of which pull %.1f [read %.1f]; prefill %.1f)\n",
-						trial, ms(bd.sent), ms(bd.front), ms(bd.engineTTFT), ms(bd.queue), ms(bd.pull), ms(bd.pullRead), ms(bd.prefill))
+					took := lastLine(logs.String(), "", "request.start answered in")
+					if m := regexp.MustCompile(`answered in ([0-9.]+) ms`).FindStringSubmatch(took); m != nil {
+						if v, err := strconv.ParseFloat(m[1], 64); err == nil {
+							bd.start = time.Duration(v * float64(time.Millisecond))
+							parts[len(parts)-1] = bd
+						}
+					}
+					fmt.Printf("resume    trial %d: leg sent %.1f ms after the fault; vLLM's front end and the relay %.1f ms; engine ttft %.1f ms (queue %.1f, of which request.start %.1f and pull %.1f [read %.1f]; prefill %.1f)\n",
+						trial, ms(bd.sent), ms(bd.front), ms(bd.engineTTFT), ms(bd.queue), ms(bd.start), ms(bd.pull), ms(bd.pullRead), ms(bd.prefill))
 				}
 				_ = c.Kill(victim + "/engine") // reap it
 				rctx, rcancel := context.WithTimeout(bg, 5*time.Minute)
@@ -254,10 +263,10 @@ func BenchmarkVLLMResume(b *testing.B) {
 	line := fmt.Sprintf("VLLM resume_gap_p50_ms=%.1f reprefill_gap_p50_ms=%.1f ratio=%.3f", a, re, a/re)
 	if len(parts) > 0 {
 		limit := p50(col(func(bd breakdown) time.Duration { return bd.pull + bd.prefill }))
-		line += fmt.Sprintf(" sent_p50_ms=%.1f front_p50_ms=%.1f engine_ttft_p50_ms=%.1f queue_p50_ms=%.1f pull_p50_ms=%.1f prefill_p50_ms=%.1f limit_p50_ms=%.1f resume_vs_limit=%.2f",
+		line += fmt.Sprintf(" sent_p50_ms=%.1f front_p50_ms=%.1f engine_ttft_p50_ms=%.1f queue_p50_ms=%.1f start_p50_ms=%.1f pull_p50_ms=%.1f prefill_p50_ms=%.1f limit_p50_ms=%.1f resume_vs_limit=%.2f",
 			p50(col(func(bd breakdown) time.Duration { return bd.sent })), p50(col(func(bd breakdown) time.Duration { return bd.front })),
 			p50(col(func(bd breakdown) time.Duration { return bd.engineTTFT })), p50(col(func(bd breakdown) time.Duration { return bd.queue })),
-			p50(col(func(bd breakdown) time.Duration { return bd.pull })), p50(col(func(bd breakdown) time.Duration { return bd.prefill })),
+			p50(col(func(bd breakdown) time.Duration { return bd.start })), p50(col(func(bd breakdown) time.Duration { return bd.pull })), p50(col(func(bd breakdown) time.Duration { return bd.prefill })),
 			limit, a/limit)
 		// From the router's sight of the failure (a killed engine's
 		// connection closes only once the kernel has torn the process

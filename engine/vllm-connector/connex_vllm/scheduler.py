@@ -385,6 +385,7 @@ class ConnexScheduler:
                 resume_authority="router",
                 max_tokens=_max_tokens(request),
             )
+            t0 = time.perf_counter()
             try:
                 st = await self._bus.call("request.start", msg, rpb.RequestStatus, self.settings.call_timeout_s)
             except ConnexError as e:
@@ -394,6 +395,14 @@ class ConnexScheduler:
             d.epoch = st.state.epoch
             if spec is not None:
                 self._load_ready(spec)
+            if m.connex_resume:
+                # A takeover is rare and worth a line: what it cost before the pull could start.
+                log.warning(
+                    "connex: request %s taken over at epoch %d: request.start answered in %.1f ms",
+                    connex_id,
+                    d.epoch,
+                    (time.perf_counter() - t0) * 1000,
+                )
 
         with self._mu:
             self._decodes[d.req_id] = d
