@@ -136,6 +136,8 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	connectorSettings := fs.StringArray("vllm-connector", nil, "with --vllm: a ConnexConnector setting KEY=VALUE for every engine (kv_connector_extra_config; VALUE is JSON, else a string), repeatable, e.g. --vllm-connector idle_wait_ms=0")
 	engineLogs := fs.Bool("engine-logs", false, "with --vllm: show the engines' own log lines on screen too (default: each engine's go to a file in --engine-log-dir, whose paths the banner prints)")
 	engineLogDir := fs.String("engine-log-dir", filepath.Join(os.TempDir(), "connex-up-logs"), "with --vllm: directory of the engines' log files (<engine>.log, truncated at each start, kept after exit)")
+	prefillTP := fs.Int("prefill-tp", 1, "with --vllm: every prefill engine's tensor-parallel size (vllm serve --tensor-parallel-size; one worker process per rank, each rank's OpenMP thread on a core of its own)")
+	decodeTP := fs.Int("decode-tp", 1, "with --vllm: every decode engine's tensor-parallel size (as --prefill-tp; prefill and decode sizes may differ: connexd translates the KV between them)")
 	vllmPolicy := fs.String("kv-load-failure-policy", "fail", "with --vllm: vLLM's kv_load_failure_policy on decode engines, fail or recompute")
 	engineUser := fs.String("engine-user", "", "run each connex-sim under its own uid: UID[:GID] plus the engine's index (as root; engines then read neither a connexd's member.creds nor each other's engine.creds, docs/security.md \"Engines under their own uid\"); --sim must be executable by those users")
 	apiKeyFile := fs.String("api-key-file", "", "file whose first line is the API key the router then requires on /v1/* (default: none)")
@@ -163,8 +165,12 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	d.ConnexdArgs = *connexdArgs
 	d.LogLevel = *logLevel
 	d.Dir = *dir
+	if *prefillTP < 1 || *decodeTP < 1 {
+		return flags{}, fmt.Errorf("--prefill-tp and --decode-tp must be at least 1 (got %d and %d)", *prefillTP, *decodeTP)
+	}
 	if *vllmBin != "" {
-		d.VLLM = &localcluster.VLLM{Bin: *vllmBin, Model: *vllmModel, MaxModelLen: *vllmMaxLen, LoadFailurePolicy: *vllmPolicy, Args: *vllmArgs}
+		d.VLLM = &localcluster.VLLM{Bin: *vllmBin, Model: *vllmModel, MaxModelLen: *vllmMaxLen, LoadFailurePolicy: *vllmPolicy, Args: *vllmArgs,
+			PrefillTP: *prefillTP, DecodeTP: *decodeTP}
 		if len(*connectorSettings) > 0 {
 			d.VLLM.Connector = map[string]any{}
 			for _, kv := range *connectorSettings {
@@ -185,8 +191,8 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 			}
 			d.VLLM.LogDir = *engineLogDir
 		}
-	} else if *vllmModel != "" || len(*vllmArgs) > 0 || len(*connectorSettings) > 0 {
-		return flags{}, errors.New("--vllm-model, --vllm-arg and --vllm-connector need --vllm")
+	} else if *vllmModel != "" || len(*vllmArgs) > 0 || len(*connectorSettings) > 0 || *prefillTP != 1 || *decodeTP != 1 {
+		return flags{}, errors.New("--vllm-model, --vllm-arg, --vllm-connector, --prefill-tp and --decode-tp need --vllm")
 	}
 	if *engineUser != "" {
 		u, err := parseUser(*engineUser)

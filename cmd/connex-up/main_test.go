@@ -100,3 +100,15 @@ func TestParseFlagsConnectorSettings(t *testing.T) {
 		}
 	}
 }
+
+func TestParseFlagsTensorParallel(t *testing.T) {
+	f, err := parseFlags([]string{"--vllm", "vllm", "--vllm-model", "m", "--prefill-tp", "2", "--decode-tp", "4"}, io.Discard)
+	if err != nil || f.opts.VLLM.PrefillTP != 2 || f.opts.VLLM.DecodeTP != 4 {
+		t.Fatalf("--prefill-tp 2 --decode-tp 4: %+v %v", f.opts.VLLM, err)
+	}
+	for _, bad := range [][]string{{"--prefill-tp", "2"}, {"--vllm", "vllm", "--decode-tp", "0"}, {"--vllm", "vllm", "--prefill-tp", "-1"}} {
+		if _, err := parseFlags(bad, io.Discard); err == nil {
+			t.Errorf("parseFlags(%q): want an error", bad)
+		}
+	}
+}

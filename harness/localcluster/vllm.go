@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -43,6 +44,14 @@ type VLLM struct {
 	// Args (e.g. {"prefill-0": {"--block-size", "64"}}: engines of other
 	// block sizes, whose pulls connexd translates).
 	ArgsFor map[string][]string
+	// PrefillTP and DecodeTP are the tensor-parallel sizes of the engines
+	// of each role (default 1): `--tensor-parallel-size N`, one worker
+	// process per rank, each rank's OpenMP thread bound to a core of its own
+	// (wrapping around the machine's cores) and each backed by a connexd
+	// region of its own.
+	PrefillTP, DecodeTP int
+	// TPFor overrides PrefillTP and DecodeTP for the engines it names.
+	TPFor map[string]int
 	// Env are extra environment variables (KEY=VALUE) for every engine.
 	Env []string
 	// NoDecodePrefixCaching runs decode engines with vLLM's prefix caching
@@ -82,6 +91,17 @@ func (v *VLLM) withDefaults() (*VLLM, error) {
 	out.LoadFailurePolicy = cmp.Or(out.LoadFailurePolicy, "fail")
 	if p := out.LoadFailurePolicy; p != "fail" && p != "recompute" {
 		return nil, fmt.Errorf("localcluster: VLLM.LoadFailurePolicy %q: want fail or recompute", p)
+	}
+	out.PrefillTP, out.DecodeTP = cmp.Or(out.PrefillTP, 1), cmp.Or(out.DecodeTP, 1)
+	for name, tp := range out.TPFor {
+		if tp < 1 || tp > 64 {
+			return nil, fmt.Errorf("localcluster: VLLM.TPFor[%s] %d: want 1..64", name, tp)
+		}
+	}
+	for role, tp := range map[Role]int{RolePrefill: out.PrefillTP, RoleDecode: out.DecodeTP} {
+		if tp < 1 || tp > 64 {
+			return nil, fmt.Errorf("localcluster: VLLM %s tensor-parallel size %d: want 1..64", role, tp)
+		}
 	}
 	for name, p := range out.PolicyFor {
 		if p != "fail" && p != "recompute" {
@@ -140,16 +160,30 @@ func (v *VLLM) serveArgs(name string, role Role, served string, port int, kvConf
 	} else {
 		args = append(args, "--enable-prefix-caching")
 	}
+	if tp := v.tp(name, role); tp > 1 {
+		args = append(args, "--tensor-parallel-size", strconv.Itoa(tp))
+	}
 	args = append(args, v.Args...)
 	return append(args, v.ArgsFor[name]...)
 }
 
-// env is engine index i's environment: offline model loading, loopback-only
-// internal queues, its KV cache size, and one OpenMP thread bound to one
-// core (the same thread count everywhere keeps float reductions, and so
-// greedy output, identical between engines).
-func (v *VLLM) env(i int) []string {
-	core := i % runtime.NumCPU()
+// tp is engine name's tensor-parallel size.
+func (v *VLLM) tp(name string, role Role) int {
+	if tp, ok := v.TPFor[name]; ok {
+		return tp
+	}
+	if role == RolePrefill {
+		return v.PrefillTP
+	}
+	return v.DecodeTP
+}
+
+// env is engine index i's environment (of tensor-parallel size tp):
+// offline model loading, loopback-only internal queues, its KV cache size,
+// and one OpenMP thread per rank, each bound to one core (the same thread
+// count everywhere keeps float reductions, and so greedy output, identical
+// between engines of one TP size).
+func (v *VLLM) env(i, tp int) []string {
 	e := append(childEnv(),
 		"HF_HUB_OFFLINE=1",
 		"VLLM_HOST_IP=127.0.0.1",
@@ -157,9 +191,21 @@ func (v *VLLM) env(i int) []string {
 		"DO_NOT_TRACK=1",
 		"TOKENIZERS_PARALLELISM=false",
 		"VLLM_CPU_KVCACHE_SPACE="+strconv.Itoa(v.KVCacheGiB),
-		"VLLM_CPU_OMP_THREADS_BIND="+strconv.Itoa(core),
+		"VLLM_CPU_OMP_THREADS_BIND="+threadsBind(i, tp, runtime.NumCPU()),
 	)
 	return append(e, v.Env...)
+}
+
+// threadsBind is VLLM_CPU_OMP_THREADS_BIND for engine index i of
+// tensor-parallel size tp on a machine of cpus cores: rank r's one thread on
+// core (i + r) mod cpus, ranks separated by '|' as vLLM's CPU worker reads
+// them.
+func threadsBind(i, tp, cpus int) string {
+	cores := make([]string, max(tp, 1))
+	for r := range cores {
+		cores[r] = strconv.Itoa((i + r) % max(cpus, 1))
+	}
+	return strings.Join(cores, "|")
 }
 
 // freePort asks the kernel for a free loopback TCP port. Another process
@@ -201,7 +247,7 @@ func (c *Cluster) startVLLM(ctx context.Context, n *node, index int, natsURL str
 	if err != nil {
 		return nil, "", err
 	}
-	p, err := startProcessEnv(processName(n.name, PartEngine), v.Bin, v.serveArgs(n.name, n.role, c.opts.Model, port, kv), "", log, v.env(index))
+	p, err := startProcessEnv(processName(n.name, PartEngine), v.Bin, v.serveArgs(n.name, n.role, c.opts.Model, port, kv), "", log, v.env(index, v.tp(n.name, n.role)))
 	if err != nil {
 		return nil, "", err
 	}

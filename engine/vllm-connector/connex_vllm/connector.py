@@ -59,11 +59,10 @@ def check_limits(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None)
             "(no spaces, '.', '*' or '>')"
         )
     par = vllm_config.parallel_config
-    if par.tensor_parallel_size != 1 or par.pipeline_parallel_size != 1:
+    if par.pipeline_parallel_size != 1:
         raise SettingsError(
-            f"ConnexConnector: tensor_parallel_size {par.tensor_parallel_size} and pipeline_parallel_size "
-            f"{par.pipeline_parallel_size}: this version serves one KV region per engine (both must be 1; "
-            "prefill and decode must use equal TP sizes)"
+            f"ConnexConnector: pipeline_parallel_size {par.pipeline_parallel_size}: this version serves every layer "
+            "from each rank's region (pipeline_parallel_size must be 1; any tensor_parallel_size is served)"
         )
     if vllm_config.model_config is not None and vllm_config.model_config.use_mla:
         raise SettingsError(
@@ -86,6 +85,29 @@ def check_limits(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None)
                 f"ConnexConnector: KV cache spec {type(spec).__name__}; this version serves full attention only"
             )
     return settings, engine_id
+
+
+def tp_size(vllm_config: VllmConfig) -> int:
+    """The engine's tensor-parallel size: its workers' ranks, each with a region of its own."""
+    return int(vllm_config.parallel_config.tensor_parallel_size or 1)
+
+
+def tp_rank() -> int:
+    """This worker's tensor-parallel rank (0 where vLLM's TP group is not set up: a single-rank engine)."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except (AssertionError, ImportError):  # no TP group yet (unit tests, an engine without one)
+        return 0
+
+
+def model_kv_heads(vllm_config: VllmConfig) -> int:
+    """The model's KV heads, all ranks together (0 when the config cannot say): what describes a rank's share."""
+    try:
+        return int(vllm_config.model_config.get_total_num_kv_heads())
+    except Exception:  # a model config without it: the layout stays undescribed at TP > 1
+        return 0
 
 
 def layer_views(vllm_config: VllmConfig) -> list[torch.Tensor]:
@@ -163,7 +185,7 @@ class ConnexConnector(KVConnectorBase_V1):
                 self.kv_role,
                 block_size,
                 num_blocks,
-                1,
+                tp_size(vllm_config),
                 str(mc.served_model_name if mc is not None else ""),
                 int(mc.max_model_len) if mc is not None else 0,
                 reasoner_for=reasoner_factory(vllm_config),
@@ -179,9 +201,11 @@ class ConnexConnector(KVConnectorBase_V1):
                 settings,
                 engine_id,
                 block_size,
-                1,
+                tp_size(vllm_config),
                 num_blocks=num_blocks,
                 cpu_order=cpuorder.known(vllm_config, block_size),
+                tp_rank=tp_rank(),
+                model_kv_heads=model_kv_heads(vllm_config),
             )
 
     # ---- worker role

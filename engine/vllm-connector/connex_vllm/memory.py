@@ -109,7 +109,7 @@ class Geometry:
     dtype: torch.dtype
     shape: tuple[int, ...]
     kv_order: str = ""  # connexd's kv_order of a described layout; "" = not described
-    num_kv_heads: int = 0  # KV heads of this worker's tensors (TP 1: the model's)
+    num_kv_heads: int = 0  # KV heads of this worker's tensors (its rank's share of the model's)
     head_size: int = 0  # elements of one head's K (or V) vector
 
     @property
@@ -122,10 +122,13 @@ class Geometry:
         """Bytes of the whole region."""
         return len(self.layer_names) * self.layer_bytes
 
-    def layout(self, tp_size: int) -> pb.Layout:
-        """connexd's Layout of this geometry (described, for translated pulls, at TP 1: a rank's share of the
-        model's heads is vLLM's to say at TP > 1)."""
-        described = bool(self.kv_order) and tp_size == 1
+    def layout(self, tp_size: int, tp_rank: int = 0, model_kv_heads: int = 0) -> pb.Layout:
+        """connexd's Layout of this geometry as rank tp_rank of tp_size. Described (for translated pulls) when the
+        in-block order is known and, at TP > 1, model_kv_heads (the model's KV heads, all ranks together) splits
+        into this rank's tensors as vLLM splits them (``rank_heads``); otherwise blocks move whole between engines
+        of one shape."""
+        heads = self.num_kv_heads if tp_size == 1 else model_kv_heads
+        described = bool(self.kv_order) and heads > 0 and rank_heads(heads, tp_size) == self.num_kv_heads
         return pb.Layout(
             num_layers=len(self.layer_names),
             kv_planes=self.planes,
@@ -133,11 +136,18 @@ class Geometry:
             block_bytes=self.block_bytes,
             block_size=self.block_size,
             tp_size=tp_size,
+            tp_rank=tp_rank,
             kv_order=self.kv_order if described else "",
-            num_kv_heads=self.num_kv_heads if described else 0,
+            num_kv_heads=heads if described else 0,
             head_size=self.head_size if described else 0,
             dtype=_DTYPE_NAMES[self.dtype] if described else "",
         )
+
+
+def rank_heads(model_kv_heads: int, tp_size: int) -> int:
+    """KV heads in one rank's tensors when vLLM splits model_kv_heads over tp_size ranks: an equal share, or one
+    head replicated on several ranks when there are fewer heads than ranks (connexd's Layout.HeadRange)."""
+    return max(1, model_kv_heads // tp_size) if tp_size > 0 else 0
 
 
 # torch's KV element types by connexd's names (kvmem.DtypeBytes).
@@ -263,8 +273,20 @@ class SharedRegionMemory(KVMemory):
     what connexd serves and a pull lands where attention reads. A view left on the old memory is an error at
     start (it would serve stale KV), never a silent copy."""
 
-    def __init__(self, tp_size: int, block_size: int, num_blocks: int = 0, cpu_order: bool = False) -> None:
+    def __init__(
+        self,
+        tp_size: int,
+        block_size: int,
+        num_blocks: int = 0,
+        cpu_order: bool = False,
+        tp_rank: int = 0,
+        model_kv_heads: int = 0,
+    ) -> None:
+        """tp_rank of tp_size: which rank's region this is; model_kv_heads: the model's KV heads, all ranks together
+        (needed to describe a rank's layout at TP > 1; 0 = unknown)."""
         self.tp_size = tp_size
+        self.tp_rank = tp_rank
+        self.model_kv_heads = model_kv_heads
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.cpu_order = cpu_order  # geometry's cpu_order
@@ -275,7 +297,7 @@ class SharedRegionMemory(KVMemory):
     def _map(self, create_region: Callable[[pb.Layout], pb.RegionInfo]) -> tuple[pb.RegionInfo, mmap.mmap]:
         """region.create for this geometry, and the new region mapped shared."""
         g = self.geometry
-        info = create_region(g.layout(self.tp_size))
+        info = create_region(g.layout(self.tp_size, self.tp_rank, self.model_kv_heads))
         if info.bytes and info.bytes < g.bytes:
             raise LayoutError(f"ConnexConnector: region {info.region_id} has {info.bytes} bytes, need {g.bytes}")
         fd = open_region(info)

@@ -28,7 +28,7 @@ from .pb import connex_pb2 as pb
 from .pb import notices_pb2 as npb
 from .pb import request_pb2 as rpb
 from .settings import Settings
-from .worker import REGION_ID
+from .worker import REGION_ID, region_id
 
 log = logging.getLogger("connex_vllm")
 
@@ -232,6 +232,7 @@ class ConnexScheduler:
         req = pb.CreateHoldRequest(
             engine_id=self.engine_id,
             region_id=REGION_ID,
+            rank_region_ids=[region_id(r) for r in range(1, self.tp_size)],
             block_ids=blocks,
             num_tokens=n,
             retain_s=s.retain_s,
@@ -344,8 +345,6 @@ class ConnexScheduler:
         this engine with tokens tokens ("" when it can). Between block sizes connexd regroups the tokens (when both
         engines' layouts are described: otherwise pull.start answers ``incompatible`` and vLLM's
         kv_load_failure_policy decides)."""
-        if m.tp_size and m.tp_size != self.tp_size:
-            return f"incompatible: tp_size {m.tp_size} on the prefill side, {self.tp_size} here (they must be equal)"
         remote_bs = m.block_size or self.block_size
         have = len(m.remote_block_ids) - skip
         if remote_bs == self.block_size:

@@ -27,7 +27,13 @@ from .settings import Settings
 
 log = logging.getLogger("connex_vllm")
 
-REGION_ID = "r0"  # one region per engine: this version serves tensor-parallel size 1
+REGION_ID = "r0"  # rank 0's region (the one an engine of tensor-parallel size 1 has)
+
+
+def region_id(tp_rank: int) -> str:
+    """The region a worker of tensor-parallel rank tp_rank backs its KV caches with: one per rank, alike but for
+    their rank (``r0`` for rank 0, the name an engine of TP 1 always had)."""
+    return f"r{tp_rank}"
 
 
 @dataclass
@@ -161,7 +167,12 @@ class Completions:
 
 
 class ConnexWorker:
-    """One worker rank's side of the connector."""
+    """One worker rank's side of the connector.
+
+    At tensor-parallel size > 1 each rank has its own region (``region_id``) and pulls into it on its own: every
+    rank sees every notice of the engine and counts only its own pulls (pull ids are the rank's), and each reports
+    what finished, which vLLM's output aggregator counts over all ranks. A hold names every rank's region (the
+    scheduler's ``hold.create``), so each rank reports its end too."""
 
     def __init__(
         self,
@@ -173,12 +184,18 @@ class ConnexWorker:
         num_blocks: int = 0,
         now: Callable[[], float] = time.monotonic,
         cpu_order: bool = False,
+        tp_rank: int = 0,
+        model_kv_heads: int = 0,
     ) -> None:
         """cpu_order: vLLM's CPU attention keeps its blocks in connexd's ``cpu`` order (``cpuorder.known``), so
-        the region's layout is described and pulls from engines of other block sizes are translated."""
+        the region's layout is described and pulls from engines of other block sizes are translated. tp_rank of
+        tp_size: this worker's rank; model_kv_heads: the model's KV heads, all ranks together (describes a rank's
+        layout at TP > 1, so pulls between engines of other TP sizes are translated)."""
         self.settings = settings
         self.engine_id = engine_id
-        self.memory = memory or SharedRegionMemory(tp_size, block_size, num_blocks, cpu_order)
+        self.tp_rank = tp_rank
+        self.region_id = region_id(tp_rank)
+        self.memory = memory or SharedRegionMemory(tp_size, block_size, num_blocks, cpu_order, tp_rank, model_kv_heads)
         self.done = Completions(now=now)
         self.notices = notices.Follower(self._fetch_notices, self._deliver, self._on_restart, f" of engine {engine_id}")
         self._now = now
@@ -207,7 +224,7 @@ class ConnexWorker:
         self._bus = Bus(
             s.nats_url,
             s.member,
-            f"connex-vllm-worker-{self.engine_id}",
+            f"connex-vllm-worker-{self.engine_id}-tp{self.tp_rank}",
             s.connect_timeout_s,
             engine=self.engine_id,
             creds=s.nats_creds,
@@ -230,10 +247,10 @@ class ConnexWorker:
             log.warning("connex: engine.notices at start failed (notices are fetched at the next poll): %s", e)
         # Once a second: missed notices, and a restarted connexd (a new journal), even when nothing else calls it.
         self.bus.every(lambda: s.notice_poll_s, self._poll)
-        log.info("connex: engine %s KV caches backed by connexd %s region %s", self.engine_id, s.member, REGION_ID)
+        log.info("connex: engine %s KV caches backed by connexd %s region %s", self.engine_id, s.member, self.region_id)
 
     def _create_region(self, layout: pb.Layout) -> pb.RegionInfo:
-        req = pb.CreateRegionRequest(engine_id=self.engine_id, region_id=REGION_ID, layout=layout)
+        req = pb.CreateRegionRequest(engine_id=self.engine_id, region_id=self.region_id, layout=layout)
         # region.create reserves the memory up front; large regions take a while.
         return self.bus.request_sync("region.create", req, pb.RegionInfo, max(self.settings.call_timeout_s, 60.0))
 
@@ -315,7 +332,7 @@ class ConnexWorker:
         req = pb.StartPullRequest(
             params=params,
             engine_id=self.engine_id,
-            region_id=REGION_ID,
+            region_id=self.region_id,
             block_ids=list(spec.dst_blocks),
             skip_blocks=spec.skip_blocks,
             pull_id=pull_id,

@@ -13,7 +13,7 @@ import pytest
 import torch
 from cluster import wait_for
 
-from connex_vllm.memory import HandoverError, LayoutError, SharedRegionMemory, geometry
+from connex_vllm.memory import HandoverError, LayoutError, SharedRegionMemory, geometry, rank_heads
 from connex_vllm.pb import connex_pb2 as pb
 
 BLOCKS, HEADS, BLOCK_SIZE, HEAD = 6, 2, 16, 8
@@ -48,10 +48,27 @@ def test_a_described_layout_says_what_a_block_holds() -> None:
     assert cpu.block_bytes == cpu.num_kv_heads * cpu.head_size * 4 * cpu.block_size * 2
 
 
+def test_a_rank_describes_its_share_of_the_model_s_heads() -> None:
+    # At TP > 1 a rank's tensors hold its share; the layout names the model's heads and the rank (connexd's
+    # HeadRange finds the share from them).
+    g = geometry(cpu_caches(), BLOCK_SIZE, BLOCKS, cpu_order=True)  # HEADS heads in this rank's tensors
+    for tp, rank in [(2, 1), (4, 3)]:
+        lay = g.layout(tp, rank, HEADS * tp)
+        assert (lay.tp_size, lay.tp_rank, lay.kv_order, lay.num_kv_heads) == (tp, rank, "cpu", HEADS * tp)
+    # Fewer heads than ranks: one head replicated on several ranks (this rank's tensors must hold exactly one).
+    one = geometry({"l0": torch.zeros(BLOCKS, 1, BLOCK_SIZE, 2 * HEAD)}, BLOCK_SIZE, BLOCKS, cpu_order=True)
+    assert one.layout(4, 3, 2).num_kv_heads == 2
+    assert (rank_heads(2, 4), rank_heads(8, 2), rank_heads(8, 1)) == (1, 4, 8)
+
+
 def test_a_layout_not_known_is_left_undescribed() -> None:
-    # The CPU kernel's order not known, TP > 1, or an element type connexd does not name: blocks move whole only.
+    # The CPU kernel's order not known, TP > 1 without the model's heads (or heads that do not split into this
+    # rank's tensors), or an element type connexd does not name: blocks move whole only.
     assert geometry(cpu_caches(), BLOCK_SIZE, BLOCKS).layout(1).kv_order == ""
-    assert geometry(cpu_caches(), BLOCK_SIZE, BLOCKS, cpu_order=True).layout(2).kv_order == ""
+    g = geometry(cpu_caches(), BLOCK_SIZE, BLOCKS, cpu_order=True)
+    assert g.layout(2).kv_order == ""
+    assert g.layout(2, 1, HEADS).kv_order == ""  # HEADS over 2 ranks is not the HEADS this rank holds
+    assert g.layout(2, 1).tp_rank == 1  # undescribed, still the rank's
     odd = {"l0": torch.zeros(2, BLOCKS, BLOCK_SIZE, HEADS, HEAD, dtype=torch.complex64)}
     assert geometry(odd, BLOCK_SIZE, BLOCKS).layout(1).kv_order == ""
     # A block dimension that is not the block size says nothing either.
