@@ -666,8 +666,15 @@ type KVTransferParams struct {
 	// structured-output grammar over them before it samples (a resumed
 	// structured request continues its grammar instead of restarting it).
 	ConnexResumeGenerated uint32 `protobuf:"varint,13,opt,name=connex_resume_generated,json=connexResumeGenerated,proto3" json:"connex_resume_generated,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Set by an engine whose KV cache has more than one group (vLLM's hybrid
+	// KV cache manager: full-attention and sliding-window layers): how many
+	// of remote_block_ids belong to each group, in the engine's group order
+	// (a sliding-window group holds only its window's blocks). connexd moves
+	// blocks whole between engines of one shape and ignores it; the decode
+	// engine's connector pairs each group's blocks with its own.
+	GroupBlocks   []uint32 `protobuf:"varint,14,rep,packed,name=group_blocks,json=groupBlocks,proto3" json:"group_blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KVTransferParams) Reset() {
@@ -789,6 +796,13 @@ func (x *KVTransferParams) GetConnexResumeGenerated() uint32 {
 		return x.ConnexResumeGenerated
 	}
 	return 0
+}
+
+func (x *KVTransferParams) GetGroupBlocks() []uint32 {
+	if x != nil {
+		return x.GroupBlocks
+	}
+	return nil
 }
 
 // CreateHoldRequest asks connexd to hold blocks of a registered region after
@@ -2389,7 +2403,7 @@ const file_connex_proto_rawDesc = "" +
 	"RemoteCtrl\x12\x16\n" +
 	"\x06member\x18\x01 \x01(\tR\x06member\x12\x18\n" +
 	"\abackend\x18\x02 \x01(\tR\abackend\x12\x1b\n" +
-	"\tdata_addr\x18\x03 \x01(\fR\bdataAddr\"\x9d\x04\n" +
+	"\tdata_addr\x18\x03 \x01(\fR\bdataAddr\"\xc0\x04\n" +
 	"\x10KVTransferParams\x12*\n" +
 	"\x11do_remote_prefill\x18\x01 \x01(\bR\x0fdoRemotePrefill\x12(\n" +
 	"\x10do_remote_decode\x18\x02 \x01(\bR\x0edoRemoteDecode\x12\x1f\n" +
@@ -2407,7 +2421,8 @@ const file_connex_proto_rawDesc = "" +
 	" \x01(\rR\aretainS\x12*\n" +
 	"\x11connex_request_id\x18\v \x01(\tR\x0fconnexRequestId\x12#\n" +
 	"\rconnex_resume\x18\f \x01(\bR\fconnexResume\x126\n" +
-	"\x17connex_resume_generated\x18\r \x01(\rR\x15connexResumeGenerated\"\x82\x02\n" +
+	"\x17connex_resume_generated\x18\r \x01(\rR\x15connexResumeGenerated\x12!\n" +
+	"\fgroup_blocks\x18\x0e \x03(\rR\vgroupBlocks\"\x82\x02\n" +
 	"\x11CreateHoldRequest\x12\x1b\n" +
 	"\tengine_id\x18\x01 \x01(\tR\bengineId\x12\x1b\n" +
 	"\tregion_id\x18\x02 \x01(\tR\bregionId\x12\x1b\n" +

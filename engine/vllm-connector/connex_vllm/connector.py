@@ -17,8 +17,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
 try:  # vLLM 0.32 on: failed loads reported by request id (get_transfer_results)
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
@@ -47,6 +48,38 @@ log = logging.getLogger("connex_vllm")
 
 def check_limits(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None) -> tuple[Settings, str]:
     """Parses the settings and checks this version's limits; returns (settings, engine id) or raises."""
+    settings, engine_id = _check_engine(vllm_config)
+    windows(kv_cache_config)
+    return settings, engine_id
+
+
+def windows(kv_cache_config: KVCacheConfig | None) -> tuple[int, ...]:
+    """Each KV cache group's sliding window in tokens (0: every block kept, full attention), in vLLM's group order;
+    raises SettingsError for a group this version cannot serve. A hybrid model (vLLM's hybrid KV cache manager
+    on, which declaring ``SupportsHMA`` keeps on) has several; see connex_vllm.groups."""
+    if kv_cache_config is None:
+        return (0,)
+    groups = kv_cache_config.kv_cache_groups
+    out: list[int] = []
+    sizes: set[int] = set()
+    for g in groups:
+        spec = g.kv_cache_spec
+        # Exactly these two: their subclasses (MLA, sink, bounded-replay windows) keep other state.
+        if type(spec) not in (FullAttentionSpec, SlidingWindowSpec):
+            raise SettingsError(
+                f"ConnexConnector: KV cache spec {type(spec).__name__}; this version serves full-attention and "
+                "sliding-window attention with K and V (no MLA, Mamba or chunked local attention)"
+            )
+        # A full-attention group keeps every block even where its layers read a window (the hybrid manager off).
+        out.append(int(spec.sliding_window) if type(spec) is SlidingWindowSpec else 0)
+        sizes.add(int(spec.block_size))
+    if len(sizes) > 1:
+        raise SettingsError(f"ConnexConnector: KV cache groups of block sizes {sorted(sizes)}; this version needs one")
+    return tuple(out) or (0,)
+
+
+def _check_engine(vllm_config: VllmConfig) -> tuple[Settings, str]:
+    """The settings and the engine-wide limits (role, engine id, parallelism, MLA)."""
     ktc = vllm_config.kv_transfer_config
     assert ktc is not None
     settings = parse(ktc.kv_connector_extra_config)
@@ -68,22 +101,6 @@ def check_limits(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig | None)
         raise SettingsError(
             "ConnexConnector: MLA models are not supported (this version serves full attention with K and V)"
         )
-    if kv_cache_config is not None:
-        groups = kv_cache_config.kv_cache_groups
-        if len(groups) != 1:
-            raise SettingsError(
-                f"ConnexConnector: {len(groups)} KV cache groups; this version serves full-attention KV only "
-                "(one group)"
-            )
-        spec = groups[0].kv_cache_spec
-        if (
-            not isinstance(spec, FullAttentionSpec)
-            or isinstance(spec, MLAAttentionSpec)
-            or getattr(spec, "sliding_window", None)
-        ):
-            raise SettingsError(
-                f"ConnexConnector: KV cache spec {type(spec).__name__}; this version serves full attention only"
-            )
     return settings, engine_id
 
 
@@ -159,9 +176,11 @@ def reasoner_factory(vllm_config: VllmConfig) -> Callable[[Any], Any] | None:
     return reasoner_for
 
 
-class ConnexConnector(KVConnectorBase_V1):
+class ConnexConnector(KVConnectorBase_V1, SupportsHMA):
     """Prefill (kv_producer) keeps a request's KV as a renewable hold in connexd; decode (kv_consumer) pulls it,
-    possibly again after a resume. See "The vLLM connector" in ARCHITECTURE.md."""
+    possibly again after a resume. See "The vLLM connector" in ARCHITECTURE.md. ``SupportsHMA``: vLLM keeps its
+    hybrid KV cache manager on (a sliding-window group keeps only its window's blocks), and a hold spans every
+    group (connex_vllm.groups)."""
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
@@ -190,6 +209,7 @@ class ConnexConnector(KVConnectorBase_V1):
                 int(mc.max_model_len) if mc is not None else 0,
                 reasoner_for=reasoner_factory(vllm_config),
                 reasoning_parser=reasoning_parser(vllm_config),
+                windows=windows(kv_cache_config),
             )
             # Not with data parallel: its engines step together, and one that waits would hold the others.
             dp = int(getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1)
@@ -289,8 +309,13 @@ class ConnexConnector(KVConnectorBase_V1):
         assert self.connector_scheduler is not None
         if self.kv_role != "kv_consumer":
             return
-        ids = blocks.get_block_ids()
-        self.connector_scheduler.update_state_after_alloc(request, list(ids[0]) if ids else [], num_external_tokens)
+        self.connector_scheduler.update_state_after_alloc(request, blocks.get_block_ids(), num_external_tokens)
+
+    def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
+        """Every group a load fills (a hold spans them all), so vLLM does not zero the loaded blocks of any."""
+        cfg = self._kv_cache_config
+        ids = getattr(cfg, "transfer_group_ids", None)
+        return tuple(ids) if ids is not None else tuple(range(len(cfg.kv_cache_groups) if cfg is not None else 1))
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self.connector_scheduler is not None
@@ -304,6 +329,13 @@ class ConnexConnector(KVConnectorBase_V1):
         return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """``SupportsHMA``: the request's blocks of every KV cache group (null blocks where a window no longer
+        reads); a prefill engine holds the real ones of each."""
         assert self.connector_scheduler is not None
         from vllm.v1.request import RequestStatus
 

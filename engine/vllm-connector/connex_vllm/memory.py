@@ -218,6 +218,17 @@ def geometry(
                 f"ConnexConnector: KV cache of layer {name} is not contiguous (shape {tuple(t.shape)}, stride "
                 f"{t.stride()}); this version moves whole blocks of a contiguous per-layer tensor"
             )
+    # vLLM's hybrid manager lays layer k of every KV cache group on the same bytes (a block id is one group's at a
+    # time): such layers are one layer of the region, or it would be twice as large and every pull would copy
+    # the other groups' bytes again.
+    seen: set[tuple[int, int, int]] = set()
+    unique: list[str] = []
+    for name, t in kv_caches.items():
+        span = _storage_span(t)
+        if span not in seen:
+            seen.add(span)
+            unique.append(name)
+    names = tuple(unique)
     blocks = int(first.shape[1] if planes == 2 else first.shape[0])
     page = first[0, 0] if planes == 2 else first[0]
     block_bytes = page.numel() * first.element_size()

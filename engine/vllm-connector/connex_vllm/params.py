@@ -43,11 +43,12 @@ def to_proto(d: dict[str, Any]) -> pb.KVTransferParams:
         v = d.get(k)
         if v is not None:
             setattr(m, k, _uint(k, v))
-    ids = d.get("remote_block_ids")
-    if ids is not None:
-        if not isinstance(ids, list):
-            raise ValueError(f"kv_transfer_params['remote_block_ids'] = {ids!r}: want a list of block ids")
-        m.remote_block_ids.extend(_uint("remote_block_ids", i) for i in ids)
+    for key, field in (("remote_block_ids", m.remote_block_ids), ("group_blocks", m.group_blocks)):
+        ids = d.get(key)
+        if ids is not None:
+            if not isinstance(ids, list):
+                raise ValueError(f"kv_transfer_params[{key!r}] = {ids!r}: want a list of unsigned integers")
+            field.extend(_uint(key, i) for i in ids)
     rc = d.get("remote_ctrl")
     if rc is not None:
         if not isinstance(rc, dict):

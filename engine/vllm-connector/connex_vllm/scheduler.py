@@ -16,11 +16,12 @@ import math
 import re
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from . import bus as busmod
-from . import codes, grammar, notices
+from . import codes, grammar, groups, notices
 from .bus import Bus, ConnexError
 from .metadata import ConnexMetadata, LoadSpec
 from .params import load_tokens, to_dict, to_proto
@@ -67,6 +68,7 @@ class Stats:
     suffix_loads: int = 0  # loads of a hold's blocks past a local prefix-cache hit
     cached_tokens: int = 0  # tokens those loads did not pull (the engine's cache had them)
     cache_hits_computed: int = 0  # local hits a pull could not continue (not block-aligned): computed locally
+    window_edges_computed: int = 0  # hybrid-model prompts a load would leave a window key short of: computed locally
 
 
 @dataclass
@@ -124,8 +126,14 @@ class ConnexScheduler:
         max_model_len: int,
         reasoner_for: grammar.ReasonerFor | None = None,
         reasoning_parser: str = "",
+        windows: Sequence[int] = (0,),
     ) -> None:
+        """windows: each KV cache group's sliding window in tokens (0: full attention), in vLLM's group order; more
+        than one group is a hybrid model (connex_vllm.groups)."""
         self.settings = settings
+        self.windows = tuple(windows)
+        # Blocks of more than one group, or a sliding window's (only its last blocks held): connex_vllm.groups.
+        self.hybrid = len(self.windows) > 1 or any(self.windows)
         # Set where grammars start after a reasoning parser's end of reasoning (connex_vllm.grammar).
         self.reasoner_for = reasoner_for
         self.reasoning_parser = reasoning_parser  # registered: the router resumes this engine's chats by replay
@@ -216,18 +224,32 @@ class ConnexScheduler:
     # ---- prefill side
 
     def request_finished_prefill(
-        self, request: RequestLike, block_ids: list[int], finished_ok: bool
+        self, request: RequestLike, tables: Sequence[Sequence[int]], finished_ok: bool
     ) -> tuple[bool, dict[str, Any] | None]:
-        """Holds the request's blocks (hold.create) and returns (delay the free, kv_transfer_params)."""
+        """Holds the request's blocks (hold.create) and returns (delay the free, kv_transfer_params). tables: the
+        request's block table of each KV cache group; a hybrid model's hold spans every group's real blocks, and
+        its params say how many are each group's (``group_blocks``)."""
         p = request.kv_transfer_params
         if not p or not p.get("do_remote_decode") or not finished_ok:
             return False, None
         prompt = request.prompt_token_ids or []
         n = min(len(prompt), request.num_computed_tokens)
         nblocks = math.ceil(n / self.block_size)
-        if n <= 0 or nblocks > len(block_ids):
-            return False, None
-        blocks = list(block_ids[:nblocks])
+        counts: list[int] = []
+        if not self.hybrid:
+            if n <= 0 or nblocks > len(tables[0]):
+                return False, None
+            blocks = list(tables[0][:nblocks])
+        else:
+            try:
+                blocks, counts = groups.hold_blocks(tables, nblocks) if n > 0 else ([], [])
+            except groups.GroupError as e:
+                self.stats.hold_errors += 1
+                log.error("connex: request %s's KV cache groups cannot be held: %s", request.request_id, e)
+                return False, None
+            if not blocks:
+                return False, None
+            nblocks = len(blocks)
         s = self.settings
         req = pb.CreateHoldRequest(
             engine_id=self.engine_id,
@@ -246,6 +268,7 @@ class ConnexScheduler:
             return False, None
         params = rep.params
         params.do_remote_prefill, params.do_remote_decode = True, False
+        params.group_blocks.extend(counts)
         with self._mu:
             self._pending.holds[request.request_id] = params.transfer_id
             self._held[request.request_id] = nblocks
@@ -269,6 +292,20 @@ class ConnexScheduler:
         if isinstance(remote, bool) or not isinstance(remote, int):
             return 0, False  # not a hold's params: computed locally
         n = load_tokens(remote, len(request.prompt_token_ids or []))
+        if self.hybrid and n > 0:
+            why = ""
+            if num_computed_tokens > 0:
+                self.stats.cache_hits_computed += 1
+                why = f"{num_computed_tokens} tokens cached locally (a hybrid model's load does not continue a hit)"
+            elif n == len(request.prompt_token_ids or []) and groups.window_edge(n, self.windows, self.block_size):
+                self.stats.window_edges_computed += 1
+                why = (
+                    f"its {n}-token prompt ends where a sliding window's first key lies in a block the prefill "
+                    "engine freed"
+                )
+            if why:
+                log.info("connex: request %s: %s; computing it locally instead of loading", request.request_id, why)
+                return 0, False
         if num_computed_tokens > 0:
             # A local prefix-cache hit: the pull reads only the hold's blocks past it (pull.start skip_blocks), when
             # the hit ends on a block boundary of the hold too; otherwise the engine computes the rest itself.
@@ -288,8 +325,12 @@ class ConnexScheduler:
             return n - num_computed_tokens, True
         return (n, True) if n > 0 else (0, False)
 
-    def update_state_after_alloc(self, request: RequestLike, block_ids: list[int], num_external_tokens: int) -> None:
-        """Records the blocks a load fills and starts the request actor (request.start) on the bus thread."""
+    def update_state_after_alloc(
+        self, request: RequestLike, tables: Sequence[Sequence[int]], num_external_tokens: int
+    ) -> None:
+        """Records the blocks a load fills and starts the request actor (request.start) on the bus thread. tables:
+        the request's block table of each KV cache group."""
+        block_ids = list(tables[0]) if tables else []
         p = request.kv_transfer_params
         if not p or not p.get("do_remote_prefill"):
             return
@@ -325,7 +366,11 @@ class ConnexScheduler:
             nblocks = math.ceil(num_external_tokens / self.block_size)
             dst = tuple(block_ids[first : first + nblocks])
             skip = cached // (m.block_size or self.block_size)
-            bad = bad or self._incompatible(m, num_external_tokens, nblocks, skip)
+            if self.hybrid or m.group_blocks:
+                dst, why = self._group_load(m, tables, first, nblocks)
+                bad = bad or why
+            else:
+                bad = bad or self._incompatible(m, num_external_tokens, nblocks, skip)
             spec = LoadSpec(request.request_id, m.SerializeToString(), dst, bad, skip_blocks=skip)
             if cached and not bad:
                 self.stats.suffix_loads += 1
@@ -339,6 +384,24 @@ class ConnexScheduler:
                 self.stats.loads_started += 1
         if not bad:
             self._start_request(request, m, len(block_ids), spec)
+
+    def _group_load(
+        self, m: pb.KVTransferParams, tables: Sequence[Sequence[int]], first: int, nblocks: int
+    ) -> tuple[tuple[int, ...], str]:
+        """(destination blocks, "") of a hybrid model's load: every group's real blocks paired with the hold's of
+        that group (connex_vllm.groups), or ((), why not). Blocks move whole: one block size and TP size."""
+        if (m.block_size and m.block_size != self.block_size) or (m.tp_size and m.tp_size != self.tp_size):
+            return (), (
+                f"incompatible: a hybrid model's KV moves between engines of one block size and TP size (the hold's "
+                f"{m.block_size} and TP {m.tp_size}, this engine's {self.block_size} and TP {self.tp_size})"
+            )
+        try:
+            dst = groups.load_blocks(tables, first, nblocks, list(m.group_blocks) or [len(m.remote_block_ids)])
+        except groups.GroupError as e:
+            return (), f"incompatible: {e}"
+        if len(dst) != len(m.remote_block_ids):
+            return (), f"incompatible: the hold has {len(m.remote_block_ids)} blocks, its groups {sum(m.group_blocks)}"
+        return tuple(dst), ""
 
     def _incompatible(self, m: pb.KVTransferParams, tokens: int, nblocks: int, skip: int = 0) -> str:
         """Why the hold in m, less its first skip blocks (a local prefix-cache hit), cannot fill nblocks blocks of

@@ -245,3 +245,13 @@ def test_region_socket_refusal_is_clear_and_leaks_nothing(tmp_path: Path, region
             mem.attach(cpu_caches(), mem.create)  # type: ignore[attr-defined]
     # The fixture's server thread closes its side after answering: wait for it, then count.
     wait_for("every descriptor closed", lambda: open_fds() == before or None, timeout_s=5.0)
+
+
+def test_layers_on_the_same_bytes_are_one_region_layer() -> None:
+    # vLLM's hybrid manager puts layer k of every KV cache group on the same bytes: layers 0 and 1 share a
+    # slice, and so do 2 and 3, of one buffer.
+    buf = torch.zeros(2, BLOCKS, HEADS, BLOCK_SIZE, 2 * HEAD)
+    caches = {"l0": buf[0], "l1": buf[0].view(buf[0].shape), "l2": buf[1], "l3": buf[1].view(buf[1].shape)}
+    g = geometry(caches, BLOCK_SIZE, BLOCKS, cpu_order=True)
+    assert g.layer_names == ("l0", "l2")
+    assert g.bytes == 2 * g.layer_bytes

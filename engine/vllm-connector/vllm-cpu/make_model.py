@@ -4,11 +4,13 @@ No model hub is reachable from CI, so the project makes its own model: a ``Llama
 weights from a fixed seed and a byte-level BPE tokenizer trained on a seeded synthetic corpus. The same
 arguments give the same files byte for byte, so greedy output is the same on every machine.
 
-    python make_model.py OUT_DIR [--size tiny|small]
+    python make_model.py OUT_DIR [--size tiny|small|sliding]
 
 ``tiny`` (the default: hidden 256, 2 layers, 4 heads, 2 KV heads, head size 64, vocab 2048, ~2 M parameters)
 keeps three ``vllm serve`` instances within a 2-core VM; ``small`` (hidden 1024, 8 layers, 8 heads, 4 KV heads,
-head size 128, ~120 M parameters) makes prefill long enough to see in ``make bench-vllm``. The directory is
+head size 128, ~120 M parameters) makes prefill long enough to see in ``make bench-vllm``; ``sliding`` is tiny with 4
+layers alternating sliding-window (64 tokens) and full attention, as Gemma, gpt-oss and Mistral's sliding models
+are: vLLM serves it with its hybrid KV cache manager (two KV cache groups). The directory is
 written atomically (a temporary sibling renamed into place) and left alone when it already holds a model.
 """
 
@@ -36,11 +38,15 @@ class Size:
     intermediate: int
     vocab: int
     max_positions: int
+    sliding_window: int = 0  # tokens; > 0: every other layer (from the first) reads only this many back
 
 
 SIZES = {
     "tiny": Size(hidden=256, layers=2, heads=4, kv_heads=2, intermediate=512, vocab=2048, max_positions=4096),
     "small": Size(hidden=1024, layers=8, heads=8, kv_heads=4, intermediate=2816, vocab=2048, max_positions=8192),
+    "sliding": Size(
+        hidden=256, layers=4, heads=4, kv_heads=2, intermediate=512, vocab=2048, max_positions=4096, sliding_window=64
+    ),
 }
 
 SEED = 20261203
@@ -127,6 +133,10 @@ def make_weights(out: Path, size: Size, vocab: int, bos: int, eos: int, pad: int
         initializer_range=0.1,
         torch_dtype="float32",
     )
+    if size.sliding_window:
+        # vLLM's Llama reads per-layer windows from layer_types (model_executor/models/llama.py).
+        cfg.layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(size.layers)]
+        cfg.sliding_window = size.sliding_window
     model = LlamaForCausalLM(cfg)
     # Larger-than-default logits spread makes greedy choices well separated (no near ties that float
     # rounding between batched and one-by-one kernels could flip).
