@@ -26,6 +26,7 @@
 //     the decode blocks go back with Engine.Free.
 //   - Close: stop renewing, engine.gone, unmap the region.
 //
-// The decisions (Allocator, progressBatch) are pure and unit-tested; Engine
-// wires them to NATS.
+// The decisions (Allocator, progressBatch, noticeCursor) are pure and
+// unit-tested, noticeCursor on the cases the vLLM connector's NoticeCursor
+// runs too (testdata/notice_cursor_cases.json); Engine wires them to NATS.
 package shim

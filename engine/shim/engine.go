@@ -141,7 +141,7 @@ type Engine struct {
 
 	// cursor is the engine's position in its connexd's notice journal;
 	// registered is set by the first engine.register.
-	cursor     noticeCursor
+	cursor     lockedCursor
 	registered atomic.Bool
 
 	subs []*nats.Subscription
@@ -402,11 +402,7 @@ func (e *Engine) register(ctx context.Context) (time.Duration, error) {
 		e.caughtUp(rep.NoticeJournal, rep.NoticeSeq)
 	} else {
 		// A new instance: the notices before now were its predecessor's.
-		e.cursor.mu.Lock()
-		if e.cursor.journal == "" {
-			e.cursor.journal, e.cursor.seq = rep.NoticeJournal, rep.NoticeSeq
-		}
-		e.cursor.mu.Unlock()
+		e.seedCursor(rep.NoticeJournal, rep.NoticeSeq)
 	}
 	renew := time.Duration(rep.RenewMs) * time.Millisecond
 	if renew <= 0 {

@@ -11,13 +11,12 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// noticeCursor is how far an engine has seen its connexd's notice journal.
-// mu also orders deliveries: live notices and replayed ones are handled
-// one at a time, each once.
-type noticeCursor struct {
-	mu      sync.Mutex
-	journal string
-	seq     uint64
+// lockedCursor is the engine's noticeCursor (noticecursor.go: the
+// decisions) under its lock. mu also orders deliveries: live notices and
+// replayed ones are handled one at a time, each once.
+type lockedCursor struct {
+	mu sync.Mutex
+	noticeCursor
 }
 
 // onNotice handles a live notice: in sequence, it is delivered; after a
@@ -37,24 +36,18 @@ func (e *Engine) onNotice(m *nats.Msg) {
 	journal := m.Header.Get(api.HeaderNoticeJournal)
 	e.cursor.mu.Lock()
 	defer e.cursor.mu.Unlock()
-	if seq == 0 { // a connexd that does not number notices
-		e.deliver(n)
+	switch e.cursor.Live(journal, seq) {
+	case verdictRepeat:
 		return
-	}
-	if journal != e.cursor.journal {
-		// connexd restarted: its journal starts again; what it published
-		// before this one is news too.
-		e.cursor.journal, e.cursor.seq = journal, 0
-	}
-	if seq <= e.cursor.seq {
-		return
-	}
-	if seq > e.cursor.seq+1 {
+	case verdictCatchUp:
 		e.catchUpLocked()
 	}
-	if seq > e.cursor.seq {
+	// Seen in the notice's own journal: if the fetch was answered by a
+	// restarted connexd, the notice is still news and the new journal's
+	// numbering is not advanced by it. Seq 0: a connexd that does not
+	// number notices.
+	if seq == 0 || e.cursor.Seen(journal, seq) {
 		e.deliver(n)
-		e.cursor.seq = seq
 	}
 }
 
@@ -62,47 +55,49 @@ func (e *Engine) onNotice(m *nats.Msg) {
 // an engine.register reply) with the cursor and fetches what is missing:
 // notices published while NATS was away are found within one renewal.
 func (e *Engine) caughtUp(journal string, last uint64) {
-	if journal == "" {
-		return
-	}
 	e.cursor.mu.Lock()
 	defer e.cursor.mu.Unlock()
-	if journal == e.cursor.journal && last <= e.cursor.seq {
-		return
+	if e.cursor.Behind(journal, last) {
+		e.catchUpLocked()
 	}
-	if journal != e.cursor.journal && last == 0 {
-		e.cursor.journal, e.cursor.seq = journal, 0
-		return
+}
+
+// seedCursor stands a new engine instance at connexd's newest notice (its
+// first engine.register reply): the notices before were its predecessor's.
+// A cursor that already follows a journal (a live notice came first) stays.
+func (e *Engine) seedCursor(journal string, seq uint64) {
+	e.cursor.mu.Lock()
+	defer e.cursor.mu.Unlock()
+	if j, _ := e.cursor.Position(); j == "" {
+		e.cursor.Reset(journal, seq)
 	}
-	e.catchUpLocked()
 }
 
 // catchUpLocked fetches and delivers the notices after the cursor.
 func (e *Engine) catchUpLocked() {
+	journal, after := e.cursor.Position()
 	c, cancel := context.WithTimeout(context.Background(), e.cfg.CallTimeout)
 	defer cancel()
-	rep, err := e.cli.EngineNotices(c, &messages.NoticesRequest{EngineId: e.cfg.EngineID, AfterSeq: e.cursor.seq, Journal: e.cursor.journal})
+	rep, err := e.cli.EngineNotices(c, &messages.NoticesRequest{EngineId: e.cfg.EngineID, AfterSeq: after, Journal: journal})
 	if err != nil {
 		e.log.Warn("engine.notices failed; missed notices will be fetched at the next renewal", "err", err)
 		return
 	}
-	if rep.Journal != e.cursor.journal {
-		e.cursor.journal, e.cursor.seq = rep.Journal, 0
-	}
+	e.cursor.Seen(rep.Journal, 0) // a restarted connexd's journal: everything it kept is news
 	if rep.Gap {
-		e.log.Warn("some missed notices are no longer kept by connexd; pulls waiting for them fail at their deadline", "after_seq", e.cursor.seq, "journal", rep.Journal)
+		_, after = e.cursor.Position()
+		e.log.Warn("some missed notices are no longer kept by connexd; pulls waiting for them fail at their deadline", "after_seq", after, "journal", rep.Journal)
 	}
 	replayed := 0
 	for _, n := range rep.Notices {
-		if n.Seq <= e.cursor.seq {
-			continue
+		if e.cursor.Seen(rep.Journal, n.Seq) {
+			e.deliver(n)
+			replayed++
 		}
-		e.deliver(n)
-		e.cursor.seq = n.Seq
-		replayed++
 	}
 	if replayed > 0 {
-		e.log.Info("missed notices replayed", "notices", replayed, "seq", e.cursor.seq)
+		_, at := e.cursor.Position()
+		e.log.Info("missed notices replayed", "notices", replayed, "seq", at)
 	}
 }
 
