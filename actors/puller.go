@@ -75,7 +75,11 @@ type Pull struct {
 	// Skip is how many leading blocks of the hold the pull leaves out
 	// (their tokens are in the destination already); DstBlocks are the
 	// rest's.
-	Skip          int
+	Skip int
+	// Pick, when set, is the positions of the hold's list the pull reads,
+	// in order (a hold of several KV cache groups, each less its cached
+	// blocks: StartPullRequest.group_skip_blocks); Skip is 0 then.
+	Pick          []int
 	Timeout       time.Duration // the whole pull
 	Stall         time.Duration // descriptors must come within this; reads fail after this long without progress (stallwatch.go)
 	ReleaseRegion func()
@@ -238,7 +242,7 @@ func (a *puller) drive(ctx context.Context) {
 		// for the holder's layout in the descriptors.
 		if dl := a.p.Dst.Region.Layout; (prm.TpSize == 0 || prm.TpSize == dl.TPSize) && (prm.BlockSize == 0 || prm.BlockSize == dl.BlockSize) {
 			if a.p.Skip < len(prm.RemoteBlockIds) {
-				plan, planErr = planDst(a.p.Dst, prm.RemoteBlockIds[a.p.Skip:], a.p.DstBlocks)
+				plan, planErr = planDst(a.p.Dst, picked(prm.RemoteBlockIds, a.p.Skip, a.p.Pick), a.p.DstBlocks, a.p.Pick)
 			}
 		}
 	}
@@ -437,7 +441,7 @@ type batchReader struct {
 // reads (planPull).
 func (a *puller) planReads(desc *messages.Descriptors, plan **readPlan) (run func(batchReader) error, total uint64, err error) {
 	prm := a.p.Params
-	return planPull(desc, prm.RemoteBlockIds, a.p.Skip, prm.RemoteNumTokens, a.p.Dst, a.p.DstBlocks, plan, a.deps.translations.get, a.deps.Backend.Caps().Strided)
+	return planPull(desc, prm.RemoteBlockIds, a.p.Skip, a.p.Pick, prm.RemoteNumTokens, a.p.Dst, a.p.DstBlocks, plan, a.deps.translations.get, a.deps.Backend.Caps().Strided)
 }
 
 // batchesInFlight is how many read batches run at once, so that the data

@@ -203,7 +203,7 @@ func TestPlanBuffersReused(t *testing.T) {
 	}
 	run := func(srcIDs, dstIDs []uint32) (*readPlan, *kvmem.Mapped) {
 		dst := mapped(t, l)
-		p, err := planDst(dst, srcIDs, dstIDs)
+		p, err := planDst(dst, srcIDs, dstIDs, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -211,7 +211,7 @@ func TestPlanBuffersReused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := p.bind(&r[0], srcIDs, 0); err != nil {
+		if err := p.bind(&r[0], srcIDs, 0, nil); err != nil {
 			t.Fatal(err)
 		}
 		readAndCompare(t, src, dst, 0, p.ops, srcIDs, dstIDs)

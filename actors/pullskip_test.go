@@ -14,9 +14,14 @@ import (
 // dstIDs of dst and performs its reads against the holder ranks' memory
 // (rank r's region at address r<<32, as tpDescriptors says).
 func runPlan(t *testing.T, desc *messages.Descriptors, ranks [][]byte, srcIDs []uint32, skip int, tokens uint32, dst *kvmem.Mapped, dstIDs []uint32) error {
+	return runPick(t, desc, ranks, srcIDs, skip, nil, tokens, dst, dstIDs)
+}
+
+// runPick is runPlan for a pull of the hold positions pick (Pull.Pick).
+func runPick(t *testing.T, desc *messages.Descriptors, ranks [][]byte, srcIDs []uint32, skip int, pick []int, tokens uint32, dst *kvmem.Mapped, dstIDs []uint32) error {
 	t.Helper()
 	var plan *readPlan
-	run, _, err := planPull(desc, srcIDs, skip, tokens, dst, dstIDs, &plan, kvmem.Translate, false)
+	run, _, err := planPull(desc, srcIDs, skip, pick, tokens, dst, dstIDs, &plan, kvmem.Translate, false)
 	if err != nil {
 		return err
 	}

@@ -55,6 +55,9 @@ type source struct {
 	// base is the position in the hold's list of a plan's position 0: the
 	// leading blocks a pull skips (Pull.Skip).
 	base int
+	// pick, when set, is the hold position of each plan position
+	// (Pull.Pick); base is 0 then.
+	pick []int
 }
 
 // seal checks the rank's keys and segments against the hold's block list
@@ -96,7 +99,11 @@ func (s *source) at(layer, plane uint32, pos int, off uint64) ([]byte, uint64) {
 	if s.r.implied {
 		return s.r.rkeys[0], s.r.regionAddr + off
 	}
-	ri := int(s.runOf[pos+s.base])
+	hp := pos + s.base
+	if s.pick != nil {
+		hp = s.pick[pos]
+	}
+	ri := int(s.runOf[hp])
 	run := s.runs[ri]
 	sg := s.r.segments[int(layer*s.layout.Planes+plane)*len(s.runs)+ri]
 	return s.r.rkeys[sg.GetRkey()], sg.GetRemoteAddr() + off - s.layout.Offset(layer, plane, run.First)

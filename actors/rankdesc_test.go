@@ -102,7 +102,7 @@ func TestStridedPlanFromRanks(t *testing.T) {
 	ranks := filledRanks(2, srcIDs)
 	dst := mapped(t, rankLayout(1, 0))
 	var plan *readPlan
-	run, _, err := planPull(tpDescriptors(2, srcIDs), srcIDs, 0, 0, dst, dstIDs, &plan, kvmem.Translate, true)
+	run, _, err := planPull(tpDescriptors(2, srcIDs), srcIDs, 0, nil, 0, dst, dstIDs, &plan, kvmem.Translate, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,12 +55,16 @@ const maxKeptOps = 1 << 14
 // source order, not in the hold's order: the source then streams forward,
 // which the CPU's prefetchers (mapped reads) and the holder's reads
 // (checked, tcp) both reward.
-func planDst(dst *kvmem.Mapped, srcIDs, dstIDs []uint32) (*readPlan, error) {
+//
+// pick, when set, is the hold positions srcIDs were picked from (Pull.Pick):
+// a run of consecutive ids is split where their positions are not
+// consecutive, so that each read stays inside one of the hold's extents.
+func planDst(dst *kvmem.Mapped, srcIDs, dstIDs []uint32, pick []int) (*readPlan, error) {
 	l := dst.Region.Layout
 	if len(srcIDs) != len(dstIDs) {
 		return nil, api.Errorf(api.CodeBadBlockIDs, "%d remote blocks but %d destination blocks", len(srcIDs), len(dstIDs))
 	}
-	p := &readPlan{layout: l, runs: kvmem.Runs(srcIDs)}
+	p := &readPlan{layout: l, runs: splitRuns(kvmem.Runs(srcIDs), pick)}
 	select {
 	case p.buf = <-planBufs:
 	default:
@@ -106,7 +110,7 @@ func planDst(dst *kvmem.Mapped, srcIDs, dstIDs []uint32) (*readPlan, error) {
 // as the destination: kvmem.Translate said Whole) against the transfer and
 // the layout, so that a bad peer can never make us read outside its hold or
 // write outside the destination blocks, and fills in every read's source.
-func (p *readPlan) bind(r *rankDesc, srcIDs []uint32, skip int) error {
+func (p *readPlan) bind(r *rankDesc, srcIDs []uint32, skip int, pick []int) error {
 	holderLayout := r.layout
 	if holderLayout.Layers != p.layout.Layers || holderLayout.Planes != p.layout.Planes || holderLayout.BlockBytes != p.layout.BlockBytes {
 		return fmt.Errorf("%w: rank %d's layout is not the reader's shape", ErrBadDescriptors, holderLayout.TPRank)
@@ -115,7 +119,7 @@ func (p *readPlan) bind(r *rankDesc, srcIDs []uint32, skip int) error {
 	if err != nil {
 		return err
 	}
-	src.base = skip
+	src.base, src.pick = skip, pick
 	nruns := len(p.runs)
 	last := -1
 	var addr uint64
@@ -162,7 +166,7 @@ func (p *readPlan) release() {
 // translation reads into scratch and regroups after its reads land.
 func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, dstIDs []uint32) ([]transport.GetOp, uint64, error) {
 	var plan *readPlan
-	run, total, err := planPull(desc, srcIDs, 0, 0, dst, dstIDs, &plan, kvmem.Translate, false)
+	run, total, err := planPull(desc, srcIDs, 0, nil, 0, dst, dstIDs, &plan, kvmem.Translate, false)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -184,7 +188,7 @@ func PlanReads(desc *messages.Descriptors, srcIDs []uint32, dst *kvmem.Mapped, d
 // run performs the reads with a batch reader; total is what they write
 // into the destination. With strided, direct translated reads are planned
 // as strided ops (a head range of a token-major block is one).
-func planPull(desc *messages.Descriptors, srcIDs []uint32, skip int, numTokens uint32, dst *kvmem.Mapped, dstIDs []uint32, plan **readPlan,
+func planPull(desc *messages.Descriptors, srcIDs []uint32, skip int, pick []int, numTokens uint32, dst *kvmem.Mapped, dstIDs []uint32, plan **readPlan,
 	translate func(src, dst kvmem.Layout) (*kvmem.Translation, error), strided bool) (run func(batchReader) error, total uint64, err error) {
 	dl := dst.Region.Layout
 	// The error names neither the holder's blocks nor their count: a
@@ -203,17 +207,25 @@ func planPull(desc *messages.Descriptors, srcIDs []uint32, skip int, numTokens u
 	if skip < 0 || skip >= len(srcIDs) {
 		return nil, 0, fmt.Errorf("%w: skip_blocks %d of a hold of %d blocks", kvmem.ErrBadBlockIDs, skip, len(srcIDs))
 	}
+	for _, i := range pick {
+		if i < 0 || i >= len(srcIDs) {
+			return nil, 0, fmt.Errorf("%w: position %d of a hold of %d blocks", kvmem.ErrBadBlockIDs, i, len(srcIDs))
+		}
+	}
 	if tr.Whole {
 		if *plan == nil {
-			if *plan, err = planDst(dst, srcIDs[skip:], dstIDs); err != nil {
+			if *plan, err = planDst(dst, picked(srcIDs, skip, pick), dstIDs, pick); err != nil {
 				return nil, 0, err
 			}
 		}
 		p := *plan
-		if err := p.bind(&ranks[dl.TPRank], srcIDs, skip); err != nil {
+		if err := p.bind(&ranks[dl.TPRank], srcIDs, skip, pick); err != nil {
 			return nil, 0, err
 		}
 		return func(r batchReader) error { return r.get(p.ops) }, p.total, nil
+	}
+	if pick != nil {
+		return nil, 0, fmt.Errorf("%w: a pull of some blocks of each KV cache group moves whole blocks, and the holder's shape is not this region's", kvmem.ErrIncompatible)
 	}
 	if skip > 0 {
 		// The skipped tokens must fill whole destination blocks, so that
@@ -230,4 +242,37 @@ func planPull(desc *messages.Descriptors, srcIDs []uint32, skip int, numTokens u
 		return nil, 0, err
 	}
 	return tp.run, tp.total(), nil
+}
+
+// picked is the hold's block ids a pull reads: those at positions pick
+// (Pull.Pick), or all but the first skip.
+func picked(ids []uint32, skip int, pick []int) []uint32 {
+	if pick == nil {
+		return ids[skip:]
+	}
+	out := make([]uint32, len(pick))
+	for i, at := range pick {
+		out[i] = ids[at]
+	}
+	return out
+}
+
+// splitRuns splits runs (of plan positions) where the hold positions they
+// were picked from (pick) are not consecutive; runs as they are without a
+// pick.
+func splitRuns(runs []kvmem.Run, pick []int) []kvmem.Run {
+	if pick == nil {
+		return runs
+	}
+	out := make([]kvmem.Run, 0, len(runs))
+	for _, r := range runs {
+		start := 0
+		for j := 1; j <= int(r.Count); j++ {
+			if j == int(r.Count) || pick[r.Index+j] != pick[r.Index+j-1]+1 {
+				out = append(out, kvmem.Run{Index: r.Index + start, First: r.First + uint32(start), Count: uint32(j - start)})
+				start = j
+			}
+		}
+	}
+	return out
 }

@@ -106,7 +106,15 @@ func (a *pullAPI) StartPull(ctx context.Context, r *messages.StartPullRequest) (
 	if err != nil {
 		return fail(err)
 	}
-	if err := kvmem.CheckPull(p.TpSize, p.BlockSize, len(p.RemoteBlockIds)-skip, tokens, len(r.BlockIds), l); err != nil {
+	pick, err := groupPick(p, r, l)
+	if err != nil {
+		return fail(err)
+	}
+	nSrc := len(p.RemoteBlockIds) - skip
+	if pick != nil {
+		nSrc, tokens = len(pick), 0
+	}
+	if err := kvmem.CheckPull(p.TpSize, p.BlockSize, nSrc, tokens, len(r.BlockIds), l); err != nil {
 		return fail(err)
 	}
 	if err := kvmem.ValidateBlockIDs(r.BlockIds, l.Blocks); err != nil {
@@ -115,7 +123,7 @@ func (a *pullAPI) StartPull(ctx context.Context, r *messages.StartPullRequest) (
 	if err := dst.Blocks.BeginWrite(r.BlockIds); err != nil {
 		return fail(err)
 	}
-	a.pullers.startPull(&actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Skip: skip, Timeout: timeout, Stall: min(a.stall, timeout), ReleaseRegion: release})
+	a.pullers.startPull(&actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Skip: skip, Pick: pick, Timeout: timeout, Stall: min(a.stall, timeout), ReleaseRegion: release})
 	return &messages.StartPullReply{PullId: pullID}, nil
 }
 

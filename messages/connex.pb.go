@@ -1187,9 +1187,15 @@ type StartPullRequest struct {
 	// block_ids then name the destination blocks of the rest. Their tokens
 	// must fill whole destination blocks (skip_blocks x the hold's
 	// block_size a multiple of the region's block_size).
-	SkipBlocks    uint32 `protobuf:"varint,7,opt,name=skip_blocks,json=skipBlocks,proto3" json:"skip_blocks,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SkipBlocks uint32 `protobuf:"varint,7,opt,name=skip_blocks,json=skipBlocks,proto3" json:"skip_blocks,omitempty"`
+	// For a hold of several KV cache groups (params.group_blocks): how many
+	// leading blocks of each group's share of the hold not to read (a local
+	// prefix-cache hit covers them), one per group; block_ids then name the
+	// destination of the rest, group after group. Exclusive with
+	// skip_blocks; blocks move whole (the holder's shape is the region's).
+	GroupSkipBlocks []uint32 `protobuf:"varint,8,rep,packed,name=group_skip_blocks,json=groupSkipBlocks,proto3" json:"group_skip_blocks,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StartPullRequest) Reset() {
@@ -1269,6 +1275,13 @@ func (x *StartPullRequest) GetSkipBlocks() uint32 {
 		return x.SkipBlocks
 	}
 	return 0
+}
+
+func (x *StartPullRequest) GetGroupSkipBlocks() []uint32 {
+	if x != nil {
+		return x.GroupSkipBlocks
+	}
+	return nil
 }
 
 // StartPullReply acknowledges a started pull. Completion arrives as a
@@ -2458,7 +2471,7 @@ const file_connex_proto_rawDesc = "" +
 	"\x05freed\x18\n" +
 	" \x01(\bR\x05freed\x12&\n" +
 	"\x0fcreated_unix_ms\x18\v \x01(\x03R\rcreatedUnixMs\x12\x14\n" +
-	"\x05bytes\x18\f \x01(\x04R\x05bytes\"\xf7\x01\n" +
+	"\x05bytes\x18\f \x01(\x04R\x05bytes\"\xa3\x02\n" +
 	"\x10StartPullRequest\x123\n" +
 	"\x06params\x18\x01 \x01(\v2\x1b.connex.v1.KVTransferParamsR\x06params\x12\x1b\n" +
 	"\tengine_id\x18\x02 \x01(\tR\bengineId\x12\x1b\n" +
@@ -2468,7 +2481,8 @@ const file_connex_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\x12\x1f\n" +
 	"\vskip_blocks\x18\a \x01(\rR\n" +
-	"skipBlocks\")\n" +
+	"skipBlocks\x12*\n" +
+	"\x11group_skip_blocks\x18\b \x03(\rR\x0fgroupSkipBlocks\")\n" +
 	"\x0eStartPullReply\x12\x17\n" +
 	"\apull_id\x18\x01 \x01(\tR\x06pullId\"\xae\x03\n" +
 	"\bPullDone\x12\x17\n" +

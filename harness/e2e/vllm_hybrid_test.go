@@ -44,7 +44,8 @@ func slidingModel(t *testing.T, bin, tiny string) string {
 
 // idPrompt is a greedy streamed completion of max tokens for a prompt of
 // exactly n token ids (seeded), so that the test knows where each block
-// and window boundary falls.
+// and window boundary falls. The first k ids of a prompt are those of any
+// longer one of the same seed.
 func idPrompt(seed int64, n, max int) map[string]any {
 	r := rand.New(rand.NewSource(seed))
 	ids := make([]int, n)
@@ -168,6 +169,33 @@ func TestVLLMHybrid(t *testing.T) {
 		d := got.header.Get("X-Connex-Decode-Engine")
 		if l := loadedBy()[d] - l0[d]; l != 0 {
 			t.Fatalf("%s loaded %v tokens of KV for a prompt ending at a window's edge; want it computed locally", d, l)
+		}
+	})
+
+	t.Run("prefix-hit-pulls-each-group-s-rest", func(t *testing.T) {
+		// Turn 1 (300 tokens) leaves its blocks in decode-0's prefix cache;
+		// turn 2 (320 tokens, turn 1's first) hits 288 of them (9 whole
+		// blocks). The full-attention group pulls its 10th block; the
+		// window (from token 257) starts in block 8, cached, so the sliding
+		// group pulls only its block 9: 2 blocks, group skips [1 9].
+		const n1, n2, hit = 300, 320, 288
+		d := engineURL(t, c, "decode-0")
+		one := idPrompt(904, n1, max)
+		if got := pdLegs(ctx, t, prefillURL, d, one); fmt.Sprint(got.ids) != fmt.Sprint(alone(t, one).ids) {
+			t.Fatalf("turn 1 differs from vLLM alone")
+		}
+		two := idPrompt(904, n2, max)
+		want := alone(t, two)
+		p0, l0, h0 := pulled(), vllmSource(t, d, "external_kv_transfer"), vllmSource(t, d, "local_cache_hit")
+		got := pdLegs(ctx, t, prefillURL, d, two)
+		if fmt.Sprint(got.ids) != fmt.Sprint(want.ids) {
+			t.Fatalf("turn 2 differs from vLLM alone:\n got %v\nwant %v", got.ids, want.ids)
+		}
+		if h, l := vllmSource(t, d, "local_cache_hit")-h0, vllmSource(t, d, "external_kv_transfer")-l0; h != hit || l != n2-hit {
+			t.Fatalf("turn 2: %v tokens from decode-0's cache and %v loaded, want %d and %d", h, l, hit, n2-hit)
+		}
+		if b := pulled() - p0; b != 2*hybridRegionBlockBytes {
+			t.Fatalf("turn 2 pulled %v bytes, want 2 blocks of %d (each group's rest past the hit)", b, hybridRegionBlockBytes)
 		}
 	})
 

@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -85,7 +86,7 @@ func TestVLLMTP(t *testing.T) {
 				prompt := vllmPrompt(seed, 300)
 				want := alone(t, prompt)
 				loaded := vllmSource(t, engineURL(t, c, d), "external_kv_transfer")
-				got := pdLegs(ctx, t, engineURL(t, c, p), engineURL(t, c, d), prompt, max)
+				got := pdLegs(ctx, t, engineURL(t, c, p), engineURL(t, c, d), vllmCompletion(prompt, max))
 				if fmt.Sprint(got.ids) != fmt.Sprint(want.ids) {
 					t.Fatalf("%s (TP %d) -> %s (TP %d) differs from vLLM alone:\n got %v\nwant %v", p, vllmTP[p], d, vllmTP[d], got.ids, want.ids)
 				}
@@ -145,13 +146,14 @@ func TestVLLMTP(t *testing.T) {
 	})
 }
 
-// pdLegs sends prompt as vLLM's P/D proxies do: a one-token prefill leg
-// with do_remote_decode to prefillURL, then the streamed decode leg to
-// decodeURL carrying the kv_transfer_params the prefill answered with.
-func pdLegs(ctx context.Context, t *testing.T, prefillURL, decodeURL, prompt string, max int) *streamed {
+// pdLegs sends a streamed completion (body) as vLLM's P/D proxies do: a
+// one-token prefill leg with do_remote_decode to prefillURL, then the
+// streamed decode leg to decodeURL carrying the kv_transfer_params the
+// prefill answered with.
+func pdLegs(ctx context.Context, t *testing.T, prefillURL, decodeURL string, body map[string]any) *streamed {
 	t.Helper()
-	p := vllmCompletion(prompt, 1)
-	p["stream"] = false
+	p := maps.Clone(body)
+	p["max_tokens"], p["stream"] = 1, false
 	delete(p, "stream_options")
 	p["kv_transfer_params"] = map[string]any{"do_remote_decode": true, "do_remote_prefill": false}
 	status, ans, err := postJSON(ctx, prefillURL+"/v1/completions", p)
@@ -162,10 +164,10 @@ func pdLegs(ctx context.Context, t *testing.T, prefillURL, decodeURL, prompt str
 	if !ok || params["transfer_id"] == nil {
 		t.Fatalf("prefill leg to %s answered no hold (kv_transfer_params %v)", prefillURL, ans["kv_transfer_params"])
 	}
-	d := vllmCompletion(prompt, max)
+	d := maps.Clone(body)
 	d["kv_transfer_params"] = params
 	got, err := postStream(ctx, decodeURL+"/v1/completions", d, nil)
-	if err != nil || got.status != 200 || got.dones != 1 || len(got.ids) != max {
+	if err != nil || got.status != 200 || got.dones != 1 || len(got.ids) != body["max_tokens"] {
 		t.Fatalf("decode leg to %s: %v, status %d %s, %d tokens", decodeURL, err, got.status, got.body, len(got.ids))
 	}
 	return got

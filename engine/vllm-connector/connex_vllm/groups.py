@@ -53,19 +53,25 @@ def hold_blocks(tables: Sequence[Sequence[int]], nblocks: int) -> tuple[list[int
     return flat, counts
 
 
-def load_blocks(tables: Sequence[Sequence[int]], first: int, nblocks: int, hold_counts: Sequence[int]) -> list[int]:
-    """The flat destination of a load: every group's real blocks at positions [first, first + nblocks), paired one
-    to one with the hold's blocks of that group (hold_counts, as ``hold_blocks`` made them). Raises GroupError when
-    the groups or their counts differ (another model, or another window)."""
+def load_blocks(
+    tables: Sequence[Sequence[int]], first: int, nblocks: int, hold_counts: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """(flat destination, blocks of each group's hold left out) of a load: every group's real blocks at positions
+    [first, first + nblocks) — past a local prefix-cache hit of first blocks — paired one to one with the last ones
+    of the hold's blocks of that group (hold_counts, as ``hold_blocks`` made them; both end at the request's last
+    block). Raises GroupError when the groups differ or a group fills more blocks than the hold has (another model,
+    or another window)."""
     if len(tables) != len(hold_counts):
         raise GroupError(f"the hold has {len(hold_counts)} KV cache groups, this engine {len(tables)}")
     flat: list[int] = []
-    for g, (table, want) in enumerate(zip(tables, hold_counts, strict=True)):
+    skips: list[int] = []
+    for g, (table, have) in enumerate(zip(tables, hold_counts, strict=True)):
         blocks = real_blocks(table, first, nblocks)
-        if len(blocks) != want:
-            raise GroupError(f"group {g}: the hold has {want} blocks, this engine fills {len(blocks)}")
+        if len(blocks) > have or (first == 0 and len(blocks) != have):
+            raise GroupError(f"group {g}: the hold has {have} blocks, this engine fills {len(blocks)}")
         flat.extend(blocks)
-    return flat
+        skips.append(have - len(blocks))
+    return flat, skips
 
 
 def window_edge(num_tokens: int, windows: Sequence[int], block_size: int) -> bool:

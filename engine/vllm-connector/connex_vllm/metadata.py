@@ -22,6 +22,8 @@ class LoadSpec:
     dst_blocks: tuple[int, ...]
     error: str = ""
     skip_blocks: int = 0
+    # A hybrid model's load past a local hit: how many of each KV cache group's blocks of the hold it leaves out.
+    group_skip_blocks: tuple[int, ...] = ()
 
 
 @dataclass

@@ -294,9 +294,9 @@ class ConnexScheduler:
         n = load_tokens(remote, len(request.prompt_token_ids or []))
         if self.hybrid and n > 0:
             why = ""
-            if num_computed_tokens > 0:
+            if num_computed_tokens > 0 and p.get("block_size") not in (None, 0, self.block_size):
                 self.stats.cache_hits_computed += 1
-                why = f"{num_computed_tokens} tokens cached locally (a hybrid model's load does not continue a hit)"
+                why = f"{num_computed_tokens} tokens cached locally, and a hybrid model's hold of other blocks"
             elif n == len(request.prompt_token_ids or []) and groups.window_edge(n, self.windows, self.block_size):
                 self.stats.window_edges_computed += 1
                 why = (
@@ -366,12 +366,15 @@ class ConnexScheduler:
             nblocks = math.ceil(num_external_tokens / self.block_size)
             dst = tuple(block_ids[first : first + nblocks])
             skip = cached // (m.block_size or self.block_size)
+            group_skips: tuple[int, ...] = ()
             if self.hybrid or m.group_blocks:
-                dst, why = self._group_load(m, tables, first, nblocks)
-                bad = bad or why
+                dst, group_skips, why = self._group_load(m, tables, first, nblocks)
+                skip, bad = 0, bad or why
             else:
                 bad = bad or self._incompatible(m, num_external_tokens, nblocks, skip)
-            spec = LoadSpec(request.request_id, m.SerializeToString(), dst, bad, skip_blocks=skip)
+            spec = LoadSpec(
+                request.request_id, m.SerializeToString(), dst, bad, skip_blocks=skip, group_skip_blocks=group_skips
+            )
             if cached and not bad:
                 self.stats.suffix_loads += 1
                 self.stats.cached_tokens += cached
@@ -387,21 +390,27 @@ class ConnexScheduler:
 
     def _group_load(
         self, m: pb.KVTransferParams, tables: Sequence[Sequence[int]], first: int, nblocks: int
-    ) -> tuple[tuple[int, ...], str]:
-        """(destination blocks, "") of a hybrid model's load: every group's real blocks paired with the hold's of
-        that group (connex_vllm.groups), or ((), why not). Blocks move whole: one block size and TP size."""
+    ) -> tuple[tuple[int, ...], tuple[int, ...], str]:
+        """(destination blocks, each group's blocks of the hold left out, "") of a hybrid model's load: every
+        group's real blocks at positions [first, first + nblocks) paired with the hold's of that group
+        (connex_vllm.groups), or ((), (), why not). Blocks move whole: one block size and TP size."""
         if (m.block_size and m.block_size != self.block_size) or (m.tp_size and m.tp_size != self.tp_size):
-            return (), (
-                f"incompatible: a hybrid model's KV moves between engines of one block size and TP size (the hold's "
-                f"{m.block_size} and TP {m.tp_size}, this engine's {self.block_size} and TP {self.tp_size})"
+            return (
+                (),
+                (),
+                (
+                    f"incompatible: a hybrid model's KV moves between engines of one block size and TP size (the hold's "
+                    f"{m.block_size} and TP {m.tp_size}, this engine's {self.block_size} and TP {self.tp_size})"
+                ),
             )
+        counts = list(m.group_blocks) or [len(m.remote_block_ids)]
+        if sum(counts) != len(m.remote_block_ids):
+            return (), (), f"incompatible: the hold has {len(m.remote_block_ids)} blocks, its groups {sum(counts)}"
         try:
-            dst = groups.load_blocks(tables, first, nblocks, list(m.group_blocks) or [len(m.remote_block_ids)])
+            dst, skips = groups.load_blocks(tables, first, nblocks, counts)
         except groups.GroupError as e:
-            return (), f"incompatible: {e}"
-        if len(dst) != len(m.remote_block_ids):
-            return (), f"incompatible: the hold has {len(m.remote_block_ids)} blocks, its groups {sum(m.group_blocks)}"
-        return tuple(dst), ""
+            return (), (), f"incompatible: {e}"
+        return tuple(dst), tuple(skips) if any(skips) else (), ""
 
     def _incompatible(self, m: pb.KVTransferParams, tokens: int, nblocks: int, skip: int = 0) -> str:
         """Why the hold in m, less its first skip blocks (a local prefix-cache hit), cannot fill nblocks blocks of

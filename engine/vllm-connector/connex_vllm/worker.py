@@ -335,6 +335,7 @@ class ConnexWorker:
             region_id=self.region_id,
             block_ids=list(spec.dst_blocks),
             skip_blocks=spec.skip_blocks,
+            group_skip_blocks=list(spec.group_skip_blocks),
             pull_id=pull_id,
             timeout_ms=int(s.pull_timeout_s * 1000),
         )

@@ -18,8 +18,16 @@ def test_a_hold_keeps_each_group_s_real_blocks() -> None:
 
 def test_a_load_pairs_each_group_with_the_hold_s() -> None:
     # The decode engine's allocation for the same tokens: its null positions are the prefill's.
-    assert load_blocks(([0, 0, 0, 10], [9, 1, 2, 3]), 0, 4, [1, 4]) == [10, 9, 1, 2, 3]
-    assert load_blocks(([0, 0, 0, 5, 3], [2, 1, 9, 4, 10]), 0, 5, [2, 5]) == [5, 3, 2, 1, 9, 4, 10]
+    assert load_blocks(([0, 0, 0, 10], [9, 1, 2, 3]), 0, 4, [1, 4]) == ([10, 9, 1, 2, 3], [0, 0])
+    assert load_blocks(([0, 0, 0, 5, 3], [2, 1, 9, 4, 10]), 0, 5, [2, 5]) == ([5, 3, 2, 1, 9, 4, 10], [0, 0])
+
+
+def test_a_load_past_a_local_hit_skips_what_each_group_has() -> None:
+    # 2 blocks cached locally: the full group loads from its third block; the sliding group's window starts past
+    # the hit, so it loads all the hold has of it.
+    assert load_blocks(([0, 0, 0, 10], [9, 1, 2, 3]), 2, 2, [1, 4]) == ([10, 2, 3], [0, 2])
+    # 4 of 5 blocks cached: the hit reaches into the window, whose first block is cached too.
+    assert load_blocks(([0, 0, 0, 5, 3], [2, 1, 9, 4, 10]), 4, 1, [2, 5]) == ([3, 10], [1, 4])
 
 
 def test_tables_that_do_not_line_up_are_refused() -> None:
