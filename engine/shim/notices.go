@@ -40,7 +40,15 @@ func (e *Engine) onNotice(m *nats.Msg) {
 	case verdictRepeat:
 		return
 	case verdictCatchUp:
-		e.catchUpLocked()
+		if !e.catchUpLocked() {
+			// The missed ones could not be fetched: hand this one on now
+			// (what waits for it need not wait for them) but leave the
+			// cursor before the gap, so the next renewal fetches the gap —
+			// and this one again, a repeat delivery every delivery
+			// tolerates. Recording it would drop the missed ones for good.
+			e.deliver(n)
+			return
+		}
 	}
 	// Seen in the notice's own journal: if the fetch was answered by a
 	// restarted connexd, the notice is still news and the new journal's
@@ -73,15 +81,16 @@ func (e *Engine) seedCursor(journal string, seq uint64) {
 	}
 }
 
-// catchUpLocked fetches and delivers the notices after the cursor.
-func (e *Engine) catchUpLocked() {
+// catchUpLocked fetches and delivers the notices after the cursor; false
+// when the fetch failed (the cursor has not moved).
+func (e *Engine) catchUpLocked() bool {
 	journal, after := e.cursor.Position()
 	c, cancel := context.WithTimeout(context.Background(), e.cfg.CallTimeout)
 	defer cancel()
 	rep, err := e.cli.EngineNotices(c, &messages.NoticesRequest{EngineId: e.cfg.EngineID, AfterSeq: after, Journal: journal})
 	if err != nil {
 		e.log.Warn("engine.notices failed; missed notices will be fetched at the next renewal", "err", err)
-		return
+		return false
 	}
 	e.cursor.Seen(rep.Journal, 0) // a restarted connexd's journal: everything it kept is news
 	if rep.Gap {
@@ -99,6 +108,7 @@ func (e *Engine) catchUpLocked() {
 		_, at := e.cursor.Position()
 		e.log.Info("missed notices replayed", "notices", replayed, "seq", at)
 	}
+	return true
 }
 
 // decodeNotice reads a live notice of kind into the journal's form.

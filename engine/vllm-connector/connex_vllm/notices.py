@@ -117,20 +117,28 @@ class Follower:
         verdict = self.cursor.live(journal, seq)
         if verdict is Verdict.REPEAT:
             return
-        if verdict is Verdict.CATCH_UP:
-            await self.catch_up()
+        if verdict is Verdict.CATCH_UP and await self._fetch_missed() is None:
+            # The missed ones could not be fetched: hand this one on now (what waits for it need not wait for
+            # them) but leave the cursor before the gap, so the next poll fetches the gap — and this one again, a
+            # repeat delivery that every delivery tolerates. Recording it would drop the missed ones for good.
+            self._deliver(n)
+            return
         if seq <= 0 or self.cursor.seen(journal, seq):
             self._deliver(n)
 
     async def catch_up(self) -> int:
         """Fetches and delivers the notices after the cursor; returns how many. A failed fetch is logged and
         tried again at the next call."""
+        return await self._fetch_missed() or 0
+
+    async def _fetch_missed(self) -> int | None:
+        """catch_up; None when the fetch failed (the cursor has not moved)."""
         journal, seq = self.cursor.position()
         try:
             rep = await self._fetch(journal, seq)
         except Exception as e:
             log.debug("connex: engine.notices%s failed; tried again at the next poll: %s", self._name, e)
-            return 0
+            return None
         self._journal(rep.journal)
         if rep.gap and journal == rep.journal:
             log.warning(

@@ -399,8 +399,8 @@ class ConnexScheduler:
                 (),
                 (),
                 (
-                    f"incompatible: a hybrid model's KV moves between engines of one block size and TP size (the hold's "
-                    f"{m.block_size} and TP {m.tp_size}, this engine's {self.block_size} and TP {self.tp_size})"
+                    "incompatible: a hybrid model's KV moves between engines of one block size and TP size (the "
+                    f"hold's {m.block_size} and TP {m.tp_size}, this engine's {self.block_size} and TP {self.tp_size})"
                 ),
             )
         counts = list(m.group_blocks) or [len(m.remote_block_ids)]
