@@ -6,7 +6,7 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-quick test-unit test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds bench-router bench-grammar bench-vllm-pace proto generate tidy clean
+.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-quick test-unit test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds bench-router bench-load bench-grammar bench-vllm-pace proto generate tidy clean
 
 all: build
 

@@ -33,6 +33,9 @@
 #                      /var/cache/connex/venv-vllm-router); BENCH_ROUNDS, BENCH_ROUTER_SECONDS, BENCH_ROUTER_IDLE_S,
 #                      BENCH_ROUTER_PRESET (local), BENCH_ROUTER_PPROF=file for a CPU profile of the Connex router,
 #                      BENCH_ROUTER_PPROF_IDLE=file one of it idle
+#   bench.sh load      many requests through make run's cluster (connex-sim at 1 ms a token, c=32): rps, p99 and the
+#                      slowest requests with their cluster log lines (LOAD ...); BENCH_REQUESTS (100000),
+#                      BENCH_CONCURRENCY (32), BENCH_LOAD_MAX_TOKENS (16), BENCH_LOAD_DECODE_MS (1)
 #   bench.sh pace      a decode vLLM's pace through Connex against the same engine alone, interleaved (PACE
 #                      engine_itl_vs_alone= client_gap_p99_vs_alone= max_gap_vs_alone=); BENCH_ROUNDS,
 #                      BENCH_PACE_TOKENS, BENCH_VLLM_MODEL (default: the tiny model), BENCH_PACE_ISOLATE=1 (decode-0
@@ -157,5 +160,5 @@ case "${1:-control}" in
     go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkLoad$' -benchtime 1x -timeout 60m ./harness/e2e/ | tee "$out"
     grep '^LOAD ' "$out" | tail -1
     ;;
-  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|holds|vllm|router|grammar|pace" >&2; exit 2 ;;
+  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|holds|vllm|router|load|grammar|pace" >&2; exit 2 ;;
 esac
