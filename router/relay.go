@@ -266,8 +266,8 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		lastTok   time.Time
 		decoders  []string
 		prevStops *stopFilter // the stop filter before a resume set its own
-		replay    bool        // the request resumes by replay (replay.go)
 	)
+	m := newResumeMachine(s.cfg.MaxResumes) // what each leg sends, and what a leg's end calls for
 	defer func() {
 		if pending != nil {
 			pending.close()
@@ -290,10 +290,11 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		}
 		lastTok = now
 	}
-	for resumes := 0; ; resumes++ {
+	for {
+		kind, resumes := m.Leg()
 		e, ok := Pick(s.live(), "decode", c.Model, s.busySnapshot(), skip)
 		if !ok {
-			if resumes == 0 {
+			if m.Step(resumeEvent{kind: evNoEngine}).code == CodeNoEngine {
 				return unavailable(CodeNoEngine, "no live decode engine serves model %q", c.Model)
 			}
 			return unavailable(CodeResumeFailed, "request %s: its decode engine failed after %d tokens (%s) and no other live decode engine serves model %q", rid, len(out.ids), lastErr, c.Model)
@@ -308,14 +309,15 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			t0 := s.clock.Now()
 			if aerr := s.cfg.Authorize(ctx, e, rid); aerr != nil {
 				s.log.Warn("resume: the engine's member refused the router's grant; trying another", "request_id", rid, "engine", id, "err", aerr)
+				m.Step(resumeEvent{kind: evGrantRefused})
 				continue
 			}
 			grantTook = s.clock.Now().Sub(t0)
 		}
 		var body []byte
 		var err error
-		switch {
-		case resumes == 0:
+		switch kind {
+		case legFirst:
 			if !s.cfg.NoAssignSeed && needsSeed(c, e.Info.GetReasoningParser()) {
 				seed := assignSeed(c, rand.Uint64())
 				out.connex["seed"] = seed // the answer's record: the request can be sent again with it
@@ -323,12 +325,12 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 				s.log.Debug("the request samples without a seed and resumes only by replay: the router seeds it", "request_id", rid, "seed", seed)
 			}
 			body, err = DecodeBody(c, pre.params, rid)
-		case replay:
+		case legReplay:
 			// The client's request again, generated again from its first
 			// token: the relay leaves out what the client has (replay.go).
 			body, err = ReplayBody(c, pre.params, rid)
 			out.startReplay()
-		default:
+		case legPrefix:
 			if planted("second-prefill-on-resume") { // a planted bug (chaos harness tests only)
 				if p2, perr := s.prefill(ctx, c, rid); perr == nil {
 					pre = p2
@@ -349,7 +351,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			return serverError(CodeResumeFailed, "request %s: %v", rid, err)
 		}
 		path := c.Kind.Path()
-		if resumes > 0 && !replay {
+		if kind == legPrefix {
 			path = Completions.Path()
 		}
 		// Whether a stalled leg could move: an engine not yet tried serves
@@ -361,14 +363,20 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		if resumes > 0 {
 			// A resume is rare and worth a line: how long after the failure
 			// its leg leaves, and what the grant took of that.
-			s.log.Info("resumed leg sent", "request_id", rid, "engine", id, "replay", replay,
+			s.log.Info("resumed leg sent", "request_id", rid, "engine", id, "replay", kind == legReplay,
 				"since_failure_ms", s.clock.Now().Sub(failedAt).Milliseconds(), "grant_ms", grantTook.Milliseconds())
 		}
 		res := s.leg(ctx, rid, e, path, body, out, stall, onTokens, movable, pending)
-		switch res.end {
-		case legDone:
+		var refusal, why string
+		if res.end == legFailed {
+			refusal, why = resumeRefusal(c, out.reasoned, e.Info.GetReasoningParser())
+		}
+		// Replayable now: the router may have seeded the request at its first leg.
+		eff := m.Step(resumeEvent{kind: evLegEnded, end: res.end, refusal: refusal, replayable: replayable(c)})
+		switch eff.do {
+		case actDone:
 			return nil
-		case legSwitchBack:
+		case actSwitchBack:
 			// The given-up leg finished its answer while this one had sent
 			// nothing: relay that answer, as the old engine's stream would
 			// have been, and leave this leg.
@@ -391,10 +399,10 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 				}
 			}
 			return out.failed
-		case legClientGone:
+		case actClientGone:
 			res.abandon()
 			return nil
-		case legRejected:
+		case actReject:
 			res.abandon()
 			if res.err.Code == CodeResumeRefused { // a replay that drew other tokens
 				s.metrics.refused.WithLabelValues(RefuseDiverged).Inc()
@@ -408,25 +416,23 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		pending = res.retired
 		failedAt = s.clock.Now()
 		lastErr = res.err.Message
-		if reason, why := resumeRefusal(c, out.reasoned, e.Info.GetReasoningParser()); reason != "" && !replay {
-			if !replayable(c) {
-				// Never a different answer: the client learns where its
-				// answer ends and why, instead of a stream that goes on
-				// unlike itself.
-				s.metrics.refused.WithLabelValues(reason).Inc()
-				s.log.Warn("decode leg failed; the request cannot be resumed exactly, ending it", "request_id", rid, "engine", id,
-					"reason", reason, "tokens_so_far", len(out.ids), "err", res.err.Message)
-				return serverError(CodeResumeRefused, "request %s: its decode engine failed after %d tokens (%s) and it cannot be resumed into the same answer: %s, and it samples without a seed, so generating it again would draw other tokens (%s)",
-					rid, len(out.ids), res.err.Message, why, reason)
-			}
-			replay = true
-			s.log.Info("the request resumes by replay: generated again from its first token", "request_id", rid, "why", reason)
+		if eff.do == actRefuse {
+			// Never a different answer: the client learns where its answer
+			// ends and why, instead of a stream that goes on unlike itself.
+			s.metrics.refused.WithLabelValues(refusal).Inc()
+			s.log.Warn("decode leg failed; the request cannot be resumed exactly, ending it", "request_id", rid, "engine", id,
+				"reason", refusal, "tokens_so_far", len(out.ids), "err", res.err.Message)
+			return serverError(CodeResumeRefused, "request %s: its decode engine failed after %d tokens (%s) and it cannot be resumed into the same answer: %s, and it samples without a seed, so generating it again would draw other tokens (%s)",
+				rid, len(out.ids), res.err.Message, why, refusal)
 		}
-		if replay {
+		if eff.startReplay {
+			s.log.Info("the request resumes by replay: generated again from its first token", "request_id", rid, "why", refusal)
+		}
+		if m.Replay() {
 			s.metrics.replays.Inc()
 		}
 		s.metrics.resumes.WithLabelValues(res.reason).Inc()
-		if resumes >= s.cfg.MaxResumes {
+		if eff.do == actFail {
 			return serverError(CodeResumeFailed, "request %s: decode failed %d times (router_max_resumes=%d); last: %s", rid, resumes+1, s.cfg.MaxResumes, res.err.Message)
 		}
 		s.log.Warn("decode leg failed; resuming on another decode engine", "request_id", rid, "engine", id, "reason", res.reason,
