@@ -1,6 +1,6 @@
 // Package actors wires Connex's decisions to protoactor-go actors.
 //
-// HoldTable is the prefill-side supervisor: it spawns one Hold actor per
+// HoldSupervisor is the prefill-side supervisor: it spawns one Hold actor per
 // transfer. A Hold actor owns its transfer's data-plane registrations and
 // lease timer and turns messages and timer ticks into Steps of the pure
 // lease.Hold state machine, performing the effects it returns (deregister,

@@ -21,7 +21,7 @@ import (
 type HoldDeps struct {
 	Backend transport.Backend
 	Ctrl    *messages.RemoteCtrl // this member's control and data-plane address
-	Dir     *Directory
+	Dir     *HoldTable
 	Notify  func(*messages.BlocksFreed) // publishes on the engine's freed subject
 	// Clock reads the time and runs the lease and linger timers; nil is
 	// the system clock (tests pass a clock.Fake).

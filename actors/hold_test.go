@@ -69,7 +69,7 @@ type holdRig struct {
 	mu      sync.Mutex
 	notices []*messages.BlocksFreed
 	regRefs atomic.Int64
-	dir     *Directory
+	dir     *HoldTable
 	metrics *Metrics
 	deps    *HoldDeps
 	// panicNext makes the hold actor's next call of Incarnation (while it
@@ -87,7 +87,7 @@ func newHoldRigClock(t *testing.T, clk clock.Clock) *holdRig {
 	rig := &holdRig{t: t, be: &fakeBackend{}, region: mapped(t, l), metrics: &Metrics{}}
 	rig.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }))
 	t.Cleanup(rig.sys.Shutdown)
-	rig.dir = NewDirectory(time.Minute, clk)
+	rig.dir = NewHoldTable(time.Minute, clk)
 	deps := &HoldDeps{
 		Backend: rig.be, Ctrl: &messages.RemoteCtrl{Member: "m"}, Dir: rig.dir, Clock: clk,
 		Log: slog.New(slog.DiscardHandler), Metrics: rig.metrics, ReadSlack: time.Second,
@@ -100,7 +100,7 @@ func newHoldRigClock(t *testing.T, clk clock.Clock) *holdRig {
 		},
 	}
 	rig.deps = deps
-	rig.table = rig.sys.Root.Spawn(HoldTableProps(deps))
+	rig.table = rig.sys.Root.Spawn(HoldSupervisorProps(deps))
 	return rig
 }
 

@@ -24,7 +24,7 @@ import (
 
 // BenchmarkHolds (make bench-holds) creates BENCH_HOLDS live holds (default
 // 100k) in one actor system the way connexd's hold.create does — a
-// CreateHold ask to the HoldTable, a supervised hold actor per transfer
+// CreateHold ask to the HoldSupervisor, a supervised hold actor per transfer
 // with its lease timer and its registration in the data plane connexd
 // opens by default (backend=auto: UCX where libucx loads, else TCP), on a
 // region created as region.create creates one — and prints what each live
@@ -80,10 +80,10 @@ func BenchmarkHolds(b *testing.B) {
 		sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return slog.New(slog.DiscardHandler) }))
 		deps := &actors.HoldDeps{
 			Backend: be, Ctrl: &messages.RemoteCtrl{Member: "m", Backend: be.Name(), DataAddr: be.Address()},
-			Dir: actors.NewDirectory(time.Minute, nil), Log: slog.New(slog.DiscardHandler), Metrics: &actors.Metrics{},
+			Dir: actors.NewHoldTable(time.Minute, nil), Log: slog.New(slog.DiscardHandler), Metrics: &actors.Metrics{},
 			ReadSlack: time.Second, Notify: func(*messages.BlocksFreed) {},
 		}
-		table, err := sys.Root.SpawnNamed(actors.HoldTableProps(deps), "holds")
+		table, err := sys.Root.SpawnNamed(actors.HoldSupervisorProps(deps), "holds")
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -17,7 +17,7 @@ import (
 )
 
 // TestHoldScripts runs the scripts in testdata/hold/ with datadriven
-// against a real hold actor (under a HoldTable, in a real actor system) on
+// against a real hold actor (under a HoldSupervisor, in a real actor system) on
 // a clock.Fake, with an in-memory backend and region; each file has its own
 // rig and clock. Each case is a command, a line "----", the expected output
 // and a blank line; lines starting with # are comments. Commands:

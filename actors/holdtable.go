@@ -1,53 +1,129 @@
 package actors
 
 import (
+	"sync"
+	"sync/atomic"
+	"time"
+
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/connex/connex/clock"
+	"github.com/connex/connex/lease"
 )
 
-// HoldTable is the supervisor of hold actors. It spawns one child per
-// CreateHold and forwards the request to it, so the child answers the
-// original caller. A child that panics is stopped, never restarted: a
-// restarted actor would lose the registration it owns, so its Stopping
-// handler frees everything instead.
+// HoldTable maps transfer ids to live hold actors, and remembers ended
+// transfers (tombstones) for a while so late callers learn "expired" or
+// "released" instead of "unknown transfer". Safe for concurrent use.
 type HoldTable struct {
-	deps *HoldDeps
-	// child is the props of every hold actor, made once: a Props per
-	// spawn cost each live hold ~240 bytes (make bench-holds).
-	child *actor.Props
+	mu    sync.RWMutex
+	live  map[string]*HoldEntry
+	ended map[string]tombstone
+	ttl   time.Duration
+	clock clock.Clock
 }
 
-// HoldTableProps returns the props of the hold supervisor.
-func HoldTableProps(deps *HoldDeps) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor { return &HoldTable{deps: deps, child: holdProps(deps)} }, actor.WithSupervisor(HoldTableSupervisor()))
+// HoldEntry is a live hold.
+type HoldEntry struct {
+	PID     *actor.PID
+	Engine  string
+	Region  string
+	Created time.Time // when the hold was created
+	Blocks  int       // blocks it holds
+	Bytes   uint64    // bytes it holds (blocks × layers × planes × block bytes)
+	// State is the hold's lease.State, kept current by its actor (for
+	// metrics by state without asking every actor).
+	State atomic.Int32
 }
 
-// holdProps are the props of a hold actor. Its mailbox is protoactor's
-// lock-free one: a hold gets a few messages in its life, and the default
-// mailbox's ring of 10 slots cost each live hold ~200 bytes more than the
-// lock-free queue's stub node (make bench-holds).
-func holdProps(deps *HoldDeps) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor { return newHoldActor(deps) }, actor.WithMailbox(actor.UnboundedLockfree()))
+type tombstone struct {
+	state lease.State
+	at    time.Time
 }
 
-func stopOnFailure(reason interface{}) actor.Directive { return actor.StopDirective }
+// NewHoldTable returns an empty directory keeping tombstones for ttl, as
+// measured by clk (nil: the system clock). Give it the hold actors' clock.
+func NewHoldTable(ttl time.Duration, clk clock.Clock) *HoldTable {
+	return &HoldTable{live: map[string]*HoldEntry{}, ended: map[string]tombstone{}, ttl: ttl, clock: clock.Or(clk)}
+}
 
-// Receive implements actor.Actor.
-func (t *HoldTable) Receive(ctx actor.Context) {
-	switch m := ctx.Message().(type) {
-	case *CreateHold:
-		child, err := ctx.SpawnNamed(t.child, "hold-"+m.ID)
-		if err != nil {
-			if m.ReleaseRegion != nil {
-				m.ReleaseRegion()
-			}
-			ctx.Respond(Reply{Err: err})
-			return
-		}
-		ctx.Forward(child)
+func (d *HoldTable) put(id string, e *HoldEntry) {
+	d.mu.Lock()
+	d.live[id] = e
+	d.mu.Unlock()
+}
+
+func (d *HoldTable) end(id string, st lease.State) {
+	d.mu.Lock()
+	delete(d.live, id)
+	d.ended[id] = tombstone{state: st, at: d.clock.Now()}
+	d.mu.Unlock()
+}
+
+// Lookup returns the live hold, or the terminal state of an ended one
+// (ended is true), or neither for an unknown transfer.
+func (d *HoldTable) Lookup(id string) (e *HoldEntry, st lease.State, ended bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if e, ok := d.live[id]; ok {
+		return e, 0, false
 	}
+	if t, ok := d.ended[id]; ok && d.clock.Now().Sub(t.at) < d.ttl {
+		return nil, t.state, true
+	}
+	return nil, 0, false
 }
 
-// HoldTableSupervisor is the strategy HoldTable applies to its children.
-func HoldTableSupervisor() actor.SupervisorStrategy {
-	return actor.NewOneForOneStrategy(0, 0, stopOnFailure)
+// ByEngine lists the live holds of an engine.
+func (d *HoldTable) ByEngine(engine string) map[string]*HoldEntry {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := map[string]*HoldEntry{}
+	for id, e := range d.live {
+		if e.Engine == engine {
+			out[id] = e
+		}
+	}
+	return out
+}
+
+// CountEngine is the number of live holds of an engine.
+func (d *HoldTable) CountEngine(engine string) int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	n := 0
+	for _, e := range d.live {
+		if e.Engine == engine {
+			n++
+		}
+	}
+	return n
+}
+
+// Live is the number of live holds.
+func (d *HoldTable) Live() int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return len(d.live)
+}
+
+// All lists every live hold.
+func (d *HoldTable) All() map[string]*HoldEntry {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := make(map[string]*HoldEntry, len(d.live))
+	for id, e := range d.live {
+		out[id] = e
+	}
+	return out
+}
+
+// Sweep forgets tombstones older than the ttl.
+func (d *HoldTable) Sweep() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := d.clock.Now()
+	for id, t := range d.ended {
+		if now.Sub(t.at) >= d.ttl {
+			delete(d.ended, id)
+		}
+	}
 }

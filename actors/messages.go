@@ -12,7 +12,7 @@ import (
 // protobuf message from package messages; these only travel between
 // goroutines of one connexd.
 
-// CreateHold asks the HoldTable for a new hold actor. The reply is a Reply
+// CreateHold asks the HoldSupervisor for a new hold actor. The reply is a Reply
 // with Create set, or Err.
 type CreateHold struct {
 	ID            string

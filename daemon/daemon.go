@@ -47,7 +47,7 @@ type Daemon struct {
 	Backend transport.Backend
 	system  *actor.ActorSystem
 	holds   *actor.PID
-	dir     *actors.Directory
+	dir     *actors.HoldTable
 	regions *kvmem.RegionTable
 	// handover serves created regions' descriptors to their engines
 	// (region_socket); nil when off or on a router.
@@ -211,7 +211,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 		d.regions.SetGuard(func(mem []byte) (kvmem.Guard, error) { return fg.Guard(mem) })
 	}
 	d.journal, d.journalID, d.inflight = notices.NewJournal(noticeJournalLimit, cfg.Tombstone), actors.NewTransferID()[:16], newPullTable()
-	d.dir = actors.NewDirectory(cfg.Tombstone, d.clock)
+	d.dir = actors.NewHoldTable(cfg.Tombstone, d.clock)
 	d.libLog = slog.New(libHandler{Handler: log.Handler(), stopping: &d.stopping})
 	d.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return d.libLog.With("lib", "protoactor")
@@ -268,7 +268,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 			return d, err
 		}
 	}
-	d.holds, err = d.system.Root.SpawnNamed(actors.HoldTableProps(d.hdeps), "holds")
+	d.holds, err = d.system.Root.SpawnNamed(actors.HoldSupervisorProps(d.hdeps), "holds")
 	if err != nil {
 		return d, fmt.Errorf("spawn hold table: %w", err)
 	}

@@ -33,7 +33,7 @@ type holdAPI struct {
 }
 
 // holdDirectory is what holdAPI reads of the live and ended holds
-// (actors.Directory).
+// (actors.HoldTable).
 type holdDirectory interface {
 	Lookup(id string) (e *actors.HoldEntry, st lease.State, ended bool)
 	CountEngine(engine string) int
