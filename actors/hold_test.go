@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/connex/connex/clock"
 	waitpoll "github.com/connex/connex/harness/poll"
 	"github.com/connex/connex/kvmem"
+	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/lease"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/transport"
@@ -120,6 +122,17 @@ func (r *holdRig) createMode(blocks []uint32, mode lease.Mode) (Reply, error) {
 	}
 	rep := res.(Reply)
 	return rep, rep.Err
+}
+
+// mapped is a fresh region file of layout l, as a hold's region.
+func mapped(t *testing.T, l kvmem.Layout) *kvmem.Mapped {
+	t.Helper()
+	r, err := regionfile.Create(filepath.Join(t.TempDir(), "r"), l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return &kvmem.Mapped{Engine: "e", ID: "r", Region: r, Blocks: kvmem.NewBlockTable(l.Blocks)}
 }
 
 // poll waits up to 5 s for fn to hold (package poll), naming what it

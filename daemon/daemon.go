@@ -27,6 +27,7 @@ import (
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/natsbus"
 	"github.com/connex/connex/notices"
+	"github.com/connex/connex/pull"
 	"github.com/connex/connex/requests"
 	"github.com/connex/connex/router"
 	"github.com/connex/connex/transport"
@@ -55,7 +56,7 @@ type Daemon struct {
 	svc      micro.Service
 	Metrics  *actors.Metrics
 	hdeps    *actors.HoldDeps
-	pdeps    *actors.PullDeps
+	pdeps    *pull.PullDeps
 	// Request actors (decode side).
 	reqTable *actors.RequestTable
 	reqStore *requests.KVStore
@@ -230,7 +231,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 			d.publish(api.FreedSubject(cfg.MemberID, m.EngineId), m)
 		},
 	}
-	d.pdeps = &actors.PullDeps{
+	d.pdeps = &pull.PullDeps{
 		Backend: d.Backend, NC: d.Bus.Conn, Clock: d.clock, Log: log, Metrics: d.Metrics,
 		LoadFailurePolicy: cfg.KVLoadFailurePolicy,
 		Notify: func(m *messages.PullDone) {
@@ -241,7 +242,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 			d.publish(api.PullDoneSubject(cfg.MemberID, m.EngineId), m)
 		},
 		Go:      d.goBackground,
-		Holders: &actors.HolderWatch{},
+		Holders: &pull.HolderWatch{},
 	}
 	d.pdeps.Ctx, d.pullCancel = context.WithCancel(context.Background())
 	d.reqTable = actors.NewRequestTable()

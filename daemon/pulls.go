@@ -9,6 +9,7 @@ import (
 	"github.com/connex/connex/clock"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/pull"
 )
 
 // pullAPI answers pull.start: it checks a pull, claims its destination
@@ -23,10 +24,10 @@ type pullAPI struct {
 	clock    clock.Clock
 }
 
-// pullStarter starts a puller for a checked pull (actors.StartPuller); its
+// pullStarter starts a puller for a checked pull (pull.StartPuller); its
 // outcome comes back as a PullDone notice.
 type pullStarter interface {
-	startPull(p *actors.Pull)
+	startPull(p *pull.Pull)
 }
 
 // maxPullTimeout bounds a caller-chosen pull deadline: a holder never keeps
@@ -123,7 +124,7 @@ func (a *pullAPI) StartPull(ctx context.Context, r *messages.StartPullRequest) (
 	if err := dst.Blocks.BeginWrite(r.BlockIds); err != nil {
 		return fail(err)
 	}
-	a.pullers.startPull(&actors.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Skip: skip, Pick: pick, Timeout: timeout, Stall: min(a.stall, timeout), ReleaseRegion: release})
+	a.pullers.startPull(&pull.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Skip: skip, Pick: pick, Timeout: timeout, Stall: min(a.stall, timeout), ReleaseRegion: release})
 	return &messages.StartPullReply{PullId: pullID}, nil
 }
 
@@ -153,6 +154,6 @@ func pullSuffix(p *messages.KVTransferParams, skipBlocks, dstBlockSize uint32) (
 }
 
 // pullDeps is pullStarter over the actors package's pullers.
-type pullDeps struct{ deps *actors.PullDeps }
+type pullDeps struct{ deps *pull.PullDeps }
 
-func (p pullDeps) startPull(pull *actors.Pull) { actors.StartPuller(p.deps, pull) }
+func (p pullDeps) startPull(pl *pull.Pull) { pull.StartPuller(p.deps, pl) }

@@ -5,16 +5,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/clock"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/pull"
 )
 
 // fakePullers is pullStarter: the pulls it was given.
-type fakePullers struct{ started []*actors.Pull }
+type fakePullers struct{ started []*pull.Pull }
 
-func (f *fakePullers) startPull(p *actors.Pull) { f.started = append(f.started, p) }
+func (f *fakePullers) startPull(p *pull.Pull) { f.started = append(f.started, p) }
 
 func newTestPullAPI() (*pullAPI, *fakeRegions, *fakePullers) {
 	regs, ps := newFakeRegions(), &fakePullers{}

@@ -95,7 +95,7 @@ func holderDies(t *testing.T, backend string, sig syscall.Signal) {
 			// backends: TCP sees the connection refused, and over UCX's
 			// shared-memory lanes (no peer error handling) the cluster's
 			// failure detector removes the holder within milliseconds and
-			// ends its pulls (actors.HolderWatch), well before the stall
+			// ends its pulls (pull.HolderWatch), well before the stall
 			// deadline would say timeout.
 			if sig == syscall.SIGKILL && api.Code(d.ErrorCode) != api.CodePeerUnavailable {
 				t.Fatalf("killed holder: code %d (%s), want peer_unavailable: %s", d.ErrorCode, api.Code(d.ErrorCode).Name(), d.Error)

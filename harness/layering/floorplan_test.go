@@ -49,6 +49,7 @@ var floorPlan = map[string]side{
 	"natsbus":       runtime,
 	"natssubject":   runtime,
 	"notices":       runtime,
+	"pull":          runtime,
 	"requests":      runtime,
 	"router":        runtime,
 	"transport":     runtime,

@@ -53,13 +53,17 @@ var rules = map[string]struct {
 	"requests/activation": {internal: []string{"messages", "requests"}, pure: true},
 	"cluster":             {internal: []string{"messages", "natssubject"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/grpc", "google.golang.org/protobuf/"}},
 	"actors":              {internal: []string{"api", "clock", "errcode", "kvmem", "lease", "messages", "requests", "requests/activation", "transport"}, external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
-	"natsbus":             {internal: []string{"auth"}, external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
-	"auth":                {internal: []string{"natssubject"}, external: []string{"github.com/nats-io/jwt/", "github.com/nats-io/nkeys"}},
-	"config":              {external: []string{"github.com/spf13/"}},
-	"router":              {internal: []string{"clock", "messages"}, external: []string{"github.com/prometheus/client_golang/", "github.com/valyala/fastjson"}},
-	"engine/shim":         {internal: []string{"api", "kvmem", "kvmem/handover", "kvmem/regionfile", "messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
-	"engine/simengine":    {internal: []string{"kvmem", "messages", "engine/shim"}, external: []string{"github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
-	"clusterstatus":       {internal: []string{"api", "messages"}, external: []string{"github.com/nats-io/nats.go"}},
+	// pull is the decode side of a transfer: the puller, its pure machine,
+	// read planning and translations; the hold side's actors give it the
+	// layout conversions and the metrics.
+	"pull":             {internal: []string{"actors", "api", "clock", "errcode", "kvmem", "messages", "transport"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"natsbus":          {internal: []string{"auth"}, external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
+	"auth":             {internal: []string{"natssubject"}, external: []string{"github.com/nats-io/jwt/", "github.com/nats-io/nkeys"}},
+	"config":           {external: []string{"github.com/spf13/"}},
+	"router":           {internal: []string{"clock", "messages"}, external: []string{"github.com/prometheus/client_golang/", "github.com/valyala/fastjson"}},
+	"engine/shim":      {internal: []string{"api", "kvmem", "kvmem/handover", "kvmem/regionfile", "messages"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"engine/simengine": {internal: []string{"kvmem", "messages", "engine/shim"}, external: []string{"github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
+	"clusterstatus":    {internal: []string{"api", "messages"}, external: []string{"github.com/nats-io/nats.go"}},
 	// harness/chaos drives the product as an operator would: localcluster's
 	// processes, the router over HTTP, notices and member.status over NATS.
 	"harness/chaos": {internal: []string{"api", "harness/localcluster", "messages"}, external: []string{"github.com/nats-io/", "google.golang.org/protobuf/", "go.yaml.in/yaml/v3", "gonum.org/v1/plot"}},
@@ -67,7 +71,7 @@ var rules = map[string]struct {
 	"harness/localcluster": {},
 	// netlab builds network-namespace hosts with ip and nft; nothing of ours.
 	"harness/netlab": {},
-	"daemon": {internal: []string{"actors", "api", "auth", "natsbus", "clock", "cluster", "config", "advertise", "errcode", "kvmem", "kvmem/handover", "kvmem/regionfile", "lease", "messages", "notices", "requests", "requests/activation", "router", "transport", "transport/tcp", "transport/ucx"},
+	"daemon": {internal: []string{"actors", "api", "auth", "natsbus", "clock", "cluster", "config", "advertise", "errcode", "kvmem", "kvmem/handover", "kvmem/regionfile", "lease", "messages", "notices", "pull", "requests", "requests/activation", "router", "transport", "transport/tcp", "transport/ucx"},
 		external: []string{"github.com/asynkron/protoactor-go/", "github.com/nats-io/", "github.com/prometheus/client_golang/", "google.golang.org/protobuf/"}},
 	"harness/layering": {},
 	// poll is for tests: wait for a condition with a deadline (and a log

@@ -1,4 +1,4 @@
-package actors
+package pull
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/clock"
 	"github.com/connex/connex/errcode"
@@ -28,7 +29,7 @@ type PullDeps struct {
 	// system clock's.
 	Clock   clock.Clock
 	Log     *slog.Logger
-	Metrics *Metrics
+	Metrics *actors.Metrics
 	// LoadFailurePolicy is copied into every PullDone ("fail" or "recompute").
 	LoadFailurePolicy string
 	// Ctx, when cancelled, aborts every pull's reads (daemon shutdown:
@@ -167,7 +168,7 @@ func postDescriptors(deps *PullDeps, p *Pull) (*api.Asks, error) {
 func descriptorsRequest(p *Pull) *messages.DescriptorsRequest {
 	return &messages.DescriptorsRequest{
 		TransferId: p.Params.TransferId, Requester: p.Dst.Engine, PullId: p.ID, RequestId: p.Params.ConnexRequestId,
-		Layout: LayoutToProto(p.Dst.Region.Layout), TimeoutMs: uint32(p.Timeout / time.Millisecond),
+		Layout: actors.LayoutToProto(p.Dst.Region.Layout), TimeoutMs: uint32(p.Timeout / time.Millisecond),
 	}
 }
 

@@ -1,9 +1,10 @@
-package actors
+package pull
 
 import (
 	"errors"
 	"testing"
 
+	"github.com/connex/connex/actors"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/kvmem/kvfill"
 	"github.com/connex/connex/messages"
@@ -69,12 +70,12 @@ func TestPullSkipsLeadingBlocks(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sl := tc.src(tc.tp, 0)
-			desc := &messages.Descriptors{Layout: LayoutToProto(sl), BlockIds: tc.srcIDs, ImpliedSegments: true, Rkeys: [][]byte{{0}}}
+			desc := &messages.Descriptors{Layout: actors.LayoutToProto(sl), BlockIds: tc.srcIDs, ImpliedSegments: true, Rkeys: [][]byte{{0}}}
 			ranks := [][]byte{make([]byte, sl.Size())}
 			kvfill.Fill(sl, ranks[0], tc.srcIDs)
 			for r := uint32(1); r < tc.tp; r++ {
 				l := tc.src(tc.tp, r)
-				desc.MoreRanks = append(desc.MoreRanks, &messages.RankDescriptors{Layout: LayoutToProto(l), ImpliedSegments: true, Rkeys: [][]byte{{byte(r)}}, RegionAddr: uint64(r) << 32})
+				desc.MoreRanks = append(desc.MoreRanks, &messages.RankDescriptors{Layout: actors.LayoutToProto(l), ImpliedSegments: true, Rkeys: [][]byte{{byte(r)}}, RegionAddr: uint64(r) << 32})
 				ranks = append(ranks, make([]byte, l.Size()))
 				kvfill.Fill(l, ranks[r], tc.srcIDs)
 			}
@@ -105,7 +106,7 @@ func TestPullSkipRefused(t *testing.T) {
 	// A holder of 8-token blocks: one skipped block is half a block here.
 	l := rankLayout(1, 0)
 	l.BlockSize, l.BlockBytes = 8, l.BlockBytes/2
-	d8 := &messages.Descriptors{Layout: LayoutToProto(l), BlockIds: []uint32{1, 2, 3, 4}, ImpliedSegments: true, Rkeys: [][]byte{{0}}}
+	d8 := &messages.Descriptors{Layout: actors.LayoutToProto(l), BlockIds: []uint32{1, 2, 3, 4}, ImpliedSegments: true, Rkeys: [][]byte{{0}}}
 	if err := runPlan(t, d8, [][]byte{make([]byte, l.Size())}, []uint32{1, 2, 3, 4}, 1, 24, dst, []uint32{0, 1}); !errors.Is(err, kvmem.ErrBadBlockIDs) {
 		t.Fatalf("skipping half a destination block: %v, want ErrBadBlockIDs", err)
 	}

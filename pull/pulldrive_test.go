@@ -1,4 +1,4 @@
-package actors
+package pull
 
 import (
 	"context"
@@ -8,9 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
+	waitpoll "github.com/connex/connex/harness/poll"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/transport"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -36,7 +39,7 @@ func TestPullDriveWiring(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	be := &fakeBackend{} // never dialled: the descriptors never come
+	be := idleBackend{} // never dialled: the descriptors never come
 	for _, c := range []struct {
 		name     string
 		answer   bool // the holder's member listens but never answers
@@ -73,14 +76,14 @@ func TestPullDriveWiring(t *testing.T) {
 			}
 			dones := make(chan notice, 1)
 			notify := func(d *messages.PullDone) { dones <- notice{d, dst.Blocks.Counts().Writing, released.Load()} }
-			deps := &PullDeps{Backend: be, NC: nc, Notify: notify, Log: slog.New(slog.DiscardHandler), Metrics: &Metrics{}, Ctx: ctx}
+			deps := &PullDeps{Backend: be, NC: nc, Notify: notify, Log: slog.New(slog.DiscardHandler), Metrics: &actors.Metrics{}, Ctx: ctx}
 			stall := 300 * time.Millisecond
 			StartPuller(deps, &Pull{
 				ID: "p1", Dst: dst, DstBlocks: blocks, Timeout: time.Minute, Stall: stall, ReleaseRegion: func() { released.Add(1) },
 				Params: &messages.KVTransferParams{TransferId: "t1", RemoteCtrl: &messages.RemoteCtrl{Member: "h1", Backend: "tcp"}, RemoteBlockIds: []uint32{0, 1}, RetainS: 60},
 			})
 			if c.shutdown {
-				poll(t, "the first ask", func() error {
+				waitpoll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
 					if asks.Load() == 0 {
 						return errors.New("no ask yet")
 					}
@@ -106,4 +109,18 @@ func TestPullDriveWiring(t *testing.T) {
 			}
 		})
 	}
+}
+
+// idleBackend is a transport.Backend that is never dialled: Connect fails.
+type idleBackend struct{}
+
+func (idleBackend) Name() string         { return "idle" }
+func (idleBackend) Caps() transport.Caps { return transport.Caps{} }
+func (idleBackend) Address() []byte      { return []byte("idle") }
+func (idleBackend) Close() error         { return nil }
+func (idleBackend) Register(mem []byte) (transport.Registration, error) {
+	return nil, errors.New("idleBackend registers nothing")
+}
+func (idleBackend) Connect(context.Context, []byte) (transport.Endpoint, error) {
+	return nil, transport.ErrUnavailable
 }

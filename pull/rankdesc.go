@@ -1,8 +1,9 @@
-package actors
+package pull
 
 import (
 	"fmt"
 
+	"github.com/connex/connex/actors"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
 )
@@ -22,7 +23,7 @@ type rankDesc struct {
 // its rank) and returns them by rank. A bad or hostile peer gets
 // ErrBadDescriptors.
 func ranksOf(desc *messages.Descriptors) ([]rankDesc, error) {
-	first := rankDesc{layout: LayoutFromProto(desc.Layout), rkeys: desc.Rkeys, segments: desc.Segments, implied: desc.ImpliedSegments, regionAddr: desc.RegionAddr}
+	first := rankDesc{layout: actors.LayoutFromProto(desc.Layout), rkeys: desc.Rkeys, segments: desc.Segments, implied: desc.ImpliedSegments, regionAddr: desc.RegionAddr}
 	if err := first.layout.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: holder layout: %v", ErrBadDescriptors, err)
 	}
@@ -32,7 +33,7 @@ func ranksOf(desc *messages.Descriptors) ([]rankDesc, error) {
 	out := make([]rankDesc, 0, first.layout.TPSize)
 	out = append(out, first)
 	for i, m := range desc.GetMoreRanks() {
-		r := rankDesc{layout: LayoutFromProto(m.Layout), rkeys: m.Rkeys, segments: m.Segments, implied: m.ImpliedSegments, regionAddr: m.RegionAddr}
+		r := rankDesc{layout: actors.LayoutFromProto(m.Layout), rkeys: m.Rkeys, segments: m.Segments, implied: m.ImpliedSegments, regionAddr: m.RegionAddr}
 		want := first.layout
 		want.TPRank = uint32(i + 1)
 		if r.layout != want {

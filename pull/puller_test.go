@@ -1,4 +1,4 @@
-package actors
+package pull
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/errcode"
 	"github.com/connex/connex/kvmem"
@@ -50,7 +51,7 @@ func mapped(t *testing.T, l kvmem.Layout) *kvmem.Mapped {
 // segmentDescriptors describes a hold of ids in a region of layout l at
 // address 0, with one key per segment (key i is the byte i).
 func segmentDescriptors(l kvmem.Layout, ids []uint32) *messages.Descriptors {
-	d := &messages.Descriptors{Layout: LayoutToProto(l), BlockIds: ids}
+	d := &messages.Descriptors{Layout: actors.LayoutToProto(l), BlockIds: ids}
 	for _, e := range l.Extents(ids) {
 		d.Rkeys = append(d.Rkeys, []byte{byte(len(d.Rkeys))})
 		d.Segments = append(d.Segments, &messages.Segment{RemoteAddr: e.Off, Length: e.Len, Rkey: uint32(len(d.Rkeys) - 1)})
@@ -122,7 +123,7 @@ func TestPlanReads(t *testing.T) {
 	}
 	other := l
 	other.BlockBytes = 32
-	d2 := &messages.Descriptors{Layout: LayoutToProto(other), BlockIds: srcIDs, Rkeys: rkeys, Segments: segs}
+	d2 := &messages.Descriptors{Layout: actors.LayoutToProto(other), BlockIds: srcIDs, Rkeys: rkeys, Segments: segs}
 	if _, _, err := PlanReads(d2, srcIDs, dst, dstIDs); !errors.Is(err, kvmem.ErrIncompatible) {
 		t.Errorf("layout mismatch: %v", err)
 	}
@@ -142,7 +143,7 @@ func TestPlanReadsImpliedSegments(t *testing.T) {
 	}
 	srcIDs := []uint32{15, 3, 4, 9}
 	dstIDs := []uint32{0, 6, 7, 2}
-	desc := &messages.Descriptors{Layout: LayoutToProto(hl), BlockIds: srcIDs, Rkeys: [][]byte{{1}}, ImpliedSegments: true, RegionAddr: 1000}
+	desc := &messages.Descriptors{Layout: actors.LayoutToProto(hl), BlockIds: srcIDs, Rkeys: [][]byte{{1}}, ImpliedSegments: true, RegionAddr: 1000}
 	ops, _, err := PlanReads(desc, srcIDs, dst, dstIDs)
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +155,7 @@ func TestPlanReadsImpliedSegments(t *testing.T) {
 		t.Fatalf("two keys with implied segments: %v", err)
 	}
 	small := proto.Clone(desc).(*messages.Descriptors)
-	small.Layout = LayoutToProto(dl) // the holder claims 8 blocks but names block 15
+	small.Layout = actors.LayoutToProto(dl) // the holder claims 8 blocks but names block 15
 	if _, _, err := PlanReads(small, srcIDs, dst, dstIDs); !errors.Is(err, ErrBadDescriptors) {
 		t.Fatalf("block outside the holder's layout: %v", err)
 	}

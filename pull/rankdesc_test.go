@@ -1,9 +1,10 @@
-package actors
+package pull
 
 import (
 	"errors"
 	"testing"
 
+	"github.com/connex/connex/actors"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/kvmem/kvfill"
 	"github.com/connex/connex/messages"
@@ -22,9 +23,9 @@ func rankLayout(tp, rank uint32) kvmem.Layout {
 // tpDescriptors describes a hold of ids in a TP tp engine whose rank r's
 // region is at address r<<32 under one key, the byte r.
 func tpDescriptors(tp uint32, ids []uint32) *messages.Descriptors {
-	d := &messages.Descriptors{Layout: LayoutToProto(rankLayout(tp, 0)), BlockIds: ids, ImpliedSegments: true, Rkeys: [][]byte{{0}}}
+	d := &messages.Descriptors{Layout: actors.LayoutToProto(rankLayout(tp, 0)), BlockIds: ids, ImpliedSegments: true, Rkeys: [][]byte{{0}}}
 	for r := uint32(1); r < tp; r++ {
-		d.MoreRanks = append(d.MoreRanks, &messages.RankDescriptors{Layout: LayoutToProto(rankLayout(tp, r)), ImpliedSegments: true, Rkeys: [][]byte{{byte(r)}}, RegionAddr: uint64(r) << 32})
+		d.MoreRanks = append(d.MoreRanks, &messages.RankDescriptors{Layout: actors.LayoutToProto(rankLayout(tp, r)), ImpliedSegments: true, Rkeys: [][]byte{{byte(r)}}, RegionAddr: uint64(r) << 32})
 	}
 	return d
 }

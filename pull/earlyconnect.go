@@ -1,4 +1,4 @@
-package actors
+package pull
 
 import (
 	"bytes"

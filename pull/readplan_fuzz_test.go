@@ -1,10 +1,11 @@
-package actors
+package pull
 
 import (
 	"path/filepath"
 	"testing"
 	"unsafe"
 
+	"github.com/connex/connex/actors"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/kvmem/regionfile"
 	"github.com/connex/connex/messages"
@@ -22,7 +23,7 @@ func FuzzPlanReads(f *testing.F) {
 	dstIDs := []uint32{4, 5, 0, 7}
 	for _, d := range []*messages.Descriptors{
 		segmentDescriptors(l, srcIDs),
-		{Layout: LayoutToProto(l), BlockIds: srcIDs, ImpliedSegments: true, Rkeys: [][]byte{{1}}, RegionAddr: 1 << 20},
+		{Layout: actors.LayoutToProto(l), BlockIds: srcIDs, ImpliedSegments: true, Rkeys: [][]byte{{1}}, RegionAddr: 1 << 20},
 	} {
 		seed, err := proto.Marshal(d)
 		if err != nil {
