@@ -113,7 +113,7 @@ CGO_ENABLED=0 go build ./...
 # These packages run under the race detector: those that start no
 # protoactor actor system, the daemon's fake-based tests, and the cluster
 # package, whose tests that start protoactor systems skip under -race
-# (protoactor-go's own code trips it; see ARCHITECTURE.md).
+# (protoactor-go's own code trips it; see docs/architecture/protoactor-defects.md).
 RACE_PKGS=(./lease/ ./clock/ ./natssubject/ ./harness/poll/ ./auth/ ./kvmem/... ./config/ ./api/ ./natsbus/ ./requests/ ./actors/ ./pull/ ./transport/... ./advertise/ ./notices/ ./router/ ./engine/shim/ ./engine/simengine/ ./harness/localcluster/ ./daemon/ ./cluster/)
 phase race "race detector: ${RACE_PKGS[*]}"
 go test "${TAGS[@]}" -race -count=1 "${RACE_PKGS[@]}"

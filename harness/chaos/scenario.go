@@ -28,7 +28,7 @@ type Scenario struct {
 	// Shapes gives engines their KV shape by node name (prefill-0,
 	// decode-1, …); the nodes not named keep connex-sim's default (TP 1,
 	// 16-token blocks, nhd). Engines of any shapes exchange KV: connexd
-	// translates it (ARCHITECTURE.md, "KV layouts and translation").
+	// translates it (docs/architecture/kv-layouts.md).
 	Shapes map[string]Shape `yaml:"shapes"`
 	Load   Load             `yaml:"load"`
 	Faults []Fault          `yaml:"faults"`

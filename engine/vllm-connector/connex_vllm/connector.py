@@ -178,7 +178,7 @@ def reasoner_factory(vllm_config: VllmConfig) -> Callable[[Any], Any] | None:
 
 class ConnexConnector(KVConnectorBase_V1, SupportsHMA):
     """Prefill (kv_producer) keeps a request's KV as a renewable hold in connexd; decode (kv_consumer) pulls it,
-    possibly again after a resume. See "The vLLM connector" in ARCHITECTURE.md. ``SupportsHMA``: vLLM keeps its
+    possibly again after a resume. See docs/architecture/vllm-connector.md. ``SupportsHMA``: vLLM keeps its
     hybrid KV cache manager on (a sliding-window group keeps only its window's blocks), and a hold spans every
     group (connex_vllm.groups)."""
 
