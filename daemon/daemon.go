@@ -271,7 +271,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 	}
 	d.holds, err = d.system.Root.SpawnNamed(actors.HoldSupervisorProps(d.hdeps), "holds")
 	if err != nil {
-		return d, fmt.Errorf("spawn hold table: %w", err)
+		return d, fmt.Errorf("spawn hold supervisor: %w", err)
 	}
 	d.holdAPI.actors = systemHolds{sys: d.system, table: d.holds}
 	d.svc, err = api.Serve(d.Bus.Conn, handler{d}, api.ServeOptions{
@@ -341,7 +341,7 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 
 // assemble builds the concerns that answer the API and wires each to the
 // narrow interfaces it needs: the actor system's holds and requests, the
-// region table, the request store. The hold table's pid and membership
+// region table, the request store. The hold supervisor's pid and membership
 // are wired once they exist (New).
 func (d *Daemon) assemble() {
 	cfg := d.cfg

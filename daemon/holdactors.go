@@ -7,7 +7,7 @@ import (
 )
 
 // systemHolds is holdActors on the daemon's actor system: table is the
-// hold table actor that creates holds.
+// hold supervisor actor that creates holds.
 type systemHolds struct {
 	sys   *actor.ActorSystem
 	table *actor.PID

@@ -40,10 +40,10 @@ type holdDirectory interface {
 	ByEngine(engine string) map[string]*actors.HoldEntry
 }
 
-// holdActors reaches the hold actors: the hold table that creates them and
+// holdActors reaches the hold actors: the hold supervisor that creates them and
 // each hold by its pid (holdactors.go).
 type holdActors interface {
-	// create asks the hold table to start a hold.
+	// create asks the hold supervisor to start a hold.
 	create(msg *actors.CreateHold) (actors.Reply, error)
 	// ask sends msg to a hold and waits for its Reply.
 	ask(pid *actor.PID, msg any) (actors.Reply, error)

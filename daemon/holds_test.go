@@ -90,7 +90,7 @@ func TestCreateHoldRefusals(t *testing.T) {
 	_, err = h.CreateHold(ctx, &messages.CreateHoldRequest{EngineId: "e", RegionId: "r", BlockIds: []uint32{1}})
 	wantCode(t, "create over holds_max_per_engine", err, api.CodeOverloaded)
 	if n := len(acts.messages()); n != 0 {
-		t.Fatalf("%d messages sent to the hold table for refused creates", n)
+		t.Fatalf("%d messages sent to the hold supervisor for refused creates", n)
 	}
 	// Within bounds: the table is asked, with the lease the call asked for.
 	delete(dir.live, tid2)
@@ -102,7 +102,7 @@ func TestCreateHoldRefusals(t *testing.T) {
 	}
 	c, ok := acts.messages()[0].msg.(*actors.CreateHold)
 	if !ok || c.Lease.Retain != 7*time.Second || c.Lease.Owner != "e" || len(c.ID) != 32 {
-		t.Fatalf("hold table got %+v, want a CreateHold owned by e retained 7s", acts.messages()[0].msg)
+		t.Fatalf("hold supervisor got %+v, want a CreateHold owned by e retained 7s", acts.messages()[0].msg)
 	}
 }
 
