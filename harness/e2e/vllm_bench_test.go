@@ -24,8 +24,11 @@ import (
 // (make bench-vllm makes the "small" one, whose prefill is long enough to
 // see); BENCH_VLLM_PROMPT the prompt length in tokens (default 1800);
 // BENCH_TRIALS the trials per row (default 5: a killed vLLM takes about a
-// minute to come back). It ends with
-// `VLLM resume_gap_p50_ms=<a> reprefill_gap_p50_ms=<b> ratio=<a/b>`.
+// minute to come back). A third row freezes the decode vLLM instead
+// (SIGSTOP: its connection stays open and silent), which the router gives
+// up by its stall rule. It ends with
+// `VLLM resume_gap_p50_ms=<a> reprefill_gap_p50_ms=<b> ratio=<a/b> …
+// resume_vs_limit=… after_detection_vs_limit=… stop_gap_p50_ms=…`.
 func BenchmarkVLLMResume(b *testing.B) {
 	bin, model := os.Getenv("CONNEX_VLLM"), os.Getenv("BENCH_VLLM_MODEL")
 	if model == "" {
@@ -92,6 +95,7 @@ func BenchmarkVLLMResume(b *testing.B) {
 	// connector's "taken over" line): the takeover before the pull.
 	type breakdown struct{ gap, engineTTFT, queue, start, pull, pullRead, prefill, rest, sent, front time.Duration }
 	var parts []breakdown
+	var givenUp []time.Duration // stop: the freeze to the router's giving up
 	prompt := func(trial int) []int {
 		p := make([]int, promptLen)
 		for i := range p {
@@ -126,8 +130,12 @@ func BenchmarkVLLMResume(b *testing.B) {
 		}
 	}
 	run := func(mode string) (gaps, itls []time.Duration) {
+		// Each row its own prompts: a prompt an engine has cached from an
+		// earlier row (a resumed engine keeps what it loaded) would make
+		// a re-prefill a prefix hit.
+		seed := 100 * slices.Index([]string{"resume", "stop", "reprefill"}, mode)
 		for trial := range trials {
-			p := prompt(trial)
+			p := prompt(seed + trial)
 			ref, err := postStream(bg, url, body(p, maxTokens), nil)
 			if err != nil || ref.status != 200 || len(ref.ids) != maxTokens {
 				b.Fatalf("%s: reference: %v %d %s", mode, err, ref.status, ref.body)
@@ -154,6 +162,10 @@ func BenchmarkVLLMResume(b *testing.B) {
 					return
 				}
 				fault = time.Now()
+				if mode == "stop" {
+					faultErr = c.Stop(victim + "/engine") // frozen: its sockets stay open
+					return
+				}
 				if mode == "resume" {
 					faultErr = syscall.Kill(-pid, syscall.SIGKILL) // the whole vllm serve
 					return
@@ -176,6 +188,23 @@ func BenchmarkVLLMResume(b *testing.B) {
 				gap = rest.at[0].Sub(fault) - normal
 				if fmt.Sprint(append(got.ids[:faultAt:faultAt], rest.ids...)) != fmt.Sprint(ref.ids) {
 					b.Fatalf("reprefill: the resent request's tokens differ from the uninterrupted ones")
+				}
+				if err := c.Cont(victim + "/engine"); err != nil {
+					b.Fatal(err)
+				}
+			} else if mode == "stop" {
+				if err != nil || got.status != 200 || fmt.Sprint(got.ids) != fmt.Sprint(ref.ids) || got.dones != 1 {
+					b.Fatalf("stop: the resumed stream differs: %v status %d errors %v\n got %v\nwant %v", err, got.status, got.errors, got.ids, ref.ids)
+				}
+				gap = got.at[faultAt].Sub(fault) - normal
+				// When the router gave the frozen leg up (its log's time): the
+				// stall window the stream's own pace allowed.
+				line := lastLine(logs.String(), "", "decode leg failed; resuming on another decode engine")
+				if m := regexp.MustCompile(`time=(\S+)`).FindStringSubmatch(line); m != nil {
+					if t, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
+						givenUp = append(givenUp, t.Sub(fault))
+						fmt.Printf("stop      trial %d: given up %.1f ms after the freeze (%s)\n", trial, ms(t.Sub(fault)), regexp.MustCompile(`reason=\S+`).FindString(line))
+					}
 				}
 				if err := c.Cont(victim + "/engine"); err != nil {
 					b.Fatal(err)
@@ -226,6 +255,14 @@ func BenchmarkVLLMResume(b *testing.B) {
 				if err != nil {
 					b.Fatalf("restart %s: %v", victim, err)
 				}
+				// A restarted vLLM's first requests pay its warm-up (tens to
+				// hundreds of ms a step): sent straight to it, so that the next
+				// trial's stream is not given up as stalled for them.
+				for range 2 {
+					if w, err := postStream(bg, engineURL(b, c, victim)+"/v1/completions", body(prompt(seed+trial)[:64], 8), nil); err != nil || w.status != 200 {
+						b.Fatalf("warm %s up: %v", victim, err)
+					}
+				}
 			}
 			fmt.Printf("%-9s trial %d: gap %.1f ms (itl %.1f ms, %s)\n", mode, trial, ms(gap), ms(normal), victim)
 			gaps, itls = append(gaps, gap), append(itls, normal)
@@ -235,6 +272,7 @@ func BenchmarkVLLMResume(b *testing.B) {
 	}
 	b.ResetTimer()
 	resumed, ritl := run("resume")
+	stopped, sitl := run("stop")
 	reprefilled, pitl := run("reprefill")
 	b.StopTimer()
 	p50 := func(ds []time.Duration) float64 {
@@ -246,7 +284,7 @@ func BenchmarkVLLMResume(b *testing.B) {
 	for _, r := range []struct {
 		name      string
 		gaps, itl []time.Duration
-	}{{"resumed", resumed, ritl}, {"reprefill", reprefilled, pitl}} {
+	}{{"resumed", resumed, ritl}, {"frozen", stopped, sitl}, {"reprefill", reprefilled, pitl}} {
 		fmt.Printf("%-10s %7d %7.1fms %7.1fms %7.1fms\n", r.name, len(r.gaps), p50(r.gaps), ms(slices.Max(r.gaps)), p50(r.itl))
 	}
 	a, re := p50(resumed), p50(reprefilled)
@@ -273,6 +311,12 @@ func BenchmarkVLLMResume(b *testing.B) {
 		// down): what Connex and the resumed engine take.
 		after := p50(col(func(bd breakdown) time.Duration { return bd.gap - bd.sent }))
 		line += fmt.Sprintf(" after_detection_p50_ms=%.1f after_detection_vs_limit=%.2f", after, after/limit)
+	}
+	// A frozen decode vLLM (SIGSTOP: its connection stays open, it sends
+	// nothing): the gap is the router's stall window, then the resume.
+	line += fmt.Sprintf(" stop_gap_p50_ms=%.1f", p50(stopped))
+	if len(givenUp) > 0 {
+		line += fmt.Sprintf(" stop_given_up_p50_ms=%.1f", p50(givenUp))
 	}
 	fmt.Println(line)
 }
