@@ -294,9 +294,12 @@ func BenchmarkVLLMPace(b *testing.B) {
 			alone = append(alone, direct(connex[len(connex)-1].engine, body))
 		}
 		a, x := alone[len(alone)-1], connex[len(connex)-1]
-		fmt.Printf("round %d: %s alone: engine ITL %.2f ms, client p99 gap %.1f ms, max %.1f ms, %.2f s | %s through Connex: engine ITL %.2f ms, client p99 gap %.1f ms, max %.1f ms, %.2f s\n",
-			round, a.engine, ms(a.engineITL), ms(pct(a.gaps, 0.99)), ms(slices.Max(a.gaps)), a.total.Seconds(),
-			x.engine, ms(x.engineITL), ms(pct(x.gaps, 0.99)), ms(slices.Max(x.gaps)), x.total.Seconds())
+		// Where the longest gap fell: after token k (token 0 → 1 is where a
+		// routed stream passes from the prefill leg to the decode leg).
+		at := func(g []time.Duration) int { return slices.Index(g, slices.Max(g)) }
+		fmt.Printf("round %d: %s alone: engine ITL %.2f ms, client p99 gap %.1f ms, max %.1f ms after token %d, %.2f s | %s through Connex: engine ITL %.2f ms, client p99 gap %.1f ms, max %.1f ms after token %d, %.2f s\n",
+			round, a.engine, ms(a.engineITL), ms(pct(a.gaps, 0.99)), ms(slices.Max(a.gaps)), at(a.gaps), a.total.Seconds(),
+			x.engine, ms(x.engineITL), ms(pct(x.gaps, 0.99)), ms(slices.Max(x.gaps)), at(x.gaps), x.total.Seconds())
 	}
 	med := func(rs []paceRun) time.Duration {
 		v := make([]time.Duration, len(rs))
