@@ -1,6 +1,10 @@
 package kvmem
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/connex/connex/transport/memcopy"
+)
 
 // BenchmarkCopyOut measures a staged tile's regroup: the K runs of vLLM's
 // CPU order between block sizes 16 and 32 (128 copies of 32 bytes each:
@@ -21,6 +25,52 @@ func BenchmarkCopyOut(b *testing.B) {
 			b.SetBytes(int64(c.run.Len) * int64(c.run.Count))
 			for b.Loop() {
 				c.run.CopyOut(dst, 0, scratch)
+			}
+		})
+	}
+}
+
+// BenchmarkRegroupTile measures one staged tile's regroup in the HETERO
+// bench's shape (vLLM's CPU order, 8 KV heads of 128 bfloat16, blocks of
+// 16 into 32: 128 KiB, every byte of one destination block): the copy
+// runs one by one (StagedCopies, CopyOut), Regroup without a buffer (K
+// runs paired: whole rows), and Regroup with one (the dense block
+// assembled, then copied out, and streamed out as the puller does). The destination is
+// 64 MiB, tiles taken in turn, so that its lines come from memory as a
+// pull's do. SetBytes is the bytes copied.
+func BenchmarkRegroupTile(b *testing.B) {
+	layout := func(bs uint32) Layout {
+		return Layout{Layers: 1, Planes: 1, Blocks: 512, BlockSize: bs, TPSize: 1, Order: OrderCPU, Heads: 8, HeadSize: 128, Dtype: "bfloat16",
+			BlockBytes: 8 * 128 * 2 * uint64(bs) * 2}
+	}
+	tr, err := Translate(layout(16), layout(32))
+	if err != nil {
+		b.Fatal(err)
+	}
+	x, err := tr.ForPull([]uint32{0, 1}, []uint32{0}, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	scratch := make([]byte, x.TileScratch(0))
+	dst := make([]byte, tr.Dst.Size())
+	clear(dst)
+	buf := make([]byte, x.RegroupBytes())
+	for _, c := range []struct {
+		name string
+		run  func()
+	}{
+		{"runs", func() { x.StagedCopies(0, 0, func(r CopyRun, do uint64) { r.CopyOut(dst, do, scratch) }) }},
+		{"paired", func() { x.Regroup(0, 0, dst, scratch, nil, nil) }},
+		{"dense", func() { x.Regroup(0, 0, dst, scratch, buf, func(d, s []byte) { copy(d, s) }) }},
+		{"dense-stream", func() { x.Regroup(0, 0, dst, scratch, buf, func(d, s []byte) { memcopy.Stream(d, s) }) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(x.Bytes()))
+			i := 0
+			for b.Loop() {
+				x.DstIDs[0] = uint32(i % int(tr.Dst.Blocks))
+				c.run()
+				i++
 			}
 		})
 	}

@@ -178,6 +178,157 @@ func (x *Transfer) StagedCopies(layer uint32, k int, f func(run CopyRun, dstOff 
 	}
 }
 
+// Regroup performs the copies of tile k of layer layer of a staged
+// transfer (StagedCopies) into dst, the destination region, from scratch,
+// the tile's once its reads have landed. Two runs of which one fills the
+// gaps the other leaves in the destination (the CPU order's K from two
+// source blocks of 16 tokens into one of 32: each a 32-byte half of every
+// 64-byte row) are performed together, a row at a time, so that each
+// destination line is written whole at once. Where the tile's copies into
+// one destination block and plane write a range of it whole (dense: the
+// whole tiles of the CPU order's pulls between block sizes), and buf holds
+// the range (RegroupBytes), they are performed into buf and the range then
+// moved to dst with out: a copy with streaming stores there writes the
+// destination without first reading each line into the cache (a third of
+// the memory traffic of plain stores). With out nil every copy goes
+// straight to dst.
+func (x *Transfer) Regroup(layer uint32, k int, dst, scratch, buf []byte, out func(dst, src []byte)) {
+	t, tp := x.T, x.tile(k)
+	for _, g := range tp.regroup {
+		base := t.Dst.Offset(layer, g.plane, x.DstIDs[k*int(t.DstBlocks)+int(g.block)])
+		if n := g.hi - g.lo; g.dense && out != nil && n <= uint64(len(buf)) {
+			g.perform(tp.Copies, buf[:n], 0, g.lo, scratch)
+			out(dst[base+g.lo:base+g.hi], buf[:n])
+			continue
+		}
+		g.perform(tp.Copies, dst, base, 0, scratch)
+	}
+}
+
+// RegroupBytes is the buf Regroup wants: the largest dense range a tile
+// writes in one destination block and plane (0 when none is dense).
+func (x *Transfer) RegroupBytes() uint64 {
+	var n uint64
+	for _, tp := range []*TilePlan{&x.T.Full, &x.last} {
+		for _, g := range tp.regroup {
+			if g.dense {
+				n = max(n, g.hi-g.lo)
+			}
+		}
+	}
+	return n
+}
+
+// regroupGroup is the copy runs of a staged tile into one destination
+// block and plane (in scratch order, paired), which write [lo, hi) of it:
+// every byte of it where dense.
+type regroupGroup struct {
+	block, plane uint32
+	lo, hi       uint64
+	written      uint64 // bytes the copies write
+	dense        bool
+	pairs        []runPair
+}
+
+// perform does the group's copies into dst, where the destination block
+// starts at base; offsets within the block less sub.
+func (g *regroupGroup) perform(runs []CopyRun, dst []byte, base, sub uint64, scratch []byte) {
+	for _, pr := range g.pairs {
+		r := runs[pr.a]
+		if pr.b < 0 {
+			r.CopyOut(dst, base+r.DstOff-sub, scratch)
+		} else {
+			copyOutPair(r, runs[pr.b].Scratch, dst, base+r.DstOff-sub, scratch)
+		}
+	}
+}
+
+// runPair is a copy run of a staged tile (Copies[a]) and, unless b < 0,
+// the run Copies[b] whose copy i lands right after a's copy i.
+type runPair struct{ a, b int }
+
+// regroupPlan groups runs (a tile's Copies, in scratch order) by
+// destination block and plane, pairing each run with the later one that
+// fills its gaps in the destination where there is one (that run then goes
+// with it, not in its own place): the same block, plane, length, count and
+// strides, copy i starting where its copy i ends.
+func regroupPlan(runs []CopyRun) []regroupGroup {
+	type at struct {
+		block, plane uint32
+		off          uint64
+	}
+	starts := make(map[at]int, len(runs))
+	for i, r := range runs {
+		starts[at{r.DstBlock, r.DstPlane, r.DstOff}] = i
+	}
+	taken := make([]bool, len(runs))
+	type key struct{ block, plane uint32 }
+	index := map[key]int{}
+	var out []regroupGroup
+	for i, r := range runs {
+		if taken[i] {
+			continue
+		}
+		pr, ways := runPair{a: i, b: -1}, uint64(1)
+		if j, ok := starts[at{r.DstBlock, r.DstPlane, r.DstOff + r.Len}]; ok && j > i && !taken[j] {
+			q := runs[j]
+			if q.Len == r.Len && q.Count == r.Count && q.ScratchStride == r.ScratchStride && q.DstStride == r.DstStride &&
+				(r.Count == 1 || r.DstStride >= 2*r.Len) {
+				pr.b, taken[j], ways = j, true, 2
+			}
+		}
+		gi, ok := index[key{r.DstBlock, r.DstPlane}]
+		if !ok {
+			gi = len(out)
+			index[key{r.DstBlock, r.DstPlane}] = gi
+			out = append(out, regroupGroup{block: r.DstBlock, plane: r.DstPlane, lo: r.DstOff})
+		}
+		g := &out[gi]
+		g.pairs = append(g.pairs, pr)
+		g.lo = min(g.lo, r.DstOff)
+		g.hi = max(g.hi, r.DstOff+uint64(r.Count-1)*r.DstStride+ways*r.Len)
+		g.written += uint64(r.Count) * ways * r.Len
+	}
+	for i := range out {
+		// The pieces of a translation never overlap in the destination
+		// (each element is written once): as many bytes as the range is
+		// wide fill it.
+		out[i].dense = out[i].written == out[i].hi-out[i].lo
+	}
+	return out
+}
+
+// copyOutPair performs run r and the run that fills its gaps (the same
+// but for its first copy's place in the scratch, scratch2, and in the
+// destination, right after r's), copy i of each in turn.
+func copyOutPair(r CopyRun, scratch2 uint64, dst []byte, dstOff uint64, scratch []byte) {
+	s, s2, d, n := r.Scratch, scratch2, dstOff, r.Len
+	switch n {
+	case 16:
+		for range r.Count {
+			a, b := *(*[16]byte)(scratch[s:]), *(*[16]byte)(scratch[s2:]) // through values: a copy between two slices is a memmove call
+			o := (*[32]byte)(dst[d:])
+			*(*[16]byte)(o[:16]) = a
+			*(*[16]byte)(o[16:]) = b
+			s, s2, d = s+r.ScratchStride, s2+r.ScratchStride, d+r.DstStride
+		}
+	case 32:
+		for range r.Count {
+			a, b := *(*[32]byte)(scratch[s:]), *(*[32]byte)(scratch[s2:])
+			o := (*[64]byte)(dst[d:])
+			*(*[32]byte)(o[:32]) = a
+			*(*[32]byte)(o[32:]) = b
+			s, s2, d = s+r.ScratchStride, s2+r.ScratchStride, d+r.DstStride
+		}
+	default:
+		for range r.Count {
+			copy(dst[d:d+n], scratch[s:s+n])
+			copy(dst[d+n:d+2*n], scratch[s2:s2+n])
+			s, s2, d = s+r.ScratchStride, s2+r.ScratchStride, d+r.DstStride
+		}
+	}
+}
+
 // CopyOut performs run into dst (the destination region) at dstOff, from
 // scratch (the tile's).
 func (r CopyRun) CopyOut(dst []byte, dstOff uint64, scratch []byte) {
@@ -286,13 +437,14 @@ func (x *Transfer) Copy(src [][]byte, dst []byte) {
 		return
 	}
 	var scratch []byte
+	buf := make([]byte, x.RegroupBytes()) // Regroup's dense path, as the puller's
 	for layer := uint32(0); layer < t.Src.Layers; layer++ {
 		for k := range x.Tiles() {
 			if n := x.TileScratch(k); uint64(len(scratch)) < n {
 				scratch = make([]byte, n)
 			}
 			x.StagedReads(layer, k, func(m Move) { copy(scratch[m.DstOff:m.DstOff+m.Len], src[m.Rank][m.SrcOff:m.SrcOff+m.Len]) })
-			x.StagedCopies(layer, k, func(r CopyRun, do uint64) { r.CopyOut(dst, do, scratch) })
+			x.Regroup(layer, k, dst, scratch, buf, func(d, s []byte) { copy(d, s) })
 		}
 	}
 }

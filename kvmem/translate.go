@@ -60,6 +60,9 @@ type TilePlan struct {
 	// (the CPU order's transposed K regrouped: a head's dimensions, one
 	// piece each), in scratch order: what the puller copies on arrival.
 	Copies []CopyRun
+	// regroup is Copies as Transfer.Regroup performs them: by
+	// destination block and plane, runs that fill each other's gaps paired.
+	regroup []regroupGroup
 }
 
 // laneRuns is one lane of a tile plan: its pieces Pieces[lo:hi] as runs.
@@ -336,6 +339,7 @@ func (tp *TilePlan) stage() {
 		p.Scratch = s.ScratchOff + p.SrcOff - s.Off
 	}
 	tp.Copies = copyRuns(tp.Pieces)
+	tp.regroup = regroupPlan(tp.Copies)
 }
 
 // copyRuns groups a staged tile's pieces, in scratch order, into runs of

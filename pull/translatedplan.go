@@ -1,10 +1,15 @@
 package pull
 
 import (
+	"cmp"
 	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
 
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/transport"
+	"github.com/connex/connex/transport/memcopy"
 )
 
 // translatedPlan is a pull from a holder of another shape (kvmem.Translate
@@ -22,11 +27,31 @@ type translatedPlan struct {
 	// empty): a head range of a token-major block is one op, not one per
 	// token.
 	sops []transport.StridedOp
+	// window and workers, where tests set them, replace a staged pull's
+	// stagedWindowBytes and regroupWorkers(); workers < 0: none, each
+	// window regrouped on the reading goroutine once read.
+	window  uint64
+	workers int
 }
 
 // stagedWindowBytes is the scratch a staged pull reads into before it
-// regroups: the size of a read batch.
-const stagedWindowBytes = batchBytes
+// regroups. Small enough that a pull's windows (one per regroup goroutine
+// and the one being read) take less than the one 32 MiB window (a read
+// batch) it used when the regroup waited for the reads; large enough that
+// a read's own costs (a batch, a data plane call) stay small against its
+// bytes: in BenchmarkRegroup (128 MiB) 4 MiB windows ran faster than 1 MiB
+// ones and about as fast as 8 MiB ones.
+const stagedWindowBytes = 4 << 20
+
+// maxRegroupWorkers bounds the goroutines that regroup a staged pull's
+// windows, and so its scratch: (workers+1) windows.
+const maxRegroupWorkers = 4
+
+// regroupWorkers is how many goroutines regroup a staged pull's windows
+// while its reads go on: one per core this process runs on (a same-host
+// data plane's reads are copies on this process's cores too), at most
+// maxRegroupWorkers.
+func regroupWorkers() int { return min(runtime.GOMAXPROCS(0), maxRegroupWorkers) }
 
 // planTranslated checks the holder's ranks the translation reads from
 // against the hold's block list and plans the pull of numTokens tokens
@@ -70,9 +95,8 @@ func planTranslated(tr *kvmem.Translation, ranks []rankDesc, srcIDs []uint32, sk
 func (p *translatedPlan) total() uint64 { return p.x.Bytes() }
 
 // run performs the pull with r, which reads lists of ops (a batch runner):
-// the direct ops (strided or not) at once, or a staged pull's windows one
-// after the other, each regrouped into the destination once its reads
-// landed.
+// the direct ops (strided or not) at once, or a staged pull's windows
+// (staged).
 func (p *translatedPlan) run(r batchReader) error {
 	if p.sops != nil {
 		return r.strided(p.sops)
@@ -80,51 +104,132 @@ func (p *translatedPlan) run(r batchReader) error {
 	if !p.x.T.Staged {
 		return r.get(p.ops)
 	}
-	read := r.get
+	return p.staged(r.get)
+}
+
+// stagedUnit is one tile of one layer of a staged pull, read into a
+// window's scratch at base.
+type stagedUnit struct {
+	layer uint32
+	k     int
+	base  uint64
+}
+
+// stagedWindow is a scratch buffer, what is read into it (ops, the
+// bytes used of it, the tiles they are), and the buffer its regroup
+// assembles dense ranges in (kvmem.Transfer.RegroupBytes).
+type stagedWindow struct {
+	scratch []byte
+	ops     []transport.GetOp
+	units   []stagedUnit
+	used    uint64
+	buf     []byte
+}
+
+// staged reads a staged pull's tiles into scratch windows with read and
+// regroups each window into the destination once its reads landed
+// (kvmem.Transfer.Regroup). The regroup is a copy of every byte the pull
+// moves, as large as the read, so it does not wait for the reads to end:
+// with more than one window, regroup goroutines (regroupWorkers) take each
+// window as it is read, while this goroutine reads the next into another
+// (workers+1 windows in all), and the reads and the regroups run on the
+// cores at once. Destination bytes are written with streaming stores
+// (transport/memcopy) where a tile fills a range of a block whole: the
+// engine reads them, not this process. The first read error stops the
+// pull: nothing is read after it, windows not yet regrouped are dropped,
+// and staged returns it once every regroup goroutine has exited.
+func (p *translatedPlan) staged(read func([]transport.GetOp) error) error {
 	x, layers, tiles := p.x, p.x.T.Src.Layers, p.x.Tiles()
 	full, last := x.TileScratch(0), x.TileScratch(tiles-1)
 	need := uint64(layers) * (uint64(tiles-1)*full + last)
-	scratch := make([]byte, min(max(stagedWindowBytes, full, last), need))
+	window, workers := cmp.Or(p.window, stagedWindowBytes), cmp.Or(p.workers, regroupWorkers())
+	size := min(max(window, full, last), need)
+	if size >= need {
+		workers = 0 // one window: nothing to overlap
+	}
+	workers = max(workers, 0)
 	dstMem := p.dst.Region.Bytes()
-	type unit struct {
-		layer uint32
-		k     int
-		base  uint64
+	stream := func(d, s []byte) { memcopy.StreamUnfenced(d, s) }
+	var failed atomic.Bool
+	regroup := func(w *stagedWindow) {
+		if !failed.Load() {
+			for _, u := range w.units {
+				x.Regroup(u.layer, u.k, dstMem, w.scratch[u.base:], w.buf, stream)
+			}
+			// Order the streaming stores before the window's hand-off,
+			// which the pull's end waits for.
+			memcopy.Fence()
+		}
+		w.ops, w.units, w.used = w.ops[:0], w.units[:0], 0
+	}
+	free := make(chan *stagedWindow, workers+1)
+	for range workers + 1 {
+		free <- &stagedWindow{scratch: make([]byte, size), buf: make([]byte, x.RegroupBytes())}
 	}
 	var (
-		ops    []transport.GetOp
-		window []unit
-		used   uint64
+		ready chan *stagedWindow // read windows, to the regroup goroutines
+		wg    sync.WaitGroup
 	)
-	flush := func() error {
-		if err := read(ops); err != nil {
+	// flush reads w and regroups it: here without regroup goroutines,
+	// else by handing it to them (started on the first flush).
+	flush := func(w *stagedWindow) error {
+		if err := read(w.ops); err != nil {
 			return err
 		}
-		for _, u := range window {
-			x.StagedCopies(u.layer, u.k, func(r kvmem.CopyRun, do uint64) { r.CopyOut(dstMem, do, scratch[u.base:]) })
+		if workers == 0 {
+			regroup(w)
+			free <- w
+			return nil
 		}
-		ops, window, used = ops[:0], window[:0], 0
+		if ready == nil {
+			ready = make(chan *stagedWindow, workers+1)
+			for range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for w := range ready {
+						regroup(w)
+						free <- w
+					}
+				}()
+			}
+		}
+		ready <- w
 		return nil
 	}
+	end := func(err error) error {
+		if err != nil {
+			failed.Store(true)
+		}
+		if ready != nil {
+			close(ready)
+			wg.Wait()
+		}
+		return err
+	}
+	w := <-free
 	for layer := range layers {
 		for k := range tiles {
 			n := x.TileScratch(k)
-			if used+n > uint64(len(scratch)) {
-				if err := flush(); err != nil {
-					return err
+			if w.used+n > size {
+				if err := flush(w); err != nil {
+					return end(err)
 				}
+				w = <-free
 			}
-			base := used
+			base, scratch := w.used, w.scratch
 			x.StagedReads(layer, k, func(m kvmem.Move) {
 				key, addr := p.srcs[m.Rank].at(m.Layer, m.Plane, m.SrcPos, m.SrcOff)
-				ops = append(ops, transport.GetOp{RemoteKey: key, RemoteAddr: addr, Dst: scratch[base+m.DstOff : base+m.DstOff+m.Len : base+m.DstOff+m.Len]})
+				w.ops = append(w.ops, transport.GetOp{RemoteKey: key, RemoteAddr: addr, Dst: scratch[base+m.DstOff : base+m.DstOff+m.Len : base+m.DstOff+m.Len]})
 			})
-			window = append(window, unit{layer: layer, k: k, base: base})
-			used += n
+			w.units = append(w.units, stagedUnit{layer: layer, k: k, base: base})
+			w.used += n
 		}
 	}
-	if len(window) == 0 {
-		return nil
+	if len(w.units) > 0 {
+		if err := flush(w); err != nil {
+			return end(err)
+		}
 	}
-	return flush()
+	return end(nil)
 }

@@ -56,7 +56,7 @@ var rules = map[string]struct {
 	// pull is the decode side of a transfer: the puller, its pure machine,
 	// read planning and translations; the hold side's actors give it the
 	// layout conversions and the metrics.
-	"pull":             {internal: []string{"actors", "api", "clock", "errcode", "kvmem", "messages", "transport"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
+	"pull":             {internal: []string{"actors", "api", "clock", "errcode", "kvmem", "messages", "transport", "transport/memcopy"}, external: []string{"github.com/nats-io/nats.go", "google.golang.org/protobuf/"}},
 	"natsbus":          {internal: []string{"auth"}, external: []string{"github.com/nats-io/", "golang.org/x/sys/unix"}},
 	"auth":             {internal: []string{"natssubject"}, external: []string{"github.com/nats-io/jwt/", "github.com/nats-io/nkeys"}},
 	"config":           {external: []string{"github.com/spf13/"}},
