@@ -352,6 +352,7 @@ func (d *Daemon) assemble() {
 		actors: systemRequests{sys: d.system, table: d.reqTable, deps: d.rdeps}, storeErr: d.reqErr,
 		local: d.regions, clock: d.clock,
 		quota: &requests.Quota{MaxRequests: cfg.RequestsMaxPerEngine, MaxBytes: cfg.RequestBytesPerEngine, MaxMemberBytes: cfg.RequestStoreBytes / 2}}
+	d.requestAPI.reservations = pullReservations{deps: d.pdeps, regions: d.regions, timeout: cfg.PullTimeout}
 	if d.reqStore != nil {
 		d.requestAPI.store = d.reqStore
 		d.holdAPI.binder = &requestBinder{holds: d.holdAPI, store: d.reqStore, log: d.log}
@@ -398,6 +399,10 @@ func (d *Daemon) Close() {
 			// engines hear it and the holders get their PullEnd while NATS
 			// is still up; Close waits for both below.
 			d.pullCancel()
+		}
+		if d.pdeps != nil {
+			// Unused reservations end their reads while NATS is up.
+			d.pdeps.CloseReservations()
 		}
 		close(d.stop)
 		if d.cluster != nil {

@@ -157,3 +157,23 @@ func pullSuffix(p *messages.KVTransferParams, skipBlocks, dstBlockSize uint32) (
 type pullDeps struct{ deps *pull.PullDeps }
 
 func (p pullDeps) startPull(pl *pull.Pull) { pull.StartPuller(p.deps, pl) }
+
+// pullReservations is pullReserver over the pull package's reservations:
+// an engine's request gets one when the engine has one region (its layout
+// is the pull's; an engine of several regions pulls into each, and its
+// pulls ask the holder themselves).
+type pullReservations struct {
+	deps    *pull.PullDeps
+	regions interface {
+		EngineLayout(engine string) (kvmem.Layout, bool)
+	}
+	timeout time.Duration // pull_timeout_ms: the reserved read's deadline
+}
+
+func (p pullReservations) reserve(engine, request string, params *messages.KVTransferParams) {
+	if l, ok := p.regions.EngineLayout(engine); ok {
+		p.deps.Reserve(engine, request, params, l, p.timeout)
+	}
+}
+
+func (p pullReservations) unreserve(request string) { p.deps.Unreserve(request) }

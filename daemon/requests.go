@@ -47,6 +47,19 @@ type requestAPI struct {
 	// adopted observes the time from an owner's departure to its request
 	// adopted here (seconds); nil when metrics are off.
 	adopted func(seconds float64)
+	// reservations reserves a started request's read of its hold ahead of
+	// its pull.start and drops it when the request finishes
+	// (pull/reserve.go); nil: none.
+	reservations pullReserver
+}
+
+// pullReserver reserves reads ahead of their pulls (pull.PullDeps).
+type pullReserver interface {
+	// reserve is called once request.start of request by engine, whose
+	// hold params names, has been answered running.
+	reserve(engine, request string, params *messages.KVTransferParams)
+	// unreserve drops what is left of request's reservation.
+	unreserve(request string)
 }
 
 // requestActors reaches the request actors running here (requestactors.go).
@@ -155,7 +168,9 @@ func (a *requestAPI) StartRequest(ctx context.Context, r *messages.StartRequestM
 			return nil, api.Errorf(api.CodeForbidden, "request.start with takeover of request %s by engine %s: no grant from the router that placed it there", r.RequestId, r.EngineId)
 		}
 		if _, ok := a.actors.lookup(r.RequestId); ok {
-			return a.askRequest(r.RequestId, &actors.TakeoverRequest{Msg: r, Instance: inst})
+			st, err := a.askRequest(r.RequestId, &actors.TakeoverRequest{Msg: r, Instance: inst})
+			a.reserve(r, err)
+			return st, err
 		}
 	}
 	// One engine may not fill the cluster's one request bucket: its own
@@ -169,7 +184,18 @@ func (a *requestAPI) StartRequest(ctx context.Context, r *messages.StartRequestM
 			a.quota.End(r.RequestId)
 		}
 	}
+	a.reserve(r, err)
 	return st, err
+}
+
+// reserve reserves the read of the hold of request r, started here without
+// error (err), ahead of its engine's pull.start: the request's durable
+// state names the engine by now, so the holder binds the hold to it before
+// it registers the read.
+func (a *requestAPI) reserve(r *messages.StartRequestMsg, err error) {
+	if err == nil && a.reservations != nil {
+		a.reservations.reserve(r.EngineId, r.RequestId, r.Params)
+	}
 }
 
 // live reports whether request id still runs here (Quota's question).
@@ -201,6 +227,11 @@ func (a *requestAPI) Progress(ctx context.Context, r *messages.RequestProgress) 
 func (a *requestAPI) FinishRequest(ctx context.Context, r *messages.FinishRequestMsg) (*messages.RequestStatus, error) {
 	if err := a.callerOwns(ctx, r.RequestId); err != nil {
 		return nil, err
+	}
+	if a.reservations != nil {
+		// Before the actor releases the hold: an unused reservation's read
+		// would keep the release waiting.
+		a.reservations.unreserve(r.RequestId)
 	}
 	st, err := a.askRequest(r.RequestId, &actors.FinishRequest{Epoch: r.Epoch})
 	if err == nil {

@@ -212,6 +212,23 @@ func (t *RegionTable) Lookup(engine, id string) (*Mapped, error) {
 	return m, nil
 }
 
+// EngineLayout is the layout of engine's region when it has exactly one
+// (ok false: none, or several).
+func (t *RegionTable) EngineLayout(engine string) (l Layout, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for key, m := range t.regions {
+		if key[0] == engine {
+			l, n = m.Region.Layout, n+1
+		}
+	}
+	if n != 1 {
+		return Layout{}, false
+	}
+	return l, true
+}
+
 func (t *RegionTable) release(m *Mapped) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -53,6 +52,9 @@ type PullDeps struct {
 	// translations keeps the translations between holders' and local
 	// layouts of other shapes.
 	translations translationCache
+	// reserved holds the reads reserved at holders ahead of their pulls
+	// (reserve.go).
+	reserved reservations
 }
 
 func (d *PullDeps) clock() clock.Clock { return clock.Or(d.Clock) }
@@ -86,19 +88,6 @@ type Pull struct {
 	ReleaseRegion func()
 }
 
-// batchBytes is how many bytes one batch of reads carries. Against an
-// endpoint without progress reports each batch must complete within
-// Pull.Stall, which is how a frozen holder is detected without bounding the
-// whole pull by the stall time (stallWatch measures progress instead where
-// the endpoint reports it); at the slowest data plane here (~1 GB/s) a
-// batch takes ~32 ms.
-const batchBytes = 32 << 20
-
-// batchOps bounds the reads in one batch too: a scattered hold of tiny
-// blocks has hundreds of thousands of reads, and per-read costs, not bytes,
-// then decide how long a batch takes.
-const batchOps = 4096
-
 // puller runs one pull: a plain goroutine (drive), not an actor. Its
 // decisions are pullMachine's; drive performs the machine's effects
 // (descriptors requests, the reads, renewals, PullEnd, the PullDone
@@ -119,26 +108,42 @@ type puller struct {
 	start           time.Time
 
 	// asks carries the pull's peer.descriptors requests, the first one
-	// sent by StartPuller (nil with asksErr when it could not be).
+	// sent by StartPuller (nil with asksErr when it could not be) or, for
+	// a pull that took a reservation, by Reserve at askedAt.
 	asks    *api.Asks
 	asksErr error
+	askedAt time.Time
+	// req is the read at the holder: the pull's own (its id), or the
+	// reservation's (re-asks and the PullEnd name the read by its id).
+	req *messages.DescriptorsRequest
 }
 
-// StartPuller sends p's first peer.descriptors request to the holder and
-// starts the goroutine that runs p (on deps.Go). The request goes first,
-// from the caller's goroutine, so that it is on the wire before anything
-// else of the pull happens (the caller's answer to pull.start, planning
-// the reads): the holder's round trip is most of a small pull's time. A
-// request that could not be sent fails the pull, as PullDone says.
+// StartPuller starts the goroutine that runs p (on deps.Go). A pull that
+// fits a reservation (reserve.go: its engine's request.start reserved the
+// read) takes it, and with it the holder's answer, there already or on its
+// way; any other sends its first peer.descriptors request to the holder
+// first, from the caller's goroutine, so that it is on the wire before
+// anything else of the pull happens (the caller's answer to pull.start,
+// planning the reads): the holder's round trip is most of a small pull's
+// time. A request that could not be sent fails the pull, as PullDone says.
 func StartPuller(deps *PullDeps, p *Pull) {
-	asks, err := postDescriptors(deps, p)
-	pl := &puller{deps: deps, p: p, asks: asks, asksErr: err, start: deps.clock().Now()}
+	pl := &puller{deps: deps, p: p}
+	timeout := p.Timeout
+	if r := deps.takeReservation(p, deps.clock().Now()); r != nil {
+		pl.asks, pl.req, pl.askedAt = r.asks, r.req, r.sent
+		// The reads end before the holder abandons the reserved read.
+		timeout = min(timeout, r.deadline.Sub(deps.clock().Now()))
+	} else {
+		pl.req = descriptorsRequest(p)
+		pl.asks, pl.asksErr = postDescriptors(deps, p, pl.req)
+	}
+	pl.start = deps.clock().Now()
 	deps.Metrics.PullsStarted.Add(1)
 	base := deps.Ctx
 	if base == nil {
 		base = context.Background()
 	}
-	ctx, cancel := context.WithTimeout(base, p.Timeout)
+	ctx, cancel := context.WithTimeout(base, timeout)
 	// On the daemon's background group: Close cancels the reads
 	// (Deps.Ctx), then waits for them to wind down, for the PullDone
 	// notice and for the PullEnd.
@@ -149,14 +154,14 @@ func StartPuller(deps *PullDeps, p *Pull) {
 }
 
 // postDescriptors subscribes the answers to p's descriptors requests and
-// sends the first.
-func postDescriptors(deps *PullDeps, p *Pull) (*api.Asks, error) {
+// sends the first, req.
+func postDescriptors(deps *PullDeps, p *Pull, req *messages.DescriptorsRequest) (*api.Asks, error) {
 	peer := &api.Client{NC: deps.NC, Member: p.Params.RemoteCtrl.GetMember()}
 	asks, err := peer.NewAsks(api.EpPeerDescriptors)
 	if err != nil {
 		return nil, err
 	}
-	if err := asks.Post(descriptorsRequest(p)); err != nil {
+	if err := asks.Post(req); err != nil {
 		asks.Close()
 		return nil, err
 	}
@@ -216,9 +221,11 @@ func (a *puller) drive(ctx context.Context) {
 		a.p.ReleaseRegion()
 	})
 	defer giveBack()
-	if a.asks != nil {
-		defer a.asks.Close()
-	}
+	defer func() {
+		if a.asks != nil {
+			a.asks.Close() // the reservation's asks may have given way to the pull's own
+		}
+	}()
 	prm := a.p.Params
 	peer := &api.Client{NC: a.deps.NC, Member: prm.RemoteCtrl.GetMember()}
 	requester := a.p.Dst.Engine
@@ -229,6 +236,7 @@ func (a *puller) drive(ctx context.Context) {
 	defer endWatch()
 	m, fx := newPullMachine(clk.Now(), pullConfig{
 		ID: a.p.ID, Member: peer.Member, Stall: a.p.Stall, Retain: time.Duration(prm.RetainS) * time.Second, AskErr: a.asksErr,
+		Reserved: !a.askedAt.IsZero(), AskedAt: a.askedAt,
 	})
 	// While the descriptors travel, plan the destination side of the reads
 	// and, when the holder's member advertised the data address the params
@@ -264,11 +272,9 @@ func (a *puller) drive(ctx context.Context) {
 		t0            time.Time // the awaited PullEnd's start
 	)
 	defer timer.Stop()
-	req := descriptorsRequest(a.p)
+	req := a.req
 	end := func(ok bool) error {
-		endCtx, cancel := context.WithTimeout(context.Background(), a.p.Stall)
-		defer cancel()
-		_, err := peer.PullEnd(endCtx, &messages.PullEnd{TransferId: prm.TransferId, Requester: requester, PullId: a.p.ID, Ok: ok})
+		err := endRead(peer, req, ok, a.p.Stall)
 		if err != nil && ok && api.CodeOf(err) != api.CodeRegionBroken {
 			a.deps.Log.Warn("pull end not acknowledged by holder", "pull", a.p.ID, "member", peer.Member, "err", err)
 		}
@@ -285,6 +291,21 @@ func (a *puller) drive(ctx context.Context) {
 					// fails with that, as with the holder's error.
 					fx = append(fx, m.Step(pullAnswer{Now: clk.Now(), Err: err})...)
 				}
+			case doAskOwn:
+				// The reservation's read ends (if the holder registered
+				// it), and its late answers are dropped with its asks: the
+				// pull reads only under a read of its own now.
+				rsv := req
+				a.deps.goBackground(func() { _ = endRead(peer, rsv, false, a.p.Stall) })
+				a.asks.Close()
+				req = descriptorsRequest(a.p)
+				asks, err := postDescriptors(a.deps, a.p, req)
+				if err != nil {
+					answers = nil
+					fx = append(fx, m.Step(pullAnswer{Now: clk.Now(), Err: err})...)
+					break
+				}
+				a.asks, answers = asks, asks.C()
 			case doRead:
 				reading = true
 				a.descDur = clk.Now().Sub(a.start)
@@ -341,16 +362,27 @@ func (a *puller) drive(ctx context.Context) {
 		} else {
 			timer.Stop()
 		}
-		select {
-		case <-timerC:
-			fx = m.Step(pullTick{Now: clk.Now()})
-		case msg := <-answers:
+		answer := func(msg *nats.Msg) []pullEffect {
 			d := new(messages.Descriptors)
 			err := a.asks.Decode(msg, d)
 			if err != nil {
 				d = nil
 			}
-			fx = m.Step(pullAnswer{Now: clk.Now(), Desc: d, Err: err, NoResponders: errors.Is(err, nats.ErrNoResponders)})
+			return m.Step(pullAnswer{Now: clk.Now(), Desc: d, Err: err, NoResponders: errors.Is(err, nats.ErrNoResponders)})
+		}
+		// An answer already queued (a reservation's) goes before a
+		// re-ask its timer may be due for.
+		select {
+		case msg := <-answers:
+			fx = answer(msg)
+			continue
+		default:
+		}
+		select {
+		case <-timerC:
+			fx = m.Step(pullTick{Now: clk.Now()})
+		case msg := <-answers:
+			fx = answer(msg)
 		case r := <-reads:
 			n = r.n
 			fx = m.Step(pullReadDone{Now: clk.Now(), Err: r.err})
@@ -364,6 +396,15 @@ func (a *puller) drive(ctx context.Context) {
 			fx = m.Step(pullEnded{Now: clk.Now(), Err: ctx.Err(), Gone: holderLeft(ctx)})
 		}
 	}
+}
+
+// endRead ends the read req registered at the holder (peer.pullend), ok
+// when its reads succeeded, waiting at most wait for the answer.
+func endRead(peer *api.Client, req *messages.DescriptorsRequest, ok bool, wait time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_, err := peer.PullEnd(ctx, &messages.PullEnd{TransferId: req.TransferId, Requester: req.Requester, PullId: req.PullId, Ok: ok})
+	return err
 }
 
 // readAll reads the pull once its descriptors are in hand (desc) and
@@ -443,179 +484,6 @@ type batchReader struct {
 func (a *puller) planReads(desc *messages.Descriptors, plan **readPlan) (run func(batchReader) error, total uint64, err error) {
 	prm := a.p.Params
 	return planPull(desc, prm.RemoteBlockIds, a.p.Skip, a.p.Pick, prm.RemoteNumTokens, a.p.Dst, a.p.DstBlocks, plan, a.deps.translations.get, a.deps.Backend.Caps().Strided)
-}
-
-// batchesInFlight is how many read batches run at once, so that the data
-// plane never drains between two batches.
-const batchesInFlight = 2
-
-// maxOpBytes is the largest GetOp a pull hands the data plane: the batch
-// size, or the backend's Caps.MaxGetBytes where that is smaller.
-func maxOpBytes(caps transport.Caps) int {
-	if caps.MaxGetBytes > 0 && caps.MaxGetBytes < batchBytes {
-		return caps.MaxGetBytes
-	}
-	return batchBytes
-}
-
-// readBatches reads ops in batches of at most batchBytes, batchesInFlight
-// at a time. Against a backend whose endpoints report progress
-// (Caps.Progress) the reads fail once
-// no byte has landed for the stall deadline (stallWatch); against one that
-// does not, each batch must complete within it. The first error cancels the
-// rest.
-func (a *puller) readBatches(ctx context.Context, ep transport.Endpoint, caps transport.Caps, ops []transport.GetOp, total uint64, member string) error {
-	var batches []readBatch
-	for len(ops) > 0 {
-		n, size := 0, uint64(0)
-		for n < len(ops) && (n == 0 || (n < batchOps && size+uint64(len(ops[n].Dst)) <= batchBytes)) {
-			size += uint64(len(ops[n].Dst))
-			n++
-		}
-		batches = append(batches, readBatch{ops: ops[:n], bytes: size})
-		ops = ops[n:]
-	}
-	return a.runBatches(ctx, ep, caps.Progress, batches, total, member)
-}
-
-// readStridedBatches is readBatches for strided ops, on an endpoint that
-// reads them (Caps.Strided): batches of at most batchBytes and batchOps
-// ops (each op a head range: many pieces).
-func (a *puller) readStridedBatches(ctx context.Context, ep transport.Endpoint, caps transport.Caps, ops []transport.StridedOp, total uint64, member string) error {
-	var batches []readBatch
-	for len(ops) > 0 {
-		n, size := 0, uint64(0)
-		for n < len(ops) {
-			b := uint64(ops[n].Count) * uint64(ops[n].Len)
-			if n > 0 && (n >= batchOps || size+b > batchBytes) {
-				break
-			}
-			size += b
-			n++
-		}
-		batches = append(batches, readBatch{strided: ops[:n], bytes: size})
-		ops = ops[n:]
-	}
-	return a.runBatches(ctx, ep, caps.Progress, batches, total, member)
-}
-
-// readBatch is one batch of reads: GetOps, or strided ops (an endpoint
-// that reads those does so without progress reports).
-type readBatch struct {
-	ops     []transport.GetOp
-	strided []transport.StridedOp
-	bytes   uint64
-}
-
-// runBatches reads batches, batchesInFlight at a time (readBatches);
-// progressive is the backend's Caps.Progress: GetOps report bytes as they
-// land, and a stall watch replaces each batch's deadline.
-func (a *puller) runBatches(ctx context.Context, ep transport.Endpoint, progressive bool, batches []readBatch, total uint64, member string) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	watch := newStallWatch(a.deps.clock(), a.p.Stall)
-	readCtx := ctx // what the Gets run under
-	if progressive {
-		wctx, stalled := context.WithCancelCause(ctx)
-		defer stalled(nil)
-		defer watch.start(stalled)()
-		readCtx = wctx
-	}
-	var (
-		mu      sync.Mutex
-		firstEr error
-		wg      sync.WaitGroup
-	)
-	doBatch := func(b readBatch) {
-		var err error
-		if progressive && b.strided == nil {
-			err = ep.GetProgress(readCtx, b.ops, watch.progress)
-		} else {
-			bctx, bcancel := context.WithTimeout(readCtx, a.p.Stall)
-			if b.strided != nil {
-				err = ep.GetStrided(bctx, b.strided)
-			} else {
-				err = ep.Get(bctx, b.ops)
-			}
-			bcancel()
-			if err == nil {
-				watch.landed.Add(b.bytes)
-			}
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil {
-			if firstEr == nil {
-				firstEr = a.batchErr(ctx, readCtx, err, watch.landed.Load(), total, member)
-			}
-			cancel()
-		}
-	}
-	sem := make(chan struct{}, batchesInFlight)
-	launched := 0
-	for i, b := range batches {
-		select {
-		case sem <- struct{}{}:
-		case <-readCtx.Done():
-		}
-		if readCtx.Err() != nil {
-			break
-		}
-		launched++
-		if i == len(batches)-1 {
-			// The last batch (a small pull's only one) on this goroutine:
-			// no hand-off to a goroutine and back.
-			doBatch(b)
-			<-sem
-			break
-		}
-		wg.Add(1)
-		go func(b readBatch) {
-			defer wg.Done()
-			defer func() { <-sem }()
-			doBatch(b)
-		}(b)
-	}
-	wg.Wait()
-	// Every batch launched and none failed: the pull is complete, even if
-	// ctx ended as the last Get returned (a departure or shutdown that
-	// arrived too late to matter).
-	if firstEr == nil && launched < len(batches) {
-		firstEr = a.batchErr(ctx, readCtx, readCtx.Err(), watch.landed.Load(), total, member)
-	}
-	return firstEr
-}
-
-// batchErr is the error of a pull whose batch failed with err after landed
-// of total bytes: a stall (the watch's cause on readCtx, or a batch's own
-// deadline) is a timeout that says so, anything else keeps its cause.
-func (a *puller) batchErr(ctx, readCtx context.Context, err error, landed, total uint64, member string) error {
-	stalled := errors.Is(context.Cause(readCtx), errStalled) ||
-		errors.Is(transport.CtxErr(err), transport.ErrTimeout)
-	if ctx.Err() == nil && stalled {
-		return fmt.Errorf("pull %s: holder %s made no progress for %s after %d of %d bytes: %w",
-			a.p.ID, member, a.p.Stall, landed, total, errors.Join(transport.ErrTimeout, err))
-	}
-	return fmt.Errorf("pull %s: read %d bytes from %s after %d: %w", a.p.ID, total, member, landed, readErr(ctx, err))
-}
-
-// splitOps cuts ops larger than max into pieces of at most max bytes, so
-// that every batch of reads is bounded and the stall deadline measures
-// progress rather than the size of one extent.
-func splitOps(ops []transport.GetOp, max int) []transport.GetOp {
-	if !slices.ContainsFunc(ops, func(op transport.GetOp) bool { return len(op.Dst) > max }) {
-		return ops
-	}
-	out := make([]transport.GetOp, 0, len(ops))
-	for _, op := range ops {
-		for len(op.Dst) > max {
-			out = append(out, transport.GetOp{RemoteKey: op.RemoteKey, RemoteAddr: op.RemoteAddr, Dst: op.Dst[:max:max]})
-			op.RemoteAddr += uint64(max)
-			op.Dst = op.Dst[max:]
-		}
-		out = append(out, op)
-	}
-	return out
 }
 
 // readErr is the error a pull step ends with: the holder's departure when

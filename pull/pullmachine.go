@@ -37,6 +37,8 @@ type pullMachine struct {
 	askAt, descDeadline, renewAt time.Time
 	lastErr                      error // the last "no responders" answer
 	endAsync                     bool  // the descriptors say PullEnd need not be awaited
+	// reserved: the asks so far are a reservation's (pullConfig.AskedAt).
+	reserved bool
 }
 
 // pullPhase is where a pull is.
@@ -72,10 +74,11 @@ const (
 	doDone                   // publish PullDone with err
 	doEndLater               // send PullEnd{ok} in the background, nobody waits (after done)
 	doEndNow                 // send PullEnd in the background, nobody waits (before done)
+	doAskOwn                 // end the reservation's read (PullEnd, nobody waits) and ask under the pull's own id
 )
 
 func (d pullDo) String() string {
-	return [...]string{"ask", "read", "renew", "end-await", "done", "end-later", "end-now"}[d]
+	return [...]string{"ask", "read", "renew", "end-await", "done", "end-later", "end-now", "ask-own"}[d]
 }
 
 // pullConfig is what a pull's machine needs to know.
@@ -86,10 +89,17 @@ type pullConfig struct {
 	// AskErr is why the first descriptors request could not be sent
 	// (StartPuller); the pull fails at once.
 	AskErr error
+	// Reserved: the pull took a reservation (reserve.go), whose
+	// descriptors request went out at AskedAt, at its request.start. The
+	// re-ask beside an unanswered ask counts from then; the stall deadline
+	// for the answer counts from the pull's start, the pull's own budget.
+	Reserved bool
+	AskedAt  time.Time
 }
 
 // newPullMachine starts a pull whose first descriptors request went out at
-// now (or failed: cfg.AskErr).
+// now, or at cfg.AskedAt (a reservation's: cfg.Reserved), or failed
+// (cfg.AskErr).
 func newPullMachine(now time.Time, cfg pullConfig) (*pullMachine, []pullEffect) {
 	m := &pullMachine{
 		id: cfg.ID, member: cfg.Member, stall: cfg.Stall,
@@ -99,7 +109,14 @@ func newPullMachine(now time.Time, cfg pullConfig) (*pullMachine, []pullEffect) 
 	if cfg.AskErr != nil {
 		return m, m.failAsking(nil, cfg.AskErr)
 	}
-	m.askAt, m.descDeadline = now.Add(m.alongside), now.Add(cfg.Stall)
+	asked := now
+	if m.reserved = cfg.Reserved; m.reserved && cfg.AskedAt.Before(now) {
+		asked = cfg.AskedAt
+	}
+	m.askAt, m.descDeadline = asked.Add(m.alongside), now.Add(cfg.Stall)
+	if m.askAt.Before(now) {
+		m.askAt = now // a re-ask already due goes out at the first tick
+	}
 	return m, nil
 }
 
@@ -157,6 +174,14 @@ func (m *pullMachine) Step(ev any) []pullEffect {
 			m.lastErr = ev.Err
 			m.askAt = ev.Now.Add(25 * time.Millisecond) // comes back at once: pace the next ask
 			return nil
+		case ev.Err != nil && m.reserved:
+			// The reservation was refused (sent at request.start, it may
+			// have found the hold not yet bound where the request store
+			// lags): the pull asks for itself once, as it would have
+			// without one, and the holder's answer to that decides.
+			m.reserved = false
+			m.askAt = ev.Now.Add(m.alongside)
+			return []pullEffect{{kind: doAskOwn}}
 		case ev.Err != nil:
 			return m.failAsking(nil, ev.Err)
 		}

@@ -19,7 +19,9 @@ import (
 // no pull. Each case is a command, a line "----", the expected output and
 // a blank line; lines starting with # are comments. Commands:
 //
-//	start stall=3s retain=60s [ask-failed]   (the first ask went out at t, or could not be sent)
+//	start stall=3s retain=60s [ask-failed] [reserved=2s]
+//	                                         (the first ask went out at t, or could not be sent, or
+//	                                         went out that long before t: a reservation's)
 //	advance 1s                               (moves the clock; a tick if the machine's wake is due)
 //	answer desc [async] | answer no-responders | answer err=expired|unknown_transfer
 //	read-done [err=timeout|peer_gone]
@@ -82,7 +84,11 @@ func runPullCommand(t *testing.T, d *datadriven.TestData, m **pullMachine, now *
 		if d.HasArg("ask-failed") {
 			askErr = nats.ErrConnectionClosed
 		}
-		*m, fx = newPullMachine(*now, pullConfig{ID: "p1", Member: "h1", Stall: dur("stall"), Retain: dur("retain"), AskErr: askErr})
+		var askedAt time.Time
+		if d.HasArg("reserved") {
+			askedAt = now.Add(-dur("reserved"))
+		}
+		*m, fx = newPullMachine(*now, pullConfig{ID: "p1", Member: "h1", Stall: dur("stall"), Retain: dur("retain"), AskErr: askErr, Reserved: d.HasArg("reserved"), AskedAt: askedAt})
 	case "advance":
 		if len(d.CmdArgs) != 1 {
 			d.Fatalf(t, "advance DURATION")

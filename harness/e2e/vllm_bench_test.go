@@ -259,7 +259,7 @@ func BenchmarkVLLMResume(b *testing.B) {
 				// hundreds of ms a step): sent straight to it, so that the next
 				// trial's stream is not given up as stalled for them.
 				for range 2 {
-					if w, err := postStream(bg, engineURL(b, c, victim)+"/v1/completions", body(prompt(seed+trial)[:64], 8), nil); err != nil || w.status != 200 {
+					if w, err := postStream(bg, engineURL(b, c, victim)+"/v1/completions", body(prompt(seed + trial)[:64], 8), nil); err != nil || w.status != 200 {
 						b.Fatalf("warm %s up: %v", victim, err)
 					}
 				}
