@@ -16,11 +16,18 @@ type Metrics struct {
 	PullsFailed      atomic.Int64 // pulls that failed
 	PullsAbandoned   atomic.Int64 // pulls of our holds whose reader never reported back
 	BytesPulled      atomic.Int64 // bytes read by completed pulls
-	LeaseRenewals    atomic.Int64 // hold.renew calls that extended a lease
-	TakenOver        atomic.Int64 // requests moved to an engine here by a router's resume (request.start takeover)
-	Adopted          atomic.Int64 // requests of departed members adopted here
-	Fenced           atomic.Int64 // activations here told that their request moved elsewhere
-	HoldsLost        atomic.Int64 // running requests here whose hold was gone (hold.lost notices)
+	// ReservationsTaken counts reads reserved at request.start that a
+	// pull took (pull/reserve.go): pulls that did not wait for the holder.
+	ReservationsTaken atomic.Int64
+	// ReservationsDropped counts reserved reads no pull took (their
+	// time passed, their request finished, the pull did not fit them,
+	// connexd stopped): each cost the holder a read registered and ended.
+	ReservationsDropped atomic.Int64
+	LeaseRenewals       atomic.Int64 // hold.renew calls that extended a lease
+	TakenOver           atomic.Int64 // requests moved to an engine here by a router's resume (request.start takeover)
+	Adopted             atomic.Int64 // requests of departed members adopted here
+	Fenced              atomic.Int64 // activations here told that their request moved elsewhere
+	HoldsLost           atomic.Int64 // running requests here whose hold was gone (hold.lost notices)
 }
 
 // Snapshot returns the counters by name.
@@ -30,5 +37,6 @@ func (m *Metrics) Snapshot() map[string]int64 {
 		"double_frees": m.DoubleFrees.Load(), "holds_quarantined": m.HoldsQuarantined.Load(), "pulls_started": m.PullsStarted.Load(),
 		"pulls_ok": m.PullsOK.Load(), "pulls_failed": m.PullsFailed.Load(),
 		"pulls_abandoned": m.PullsAbandoned.Load(), "bytes_pulled": m.BytesPulled.Load(),
+		"reservations_taken": m.ReservationsTaken.Load(), "reservations_dropped": m.ReservationsDropped.Load(),
 	}
 }

@@ -101,6 +101,8 @@ func newPromMetrics(d *Daemon) *promMetrics {
 		counter("connex_holds_created_total", "Holds created on this member (prefill side).", func(x *actors.Metrics) int64 { return x.HoldsCreated.Load() }),
 		counter("connex_double_frees_total", "Frees refused by block accounting; must stay 0.", func(x *actors.Metrics) int64 { return x.DoubleFrees.Load() }),
 		counter("connex_holds_quarantined_total", "Ended holds whose registrations the data plane could not revoke: their blocks stay held for good; must stay 0.", func(x *actors.Metrics) int64 { return x.HoldsQuarantined.Load() }),
+		counter("connex_pull_reservations_taken_total", "Reads reserved at request.start that the engine's pull.start took: pulls that did not wait for the holder's answer.", func(x *actors.Metrics) int64 { return x.ReservationsTaken.Load() }),
+		counter("connex_pull_reservations_dropped_total", "Reads reserved at request.start that no pull took (its time passed, the request finished, the pull did not fit, connexd stopped); many against taken: engines that start requests they do not pull.", func(x *actors.Metrics) int64 { return x.ReservationsDropped.Load() }),
 		counter("connex_pulls_abandoned_total", "Pulls of this member's holds whose reader never reported back.", func(x *actors.Metrics) int64 { return x.PullsAbandoned.Load() }),
 		gauge("connex_holds_live", "Holds alive on this member now.", func() float64 { return float64(d.dir.Live()) }),
 		gauge("connex_requests_in_flight", "Decode request actors hosted on this member now.", func() float64 { return float64(d.reqTable.Len()) }),

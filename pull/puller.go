@@ -130,6 +130,7 @@ func StartPuller(deps *PullDeps, p *Pull) {
 	pl := &puller{deps: deps, p: p}
 	timeout := p.Timeout
 	if r := deps.takeReservation(p, deps.clock().Now()); r != nil {
+		deps.Metrics.ReservationsTaken.Add(1)
 		pl.asks, pl.req, pl.askedAt = r.asks, r.req, r.sent
 		// The reads end before the holder abandons the reserved read.
 		timeout = min(timeout, r.deadline.Sub(deps.clock().Now()))

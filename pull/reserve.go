@@ -261,6 +261,7 @@ func (d *PullDeps) dropReservation(key reserveKey, r *reservation, why string) {
 // the read it may have registered at the holder ends, not ok, in the
 // background (as a pull whose descriptors failed ends its read).
 func (d *PullDeps) endReservation(r *reservation, why string) {
+	d.Metrics.ReservationsDropped.Add(1)
 	r.asks.Close()
 	d.Log.Debug("pull reservation dropped", "transfer", r.key.transfer, "engine", r.key.engine, "read", r.req.PullId, "why", why)
 	peer := &api.Client{NC: d.NC, Member: r.member}

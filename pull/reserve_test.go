@@ -211,6 +211,15 @@ func TestReservation(t *testing.T) {
 				}
 				delete(want, e.PullId)
 			}
+			// The counters an operator reads: a reservation a pull took,
+			// or one dropped unused.
+			took, dropped := int64(0), int64(1)
+			if c.taken || c.refuse {
+				took, dropped = 1, 0
+			}
+			if a, b := deps.Metrics.ReservationsTaken.Load(), deps.Metrics.ReservationsDropped.Load(); a != took || b != dropped {
+				t.Fatalf("reservations taken %d, dropped %d; want %d, %d", a, b, took, dropped)
+			}
 			deps.reserved.mu.Lock()
 			left := len(deps.reserved.m)
 			deps.reserved.mu.Unlock()
