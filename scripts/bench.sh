@@ -67,6 +67,15 @@ cleanup() {
   if [ -n "$shm" ]; then umount "$shm" 2>/dev/null; rmdir "$shm"; fi
 }
 trap cleanup EXIT
+# small_model VENV DIR makes the seeded "small" model in DIR with VENV's
+# Python unless DIR holds one already.
+small_model() {
+  if [ ! -f "$2/config.json" ]; then
+    echo "bench: making the small model in $2 (~1 minute)"
+    HF_HUB_OFFLINE=1 "$1/bin/python" engine/vllm-connector/vllm-cpu/make_model.py --size small "$2" >/dev/null
+  fi
+}
+
 case "${1:-control}" in
   control)
     go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkControl(RTT|Security)$' -benchtime "${BENCH_N:-3000}x" ./harness/e2e/ | tee "$out"
@@ -121,10 +130,7 @@ case "${1:-control}" in
     vllm_out=$(bash engine/vllm-connector/vllm-cpu/install.sh)
     mapfile -t vllm_paths <<<"$vllm_out"
     small="$(dirname "${vllm_paths[1]}")/small"
-    if [ ! -f "$small/config.json" ]; then
-      echo "bench: making the small model in $small (~1 minute)"
-      HF_HUB_OFFLINE=1 "${vllm_paths[0]}/bin/python" engine/vllm-connector/vllm-cpu/make_model.py --size small "$small" >/dev/null
-    fi
+    small_model "${vllm_paths[0]}" "$small"
     CONNEX_VLLM="${vllm_paths[0]}/bin/vllm" BENCH_VLLM_MODEL="$small" \
       go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkVLLMResume$' -benchtime 1x -timeout 60m ./harness/e2e/ | tee "$out"
     grep '^VLLM ' "$out" | tail -1
@@ -140,10 +146,7 @@ case "${1:-control}" in
     vllm_out=$(bash engine/vllm-connector/vllm-cpu/install-nixl.sh)
     mapfile -t vllm_paths <<<"$vllm_out"
     model=${BENCH_VLLM_MODEL:-"$(dirname "${vllm_paths[1]}")/small"}
-    if [ ! -f "$model/config.json" ]; then
-      echo "bench: making the small model in $model (~1 minute)"
-      HF_HUB_OFFLINE=1 "${vllm_paths[0]}/bin/python" engine/vllm-connector/vllm-cpu/make_model.py --size small "$model" >/dev/null
-    fi
+    small_model "${vllm_paths[0]}" "$model"
     BENCH_PEERS_VENV="${vllm_paths[0]}" BENCH_VLLM_MODEL="$model" \
       go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkVLLMPeers$' -benchtime 1x -timeout 120m ./harness/e2e/ | tee "$out"
     grep '^PEERS ' "$out" | tail -1

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/connex/connex/harness/localcluster"
+	"github.com/connex/connex/harness/poll"
 )
 
 // BenchmarkVLLMPeers (make bench-vllm-peers, issue 46 item 2): Connex
@@ -311,7 +312,7 @@ func BenchmarkVLLMPeers(b *testing.B) {
 		deadline := time.Now().Add(10 * time.Second)
 		prev := cpuTime(append(stacks["connex"].pids(), stacks["nixl"].pids()...))
 		for time.Now().Before(deadline) {
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // the window each CPU sample covers
 			now := cpuTime(append(stacks["connex"].pids(), stacks["nixl"].pids()...))
 			if now-prev < 5*time.Millisecond {
 				return
@@ -354,7 +355,7 @@ func BenchmarkVLLMPeers(b *testing.B) {
 	for _, name := range order {
 		idle0[name] = cpuTime(stacks[name].pids())
 	}
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * time.Second) // the measurement window of the idle CPU below, not a wait for a condition
 	// A stack that runs more than 100 ms of CPU a second while idle is
 	// frozen (SIGSTOP) during the other's runs: two stacks share these
 	// cores only because this bench runs both on one machine.
@@ -406,16 +407,17 @@ func BenchmarkVLLMPeers(b *testing.B) {
 					killed <- "no kill: the run ended first"
 					return
 				}
+				// Kill it while it streams: wait (up to 20 s) for a request
+				// running on it, so that the kill lands mid-run.
 				running := 0.0
-				for wait := time.Now().Add(20 * time.Second); time.Now().Before(wait); time.Sleep(20 * time.Millisecond) {
+				poll.Wait(20*time.Second, 20*time.Millisecond, func() bool {
 					m, err := scrape(st.engines["decode-1"] + "/metrics")
 					if err != nil {
-						break
+						return true // gone or not answering: kill it now
 					}
-					if running = sum(m, "vllm:num_requests_running"); running >= 1 {
-						break
-					}
-				}
+					running = sum(m, "vllm:num_requests_running")
+					return running >= 1
+				})
 				at := time.Since(t0)
 				err := st.kill("decode-1")
 				killed <- fmt.Sprintf("decode-1's vLLM SIGKILLed %.1f s into the run with %.0f requests running on it (%v)", at.Seconds(), running, err)
