@@ -32,6 +32,16 @@ func TestVLLMTP(t *testing.T) {
 	o.Model = vllmModel
 	o.LogLevel = "info"
 	o.Prefill, o.Decode = 2, 2
+	// Four engines here run six model processes (two TP-2 engines have a
+	// worker per rank) beside five connexds on this 2-core machine. A pull's
+	// stall rule (pull_stall_ms, 1 s by default) is not what this test is
+	// about (harness/e2e/holder_failure_test.go is), and once in a CI run
+	// its first pull saw no byte for 1 s while the holder's connexd waited
+	// for a core (the decode engine's `fail` policy then ended the request
+	// with a 500). The first read on a fresh UCX endpoint costs 0.2-20 ms
+	// here, under the same load as much as a warm one. 3 s keeps the rule
+	// armed and out of the scheduler's way.
+	o.ConnexdArgs = append(o.ConnexdArgs, "--pull-stall-ms", "3000")
 	o.VLLM = &localcluster.VLLM{Bin: bin, Model: model, MaxModelLen: 2048, TPFor: vllmTP, LogDir: t.TempDir()}
 	logs := &safeBuffer{}
 	o.Log = logs
