@@ -108,7 +108,9 @@
 //     is announced while the member still serves; Shutdown is idempotent.
 //     On a client it then stops the ActorSystem and Remote directly.
 //   - Cluster.StartMember sleeps 1 s and a graceful Cluster.Shutdown sleeps
-//     2 s; neither affects detection, but budget them in start/stop paths.
+//     2 s, after it has stopped the actor system (and its gossip loop), so
+//     the sleep changes nothing a peer sees. StopMember is that shutdown
+//     without the sleep; budget StartMember's second in start paths.
 //   - protoactor's remote server indexes a MessageBatch's target, sender
 //     and type tables unchecked and two RPCs are panic("implement me");
 //     gRPC does not recover handler panics, so one message from anyone who
@@ -147,7 +149,6 @@
 //	prov.SetLoad(inFlight)          // whenever it changes
 //	...
 //	cancel()
-//	prov.Shutdown(true)             // announce the leave first
-//	c.Shutdown(true)
+//	cluster.StopMember(c, prov)     // announce the leave, then stop
 //	nc.Close()
 package cluster

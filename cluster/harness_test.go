@@ -72,6 +72,9 @@ type testMember struct {
 	p      *Provider
 	nc     *nats.Conn
 	client bool
+	// stopped is set once the member was stopped (StopMember): stop then
+	// only closes its NATS connection.
+	stopped bool
 
 	mu     sync.Mutex
 	events []timedEvent
@@ -154,6 +157,10 @@ func startMembers(t *testing.T, url string, roles ...Role) []*testMember {
 // stop tears the member down without protoactor's 2 s graceful wait, and
 // without Cluster.Shutdown on a client (it panics there).
 func (m *testMember) stop() {
+	if m.stopped {
+		m.nc.Close()
+		return
+	}
 	_ = m.p.Shutdown(false)
 	if m.client {
 		m.sys.Shutdown()

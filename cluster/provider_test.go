@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -72,10 +73,16 @@ func TestProviderJoinLoadAndGracefulLeave(t *testing.T) {
 		t.Fatalf("replay %v, want %v", replay, all)
 	}
 
-	// A graceful leave is seen at once, well before any timer.
+	// A graceful leave (what connexd's shutdown does) is seen at once,
+	// well before any timer, and stops c's protoactor parts.
 	left := time.Now()
-	if err := c.p.Shutdown(true); err != nil {
-		t.Fatal(err)
+	StopMember(c.cl, c.p)
+	c.stopped = true
+	if !c.sys.IsStopped() {
+		t.Fatal("StopMember left c's actor system running")
+	}
+	if _, err := net.DialTimeout("tcp", c.sys.Address(), time.Second); err == nil {
+		t.Fatalf("c's protoactor remote at %s still accepts connections after StopMember", c.sys.Address())
 	}
 	for _, m := range []*testMember{a, b, cl} {
 		checkFor(t, a.p.cfg.SuspectAfter(), 5*time.Millisecond, func() error { return m.sees(a.id(), b.id()) })

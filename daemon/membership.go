@@ -150,10 +150,10 @@ func (m *clusterMembers) stopCurrent(graceful bool) {
 	if prov == nil {
 		return
 	}
-	_ = prov.Shutdown(graceful)
 	if graceful {
-		cl.Shutdown(true)
+		cluster.StopMember(cl, prov)
 	} else {
+		_ = prov.Shutdown(false)
 		sys.Shutdown()
 		cl.Remote.Shutdown(false)
 	}
