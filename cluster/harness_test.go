@@ -121,8 +121,11 @@ func tryTestMember(url string, role Role, client bool) (*testMember, error) {
 	m := &testMember{sys: sys, cl: actorcluster.New(sys, ccfg), p: p, nc: nc, client: client}
 	if client {
 		m.cl.StartClient()
-	} else {
-		m.cl.StartMember()
+	} else if err := StartMember(m.cl, p); err != nil {
+		_ = p.Shutdown(false)
+		sys.Shutdown()
+		nc.Close()
+		return nil, err
 	}
 	m.p.Subscribe(func(e Event) {
 		m.mu.Lock()
@@ -132,8 +135,7 @@ func tryTestMember(url string, role Role, client bool) (*testMember, error) {
 	return m, nil
 }
 
-// startMembers starts one member per role, concurrently (protoactor's
-// StartMember sleeps a second).
+// startMembers starts one member per role, concurrently.
 func startMembers(t *testing.T, url string, roles ...Role) []*testMember {
 	t.Helper()
 	ms := make([]*testMember, len(roles))

@@ -63,6 +63,9 @@ type Provider struct {
 	eventSub   *nats.Subscription
 	esSub      *eventstream.Subscription
 	stopOnce   sync.Once
+	// memberStarted receives the outcome of StartMember (StartMember's
+	// wait); buffered, written once.
+	memberStarted chan error
 
 	watch watchers
 }
@@ -85,7 +88,7 @@ func NewProvider(nc *nats.Conn, cfg Config) (*Provider, error) {
 	if act == nil {
 		act = NewActivity(nil)
 	}
-	return &Provider{cfg: cfg, nc: nc, log: cfg.logger(), announceNow: make(chan struct{}, 1), activity: act}, nil
+	return &Provider{cfg: cfg, nc: nc, log: cfg.logger(), announceNow: make(chan struct{}, 1), activity: act, memberStarted: make(chan error, 1)}, nil
 }
 
 // StartMember joins c as a member: it subscribes to the membership
@@ -99,7 +102,12 @@ func (p *Provider) StartMember(c *actorcluster.Cluster) error {
 	kinds := c.GetClusterKinds()
 	slices.Sort(kinds)
 	self := &Member{ID: c.ActorSystem.ID, Host: host, Port: port, Role: p.cfg.Role, Kinds: kinds, Name: p.cfg.Name}
-	return p.start(c, self)
+	err = p.start(c, self)
+	select {
+	case p.memberStarted <- err:
+	default:
+	}
+	return err
 }
 
 // StartClient follows c's membership without joining it: a client neither

@@ -89,7 +89,11 @@ func (m *clusterMembers) start() error {
 		return m.libLog.With("lib", "protoactor-cluster")
 	}))
 	cl := actorcluster.New(sys, cluster.ActorClusterConfig(m.cfg.ClusterName, prov, disthash.New(), cluster.NewRemoteConfig(m.cfg.ClusterHost, 0, m.remote)))
-	cl.StartMember()
+	if err := cluster.StartMember(cl, prov); err != nil {
+		_ = prov.Shutdown(false)
+		sys.Shutdown()
+		return err
+	}
 	// A (re)join starts from a clean slate: what a paused member believed
 	// about departures and ages is stale.
 	m.roster.rejoin()
