@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +22,17 @@ func TestHolderRestartTellsTheDecodeEngine(t *testing.T) {
 	prm := c.holdWith(t, &messages.CreateHoldRequest{BlockIds: []uint32{1, 2}, NumTokens: 32, RetainS: 3})
 	lost := subscribe(t, c.nc, api.HoldLostSubject(d1.cli.Member, d1.id), func() *messages.HoldLostNotice { return new(messages.HoldLostNotice) })
 	c.startRequest(t, "d1", "r-lost", prm, prompt(32))
+	// request.start binds the hold to d1's engine on the holder after it
+	// answered: a holder stopped before that ends a hold never bound (its
+	// engine hears "released" at the bind), which is not this test.
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		for _, l := range strings.Split(c.procs["prefill"].logs(), "\n") {
+			if strings.Contains(l, "hold bound to the request's engine") && strings.Contains(l, "request=r-lost") {
+				return nil
+			}
+		}
+		return errors.New("the prefill connexd has not bound the hold to r-lost's engine yet")
+	})
 
 	c.procs["prefill"].stop()
 	c.procs["prefill"] = startConnexd(t, "prefill", "--backend", "tcp", "--nats-url", c.url, "--role", "prefill", "--cluster-preset", "local")
