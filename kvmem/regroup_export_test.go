@@ -2,8 +2,8 @@ package kvmem
 
 // RegroupShape is tp's regroup plan in numbers, for tests: its groups
 // (destination blocks and planes), the pairs among its copy runs, and the
-// groups that are dense.
-func RegroupShape(tp *TilePlan) (groups, pairs, dense int) {
+// groups that are dense and pairwise.
+func RegroupShape(tp *TilePlan) (groups, pairs, dense, pairwise int) {
 	for _, g := range tp.regroup {
 		for _, pr := range g.pairs {
 			if pr.b >= 0 {
@@ -13,6 +13,9 @@ func RegroupShape(tp *TilePlan) (groups, pairs, dense int) {
 		if g.dense {
 			dense++
 		}
+		if g.pairwise {
+			pairwise++
+		}
 	}
-	return len(tp.regroup), pairs, dense
+	return len(tp.regroup), pairs, dense, pairwise
 }

@@ -9,12 +9,22 @@ import (
 
 // TestRegroupMatchesCopies: Regroup writes exactly what a tile's copy runs
 // (StagedCopies, each run's CopyOut in turn) write, with its dense path
-// (buf, out) and without, for staged translations: the CPU order between
-// block sizes up, down and not multiples of each other, with a TP change,
-// NHD between TP sizes (32-byte head ranges), and pulls whose last tile
+// (buf, out) and without, and so does RegroupFrom from views of the
+// holder's memory (each read's bytes in place, in a slice of their own:
+// a run that strayed out of its read's span would panic or copy other
+// bytes), for staged translations: the CPU order between block sizes up,
+// down and not multiples of each other, with a TP change either way, NHD
+// between TP sizes (32-byte head ranges), and pulls whose last tile
 // carries fewer tokens. Bytes the pull does not write stay as they were.
 func TestRegroupMatchesCopies(t *testing.T) {
 	cpu := func(tp, bs uint32) kvmem.Layout { return described(kvmem.OrderCPU, 4, tp, 0, bs, "bfloat16") }
+	// Heads of 64 elements: a V copy of a source block is 2 KiB or more,
+	// moved straight with out.
+	cpu64 := func(bs uint32) kvmem.Layout {
+		l := described(kvmem.OrderCPU, 2, 1, 0, bs, "bfloat16")
+		l.HeadSize, l.BlockBytes = 64, 2*64*2*uint64(bs)*2
+		return l
+	}
 	cases := []struct {
 		name      string
 		src, dst  kvmem.Layout
@@ -27,7 +37,11 @@ func TestRegroupMatchesCopies(t *testing.T) {
 		{"cpu 16->48", cpu(1, 16), cpu(1, 48), 6, 0},
 		{"cpu 32->48 part", cpu(1, 32), cpu(1, 48), 5, 4*32 + 7},
 		{"cpu tp2 16 -> tp1 32", cpu(2, 16), cpu(1, 32), 4, 0},
+		{"cpu tp1 16 -> tp2 rank 1 32 part", cpu(1, 16), described(kvmem.OrderCPU, 4, 2, 1, 32, "bfloat16"), 5, 4*16 + 9},
+		{"nhd tp2 16 -> tp1 48", described(kvmem.OrderNHD, 4, 2, 0, 16, "float32"), described(kvmem.OrderNHD, 4, 1, 0, 48, "float32"), 6, 0},
 		{"nhd tp2->1", described(kvmem.OrderNHD, 4, 2, 0, 16, "float32"), described(kvmem.OrderNHD, 4, 1, 0, 16, "float32"), 3, 0},
+		{"cpu head 64 16->32 part", cpu64(16), cpu64(32), 5, 4*16 + 1},
+		{"cpu head 64 32->16", cpu64(32), cpu64(16), 3, 0},
 	}
 	for _, c := range cases {
 		tr, err := kvmem.Translate(c.src, c.dst)
@@ -66,12 +80,25 @@ func TestRegroupMatchesCopies(t *testing.T) {
 			return d
 		}
 		want, direct, dense := fill(), fill(), fill()
+		viewed, viewedDense := fill(), fill()
 		buf := make([]byte, x.RegroupBytes())
 		var scratch []byte
+		straight := 0 // copies out moved from the scratch, not buf
 		for layer := range tr.Src.Layers {
 			for k := range x.Tiles() {
 				scratch = make([]byte, x.TileScratch(k))
-				x.StagedReads(layer, k, func(m kvmem.Move) { copy(scratch[m.DstOff:m.DstOff+m.Len], src[m.Rank][m.SrcOff:]) })
+				var views [][]byte
+				x.StagedReads(layer, k, func(m kvmem.Move) {
+					copy(scratch[m.DstOff:m.DstOff+m.Len], src[m.Rank][m.SrcOff:])
+					views = append(views, src[m.Rank][m.SrcOff:m.SrcOff+m.Len:m.SrcOff+m.Len])
+				})
+				x.RegroupFrom(layer, k, viewed, views, nil, nil)
+				x.RegroupFrom(layer, k, viewedDense, views, buf, func(d, s []byte) { copy(d, s) })
+				x.Regroup(layer, k, make([]byte, len(want)), scratch, buf, func(d, s []byte) {
+					if len(s) >= 2<<10 && (len(buf) == 0 || &s[0] != &buf[0]) {
+						straight++
+					}
+				})
 				x.StagedCopies(layer, k, func(r kvmem.CopyRun, do uint64) { r.CopyOut(want, do, scratch) })
 				x.Regroup(layer, k, direct, scratch, nil, nil)
 				x.Regroup(layer, k, dense, scratch, buf, func(d, s []byte) {
@@ -88,6 +115,17 @@ func TestRegroupMatchesCopies(t *testing.T) {
 		if !bytes.Equal(dense, want) {
 			t.Errorf("%s: Regroup with buf differs from the copy runs", c.name)
 		}
+		if (c.src.HeadSize == 64) != (straight > 0) {
+			// A V copy of a source block (2 KiB: 16 tokens of a head of
+			// 64) goes out straight; no copy of the small heads does.
+			t.Errorf("%s: %d copies went out straight", c.name, straight)
+		}
+		if !bytes.Equal(viewed, want) {
+			t.Errorf("%s: RegroupFrom without buf differs from the copy runs", c.name)
+		}
+		if !bytes.Equal(viewedDense, want) {
+			t.Errorf("%s: RegroupFrom with buf differs from the copy runs", c.name)
+		}
 		var fresh []byte
 		x.Copy(src, func() []byte { fresh = fill(); return fresh }())
 		if !bytes.Equal(fresh, want) {
@@ -97,27 +135,31 @@ func TestRegroupMatchesCopies(t *testing.T) {
 }
 
 // TestRegroupShape pins the plan that makes the CPU order's regroup
-// between block sizes 16 and 32 fast, which no result shows: the two
-// source blocks' K runs (32-byte halves of each 64-byte row of a
-// destination block) are performed as pairs, and the whole destination
-// block is one dense range (regrouped in a buffer, then moved with
-// streaming stores by the puller).
+// between block sizes 16 and 32 fast, which no result shows, in the HETERO
+// bench's shape (8 KV heads of 128 bfloat16): the two source blocks' K
+// runs of a head (32-byte halves of each 64-byte row of the destination
+// block) are performed as pairs, as are their V runs; the destination
+// block is one dense group, performed pair by pair (pairwise): each
+// head's K rows assembled in an 8 KiB buffer (then moved with streaming
+// stores by the puller), each V copy (4 KiB) moved straight.
 func TestRegroupShape(t *testing.T) {
-	tr, err := kvmem.Translate(described(kvmem.OrderCPU, 4, 1, 0, 16, "bfloat16"), described(kvmem.OrderCPU, 4, 1, 0, 32, "bfloat16"))
+	cpu := func(bs uint32) kvmem.Layout {
+		return kvmem.Layout{Layers: 1, Planes: 1, Blocks: 8, BlockSize: bs, TPSize: 1, Order: kvmem.OrderCPU, Heads: 8, HeadSize: 128, Dtype: "bfloat16",
+			BlockBytes: 8 * 128 * 2 * uint64(bs) * 2}
+	}
+	tr, err := kvmem.Translate(cpu(16), cpu(32))
 	if err != nil {
 		t.Fatal(err)
 	}
-	groups, pairs, dense := kvmem.RegroupShape(&tr.Full)
-	// 4 heads × K, V: each of the two source blocks' runs pairs with the
-	// other's.
-	if groups != 1 || pairs != 4*2 || dense != 1 {
-		t.Fatalf("full tile: %d groups, %d pairs, %d dense; want 1 group (the destination block), %d pairs, 1 dense", groups, pairs, dense, 4*2)
+	groups, pairs, dense, pairwise := kvmem.RegroupShape(&tr.Full)
+	if groups != 1 || pairs != 8*2 || dense != 1 || pairwise != 1 {
+		t.Fatalf("full tile: %d groups, %d pairs, %d dense, %d pairwise; want 1 group (the destination block), %d pairs, dense and pairwise", groups, pairs, dense, pairwise, 8*2)
 	}
 	x, err := tr.ForPull([]uint32{0, 1, 2, 3}, []uint32{0, 1}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := x.RegroupBytes(), tr.Dst.BlockBytes; got != want {
-		t.Fatalf("RegroupBytes %d, want a destination block (%d)", got, want)
+	if got, want := x.RegroupBytes(), uint64(128*64); got != want {
+		t.Fatalf("RegroupBytes %d, want a head's K rows (%d)", got, want)
 	}
 }

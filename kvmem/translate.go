@@ -63,6 +63,10 @@ type TilePlan struct {
 	// regroup is Copies as Transfer.Regroup performs them: by
 	// destination block and plane, runs that fill each other's gaps paired.
 	regroup []regroupGroup
+	// runSpan is the segment table of a staged tile: runSpan[j] is the
+	// index in Spans of the span whose bytes Copies[j] reads (each run
+	// lies in one), for RegroupFrom.
+	runSpan []int
 }
 
 // laneRuns is one lane of a tile plan: its pieces Pieces[lo:hi] as runs.
@@ -338,13 +342,16 @@ func (tp *TilePlan) stage() {
 		s := spans[at[key{p.SrcRank, p.SrcPlane, p.SrcBlock}]]
 		p.Scratch = s.ScratchOff + p.SrcOff - s.Off
 	}
-	tp.Copies = copyRuns(tp.Pieces)
+	tp.Copies = copyRuns(tp.Pieces, spans)
+	tp.runSpan = runSpans(tp.Copies, spans)
 	tp.regroup = regroupPlan(tp.Copies)
 }
 
 // copyRuns groups a staged tile's pieces, in scratch order, into runs of
-// one length into one destination block at constant positive strides.
-func copyRuns(pieces []Piece) []CopyRun {
+// one length into one destination block at constant positive strides,
+// each within one of the tile's spans (so that a run can read from a view
+// of its span's source instead of the scratch: RegroupFrom).
+func copyRuns(pieces []Piece, spans []Span) []CopyRun {
 	sorted := slices.Clone(pieces)
 	slices.SortFunc(sorted, func(a, b Piece) int { return cmp.Compare(a.Scratch, b.Scratch) })
 	var out []CopyRun
@@ -353,7 +360,8 @@ func copyRuns(pieces []Piece) []CopyRun {
 			r := &out[n-1]
 			last, lastDst := r.Scratch+uint64(r.Count-1)*r.ScratchStride, r.DstOff+uint64(r.Count-1)*r.DstStride
 			if r.DstBlock == p.DstBlock && r.DstPlane == p.DstPlane && r.Len == p.Len && p.Scratch > last && p.DstOff > lastDst &&
-				(r.Count == 1 || p.Scratch-last == r.ScratchStride && p.DstOff-lastDst == r.DstStride) {
+				(r.Count == 1 || p.Scratch-last == r.ScratchStride && p.DstOff-lastDst == r.DstStride) &&
+				spanAt(spans, p.Scratch) == spanAt(spans, r.Scratch) {
 				r.ScratchStride, r.DstStride = p.Scratch-last, p.DstOff-lastDst
 				r.Count++
 				continue

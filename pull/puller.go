@@ -456,28 +456,52 @@ func (a *puller) read(ctx context.Context, desc *messages.Descriptors, plan **re
 		return 0, fmt.Errorf("pull %s: connect data plane of %s: %w", a.p.ID, peer.Member, readErr(ctx, err))
 	}
 	defer ep.Close()
-	caps := a.deps.Backend.Caps()
-	if err := run(batchReader{
-		get: func(ops []transport.GetOp) error {
-			return a.readBatches(ctx, ep, caps, splitOps(ops, maxOpBytes(caps)), total, peer.Member)
-		},
-		strided: func(ops []transport.StridedOp) error {
-			if !caps.Strided { // planned only with Caps.Strided; read the pieces
-				return a.readBatches(ctx, ep, caps, splitOps(transport.Pieces(ops), maxOpBytes(caps)), total, peer.Member)
-			}
-			return a.readStridedBatches(ctx, ep, caps, ops, total, peer.Member)
-		},
-	}); err != nil {
+	if err := run(a.batchReader(ctx, ep, total, peer.Member)); err != nil {
 		return 0, err
 	}
 	return total, nil
 }
 
-// batchReader reads a planned pull's reads: GetOps, and strided ops (head
-// ranges of token-major blocks) where the data plane reads those.
+// batchReader is how the pull reads total bytes through ep from the holder
+// member under ctx: GetOps and strided ops in batches (readBatches), and
+// views of the holder's memory where the backend's endpoints show it
+// (Caps.Views: viewReader).
+func (a *puller) batchReader(ctx context.Context, ep transport.Endpoint, total uint64, member string) batchReader {
+	caps := a.deps.Backend.Caps()
+	r := batchReader{
+		get: func(ops []transport.GetOp) error {
+			return a.readBatches(ctx, ep, caps, splitOps(ops, maxOpBytes(caps)), total, member)
+		},
+		strided: func(ops []transport.StridedOp) error {
+			if !caps.Strided { // planned only with Caps.Strided; read the pieces
+				return a.readBatches(ctx, ep, caps, splitOps(transport.Pieces(ops), maxOpBytes(caps)), total, member)
+			}
+			return a.readStridedBatches(ctx, ep, caps, ops, total, member)
+		},
+	}
+	if caps.Views {
+		v, err := transport.ViewerOf(a.deps.Backend, ep)
+		if err != nil {
+			// A backend that lies about its endpoints: say so (the pull
+			// fails) rather than quietly read through scratch.
+			r.view = func([]transport.ViewRange, func(context.Context, [][]byte) error) (bool, error) {
+				return true, fmt.Errorf("pull %s: %w", a.p.ID, err)
+			}
+		} else {
+			r.view = a.viewReader(ctx, v, total, member)
+		}
+	}
+	return r
+}
+
+// batchReader reads a planned pull's reads: GetOps, strided ops (head
+// ranges of token-major blocks) where the data plane reads those, and
+// views of the holder's memory (view, nil where the data plane has none:
+// see viewReader) for a pull that transforms what it reads.
 type batchReader struct {
 	get     func([]transport.GetOp) error
 	strided func([]transport.StridedOp) error
+	view    viewFunc
 }
 
 // planReads checks the holder's descriptors against the pull and plans its

@@ -2,6 +2,7 @@ package pull
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -159,7 +160,7 @@ func stagedGoroutines() string {
 		}
 		left = left[:0]
 		for _, s := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(s, "(*translatedPlan).staged") && !strings.Contains(s, "stagedGoroutines") {
+			if (strings.Contains(s, "(*translatedPlan).staged") || strings.Contains(s, "(*translatedPlan).regroupViews")) && !strings.Contains(s, "stagedGoroutines") {
 				left = append(left, s)
 			}
 		}
@@ -175,7 +176,9 @@ func stagedGoroutines() string {
 // cpu-bs16->32 case: 32 layers, 8 KV heads of 128 bfloat16, 1024 tokens in
 // 64 blocks of 16 into blocks of 32) in this process, its reads copies
 // from the holder's memory as a same-host data plane's are, by window and
-// regroup goroutines (-1: none, 0: the default).
+// regroup goroutines (-1: none, 0: the default); view=: the pull in one
+// pass, regrouped from views of the holder's memory (viewBytes a view),
+// by regroup goroutines.
 func BenchmarkRegroup(b *testing.B) {
 	g := newRegroupPull(b, 32, 8, 128, 64)
 	for _, window := range []uint64{1 << 20, stagedWindowBytes, 32 << 20} {
@@ -190,5 +193,23 @@ func BenchmarkRegroup(b *testing.B) {
 				}
 			})
 		}
+	}
+	view := func(ranges []transport.ViewRange, fn func(context.Context, [][]byte) error) (bool, error) {
+		views := make([][]byte, len(ranges))
+		for i, r := range ranges {
+			views[i] = g.src[r.RemoteAddr : r.RemoteAddr+r.Len]
+		}
+		return true, fn(context.Background(), views)
+	}
+	for _, workers := range []int{-1, 1, 0} {
+		b.Run(fmt.Sprintf("view/workers=%d", workers), func(b *testing.B) {
+			g.plan.window, g.plan.workers = 0, workers
+			b.SetBytes(int64(g.plan.total()))
+			for b.Loop() {
+				if err := g.plan.run(batchReader{get: g.get, view: view}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -15,9 +15,10 @@ import (
 // translatedPlan is a pull from a holder of another shape (kvmem.Translate
 // said not Whole: other TP size or rank split, block size or in-block
 // order). A direct translation reads every piece straight into the
-// destination blocks (ops); a staged one reads the holder's spans into
-// scratch memory a window at a time and regroups them into the destination
-// on arrival, here in the puller (run).
+// destination blocks (ops); a staged one regroups the holder's spans into
+// the destination here in the puller (run): straight from the holder's
+// memory where the data plane shows it in place (viewregroup.go), else
+// read into scratch memory a window at a time and regrouped on arrival.
 type translatedPlan struct {
 	x    *kvmem.Transfer
 	srcs []*source // by holder rank; nil for ranks the reader needs nothing of
@@ -28,8 +29,9 @@ type translatedPlan struct {
 	// token.
 	sops []transport.StridedOp
 	// window and workers, where tests set them, replace a staged pull's
-	// stagedWindowBytes and regroupWorkers(); workers < 0: none, each
-	// window regrouped on the reading goroutine once read.
+	// stagedWindowBytes (and viewBytes) and regroupWorkers(); workers < 0:
+	// none, each window regrouped on the reading goroutine once read (each
+	// view's tiles on the viewing one).
 	window  uint64
 	workers int
 }
@@ -104,7 +106,22 @@ func (p *translatedPlan) run(r batchReader) error {
 	if !p.x.T.Staged {
 		return r.get(p.ops)
 	}
-	return p.staged(r.get)
+	return p.staged(r)
+}
+
+// staged performs a staged pull with r: regrouped straight from views of
+// the holder's memory where r shows them (viewed, in viewregroup.go), the
+// rest (every tile where it shows none) read into scratch and regrouped
+// from there (stagedReads).
+func (p *translatedPlan) staged(r batchReader) error {
+	from := 0
+	if r.view != nil {
+		var err error
+		if from, err = p.viewed(r.view); err != nil {
+			return err
+		}
+	}
+	return p.stagedReads(r.get, from)
 }
 
 // stagedUnit is one tile of one layer of a staged pull, read into a
@@ -126,7 +143,8 @@ type stagedWindow struct {
 	buf     []byte
 }
 
-// staged reads a staged pull's tiles into scratch windows with read and
+// stagedReads reads a staged pull's tiles, from the from-th on (in pull
+// order: layer by layer, tile by tile), into scratch windows with read and
 // regroups each window into the destination once its reads landed
 // (kvmem.Transfer.Regroup). The regroup is a copy of every byte the pull
 // moves, as large as the read, so it does not wait for the reads to end:
@@ -137,11 +155,18 @@ type stagedWindow struct {
 // (transport/memcopy) where a tile fills a range of a block whole: the
 // engine reads them, not this process. The first read error stops the
 // pull: nothing is read after it, windows not yet regrouped are dropped,
-// and staged returns it once every regroup goroutine has exited.
-func (p *translatedPlan) staged(read func([]transport.GetOp) error) error {
-	x, layers, tiles := p.x, p.x.T.Src.Layers, p.x.Tiles()
+// and stagedReads returns it once every regroup goroutine has exited.
+func (p *translatedPlan) stagedReads(read func([]transport.GetOp) error, from int) error {
+	x, tiles := p.x, p.x.Tiles()
+	n := int(x.T.Src.Layers) * tiles
+	if from >= n {
+		return nil
+	}
 	full, last := x.TileScratch(0), x.TileScratch(tiles-1)
-	need := uint64(layers) * (uint64(tiles-1)*full + last)
+	var need uint64
+	for i := from; i < n; i++ {
+		need += x.TileScratch(i % tiles)
+	}
 	window, workers := cmp.Or(p.window, stagedWindowBytes), cmp.Or(p.workers, regroupWorkers())
 	size := min(max(window, full, last), need)
 	if size >= need {
@@ -208,23 +233,22 @@ func (p *translatedPlan) staged(read func([]transport.GetOp) error) error {
 		return err
 	}
 	w := <-free
-	for layer := range layers {
-		for k := range tiles {
-			n := x.TileScratch(k)
-			if w.used+n > size {
-				if err := flush(w); err != nil {
-					return end(err)
-				}
-				w = <-free
+	for i := from; i < n; i++ {
+		layer, k := uint32(i/tiles), i%tiles
+		ts := x.TileScratch(k)
+		if w.used+ts > size {
+			if err := flush(w); err != nil {
+				return end(err)
 			}
-			base, scratch := w.used, w.scratch
-			x.StagedReads(layer, k, func(m kvmem.Move) {
-				key, addr := p.srcs[m.Rank].at(m.Layer, m.Plane, m.SrcPos, m.SrcOff)
-				w.ops = append(w.ops, transport.GetOp{RemoteKey: key, RemoteAddr: addr, Dst: scratch[base+m.DstOff : base+m.DstOff+m.Len : base+m.DstOff+m.Len]})
-			})
-			w.units = append(w.units, stagedUnit{layer: layer, k: k, base: base})
-			w.used += n
+			w = <-free
 		}
+		base, scratch := w.used, w.scratch
+		x.StagedReads(layer, k, func(m kvmem.Move) {
+			key, addr := p.srcs[m.Rank].at(m.Layer, m.Plane, m.SrcPos, m.SrcOff)
+			w.ops = append(w.ops, transport.GetOp{RemoteKey: key, RemoteAddr: addr, Dst: scratch[base+m.DstOff : base+m.DstOff+m.Len : base+m.DstOff+m.Len]})
+		})
+		w.units = append(w.units, stagedUnit{layer: layer, k: k, base: base})
+		w.used += ts
 	}
 	if len(w.units) > 0 {
 		if err := flush(w); err != nil {

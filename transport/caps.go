@@ -55,6 +55,14 @@ type Caps struct {
 	// mapped reads). When false GetStrided reads the pieces as GetOps and
 	// a reader plans GetOps itself.
 	Strided bool
+	// Views is true when the backend's endpoints implement Viewer and show
+	// a holder's memory in place where they can (UCX: a holder on this
+	// host whose memory came from Allocate, unless reads of shared keys
+	// are configured as GETs). A reader that transforms what it reads
+	// (the puller's staged pulls between KV layouts) then views instead
+	// of reading into scratch; reach the interface with ViewerOf. When
+	// false every byte is read with Get.
+	Views bool
 	// MaxGetBytes is the largest single GetOp the backend handles well;
 	// readers split larger ranges (the puller splits at the smaller of
 	// this and its batch size). 0 means no limit: the backend splits and

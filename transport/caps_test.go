@@ -36,6 +36,9 @@ type liar struct {
 func (b *liar) Caps() Caps   { return b.caps }
 func (b *liar) Name() string { return "liar" }
 
+// liarEndpoint is an Endpoint of none of the optional interfaces.
+type liarEndpoint struct{ Endpoint }
+
 // liarReg counts its Deregister calls.
 type liarReg struct {
 	Registration
@@ -59,6 +62,9 @@ func TestCheckCapsCatchesLies(t *testing.T) {
 		if err := CheckCaps(&liar{caps: c}); !errors.Is(err, ErrCapsLie) {
 			t.Errorf("%+v: CheckCaps = %v, want ErrCapsLie", c, err)
 		}
+	}
+	if _, err := ViewerOf(&liar{caps: Caps{Views: true}}, liarEndpoint{}); !errors.Is(err, ErrCapsLie) {
+		t.Errorf("ViewerOf an endpoint that is no Viewer: %v", err)
 	}
 	b := &liar{caps: Caps{ManyRegister: true, ManyDeregister: true}}
 	if _, err := RegisterEach(b, [][]byte{{1}, {2}}); !errors.Is(err, ErrCapsLie) {

@@ -12,14 +12,15 @@ import (
 // TestCapsMatchBehaviour: what Caps claims the TCP backend does, it does,
 // and what it denies it lacks: one key for many extents, progress reported
 // chunk by chunk, a Get of any size, no allocation, no many-at-once
-// registration, no fault guard, strided ops read piece by piece; and
+// registration, no fault guard, no views, strided ops read piece by
+// piece; and
 // Deregister cuts a kept key.
 func TestCapsMatchBehaviour(t *testing.T) {
 	server := openBackend(t, Config{})
 	client := openBackend(t, Config{})
 	caps := server.Caps()
 	if !caps.ExtentKeys || !caps.OneKeyForExtents(false) || caps.Allocate || !caps.Progress || caps.Strided ||
-		caps.ManyRegister || caps.ManyDeregister || caps.GuardFaults || caps.MaxGetBytes != 0 {
+		caps.ManyRegister || caps.ManyDeregister || caps.GuardFaults || caps.Views || caps.MaxGetBytes != 0 {
 		t.Fatalf("Caps = %+v", caps)
 	}
 	if err := transport.CheckCaps(server); err != nil {
@@ -34,6 +35,9 @@ func TestCapsMatchBehaviour(t *testing.T) {
 		t.Fatal("Caps.Allocate is false, but the backend implements Allocator")
 	}
 	ep := connect(t, client, server)
+	if _, ok := ep.(transport.Viewer); ok {
+		t.Fatal("Caps.Views is false, but the endpoint implements Viewer")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	op := []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr() + 8192, Dst: make([]byte, 4096)}}

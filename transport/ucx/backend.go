@@ -176,6 +176,7 @@ func (b *Backend) Caps() transport.Caps {
 		ManyDeregister:       true,
 		GuardFaults:          true,
 		Strided:              true,
+		Views:                b.cfg.SharedReads != SharedReadsGet,
 		MaxGetBytes:          0,
 	}
 }

@@ -3,6 +3,7 @@
 package ucx
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"testing"
@@ -17,7 +18,8 @@ import (
 // ExtentKeys registers extents under one key, one claiming Allocate
 // allocates, one claiming ManyRegister/ManyDeregister registers and
 // deregisters many at once, and GetProgress reports as Progress says
-// (once, at the end, without it). In checked mode a kept key is refused
+// (once, at the end, without it), and a reader's endpoint shows an
+// allocation's memory in place as Views says. In checked mode a kept key is refused
 // after Deregister; onesided mode hands out keys read without the holder.
 // Strided's native reads: TestGetStrided counts them.
 func TestCapsMatchBehaviour(t *testing.T) {
@@ -29,6 +31,7 @@ func TestCapsMatchBehaviour(t *testing.T) {
 		{"checked/tcp", Config{TLS: "tcp"}},
 		{"onesided/default", Config{Reads: ReadsOneSided}},
 		{"onesided/shm", Config{Reads: ReadsOneSided, TLS: SafeDefaultTLS}},
+		{"checked/shared-get", Config{SharedReads: SharedReadsGet}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h, err := OpenConfig(transport.Options{}, c.cfg)
@@ -56,6 +59,7 @@ func TestCapsMatchBehaviour(t *testing.T) {
 				t.Fatalf("Caps.Allocate %v, Allocate: %v", caps.Allocate, err)
 			}
 			if err == nil {
+				viewsMatch(t, c.cfg, h, a, caps.Views)
 				reg, err := h.RegisterExtents(a.Bytes(), exts)
 				if (err == nil) != caps.OneKeyForExtents(true) {
 					t.Fatalf("Caps.OneKeyForExtents(allocated) %v, RegisterExtents on an allocation: %v", caps.OneKeyForExtents(true), err)
@@ -123,4 +127,44 @@ func getProgressT(ep transport.Endpoint, d time.Duration, ops []transport.GetOp,
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	return ep.GetProgress(ctx, ops, progress)
+}
+
+// viewsMatch checks Caps.Views on a reader opened with cfg: its endpoint
+// to h views memory of h's allocation a in place where views is true,
+// and does not handle the view where it is false.
+func viewsMatch(t *testing.T, cfg Config, h *Backend, a transport.Allocation, views bool) {
+	t.Helper()
+	reg, err := h.Register(a.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Deregister()
+	r, err := OpenConfig(transport.Options{}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if views != r.Caps().Views {
+		t.Fatalf("holder and reader of one config disagree on Caps.Views")
+	}
+	ep := connectT(t, r, h)
+	v, ok := ep.(transport.Viewer)
+	if !ok {
+		if views {
+			t.Fatal("Caps.Views, but the endpoint is no Viewer")
+		}
+		return
+	}
+	copy(a.Bytes(), randBytes(4096, 9))
+	var got []byte
+	handled, err := v.View(context.Background(), []transport.ViewRange{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr(), Len: 4096}}, func(views [][]byte) error {
+		got = bytes.Clone(views[0])
+		return nil
+	})
+	if err != nil || handled != views {
+		t.Fatalf("Caps.Views %v, View of an allocation: handled %v, %v", views, handled, err)
+	}
+	if views && !bytes.Equal(got, a.Bytes()[:4096]) {
+		t.Fatal("the view differs from the allocation's bytes")
+	}
 }
