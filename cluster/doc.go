@@ -107,10 +107,12 @@
 //     daemon calls Provider.Shutdown(graceful) itself first, so the leave
 //     is announced while the member still serves; Shutdown is idempotent.
 //     On a client it then stops the ActorSystem and Remote directly.
-//   - Cluster.StartMember sleeps 1 s and a graceful Cluster.Shutdown sleeps
-//     2 s, after it has stopped the actor system (and its gossip loop), so
-//     the sleep changes nothing a peer sees. StopMember is that shutdown
-//     without the sleep; budget StartMember's second in start paths.
+//   - Cluster.StartMember sleeps 1 s after the provider joined (and panics
+//     where it fails); a graceful Cluster.Shutdown sleeps 2 s after it has
+//     stopped the actor system, while the others have learnt of the leave
+//     over NATS. StartMember returns once the provider joined (the error,
+//     not a panic, where it failed) and StopMember is that shutdown without
+//     the sleep.
 //   - protoactor's remote server indexes a MessageBatch's target, sender
 //     and type tables unchecked and two RPCs are panic("implement me");
 //     gRPC does not recover handler panics, so one message from anyone who
@@ -144,7 +146,7 @@
 //	sys := actor.NewActorSystem()
 //	c := actorcluster.New(sys, cluster.ActorClusterConfig(name, prov, lookup,
 //		cluster.NewRemoteConfig(host, port, ro), actorcluster.WithKinds(kinds...)))
-//	c.StartMember()                 // calls prov.StartMember
+//	_ = cluster.StartMember(c, prov) // calls prov.StartMember
 //	cancel := prov.Subscribe(onEvent) // replays live members, then changes
 //	prov.SetLoad(inFlight)          // whenever it changes
 //	...

@@ -122,8 +122,6 @@ func tryTestMember(url string, role Role, client bool) (*testMember, error) {
 	if client {
 		m.cl.StartClient()
 	} else if err := StartMember(m.cl, p); err != nil {
-		_ = p.Shutdown(false)
-		sys.Shutdown()
 		nc.Close()
 		return nil, err
 	}

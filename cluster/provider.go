@@ -135,21 +135,26 @@ func (p *Provider) start(c *actorcluster.Cluster, self *Member) error {
 	p.loopDone = make(chan struct{})
 
 	v := newView(p.cfg, self)
+	// fail undoes the start: a provider that did not start has nothing for
+	// Shutdown to stop (no loop to wait for).
+	fail := func(err error) error {
+		p.unsubscribe()
+		p.started.Store(false)
+		return err
+	}
 	var err error
 	if self != nil {
 		// Subscribe to our ping subject before anyone can learn our id, so
 		// that "no responders" always means our connection is gone.
 		if p.pingSub, err = p.nc.Subscribe(p.subj.ping(self.ID), p.answerPing); err != nil {
-			return fmt.Errorf("cluster: subscribe ping: %w", err)
+			return fail(fmt.Errorf("cluster: subscribe ping: %w", err))
 		}
 	}
 	if p.eventSub, err = p.nc.Subscribe(p.subj.events(), p.onEvent); err != nil {
-		p.unsubscribe()
-		return fmt.Errorf("cluster: subscribe events: %w", err)
+		return fail(fmt.Errorf("cluster: subscribe events: %w", err))
 	}
 	if err := p.nc.FlushTimeout(5 * time.Second); err != nil {
-		p.unsubscribe()
-		return fmt.Errorf("cluster: flush subscriptions: %w", err)
+		return fail(fmt.Errorf("cluster: flush subscriptions: %w", err))
 	}
 	p.esSub = c.ActorSystem.EventStream.Subscribe(p.onActorEvent)
 	p.publishSnapshot(v, effects{changed: true})

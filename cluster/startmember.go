@@ -7,32 +7,63 @@ import (
 )
 
 // StartMember joins the cluster as a member: it runs c.StartMember, whose
-// cluster provider must be p, and returns once p has joined (its first
-// heartbeat sent, the others' being read), or with the error that stopped
+// cluster provider must be p, and returns once p has joined (subscribed to
+// the cluster's subjects, its heartbeat loop started; the others learn of
+// it at its first heartbeat, sent at once), or with the error that stopped
 // the start. protoactor's StartMember then sleeps a fixed second before it
 // returns, and panics where the provider or its remote server fails;
 // StartMember leaves that second to a goroutine of its own, so a connexd
 // is ready a second sooner, and turns the panic into an error.
 //
-// After an error the cluster is half started: shut p and the actor system
-// down and start anew (a new ActorSystem, a new Provider).
+// After an error StartMember has stopped what the start began (the
+// provider, the actor system and, where it started, protoactor's remote
+// server): start anew with a new ActorSystem and a new Provider. After
+// success, stop the member once with StopMember.
 func StartMember(c *actorcluster.Cluster, p *Provider) error {
-	panicked := make(chan error, 1)
+	ended := make(chan error, 1) // protoactor's StartMember returned or panicked
 	go func() {
 		defer func() {
-			if r := recover(); r != nil {
-				panicked <- fmt.Errorf("cluster: start member: %v", r)
+			r := recover()
+			if r == nil {
+				ended <- nil
+				return
+			}
+			if err, ok := r.(error); ok {
+				ended <- fmt.Errorf("cluster: start member: %w", err)
+			} else {
+				ended <- fmt.Errorf("cluster: start member: %v", r)
 			}
 		}()
 		c.StartMember()
 	}()
+	var err error
 	select {
-	case err := <-p.memberStarted:
+	case err = <-p.memberStarted:
 		if err != nil {
-			return fmt.Errorf("cluster: start member: %w", err)
+			err = fmt.Errorf("cluster: start member: %w", err)
 		}
-		return nil
-	case err := <-panicked:
-		return err
+	case err = <-ended:
+		if err == nil {
+			// Returned without calling p: c's provider is another.
+			err = fmt.Errorf("cluster: start member: the cluster's provider is not the one given")
+		}
+	}
+	if err != nil {
+		abandon(c, p)
+	}
+	return err
+}
+
+// abandon stops what a failed StartMember began: p, the actor system, and
+// protoactor's remote server if it got as far as starting it (its Shutdown
+// panics on a server that never started).
+func abandon(c *actorcluster.Cluster, p *Provider) {
+	_ = p.Shutdown(false)
+	c.ActorSystem.Shutdown()
+	if c.Remote != nil {
+		func() {
+			defer func() { _ = recover() }()
+			c.Remote.Shutdown(false)
+		}()
 	}
 }

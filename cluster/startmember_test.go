@@ -28,11 +28,12 @@ func TestStartMemberReturnsTheProvidersError(t *testing.T) {
 		t.Fatal(err)
 	}
 	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet() }))
-	defer sys.Shutdown()
 	c := actorcluster.New(sys, ActorClusterConfig("not a token", p, disthash.New(), NewRemoteConfig("127.0.0.1", 0, RemoteOptions{})))
 	err = StartMember(c, p)
 	if err == nil || !strings.Contains(err.Error(), "not a NATS subject token") {
 		t.Fatalf("StartMember with an invalid cluster name: %v, want the provider's refusal", err)
 	}
-	c.Remote.Shutdown(false)
+	if !sys.IsStopped() {
+		t.Fatal("a failed StartMember left the actor system running")
+	}
 }

@@ -15,9 +15,12 @@ import (
 // It is Cluster.Shutdown(true) without that method's unconditional 2 s
 // sleep ("to wait ownership transferring complete"). Connex places no
 // grains whose ownership could move, and protoactor stops the actor system
-// (and with it the gossip loop) before that sleep, so the sleep delays
-// every connexd's exit by 2 s and changes nothing a peer sees. p may have
-// been shut down already (Provider.Shutdown is idempotent).
+// before that sleep; at most one more gossip round (every GossipInterval)
+// could carry the "left" key during it, and the others have learnt of the
+// leave over NATS already. So the sleep only delayed every connexd's exit
+// by 2 s. p may have been shut down already (Provider.Shutdown is
+// idempotent); c must have started (StartMember without error), and
+// StopMember is called once: protoactor's parts panic when stopped twice.
 func StopMember(c *actorcluster.Cluster, p *Provider) {
 	_ = p.Shutdown(true)
 	c.Gossip.SetState(actorcluster.GracefullyLeftKey, &emptypb.Empty{})

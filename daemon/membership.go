@@ -71,7 +71,7 @@ func joinCluster(nc *nats.Conn, cfg config.Config, ro cluster.RemoteOptions, act
 	if err := m.start(); err != nil {
 		return nil, err
 	}
-	go m.rejoinLoop()
+	go m.rejoinLoop(m.start, rejoinRetryMin, rejoinRetryMax)
 	return m, nil
 }
 
@@ -90,9 +90,7 @@ func (m *clusterMembers) start() error {
 	}))
 	cl := actorcluster.New(sys, cluster.ActorClusterConfig(m.cfg.ClusterName, prov, disthash.New(), cluster.NewRemoteConfig(m.cfg.ClusterHost, 0, m.remote)))
 	if err := cluster.StartMember(cl, prov); err != nil {
-		_ = prov.Shutdown(false)
-		sys.Shutdown()
-		return err
+		return err // StartMember stopped what it began
 	}
 	// A (re)join starts from a clean slate: what a paused member believed
 	// about departures and ages is stale.
@@ -127,7 +125,10 @@ func (m *clusterMembers) subscribe(prov *cluster.Provider, fn func(*cluster.Prov
 	})
 }
 
-func (m *clusterMembers) rejoinLoop() {
+// rejoinLoop rejoins the cluster with start after each eviction, and
+// again after retryMin, doubling up to retryMax, while start fails.
+func (m *clusterMembers) rejoinLoop(start func() error, retryMin, retryMax time.Duration) {
+	retry := retryMin
 	for {
 		select {
 		case <-m.done:
@@ -136,11 +137,30 @@ func (m *clusterMembers) rejoinLoop() {
 		}
 		m.log.Warn("this member was evicted from the cluster (was it paused?); rejoining with a new id")
 		m.stopCurrent(false)
-		if err := m.start(); err != nil {
-			m.log.Error("rejoin failed", "err", err)
+		for {
+			err := start()
+			if err == nil {
+				retry = retryMin
+				break
+			}
+			// Out of the cluster until a rejoin succeeds: no eviction
+			// will come to ask again, so try again, less often each time.
+			m.log.Error("rejoin failed; trying again", "err", err, "in", retry)
+			select {
+			case <-m.done:
+				return
+			case <-time.After(retry):
+			}
+			retry = min(2*retry, retryMax)
 		}
 	}
 }
+
+// The first retry of a failed rejoin and the longest wait between two.
+const (
+	rejoinRetryMin = 500 * time.Millisecond
+	rejoinRetryMax = 30 * time.Second
+)
 
 func (m *clusterMembers) stopCurrent(graceful bool) {
 	m.mu.Lock()

@@ -64,10 +64,9 @@ func (p *translatedPlan) viewed(view viewFunc) (done int, err error) {
 	x, tiles := p.x, p.x.Tiles()
 	n := int(x.T.Src.Layers) * tiles
 	limit := cmp.Or(p.window, viewBytes)
-	bufs := make([][]byte, max(cmp.Or(p.workers, regroupWorkers()), 1))
-	for i := range bufs {
-		bufs[i] = make([]byte, x.RegroupBytes())
-	}
+	// Made at the first view handled: a holder whose memory the data
+	// plane cannot show (another host) is read through scratch instead.
+	var bufs [][]byte
 	var (
 		ranges []transport.ViewRange
 		starts []int // the view's tile j reads ranges[starts[j]:starts[j+1]]
@@ -91,6 +90,12 @@ func (p *translatedPlan) viewed(view viewFunc) (done int, err error) {
 		starts = append(starts, len(ranges))
 		first := done
 		handled, err := view(ranges, func(ctx context.Context, views [][]byte) error {
+			if bufs == nil {
+				bufs = make([][]byte, max(cmp.Or(p.workers, regroupWorkers()), 1))
+				for i := range bufs {
+					bufs[i] = make([]byte, x.RegroupBytes())
+				}
+			}
 			return p.regroupViews(ctx, first, starts, views, bufs)
 		})
 		if err != nil || !handled {
