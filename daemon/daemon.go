@@ -367,6 +367,10 @@ func (d *Daemon) assemble() {
 // MetricsURL is where Prometheus metrics are served ("" when metrics_listen is empty).
 func (d *Daemon) MetricsURL() string { return d.prom.URL() }
 
+// PprofURL is where Go's profiles are served (pprof_listen; "" when off):
+// with port 0 in pprof_listen, the port the system picked.
+func (d *Daemon) PprofURL() string { return d.pprof.URL() }
+
 // MemberID is this daemon's member id.
 func (d *Daemon) MemberID() string { return d.cfg.MemberID }
 

@@ -69,6 +69,9 @@ func run(args []string) int {
 	if u := d.MetricsURL(); u != "" {
 		httpURL += " metrics=" + u
 	}
+	if u := d.PprofURL(); u != "" {
+		httpURL += " pprof=" + u
+	}
 	if dir := d.AuthDir(); dir != "" {
 		httpURL += " auth=" + dir
 	}
