@@ -75,6 +75,8 @@ type proc struct {
 	httpURL string
 	// metricsURL is where connexd serves Prometheus metrics (metrics_listen).
 	metricsURL string
+	// pprofURL is where connexd serves Go's profiles (pprof_listen).
+	pprofURL string
 	// authDir is the authority of connexd's embedded NATS (auth=), "" when
 	// it runs none.
 	authDir string
@@ -162,6 +164,9 @@ func startCmd(t testing.TB, name, member string, cmd *exec.Cmd, args []string, e
 			}
 			if v, ok := strings.CutPrefix(f, "http="); ok {
 				p.httpURL = v
+			}
+			if v, ok := strings.CutPrefix(f, "pprof="); ok {
+				p.pprofURL = v
 			}
 			if v, ok := strings.CutPrefix(f, "metrics="); ok {
 				p.metricsURL = v
