@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -50,6 +51,13 @@ type heteroCase struct {
 // Prints a table and, last for the default data plane,
 // HETERO tp_vs_homogeneous=<r> block_size_vs_homogeneous=<r> … (medians;
 // goal ≥ 0.8 each): tp is the HND pull, NHD's is tp_nhd_vs_homogeneous.
+//
+// BENCH_HETERO_CASES=a,b runs only the named cases (the homogeneous ones
+// are always run: the ratios need them; the HETERO line then says "-" for
+// a ratio whose case did not run); BENCH_HETERO_REPS sets the timed pulls
+// per case (heteroReps); BENCH_PULL_PROFILE=DIR writes a CPU profile of
+// each backend's reader connexd over the first BENCH_PULL_PROFILE_S
+// seconds (10) of its timed pulls, as BenchmarkPull does.
 func BenchmarkPullHetero(b *testing.B) {
 	if only := os.Getenv("BENCH_PULL_LAYOUTS"); only != "" && !slices.Contains(strings.Split(only, ","), "hetero") {
 		b.Skip("BENCH_PULL_LAYOUTS does not name hetero")
@@ -64,6 +72,12 @@ func BenchmarkPullHetero(b *testing.B) {
 		{"cpu-tp2->1", heteroShape{kvmem.OrderCPU, 2, 16}, heteroShape{kvmem.OrderCPU, 1, 16}},
 		{"cpu-bs16->32", heteroShape{kvmem.OrderCPU, 1, 16}, heteroShape{kvmem.OrderCPU, 1, 32}},
 	}
+	if only := os.Getenv("BENCH_HETERO_CASES"); only != "" {
+		names := strings.Split(only, ",")
+		cases = slices.DeleteFunc(cases, func(c heteroCase) bool {
+			return !strings.HasSuffix(c.name, "homogeneous") && !slices.Contains(names, c.name)
+		})
+	}
 	url := startNATS(b)
 	backends := []string{"tcp"}
 	if buildTags() == "ucx" {
@@ -74,6 +88,8 @@ func BenchmarkPullHetero(b *testing.B) {
 	}
 }
 
+// heteroReps is the timed pulls of each case by default
+// (BENCH_HETERO_REPS).
 const heteroReps = 9
 
 func benchHetero(b *testing.B, url, backend string, cases []heteroCase) {
@@ -83,7 +99,13 @@ func benchHetero(b *testing.B, url, backend string, cases []heteroCase) {
 	// two (60 s) by default, on a busy machine.
 	args := []string{"--backend", backend, "--nats-url", url, "--log-level", "warn", "--pull-stall-ms", "10000", "--claim-s", "0", "--retain-s", "3600"}
 	hn := startConnexd(b, "hholder-"+backend, args...)
-	rn := startConnexd(b, "hreader-"+backend, args...)
+	profDir := os.Getenv("BENCH_PULL_PROFILE")
+	rargs := args
+	if profDir != "" {
+		rargs = append(slices.Clone(args), "--pprof-listen", "127.0.0.1:0")
+	}
+	rn := startConnexd(b, "hreader-"+backend, rargs...)
+	reps := envInt("BENCH_HETERO_REPS", heteroReps)
 	nc := connect(b, url)
 	const tokens = 1024
 	type run struct {
@@ -146,7 +168,11 @@ func benchHetero(b *testing.B, url, backend string, cases []heteroCase) {
 		}
 	}
 	dcli := &api.Client{NC: nc, Member: rn.member}
-	for i := 0; i <= heteroReps; i++ {
+	stopProfile := func() {}
+	if profDir != "" {
+		stopProfile = profileCPU(b, rn.pprofURL, filepath.Join(profDir, "hreader-"+backend+".pprof"), max(envInt("BENCH_PULL_PROFILE_S", 10), 1))
+	}
+	for i := 0; i <= reps; i++ {
 		for _, r := range runs {
 			fillByte(r.region.Bytes(), 0)
 			scrubCaches()
@@ -165,7 +191,7 @@ func benchHetero(b *testing.B, url, backend string, cases []heteroCase) {
 			if !d.Ok {
 				b.Fatalf("%s: pull failed: %s", r.c.name, d.Error)
 			}
-			if i == 0 || i == heteroReps {
+			if i == 0 || i == reps {
 				if err := kvfill.Check(r.region.Layout, r.region.Bytes(), r.dstIDs, tokens, true); err != nil {
 					b.Fatalf("%s pull %d: %v", r.c.name, i, err)
 				}
@@ -177,12 +203,13 @@ func benchHetero(b *testing.B, url, backend string, cases []heteroCase) {
 			}
 		}
 	}
+	stopProfile()
 	median := func(ds []time.Duration) time.Duration {
 		s := slices.Clone(ds)
 		slices.Sort(s)
 		return s[len(s)/2]
 	}
-	fmt.Printf("\nPulls between engine shapes, %s data plane (1024 tokens, 128 MiB of Llama-3-8B-shaped KV; medians of %d; GB/s = 1e9 B/s)\n", backend, heteroReps)
+	fmt.Printf("\nPulls between engine shapes, %s data plane (1024 tokens, 128 MiB of Llama-3-8B-shaped KV; medians of %d; GB/s = 1e9 B/s)\n", backend, reps)
 	fmt.Printf("%-16s %-28s %-28s %9s %9s %9s  %s\n", "case", "holder", "reader", "GB/s", "wall_ms", "read_ms", "vs homogeneous")
 	wall := map[string]time.Duration{}
 	for _, r := range runs {
@@ -196,7 +223,12 @@ func benchHetero(b *testing.B, url, backend string, cases []heteroCase) {
 			fmt.Sprintf("%s tp%d bs%d", r.c.holder.order, r.c.holder.tp, r.c.holder.bs), fmt.Sprintf("%s tp%d bs%d", r.c.read.order, r.c.read.tp, r.c.read.bs),
 			float64(r.bytes)/w.Seconds()/1e9, float64(w)/1e6, float64(rd)/1e6, float64(ref)/float64(w))
 	}
-	vs := func(c, ref string) string { return fmt.Sprintf("%.2f", float64(wall[ref])/float64(wall[c])) }
+	vs := func(c, ref string) string {
+		if wall[c] == 0 {
+			return "-" // not run (BENCH_HETERO_CASES)
+		}
+		return fmt.Sprintf("%.2f", float64(wall[ref])/float64(wall[c]))
+	}
 	// tp_vs_homogeneous is the HND pull: between TP sizes a rank's heads
 	// are then half a block, as in the CPU order (cpu_tp); NHD interleaves
 	// the heads of every token, so its pull is a 1 KiB piece per token and

@@ -8,25 +8,19 @@ package ucx
 import "C"
 
 import (
-	"context"
 	"maps"
-	"runtime"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"github.com/connex/connex/transport"
-	"github.com/connex/connex/transport/memcopy"
 )
 
 // Mapped reads: a Get whose keys are all shared keys of holders on this
 // host, and whose segments UCX has mapped into this process, copies
 // straight from the mappings (ucp_rkey_ptr) on the calling goroutine and up
 // to GOMAXPROCS-1 helpers, instead of posting ucp_get_nbx on the owner
-// thread. Both are one-sided loads from the same UCX mapping; this way the
-// copy is not serialised on one thread, runs Go's memmove, and costs no UCX
-// request per piece. Config.SharedReads = SharedReadsGet keeps ucp_get_nbx.
+// thread (the copies: mapcopy.go). Both are one-sided loads from the same
+// UCX mapping; this way the copy is not serialised on one thread, streams
+// (non-temporal stores), and costs no UCX request per piece. Config.SharedReads = SharedReadsGet keeps ucp_get_nbx.
 
 const (
 	// mapPieceBytes splits long ranges so that several goroutines share
@@ -203,139 +197,4 @@ func (h *Endpoint) mapGet(keys []keyInfo, holders []procID, read func(ptrs []uns
 		}
 	}
 	return true, nil
-}
-
-type mapPiece struct {
-	dst []byte
-	src unsafe.Pointer
-}
-
-// pieceLists keeps copyMapped's piece lists between Gets: a KV pull is
-// thousands of pieces per Get, and fresh memory costs a page fault per
-// 4 KiB. A channel rather than a sync.Pool, which the garbage collector
-// empties; lists longer than maxKeptPieces (32 bytes a piece: at most
-// 8 × 512 KiB kept) are not kept.
-var pieceLists = make(chan []mapPiece, 8)
-
-const maxKeptPieces = 1 << 14
-
-// copyMapped copies every op from its key's mapping (ptrs[i] is where key
-// i's first byte is mapped; opKey from planKeys, which checked that every
-// op lies in its key's extent).
-func copyMapped(ctx context.Context, ops []transport.GetOp, opKey []int32, keys []keyInfo, ptrs []unsafe.Pointer) error {
-	return copyPieces(ctx, func(add func(dst []byte, src unsafe.Pointer)) {
-		for j, op := range ops {
-			if i := opKey[j]; i >= 0 {
-				add(op.Dst, unsafe.Add(ptrs[i], op.RemoteAddr-keys[i].rk.base))
-			}
-		}
-	})
-}
-
-// copyStridedMapped is copyMapped for strided ops: every piece of op j
-// from key opKey[j]'s mapping (planRanges checked each op's span).
-func copyStridedMapped(ctx context.Context, ops []transport.StridedOp, opKey []int32, keys []keyInfo, ptrs []unsafe.Pointer) error {
-	return copyPieces(ctx, func(add func(dst []byte, src unsafe.Pointer)) {
-		for j, op := range ops {
-			i := opKey[j]
-			if i < 0 {
-				continue
-			}
-			base := unsafe.Add(ptrs[i], op.RemoteAddr-keys[i].rk.base)
-			for p := range op.Count {
-				d := p * op.DstStride
-				add(op.Dst[d:d+op.Len:d+op.Len], unsafe.Add(base, uint64(p)*op.RemoteStride))
-			}
-		}
-	})
-}
-
-// copyPieces copies the pieces fill adds (a destination and where its
-// bytes are mapped here). Pieces are grouped into grains of about
-// mapPieceBytes that the copiers take in turn, so that small pieces (32
-// KiB KV blocks, 1 KiB head ranges) cost no synchronisation each; ctx is
-// checked between grains.
-func copyPieces(ctx context.Context, fill func(add func(dst []byte, src unsafe.Pointer))) error {
-	var pieces []mapPiece
-	select {
-	case pieces = <-pieceLists:
-	default:
-	}
-	defer func() {
-		clear(pieces) // drop the references to the destinations
-		if cap(pieces) <= maxKeptPieces {
-			select {
-			case pieceLists <- pieces[:0]:
-			default:
-			}
-		}
-	}()
-	grains := []int{0} // grain g is pieces[grains[g]:grains[g+1]]
-	acc := 0
-	fill(func(dst []byte, src unsafe.Pointer) {
-		for off := 0; off < len(dst); off += mapPieceBytes {
-			n := min(len(dst)-off, mapPieceBytes)
-			pieces = append(pieces, mapPiece{dst: dst[off : off+n], src: unsafe.Add(src, off)})
-			if acc += n; acc >= mapPieceBytes {
-				grains = append(grains, len(pieces))
-				acc = 0
-			}
-		}
-	})
-	if grains[len(grains)-1] != len(pieces) {
-		grains = append(grains, len(pieces))
-	}
-	ngrains := len(grains) - 1
-	copiers := min(ngrains, runtime.GOMAXPROCS(0), mapMaxCopiers)
-	var next atomic.Int64
-	done := ctx.Done()
-	var canceled atomic.Bool
-	work := func() {
-		for {
-			g := int(next.Add(1) - 1)
-			if g >= ngrains || canceled.Load() {
-				return
-			}
-			select {
-			case <-done:
-				canceled.Store(true)
-				return
-			default:
-			}
-			// Streaming (non-temporal) stores: pulled bytes are for the
-			// engine, not this CPU; one fence per grain, not per piece.
-			// Pieces of pairMinBytes and more go two at a time,
-			// interleaved: a lone 32 KiB KV block spends a measurable
-			// share of its copy waiting for its first lines, which the
-			// other piece's loads now overlap. Smaller ones (1 KiB head
-			// ranges) go one by one: interleaved, they copied at 0.6 of
-			// the speed (6.6 against 11 GB/s on one core here).
-			grain := pieces[grains[g]:grains[g+1]]
-			for len(grain) > 0 {
-				a := grain[0]
-				if len(grain) >= 2 && len(a.dst) >= pairMinBytes && len(grain[1].dst) >= pairMinBytes {
-					b := grain[1]
-					memcopy.StreamPairUnfenced(a.dst, unsafe.Slice((*byte)(a.src), len(a.dst)), b.dst, unsafe.Slice((*byte)(b.src), len(b.dst)))
-					grain = grain[2:]
-					continue
-				}
-				memcopy.StreamUnfenced(a.dst, unsafe.Slice((*byte)(a.src), len(a.dst)))
-				grain = grain[1:]
-			}
-			memcopy.Fence()
-		}
-	}
-	var wg sync.WaitGroup
-	for range copiers - 1 {
-		wg.Add(1)
-		go func() { defer wg.Done(); work() }()
-	}
-	if copiers > 0 {
-		work()
-	}
-	wg.Wait()
-	if canceled.Load() {
-		return transport.CtxErr(ctx.Err())
-	}
-	return nil
 }
