@@ -60,9 +60,13 @@ func BenchmarkRegroupTile(b *testing.B) {
 		run  func()
 	}{
 		{"runs", func() { x.StagedCopies(0, 0, func(r CopyRun, do uint64) { r.CopyOut(dst, do, scratch) }) }},
-		{"paired", func() { x.Regroup(0, 0, dst, scratch, nil, nil) }},
-		{"dense", func() { x.Regroup(0, 0, dst, scratch, buf, func(d, s []byte) { copy(d, s) }) }},
-		{"dense-stream", func() { x.Regroup(0, 0, dst, scratch, buf, func(d, s []byte) { memcopy.Stream(d, s) }) }},
+		{"paired", func() { x.Regroup(0, 0, dst, scratch, nil, Out{}) }},
+		{"dense", func() { x.Regroup(0, 0, dst, scratch, buf, Out{Copy: func(d, s []byte) { copy(d, s) }}) }},
+		{"dense-stream", func() { x.Regroup(0, 0, dst, scratch, buf, Out{Copy: func(d, s []byte) { memcopy.Stream(d, s) }}) }},
+		{"interleave-stream", func() {
+			x.Regroup(0, 0, dst, scratch, buf, Out{Copy: func(d, s []byte) { memcopy.StreamUnfenced(d, s) }, Interleave: memcopy.InterleaveUnfenced})
+			memcopy.Fence()
+		}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			b.SetBytes(int64(x.Bytes()))

@@ -22,35 +22,50 @@ const directBytes = 1024
 // 64-byte row) are performed together, a row at a time, so that each
 // destination line is written whole at once.
 //
-// With out (a copy with streaming stores, which writes the destination
-// without first reading each line into the cache: a third of the memory
-// traffic of plain stores) and buf (RegroupBytes), ranges of the
-// destination are assembled in buf and moved to dst with out. Where every
+// With out (Out: copies with streaming stores, which write the
+// destination without first reading each line into the cache: a third of
+// the memory traffic of plain stores) and buf (RegroupBytes), a pair whose
+// two runs alternate over a range of the destination is written by
+// out.Interleave where it can (two halves of a line from registers, no
+// buffer between), and other ranges of the destination are assembled in
+// buf and moved to dst with out.Copy. Where every
 // pair of a destination block and plane either fills a range of its own
 // whole (a head's K rows, 8 KiB at head size 128) or copies directBytes
 // or more at a time (the V of a head), each such range goes through buf
 // in turn, small enough to stay in the first-level cache, and each long
-// copy goes to dst with out directly. Else, where the tile's copies into
+// copy goes to dst with out.Copy directly. Else, where the tile's copies into
 // a destination block and plane write a range of it whole (dense), the
-// whole range goes through buf. With out nil every copy goes straight to
-// dst.
-func (x *Transfer) Regroup(layer uint32, k int, dst, scratch, buf []byte, out func(dst, src []byte)) {
+// whole range goes through buf. With the zero Out every copy goes
+// straight to dst.
+func (x *Transfer) Regroup(layer uint32, k int, dst, scratch, buf []byte, out Out) {
 	tp := x.tile(k)
 	x.regroup(layer, k, dst, tileBytes{tp: tp, scratch: scratch}, buf, out)
 }
 
+// Out is how Regroup and RegroupFrom write the destination when they are
+// given one: Copy writes a range of it from its bytes (streaming stores,
+// say: a third of the memory traffic of plain stores), Interleave, where
+// set, writes a range from two sources in turn, half bytes of each at a
+// time (memcopy.InterleaveUnfenced), and reports whether it did (false:
+// the regroup assembles the range itself). The zero Out: every copy goes
+// straight to the destination.
+type Out struct {
+	Copy       func(dst, src []byte)
+	Interleave func(dst, a, b []byte, half int) bool
+}
+
 // regroup is Regroup, and RegroupFrom, with the tile's runs reading from
 // src.
-func (x *Transfer) regroup(layer uint32, k int, dst []byte, src tileBytes, buf []byte, out func(dst, src []byte)) {
+func (x *Transfer) regroup(layer uint32, k int, dst []byte, src tileBytes, buf []byte, out Out) {
 	t := x.T
 	for _, g := range src.tp.regroup {
 		base := t.Dst.Offset(layer, g.plane, x.DstIDs[k*int(t.DstBlocks)+int(g.block)])
 		switch n := g.hi - g.lo; {
-		case out != nil && g.pairwise:
+		case out.Copy != nil && g.pairwise:
 			g.performPairwise(src, dst, base, buf, out)
-		case out != nil && g.dense && n <= uint64(len(buf)):
+		case out.Copy != nil && g.dense && n <= uint64(len(buf)):
 			g.perform(src, buf[:n], 0, g.lo)
-			out(dst[base+g.lo:base+g.hi], buf[:n])
+			out.Copy(dst[base+g.lo:base+g.hi], buf[:n])
 		default:
 			g.perform(src, dst, base, 0)
 		}
@@ -104,7 +119,7 @@ func (g *regroupGroup) perform(src tileBytes, dst []byte, base, sub uint64) {
 // destination block starts at base: long copies straight from src with
 // out, each other pair's range assembled in buf and moved with out (or
 // performed in dst, where buf is too small for it).
-func (g *regroupGroup) performPairwise(src tileBytes, dst []byte, base uint64, buf []byte, out func(dst, src []byte)) {
+func (g *regroupGroup) performPairwise(src tileBytes, dst []byte, base uint64, buf []byte, out Out) {
 	runs := src.tp.Copies
 	for _, pr := range g.pairs {
 		r := runs[pr.a]
@@ -115,9 +130,10 @@ func (g *regroupGroup) performPairwise(src tileBytes, dst []byte, base uint64, b
 			if pr.b >= 0 {
 				outRun(runs[pr.b], src, pr.b, dst, base+runs[pr.b].DstOff, out)
 			}
+		case pr.interleave(runs, src, dst[d:d+pr.span], out):
 		case pr.span <= uint64(len(buf)):
 			pr.perform(runs, src, buf[:pr.span], 0)
-			out(dst[d:d+pr.span], buf[:pr.span])
+			out.Copy(dst[d:d+pr.span], buf[:pr.span])
 		default:
 			pr.perform(runs, src, dst, d)
 		}
@@ -126,10 +142,10 @@ func (g *regroupGroup) performPairwise(src tileBytes, dst []byte, base uint64, b
 
 // outRun performs run j of a tile (r) into dst at d from src, each copy
 // with out.
-func outRun(r CopyRun, src tileBytes, j int, dst []byte, d uint64, out func(dst, src []byte)) {
+func outRun(r CopyRun, src tileBytes, j int, dst []byte, d uint64, out Out) {
 	s, so := src.of(j)
 	for range r.Count {
-		out(dst[d:d+r.Len], s[so:so+r.Len])
+		out.Copy(dst[d:d+r.Len], s[so:so+r.Len])
 		so, d = so+r.ScratchStride, d+r.DstStride
 	}
 }
@@ -155,6 +171,24 @@ func (pr runPair) perform(runs []CopyRun, src tileBytes, dst []byte, d uint64) {
 	}
 	s2, so2 := src.of(pr.b)
 	copyPair(r, s, so, s2, so2, dst, d)
+}
+
+// interleave performs a pair whose two runs each read one contiguous
+// range and fill alternate pieces of a contiguous destination range, dst
+// (the CPU order's K rows from two source blocks of 16 tokens into one of
+// 32), with out.Interleave, and reports whether it did.
+func (pr runPair) interleave(runs []CopyRun, src tileBytes, dst []byte, out Out) bool {
+	if out.Interleave == nil || pr.b < 0 || !pr.dense {
+		return false
+	}
+	r := runs[pr.a]
+	if r.ScratchStride != r.Len && r.Count > 1 {
+		return false // each run's copies are not end to end in its source
+	}
+	n := uint64(r.Count) * r.Len
+	s, so := src.of(pr.a)
+	s2, so2 := src.of(pr.b)
+	return out.Interleave(dst, s[so:so+n], s2[so2:so2+n], int(r.Len))
 }
 
 // regroupPlan groups runs (a tile's Copies, in scratch order) by

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/connex/connex/transport/memcopy"
+
 	"github.com/connex/connex/kvmem"
 )
 
@@ -80,7 +82,19 @@ func TestRegroupMatchesCopies(t *testing.T) {
 			return d
 		}
 		want, direct, dense := fill(), fill(), fill()
-		viewed, viewedDense := fill(), fill()
+		viewed, viewedDense, viewedWoven, wovenScratch := fill(), fill(), fill(), fill()
+		woven := 0 // pairs Interleave wrote
+		weave := func(d, a, b []byte, half int) bool {
+			if len(a) != len(b) || len(d) != 2*len(a) || len(a)%half != 0 {
+				t.Fatalf("%s: Interleave(%d, %d, %d bytes, half %d)", c.name, len(d), len(a), len(b), half)
+			}
+			for i := 0; i < len(a); i += half {
+				copy(d[2*i:], a[i:i+half])
+				copy(d[2*i+half:], b[i:i+half])
+			}
+			woven++
+			return true
+		}
 		buf := make([]byte, x.RegroupBytes())
 		var scratch []byte
 		straight := 0 // copies out moved from the scratch, not buf
@@ -92,21 +106,24 @@ func TestRegroupMatchesCopies(t *testing.T) {
 					copy(scratch[m.DstOff:m.DstOff+m.Len], src[m.Rank][m.SrcOff:])
 					views = append(views, src[m.Rank][m.SrcOff:m.SrcOff+m.Len:m.SrcOff+m.Len])
 				})
-				x.RegroupFrom(layer, k, viewed, views, nil, nil)
-				x.RegroupFrom(layer, k, viewedDense, views, buf, func(d, s []byte) { copy(d, s) })
-				x.Regroup(layer, k, make([]byte, len(want)), scratch, buf, func(d, s []byte) {
+				x.RegroupFrom(layer, k, viewed, views, nil, kvmem.Out{})
+				x.RegroupFrom(layer, k, viewedDense, views, buf, kvmem.Out{Copy: func(d, s []byte) { copy(d, s) }})
+				x.RegroupFrom(layer, k, viewedWoven, views, buf, kvmem.Out{Copy: func(d, s []byte) { copy(d, s) }, Interleave: weave})
+				x.Regroup(layer, k, wovenScratch, scratch, buf, kvmem.Out{Copy: func(d, s []byte) { memcopy.StreamUnfenced(d, s) }, Interleave: memcopy.InterleaveUnfenced})
+				memcopy.Fence()
+				x.Regroup(layer, k, make([]byte, len(want)), scratch, buf, kvmem.Out{Copy: func(d, s []byte) {
 					if len(s) >= 2<<10 && (len(buf) == 0 || &s[0] != &buf[0]) {
 						straight++
 					}
-				})
+				}})
 				x.StagedCopies(layer, k, func(r kvmem.CopyRun, do uint64) { r.CopyOut(want, do, scratch) })
-				x.Regroup(layer, k, direct, scratch, nil, nil)
-				x.Regroup(layer, k, dense, scratch, buf, func(d, s []byte) {
+				x.Regroup(layer, k, direct, scratch, nil, kvmem.Out{})
+				x.Regroup(layer, k, dense, scratch, buf, kvmem.Out{Copy: func(d, s []byte) {
 					if len(d) != len(s) {
 						t.Fatalf("%s: out(%d bytes, %d bytes)", c.name, len(d), len(s))
 					}
 					copy(d, s)
-				})
+				}})
 			}
 		}
 		if !bytes.Equal(direct, want) {
@@ -126,6 +143,17 @@ func TestRegroupMatchesCopies(t *testing.T) {
 		if !bytes.Equal(viewedDense, want) {
 			t.Errorf("%s: RegroupFrom with buf differs from the copy runs", c.name)
 		}
+		if !bytes.Equal(viewedWoven, want) {
+			t.Errorf("%s: RegroupFrom with Interleave differs from the copy runs", c.name)
+		}
+		if !bytes.Equal(wovenScratch, want) {
+			t.Errorf("%s: Regroup with memcopy's streaming Interleave differs from the copy runs", c.name)
+		}
+		// The CPU order's K rows from two source blocks into one of twice
+		// their size are pairs Interleave writes (among others).
+		if twice := c.src.Order == kvmem.OrderCPU && c.dst.BlockSize == 2*c.src.BlockSize; twice && woven == 0 {
+			t.Errorf("%s: Interleave wrote %d pairs", c.name, woven)
+		}
 		var fresh []byte
 		x.Copy(src, func() []byte { fresh = fill(); return fresh }())
 		if !bytes.Equal(fresh, want) {
@@ -140,8 +168,9 @@ func TestRegroupMatchesCopies(t *testing.T) {
 // runs of a head (32-byte halves of each 64-byte row of the destination
 // block) are performed as pairs, as are their V runs; the destination
 // block is one dense group, performed pair by pair (pairwise): each
-// head's K rows assembled in an 8 KiB buffer (then moved with streaming
-// stores by the puller), each V copy (4 KiB) moved straight.
+// head's K rows interleaved by Out.Interleave where the platform streams,
+// else assembled in an 8 KiB buffer (then moved with streaming stores by
+// the puller), each V copy (4 KiB) moved straight.
 func TestRegroupShape(t *testing.T) {
 	cpu := func(bs uint32) kvmem.Layout {
 		return kvmem.Layout{Layers: 1, Planes: 1, Blocks: 8, BlockSize: bs, TPSize: 1, Order: kvmem.OrderCPU, Heads: 8, HeadSize: 128, Dtype: "bfloat16",

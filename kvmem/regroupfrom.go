@@ -20,7 +20,7 @@ import (
 // writes into dst what Regroup would, with buf and out as Regroup uses
 // them. src must hold one slice per read, each at least its read's length:
 // it panics otherwise.
-func (x *Transfer) RegroupFrom(layer uint32, k int, dst []byte, src [][]byte, buf []byte, out func(dst, src []byte)) {
+func (x *Transfer) RegroupFrom(layer uint32, k int, dst []byte, src [][]byte, buf []byte, out Out) {
 	tp := x.tile(k)
 	if len(src) != len(tp.Spans) {
 		panic(fmt.Sprintf("kvmem: RegroupFrom of tile %d with %d source slices for its %d reads", k, len(src), len(tp.Spans)))

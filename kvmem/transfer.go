@@ -252,7 +252,7 @@ func (x *Transfer) Copy(src [][]byte, dst []byte) {
 				scratch = make([]byte, n)
 			}
 			x.StagedReads(layer, k, func(m Move) { copy(scratch[m.DstOff:m.DstOff+m.Len], src[m.Rank][m.SrcOff:m.SrcOff+m.Len]) })
-			x.Regroup(layer, k, dst, scratch, buf, func(d, s []byte) { copy(d, s) })
+			x.Regroup(layer, k, dst, scratch, buf, Out{Copy: func(d, s []byte) { copy(d, s) }})
 		}
 	}
 }

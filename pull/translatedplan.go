@@ -49,6 +49,14 @@ const stagedWindowBytes = 4 << 20
 // windows, and so its scratch: (workers+1) windows.
 const maxRegroupWorkers = 4
 
+// streamOut is how a staged pull's regroup writes the destination: with
+// streaming stores (memcopy), the engine's bytes, not this CPU's; whoever
+// regroups ends its run of copies with memcopy.Fence.
+var streamOut = kvmem.Out{
+	Copy:       func(d, s []byte) { memcopy.StreamUnfenced(d, s) },
+	Interleave: memcopy.InterleaveUnfenced,
+}
+
 // regroupWorkers is how many goroutines regroup a staged pull's windows
 // while its reads go on: one per core this process runs on (a same-host
 // data plane's reads are copies on this process's cores too), at most
@@ -174,12 +182,11 @@ func (p *translatedPlan) stagedReads(read func([]transport.GetOp) error, from in
 	}
 	workers = max(workers, 0)
 	dstMem := p.dst.Region.Bytes()
-	stream := func(d, s []byte) { memcopy.StreamUnfenced(d, s) }
 	var failed atomic.Bool
 	regroup := func(w *stagedWindow) {
 		if !failed.Load() {
 			for _, u := range w.units {
-				x.Regroup(u.layer, u.k, dstMem, w.scratch[u.base:], w.buf, stream)
+				x.Regroup(u.layer, u.k, dstMem, w.scratch[u.base:], w.buf, streamOut)
 			}
 			// Order the streaming stores before the window's hand-off,
 			// which the pull's end waits for.

@@ -117,7 +117,6 @@ func (p *translatedPlan) viewed(view viewFunc) (done int, err error) {
 func (p *translatedPlan) regroupViews(ctx context.Context, first int, starts []int, views [][]byte, bufs [][]byte) error {
 	x, tiles, dstMem := p.x, p.x.Tiles(), p.dst.Region.Bytes()
 	count := len(starts) - 1
-	stream := func(d, s []byte) { memcopy.StreamUnfenced(d, s) }
 	var (
 		next    atomic.Int64
 		stopped atomic.Bool
@@ -139,7 +138,7 @@ func (p *translatedPlan) regroupViews(ctx context.Context, first int, starts []i
 			default:
 			}
 			i := first + j
-			x.RegroupFrom(uint32(i/tiles), i%tiles, dstMem, views[starts[j]:starts[j+1]], buf, stream)
+			x.RegroupFrom(uint32(i/tiles), i%tiles, dstMem, views[starts[j]:starts[j+1]], buf, streamOut)
 		}
 	}
 	var wg sync.WaitGroup

@@ -44,6 +44,22 @@ func streamPair(dstA, srcA, dstB, srcB *byte, n uintptr) {
 	streamLinesSSE2(dstB, srcB, n)
 }
 
+//go:noescape
+func interleave32AVX2(dst, a, b *byte, lines uintptr)
+
+//go:noescape
+func interleave32SSE2(dst, a, b *byte, lines uintptr)
+
+// interleave32 writes lines (> 0) 64-byte lines of dst, each 32 bytes of a
+// then 32 of b, with non-temporal stores; dst 32-byte aligned. No fence.
+func interleave32(dst, a, b *byte, lines uintptr) {
+	if useAVX2 {
+		interleave32AVX2(dst, a, b, lines)
+		return
+	}
+	interleave32SSE2(dst, a, b, lines)
+}
+
 // fence orders the non-temporal stores before it (SFENCE).
 func fence()
 

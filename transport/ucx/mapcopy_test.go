@@ -171,3 +171,45 @@ func TestStridedGrains(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkCopyStrided compares the strided copy from ops (copyStridedMapped)
+// with the same copy through a piece list (copyStridedPieces), 32 MiB a
+// call (a read batch) in the shapes of BenchmarkPullHetero's TP-2 pulls:
+// NHD (pieces of 1 KiB, 16 an op) and HND (one 16 KiB piece an op).
+func BenchmarkCopyStrided(b *testing.B) {
+	const total = 32 << 20
+	for _, c := range []struct {
+		name       string
+		len, count int
+	}{{"nhd", 1 << 10, 16}, {"hnd", 16 << 10, 1}} {
+		src, dst := make([]byte, 2*total), make([]byte, 2*total)
+		keys := []keyInfo{{rk: remoteKey{base: 1 << 40}}}
+		ptrs := []unsafe.Pointer{unsafe.Pointer(&src[0])}
+		var ops []transport.StridedOp
+		var opKey []int32
+		per := c.len * c.count
+		for j := range total / per {
+			// Scattered blocks: op j's destination is every other piece
+			// of a 2×per block (the other rank's half left alone).
+			blk := (j * 7919) % (total / per)
+			op := transport.StridedOp{RemoteAddr: keys[0].rk.base + uint64(blk*2*per), RemoteStride: uint64(c.len), Dst: dst[blk*2*per : blk*2*per+2*per], DstStride: 2 * c.len, Len: c.len, Count: c.count}
+			if c.count == 1 {
+				op.Dst, op.DstStride = dst[blk*2*per:blk*2*per+per], 0
+			}
+			ops, opKey = append(ops, op), append(opKey, 0)
+		}
+		for _, f := range []struct {
+			name string
+			fn   func(context.Context, []transport.StridedOp, []int32, []keyInfo, []unsafe.Pointer) error
+		}{{"pieces", copyStridedPieces}, {"ops", copyStridedMapped}} {
+			b.Run(c.name+"/"+f.name, func(b *testing.B) {
+				b.SetBytes(total)
+				for b.Loop() {
+					if err := f.fn(context.Background(), ops, opKey, keys, ptrs); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
