@@ -46,7 +46,8 @@ type heteroCase struct {
 // block-size change 16 → 32 (NHD: whole source blocks regrouped by the
 // reads; the CPU order: staged, regrouped by the puller on arrival). Per data plane (ucx with
 // created regions when built, and tcp) one untimed first pull then
-// heteroReps timed ones, the cases alternating rep by rep; the first and
+// heteroReps timed ones, the cases alternating rep by rep (each rep from
+// the next case on); the first and
 // last pull of every case are verified element by element (kvfill).
 // Prints a table and, last for the default data plane,
 // HETERO tp_vs_homogeneous=<r> block_size_vs_homogeneous=<r> … (medians;
@@ -173,7 +174,11 @@ func benchHetero(b *testing.B, url, backend string, cases []heteroCase) {
 		stopProfile = profileCPU(b, rn.pprofURL, filepath.Join(profDir, "hreader-"+backend+".pprof"), max(envInt("BENCH_PULL_PROFILE_S", 10), 1))
 	}
 	for i := 0; i <= reps; i++ {
-		for _, r := range runs {
+		// Each rep starts at another case: what a pull leaves behind (the
+		// collector's work, the copiers' caches) then weighs on every case
+		// alike, not always on the one after the same neighbour.
+		for j := range runs {
+			r := runs[(i+j)%len(runs)]
 			fillByte(r.region.Bytes(), 0)
 			scrubCaches()
 			id := fmt.Sprintf("%s-%d", r.did, i)
