@@ -20,6 +20,8 @@
 // Stream, StreamUnfenced and StreamPairUnfenced use non-temporal stores on
 // amd64 (AVX2 where the CPU has it, else SSE2, present on every amd64 CPU)
 // and fall back to copy elsewhere; a run of unfenced copies ends with one
-// Fence. Pure Go and assembly, no cgo; the race detector sees the copies
+// Fence. InterleaveUnfenced writes lines whose two 32-byte halves come from
+// two sources (vLLM's CPU-order K rows when two blocks make one) the same
+// way, and declines elsewhere so that the caller interleaves itself. Pure Go and assembly, no cgo; the race detector sees the copies
 // (race.go reports them).
 package memcopy
