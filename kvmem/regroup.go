@@ -117,8 +117,9 @@ func (g *regroupGroup) perform(src tileBytes, dst []byte, base, sub uint64) {
 
 // performPairwise does a pairwise group's copies into dst, where the
 // destination block starts at base: long copies straight from src with
-// out, each other pair's range assembled in buf and moved with out (or
-// performed in dst, where buf is too small for it).
+// out.Copy, a pair that alternates over its range with out.Interleave
+// where it can, each other pair's range assembled in buf and moved with
+// out.Copy (or performed in dst, where buf is too small for it).
 func (g *regroupGroup) performPairwise(src tileBytes, dst []byte, base uint64, buf []byte, out Out) {
 	runs := src.tp.Copies
 	for _, pr := range g.pairs {
