@@ -192,9 +192,7 @@ func (a *requestActor) Receive(ctx actor.Context) {
 		if a.timer != nil {
 			a.timer.Stop()
 		}
-		if id := a.core.ID(); id != "" {
-			a.deps.Table.drop(id, ctx.Self())
-		}
+		a.leave(ctx)
 	}
 }
 
@@ -216,7 +214,22 @@ func (a *requestActor) step(ctx actor.Context, ev activation.Event) {
 		a.deps.Log.Debug("request actor: a result nobody waited for", "request", a.core.ID(), "err", err)
 	}
 	for _, e := range fx {
+		if _, ok := e.(activation.Stop); ok {
+			// Out of the table before any answer of this step is sent: a
+			// caller told "finished" finds the member's slot free (and the
+			// id startable again) at once, not after the actor's Stopping.
+			a.leave(ctx)
+		}
+	}
+	for _, e := range fx {
 		a.apply(ctx, e)
+	}
+}
+
+// leave takes this actor's request out of the member's table.
+func (a *requestActor) leave(ctx actor.Context) {
+	if id := a.core.ID(); id != "" {
+		a.deps.Table.drop(id, ctx.Self())
 	}
 }
 
