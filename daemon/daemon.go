@@ -71,9 +71,11 @@ type Daemon struct {
 	inflight  *pullTable
 	// The concerns answering the API (handler.go), each over narrow
 	// interfaces that New wires.
-	regionAPI  *regionAPI
-	holdAPI    *holdAPI
-	pullAPI    *pullAPI
+	regionAPI *regionAPI
+	holdAPI   *holdAPI
+	pullAPI   *pullAPI
+	// starts lets pulls wait for their request's start (await_start).
+	starts     *startGate
 	requestAPI *requestAPI
 	engineAPI  *engineAPI
 	cluster    *clusterMembers
@@ -346,11 +348,12 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 func (d *Daemon) assemble() {
 	cfg := d.cfg
 	d.holdAPI = &holdAPI{cfg: cfg, dir: d.dir, regions: d.regions, log: d.log}
+	d.starts = newStartGate(d.clock)
 	d.pullAPI = &pullAPI{backend: d.Backend.Name(), timeout: cfg.PullTimeout, stall: cfg.PullStall,
-		regions: d.regions, pullers: pullDeps{d.pdeps}, inflight: d.inflight, clock: d.clock}
+		regions: d.regions, pullers: pullDeps{d.pdeps}, inflight: d.inflight, starts: d.starts, clock: d.clock}
 	d.requestAPI = &requestAPI{member: cfg.MemberID, max: cfg.RequestsMax, authenticated: natsAuthenticated(cfg),
 		actors: systemRequests{sys: d.system, table: d.reqTable, deps: d.rdeps}, storeErr: d.reqErr,
-		local: d.regions, clock: d.clock,
+		local: d.regions, clock: d.clock, starts: d.starts,
 		quota: &requests.Quota{MaxRequests: cfg.RequestsMaxPerEngine, MaxBytes: cfg.RequestBytesPerEngine, MaxMemberBytes: cfg.RequestStoreBytes / 2}}
 	d.requestAPI.reservations = pullReservations{deps: d.pdeps, regions: d.regions, timeout: cfg.PullTimeout}
 	if d.reqStore != nil {
@@ -407,6 +410,11 @@ func (d *Daemon) Close() {
 		if d.pdeps != nil {
 			// Unused reservations end their reads while NATS is up.
 			d.pdeps.CloseReservations()
+		}
+		if d.starts != nil {
+			// Pulls waiting for their request's start end too, their
+			// blocks given back, their engines told.
+			d.starts.close()
 		}
 		close(d.stop)
 		if d.cluster != nil {

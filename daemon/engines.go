@@ -199,6 +199,8 @@ func (a *engineAPI) RegisterEngine(ctx context.Context, r *messages.RegisterEngi
 	return &messages.RegisterEngineReply{
 		TtlMs: uint32(ttl.Milliseconds()), RenewMs: uint32((ttl / 3).Milliseconds()),
 		NoticeSeq: a.journal.Last(r.GetEngine().GetEngineId()), NoticeJournal: a.journalID,
+		// pull.start's await_start is honoured (startgate.go).
+		PullAwaitsStart: true,
 	}, nil
 }
 

@@ -90,8 +90,8 @@ func TestRegisteredEnginesAreAdvertised(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.NoticeSeq != 41 || rep.NoticeJournal != "j1" || rep.TtlMs != 3000 || rep.RenewMs != 1000 {
-		t.Fatalf("reply %+v: want notice seq 41 of journal j1, ttl 3000 ms, renew every 1000 ms", rep)
+	if rep.NoticeSeq != 41 || rep.NoticeJournal != "j1" || rep.TtlMs != 3000 || rep.RenewMs != 1000 || !rep.PullAwaitsStart {
+		t.Fatalf("reply %+v: want notice seq 41 of journal j1, ttl 3000 ms, renew every 1000 ms, pull_awaits_start", rep)
 	}
 	if ids, _ := adv.last(); len(ids) != 1 || ids[0] != "d1" {
 		t.Fatalf("advertised %v after a registration, want [d1]", ids)

@@ -21,13 +21,19 @@ type pullAPI struct {
 	regions  regionLeaser
 	pullers  pullStarter
 	inflight *pullTable
-	clock    clock.Clock
+	// starts holds pulls sent with await_start until their request's
+	// start is answered (startgate.go); nil: await_start is ignored.
+	starts *startGate
+	clock  clock.Clock
 }
 
 // pullStarter starts a puller for a checked pull (pull.StartPuller); its
 // outcome comes back as a PullDone notice.
 type pullStarter interface {
 	startPull(p *pull.Pull)
+	// refusePull ends a checked pull without reading: its blocks and
+	// region given back, err in its PullDone (pull.Refuse).
+	refusePull(p *pull.Pull, err error)
 }
 
 // maxPullTimeout bounds a caller-chosen pull deadline: a holder never keeps
@@ -124,7 +130,20 @@ func (a *pullAPI) StartPull(ctx context.Context, r *messages.StartPullRequest) (
 	if err := dst.Blocks.BeginWrite(r.BlockIds); err != nil {
 		return fail(err)
 	}
-	a.pullers.startPull(&pull.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Skip: skip, Pick: pick, Timeout: timeout, Stall: min(a.stall, timeout), ReleaseRegion: release})
+	pl := &pull.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Skip: skip, Pick: pick, Timeout: timeout, Stall: min(a.stall, timeout), ReleaseRegion: release}
+	if !r.AwaitStart || a.starts == nil {
+		a.pullers.startPull(pl)
+		return &messages.StartPullReply{PullId: pullID}, nil
+	}
+	// Sent beside its request's request.start: it reads once that start
+	// is answered (the hold is bound to this engine by then).
+	a.starts.await(r.EngineId, p.TransferId, func(err error) {
+		if err != nil {
+			a.pullers.refusePull(pl, err)
+			return
+		}
+		a.pullers.startPull(pl)
+	})
 	return &messages.StartPullReply{PullId: pullID}, nil
 }
 
@@ -157,6 +176,8 @@ func pullSuffix(p *messages.KVTransferParams, skipBlocks, dstBlockSize uint32) (
 type pullDeps struct{ deps *pull.PullDeps }
 
 func (p pullDeps) startPull(pl *pull.Pull) { pull.StartPuller(p.deps, pl) }
+
+func (p pullDeps) refusePull(pl *pull.Pull, err error) { pull.Refuse(p.deps, pl, err) }
 
 // pullReservations is pullReserver over the pull package's reservations:
 // an engine's request gets one when the engine has one region (its layout

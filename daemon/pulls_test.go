@@ -11,10 +11,23 @@ import (
 	"github.com/connex/connex/pull"
 )
 
-// fakePullers is pullStarter: the pulls it was given.
-type fakePullers struct{ started []*pull.Pull }
+// fakePullers is pullStarter: the pulls it was given, and those it was
+// told to refuse, with why.
+type fakePullers struct {
+	started []*pull.Pull
+	refused []refusedPull
+}
+
+type refusedPull struct {
+	p   *pull.Pull
+	err error
+}
 
 func (f *fakePullers) startPull(p *pull.Pull) { f.started = append(f.started, p) }
+
+func (f *fakePullers) refusePull(p *pull.Pull, err error) {
+	f.refused = append(f.refused, refusedPull{p, err})
+}
 
 func newTestPullAPI() (*pullAPI, *fakeRegions, *fakePullers) {
 	regs, ps := newFakeRegions(), &fakePullers{}

@@ -51,6 +51,9 @@ type requestAPI struct {
 	// its pull.start and drops it when the request finishes
 	// (pull/reserve.go); nil: none.
 	reservations pullReserver
+	// starts tells pulls sent beside their request's start (await_start)
+	// how it ended (startgate.go); nil: none wait.
+	starts *startGate
 }
 
 // pullReserver reserves reads ahead of their pulls (pull.PullDeps).
@@ -130,11 +133,26 @@ func (a *requestAPI) requestsReady() error {
 	return nil
 }
 
-// StartRequest starts a decode request on this member.
+// StartRequest starts a decode request on this member. A pull of its hold
+// by its engine sent with await_start reads once it is answered.
 func (a *requestAPI) StartRequest(ctx context.Context, r *messages.StartRequestMsg) (*messages.RequestStatus, error) {
+	// The engine the caller acts for keys the outcome for its pulls: an
+	// engine's starts never open or fail another engine's pulls.
 	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
 		return nil, err
 	}
+	if a.starts == nil {
+		return a.startRequest(ctx, r)
+	}
+	engine, transfer := r.EngineId, r.GetParams().GetTransferId()
+	a.starts.begin(engine, transfer)
+	st, err := a.startRequest(ctx, r)
+	a.starts.end(engine, transfer, err)
+	return st, err
+}
+
+// startRequest is StartRequest once the caller's engine is known.
+func (a *requestAPI) startRequest(ctx context.Context, r *messages.StartRequestMsg) (*messages.RequestStatus, error) {
 	if err := a.requestsReady(); err != nil {
 		return nil, err
 	}

@@ -1194,8 +1194,17 @@ type StartPullRequest struct {
 	// destination of the rest, group after group. Exclusive with
 	// skip_blocks; blocks move whole (the holder's shape is the region's).
 	GroupSkipBlocks []uint32 `protobuf:"varint,8,rep,packed,name=group_skip_blocks,json=groupSkipBlocks,proto3" json:"group_skip_blocks,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Sent beside the request's request.start rather than after its answer:
+	// connexd reads only once a request.start by this engine naming this
+	// transfer (params.transfer_id) has been answered on this member, and
+	// fails the pull with that start's error code if it failed. A start in
+	// flight, or one that arrives within 5 s, is waited for; one answered in
+	// the last minute counts. Saves the engine a step between the start's
+	// answer and its pull (a decode's first token, a resume). A connexd
+	// honours it where RegisterEngineReply.pull_awaits_start is set.
+	AwaitStart    bool `protobuf:"varint,9,opt,name=await_start,json=awaitStart,proto3" json:"await_start,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StartPullRequest) Reset() {
@@ -1282,6 +1291,13 @@ func (x *StartPullRequest) GetGroupSkipBlocks() []uint32 {
 		return x.GroupSkipBlocks
 	}
 	return nil
+}
+
+func (x *StartPullRequest) GetAwaitStart() bool {
+	if x != nil {
+		return x.AwaitStart
+	}
+	return false
 }
 
 // StartPullReply acknowledges a started pull. Completion arrives as a
@@ -2295,8 +2311,11 @@ type RegisterEngineReply struct {
 	// belongs to: a shim that saw less missed some (see engine.notices).
 	NoticeSeq     uint64 `protobuf:"varint,3,opt,name=notice_seq,json=noticeSeq,proto3" json:"notice_seq,omitempty"`
 	NoticeJournal string `protobuf:"bytes,4,opt,name=notice_journal,json=noticeJournal,proto3" json:"notice_journal,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// This connexd honours StartPullRequest.await_start: an engine may send
+	// a request's pull.start beside its request.start.
+	PullAwaitsStart bool `protobuf:"varint,5,opt,name=pull_awaits_start,json=pullAwaitsStart,proto3" json:"pull_awaits_start,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RegisterEngineReply) Reset() {
@@ -2355,6 +2374,13 @@ func (x *RegisterEngineReply) GetNoticeJournal() string {
 		return x.NoticeJournal
 	}
 	return ""
+}
+
+func (x *RegisterEngineReply) GetPullAwaitsStart() bool {
+	if x != nil {
+		return x.PullAwaitsStart
+	}
+	return false
 }
 
 var File_connex_proto protoreflect.FileDescriptor
@@ -2471,7 +2497,7 @@ const file_connex_proto_rawDesc = "" +
 	"\x05freed\x18\n" +
 	" \x01(\bR\x05freed\x12&\n" +
 	"\x0fcreated_unix_ms\x18\v \x01(\x03R\rcreatedUnixMs\x12\x14\n" +
-	"\x05bytes\x18\f \x01(\x04R\x05bytes\"\xa3\x02\n" +
+	"\x05bytes\x18\f \x01(\x04R\x05bytes\"\xc4\x02\n" +
 	"\x10StartPullRequest\x123\n" +
 	"\x06params\x18\x01 \x01(\v2\x1b.connex.v1.KVTransferParamsR\x06params\x12\x1b\n" +
 	"\tengine_id\x18\x02 \x01(\tR\bengineId\x12\x1b\n" +
@@ -2482,7 +2508,9 @@ const file_connex_proto_rawDesc = "" +
 	"timeout_ms\x18\x06 \x01(\rR\ttimeoutMs\x12\x1f\n" +
 	"\vskip_blocks\x18\a \x01(\rR\n" +
 	"skipBlocks\x12*\n" +
-	"\x11group_skip_blocks\x18\b \x03(\rR\x0fgroupSkipBlocks\")\n" +
+	"\x11group_skip_blocks\x18\b \x03(\rR\x0fgroupSkipBlocks\x12\x1f\n" +
+	"\vawait_start\x18\t \x01(\bR\n" +
+	"awaitStart\")\n" +
 	"\x0eStartPullReply\x12\x17\n" +
 	"\apull_id\x18\x01 \x01(\tR\x06pullId\"\xae\x03\n" +
 	"\bPullDone\x12\x17\n" +
@@ -2581,13 +2609,14 @@ const file_connex_proto_rawDesc = "" +
 	"\x10reasoning_parser\x18\f \x01(\tR\x0freasoningParser\"]\n" +
 	"\x15RegisterEngineRequest\x12-\n" +
 	"\x06engine\x18\x01 \x01(\v2\x15.connex.v1.EngineInfoR\x06engine\x12\x15\n" +
-	"\x06ttl_ms\x18\x02 \x01(\rR\x05ttlMs\"\x8d\x01\n" +
+	"\x06ttl_ms\x18\x02 \x01(\rR\x05ttlMs\"\xb9\x01\n" +
 	"\x13RegisterEngineReply\x12\x15\n" +
 	"\x06ttl_ms\x18\x01 \x01(\rR\x05ttlMs\x12\x19\n" +
 	"\brenew_ms\x18\x02 \x01(\rR\arenewMs\x12\x1d\n" +
 	"\n" +
 	"notice_seq\x18\x03 \x01(\x04R\tnoticeSeq\x12%\n" +
-	"\x0enotice_journal\x18\x04 \x01(\tR\rnoticeJournalB,Z*github.com/connex/connex/messages;messagesb\x06proto3"
+	"\x0enotice_journal\x18\x04 \x01(\tR\rnoticeJournal\x12*\n" +
+	"\x11pull_awaits_start\x18\x05 \x01(\bR\x0fpullAwaitsStartB,Z*github.com/connex/connex/messages;messagesb\x06proto3"
 
 var (
 	file_connex_proto_rawDescOnce sync.Once

@@ -1,0 +1,214 @@
+package daemon
+
+import (
+	"sync"
+	"time"
+
+	"github.com/connex/connex/api"
+	"github.com/connex/connex/clock"
+)
+
+// startWait is how long a pull with await_start waits for a request.start
+// of its transfer by its engine to arrive and be answered. The engine
+// sends both at once, so a start that is not seen by then was lost (its
+// call failed before it reached this member): the pull fails rather than
+// keep its destination blocks.
+const startWait = 5 * time.Second
+
+// startKeep is how long a start's outcome is remembered for pulls that
+// come after its answer (the usual order: pull.start leaves the engine's
+// worker a step after request.start left its scheduler).
+const startKeep = time.Minute
+
+// startGate lets a pull wait for its request's start on this member
+// (StartPullRequest.await_start). A hold is bound to the engine that
+// starts its request, or takes it over at a resume, and a bound hold
+// serves only its engine: a pull must not read before its request's
+// start is answered. An engine that sends pull.start beside
+// request.start, rather than a step after the answer, has connexd do the
+// waiting: the pull reads as soon as the start ends, or fails with the
+// start's error.
+//
+// Outcomes are keyed by engine and transfer (a takeover's start names the
+// same transfer as the first leg's, and keys a new outcome). The engine
+// is the one the caller's credentials act for on both calls, so one
+// engine's starts never open or fail another's pulls. startGate decides
+// only; its callbacks run on the goroutine of the call that settles them
+// (ended, the clock's timer, close).
+type startGate struct {
+	clock clock.Clock
+	mu    sync.Mutex
+	m     map[gateKey]*gateEntry
+	// ended lists keys in the order their outcomes were recorded, with
+	// when, so outcomes older than startKeep are dropped cheaply.
+	ended  []gateEnd
+	closed bool
+}
+
+// gateKey names the starts a pull waits for: its engine and transfer.
+type gateKey struct{ engine, transfer string }
+
+type gateEntry struct {
+	inflight int       // starts begun and not yet ended
+	known    bool      // an outcome is recorded
+	err      error     // the latest start's outcome
+	at       time.Time // when it was recorded
+	waiters  map[*gateWaiter]struct{}
+}
+
+type gateEnd struct {
+	key gateKey
+	at  time.Time
+}
+
+type gateWaiter struct {
+	fn    func(error)
+	timer clock.Timer
+}
+
+func newStartGate(c clock.Clock) *startGate {
+	return &startGate{clock: clock.Or(c), m: map[gateKey]*gateEntry{}}
+}
+
+// begin records that a request.start of transfer by engine is being
+// handled: pulls that come now wait for its outcome, not an older one.
+func (g *startGate) begin(engine, transfer string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.entry(gateKey{engine, transfer})
+	e.inflight++
+}
+
+// end records the outcome of a start begun with begin (err nil: answered
+// running) and settles the pulls waiting for it.
+func (g *startGate) end(engine, transfer string, err error) {
+	key := gateKey{engine, transfer}
+	g.mu.Lock()
+	now := g.clock.Now()
+	e := g.entry(key)
+	if e.inflight > 0 {
+		e.inflight--
+	}
+	e.known, e.err, e.at = true, err, now
+	var settle map[*gateWaiter]struct{}
+	if e.inflight == 0 {
+		settle, e.waiters = e.waiters, nil
+	}
+	g.ended = append(g.ended, gateEnd{key, now})
+	g.expire(now)
+	g.mu.Unlock()
+	for w := range settle {
+		w.timer.Stop()
+		w.fn(startOutcome(err))
+	}
+}
+
+// await calls fn once the start of transfer by engine is settled: at once
+// with the outcome of one answered within startKeep (and none in flight),
+// else when one ends, or with a timeout error after startWait. fn may run
+// before await returns.
+func (g *startGate) await(engine, transfer string, fn func(error)) {
+	key := gateKey{engine, transfer}
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		fn(api.Errorf(api.CodePeerUnavailable, "connexd is stopping"))
+		return
+	}
+	now := g.clock.Now()
+	g.expire(now)
+	e := g.entry(key)
+	if e.inflight == 0 && e.known {
+		err := e.err
+		g.mu.Unlock()
+		fn(startOutcome(err))
+		return
+	}
+	w := &gateWaiter{fn: fn}
+	if e.waiters == nil {
+		e.waiters = map[*gateWaiter]struct{}{}
+	}
+	e.waiters[w] = struct{}{}
+	w.timer = g.clock.AfterFunc(startWait, func() { g.timeout(key, w) })
+	g.mu.Unlock()
+}
+
+// timeout fails w if nothing settled it first.
+func (g *startGate) timeout(key gateKey, w *gateWaiter) {
+	g.mu.Lock()
+	e := g.m[key]
+	if e == nil {
+		g.mu.Unlock()
+		return
+	}
+	if _, waiting := e.waiters[w]; !waiting {
+		g.mu.Unlock()
+		return
+	}
+	delete(e.waiters, w)
+	g.drop(key, e)
+	g.mu.Unlock()
+	w.fn(api.Errorf(api.CodeTimeout, "no request.start of transfer %s by engine %s was answered on this member within %s of its pull.start (await_start)", key.transfer, key.engine, startWait))
+}
+
+// close fails every waiting pull and every later await (connexd
+// stopping).
+func (g *startGate) close() {
+	g.mu.Lock()
+	g.closed = true
+	var all []*gateWaiter
+	for _, e := range g.m {
+		for w := range e.waiters {
+			all = append(all, w)
+		}
+		e.waiters = nil
+	}
+	g.mu.Unlock()
+	for _, w := range all {
+		w.timer.Stop()
+		w.fn(api.Errorf(api.CodePeerUnavailable, "connexd is stopping"))
+	}
+}
+
+// entry returns key's entry, created empty. Caller holds mu.
+func (g *startGate) entry(key gateKey) *gateEntry {
+	e := g.m[key]
+	if e == nil {
+		e = &gateEntry{}
+		g.m[key] = e
+	}
+	return e
+}
+
+// expire forgets outcomes recorded before now-startKeep whose entries
+// nothing waits on. Caller holds mu.
+func (g *startGate) expire(now time.Time) {
+	n := 0
+	for n < len(g.ended) && now.Sub(g.ended[n].at) > startKeep {
+		old := g.ended[n]
+		if e := g.m[old.key]; e != nil && e.known && !e.at.After(old.at) {
+			e.known, e.err = false, nil
+			g.drop(old.key, e)
+		}
+		n++
+	}
+	if n > 0 {
+		g.ended = g.ended[n:]
+	}
+}
+
+// drop deletes key's entry once it holds nothing. Caller holds mu.
+func (g *startGate) drop(key gateKey, e *gateEntry) {
+	if e.inflight == 0 && !e.known && len(e.waiters) == 0 {
+		delete(g.m, key)
+	}
+}
+
+// startOutcome is what a waiting pull is told of its start's err.
+func startOutcome(err error) error {
+	if err == nil {
+		return nil
+	}
+	e := api.AsError(err)
+	return api.Errorf(e.Code, "its request.start failed: %s", e.Msg)
+}
