@@ -177,6 +177,9 @@ class ConnexScheduler:
                 f"ConnexConnector: engine.register of {engine_id} on connexd {settings.member}: {e}"
             ) from e
         self._renew_s = max(rep.renew_ms, 100) / 1000.0
+        # connexd waits for a request's start before its pull reads (StartPullRequest.await_start): a load goes to
+        # the worker in the step that starts its request, not a step after the start's answer.
+        self._pull_awaits_start = rep.pull_awaits_start
         self.notices.seed(rep.notice_journal, rep.notice_seq)
         self._bus.every(lambda: self._renew_s, self._renew)
 
@@ -205,6 +208,7 @@ class ConnexScheduler:
             "engine.register", self._registration(), pb.RegisterEngineReply, self.settings.call_timeout_s
         )
         journal, seq = self.notices.cursor.position()
+        self._pull_awaits_start = rep.pull_awaits_start  # connexd may have restarted as another version
         if self.kv_role == CONSUMER and (rep.notice_journal != journal or rep.notice_seq > seq):
             await self.notices.catch_up()  # some notices never reached us (or connexd restarted)
         return max(rep.renew_ms, 100) / 1000.0
@@ -385,6 +389,11 @@ class ConnexScheduler:
                 log.error("connex: request %s cannot load its KV: %s", request.request_id, bad)
             else:
                 self.stats.loads_started += 1
+                if self._pull_awaits_start:
+                    # To the worker with this step: connexd holds the pull until request.start is answered.
+                    spec = replace(spec, await_start=True)
+                    with self._mu:
+                        self._pending.loads.append(spec)
         if not bad:
             self._start_request(request, m, len(block_ids), spec)
 
@@ -438,9 +447,10 @@ class ConnexScheduler:
     def _start_request(
         self, request: RequestLike, m: pb.KVTransferParams, nblocks: int, spec: LoadSpec | None = None
     ) -> None:
-        """request.start on the bus thread; the load (spec) goes to the worker only once it answered. connexd binds
-        the hold to this engine when the request starts (or moves to it at a resume's takeover), and a bound hold
-        serves only its engine: a pull sent before would be refused."""
+        """request.start on the bus thread. connexd binds the hold to this engine when the request starts (or moves
+        to it at a resume's takeover), and a bound hold serves only its engine: a load (spec) sent with await_start
+        is with the worker already (connexd holds its pull until the start is answered, and fails it with the
+        start's error); any other goes to the worker once the start is answered."""
         connex_id = m.connex_request_id or store_id(request.request_id)
         tokens = list(request.all_token_ids)
         d = _Decode(request.request_id, connex_id, request, len(tokens), blocks=nblocks)
@@ -460,11 +470,11 @@ class ConnexScheduler:
             try:
                 st = await self._bus.call("request.start", msg, rpb.RequestStatus, self.settings.call_timeout_s)
             except ConnexError as e:
-                if spec is not None:  # the load fails; vLLM's kv_load_failure_policy decides
+                if spec is not None and not spec.await_start:  # the load fails; kv_load_failure_policy decides
                     self._load_ready(replace(spec, error=f"{codes.reason(e.code)}: request.start: {e}"))
                 raise
             d.epoch = st.state.epoch
-            if spec is not None:
+            if spec is not None and not spec.await_start:
                 self._load_ready(spec)
             if m.connex_resume:
                 # A takeover is rare and worth a line: what it cost before the pull could start.

@@ -12,7 +12,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -292,7 +292,8 @@ class ConnexWorker:
         dropped = self.done.drop_holds()
         specs = self.done.requeue()
         for spec in specs:
-            self._start_pull(spec)
+            # Its request.start was answered by the connexd that went away: the new one has no start to wait for.
+            self._start_pull(replace(spec, await_start=False))
         log.warning(
             "connex: engine %s has a new KV region on connexd %s after %s (%.0f ms, KV moved; %d holds of the old "
             "connexd given back, %d loads sent again)",
@@ -338,6 +339,7 @@ class ConnexWorker:
             group_skip_blocks=list(spec.group_skip_blocks),
             pull_id=pull_id,
             timeout_ms=int(s.pull_timeout_s * 1000),
+            await_start=spec.await_start,
         )
         self.bus.submit(self._send_pull(pull_id, req))
 

@@ -59,9 +59,13 @@ def test_prefill_load_release_blocks_back(cluster: Cluster, engines: dict[str, E
 
     params["connex_request_id"] = "conn-r1"  # what the router sets on the decode leg
     ed.add("r1", PROMPT, 4, params)
-    ed.step()
+    so = ed.step()
     req = ed.sched.requests["r1"]
     assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    # The load went to the worker in the step that started the request, not a step after request.start's answer:
+    # connexd holds the pull until the start is answered (StartPullRequest.await_start).
+    loads = [(ld.req_id, ld.await_start) for ld in so.kv_connector_metadata.loads]
+    assert loads == [("r1", True)], loads
     loads = ed.connector_sched.stats.loads_started
     ed.run_until("load of r1", lambda: req.status == RequestStatus.RUNNING)
     # vLLM recomputes the last prompt token after a full-prompt hit; every other position came from the pull.
@@ -270,3 +274,20 @@ def test_kv_cache_access_leaves_vllm_allocation_alone() -> None:
 
     access = ConnexConnector.kv_cache_access(None)
     assert access == kv_transfer.KVCacheAccess.IN_PROCESS and not access.needs_single_chunk()
+
+
+def test_refused_start_fails_its_load(cluster: Cluster, engines: dict[str, Engine]) -> None:
+    """The load goes to the worker beside request.start (await_start): when connexd refuses the start, it refuses the
+    pull with the start's error, and vLLM's kv_load_failure_policy applies as for any failed load."""
+    ep, ed = engines["prefill"], engines["fail"]
+    total, dtotal = ep.free_blocks(), ed.free_blocks()
+    params = prefill(ep, "r6")
+    # A takeover of a request connexd never stored: request.start is refused.
+    bad = dict(params, connex_resume=True, connex_request_id="never-started-r6")
+    ed.add("r6", PROMPT, 2, bad)
+    out = ed.run_until("failed load of r6", lambda: ed.finished("r6"))
+    assert str(out.finish_reason).lower().endswith("error"), out.finish_reason
+    why = ed.worker.connector_worker.done.failures["r6"]  # type: ignore[union-attr]
+    assert "its request.start failed" in why, why
+    assert ed.free_blocks() == dtotal
+    release(cluster, ep, params, total)
