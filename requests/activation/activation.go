@@ -399,18 +399,17 @@ func (a *Activation) written(now time.Time, e Written) []Effect {
 			return a.fail(nil, e.Err)
 		}
 		a.run(e.Rev)
-		if !o.msg.Takeover {
-			// A new request answers first, so that a slow holder does not
-			// delay its start; the first renewal then binds the hold.
-			fx := []Effect{a.arm(now), a.reply(o.call, "running")}
-			return a.renew(now, fx)
-		}
+		// The request answers first, so that a slow holder does not delay
+		// its start or its resume; the renewal then binds the hold (moves
+		// it, for a takeover). The engine's pull need not wait for that:
+		// its descriptors request names the request, and the holder binds
+		// the hold from the stored state this write committed before it
+		// judges the read (the rebind rule, BindCall).
 		var fx []Effect
-		if !a.created {
+		if o.msg.Takeover && !a.created {
 			fx = append(fx, Count{What: TakenOver, From: a.from})
 		}
-		// A takeover moves the hold's binding before it answers: the
-		// engine pulls next.
+		fx = append(fx, a.arm(now), a.reply(o.call, "running"))
 		return a.renew(now, fx)
 	case opAdopt:
 		if e.Err != nil {
@@ -437,6 +436,7 @@ func (a *Activation) written(now time.Time, e Written) []Effect {
 			NoticeFenced{RequestID: a.id, Engine: old.EngineId, StaleEpoch: old.Epoch, NewOwner: a.self},
 			Count{What: TakenOver, From: old.Owner},
 			Count{What: Fenced},
+			a.arm(now), a.reply(o.call, "running"),
 		}
 		return a.renew(now, fx)
 	case opFinish:
@@ -513,15 +513,10 @@ func (a *Activation) renewed(now time.Time, e Renewed) []Effect {
 func (a *Activation) afterRenew(now time.Time) []Effect {
 	o := a.cur
 	switch o.kind {
-	case opStart:
-		if !o.msg.Takeover {
-			return a.done(nil) // armed and answered before the renewal
-		}
-		return a.done([]Effect{a.arm(now), a.reply(o.call, "running")})
+	case opStart, opTakeover:
+		return a.done(nil) // armed and answered before the renewal
 	case opAdopt:
 		return a.done([]Effect{a.arm(now), NoticeResume{State: a.st}, Count{What: Adopted, From: a.from}, a.reply(o.call, "running")})
-	case opTakeover:
-		return a.done([]Effect{a.arm(now), a.reply(o.call, "running")})
 	case opTick:
 		return a.done([]Effect{a.arm(now)})
 	}
