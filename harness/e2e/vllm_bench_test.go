@@ -56,7 +56,8 @@ func BenchmarkVLLMResume(b *testing.B) {
 	logs := &safeBuffer{}
 	o.Log = logs
 	o.RouterArgs = append(o.RouterArgs, "--log-level", "info")
-	o.VLLM = &localcluster.VLLM{Bin: bin, Model: model, MaxModelLen: promptLen + maxTokens + 128}
+	// BENCH_VLLM_LOGS keeps each vLLM's log there (<name>.log).
+	o.VLLM = &localcluster.VLLM{Bin: bin, Model: model, MaxModelLen: promptLen + maxTokens + 128, LogDir: os.Getenv("BENCH_VLLM_LOGS")}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	c, err := localcluster.Start(ctx, o)
 	cancel()
