@@ -239,7 +239,15 @@ func BenchmarkVLLMResume(b *testing.B) {
 							parts[len(parts)-1] = bd
 						}
 					}
-					took := lastLine(logs.String(), "", "request.start answered in")
+					// The connector's line is in the engine's log: the cluster's,
+					// or its own file under BENCH_VLLM_LOGS.
+					engineLog := logs.String()
+					if dir := o.VLLM.LogDir; dir != "" {
+						if b, err := os.ReadFile(localcluster.EngineLogPath(dir, on)); err == nil {
+							engineLog = string(b)
+						}
+					}
+					took := lastLine(engineLog, "", "request.start answered in")
 					if m := regexp.MustCompile(`answered in ([0-9.]+) ms`).FindStringSubmatch(took); m != nil {
 						if v, err := strconv.ParseFloat(m[1], 64); err == nil {
 							bd.start = time.Duration(v * float64(time.Millisecond))
