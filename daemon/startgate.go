@@ -6,6 +6,7 @@ import (
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/clock"
+	"github.com/connex/connex/errcode"
 )
 
 // startWait is how long a pull with await_start waits for a request.start
@@ -209,6 +210,6 @@ func startOutcome(err error) error {
 	if err == nil {
 		return nil
 	}
-	e := api.AsError(err)
+	e := errcode.AsError(err) // the code the start's caller got
 	return api.Errorf(e.Code, "its request.start failed: %s", e.Msg)
 }

@@ -2,12 +2,14 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/clock"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/requests"
 )
 
 // outcomes records what a startGate told each awaiting pull.
@@ -81,11 +83,16 @@ func TestStartGate(t *testing.T) {
 	g.end("e2", "t1", nil)
 	o.want(t, "e2's pull", api.CodeTimeout)
 
-	// A failed start fails the pull with its code.
+	// A failed start fails the pull with its code: the one its caller got,
+	// for a domain error too.
 	g.begin("e1", "t2")
 	g.end("e1", "t2", api.Errorf(api.CodeOverloaded, "requests_max"))
 	g.await("e1", "t2", o.fn("pull of a refused start"))
 	o.want(t, "pull of a refused start", api.CodeOverloaded)
+	g.begin("e1", "t3")
+	g.end("e1", "t3", fmt.Errorf("takeover: %w", requests.ErrInvalid))
+	g.await("e1", "t3", o.fn("pull of an invalid start"))
+	o.want(t, "pull of an invalid start", api.CodeBadRequest)
 
 	// Outcomes older than startKeep are forgotten (and their entries with
 	// them): a pull then waits for a start of its own.
