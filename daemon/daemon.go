@@ -74,6 +74,8 @@ type Daemon struct {
 	regionAPI *regionAPI
 	holdAPI   *holdAPI
 	pullAPI   *pullAPI
+	// headAhead reads a granted takeover's request ahead of its start.
+	headAhead *headAhead
 	// starts lets pulls wait for their request's start (await_start).
 	starts     *startGate
 	requestAPI *requestAPI
@@ -253,8 +255,15 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 		d.reqStore = nil
 		log.Warn("JetStream unavailable: the request API (request.*) is disabled", "err", d.reqErr)
 	}
+	var actorStore requests.Store
+	if d.reqStore != nil {
+		// The request actors' reads: a takeover's head read when its
+		// grant arrived (GrantTakeover).
+		d.headAhead = &headAhead{Store: d.reqStore, Clock: d.clock, Go: d.goBackground, Timeout: 5 * time.Second}
+		actorStore = d.headAhead
+	}
 	d.rdeps = &actors.RequestDeps{
-		Store: d.reqStore, NC: d.Bus.Conn, Self: cfg.MemberID, Clock: d.clock, Log: log, Table: d.reqTable,
+		Store: actorStore, NC: d.Bus.Conn, Self: cfg.MemberID, Clock: d.clock, Log: log, Table: d.reqTable,
 		Publish: d.publish, StoreTimeout: 5 * time.Second, LoadFailurePolicy: cfg.KVLoadFailurePolicy,
 		Metrics: d.Metrics, PromptRefresh: cfg.RequestTTL / requests.PromptRefreshDiv,
 	}
@@ -353,7 +362,7 @@ func (d *Daemon) assemble() {
 		regions: d.regions, pullers: pullDeps{d.pdeps}, inflight: d.inflight, starts: d.starts, clock: d.clock}
 	d.requestAPI = &requestAPI{member: cfg.MemberID, max: cfg.RequestsMax, authenticated: natsAuthenticated(cfg),
 		actors: systemRequests{sys: d.system, table: d.reqTable, deps: d.rdeps}, storeErr: d.reqErr,
-		local: d.regions, clock: d.clock, starts: d.starts,
+		local: d.regions, clock: d.clock, starts: d.starts, headAhead: d.headAhead,
 		quota: &requests.Quota{MaxRequests: cfg.RequestsMaxPerEngine, MaxBytes: cfg.RequestBytesPerEngine, MaxMemberBytes: cfg.RequestStoreBytes / 2}}
 	d.requestAPI.reservations = pullReservations{deps: d.pdeps, regions: d.regions, timeout: cfg.PullTimeout}
 	if d.reqStore != nil {

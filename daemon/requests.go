@@ -54,6 +54,9 @@ type requestAPI struct {
 	// starts tells pulls sent beside their request's start (await_start)
 	// how it ended (startgate.go); nil: none wait.
 	starts *startGate
+	// headAhead reads a granted takeover's request ahead of the engine's
+	// request.start (headahead.go); nil: not read ahead.
+	headAhead *headAhead
 }
 
 // pullReserver reserves reads ahead of their pulls (pull.PullDeps).
@@ -295,6 +298,10 @@ func (a *requestAPI) GrantTakeover(_ context.Context, r *messages.StartRequestMs
 		return nil, err
 	}
 	a.grants.Grant(r.RequestId, r.EngineId, a.clock.Now())
+	if _, here := a.actors.lookup(r.RequestId); !here && a.headAhead != nil {
+		// The engine's takeover comes next and reads the request first.
+		a.headAhead.ahead(r.RequestId)
+	}
 	return &messages.RequestStatus{Status: "granted"}, nil
 }
 
