@@ -85,6 +85,9 @@ func (a *pullAPI) StartPull(ctx context.Context, r *messages.StartPullRequest) (
 	if err != nil {
 		return nil, err
 	}
+	if len(r.AwaitStart) > maxStartID {
+		return nil, api.Errorf(api.CodeBadRequest, "await_start: %d bytes, at most %d", len(r.AwaitStart), maxStartID)
+	}
 	// pull.start is idempotent while the pull runs and for a minute after
 	// it ended: an engine whose call timed out (its NATS server died with
 	// the answer) sends it again and is told the pull runs; its pull.done
@@ -131,13 +134,22 @@ func (a *pullAPI) StartPull(ctx context.Context, r *messages.StartPullRequest) (
 		return fail(err)
 	}
 	pl := &pull.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Skip: skip, Pick: pick, Timeout: timeout, Stall: min(a.stall, timeout), ReleaseRegion: release}
-	if !r.AwaitStart || a.starts == nil {
+	if r.AwaitStart == "" || a.starts == nil {
 		a.pullers.startPull(pl)
 		return &messages.StartPullReply{PullId: pullID}, nil
 	}
 	// Sent beside its request's request.start: it reads once that start
-	// is answered (the hold is bound to this engine by then).
-	a.starts.await(r.EngineId, p.TransferId, func(err error) {
+	// is answered (the hold is bound to this engine by then), within its
+	// timeout counted from now (the engine's own deadline for the load
+	// counts from its pull.start).
+	arrived := a.clock.Now()
+	a.starts.await(r.EngineId, p.TransferId, r.AwaitStart, timeout, func(err error) {
+		if err == nil {
+			if pl.Timeout -= a.clock.Now().Sub(arrived); pl.Timeout <= 0 {
+				err = api.Errorf(api.CodeTimeout, "pull %s: its timeout (%s) passed while it waited for its request.start", pullID, timeout)
+			}
+			pl.Stall = min(pl.Stall, pl.Timeout)
+		}
 		if err != nil {
 			a.pullers.refusePull(pl, err)
 			return

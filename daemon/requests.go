@@ -138,20 +138,27 @@ func (a *requestAPI) requestsReady() error {
 
 // StartRequest starts a decode request on this member. A pull of its hold
 // by its engine sent with await_start reads once it is answered.
-func (a *requestAPI) StartRequest(ctx context.Context, r *messages.StartRequestMsg) (*messages.RequestStatus, error) {
+func (a *requestAPI) StartRequest(ctx context.Context, r *messages.StartRequestMsg) (_ *messages.RequestStatus, err error) {
 	// The engine the caller acts for keys the outcome for its pulls: an
 	// engine's starts never open or fail another engine's pulls.
 	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
 		return nil, err
 	}
-	if a.starts == nil {
+	engine, transfer, id := r.EngineId, r.GetParams().GetTransferId(), r.StartId
+	if a.starts == nil || id == "" || len(id) > maxStartID || !transferIDRe.MatchString(transfer) {
+		// No pull waits for it (a pull.start naming a malformed transfer
+		// or start id is refused anyway).
 		return a.startRequest(ctx, r)
 	}
-	engine, transfer := r.EngineId, r.GetParams().GetTransferId()
-	a.starts.begin(engine, transfer)
-	st, err := a.startRequest(ctx, r)
-	a.starts.end(engine, transfer, err)
-	return st, err
+	a.starts.begin(engine, transfer, id)
+	defer func() {
+		if p := recover(); p != nil { // the service answers it; the pull fails
+			a.starts.end(engine, transfer, id, api.Errorf(api.CodeInternal, "request.start failed: %v", p))
+			panic(p)
+		}
+		a.starts.end(engine, transfer, id, err)
+	}()
+	return a.startRequest(ctx, r)
 }
 
 // startRequest is StartRequest once the caller's engine is known.

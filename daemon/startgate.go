@@ -9,12 +9,16 @@ import (
 	"github.com/connex/connex/errcode"
 )
 
-// startWait is how long a pull with await_start waits for a request.start
-// of its transfer by its engine to arrive and be answered. The engine
-// sends both at once, so a start that is not seen by then was lost (its
-// call failed before it reached this member): the pull fails rather than
-// keep its destination blocks.
+// startWait is how long a pull with await_start waits for its
+// request.start to arrive. The engine sends both at once, so a start not
+// seen by then was lost (its call failed before it reached this member):
+// the pull fails rather than keep its destination blocks. A start that
+// arrived is waited for until it ends, within the pull's own timeout.
 const startWait = 5 * time.Second
+
+// maxStartID bounds a start's id (StartRequestMsg.start_id,
+// StartPullRequest.await_start).
+const maxStartID = 64
 
 // startKeep is how long a start's outcome is remembered for pulls that
 // come after its answer (the usual order: pull.start leaves the engine's
@@ -30,12 +34,13 @@ const startKeep = time.Minute
 // waiting: the pull reads as soon as the start ends, or fails with the
 // start's error.
 //
-// Outcomes are keyed by engine and transfer (a takeover's start names the
-// same transfer as the first leg's, and keys a new outcome). The engine
-// is the one the caller's credentials act for on both calls, so one
-// engine's starts never open or fail another's pulls. startGate decides
-// only; its callbacks run on the goroutine of the call that settles them
-// (ended, the clock's timer, close).
+// Outcomes are keyed by engine, transfer and the start's id
+// (StartRequestMsg.start_id, one per leg: a takeover's start names the
+// same transfer as the first leg's, and an engine may run a request
+// twice). The engine is the one the caller's credentials act for on both
+// calls, so one engine's starts never open or fail another's pulls.
+// startGate decides only; its callbacks run on the goroutine of the call
+// that settles them (end, the clock's timer, close).
 type startGate struct {
 	clock clock.Clock
 	mu    sync.Mutex
@@ -46,8 +51,8 @@ type startGate struct {
 	closed bool
 }
 
-// gateKey names the starts a pull waits for: its engine and transfer.
-type gateKey struct{ engine, transfer string }
+// gateKey names the start a pull waits for: its engine, transfer and id.
+type gateKey struct{ engine, transfer, start string }
 
 type gateEntry struct {
 	inflight int       // starts begun and not yet ended
@@ -63,27 +68,28 @@ type gateEnd struct {
 }
 
 type gateWaiter struct {
-	fn    func(error)
-	timer clock.Timer
+	fn       func(error)
+	timer    clock.Timer
+	deadline time.Time // the pull's own: no longer, even for a start in flight
 }
 
 func newStartGate(c clock.Clock) *startGate {
 	return &startGate{clock: clock.Or(c), m: map[gateKey]*gateEntry{}}
 }
 
-// begin records that a request.start of transfer by engine is being
-// handled: pulls that come now wait for its outcome, not an older one.
-func (g *startGate) begin(engine, transfer string) {
+// begin records that request.start id of transfer by engine is being
+// handled: pulls that come now wait for its outcome.
+func (g *startGate) begin(engine, transfer, id string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	e := g.entry(gateKey{engine, transfer})
+	e := g.entry(gateKey{engine, transfer, id})
 	e.inflight++
 }
 
 // end records the outcome of a start begun with begin (err nil: answered
 // running) and settles the pulls waiting for it.
-func (g *startGate) end(engine, transfer string, err error) {
-	key := gateKey{engine, transfer}
+func (g *startGate) end(engine, transfer, id string, err error) {
+	key := gateKey{engine, transfer, id}
 	g.mu.Lock()
 	now := g.clock.Now()
 	e := g.entry(key)
@@ -104,12 +110,12 @@ func (g *startGate) end(engine, transfer string, err error) {
 	}
 }
 
-// await calls fn once the start of transfer by engine is settled: at once
-// with the outcome of one answered within startKeep (and none in flight),
-// else when one ends, or with a timeout error after startWait. fn may run
-// before await returns.
-func (g *startGate) await(engine, transfer string, fn func(error)) {
-	key := gateKey{engine, transfer}
+// await calls fn once start id of transfer by engine is settled: at once
+// with the outcome of one answered within startKeep, else when it ends,
+// or with a timeout error when it has not arrived within startWait or has
+// not ended within maxWait. fn may run before await returns.
+func (g *startGate) await(engine, transfer, id string, maxWait time.Duration, fn func(error)) {
+	key := gateKey{engine, transfer, id}
 	g.mu.Lock()
 	if g.closed {
 		g.mu.Unlock()
@@ -125,16 +131,17 @@ func (g *startGate) await(engine, transfer string, fn func(error)) {
 		fn(startOutcome(err))
 		return
 	}
-	w := &gateWaiter{fn: fn}
+	w := &gateWaiter{fn: fn, deadline: now.Add(maxWait)}
 	if e.waiters == nil {
 		e.waiters = map[*gateWaiter]struct{}{}
 	}
 	e.waiters[w] = struct{}{}
-	w.timer = g.clock.AfterFunc(startWait, func() { g.timeout(key, w) })
+	w.timer = g.clock.AfterFunc(min(startWait, maxWait), func() { g.timeout(key, w) })
 	g.mu.Unlock()
 }
 
-// timeout fails w if nothing settled it first.
+// timeout fails w if nothing settled it first; while its start is in
+// flight it waits on, up to w's deadline.
 func (g *startGate) timeout(key gateKey, w *gateWaiter) {
 	g.mu.Lock()
 	e := g.m[key]
@@ -146,10 +153,21 @@ func (g *startGate) timeout(key gateKey, w *gateWaiter) {
 		g.mu.Unlock()
 		return
 	}
+	now := g.clock.Now()
+	if left := w.deadline.Sub(now); e.inflight > 0 && left > 0 {
+		w.timer = g.clock.AfterFunc(left, func() { g.timeout(key, w) })
+		g.mu.Unlock()
+		return
+	}
+	inflight := e.inflight > 0
 	delete(e.waiters, w)
 	g.drop(key, e)
 	g.mu.Unlock()
-	w.fn(api.Errorf(api.CodeTimeout, "no request.start of transfer %s by engine %s was answered on this member within %s of its pull.start (await_start)", key.transfer, key.engine, startWait))
+	if inflight {
+		w.fn(api.Errorf(api.CodeTimeout, "request.start %q of transfer %s by engine %s was still running at the pull's deadline (await_start)", key.start, key.transfer, key.engine))
+		return
+	}
+	w.fn(api.Errorf(api.CodeTimeout, "no request.start %q of transfer %s by engine %s reached this member within %s of its pull.start (await_start)", key.start, key.transfer, key.engine, startWait))
 }
 
 // close fails every waiting pull and every later await (connexd

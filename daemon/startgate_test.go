@@ -42,64 +42,81 @@ func (o *outcomes) none(t *testing.T, name string) {
 
 // TestStartGate: a pull sent beside its request's start reads when the
 // start is answered, in whichever order the two arrive; it fails with the
-// start's code, or with a timeout when no start comes; one engine's
-// start settles only that engine's pulls; old outcomes are forgotten; a
+// start's code, or with a timeout when no start comes, or when one in
+// flight outlasts the pull's deadline; one engine's start, or an earlier
+// leg's, settles nothing of another pull; old outcomes are forgotten; a
 // stopping connexd fails what waits.
 func TestStartGate(t *testing.T) {
 	fc := clock.NewFake(time.Unix(1000, 0))
 	g := newStartGate(fc)
 	o := &outcomes{got: map[string][]error{}}
+	const wait = 30 * time.Second // the pull's own timeout
 
 	// The pull first, then its start.
-	g.await("e1", "t1", o.fn("pull before start"))
+	g.await("e1", "t1", "s1", wait, o.fn("pull before start"))
 	o.none(t, "pull before start")
-	g.begin("e1", "t1")
+	g.begin("e1", "t1", "s1")
 	fc.Advance(time.Millisecond)
 	o.none(t, "pull before start")
-	g.end("e1", "t1", nil)
+	g.end("e1", "t1", "s1", nil)
 	o.want(t, "pull before start", 0)
 
 	// The start answered first: the pull reads at once.
-	g.await("e1", "t1", o.fn("pull after start"))
+	g.await("e1", "t1", "s1", wait, o.fn("pull after start"))
 	o.want(t, "pull after start", 0)
 
-	// A start in flight: its outcome, not the older one, decides.
-	g.begin("e1", "t1")
-	g.await("e1", "t1", o.fn("pull during a takeover"))
-	o.none(t, "pull during a takeover")
-	g.end("e1", "t1", api.Errorf(api.CodeFenced, "stale epoch"))
-	o.want(t, "pull during a takeover", api.CodeFenced)
+	// The next leg of the same request on the same engine (a takeover,
+	// start s2): the first leg's outcome does not decide its pull.
+	g.await("e1", "t1", "s2", wait, o.fn("next leg's pull"))
+	o.none(t, "next leg's pull")
+	g.begin("e1", "t1", "s2")
+	g.end("e1", "t1", "s2", api.Errorf(api.CodeFenced, "stale epoch"))
+	o.want(t, "next leg's pull", api.CodeFenced)
 
-	// Another engine's start of the same transfer settles nothing of e2's.
-	g.await("e2", "t1", o.fn("e2's pull"))
-	g.begin("e3", "t1")
-	g.end("e3", "t1", nil)
+	// Another engine's start of the same transfer and id settles nothing
+	// of e2's pull.
+	g.await("e2", "t1", "s3", wait, o.fn("e2's pull"))
+	g.begin("e3", "t1", "s3")
+	g.end("e3", "t1", "s3", nil)
 	o.none(t, "e2's pull")
 	// No start of e2's within startWait: the pull fails, and a start
 	// that comes after does not tell it again.
 	fc.Advance(startWait)
 	o.want(t, "e2's pull", api.CodeTimeout)
-	g.begin("e2", "t1")
-	g.end("e2", "t1", nil)
+	g.begin("e2", "t1", "s3")
+	g.end("e2", "t1", "s3", nil)
 	o.want(t, "e2's pull", api.CodeTimeout)
+
+	// A start in flight (a slow store) is waited for past startWait, up
+	// to the pull's deadline.
+	g.begin("e1", "t4", "s4")
+	g.await("e1", "t4", "s4", wait, o.fn("pull of a slow start"))
+	g.await("e1", "t4", "s4", 8*time.Second, o.fn("pull with a short deadline"))
+	fc.Advance(startWait + time.Second)
+	o.none(t, "pull of a slow start")
+	o.none(t, "pull with a short deadline")
+	fc.Advance(2 * time.Second)
+	o.want(t, "pull with a short deadline", api.CodeTimeout)
+	g.end("e1", "t4", "s4", nil)
+	o.want(t, "pull of a slow start", 0)
 
 	// A failed start fails the pull with its code: the one its caller got,
 	// for a domain error too.
-	g.begin("e1", "t2")
-	g.end("e1", "t2", api.Errorf(api.CodeOverloaded, "requests_max"))
-	g.await("e1", "t2", o.fn("pull of a refused start"))
+	g.begin("e1", "t2", "s5")
+	g.end("e1", "t2", "s5", api.Errorf(api.CodeOverloaded, "requests_max"))
+	g.await("e1", "t2", "s5", wait, o.fn("pull of a refused start"))
 	o.want(t, "pull of a refused start", api.CodeOverloaded)
-	g.begin("e1", "t3")
-	g.end("e1", "t3", fmt.Errorf("takeover: %w", requests.ErrInvalid))
-	g.await("e1", "t3", o.fn("pull of an invalid start"))
+	g.begin("e1", "t3", "s6")
+	g.end("e1", "t3", "s6", fmt.Errorf("takeover: %w", requests.ErrInvalid))
+	g.await("e1", "t3", "s6", wait, o.fn("pull of an invalid start"))
 	o.want(t, "pull of an invalid start", api.CodeBadRequest)
 
 	// Outcomes older than startKeep are forgotten (and their entries with
 	// them): a pull then waits for a start of its own.
 	fc.Advance(startKeep + time.Second)
-	g.begin("e9", "t9")
-	g.end("e9", "t9", nil)
-	g.await("e1", "t2", o.fn("pull after the outcome expired"))
+	g.begin("e9", "t9", "s9")
+	g.end("e9", "t9", "s9", nil)
+	g.await("e1", "t2", "s5", wait, o.fn("pull after the outcome expired"))
 	o.none(t, "pull after the outcome expired")
 	g.mu.Lock()
 	entries, ends := len(g.m), len(g.ended)
@@ -111,7 +128,7 @@ func TestStartGate(t *testing.T) {
 	// Stopping fails the waiting pull and any later one.
 	g.close()
 	o.want(t, "pull after the outcome expired", api.CodePeerUnavailable)
-	g.await("e9", "t9", o.fn("pull while stopping"))
+	g.await("e9", "t9", "s9", wait, o.fn("pull while stopping"))
 	o.want(t, "pull while stopping", api.CodePeerUnavailable)
 	fc.Advance(startWait)
 	o.want(t, "pull after the outcome expired", api.CodePeerUnavailable)
@@ -124,6 +141,7 @@ func TestStartGate(t *testing.T) {
 func TestPullAwaitsItsStart(t *testing.T) {
 	pa, regs, ps := newTestPullAPI()
 	ra, _, _ := newTestRequestAPI()
+	ra.max = 3
 	gate := newStartGate(pa.clock)
 	pa.starts, ra.starts = gate, gate
 	regs.put(t, "d1", "r", testLayout(), "test")
@@ -131,33 +149,46 @@ func TestPullAwaitsItsStart(t *testing.T) {
 	tid := heldBy("p1").TransferId
 
 	early := pullOf(tid, "p1", 2, 3)
-	early.AwaitStart = true
+	early.AwaitStart = "leg-1"
 	if rep, err := pa.StartPull(ctx, early); err != nil || rep.PullId != "p1" {
 		t.Fatalf("pull.start with await_start: %v, %v", rep, err)
 	}
 	if len(ps.started) != 0 {
 		t.Fatal("the pull started before its request.start was answered")
 	}
-	if _, err := ra.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "r1", EngineId: "d1", Params: heldBy("p1")}); err != nil {
+	// A start without the pull's id (another leg's, an older connector's)
+	// does not open it.
+	if _, err := ra.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "r0", EngineId: "d1", Params: heldBy("p1"), StartId: "leg-0"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(ps.started) != 0 {
+		t.Fatal("another start opened the pull")
+	}
+	pa.clock.(*clock.Fake).Advance(time.Second)
+	if _, err := ra.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "r1", EngineId: "d1", Params: heldBy("p1"), StartId: "leg-1"}); err != nil {
 		t.Fatal(err)
 	}
 	if len(ps.started) != 1 || ps.started[0].ID != "p1" {
 		t.Fatalf("pulls started once the start was answered: %d, want p1", len(ps.started))
 	}
+	// Its timeout counts from its pull.start: the second it waited is off.
+	if p := ps.started[0]; p.Timeout != 29*time.Second || p.Stall != 10*time.Second {
+		t.Fatalf("the pull's timeout %s, stall %s after a 1 s wait; want 29s and 10s", p.Timeout, p.Stall)
+	}
 
-	// r2's start fills requests_max (2, with r1); r3's is refused, and so
-	// is the pull sent beside it.
+	// r2's start fills requests_max (3, with r0 and r1); r3's is refused,
+	// and so is the pull sent beside it.
 	if _, err := ra.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "r2", EngineId: "d1", Params: heldBy("p1")}); err != nil {
 		t.Fatal(err)
 	}
 	other := heldBy("p1")
 	other.TransferId = tid2
 	refused := pullOf(tid2, "p2", 4, 5)
-	refused.AwaitStart = true
+	refused.AwaitStart = "leg-3"
 	if _, err := pa.StartPull(ctx, refused); err != nil {
 		t.Fatal(err)
 	}
-	_, err := ra.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "r3", EngineId: "d1", Params: other})
+	_, err := ra.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "r3", EngineId: "d1", Params: other, StartId: "leg-3"})
 	wantCode(t, "a third request over requests_max", err, api.CodeOverloaded)
 	if len(ps.refused) != 1 || ps.refused[0].p.ID != "p2" || api.CodeOf(ps.refused[0].err) != api.CodeOverloaded {
 		t.Fatalf("refused pulls %v: want p2, 429", ps.refused)

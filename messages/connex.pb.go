@@ -1194,15 +1194,18 @@ type StartPullRequest struct {
 	// destination of the rest, group after group. Exclusive with
 	// skip_blocks; blocks move whole (the holder's shape is the region's).
 	GroupSkipBlocks []uint32 `protobuf:"varint,8,rep,packed,name=group_skip_blocks,json=groupSkipBlocks,proto3" json:"group_skip_blocks,omitempty"`
-	// Sent beside the request's request.start rather than after its answer:
-	// connexd reads only once a request.start by this engine naming this
-	// transfer (params.transfer_id) has been answered on this member, and
-	// fails the pull with that start's error code if it failed. A start in
-	// flight, or one that arrives within 5 s, is waited for; one answered in
-	// the last minute counts. Saves the engine a step between the start's
-	// answer and its pull (a decode's first token, a resume). A connexd
-	// honours it where RegisterEngineReply.pull_awaits_start is set.
-	AwaitStart    bool `protobuf:"varint,9,opt,name=await_start,json=awaitStart,proto3" json:"await_start,omitempty"`
+	// A start_id (StartRequestMsg.start_id): the pull is sent beside that
+	// request.start rather than after its answer. connexd reads only once
+	// the start with this id, by this engine, naming this transfer
+	// (params.transfer_id), has been answered on this member, and fails the
+	// pull with that start's error code if it failed. One that has not
+	// arrived within 5 s fails the pull with timeout (504); one in flight is
+	// waited for, within the pull's timeout, which counts from pull.start;
+	// one answered in the last minute counts. Saves the engine a step
+	// between the start's answer and its pull (a decode's first token, a
+	// resume). A connexd honours it where
+	// RegisterEngineReply.pull_awaits_start is set.
+	AwaitStart    string `protobuf:"bytes,9,opt,name=await_start,json=awaitStart,proto3" json:"await_start,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1293,11 +1296,11 @@ func (x *StartPullRequest) GetGroupSkipBlocks() []uint32 {
 	return nil
 }
 
-func (x *StartPullRequest) GetAwaitStart() bool {
+func (x *StartPullRequest) GetAwaitStart() string {
 	if x != nil {
 		return x.AwaitStart
 	}
-	return false
+	return ""
 }
 
 // StartPullReply acknowledges a started pull. Completion arrives as a
@@ -2509,7 +2512,7 @@ const file_connex_proto_rawDesc = "" +
 	"\vskip_blocks\x18\a \x01(\rR\n" +
 	"skipBlocks\x12*\n" +
 	"\x11group_skip_blocks\x18\b \x03(\rR\x0fgroupSkipBlocks\x12\x1f\n" +
-	"\vawait_start\x18\t \x01(\bR\n" +
+	"\vawait_start\x18\t \x01(\tR\n" +
 	"awaitStart\")\n" +
 	"\x0eStartPullReply\x12\x17\n" +
 	"\apull_id\x18\x01 \x01(\tR\x06pullId\"\xae\x03\n" +

@@ -286,7 +286,11 @@ type StartRequestMsg struct {
 	// The request's own bound on generated tokens (its sampling max_tokens on
 	// this engine; on a takeover, what is left of it). 0: none given, and
 	// requests.MaxGenerated bounds it. request.progress past it is refused.
-	MaxTokens     uint32 `protobuf:"varint,7,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	MaxTokens uint32 `protobuf:"varint,7,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	// Names this start for the pull its engine sends beside it
+	// (StartPullRequest.await_start): one per leg (e.g. random, 1-64 bytes),
+	// so that a pull never takes an earlier leg's start for its own.
+	StartId       string `protobuf:"bytes,8,opt,name=start_id,json=startId,proto3" json:"start_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -368,6 +372,13 @@ func (x *StartRequestMsg) GetMaxTokens() uint32 {
 		return x.MaxTokens
 	}
 	return 0
+}
+
+func (x *StartRequestMsg) GetStartId() string {
+	if x != nil {
+		return x.StartId
+	}
+	return ""
 }
 
 // RequestProgress appends generated tokens. epoch must be the caller's
@@ -894,7 +905,7 @@ const file_request_proto_rawDesc = "" +
 	"max_tokens\x18\x0f \x01(\rR\tmaxTokens\"V\n" +
 	"\rRequestPrompt\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\rR\btokenIds\x12(\n" +
-	"\x10remote_block_ids\x18\x02 \x03(\rR\x0eremoteBlockIds\"\x92\x02\n" +
+	"\x10remote_block_ids\x18\x02 \x03(\rR\x0eremoteBlockIds\"\xad\x02\n" +
 	"\x0fStartRequestMsg\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x123\n" +
@@ -904,7 +915,8 @@ const file_request_proto_rawDesc = "" +
 	"\btakeover\x18\x05 \x01(\bR\btakeover\x12)\n" +
 	"\x10resume_authority\x18\x06 \x01(\tR\x0fresumeAuthority\x12\x1d\n" +
 	"\n" +
-	"max_tokens\x18\a \x01(\rR\tmaxTokens\"c\n" +
+	"max_tokens\x18\a \x01(\rR\tmaxTokens\x12\x19\n" +
+	"\bstart_id\x18\b \x01(\tR\astartId\"c\n" +
 	"\x0fRequestProgress\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +

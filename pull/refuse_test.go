@@ -3,6 +3,7 @@ package pull
 import (
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +24,9 @@ func TestRefuseGivesBackAndTells(t *testing.T) {
 	}
 	released := 0
 	var done *messages.PullDone
+	var bg sync.WaitGroup
 	deps := &PullDeps{Log: slog.New(slog.DiscardHandler), Metrics: &actors.Metrics{}, LoadFailurePolicy: "recompute",
+		Go: func(f func()) { bg.Add(1); go func() { defer bg.Done(); f() }() },
 		Notify: func(d *messages.PullDone) {
 			// The engine may pull into the same blocks as soon as it reads this.
 			if err := dst.Blocks.BeginWrite([]uint32{1, 2}); err != nil {
@@ -37,11 +40,14 @@ func TestRefuseGivesBackAndTells(t *testing.T) {
 	params := &messages.KVTransferParams{TransferId: strings.Repeat("ab", 16), ConnexRequestId: "r1"}
 	Refuse(deps, &Pull{ID: "p1", Params: params, Dst: dst, DstBlocks: []uint32{1, 2}, Timeout: time.Minute, ReleaseRegion: func() { released++ }},
 		api.Errorf(api.CodeOverloaded, "its request.start failed: over requests_max"))
+	bg.Wait() // on the daemon's background group, which its Close waits for
 	if done == nil || done.Ok || done.ErrorCode != uint32(api.CodeOverloaded) || !strings.Contains(done.Error, "requests_max") ||
 		done.PullId != "p1" || done.RequestId != "r1" || done.KvLoadFailurePolicy != "recompute" {
 		t.Fatalf("PullDone %v: want p1 of r1 failed 429 naming requests_max, policy recompute", done)
 	}
-	if n := deps.Metrics.PullsFailed.Load(); n != 1 {
-		t.Fatalf("pulls_failed %d, want 1", n)
+	// Started and failed: a daemon's "work in hand" (started > ok + failed)
+	// does not drift.
+	if s, f := deps.Metrics.PullsStarted.Load(), deps.Metrics.PullsFailed.Load(); s != 1 || f != 1 {
+		t.Fatalf("pulls_started %d, pulls_failed %d; want 1 and 1", s, f)
 	}
 }

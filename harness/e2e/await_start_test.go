@@ -28,10 +28,10 @@ func TestPullAwaitsItsTakeover(t *testing.T) {
 	done := subscribe(t, c.nc, api.PullDoneSubject(d2.cli.Member, d2.id), func() *messages.PullDone { return new(messages.PullDone) })
 
 	dst := []uint32{6, 7, 8, 9}
-	if _, err := d2.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: prm, EngineId: d2.id, RegionId: d2.rid, BlockIds: dst, PullId: "early", AwaitStart: true}); err != nil {
+	if _, err := d2.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: prm, EngineId: d2.id, RegionId: d2.rid, BlockIds: dst, PullId: "early", AwaitStart: "leg-2"}); err != nil {
 		t.Fatalf("pull.start with await_start before the takeover: %v", err)
 	}
-	st, err := d2.cli.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: "r-await", Params: prm, PromptTokenIds: prompt(64), EngineId: d2.id, Takeover: true, ResumeAuthority: "router"})
+	st, err := d2.cli.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: "r-await", Params: prm, PromptTokenIds: prompt(64), EngineId: d2.id, Takeover: true, ResumeAuthority: "router", StartId: "leg-2"})
 	if err != nil || st.State.Epoch != 2 {
 		t.Fatalf("takeover on d2: %v %v", st, err)
 	}
@@ -44,11 +44,11 @@ func TestPullAwaitsItsTakeover(t *testing.T) {
 	// request's) refuses the pull sent beside it, with the start's code.
 	other := proto.CloneOf(prm)
 	other.TransferId = strings.Repeat("0", 32)
-	if _, err := d1.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: other, EngineId: d1.id, RegionId: d1.rid, BlockIds: dst, PullId: "refused", AwaitStart: true}); err != nil {
+	if _, err := d1.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: other, EngineId: d1.id, RegionId: d1.rid, BlockIds: dst, PullId: "refused", AwaitStart: "leg-3"}); err != nil {
 		t.Fatal(err)
 	}
 	d1done := subscribe(t, c.nc, api.PullDoneSubject(d1.cli.Member, d1.id), func() *messages.PullDone { return new(messages.PullDone) })
-	_, err = d1.cli.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: "r-await", Params: other, PromptTokenIds: prompt(64), EngineId: d1.id, Takeover: true, ResumeAuthority: "router"})
+	_, err = d1.cli.StartRequest(ctx5(t), &messages.StartRequestMsg{RequestId: "r-await", Params: other, PromptTokenIds: prompt(64), EngineId: d1.id, Takeover: true, ResumeAuthority: "router", StartId: "leg-3"})
 	if err == nil {
 		t.Fatal("a takeover naming another transfer was accepted")
 	}

@@ -24,9 +24,9 @@ class LoadSpec:
     skip_blocks: int = 0
     # A hybrid model's load past a local hit: how many of each KV cache group's blocks of the hold it leaves out.
     group_skip_blocks: tuple[int, ...] = ()
-    # Sent in the same step as the request's request.start, not after its answer: connexd reads once the start is
-    # answered, and fails the pull with the start's error (StartPullRequest.await_start).
-    await_start: bool = False
+    # The start_id of the request.start sent in the same step, not awaited: connexd reads once that start is
+    # answered, and fails the pull with the start's error (StartPullRequest.await_start). "": none.
+    await_start: str = ""
 
 
 @dataclass

@@ -14,6 +14,7 @@ import hashlib
 import logging
 import math
 import re
+import secrets
 import threading
 import time
 from collections.abc import Sequence
@@ -390,8 +391,9 @@ class ConnexScheduler:
             else:
                 self.stats.loads_started += 1
                 if self._pull_awaits_start:
-                    # To the worker with this step: connexd holds the pull until request.start is answered.
-                    spec = replace(spec, await_start=True)
+                    # To the worker with this step: connexd holds the pull until this leg's request.start (its
+                    # start_id) is answered.
+                    spec = replace(spec, await_start=secrets.token_hex(8))
                     with self._mu:
                         self._pending.loads.append(spec)
         if not bad:
@@ -465,6 +467,7 @@ class ConnexScheduler:
                 takeover=m.connex_resume,
                 resume_authority="router",
                 max_tokens=_max_tokens(request),
+                start_id=spec.await_start if spec is not None else "",
             )
             t0 = time.perf_counter()
             try:

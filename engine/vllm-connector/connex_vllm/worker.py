@@ -293,7 +293,7 @@ class ConnexWorker:
         specs = self.done.requeue()
         for spec in specs:
             # Its request.start was answered by the connexd that went away: the new one has no start to wait for.
-            self._start_pull(replace(spec, await_start=False))
+            self._start_pull(replace(spec, await_start=""))
         log.warning(
             "connex: engine %s has a new KV region on connexd %s after %s (%.0f ms, KV moved; %d holds of the old "
             "connexd given back, %d loads sent again)",

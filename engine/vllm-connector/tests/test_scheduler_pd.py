@@ -64,7 +64,7 @@ def test_prefill_load_release_blocks_back(cluster: Cluster, engines: dict[str, E
     assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     # The load went to the worker in the step that started the request, not a step after request.start's answer:
     # connexd holds the pull until the start is answered (StartPullRequest.await_start).
-    loads = [(ld.req_id, ld.await_start) for ld in so.kv_connector_metadata.loads]
+    loads = [(ld.req_id, bool(ld.await_start)) for ld in so.kv_connector_metadata.loads]
     assert loads == [("r1", True)], loads
     loads = ed.connector_sched.stats.loads_started
     ed.run_until("load of r1", lambda: req.status == RequestStatus.RUNNING)
