@@ -25,6 +25,13 @@ const maxStartID = 64
 // worker a step after request.start left its scheduler).
 const startKeep = time.Minute
 
+// maxKeptPerEngine bounds the outcomes remembered for one engine (one per
+// request.start with a start id in the last startKeep: 68 a second). An
+// engine past it (starts with no pull after them) has its further outcomes
+// told only to pulls already waiting: its own later pulls time out, and no
+// engine can fill a member's memory with them.
+const maxKeptPerEngine = 4096
+
 // startGate lets a pull wait for its request's start on this member
 // (StartPullRequest.await_start). A hold is bound to the engine that
 // starts its request, or takes it over at a resume, and a bound hold
@@ -47,7 +54,9 @@ type startGate struct {
 	m     map[gateKey]*gateEntry
 	// ended lists keys in the order their outcomes were recorded, with
 	// when, so outcomes older than startKeep are dropped cheaply.
-	ended  []gateEnd
+	ended []gateEnd
+	// kept counts the outcomes remembered per engine (maxKeptPerEngine).
+	kept   map[string]int
 	closed bool
 }
 
@@ -74,7 +83,7 @@ type gateWaiter struct {
 }
 
 func newStartGate(c clock.Clock) *startGate {
-	return &startGate{clock: clock.Or(c), m: map[gateKey]*gateEntry{}}
+	return &startGate{clock: clock.Or(c), m: map[gateKey]*gateEntry{}, kept: map[string]int{}}
 }
 
 // begin records that request.start id of transfer by engine is being
@@ -96,13 +105,20 @@ func (g *startGate) end(engine, transfer, id string, err error) {
 	if e.inflight > 0 {
 		e.inflight--
 	}
-	e.known, e.err, e.at = true, err, now
 	var settle map[*gateWaiter]struct{}
 	if e.inflight == 0 {
 		settle, e.waiters = e.waiters, nil
 	}
-	g.ended = append(g.ended, gateEnd{key, now})
 	g.expire(now)
+	if e.known || g.kept[engine] < maxKeptPerEngine {
+		if !e.known {
+			g.kept[engine]++
+		}
+		e.known, e.err, e.at = true, err, now
+		g.ended = append(g.ended, gateEnd{key, now})
+	} else {
+		g.drop(key, e) // told to the pulls waiting now, not kept
+	}
 	g.mu.Unlock()
 	for w := range settle {
 		w.timer.Stop()
@@ -207,6 +223,9 @@ func (g *startGate) expire(now time.Time) {
 		old := g.ended[n]
 		if e := g.m[old.key]; e != nil && e.known && !e.at.After(old.at) {
 			e.known, e.err = false, nil
+			if g.kept[old.key.engine]--; g.kept[old.key.engine] <= 0 {
+				delete(g.kept, old.key.engine)
+			}
 			g.drop(old.key, e)
 		}
 		n++

@@ -202,3 +202,42 @@ func TestPullAwaitsItsStart(t *testing.T) {
 		t.Fatalf("pull without await_start: %v, %d started; want it started at once", err, len(ps.started))
 	}
 }
+
+// TestStartGateBoundsEachEngine: an engine that sends starts with ids no
+// pull follows keeps at most maxKeptPerEngine outcomes on the member; past
+// them its outcomes still reach pulls already waiting, and other engines'
+// are kept as before.
+func TestStartGateBoundsEachEngine(t *testing.T) {
+	fc := clock.NewFake(time.Unix(1000, 0))
+	g := newStartGate(fc)
+	o := &outcomes{got: map[string][]error{}}
+	for i := range maxKeptPerEngine + 100 {
+		id := fmt.Sprint("s", i)
+		g.begin("spam", "t1", id)
+		g.end("spam", "t1", id, nil)
+	}
+	g.await("spam", "t1", "waiting", time.Minute, o.fn("spam's waiting pull"))
+	g.begin("spam", "t1", "waiting")
+	g.end("spam", "t1", "waiting", nil)
+	o.want(t, "spam's waiting pull", 0)
+	g.begin("e1", "t1", "s1")
+	g.end("e1", "t1", "s1", nil)
+	g.await("e1", "t1", "s1", time.Minute, o.fn("e1's pull"))
+	o.want(t, "e1's pull", 0)
+	g.mu.Lock()
+	entries, spam := len(g.m), g.kept["spam"]
+	g.mu.Unlock()
+	if spam != maxKeptPerEngine || entries != maxKeptPerEngine+1 {
+		t.Fatalf("%d outcomes kept for the engine past its bound (%d entries in all), want %d (+1 for e1)", spam, entries, maxKeptPerEngine)
+	}
+	// They go with time, and the count with them.
+	fc.Advance(startKeep + time.Second)
+	g.begin("e1", "t2", "s2")
+	g.end("e1", "t2", "s2", nil)
+	g.mu.Lock()
+	entries, spam = len(g.m), g.kept["spam"]
+	g.mu.Unlock()
+	if spam != 0 || entries != 1 {
+		t.Fatalf("after startKeep: %d kept for the engine, %d entries; want 0 and 1", spam, entries)
+	}
+}
