@@ -46,8 +46,12 @@ type fakeEngine struct {
 	// serving counts the legs the engine is serving now.
 	serving int
 	status  int // non-zero: answer every leg with this status
-	code    string
-	msg     string // the error's message (default "no")
+	// streamError: answer every leg 200, then an error event and [DONE]
+	// (vLLM's stream when the request fails inside the engine, e.g. its
+	// KV load failed).
+	streamError bool
+	code        string
+	msg         string // the error's message (default "no")
 	// served, if set, is closed when the engine gets its first leg.
 	served chan struct{}
 	// reasoning is the reasoning parser the engine registers ("": none).
@@ -131,6 +135,11 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	max := int(body["max_tokens"].(float64))
 	w.Header().Set("Content-Type", "text/event-stream")
 	fl := w.(http.Flusher)
+	if f.streamError {
+		fmt.Fprint(w, "data: {\"error\":{\"message\":\"Internal server error\",\"type\":\"InternalServerError\",\"code\":500}}\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		return
+	}
 	generated := len(prompt) - 3
 	held := ""
 	if f.firstDelay > 0 {
@@ -646,6 +655,28 @@ func TestGivenUpLegThatFinishesFirstIsRelayed(t *testing.T) {
 	defer d2.mu.Unlock()
 	if len(d2.bodies) != 1 || d2.leftMidStart {
 		t.Fatalf("%d legs on d2 (want the resume), left while starting: %v", len(d2.bodies), d2.leftMidStart)
+	}
+}
+
+// TestEngineErrorIsNoAnswerToSwitchBackTo: an engine whose stream answers
+// an error event and then [DONE] (vLLM's stream when a request fails inside
+// it, e.g. its request.start timed out and its KV load failed) is given up
+// for engine_error; that [DONE] ends an error, not an answer, so the router
+// does not switch back to it (the client got an empty stream: CI, vllm
+// bench serve, 2 of 24 "never received a valid chunk") but relays the
+// resumed leg.
+func TestEngineErrorIsNoAnswerToSwitchBackTo(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", streamError: true}).start()
+	d2 := (&fakeEngine{t: t, id: "d2", role: "decode", firstDelay: 200 * time.Millisecond, tag: "v"}).start()
+	s := newTestRouter(t, p, d1, d2)
+	texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
+	var wantV []string
+	for i := range 10 {
+		wantV = append(wantV, fmt.Sprintf(" v%d", 1000+i))
+	}
+	if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(wantV, "") {
+		t.Fatalf("texts %q done %v errs %v; want d2's %q", texts, done, errs, wantV)
 	}
 }
 

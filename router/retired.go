@@ -21,7 +21,8 @@ import (
 // engine that answered an error is alive but was not moved by mistake.
 //
 // What it sends meanwhile is kept: if it completes its answer (a clean
-// [DONE]) before the resumed stream delivers anything, the router relays
+// [DONE], on a leg not given up for an error it answered) before the
+// resumed stream delivers anything, the router relays
 // that answer instead (legSwitchBack): a late engine may finish the request
 // and release its hold before the new engine's takeover fences it, and the
 // new engine then has nothing to pull.
@@ -60,7 +61,11 @@ const maxRetiredChunks = 1 << 16
 func (s *Server) retire(rid, reason, engine string, decided time.Time, events <-chan legEvent, probes <-chan probeAnswer, probe int, abandon func()) *retiredLeg {
 	r := &retiredLeg{s: s, rid: rid, reason: reason, engine: engine, decided: decided, abandon: abandon,
 		stop: make(chan struct{}), events: events, probes: probes, probe: probe, finished: make(chan struct{}),
-		judged: reason == "stalled" || reason == "engine_left"}
+		judged: reason == "stalled" || reason == "engine_left",
+		// A leg given up for an error it answered has no answer to
+		// switch back to: the [DONE] after its error event ends that
+		// error (relayed, it left the client an empty stream).
+		spoilt: reason == "engine_error"}
 	go r.watch()
 	return r
 }
