@@ -18,10 +18,9 @@ import (
 // with a context that ends at the request's deadline. Returning an *Error
 // (or an error ServeOptions.Errors maps) picks the error code. Two are on a
 // pull's critical path and skip the goroutine the others run on: StartPull
-// and Descriptors run on their endpoint's subscription goroutine, must
-// never block, and answer through their Answer, from any goroutine, when
-// they have the answer (StartPull within milliseconds: it is not counted
-// against MaxInFlight).
+// runs on its endpoint's subscription goroutine and must never block, and
+// Descriptors must not block either but answers through its Answer,
+// from any goroutine, when it has the answer.
 type Handler interface {
 	RegisterRegion(context.Context, *messages.RegisterRegionRequest) (*messages.RegionInfo, error)
 	CreateRegion(context.Context, *messages.CreateRegionRequest) (*messages.RegionInfo, error)
@@ -35,7 +34,7 @@ type Handler interface {
 	Renew(context.Context, *messages.HoldRef) (*messages.HoldStatus, error)
 	Release(context.Context, *messages.HoldRef) (*messages.HoldStatus, error)
 	Inspect(context.Context, *messages.HoldRef) (*messages.HoldStatus, error)
-	StartPull(context.Context, *messages.StartPullRequest, Answer[*messages.StartPullReply])
+	StartPull(context.Context, *messages.StartPullRequest) (*messages.StartPullReply, error)
 	Descriptors(context.Context, *messages.DescriptorsRequest, Answer[*messages.Descriptors])
 	PullEnd(context.Context, *messages.PullEnd) (*messages.HoldStatus, error)
 	StartRequest(context.Context, *messages.StartRequestMsg) (*messages.RequestStatus, error)
@@ -128,7 +127,7 @@ func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 		{EpHoldRenew, endpoint(s, h.Renew)},
 		{EpHoldRelease, endpoint(s, h.Release)},
 		{EpHoldInspect, endpoint(s, h.Inspect)},
-		{EpPullStart, inlineDeferredEndpoint(s, h.StartPull)},
+		{EpPullStart, inlineEndpoint(s, h.StartPull)},
 		{EpPeerDescriptors, deferredEndpoint(s, h.Descriptors)},
 		{EpPeerPullEnd, endpoint(s, h.PullEnd)},
 		{EpRequestStart, endpoint(s, h.StartRequest)},
@@ -221,9 +220,28 @@ func endpoint[Req any, PReq interface {
 	}
 }
 
-// Answer answers a request of a deferred endpoint (Handler.Descriptors,
-// Handler.StartPull): the first call sends the reply or error, later ones
-// do nothing. Safe from any goroutine.
+// inlineEndpoint adapts a typed handler that never blocks (no I/O, no
+// waiting on another goroutine): it runs on the endpoint's subscription
+// goroutine, which saves a pull.start the hand-off to a goroutine of its
+// own, and is not counted against MaxInFlight.
+func inlineEndpoint[Req any, PReq interface {
+	*Req
+	proto.Message
+}, Rep proto.Message](s *server, fn func(context.Context, PReq) (Rep, error)) micro.HandlerFunc {
+	return func(req micro.Request) {
+		in, isJSON, ok := decode[Req, PReq](s, req)
+		if !ok {
+			return
+		}
+		defer s.recoverPanic(req)
+		out, err := fn(callerContext(context.Background(), req), in)
+		s.answer(req, isJSON, out, err)
+	}
+}
+
+// Answer answers a request of a deferred endpoint (Handler.Descriptors):
+// the first call sends the reply or error, later ones do nothing. Safe from
+// any goroutine.
 type Answer[Rep proto.Message] func(Rep, error)
 
 // deferredEndpoint adapts a handler that starts its work without blocking
@@ -236,30 +254,9 @@ func deferredEndpoint[Req any, PReq interface {
 	*Req
 	proto.Message
 }, Rep proto.Message](s *server, fn func(context.Context, PReq, Answer[Rep])) micro.HandlerFunc {
-	return deferred(s, fn, true)
-}
-
-// inlineDeferredEndpoint is deferredEndpoint for a handler that answers
-// within a bound of its own (pull.start: when its pull ends or a few
-// milliseconds after it started): it runs on the endpoint's subscription
-// goroutine, which saves the hand-off to a goroutine of its own, and is not
-// counted against MaxInFlight.
-func inlineDeferredEndpoint[Req any, PReq interface {
-	*Req
-	proto.Message
-}, Rep proto.Message](s *server, fn func(context.Context, PReq, Answer[Rep])) micro.HandlerFunc {
-	return deferred(s, fn, false)
-}
-
-// deferred is both deferred adapters; admit: the request takes a
-// MaxInFlight slot until answered.
-func deferred[Req any, PReq interface {
-	*Req
-	proto.Message
-}, Rep proto.Message](s *server, fn func(context.Context, PReq, Answer[Rep]), admit bool) micro.HandlerFunc {
 	return func(req micro.Request) {
 		in, isJSON, ok := decode[Req, PReq](s, req)
-		if !ok || admit && !s.admit(req) {
+		if !ok || !s.admit(req) {
 			return
 		}
 		var answered atomic.Bool
@@ -268,9 +265,7 @@ func deferred[Req any, PReq interface {
 				return false
 			}
 			s.answer(req, isJSON, out, err)
-			if admit {
-				s.release(req)
-			}
+			s.release(req)
 			return true
 		}
 		timer := time.AfterFunc(s.o.Timeout, func() {

@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/connex/connex/harness/poll"
 	"github.com/connex/connex/messages"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -44,12 +42,12 @@ func startServer(t *testing.T) (svc, cli *nats.Conn) {
 // its other endpoints are not called.
 type descHandler struct {
 	Handler
-	startPull   func(context.Context, *messages.StartPullRequest, Answer[*messages.StartPullReply])
+	startPull   func(context.Context, *messages.StartPullRequest) (*messages.StartPullReply, error)
 	descriptors func(context.Context, *messages.DescriptorsRequest, Answer[*messages.Descriptors])
 }
 
-func (h *descHandler) StartPull(ctx context.Context, r *messages.StartPullRequest, a Answer[*messages.StartPullReply]) {
-	h.startPull(ctx, r, a)
+func (h *descHandler) StartPull(ctx context.Context, r *messages.StartPullRequest) (*messages.StartPullReply, error) {
+	return h.startPull(ctx, r)
 }
 
 func (h *descHandler) Descriptors(ctx context.Context, r *messages.DescriptorsRequest, a Answer[*messages.Descriptors]) {
@@ -119,33 +117,20 @@ func TestDeferredEndpoint(t *testing.T) {
 	}
 }
 
-// TestInlineDeferredEndpoint: pull.start runs on the subscription's
-// goroutine and answers through its Answer, at once or after the handler
-// returned; errors and panics are answered; an unanswered one times out;
-// it takes no MaxInFlight slot (the service allows 2: five held answers
-// at once are all taken).
-func TestInlineDeferredEndpoint(t *testing.T) {
+// TestInlineEndpoint: pull.start is answered from the subscription's
+// goroutine, errors and panics included, one request after another.
+func TestInlineEndpoint(t *testing.T) {
 	snc, cnc := startServer(t)
-	var mu sync.Mutex
-	var held []func()
-	h := &descHandler{startPull: func(_ context.Context, r *messages.StartPullRequest, answer Answer[*messages.StartPullReply]) {
+	h := &descHandler{startPull: func(_ context.Context, r *messages.StartPullRequest) (*messages.StartPullReply, error) {
 		switch r.PullId {
 		case "bad":
-			answer(nil, Errorf(CodeBadRequest, "bad pull"))
+			return nil, Errorf(CodeBadRequest, "bad pull")
 		case "panic":
 			panic("boom")
-		case "never":
-		default:
-			if strings.HasPrefix(r.PullId, "held") {
-				mu.Lock()
-				held = append(held, func() { answer(&messages.StartPullReply{PullId: r.PullId}, nil) })
-				mu.Unlock()
-				return
-			}
-			answer(&messages.StartPullReply{PullId: r.PullId}, nil)
 		}
+		return &messages.StartPullReply{PullId: r.PullId}, nil
 	}}
-	serve(t, snc, h, 300*time.Millisecond)
+	serve(t, snc, h, time.Second)
 	c := &Client{NC: cnc, Member: "m1"}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -155,43 +140,8 @@ func TestInlineDeferredEndpoint(t *testing.T) {
 			t.Fatalf("%s: %v %v", id, rep, err)
 		}
 	}
-	// Five calls whose answers the handler holds: all reach it (none is
-	// refused as overloaded); each is answered once released.
-	type result struct {
-		rep *messages.StartPullReply
-		err error
-	}
-	results := make(chan result, 5)
-	for i := range 5 {
-		go func() {
-			rep, err := c.StartPull(ctx, &messages.StartPullRequest{PullId: fmt.Sprint("held", i)})
-			results <- result{rep, err}
-		}()
-	}
-	if !poll.Wait(5*time.Second, time.Millisecond, func() bool { mu.Lock(); defer mu.Unlock(); return len(held) == 5 }) {
-		t.Fatal("the five held calls did not all reach the handler within 5s")
-	}
-	select {
-	case r := <-results:
-		t.Fatalf("a held call was answered before its answer was released: %v %v", r.rep, r.err)
-	default:
-	}
-	mu.Lock()
-	for _, f := range held {
-		f()
-		f() // a second answer is dropped
-	}
-	mu.Unlock()
-	for range 5 {
-		if r := <-results; r.err != nil || !strings.HasPrefix(r.rep.GetPullId(), "held") {
-			t.Fatalf("held: %v %v", r.rep, r.err)
-		}
-	}
 	if _, err := c.StartPull(ctx, &messages.StartPullRequest{PullId: "bad"}); CodeOf(err) != CodeBadRequest {
 		t.Fatalf("bad: %v", err)
-	}
-	if _, err := c.StartPull(ctx, &messages.StartPullRequest{PullId: "never"}); CodeOf(err) != CodeTimeout {
-		t.Fatalf("never answered: %v (code %d)", err, CodeOf(err))
 	}
 	if _, err := c.StartPull(ctx, &messages.StartPullRequest{PullId: "panic"}); CodeOf(err) != CodeInternal {
 		t.Fatalf("panic: %v", err)

@@ -243,11 +243,6 @@ func New(cfg config.Config, log *slog.Logger, opts ...Option) (d *Daemon, err er
 			if d.prom != nil {
 				d.prom.pullDone(m)
 			}
-			// pull.start's answer, if still held, goes first: both
-			// leave in one write (pullanswers.go).
-			if d.pullAPI != nil {
-				d.pullAPI.answers.ended(m.PullId)
-			}
 			d.publish(api.PullDoneSubject(cfg.MemberID, m.EngineId), m)
 		},
 		Go:      d.goBackground,
@@ -364,8 +359,7 @@ func (d *Daemon) assemble() {
 	d.holdAPI = &holdAPI{cfg: cfg, dir: d.dir, regions: d.regions, log: d.log}
 	d.starts = newStartGate(d.clock)
 	d.pullAPI = &pullAPI{backend: d.Backend.Name(), timeout: cfg.PullTimeout, stall: cfg.PullStall,
-		regions: d.regions, pullers: pullDeps{d.pdeps}, inflight: d.inflight, starts: d.starts, clock: d.clock,
-		answers: newPullAnswers(d.clock, pullAnswerHold)}
+		regions: d.regions, pullers: pullDeps{d.pdeps}, inflight: d.inflight, starts: d.starts, clock: d.clock}
 	d.requestAPI = &requestAPI{member: cfg.MemberID, max: cfg.RequestsMax, authenticated: natsAuthenticated(cfg),
 		actors: systemRequests{sys: d.system, table: d.reqTable, deps: d.rdeps}, storeErr: d.reqErr,
 		local: d.regions, clock: d.clock, starts: d.starts, headAhead: d.headAhead,

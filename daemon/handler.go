@@ -51,9 +51,9 @@ func (h handler) Descriptors(ctx context.Context, r *messages.DescriptorsRequest
 func (h handler) PullEnd(ctx context.Context, r *messages.PullEnd) (*messages.HoldStatus, error) {
 	return h.holdAPI.PullEnd(ctx, r)
 }
-func (h handler) StartPull(ctx context.Context, r *messages.StartPullRequest, answer api.Answer[*messages.StartPullReply]) {
+func (h handler) StartPull(ctx context.Context, r *messages.StartPullRequest) (*messages.StartPullReply, error) {
 	h.activity.Touch() // work arrives: heartbeat at the full rate
-	h.pullAPI.StartPullHeld(ctx, r, answer)
+	return h.pullAPI.StartPull(ctx, r)
 }
 func (h handler) StartRequest(ctx context.Context, r *messages.StartRequestMsg) (*messages.RequestStatus, error) {
 	h.activity.Touch() // work arrives: heartbeat at the full rate

@@ -24,10 +24,7 @@ type pullAPI struct {
 	// starts holds pulls sent with await_start until their request's
 	// start is answered (startgate.go); nil: await_start is ignored.
 	starts *startGate
-	// answers holds a started pull's answer until it ends or for
-	// pullAnswerHold (pullanswers.go); nil: answered at once.
-	answers *pullAnswers
-	clock   clock.Clock
+	clock  clock.Clock
 }
 
 // pullStarter starts a puller for a checked pull (pull.StartPuller); its
@@ -58,26 +55,6 @@ func pullTimeout(ms uint32, def time.Duration) (time.Duration, error) {
 // StartPull validates a pull, claims its destination blocks and starts a
 // puller actor. The outcome arrives as a PullDone notice.
 func (a *pullAPI) StartPull(ctx context.Context, r *messages.StartPullRequest) (*messages.StartPullReply, error) {
-	return a.start(ctx, r, nil)
-}
-
-// StartPullHeld is StartPull answering through answer: a refused pull at
-// once, a started one when it ends (right before its pull.done) or after
-// pullAnswerHold, whichever comes first (a.answers).
-func (a *pullAPI) StartPullHeld(ctx context.Context, r *messages.StartPullRequest, answer api.Answer[*messages.StartPullReply]) {
-	held := false
-	rep, err := a.start(ctx, r, func(pullID string) {
-		held = true
-		a.answers.hold(pullID, func() { answer(&messages.StartPullReply{PullId: pullID}, nil) })
-	})
-	if !held {
-		answer(rep, err)
-	}
-}
-
-// start is StartPull; held, if set, takes the pull's answer over right
-// before its puller can start (the reply returned is then nil).
-func (a *pullAPI) start(ctx context.Context, r *messages.StartPullRequest, held func(pullID string)) (*messages.StartPullReply, error) {
 	if err := acting(ctx, "engine_id", &r.EngineId); err != nil {
 		return nil, err
 	}
@@ -157,9 +134,6 @@ func (a *pullAPI) start(ctx context.Context, r *messages.StartPullRequest, held 
 		return fail(err)
 	}
 	pl := &pull.Pull{ID: pullID, Params: p, Dst: dst, DstBlocks: r.BlockIds, Skip: skip, Pick: pick, Timeout: timeout, Stall: min(a.stall, timeout), ReleaseRegion: release}
-	if held != nil {
-		held(pullID)
-	}
 	if r.AwaitStart == "" || a.starts == nil {
 		a.pullers.startPull(pl)
 		return &messages.StartPullReply{PullId: pullID}, nil

@@ -79,9 +79,8 @@ import (
 //     an engine's next step would; benchRequest), so the reader's connexd
 //     may have reserved the read (pull/reserve.go). Its BREAKDOWN line per
 //     connex case says where that time goes, medians in ms and as a share
-//     of the wall: start_rpc (StartPull's request/reply; connexd holds its
-//     answer until the pull ends or 5 ms pass, so for these pulls it
-//     spans nearly the wall), nats_in_out (wall less PullDone.duration_us: StartPull in to
+//     of the wall: start_rpc (StartPull's request/reply; it overlaps what
+//     follows), nats_in_out (wall less PullDone.duration_us: StartPull in to
 //     the puller's start, PullDone out to the engine), descriptors
 //     (descriptors_us), read (read_us), pull_end (pull_end_us, when awaited)
 //     and other (the hand-offs between them), and the references: a bare
