@@ -52,8 +52,10 @@ type Caps struct {
 	// Strided is true when Endpoint.GetStrided reads a strided op (a head
 	// range of a token-major KV block: a piece per token) as one op,
 	// without a request per piece where the memory allows (UCX: same-host
-	// mapped reads). When false GetStrided reads the pieces as GetOps and
-	// a reader plans GetOps itself.
+	// mapped reads; TCP: an op whose pieces lie back to back at the holder,
+	// in requests of many pieces scattered on arrival). When false
+	// GetStrided reads the pieces as GetOps and a reader plans GetOps
+	// itself.
 	Strided bool
 	// Views is true when the backend's endpoints implement Viewer and show
 	// a holder's memory in place where they can (UCX: a holder on this

@@ -90,15 +90,17 @@ func OpenConfig(opts transport.Options, cfg Config) (*Backend, error) {
 func (b *Backend) Name() string { return "tcp" }
 
 // Caps reports that RegisterExtents gives one key for many extents of any
-// memory, that Gets report progress chunk by chunk, and nothing else: the
-// holder's CPU copies the bytes, it allocates no memory, registers and
-// deregisters one buffer at a time, reads strided ops piece by piece, and
+// memory, that Gets report progress chunk by chunk, that a strided op whose
+// pieces lie back to back at the holder is read in requests of many pieces
+// (scatter.go), and nothing else: the holder's CPU copies the bytes, it
+// allocates no memory, registers and deregisters one buffer at a time, and
 // splits Gets of any size itself. Deregister cuts running reads of a key
 // (TestCapsMatchBehaviour).
 func (b *Backend) Caps() transport.Caps {
 	return transport.Caps{
 		ExtentKeys:  true,
 		Progress:    true,
+		Strided:     true,
 		MaxGetBytes: 0,
 	}
 }

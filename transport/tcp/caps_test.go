@@ -11,15 +11,15 @@ import (
 
 // TestCapsMatchBehaviour: what Caps claims the TCP backend does, it does,
 // and what it denies it lacks: one key for many extents, progress reported
-// chunk by chunk, a Get of any size, no allocation, no many-at-once
-// registration, no fault guard, no views, strided ops read piece by
-// piece; and
+// chunk by chunk, a Get of any size, strided ops read (scatter_test.go
+// checks their requests), no allocation, no many-at-once registration, no
+// fault guard, no views; and
 // Deregister cuts a kept key.
 func TestCapsMatchBehaviour(t *testing.T) {
 	server := openBackend(t, Config{})
 	client := openBackend(t, Config{})
 	caps := server.Caps()
-	if !caps.ExtentKeys || !caps.OneKeyForExtents(false) || caps.Allocate || !caps.Progress || caps.Strided ||
+	if !caps.ExtentKeys || !caps.OneKeyForExtents(false) || caps.Allocate || !caps.Progress || !caps.Strided ||
 		caps.ManyRegister || caps.ManyDeregister || caps.GuardFaults || caps.Views || caps.MaxGetBytes != 0 {
 		t.Fatalf("Caps = %+v", caps)
 	}
@@ -64,7 +64,7 @@ func TestCapsMatchBehaviour(t *testing.T) {
 	if landed != len(big) || calls < 3 || !bytes.Equal(dst, big) {
 		t.Fatalf("Caps.Progress, but GetProgress of %d bytes (3 chunks) reported %d bytes in %d calls (equal %v)", len(big), landed, calls, bytes.Equal(dst, big))
 	}
-	// Not Strided: GetStrided still reads every piece, as GetOps.
+	// Strided: GetStrided reads a strided op.
 	sdst := make([]byte, 2*1024)
 	if err := ep.GetStrided(ctx, []transport.StridedOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr() + 8192, RemoteStride: 2048, Dst: sdst, DstStride: 1024, Len: 1024, Count: 2}}); err != nil {
 		t.Fatal(err)

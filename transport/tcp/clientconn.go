@@ -40,7 +40,8 @@ type pendingReq struct {
 	key   remoteKey
 	off   uint64
 	dst   []byte
-	slot  int   // index in the Get's in-flight list
+	to    scatter // where the payload lands in dst
+	slot  int     // index in the Get's in-flight list
 	sent  int64 // monoNow when its frame was written (the Get's goroutine only)
 
 	id        uint64 // guarded by conn.mu once sent
@@ -187,7 +188,7 @@ func (c *clientConn) send(ctx context.Context, reqs []*pendingReq) error {
 		r.id = c.nextID
 		r.conn = c
 		c.pending[r.id] = r
-		buf = appendRequest(buf, request{id: r.id, key: r.key, offset: r.off, length: uint32(len(r.dst))})
+		buf = appendRequest(buf, request{id: r.id, key: r.key, offset: r.off, length: uint32(r.to.n)})
 	}
 	c.wseq++
 	seq := c.wseq
@@ -321,7 +322,7 @@ func (c *clientConn) read() error {
 		if r.abandoned {
 			c.abandoned-- // counted by abandon, which saw it before its header
 		}
-		if err := checkResponse(resp, uint32(len(r.dst))); err != nil {
+		if err := checkResponse(resp, uint32(r.to.n)); err != nil {
 			c.mu.Unlock()
 			return err
 		}
@@ -404,14 +405,15 @@ func (c *clientConn) readFull(br *bufio.Reader, p []byte) error {
 	return c.rideKicks(len(p), func(got int) (int, error) { return br.Read(p[got:]) })
 }
 
-// readPayload reads r's payload straight into r.dst. It returns early, with
+// readPayload reads r's payload straight into r.dst (in pieces where r.to
+// says so). It returns early, with
 // the count read, once r was abandoned and its Get kicked the reader, or
 // with errDstFault when r.dst faulted (the rest of the payload is then
 // still to be discarded).
 func (c *clientConn) readPayload(br *bufio.Reader, r *pendingReq) (int, error) {
 	got := 0
-	for got < len(r.dst) {
-		n, err := readCatchingFaults(br, r.dst[got:])
+	for got < r.to.n {
+		n, err := readCatchingFaults(br, r.to.at(r.dst, got))
 		got += n
 		if err == nil {
 			continue

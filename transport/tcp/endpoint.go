@@ -126,15 +126,23 @@ func (r *endpointRef) GetProgress(ctx context.Context, ops []transport.GetOp, pr
 	return r.e.get(ctx, r.done, ops, progress)
 }
 
-// GetStrided reads the pieces of ops as GetOps (Caps.Strided is false: a
-// request per piece, which a reader plans itself).
+// GetStrided reads strided ops (Caps.Strided): an op whose pieces lie back
+// to back at the holder in one request per ChunkBytes, scattered into its
+// destination as it arrives; any other op a request per piece.
 func (r *endpointRef) GetStrided(ctx context.Context, ops []transport.StridedOp) error {
-	for i := range ops {
-		if err := ops[i].Check(); err != nil {
-			return fmt.Errorf("tcp get %s: op %d: %w", r.e.addr, i, err)
-		}
+	select {
+	case <-r.done:
+		return fmt.Errorf("tcp get %s: %w", r.e.addr, transport.ErrClosed)
+	default:
 	}
-	return r.Get(ctx, transport.Pieces(ops))
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("tcp get %s: %w", r.e.addr, transport.CtxErr(err))
+	}
+	chunks, err := planStrided(ops, r.e.b.cfg.ChunkBytes)
+	if err != nil {
+		return fmt.Errorf("tcp get %s: %w", r.e.addr, err)
+	}
+	return r.e.getChunks(ctx, r.done, chunks, nil)
 }
 
 // Close releases this reference; the connections close with the last one.

@@ -9,12 +9,14 @@ import (
 	"github.com/connex/connex/transport"
 )
 
-// chunk is one request's worth of a GetOp.
+// chunk is one request's worth of a GetOp, or of a strided op whose pieces
+// are contiguous at the holder (scatter.go).
 type chunk struct {
 	op    int // index into the caller's ops, for error context
 	key   remoteKey
 	off   uint64
 	dst   []byte
+	to    scatter // where the payload lands in dst
 	tries int
 }
 
@@ -43,7 +45,7 @@ func planChunks(ops []transport.GetOp, max int) ([]chunk, error) {
 		dst, off := op.Dst, op.RemoteAddr
 		for {
 			m := min(len(dst), max)
-			chunks = append(chunks, chunk{op: i, key: key, off: off, dst: dst[:m:m]})
+			chunks = append(chunks, chunk{op: i, key: key, off: off, dst: dst[:m:m], to: scatter{n: m}})
 			dst, off = dst[m:], off+uint64(m)
 			if len(dst) == 0 {
 				break
@@ -79,11 +81,16 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("tcp get %s: %w", e.addr, transport.CtxErr(err))
 	}
-	cfg := &e.b.cfg
-	chunks, err := planChunks(ops, cfg.ChunkBytes)
+	chunks, err := planChunks(ops, e.b.cfg.ChunkBytes)
 	if err != nil {
 		return fmt.Errorf("tcp get %s: %w", e.addr, err)
 	}
+	return e.getChunks(ctx, closed, chunks, progress)
+}
+
+// getChunks is get of planned chunks.
+func (e *endpoint) getChunks(ctx context.Context, closed <-chan struct{}, chunks []chunk, progress func(n int)) error {
+	cfg := &e.b.cfg
 	if len(chunks) == 0 {
 		return nil
 	}
@@ -126,11 +133,11 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 	// handle accounts for one completion; it returns a non-nil error when
 	// the Get must stop.
 	handle := func(r *pendingReq) error {
-		inflight, inflightBytes = dropInflight(inflight, r), inflightBytes-len(r.dst)
+		inflight, inflightBytes = dropInflight(inflight, r), inflightBytes-r.to.n
 		if r.err == nil {
 			remaining--
 			if progress != nil {
-				progress(len(r.dst))
+				progress(r.to.n)
 			}
 			return nil
 		}
@@ -149,7 +156,7 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 			err = fmt.Errorf("%w: %w", transport.ErrPeerGone, err)
 		}
 		return fail(abandonFailed, fmt.Errorf("tcp get %s: op %d (key %d, offset %d, %d bytes): %w",
-			e.addr, ch.op, ch.key.id, ch.off, len(ch.dst), err))
+			e.addr, ch.op, ch.key.id, ch.off, ch.to.n, err))
 	}
 	for remaining > 0 {
 		// Refill the window once it is half empty, so requests go out in
@@ -160,7 +167,7 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 				if again {
 					i = resend[len(resend)-1]
 				}
-				n := len(chunks[i].dst)
+				n := chunks[i].to.n
 				if inflightBytes > 0 && inflightBytes+n > cfg.WindowBytes {
 					break
 				}
@@ -170,7 +177,7 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 					next++
 				}
 				ch := &chunks[i]
-				r := &pendingReq{call: call, chunk: i, key: ch.key, off: ch.off, dst: ch.dst, slot: len(inflight)}
+				r := &pendingReq{call: call, chunk: i, key: ch.key, off: ch.off, dst: ch.dst, to: ch.to, slot: len(inflight)}
 				inflight = append(inflight, r)
 				inflightBytes += n
 				s := slot
@@ -188,7 +195,7 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 				if err != nil {
 					// Nothing of this slot's batch was sent: forget it.
 					for _, r := range perSlot[s] {
-						inflight, inflightBytes = dropInflight(inflight, r), inflightBytes-len(r.dst)
+						inflight, inflightBytes = dropInflight(inflight, r), inflightBytes-r.to.n
 					}
 				}
 				sent := monoNow()

@@ -1,0 +1,112 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/connex/connex/transport"
+)
+
+// TestPlanStrided: an op whose pieces lie back to back at the holder is
+// planned as requests of whole pieces (at most the chunk size each), its
+// payload scattered at the destination stride; one contiguous at both ends
+// as a plain read; one strided at the holder as a request per piece; a
+// malformed op is refused.
+func TestPlanStrided(t *testing.T) {
+	key := encodeKey(remoteKey{id: 7})
+	dst := make([]byte, 64<<10)
+	ops := []transport.StridedOp{
+		// 10 pieces of 1 KiB back to back at the holder, 2 KiB apart here.
+		{RemoteKey: key, RemoteAddr: 1 << 20, RemoteStride: 1024, Dst: dst, DstStride: 2048, Len: 1024, Count: 10},
+		// Back to back at both ends: one read of 8 KiB (two chunks).
+		{RemoteKey: key, RemoteAddr: 2 << 20, RemoteStride: 512, Dst: dst[32<<10:], DstStride: 512, Len: 512, Count: 16},
+		// Strided at the holder: a request per piece.
+		{RemoteKey: key, RemoteAddr: 3 << 20, RemoteStride: 4096, Dst: dst[48<<10:], DstStride: 1024, Len: 1024, Count: 3},
+	}
+	chunks, err := planStrided(ops, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type want struct {
+		op, n, piece, stride, dstLen int
+		off                          uint64
+	}
+	wants := []want{
+		{0, 4096, 1024, 2048, 3*2048 + 1024, 1 << 20},
+		{0, 4096, 1024, 2048, 3*2048 + 1024, 1<<20 + 4096},
+		{0, 2048, 1024, 2048, 2048 + 1024, 1<<20 + 8192},
+		{1, 4096, 0, 0, 4096, 2 << 20},
+		{1, 4096, 0, 0, 4096, 2<<20 + 4096},
+		{2, 1024, 0, 0, 1024, 3 << 20},
+		{2, 1024, 0, 0, 1024, 3<<20 + 4096},
+		{2, 1024, 0, 0, 1024, 3<<20 + 8192},
+	}
+	if len(chunks) != len(wants) {
+		t.Fatalf("%d chunks, want %d: %+v", len(chunks), len(wants), chunks)
+	}
+	for i, w := range wants {
+		c := chunks[i]
+		got := want{c.op, c.to.n, c.to.piece, c.to.stride, len(c.dst), c.off}
+		if got != w {
+			t.Errorf("chunk %d: %+v, want %+v", i, got, w)
+		}
+	}
+	// A piece larger than the chunk size still goes whole.
+	big, err := planStrided([]transport.StridedOp{{RemoteKey: key, RemoteStride: 8192, Dst: dst, DstStride: 16384, Len: 8192, Count: 2}}, 4096)
+	if err != nil || len(big) != 2 || big[0].to.n != 8192 || big[1].off != 8192 {
+		t.Fatalf("pieces over the chunk size: %+v %v; want one request per piece", big, err)
+	}
+	if _, err := planStrided([]transport.StridedOp{{RemoteKey: key, RemoteStride: 1024, Dst: dst[:1500], DstStride: 1024, Len: 1024, Count: 2}}, 4096); err == nil {
+		t.Fatal("an op whose pieces overflow its destination was planned")
+	}
+	if _, err := planStrided([]transport.StridedOp{{RemoteKey: []byte("short"), RemoteStride: 1024, Dst: dst, DstStride: 2048, Len: 1024, Count: 2}}, 4096); err == nil {
+		t.Fatal("an op with a malformed key was planned")
+	}
+}
+
+// TestGetStridedScatters: strided ops read over a real connection land
+// where they should — pieces back to back at the holder scattered across
+// requests of a small chunk size, the destination's gaps untouched — and a
+// key deregistered fails the read.
+func TestGetStridedScatters(t *testing.T) {
+	server := openBackend(t, Config{})
+	client := openBackend(t, Config{ChunkBytes: 4096})
+	mem := randomBytes(5, 1<<16)
+	reg, err := server.Register(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := connect(t, client, server)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	const piece, count = 1000, 13 // pieces that straddle the 4 KiB requests' ends
+	dst := bytes.Repeat([]byte{0xee}, 2*piece*count)
+	other := make([]byte, 3*512)
+	ops := []transport.StridedOp{
+		{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr() + 100, RemoteStride: piece, Dst: dst, DstStride: 2 * piece, Len: piece, Count: count},
+		{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr() + 40000, RemoteStride: 2048, Dst: other, DstStride: 512, Len: 512, Count: 3},
+	}
+	if err := ep.GetStrided(ctx, ops); err != nil {
+		t.Fatal(err)
+	}
+	for i := range count {
+		got, want := dst[2*i*piece:2*i*piece+piece], mem[100+i*piece:100+(i+1)*piece]
+		if !bytes.Equal(got, want) {
+			t.Fatalf("piece %d differs from the holder's bytes", i)
+		}
+		if gap := dst[2*i*piece+piece : 2*(i+1)*piece]; !bytes.Equal(gap, bytes.Repeat([]byte{0xee}, piece)) {
+			t.Fatalf("the gap after piece %d was written", i)
+		}
+	}
+	for i := range 3 {
+		if !bytes.Equal(other[i*512:(i+1)*512], mem[40000+i*2048:40000+i*2048+512]) {
+			t.Fatalf("strided-at-the-holder piece %d differs", i)
+		}
+	}
+	if err := reg.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, ep.GetStrided(ctx, ops[:1]), transport.ErrNotRegistered)
+}
