@@ -70,6 +70,8 @@ type clientConn struct {
 	abandoned int         // pending requests whose Get gave up, header unseen
 	err       error       // why the connection is failing; nil while usable
 
+	scratch []byte // the reader's: a scattered payload lands here first (scatter.go)
+
 	done     chan struct{} // closed when the reader has exited
 	lastRecv atomic.Int64  // monoNow of the last read that returned bytes, or of the dial
 }
@@ -411,6 +413,9 @@ func (c *clientConn) readFull(br *bufio.Reader, p []byte) error {
 // with errDstFault when r.dst faulted (the rest of the payload is then
 // still to be discarded).
 func (c *clientConn) readPayload(br *bufio.Reader, r *pendingReq) (int, error) {
+	if r.to.piece != 0 {
+		return c.readScattered(br, r)
+	}
 	got := 0
 	for got < r.to.n {
 		n, err := readCatchingFaults(br, r.to.at(r.dst, got))

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bufio"
 	"fmt"
 
 	"github.com/connex/connex/transport"
@@ -30,15 +31,22 @@ func (s scatter) at(dst []byte, off int) []byte {
 }
 
 // planStrided validates ops and plans them as chunks of at most limit
-// payload bytes: an op whose pieces are back to back at the holder as
-// scattered requests of whole pieces, one whose destination is contiguous
-// too as a GetOp, any other as a request per piece.
+// payload bytes: ops whose pieces lie back to back at the holder as
+// scattered requests of whole pieces — consecutive such ops that continue
+// one another at both ends (the same head range of adjacent blocks) as one
+// run —, one whose destination is contiguous too as a GetOp, any other as
+// a request per piece.
 func planStrided(ops []transport.StridedOp, limit int) ([]chunk, error) {
 	var (
 		chunks []chunk
 		pieces []transport.GetOp
 		owner  []int // pieces' op index
+		run    scatterRun
 	)
+	flush := func() {
+		chunks = run.appendChunks(chunks, limit)
+		run = scatterRun{}
+	}
 	for i := range ops {
 		op := &ops[i]
 		if err := op.Check(); err != nil {
@@ -58,19 +66,17 @@ func planStrided(ops []transport.StridedOp, limit int) ([]chunk, error) {
 			owner = append(owner, i)
 			continue
 		}
+		if run.extend(op) {
+			continue
+		}
+		flush()
 		key, err := decodeKey(op.RemoteKey)
 		if err != nil {
 			return nil, fmt.Errorf("op %d: %w", i, err)
 		}
-		per := max(1, limit/op.Len) // whole pieces per request
-		for first := 0; first < op.Count; first += per {
-			k := min(per, op.Count-first)
-			start := first * op.DstStride
-			end := (first+k-1)*op.DstStride + op.Len
-			chunks = append(chunks, chunk{op: i, key: key, off: op.RemoteAddr + uint64(first*op.Len),
-				dst: op.Dst[start:end:end], to: scatter{n: k * op.Len, piece: op.Len, stride: op.DstStride}})
-		}
+		run = scatterRun{op: i, rawKey: op.RemoteKey, key: key, addr: op.RemoteAddr, dst: op.Dst, piece: op.Len, stride: op.DstStride, count: op.Count}
 	}
+	flush()
 	if len(pieces) > 0 {
 		more, err := planChunks(pieces, limit)
 		if err != nil {
@@ -82,4 +88,100 @@ func planStrided(ops []transport.StridedOp, limit int) ([]chunk, error) {
 		chunks = append(chunks, more...)
 	}
 	return chunks, nil
+}
+
+// scatterRun is consecutive strided ops read as one: count pieces back to
+// back at the holder from addr, stride apart in dst from its start.
+type scatterRun struct {
+	op            int // the first op's index
+	rawKey        []byte
+	key           remoteKey
+	addr          uint64
+	dst           []byte // from the first piece; its capacity covers the run
+	piece, stride int
+	count         int
+}
+
+// extend adds op to the run if it continues it at both ends: the same key,
+// piece and stride, its first piece right after the run's last at the
+// holder, and its destination where the run's next piece would go (the
+// same memory: a later part of the first op's destination slice).
+func (r *scatterRun) extend(op *transport.StridedOp) bool {
+	if r.count == 0 || op.Len != r.piece || op.DstStride != r.stride || string(op.RemoteKey) != string(r.rawKey) ||
+		op.RemoteAddr != r.addr+uint64(r.count*r.piece) {
+		return false
+	}
+	next := r.count * r.stride
+	full := r.dst[:cap(r.dst)]
+	if next+(op.Count-1)*op.DstStride+op.Len > len(full) || &full[next] != &op.Dst[0] {
+		return false
+	}
+	r.dst, r.count = full[:next+(op.Count-1)*op.DstStride+op.Len], r.count+op.Count
+	return true
+}
+
+// appendChunks appends the run's requests, whole pieces of at most limit
+// bytes each (at least one piece), to chunks.
+func (r *scatterRun) appendChunks(chunks []chunk, limit int) []chunk {
+	if r.count == 0 {
+		return chunks
+	}
+	per := max(1, limit/r.piece)
+	for first := 0; first < r.count; first += per {
+		k := min(per, r.count-first)
+		start, end := first*r.stride, (first+k-1)*r.stride+r.piece
+		chunks = append(chunks, chunk{op: r.op, key: r.key, off: r.addr + uint64(first*r.piece),
+			dst: r.dst[start:end:end], to: scatter{n: k * r.piece, piece: r.piece, stride: r.stride}})
+	}
+	return chunks
+}
+
+// scatterScratch is the most of a scattered payload a connection's reader
+// holds at a time: it reads that much in as few reads as the socket allows
+// (a piece at a time through the 4 KiB read buffer was a read(2) per
+// 4 KiB), then copies it into its pieces.
+const scatterScratch = 256 << 10
+
+// copyInto copies src, the payload from offset off on, into its pieces of
+// dst.
+func (s scatter) copyInto(dst []byte, off int, src []byte) {
+	for len(src) > 0 {
+		k := copy(s.at(dst, off), src)
+		src, off = src[k:], off+k
+	}
+}
+
+// readScattered is readPayload for a scattered payload: read through the
+// connection's scratch, then copied into r.dst's pieces. It returns the
+// bytes consumed from br.
+func (c *clientConn) readScattered(br *bufio.Reader, r *pendingReq) (int, error) {
+	if c.scratch == nil {
+		c.scratch = make([]byte, scatterScratch)
+	}
+	got := 0
+	for got < r.to.n {
+		buf := c.scratch[:min(len(c.scratch), r.to.n-got)]
+		for read := 0; read < len(buf); {
+			n, err := br.Read(buf[read:])
+			read += n
+			if err == nil {
+				continue
+			}
+			c.mu.Lock()
+			kick := c.rideKick(err)
+			stop := r.abandoned
+			c.mu.Unlock()
+			if !kick {
+				return got + read, err
+			}
+			if stop {
+				return got + read, nil
+			}
+		}
+		if faulted(func() { r.to.copyInto(r.dst, got, buf) }) {
+			return got + len(buf), errDstFault
+		}
+		got += len(buf)
+	}
+	return got, nil
 }

@@ -53,6 +53,22 @@ func TestPlanStrided(t *testing.T) {
 			t.Errorf("chunk %d: %+v, want %+v", i, got, w)
 		}
 	}
+	// Two ops that continue one another at both ends (a head range of
+	// adjacent blocks) are one run: 6 + 2 pieces, two requests of 4; a
+	// third that skips a piece at the holder is not.
+	run := []transport.StridedOp{
+		{RemoteKey: key, RemoteAddr: 0, RemoteStride: 1024, Dst: dst, DstStride: 2048, Len: 1024, Count: 6},
+		{RemoteKey: key, RemoteAddr: 6 * 1024, RemoteStride: 1024, Dst: dst[6*2048:], DstStride: 2048, Len: 1024, Count: 2},
+		{RemoteKey: key, RemoteAddr: 9 * 1024, RemoteStride: 1024, Dst: dst[8*2048:], DstStride: 2048, Len: 1024, Count: 2},
+	}
+	merged, err := planStrided(run, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(merged) != 3 || merged[0].to.n != 4096 || merged[1].to.n != 4096 || merged[1].off != 4096 || merged[1].op != 0 ||
+		len(merged[1].dst) != 3*2048+1024 || &merged[1].dst[0] != &dst[4*2048] || merged[2].op != 2 || merged[2].off != 9*1024 {
+		t.Fatalf("a run of two ops and one apart: %+v", merged)
+	}
 	// A piece larger than the chunk size still goes whole.
 	big, err := planStrided([]transport.StridedOp{{RemoteKey: key, RemoteStride: 8192, Dst: dst, DstStride: 16384, Len: 8192, Count: 2}}, 4096)
 	if err != nil || len(big) != 2 || big[0].to.n != 8192 || big[1].off != 8192 {
