@@ -42,7 +42,7 @@ type pendingReq struct {
 	dst   []byte
 	to    scatter // where the payload lands in dst
 	slot  int     // index in the Get's in-flight list
-	sent  int64 // monoNow when its frame was written (the Get's goroutine only)
+	sent  int64   // monoNow when its frame was written (the Get's goroutine only)
 
 	id        uint64 // guarded by conn.mu once sent
 	abandoned bool   // guarded by conn.mu: discard the payload
