@@ -3,8 +3,10 @@ package tcp
 import (
 	"bytes"
 	"context"
+	"math/rand/v2"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/connex/connex/transport"
 )
@@ -125,4 +127,82 @@ func TestGetStridedScatters(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantErr(t, ep.GetStrided(ctx, ops[:1]), transport.ErrNotRegistered)
+}
+
+// TestPlanStridedCoversEveryPiece: for random strided ops over one
+// destination (some continuing one another, some contiguous, some strided
+// at the holder), the planned requests read every piece's bytes from the
+// right holder offset into the right destination bytes, each once, and
+// nothing else — the runs of adjacent ops included.
+func TestPlanStridedCoversEveryPiece(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	key := encodeKey(remoteKey{id: 9})
+	for trial := range 300 {
+		dst := make([]byte, 1<<16)
+		// want[i] = holder offset + 1 whose byte lands at dst[i] (0: none).
+		want := make([]uint64, len(dst))
+		var ops []transport.StridedOp
+		at, remote := 0, uint64(1000)
+		for len(ops) < 1+rng.IntN(6) {
+			l := 1 + rng.IntN(300)
+			stride := l + rng.IntN(3)*rng.IntN(200) // sometimes contiguous
+			rstride := uint64(l)
+			if rng.IntN(4) == 0 {
+				rstride += uint64(1 + rng.IntN(50)) // strided at the holder
+			}
+			count := 1 + rng.IntN(20)
+			span := (count-1)*stride + l
+			if rng.IntN(3) == 0 && len(ops) > 0 {
+				// Continue the previous op at the holder, and half the
+				// time in the destination too (a run; else not one).
+				p := ops[len(ops)-1]
+				l, stride, rstride = p.Len, p.DstStride, p.RemoteStride
+				span = (count-1)*stride + l
+				if rng.IntN(2) == 0 {
+					at = len(dst) - cap(p.Dst) + p.Count*p.DstStride
+				}
+				remote = p.RemoteAddr + uint64(p.Count)*p.RemoteStride
+			}
+			if at+span > len(dst) {
+				break
+			}
+			op := transport.StridedOp{RemoteKey: key, RemoteAddr: remote, RemoteStride: rstride, Dst: dst[at:], DstStride: stride, Len: l, Count: count}
+			for i := range count {
+				for b := range l {
+					want[at+i*stride+b] = remote + uint64(i)*rstride + uint64(b) + 1
+				}
+			}
+			ops = append(ops, op)
+			at += span + rng.IntN(64)
+			remote += uint64(count)*rstride + uint64(rng.IntN(3)*100)
+		}
+		chunks, err := planStrided(ops, 1+rng.IntN(4096))
+		if err != nil {
+			t.Fatalf("trial %d: %v", trial, err)
+		}
+		got := make([]uint64, len(dst))
+		base := uintptr(unsafe.Pointer(unsafe.SliceData(dst)))
+		for _, c := range chunks {
+			if len(c.dst) == 0 {
+				continue
+			}
+			first := int(uintptr(unsafe.Pointer(&c.dst[0])) - base)
+			for off := 0; off < c.to.n; {
+				part := c.to.at(c.dst, off)
+				start := first + int(uintptr(unsafe.Pointer(unsafe.SliceData(part)))-uintptr(unsafe.Pointer(&c.dst[0])))
+				for b := range part {
+					if got[start+b] != 0 {
+						t.Fatalf("trial %d: dst byte %d written twice", trial, start+b)
+					}
+					got[start+b] = c.off + uint64(off+b) + 1
+				}
+				off += len(part)
+			}
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("trial %d: dst byte %d gets holder byte %d, want %d (ops %+v)", trial, i, int64(got[i])-1, int64(want[i])-1, ops)
+			}
+		}
+	}
 }
