@@ -15,6 +15,7 @@ type callsEndpoint struct {
 	mu                            sync.Mutex
 	get, progress, strided        int
 	getDeadline, progressDeadline bool
+	stridedDeadline               bool
 }
 
 func (e *callsEndpoint) Get(ctx context.Context, ops []transport.GetOp) error {
@@ -37,6 +38,7 @@ func (e *callsEndpoint) GetStrided(ctx context.Context, ops []transport.StridedO
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.strided++
+	_, e.stridedDeadline = ctx.Deadline()
 	return nil
 }
 
@@ -65,9 +67,33 @@ func TestReadsChooseByCaps(t *testing.T) {
 	dst := make([]byte, 4)
 	sops := []transport.StridedOp{{Dst: dst, DstStride: 2, Len: 1, Count: 2}}
 	ep := &callsEndpoint{}
-	if err := a.readStridedBatches(context.Background(), ep, transport.Caps{Strided: true}, sops, 2, "h1"); err != nil || ep.strided != 1 {
-		t.Errorf("Caps.Strided: %d GetStrided calls, err %v", ep.strided, err)
+	if err := a.readStridedBatches(context.Background(), ep, transport.Caps{Strided: true}, sops, 2, "h1"); err != nil || ep.strided != 1 || !ep.stridedDeadline {
+		t.Errorf("Caps.Strided: %d GetStrided calls (deadline %v), err %v; want one bounded by the stall deadline", ep.strided, ep.stridedDeadline, err)
 	}
+	// A backend whose strided reads report progress (TCP) is watched, not
+	// bounded per batch: a slow link is not a stalled one.
+	sp := &stridedProgressEndpoint{}
+	if err := a.readStridedBatches(context.Background(), sp, transport.Caps{Strided: true, Progress: true}, sops, 2, "h1"); err != nil ||
+		sp.stridedProgress != 1 || sp.strided != 0 || sp.stridedProgressDeadline {
+		t.Errorf("Caps.Strided and Progress: %d GetStridedProgress (deadline %v), %d GetStrided, err %v; want one GetStridedProgress without a deadline",
+			sp.stridedProgress, sp.stridedProgressDeadline, sp.strided, err)
+	}
+}
+
+// stridedProgressEndpoint is a callsEndpoint whose strided reads report
+// progress (transport.StridedProgressReader).
+type stridedProgressEndpoint struct {
+	callsEndpoint
+	stridedProgress         int
+	stridedProgressDeadline bool
+}
+
+func (e *stridedProgressEndpoint) GetStridedProgress(ctx context.Context, ops []transport.StridedOp, progress func(int)) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stridedProgress++
+	_, e.stridedProgressDeadline = ctx.Deadline()
+	return nil
 }
 
 // TestMaxOpBytesFromCaps: a backend's Caps.MaxGetBytes bounds the GetOps

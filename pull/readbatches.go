@@ -80,8 +80,9 @@ func (a *puller) readStridedBatches(ctx context.Context, ep transport.Endpoint, 
 	return a.runBatches(ctx, ep, caps.Progress, batches, total, member)
 }
 
-// readBatch is one batch of reads: GetOps, or strided ops (an endpoint
-// that reads those does so without progress reports).
+// readBatch is one batch of reads: GetOps, or strided ops (watched for
+// progress where the endpoint reports it for those too:
+// transport.StridedProgressReader; else bounded by the stall deadline).
 type readBatch struct {
 	ops     []transport.GetOp
 	strided []transport.StridedOp
@@ -107,11 +108,15 @@ func (a *puller) runBatches(ctx context.Context, ep transport.Endpoint, progress
 		firstEr error
 		wg      sync.WaitGroup
 	)
+	sp, stridedProgress := ep.(transport.StridedProgressReader)
 	doBatch := func(b readBatch) {
 		var err error
-		if progressive && b.strided == nil {
+		switch {
+		case progressive && b.strided == nil:
 			err = ep.GetProgress(readCtx, b.ops, watch.progress)
-		} else {
+		case progressive && stridedProgress:
+			err = sp.GetStridedProgress(readCtx, b.strided, watch.progress)
+		default:
 			bctx, bcancel := context.WithTimeout(readCtx, a.p.Stall)
 			if b.strided != nil {
 				err = ep.GetStrided(bctx, b.strided)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -50,8 +51,10 @@ type fakeEngine struct {
 	// (vLLM's stream when the request fails inside the engine, e.g. its
 	// KV load failed).
 	streamError bool
-	code        string
-	msg         string // the error's message (default "no")
+	// finish is the last token's finish_reason (default "length").
+	finish string
+	code   string
+	msg    string // the error's message (default "no")
 	// served, if set, is closed when the engine gets its first leg.
 	served chan struct{}
 	// reasoning is the reasoning parser the engine registers ("": none).
@@ -175,6 +178,9 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 		fin := "null"
 		if i == max-1 {
 			fin = `"length"`
+			if f.finish != "" {
+				fin = strconv.Quote(f.finish)
+			}
 		}
 		tag := f.tag
 		if tag == "" {
@@ -677,6 +683,22 @@ func TestEngineErrorIsNoAnswerToSwitchBackTo(t *testing.T) {
 	}
 	if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(wantV, "") {
 		t.Fatalf("texts %q done %v errs %v; want d2's %q", texts, done, errs, wantV)
+	}
+}
+
+// TestAbortedLegIsNoAnswerToSwitchBackTo: a late engine given up for a
+// stall that ends its answer with finish_reason "abort" (it dropped the
+// request) did not finish it: the router relays the resumed leg, not the
+// aborted one.
+func TestAbortedLegIsNoAnswerToSwitchBackTo(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", pauseAt: 4, pause: 300 * time.Millisecond, pauseHealth: true, finish: "abort"}).start()
+	d2 := (&fakeEngine{t: t, id: "d2", role: "decode", firstDelay: 2 * time.Second, tag: "v"}).start()
+	s := newTestRouter(t, p, d1, d2) // stall window 200 ms
+	texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
+	got := strings.Join(texts, "")
+	if !done || len(errs) > 0 || !strings.HasPrefix(got, strings.Join(want(4), "")) || !strings.HasSuffix(got, " v1009") {
+		t.Fatalf("texts %q done %v errs %v; want d1's first 4 tokens, then d2's", texts, done, errs)
 	}
 }
 

@@ -21,7 +21,8 @@ import (
 // engine that answered an error is alive but was not moved by mistake.
 //
 // What it sends meanwhile is kept: if it completes its answer (a clean
-// [DONE], on a leg not given up for an error it answered) before the
+// [DONE], no error event nor an "abort" or "error" finish, on a leg not
+// given up for an error it answered) before the
 // resumed stream delivers anything, the router relays
 // that answer instead (legSwitchBack): a late engine may finish the request
 // and release its hold before the new engine's takeover fences it, and the
@@ -105,12 +106,22 @@ func (r *retiredLeg) watch() {
 func (r *retiredLeg) keep(ch *engineChunk) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(ch.Error) > 0 && !isNull(ch.Error) || len(r.chunks) == maxRetiredChunks {
+	if len(ch.Error) > 0 && !isNull(ch.Error) || len(r.chunks) == maxRetiredChunks || abandonedFinish(ch) {
 		r.spoilt, r.chunks = true, nil
 	}
 	if !r.spoilt {
 		r.chunks = append(r.chunks, ch)
 	}
+}
+
+// abandonedFinish reports whether ch ends its choice without an answer:
+// vLLM's "abort" (the engine dropped the request) or "error".
+func abandonedFinish(ch *engineChunk) bool {
+	if len(ch.Choices) == 0 || ch.Choices[0].FinishReason == nil {
+		return false
+	}
+	f := *ch.Choices[0].FinishReason
+	return f == "abort" || f == "error"
 }
 
 // answer is the rest of the answer the leg sent after it was given up, once

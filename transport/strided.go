@@ -1,6 +1,9 @@
 package transport
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+)
 
 // StridedOp reads Count pieces of Len bytes under RemoteKey: piece i from
 // RemoteAddr + i×RemoteStride into Dst[i×DstStride : i×DstStride+Len]. A
@@ -15,6 +18,16 @@ type StridedOp struct {
 	Dst        []byte
 	DstStride  int
 	Len, Count int
+}
+
+// StridedProgressReader is an Endpoint whose strided reads report bytes as
+// they land, as its GetProgress does (TCP: Caps.Progress and Caps.Strided):
+// a reader then watches a strided read's progress instead of bounding each
+// batch by a fixed time.
+type StridedProgressReader interface {
+	// GetStridedProgress is GetStrided; it calls progress as
+	// Endpoint.GetProgress does.
+	GetStridedProgress(ctx context.Context, ops []StridedOp, progress func(n int)) error
 }
 
 // Span is how many bytes op's pieces spread over at the holder, from the

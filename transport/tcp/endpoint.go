@@ -105,7 +105,10 @@ type endpointRef struct {
 	done chan struct{} // closed by Close: fails this caller's Gets
 }
 
-var _ transport.Endpoint = (*endpointRef)(nil)
+var (
+	_ transport.Endpoint              = (*endpointRef)(nil)
+	_ transport.StridedProgressReader = (*endpointRef)(nil)
+)
 
 // Get reads every op; see transport.Endpoint. Ops may name different
 // registrations of the same holder and are split into Config.ChunkBytes
@@ -130,6 +133,12 @@ func (r *endpointRef) GetProgress(ctx context.Context, ops []transport.GetOp, pr
 // to back at the holder in one request per ChunkBytes, scattered into its
 // destination as it arrives; any other op a request per piece.
 func (r *endpointRef) GetStrided(ctx context.Context, ops []transport.StridedOp) error {
+	return r.GetStridedProgress(ctx, ops, nil)
+}
+
+// GetStridedProgress is GetStrided reporting each request's bytes as they
+// land (transport.StridedProgressReader).
+func (r *endpointRef) GetStridedProgress(ctx context.Context, ops []transport.StridedOp, progress func(n int)) error {
 	select {
 	case <-r.done:
 		return fmt.Errorf("tcp get %s: %w", r.e.addr, transport.ErrClosed)
@@ -142,7 +151,7 @@ func (r *endpointRef) GetStrided(ctx context.Context, ops []transport.StridedOp)
 	if err != nil {
 		return fmt.Errorf("tcp get %s: %w", r.e.addr, err)
 	}
-	return r.e.getChunks(ctx, r.done, chunks, nil)
+	return r.e.getChunks(ctx, r.done, chunks, progress)
 }
 
 // Close releases this reference; the connections close with the last one.

@@ -3,6 +3,7 @@ package tcp
 import (
 	"bufio"
 	"fmt"
+	"unsafe"
 
 	"github.com/connex/connex/transport"
 )
@@ -53,8 +54,13 @@ func planStrided(ops []transport.StridedOp, limit int) ([]chunk, error) {
 			return nil, fmt.Errorf("op %d: %w", i, err)
 		}
 		contiguousSrc := op.Count == 1 || op.RemoteStride == uint64(op.Len)
+		if _, err := decodeKey(op.RemoteKey); err != nil {
+			return nil, fmt.Errorf("op %d: %w", i, err)
+		}
 		switch {
-		case !contiguousSrc || op.Len == 0:
+		case !contiguousSrc || op.Len == 0 || op.Len > limit:
+			// A request per piece (split where a piece is over limit:
+			// the holder refuses requests over MaxRequestBytes).
 			for range op.Count {
 				owner = append(owner, i)
 			}
@@ -70,11 +76,9 @@ func planStrided(ops []transport.StridedOp, limit int) ([]chunk, error) {
 			continue
 		}
 		flush()
-		key, err := decodeKey(op.RemoteKey)
-		if err != nil {
-			return nil, fmt.Errorf("op %d: %w", i, err)
-		}
-		run = scatterRun{op: i, rawKey: op.RemoteKey, key: key, addr: op.RemoteAddr, dst: op.Dst, piece: op.Len, stride: op.DstStride, count: op.Count}
+		key, _ := decodeKey(op.RemoteKey) // checked above
+		span := (op.Count-1)*op.DstStride + op.Len
+		run = scatterRun{op: i, rawKey: op.RemoteKey, key: key, addr: op.RemoteAddr, dst: op.Dst[:span:span], piece: op.Len, stride: op.DstStride, count: op.Count}
 	}
 	flush()
 	if len(pieces) > 0 {
@@ -97,26 +101,29 @@ type scatterRun struct {
 	rawKey        []byte
 	key           remoteKey
 	addr          uint64
-	dst           []byte // from the first piece; its capacity covers the run
+	dst           []byte // from the first piece to the last
 	piece, stride int
 	count         int
 }
 
 // extend adds op to the run if it continues it at both ends: the same key,
 // piece and stride, its first piece right after the run's last at the
-// holder, and its destination where the run's next piece would go (the
-// same memory: a later part of the first op's destination slice).
+// holder, and its destination exactly where the run's next piece would go.
+// The run's dst then spans both ops' destinations (pull hands each op a
+// slice of one region's memory, capped to its own pieces): the reader
+// writes only the pieces, each inside the destination of the op it came
+// from, never the gaps between them.
 func (r *scatterRun) extend(op *transport.StridedOp) bool {
 	if r.count == 0 || op.Len != r.piece || op.DstStride != r.stride || string(op.RemoteKey) != string(r.rawKey) ||
 		op.RemoteAddr != r.addr+uint64(r.count*r.piece) {
 		return false
 	}
 	next := r.count * r.stride
-	full := r.dst[:cap(r.dst)]
-	if next+(op.Count-1)*op.DstStride+op.Len > len(full) || &full[next] != &op.Dst[0] {
+	first := unsafe.SliceData(r.dst)
+	if unsafe.SliceData(op.Dst) != (*byte)(unsafe.Add(unsafe.Pointer(first), next)) {
 		return false
 	}
-	r.dst, r.count = full[:next+(op.Count-1)*op.DstStride+op.Len], r.count+op.Count
+	r.dst, r.count = unsafe.Slice(first, next+(op.Count-1)*op.DstStride+op.Len), r.count+op.Count
 	return true
 }
 

@@ -63,18 +63,29 @@ func TestPlanStrided(t *testing.T) {
 		{RemoteKey: key, RemoteAddr: 6 * 1024, RemoteStride: 1024, Dst: dst[6*2048:], DstStride: 2048, Len: 1024, Count: 2},
 		{RemoteKey: key, RemoteAddr: 9 * 1024, RemoteStride: 1024, Dst: dst[8*2048:], DstStride: 2048, Len: 1024, Count: 2},
 	}
+	// As pull hands them: each op's destination capped to its own pieces.
+	for i := range run {
+		n := (run[i].Count-1)*run[i].DstStride + run[i].Len
+		run[i].Dst = run[i].Dst[:n:n]
+	}
 	merged, err := planStrided(run, 4096)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(merged) != 3 || merged[0].to.n != 4096 || merged[1].to.n != 4096 || merged[1].off != 4096 || merged[1].op != 0 ||
 		len(merged[1].dst) != 3*2048+1024 || &merged[1].dst[0] != &dst[4*2048] || merged[2].op != 2 || merged[2].off != 9*1024 {
-		t.Fatalf("a run of two ops and one apart: %+v", merged)
+		t.Fatalf("a run of two ops and one apart: %d requests, want 3 (4 + 4 pieces, then 2)", len(merged))
 	}
-	// A piece larger than the chunk size still goes whole.
+	// Pieces larger than the chunk size go as GetOps, split (a request
+	// over MaxRequestBytes would cost the connection).
 	big, err := planStrided([]transport.StridedOp{{RemoteKey: key, RemoteStride: 8192, Dst: dst, DstStride: 16384, Len: 8192, Count: 2}}, 4096)
-	if err != nil || len(big) != 2 || big[0].to.n != 8192 || big[1].off != 8192 {
-		t.Fatalf("pieces over the chunk size: %+v %v; want one request per piece", big, err)
+	if err != nil || len(big) != 4 {
+		t.Fatalf("pieces over the chunk size: %d requests (%v); want 4", len(big), err)
+	}
+	for i, c := range big {
+		if c.to.n != 4096 || c.to.piece != 0 || c.off != uint64(i*4096) || &c.dst[0] != &dst[i/2*16384+i%2*4096] {
+			t.Fatalf("pieces over the chunk size: request %d reads %d bytes at %d (piece %d)", i, c.to.n, c.off, c.to.piece)
+		}
 	}
 	if _, err := planStrided([]transport.StridedOp{{RemoteKey: key, RemoteStride: 1024, Dst: dst[:1500], DstStride: 1024, Len: 1024, Count: 2}}, 4096); err == nil {
 		t.Fatal("an op whose pieces overflow its destination was planned")
@@ -142,6 +153,7 @@ func TestPlanStridedCoversEveryPiece(t *testing.T) {
 		// want[i] = holder offset + 1 whose byte lands at dst[i] (0: none).
 		want := make([]uint64, len(dst))
 		var ops []transport.StridedOp
+		var starts []int // each op's first destination byte
 		at, remote := 0, uint64(1000)
 		for len(ops) < 1+rng.IntN(6) {
 			l := 1 + rng.IntN(300)
@@ -159,14 +171,16 @@ func TestPlanStridedCoversEveryPiece(t *testing.T) {
 				l, stride, rstride = p.Len, p.DstStride, p.RemoteStride
 				span = (count-1)*stride + l
 				if rng.IntN(2) == 0 {
-					at = len(dst) - cap(p.Dst) + p.Count*p.DstStride
+					at = starts[len(starts)-1] + p.Count*p.DstStride
 				}
 				remote = p.RemoteAddr + uint64(p.Count)*p.RemoteStride
 			}
 			if at+span > len(dst) {
 				break
 			}
-			op := transport.StridedOp{RemoteKey: key, RemoteAddr: remote, RemoteStride: rstride, Dst: dst[at:], DstStride: stride, Len: l, Count: count}
+			// Capped to its own pieces, as pull hands them.
+			op := transport.StridedOp{RemoteKey: key, RemoteAddr: remote, RemoteStride: rstride, Dst: dst[at : at+span : at+span], DstStride: stride, Len: l, Count: count}
+			starts = append(starts, at)
 			for i := range count {
 				for b := range l {
 					want[at+i*stride+b] = remote + uint64(i)*rstride + uint64(b) + 1
