@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -76,14 +77,31 @@ func parseChunk(data []byte) (*engineChunk, error) {
 	if err := json.Unmarshal(data, ch); err != nil {
 		return nil, err
 	}
+	if len(ch.Error) == 0 {
+		ch.Error = flatError(data)
+	}
 	return ch, nil
+}
+
+// flatError is data itself if it is an error event in the flat form
+// ({"object":"error","message":…,"type":…,"code":…}: vLLM before its
+// nested {"error":{…}}, and other engines), read as the error's body; nil
+// otherwise.
+func flatError(data []byte) json.RawMessage {
+	var head struct {
+		Object string `json:"object"`
+	}
+	if json.Unmarshal(data, &head) != nil || head.Object != "error" {
+		return nil
+	}
+	return bytes.Clone(data)
 }
 
 // fastChunk reads a common chunk; ok is false for anything else.
 func fastChunk(p *fastjson.Parser, data []byte) (ch *engineChunk, ok bool) {
 	v, ok := parseStrict(p, data)
 	if !ok || v.Type() != fastjson.TypeObject || v.Exists("error") || v.Exists("connex") ||
-		!plainKeys(v, "choices", "error", "connex") {
+		!plainKeys(v, "choices", "error", "connex", "object") || string(v.GetStringBytes("object")) == "error" {
 		return nil, false
 	}
 	ch = &engineChunk{}

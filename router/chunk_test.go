@@ -19,6 +19,8 @@ var chunkSeeds = []string{
 	`{"Choices":[{"text":"a"}]}`, `{"choices":[{"TEXT":"a"}]}`, `{"choices":[{"text":"a","text":"b"}]}`,
 	`{"choices":[{"text":"a"}],"choices":[{"text":"b"}]}`, `{"choices":[{"delta":{"Content":"a"}}]}`,
 	`{"error":{"message":"boom","code":"x"}}`, `{"ERROR":{"message":"boom"}}`, `{"connex":{"kv_load":"pulled"},"choices":[]}`,
+	`{"object":"error","message":"boom","type":"InternalServerError","code":500}`, `{"OBJECT":"error","message":"boom"}`,
+	`{"object":"text_completion","choices":[]}`, `{"object":1,"choices":[]}`, `{"object":"error","object":"x"}`,
 	`{"choices":[{"text":"a"}]} trailing`, `{"choices":[{"text":"a"}]`, ``,
 	`{"created":NaN,"choices":[]}`, `{"created":Inf,"choices":[]}`, `{"created":-0.5e+3,"choices":[]}`, `{"created":+1,"choices":[]}`,
 	`{"created":.5,"choices":[]}`, `{"created":-,"choices":[]}`, `{"created":1e,"choices":[]}`, `{"created":1E+5,"choices":[{"index":-0}]}`,
@@ -31,6 +33,9 @@ func checkChunk(t *testing.T, data []byte) {
 	got, gerr := parseChunk(data)
 	want := new(engineChunk)
 	werr := json.Unmarshal(data, want)
+	if werr == nil && len(want.Error) == 0 {
+		want.Error = flatError(data) // an error event in the flat form
+	}
 	if (gerr == nil) != (werr == nil) {
 		t.Fatalf("%q: parseChunk error %v, encoding/json error %v", data, gerr, werr)
 	}
@@ -47,6 +52,11 @@ func TestParseChunkIsEncodingJSONs(t *testing.T) {
 	}
 	if ch, err := parseChunk([]byte(chunkSeeds[1])); err != nil || ch.text() != "h\u00e9\n" || *ch.Choices[0].FinishReason != "stop" {
 		t.Fatalf("%+v %v", ch, err)
+	}
+	// An error event in the flat form is read as an error.
+	flat := `{"object":"error","message":"boom","type":"InternalServerError","code":500}`
+	if ch, err := parseChunk([]byte(flat)); err != nil || string(ch.Error) != flat {
+		t.Fatalf("flat error event: %+v %v; want its body as the chunk's error", ch, err)
 	}
 }
 

@@ -49,8 +49,9 @@ type fakeEngine struct {
 	status  int // non-zero: answer every leg with this status
 	// streamError: answer every leg 200, then an error event and [DONE]
 	// (vLLM's stream when the request fails inside the engine, e.g. its
-	// KV load failed).
-	streamError bool
+	// KV load failed): "nested" ({"error":{…}}, vLLM now) or "flat"
+	// ({"object":"error",…}, engines before).
+	streamError string
 	// finish is the last token's finish_reason (default "length").
 	finish string
 	code   string
@@ -138,8 +139,13 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	max := int(body["max_tokens"].(float64))
 	w.Header().Set("Content-Type", "text/event-stream")
 	fl := w.(http.Flusher)
-	if f.streamError {
+	switch f.streamError {
+	case "nested":
 		fmt.Fprint(w, "data: {\"error\":{\"message\":\"Internal server error\",\"type\":\"InternalServerError\",\"code\":500}}\n\n")
+	case "flat":
+		fmt.Fprint(w, "data: {\"object\":\"error\",\"message\":\"Internal server error\",\"type\":\"InternalServerError\",\"code\":500}\n\n")
+	}
+	if f.streamError != "" {
 		fmt.Fprint(w, "data: [DONE]\n\n")
 		return
 	}

@@ -58,19 +58,23 @@ func TestGivenUpLegThatFinishesFirstIsRelayed(t *testing.T) {
 // for engine_error; that [DONE] ends an error, not an answer, so the router
 // does not switch back to it (the client got an empty stream: CI, vllm
 // bench serve, 2 of 24 "never received a valid chunk") but relays the
-// resumed leg.
+// resumed leg. Both forms of vLLM's error event count.
 func TestEngineErrorIsNoAnswerToSwitchBackTo(t *testing.T) {
-	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
-	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", streamError: true}).start()
-	d2 := (&fakeEngine{t: t, id: "d2", role: "decode", firstDelay: 200 * time.Millisecond, tag: "v"}).start()
-	s := newTestRouter(t, p, d1, d2)
-	texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
-	var wantV []string
-	for i := range 10 {
-		wantV = append(wantV, fmt.Sprintf(" v%d", 1000+i))
-	}
-	if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(wantV, "") {
-		t.Fatalf("texts %q done %v errs %v; want d2's %q", texts, done, errs, wantV)
+	for _, form := range []string{"nested", "flat"} {
+		t.Run(form, func(t *testing.T) {
+			p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+			d1 := (&fakeEngine{t: t, id: "d1", role: "decode", streamError: form}).start()
+			d2 := (&fakeEngine{t: t, id: "d2", role: "decode", firstDelay: 200 * time.Millisecond, tag: "v"}).start()
+			s := newTestRouter(t, p, d1, d2)
+			texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true}`)
+			var wantV []string
+			for i := range 10 {
+				wantV = append(wantV, fmt.Sprintf(" v%d", 1000+i))
+			}
+			if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(wantV, "") {
+				t.Fatalf("texts %q done %v errs %v; want d2's %q", texts, done, errs, wantV)
+			}
+		})
 	}
 }
 
