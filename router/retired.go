@@ -22,11 +22,10 @@ import (
 //
 // What it sends meanwhile is kept: if it completes its answer (a clean
 // [DONE], no error event nor an "abort" or "error" finish, on a leg not
-// given up for an error it answered) before the
-// resumed stream delivers anything, the router relays
-// that answer instead (legSwitchBack): a late engine may finish the request
-// and release its hold before the new engine's takeover fences it, and the
-// new engine then has nothing to pull.
+// given up for an error it answered) before the resumed stream delivers
+// anything, the router relays that answer instead (legSwitchBack): a late
+// engine may finish the request and release its hold before the new
+// engine's takeover fences it, and the new engine then has nothing to pull.
 type retiredLeg struct {
 	s           *Server
 	rid, reason string
