@@ -70,8 +70,6 @@ type clientConn struct {
 	abandoned int         // pending requests whose Get gave up, header unseen
 	err       error       // why the connection is failing; nil while usable
 
-	scratch []byte // the reader's: a scattered payload lands here first (scatter.go)
-
 	done     chan struct{} // closed when the reader has exited
 	lastRecv atomic.Int64  // monoNow of the last read that returned bytes, or of the dial
 }

@@ -3,6 +3,7 @@ package tcp
 import (
 	"bufio"
 	"fmt"
+	"sync"
 	"unsafe"
 
 	"github.com/connex/connex/transport"
@@ -146,8 +147,11 @@ func (r *scatterRun) appendChunks(chunks []chunk, limit int) []chunk {
 // scatterScratch is the most of a scattered payload a connection's reader
 // holds at a time: it reads that much in as few reads as the socket allows
 // (a piece at a time through the 4 KiB read buffer was a read(2) per
-// 4 KiB), then copies it into its pieces.
+// 4 KiB), then copies it into its pieces. Scratches are pooled: a reader
+// holds one only while it reads a scattered payload.
 const scatterScratch = 256 << 10
+
+var scratches = sync.Pool{New: func() any { b := make([]byte, scatterScratch); return &b }}
 
 // copyInto copies src, the payload from offset off on, into its pieces of
 // dst.
@@ -158,16 +162,16 @@ func (s scatter) copyInto(dst []byte, off int, src []byte) {
 	}
 }
 
-// readScattered is readPayload for a scattered payload: read through the
-// connection's scratch, then copied into r.dst's pieces. It returns the
-// bytes consumed from br.
+// readScattered is readPayload for a scattered payload: read through a
+// pooled scratch, then copied into r.dst's pieces. It returns the bytes
+// consumed from br.
 func (c *clientConn) readScattered(br *bufio.Reader, r *pendingReq) (int, error) {
-	if c.scratch == nil {
-		c.scratch = make([]byte, scatterScratch)
-	}
+	sp := scratches.Get().(*[]byte)
+	defer scratches.Put(sp)
+	scratch := *sp
 	got := 0
 	for got < r.to.n {
-		buf := c.scratch[:min(len(c.scratch), r.to.n-got)]
+		buf := scratch[:min(len(scratch), r.to.n-got)]
 		for read := 0; read < len(buf); {
 			n, err := br.Read(buf[read:])
 			read += n
