@@ -30,6 +30,9 @@ func (e *dialEndpoint) GetProgress(context.Context, []transport.GetOp, func(int)
 	return nil
 }
 func (e *dialEndpoint) GetStrided(context.Context, []transport.StridedOp) error { return nil }
+func (e *dialEndpoint) GetStridedProgress(context.Context, []transport.StridedOp, func(int)) error {
+	return nil
+}
 func (e *dialEndpoint) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()

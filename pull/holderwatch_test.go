@@ -148,6 +148,10 @@ func (e *blockingEndpoint) GetStrided(ctx context.Context, ops []transport.Strid
 	return e.Get(ctx, transport.Pieces(ops))
 }
 
+func (e *blockingEndpoint) GetStridedProgress(ctx context.Context, ops []transport.StridedOp, progress func(int)) error {
+	return transport.StridedProgressAtEnd(ctx, ops, progress, e.GetStrided)
+}
+
 func (e *blockingEndpoint) Close() error { return nil }
 
 // funcEndpoint's Get calls the function itself.
@@ -162,6 +166,10 @@ func (f funcEndpoint) GetProgress(ctx context.Context, ops []transport.GetOp, pr
 
 func (f funcEndpoint) GetStrided(ctx context.Context, ops []transport.StridedOp) error {
 	return f(ctx, transport.Pieces(ops))
+}
+
+func (f funcEndpoint) GetStridedProgress(ctx context.Context, ops []transport.StridedOp, progress func(int)) error {
+	return transport.StridedProgressAtEnd(ctx, ops, progress, f.GetStrided)
 }
 
 func testOps(n int) ([]transport.GetOp, uint64) {

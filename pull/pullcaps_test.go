@@ -15,7 +15,9 @@ type callsEndpoint struct {
 	mu                            sync.Mutex
 	get, progress, strided        int
 	getDeadline, progressDeadline bool
+	stridedProgress               int
 	stridedDeadline               bool
+	stridedProgressDeadline       bool
 }
 
 func (e *callsEndpoint) Get(ctx context.Context, ops []transport.GetOp) error {
@@ -39,6 +41,14 @@ func (e *callsEndpoint) GetStrided(ctx context.Context, ops []transport.StridedO
 	defer e.mu.Unlock()
 	e.strided++
 	_, e.stridedDeadline = ctx.Deadline()
+	return nil
+}
+
+func (e *callsEndpoint) GetStridedProgress(ctx context.Context, ops []transport.StridedOp, progress func(int)) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stridedProgress++
+	_, e.stridedProgressDeadline = ctx.Deadline()
 	return nil
 }
 
@@ -70,44 +80,12 @@ func TestReadsChooseByCaps(t *testing.T) {
 	if err := a.readStridedBatches(context.Background(), ep, transport.Caps{Strided: true}, sops, 2, "h1"); err != nil || ep.strided != 1 || !ep.stridedDeadline {
 		t.Errorf("Caps.Strided: %d GetStrided calls (deadline %v), err %v; want one bounded by the stall deadline", ep.strided, ep.stridedDeadline, err)
 	}
-	// A backend whose strided reads report progress (TCP) is watched, not
-	// bounded per batch: a slow link is not a stalled one.
-	sp := &stridedProgressEndpoint{}
+	// A backend whose reads report progress (TCP) has its strided reads
+	// watched too, not bounded per batch: a slow link is not a stalled one.
+	sp := &callsEndpoint{}
 	if err := a.readStridedBatches(context.Background(), sp, transport.Caps{Strided: true, Progress: true}, sops, 2, "h1"); err != nil ||
 		sp.stridedProgress != 1 || sp.strided != 0 || sp.stridedProgressDeadline {
 		t.Errorf("Caps.Strided and Progress: %d GetStridedProgress (deadline %v), %d GetStrided, err %v; want one GetStridedProgress without a deadline",
 			sp.stridedProgress, sp.stridedProgressDeadline, sp.strided, err)
-	}
-}
-
-// stridedProgressEndpoint is a callsEndpoint whose strided reads report
-// progress (transport.StridedProgressReader).
-type stridedProgressEndpoint struct {
-	callsEndpoint
-	stridedProgress         int
-	stridedProgressDeadline bool
-}
-
-func (e *stridedProgressEndpoint) GetStridedProgress(ctx context.Context, ops []transport.StridedOp, progress func(int)) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.stridedProgress++
-	_, e.stridedProgressDeadline = ctx.Deadline()
-	return nil
-}
-
-// TestMaxOpBytesFromCaps: a backend's Caps.MaxGetBytes bounds the GetOps
-// a pull hands it, below the batch size; 0 leaves the batch size.
-func TestMaxOpBytesFromCaps(t *testing.T) {
-	for _, c := range []struct {
-		max, want int
-	}{{0, batchBytes}, {1 << 20, 1 << 20}, {1 << 30, batchBytes}} {
-		if got := maxOpBytes(transport.Caps{MaxGetBytes: c.max}); got != c.want {
-			t.Errorf("MaxGetBytes %d: ops up to %d bytes, want %d", c.max, got, c.want)
-		}
-	}
-	ops := splitOps([]transport.GetOp{{Dst: make([]byte, 5<<20)}}, maxOpBytes(transport.Caps{MaxGetBytes: 2 << 20}))
-	if len(ops) != 3 || len(ops[0].Dst) != 2<<20 || ops[2].RemoteAddr != 4<<20 || len(ops[2].Dst) != 1<<20 {
-		t.Fatalf("5 MiB under MaxGetBytes 2 MiB: %d ops", len(ops))
 	}
 }

@@ -80,9 +80,9 @@ func (a *puller) readStridedBatches(ctx context.Context, ep transport.Endpoint, 
 	return a.runBatches(ctx, ep, caps.Progress, batches, total, member)
 }
 
-// readBatch is one batch of reads: GetOps, or strided ops (watched for
-// progress where the endpoint reports it for those too:
-// transport.StridedProgressReader; else bounded by the stall deadline).
+// readBatch is one batch of reads: GetOps, or strided ops (either watched
+// for progress where Caps.Progress says bytes are reported as they land,
+// else each batch bounded by the stall deadline).
 type readBatch struct {
 	ops     []transport.GetOp
 	strided []transport.StridedOp
@@ -108,14 +108,13 @@ func (a *puller) runBatches(ctx context.Context, ep transport.Endpoint, progress
 		firstEr error
 		wg      sync.WaitGroup
 	)
-	sp, stridedProgress := ep.(transport.StridedProgressReader)
 	doBatch := func(b readBatch) {
 		var err error
 		switch {
 		case progressive && b.strided == nil:
 			err = ep.GetProgress(readCtx, b.ops, watch.progress)
-		case progressive && stridedProgress:
-			err = sp.GetStridedProgress(readCtx, b.strided, watch.progress)
+		case progressive:
+			err = ep.GetStridedProgress(readCtx, b.strided, watch.progress)
 		default:
 			bctx, bcancel := context.WithTimeout(readCtx, a.p.Stall)
 			if b.strided != nil {

@@ -49,6 +49,10 @@ func (e *progressEndpoint) GetStrided(ctx context.Context, ops []transport.Strid
 	return e.Get(ctx, transport.Pieces(ops))
 }
 
+func (e *progressEndpoint) GetStridedProgress(ctx context.Context, ops []transport.StridedOp, progress func(int)) error {
+	return transport.StridedProgressAtEnd(ctx, ops, progress, e.GetStrided)
+}
+
 func (e *progressEndpoint) Close() error { return nil }
 
 // readOnClock runs readBatches of one batch against ep with the stall

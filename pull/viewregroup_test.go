@@ -143,6 +143,10 @@ func (e *viewEndpoint) GetStrided(ctx context.Context, ops []transport.StridedOp
 	return e.Get(ctx, transport.Pieces(ops))
 }
 
+func (e *viewEndpoint) GetStridedProgress(ctx context.Context, ops []transport.StridedOp, progress func(int)) error {
+	return transport.StridedProgressAtEnd(ctx, ops, progress, e.GetStrided)
+}
+
 func (e *viewEndpoint) Close() error { return nil }
 
 func (e *viewEndpoint) View(_ context.Context, ranges []transport.ViewRange, fn func([][]byte) error) (bool, error) {

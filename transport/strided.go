@@ -20,16 +20,6 @@ type StridedOp struct {
 	Len, Count int
 }
 
-// StridedProgressReader is an Endpoint whose strided reads report bytes as
-// they land, as its GetProgress does (TCP: Caps.Progress and Caps.Strided):
-// a reader then watches a strided read's progress instead of bounding each
-// batch by a fixed time.
-type StridedProgressReader interface {
-	// GetStridedProgress is GetStrided; it calls progress as
-	// Endpoint.GetProgress does.
-	GetStridedProgress(ctx context.Context, ops []StridedOp, progress func(n int)) error
-}
-
 // Span is how many bytes op's pieces spread over at the holder, from the
 // first piece's start to the last piece's end.
 func (op StridedOp) Span() uint64 { return uint64(op.Count-1)*op.RemoteStride + uint64(op.Len) }
@@ -68,4 +58,19 @@ func Pieces(ops []StridedOp) []GetOp {
 		out = op.AppendPieces(out)
 	}
 	return out
+}
+
+// StridedProgressAtEnd is GetStridedProgress for a backend without
+// Caps.Progress: get (its GetStrided), then one call of progress with every
+// piece's bytes once they all landed.
+func StridedProgressAtEnd(ctx context.Context, ops []StridedOp, progress func(n int), get func(context.Context, []StridedOp) error) error {
+	err := get(ctx, ops)
+	if err == nil && progress != nil {
+		n := 0
+		for _, op := range ops {
+			n += op.Count * op.Len
+		}
+		progress(n)
+	}
+	return err
 }

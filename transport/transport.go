@@ -126,6 +126,10 @@ type Endpoint interface {
 	// pieces as GetOps (StridedOp.AppendPieces), and a reader does better
 	// to plan GetOps itself.
 	GetStrided(ctx context.Context, ops []StridedOp) error
+	// GetStridedProgress is GetStrided; it calls progress as GetProgress
+	// does (with Caps.Progress as bytes land, else once at the end:
+	// StridedProgressAtEnd).
+	GetStridedProgress(ctx context.Context, ops []StridedOp, progress func(n int)) error
 	// Close releases the endpoint. In-flight Gets on it fail with ErrClosed
 	// or ErrCanceled.
 	Close() error

@@ -105,10 +105,7 @@ type endpointRef struct {
 	done chan struct{} // closed by Close: fails this caller's Gets
 }
 
-var (
-	_ transport.Endpoint              = (*endpointRef)(nil)
-	_ transport.StridedProgressReader = (*endpointRef)(nil)
-)
+var _ transport.Endpoint = (*endpointRef)(nil)
 
 // Get reads every op; see transport.Endpoint. Ops may name different
 // registrations of the same holder and are split into Config.ChunkBytes
@@ -121,12 +118,20 @@ func (r *endpointRef) Get(ctx context.Context, ops []transport.GetOp) error {
 // each request as it completes (Caps.Progress), and with 0 while bytes
 // arrive toward one; see transport.Endpoint.
 func (r *endpointRef) GetProgress(ctx context.Context, ops []transport.GetOp, progress func(n int)) error {
+	if err := r.closedErr(); err != nil {
+		return err
+	}
+	return r.e.get(ctx, r.done, ops, progress)
+}
+
+// closedErr is ErrClosed once this reference is closed, else nil.
+func (r *endpointRef) closedErr() error {
 	select {
 	case <-r.done:
 		return fmt.Errorf("tcp get %s: %w", r.e.addr, transport.ErrClosed)
 	default:
+		return nil
 	}
-	return r.e.get(ctx, r.done, ops, progress)
 }
 
 // GetStrided reads strided ops (Caps.Strided): an op whose pieces lie back
@@ -137,21 +142,12 @@ func (r *endpointRef) GetStrided(ctx context.Context, ops []transport.StridedOp)
 }
 
 // GetStridedProgress is GetStrided reporting each request's bytes as they
-// land (transport.StridedProgressReader).
+// land (Caps.Progress).
 func (r *endpointRef) GetStridedProgress(ctx context.Context, ops []transport.StridedOp, progress func(n int)) error {
-	select {
-	case <-r.done:
-		return fmt.Errorf("tcp get %s: %w", r.e.addr, transport.ErrClosed)
-	default:
+	if err := r.closedErr(); err != nil {
+		return err
 	}
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("tcp get %s: %w", r.e.addr, transport.CtxErr(err))
-	}
-	chunks, err := planStrided(ops, r.e.b.cfg.ChunkBytes)
-	if err != nil {
-		return fmt.Errorf("tcp get %s: %w", r.e.addr, err)
-	}
-	return r.e.getChunks(ctx, r.done, chunks, progress)
+	return r.e.getStrided(ctx, r.done, ops, progress)
 }
 
 // Close releases this reference; the connections close with the last one.

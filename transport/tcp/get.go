@@ -88,6 +88,18 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 	return e.getChunks(ctx, closed, chunks, progress)
 }
 
+// getStrided is get of strided ops (planStrided).
+func (e *endpoint) getStrided(ctx context.Context, closed <-chan struct{}, ops []transport.StridedOp, progress func(n int)) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("tcp get %s: %w", e.addr, transport.CtxErr(err))
+	}
+	chunks, err := planStrided(ops, e.b.cfg.ChunkBytes)
+	if err != nil {
+		return fmt.Errorf("tcp get %s: %w", e.addr, err)
+	}
+	return e.getChunks(ctx, closed, chunks, progress)
+}
+
 // getChunks is get of planned chunks.
 func (e *endpoint) getChunks(ctx context.Context, closed <-chan struct{}, chunks []chunk, progress func(n int)) error {
 	cfg := &e.b.cfg

@@ -68,6 +68,12 @@ func (h *Endpoint) get(ctx context.Context, ops []transport.GetOp) error {
 	return h.post(ctx, ops, keys, runs, holders)
 }
 
+// GetStridedProgress is GetStrided reporting once, at the end (no
+// Caps.Progress).
+func (h *Endpoint) GetStridedProgress(ctx context.Context, ops []transport.StridedOp, progress func(n int)) error {
+	return transport.StridedProgressAtEnd(ctx, ops, progress, h.GetStrided)
+}
+
 // GetStrided reads strided ops (transport.Endpoint, Caps.Strided). From holders'
 // shared segments mapped here each op is one piece list of the mapped copy,
 // without a GetOp per piece; any other key's pieces are read as GetOps
