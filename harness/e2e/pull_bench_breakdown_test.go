@@ -132,7 +132,7 @@ func breakdownLine(name string, ps []pullPhases, natsRTT time.Duration) string {
 func profileCPU(b *testing.B, pprofURL, path string, seconds int) (wait func()) {
 	b.Helper()
 	if pprofURL == "" {
-		b.Fatal("BENCH_PULL_PROFILE: the reader connexd printed no pprof= address")
+		b.Fatal("BENCH_PULL_PROFILE: the connexd printed no pprof= address")
 	}
 	done := make(chan error, 1)
 	go func() {
@@ -151,8 +151,8 @@ func profileCPU(b *testing.B, pprofURL, path string, seconds int) (wait func()) 
 	}()
 	return func() {
 		if err := <-done; err != nil {
-			b.Fatalf("CPU profile of the reader: %v", err)
+			b.Fatalf("CPU profile of %s: %v", path, err)
 		}
-		fmt.Printf("PROFILE %s (%d s of the reader's CPU during its timed pulls)\n", path, seconds)
+		fmt.Printf("PROFILE %s (%d s of a connexd's CPU during its timed pulls)\n", path, seconds)
 	}
 }

@@ -57,7 +57,7 @@ type heteroCase struct {
 // are always run: the ratios need them; the HETERO line then says "-" for
 // a ratio whose case did not run); BENCH_HETERO_REPS sets the timed pulls
 // per case (heteroReps); BENCH_PULL_PROFILE=DIR writes a CPU profile of
-// each backend's reader connexd over the first BENCH_PULL_PROFILE_S
+// each backend's reader and holder connexds over the first BENCH_PULL_PROFILE_S
 // seconds (10) of its timed pulls, as BenchmarkPull does.
 func BenchmarkPullHetero(b *testing.B) {
 	if only := os.Getenv("BENCH_PULL_LAYOUTS"); only != "" && !slices.Contains(strings.Split(only, ","), "hetero") {
@@ -99,13 +99,12 @@ func benchHetero(b *testing.B, url, backend string, cases []heteroCase) {
 	// take longer than a hold waits for its first pull (15 s) or between
 	// two (60 s) by default, on a busy machine.
 	args := []string{"--backend", backend, "--nats-url", url, "--log-level", "warn", "--pull-stall-ms", "10000", "--claim-s", "0", "--retain-s", "3600"}
-	hn := startConnexd(b, "hholder-"+backend, args...)
 	profDir := os.Getenv("BENCH_PULL_PROFILE")
-	rargs := args
 	if profDir != "" {
-		rargs = append(slices.Clone(args), "--pprof-listen", "127.0.0.1:0")
+		args = append(args, "--pprof-listen", "127.0.0.1:0")
 	}
-	rn := startConnexd(b, "hreader-"+backend, rargs...)
+	hn := startConnexd(b, "hholder-"+backend, args...)
+	rn := startConnexd(b, "hreader-"+backend, args...)
 	reps := envInt("BENCH_HETERO_REPS", heteroReps)
 	nc := connect(b, url)
 	const tokens = 1024
@@ -171,7 +170,10 @@ func benchHetero(b *testing.B, url, backend string, cases []heteroCase) {
 	dcli := &api.Client{NC: nc, Member: rn.member}
 	stopProfile := func() {}
 	if profDir != "" {
-		stopProfile = profileCPU(b, rn.pprofURL, filepath.Join(profDir, "hreader-"+backend+".pprof"), max(envInt("BENCH_PULL_PROFILE_S", 10), 1))
+		secs := max(envInt("BENCH_PULL_PROFILE_S", 10), 1)
+		stopReader := profileCPU(b, rn.pprofURL, filepath.Join(profDir, "hreader-"+backend+".pprof"), secs)
+		stopHolder := profileCPU(b, hn.pprofURL, filepath.Join(profDir, "hholder-"+backend+".pprof"), secs)
+		stopProfile = func() { stopReader(); stopHolder() }
 	}
 	for i := 0; i <= reps; i++ {
 		// Each rep starts at another case: what a pull leaves behind (the

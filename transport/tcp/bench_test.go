@@ -11,8 +11,9 @@ import (
 )
 
 // BenchmarkGet measures loopback GET throughput with the default Config:
-// one 256 MiB contiguous op, and 4096 pieces of 32 KiB at scattered offsets
-// into disjoint slices of one buffer (the shape of paged KV blocks).
+// one 256 MiB contiguous op, and 128 MiB in pieces of 32 KiB and of 16 KiB
+// (a TP rank's half of a block) at scattered offsets into disjoint slices of
+// one buffer (the shape of paged KV blocks).
 //
 //	go test -run xxx -bench . -benchtime 3x ./transport/tcp/
 func BenchmarkGet(b *testing.B) {
@@ -42,20 +43,25 @@ func benchGetCfg(b *testing.B, serverCfg, clientCfg Config) {
 		ops := []transport.GetOp{{RemoteKey: key, Dst: dst}}
 		runGet(b, ep, ops, regSize)
 	})
-	b.Run("4096x32KiB", func(b *testing.B) {
-		const piece, n = 32 << 10, 4096
-		rng := rand.New(rand.NewPCG(1, 2))
-		ops := make([]transport.GetOp, n)
-		perm := rng.Perm(regSize / piece)
-		for i := range ops {
-			ops[i] = transport.GetOp{
-				RemoteKey:  key,
-				RemoteAddr: uint64(perm[i] * piece),
-				Dst:        dst[i*piece : (i+1)*piece],
-			}
+	for _, piece := range []int{32 << 10, 16 << 10} {
+		b.Run(fmt.Sprintf("%dx%dKiB", (128<<20)/piece, piece>>10), func(b *testing.B) { benchPieces(b, ep, key, dst, piece, (128<<20)/piece) })
+	}
+}
+
+// benchPieces reads n pieces of piece bytes from scattered offsets of the
+// registration into disjoint slices of dst.
+func benchPieces(b *testing.B, ep transport.Endpoint, key []byte, dst []byte, piece, n int) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	ops := make([]transport.GetOp, n)
+	perm := rng.Perm(len(dst) / piece)
+	for i := range ops {
+		ops[i] = transport.GetOp{
+			RemoteKey:  key,
+			RemoteAddr: uint64(perm[i] * piece),
+			Dst:        dst[i*piece : (i+1)*piece],
 		}
-		runGet(b, ep, ops, n*piece)
-	})
+	}
+	runGet(b, ep, ops, int64(n*piece))
 }
 
 func runGet(b *testing.B, ep transport.Endpoint, ops []transport.GetOp, bytes int64) {

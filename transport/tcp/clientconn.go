@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -283,21 +282,9 @@ func (c *clientConn) readLoop(wg *sync.WaitGroup) {
 	close(c.done)
 }
 
-// recvClock stamps lastRecv on every read that returned bytes, so a Get
-// that gives up can tell a frozen connection from a busy one.
-type recvClock struct{ c *clientConn }
-
-func (rc recvClock) Read(p []byte) (int, error) {
-	n, err := rc.c.nc.Read(p)
-	if n > 0 {
-		rc.c.lastRecv.Store(monoNow())
-	}
-	return n, err
-}
-
 // read decodes the server's hello and then responses, completing requests.
 func (c *clientConn) read() error {
-	br := bufio.NewReaderSize(recvClock{c}, clientReadBuf)
+	br := newRecvBuf(c, clientReadBuf)
 	var hdr [responseLen]byte
 	if err := c.readFull(br, hdr[:helloLen]); err != nil {
 		return err
@@ -401,7 +388,7 @@ func (c *clientConn) rideKicks(n int, step func(done int) (int, error)) error {
 }
 
 // readFull is io.ReadFull that rides out kicks.
-func (c *clientConn) readFull(br *bufio.Reader, p []byte) error {
+func (c *clientConn) readFull(br *recvBuf, p []byte) error {
 	return c.rideKicks(len(p), func(got int) (int, error) { return br.Read(p[got:]) })
 }
 
@@ -410,7 +397,7 @@ func (c *clientConn) readFull(br *bufio.Reader, p []byte) error {
 // the count read, once r was abandoned and its Get kicked the reader, or
 // with errDstFault when r.dst faulted (the rest of the payload is then
 // still to be discarded).
-func (c *clientConn) readPayload(br *bufio.Reader, r *pendingReq) (int, error) {
+func (c *clientConn) readPayload(br *recvBuf, r *pendingReq) (int, error) {
 	if r.to.piece != 0 {
 		return c.readScattered(br, r)
 	}
@@ -439,6 +426,6 @@ func (c *clientConn) readPayload(br *bufio.Reader, r *pendingReq) (int, error) {
 }
 
 // discard skips n payload bytes, riding out kicks.
-func (c *clientConn) discard(br *bufio.Reader, n int) error {
+func (c *clientConn) discard(br *recvBuf, n int) error {
 	return c.rideKicks(n, func(done int) (int, error) { return br.Discard(n - done) })
 }

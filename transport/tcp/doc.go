@@ -6,9 +6,10 @@
 // cached per address and shared by reference count). The holder's CPU sends
 // the bytes (reads are not one-sided), but no user-space copy is made on
 // either side: the server hands registered memory straight to writev, and
-// the reader's read(2) lands each payload in the caller's GetOp.Dst (only the
-// few bytes that arrive together with a response header pass through a
-// 4 KiB buffer).
+// the reader's readv(2) lands each payload in the caller's GetOp.Dst and, in
+// the same call, what follows it (the next response's header, and the start
+// of its payload: the few bytes that pass through a 4 KiB buffer): one system
+// call per response (recvbuf.go; TLS connections read as bufio does).
 //
 // # Remote keys
 //

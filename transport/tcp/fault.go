@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"runtime"
@@ -61,7 +60,7 @@ const pageBytes = 4096
 // nothing from br: bufio copies before it advances, and read(2) that
 // fails with EFAULT leaves the socket's bytes queued, so the caller can
 // discard the payload and keep the connection.
-func readCatchingFaults(br *bufio.Reader, p []byte) (n int, err error) {
+func readCatchingFaults(br *recvBuf, p []byte) (n int, err error) {
 	if faulted(func() { n, err = br.Read(p) }) {
 		return 0, errDstFault
 	}

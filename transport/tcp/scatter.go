@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"bufio"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -165,7 +164,7 @@ func (s scatter) copyInto(dst []byte, off int, src []byte) {
 // readScattered is readPayload for a scattered payload: read through a
 // pooled scratch, then copied into r.dst's pieces. It returns the bytes
 // consumed from br.
-func (c *clientConn) readScattered(br *bufio.Reader, r *pendingReq) (int, error) {
+func (c *clientConn) readScattered(br *recvBuf, r *pendingReq) (int, error) {
 	sp := scratches.Get().(*[]byte)
 	defer scratches.Put(sp)
 	scratch := *sp
