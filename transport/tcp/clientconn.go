@@ -71,10 +71,16 @@ type clientConn struct {
 
 	done     chan struct{} // closed when the reader has exited
 	lastRecv atomic.Int64  // monoNow of the last read that returned bytes, or of the dial
+
+	ep      *endpoint
+	offered uint8         // the protocol version this side's hello offered
+	version atomic.Uint32 // the version the holder's hello answered; 0 before it
 }
 
-func newClientConn(e *endpoint, nc net.Conn) *clientConn {
+func newClientConn(e *endpoint, nc net.Conn, offered uint8) *clientConn {
 	c := &clientConn{
+		ep:      e,
+		offered: offered,
 		log:     e.b.log,
 		addr:    e.addr,
 		nc:      nc,
@@ -87,9 +93,9 @@ func newClientConn(e *endpoint, nc net.Conn) *clientConn {
 	return c
 }
 
-// dialConn connects to addr and sends the hello. Requests may follow at
-// once; the server's hello is checked by the reader.
-func dialConn(ctx context.Context, b *Backend, addr string) (net.Conn, error) {
+// dialConn connects to addr and sends a hello offering version. Requests may
+// follow at once; the server's hello is checked by the reader.
+func dialConn(ctx context.Context, b *Backend, addr string, version uint8) (net.Conn, error) {
 	d := net.Dialer{KeepAlive: 15 * time.Second}
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -122,7 +128,7 @@ func dialConn(ctx context.Context, b *Backend, addr string) (net.Conn, error) {
 	var hello [helloLen]byte
 	// 8 bytes into a fresh socket's empty send buffer: never blocks.
 	_ = nc.SetWriteDeadline(time.Now().Add(b.cfg.WriteTimeout))
-	if _, err := nc.Write(appendHello(hello[:0])); err != nil {
+	if _, err := nc.Write(appendHello(hello[:0], version)); err != nil {
 		_ = nc.Close()
 		return nil, fmt.Errorf("tcp dial %s: hello: %w: %v", addr, transport.ErrPeerGone, err)
 	}
@@ -183,11 +189,22 @@ func (c *clientConn) send(ctx context.Context, reqs []*pendingReq) error {
 	}
 	buf := c.wbuf[:0]
 	for _, r := range reqs {
+		if r.to.parts != nil && c.offered < gatherVersion {
+			// Planned against a holder that spoke version 2; this
+			// connection's holder refused that offer since.
+			r.err = errGatherRefused
+			r.call.done <- r // never blocks: sized for the call's window
+			continue
+		}
 		c.nextID++
 		r.id = c.nextID
 		r.conn = c
 		c.pending[r.id] = r
-		buf = appendRequest(buf, request{id: r.id, key: r.key, offset: r.off, length: uint32(r.to.n)})
+		if r.to.parts != nil {
+			buf = appendGather(buf, request{id: r.id, key: r.key, length: uint32(r.to.n), segs: r.to.segments()})
+		} else {
+			buf = appendRequest(buf, request{id: r.id, key: r.key, offset: r.off, length: uint32(r.to.n)})
+		}
 	}
 	c.wseq++
 	seq := c.wseq
@@ -263,6 +280,9 @@ func (c *clientConn) readLoop(wg *sync.WaitGroup) {
 		case isClosedErr(err):
 			c.log.Debug("tcp: holder closed connection", "peer", c.addr, "err", err)
 			c.err = fmt.Errorf("%w: %s: %w: %v", transport.ErrPeerGone, c.addr, errConnLost, err)
+			if c.version.Load() == 0 && c.offered > minProtocolVersion {
+				c.ep.refused(c.offered)
+			}
 		default:
 			c.log.Warn("tcp: connection to holder failed", "peer", c.addr, "err", err)
 			c.err = fmt.Errorf("%w: %s: %w: %v", transport.ErrPeerGone, c.addr, errConnLost, err)
@@ -289,9 +309,15 @@ func (c *clientConn) read() error {
 	if err := c.readFull(br, hdr[:helloLen]); err != nil {
 		return err
 	}
-	if err := decodeHello(hdr[:helloLen]); err != nil {
+	v, err := decodeHello(hdr[:helloLen])
+	if err != nil {
 		return err
 	}
+	if v > c.offered {
+		return protoErr("holder answered protocol version %d to an offer of %d", v, c.offered)
+	}
+	c.version.Store(uint32(v))
+	c.ep.learned(v)
 	for {
 		if err := c.readFull(br, hdr[:]); err != nil {
 			return err
@@ -398,12 +424,13 @@ func (c *clientConn) readFull(br *recvBuf, p []byte) error {
 // with errDstFault when r.dst faulted (the rest of the payload is then
 // still to be discarded).
 func (c *clientConn) readPayload(br *recvBuf, r *pendingReq) (int, error) {
-	if r.to.piece != 0 {
+	if r.to.piece != 0 && r.to.parts == nil {
 		return c.readScattered(br, r)
 	}
 	got := 0
+	var iov [maxReadIov][]byte
 	for got < r.to.n {
-		n, err := readCatchingFaults(br, r.to.at(r.dst, got))
+		n, err := readCatchingFaults(br, r.to.iovAt(r.dst, got, iov[:0]))
 		got += n
 		if err == nil {
 			continue

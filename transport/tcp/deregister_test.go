@@ -24,14 +24,14 @@ func dialRaw(t *testing.T, b *Backend) *rawClient {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = nc.Close() })
-	if _, err := nc.Write(appendHello(nil)); err != nil {
+	if _, err := nc.Write(appendHello(nil, ProtocolVersion)); err != nil {
 		t.Fatal(err)
 	}
 	var hello [helloLen]byte
 	if _, err := io.ReadFull(nc, hello[:]); err != nil {
 		t.Fatal(err)
 	}
-	if err := decodeHello(hello[:]); err != nil {
+	if _, err := decodeHello(hello[:]); err != nil {
 		t.Fatal(err)
 	}
 	return &rawClient{t: t, nc: nc}

@@ -20,42 +20,62 @@
 // [offset, offset+length) lies inside the registration; otherwise the reader
 // gets transport.ErrNotRegistered and no byte of memory is sent.
 //
-// # Wire protocol (version 1)
+// # Wire protocol (versions 1 and 2)
 //
 // All integers are big-endian. A connection starts with an 8-byte hello in
 // each direction; the reader sends its hello and may pipeline requests right
 // behind it without waiting for the server's:
 //
-//	hello:    "CNXT" | version u8 (=1) | flags u8 (=0) | reserved u16 (=0)
+//	hello:    "CNXT" | version u8 | flags u8 (=0) | reserved u16 (=0)
 //
-// After the hello the reader sends fixed-size request frames and the server
-// answers every GET, in order, with a response header followed by the
+// The reader's hello offers the highest version it speaks (2); the server
+// answers with the version the connection speaks, the lower of the offer
+// and its own. A server of version 1 (connexd before GATHER) closes a
+// connection whose hello offers 2; a reader whose connection is closed
+// before the server's hello offers 1 to that address from then on (so does
+// one shed by a full server before its hello: it then reads with GETs until
+// the endpoint is dropped). A reader sends GATHERs only to an address whose
+// server's hello said 2.
+//
+// After the hello the reader sends request frames and the server answers
+// every GET and GATHER, in order, with a response header followed by the
 // payload when the status is OK:
 //
 //	request  (40 bytes): magic u8 (=0xC7) | op u8 | reserved u16 (=0)
 //	                     | length u32 | request id u64 | key [16]byte | offset u64
+//	segment  (16 bytes): offset u64 | length u32 | reserved u32 (=0)
 //	response (16 bytes): magic u8 (=0xC7) | status u8 | reserved u16 (=0)
 //	                     | payload length u32 | request id u64
 //	                     then payload length bytes
 //
 //	op 1 GET:    read length bytes at offset of the registration named by key
-//	op 2 CANCEL: the reader no longer wants GET "request id"; length, key
-//	             and offset are zero. Ignored if that GET is not queued.
+//	op 2 CANCEL: the reader no longer wants request "request id"; length, key
+//	             and offset are zero. Ignored if that request is not queued.
+//	op 3 GATHER: (version 2) "offset" is a count n, 1 to MaxGatherSegments
+//	             (64), and n segments follow the frame: read each range of
+//	             the registration named by key, their bytes in a row;
+//	             length is their sum. Every range must be registered (else
+//	             status 1 for the whole request).
 //	status 0 OK:             exactly the requested length follows
 //	status 1 not registered: no payload (unknown id, wrong secret, out of range)
-//	status 2 canceled:       no payload (answer to a canceled GET)
+//	status 2 canceled:       no payload (answer to a canceled request)
+//	status 3 fault:          no payload (the holder's memory faulted)
 //
 // Request ids are chosen by the reader and must be unique among its
-// outstanding GETs. A request longer than MaxRequestBytes (16 MiB); a bad
-// magic, version, op or reserved field; a reused id; or a response whose id is
-// not outstanding or whose length disagrees with its request is a protocol
-// error: the side that sees it logs a warning and closes that one connection.
-// Frames are fixed-size and the server reads at most 256 requests ahead, so
-// neither side allocates on the peer's say-so.
+// outstanding requests. A request longer than MaxRequestBytes (16 MiB); a
+// bad magic, version, op or reserved field; an empty segment or segments
+// that do not sum to the length; a GATHER on a version 1 connection; a
+// reused id; or a response whose id is not outstanding or whose length
+// disagrees with its request is a protocol error: the side that sees it
+// logs a warning and closes that one connection. Frames are at most 1064
+// bytes and the server reads at most 256 requests ahead, so neither side
+// allocates more than that on the peer's say-so.
 //
-// Readers split large GETs into Config.ChunkBytes requests, spread them over
-// Config.ConnsPerEndpoint connections and keep at most Config.WindowBytes /
-// Config.WindowOps in flight per Get call, refilling the window in batches.
+// Readers split large GETs into Config.ChunkBytes requests, pack small ones
+// (up to 32 KiB, a paged KV block's piece) of one registration into GATHERs
+// of up to 1 MiB (gather.go), spread them over Config.ConnsPerEndpoint
+// connections and keep at most Config.WindowBytes / Config.WindowOps in
+// flight per Get call, refilling the window in batches.
 // The server answers requests already queued with one writev straight from
 // registered memory.
 //

@@ -3,6 +3,7 @@ package tcp
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,7 +27,37 @@ type endpoint struct {
 	err   error // set by shutdown; no more dials
 
 	rr atomic.Uint32 // spreads Gets' first chunks over the slots
+
+	// proto is the protocol version the holder speaks, as its last hello
+	// said (or 1 once it refused a higher offer); 0 until one is known.
+	proto atomic.Uint32
 }
+
+// offer is the protocol version a new connection's hello offers: the
+// highest, unless the holder refused it.
+func (e *endpoint) offer() uint8 {
+	if v := e.proto.Load(); v != 0 {
+		return uint8(v)
+	}
+	return ProtocolVersion
+}
+
+// learned records the version a holder's hello answered.
+func (e *endpoint) learned(v uint8) { e.proto.Store(uint32(v)) }
+
+// refused records that the holder closed a connection whose hello offered
+// version v before answering it: a holder older than v (or one that shed
+// the connection, which then costs only GATHER until the endpoint goes).
+// Later connections offer version 1.
+func (e *endpoint) refused(v uint8) {
+	if e.proto.Swap(minProtocolVersion) != minProtocolVersion {
+		e.b.log.Info("tcp: the holder closed a connection offering protocol version "+strconv.Itoa(int(v))+" before its hello; offering version 1 (an older connexd?)", "peer", e.addr)
+	}
+}
+
+// gathers reports whether Gets may send GATHER requests: the holder spoke
+// version 2 or later.
+func (e *endpoint) gathers() bool { return e.proto.Load() >= gatherVersion }
 
 func newEndpoint(b *Backend, addr string) *endpoint {
 	return &endpoint{b: b, addr: addr, slots: make([]*clientConn, b.cfg.ConnsPerEndpoint)}
@@ -52,7 +83,8 @@ func (e *endpoint) conn(ctx context.Context, i int) (*clientConn, error) {
 	}
 	e.mu.Unlock()
 
-	nc, err := dialConn(ctx, e.b, e.addr)
+	offered := e.offer()
+	nc, err := dialConn(ctx, e.b, e.addr, offered)
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +99,7 @@ func (e *endpoint) conn(ctx context.Context, i int) (*clientConn, error) {
 		_ = nc.Close() // a concurrent Get redialed first
 		return c, nil
 	}
-	c := newClientConn(e, nc)
+	c := newClientConn(e, nc, offered)
 	e.slots[i] = c
 	// Add happens under e.mu before shutdown (which Backend.Close runs
 	// before waiting) can see e.err == nil, so Close waits for this reader.

@@ -2,8 +2,11 @@ package tcp
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"syscall"
+
+	"github.com/connex/connex/transport"
 )
 
 // errConnAborted fails the requests of a connection that this side closed
@@ -18,6 +21,11 @@ var errConnAborted = errors.New("tcp: connection closed to abandon a canceled ge
 // just as the Get reused it. A dead holder refuses the redial, so the Get
 // still fails with ErrPeerGone.
 var errConnLost = errors.New("connection lost")
+
+// errGatherRefused fails a GATHER that was planned while the holder spoke
+// protocol version 2 and is to be sent after it refused that version (the
+// same address now served by an older connexd).
+var errGatherRefused = fmt.Errorf("%w: the holder no longer speaks protocol version %d (replaced by an older connexd?)", transport.ErrPeerGone, gatherVersion)
 
 // maxTries bounds how often one chunk is resent after errConnAborted.
 const maxTries = 5

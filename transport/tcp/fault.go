@@ -55,13 +55,13 @@ func faulted(f func()) (hit bool) {
 // pageBytes is the stride of touchPages: the smallest page size.
 const pageBytes = 4096
 
-// readCatchingFaults is br.Read(p), except that a fault on p returns
+// readCatchingFaults is br.ReadV(iov), except that a fault on iov returns
 // errDstFault instead of killing the process with SIGBUS. A fault consumes
 // nothing from br: bufio copies before it advances, and read(2) that
 // fails with EFAULT leaves the socket's bytes queued, so the caller can
 // discard the payload and keep the connection.
-func readCatchingFaults(br *recvBuf, p []byte) (n int, err error) {
-	if faulted(func() { n, err = br.Read(p) }) {
+func readCatchingFaults(br *recvBuf, iov [][]byte) (n int, err error) {
+	if faulted(func() { n, err = br.ReadV(iov) }) {
 		return 0, errDstFault
 	}
 	if errors.Is(err, syscall.EFAULT) {

@@ -15,15 +15,26 @@ import (
 // `go test -fuzz FuzzServerStream ./transport/tcp/` explores further.
 
 func FuzzDecodeHello(f *testing.F) {
-	f.Add(appendHello(nil))
-	f.Add([]byte("CNXT\x02\x00\x00\x00"))
+	f.Add(appendHello(nil, ProtocolVersion))
+	f.Add(appendHello(nil, minProtocolVersion))
+	f.Add([]byte("CNXT\x03\x00\x00\x00"))
+	f.Add([]byte("CNXT\x00\x00\x00\x00"))
 	f.Add([]byte("CNXU\x01\x00\x00\x00"))
 	f.Add([]byte("CNXT\x01\x00\x00\x01"))
 	f.Add([]byte("CNXT"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		err := decodeHello(b)
-		if (err == nil) != bytes.Equal(b, appendHello(nil)) {
-			t.Fatalf("decodeHello(%q) = %v", b, err)
+		v, err := decodeHello(b)
+		valid := false
+		for want := uint8(minProtocolVersion); want <= ProtocolVersion; want++ {
+			if bytes.Equal(b, appendHello(nil, want)) {
+				valid = err == nil && v == want
+				if !valid {
+					t.Fatalf("decodeHello(%q) = %d, %v; want %d", b, v, err, want)
+				}
+			}
+		}
+		if !valid && err == nil {
+			t.Fatalf("decodeHello(%q) accepted version %d", b, v)
 		}
 		if err != nil && !errors.Is(err, errProtocol) {
 			t.Fatalf("error %v is not a protocol error", err)
@@ -59,6 +70,10 @@ func FuzzDecodeRequest(f *testing.F) {
 	f.Add(bad)
 	f.Add(bytes.Repeat([]byte{0xC7}, requestLen))
 	f.Add([]byte{frameMagic, opGet})
+	g := appendGather(nil, request{id: 3, key: key, length: 30, segs: []segment{{offset: 5, length: 10}, {offset: 100, length: 20}}})
+	f.Add(g[:requestLen])
+	f.Add(appendGather(nil, request{id: 3, key: key, segs: make([]segment, MaxGatherSegments+1)})[:requestLen])
+	f.Add(appendGather(nil, request{id: 3, key: key})[:requestLen])
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := decodeRequest(b)
 		if err != nil {
@@ -71,9 +86,15 @@ func FuzzDecodeRequest(f *testing.F) {
 			t.Fatalf("accepted length %d", r.length)
 		}
 		var again []byte
-		if r.op == opCancel {
+		switch r.op {
+		case opCancel:
 			again = appendCancel(nil, r.id)
-		} else {
+		case opGather:
+			if r.offset < 1 || r.offset > MaxGatherSegments {
+				t.Fatalf("accepted a gather of %d segments", r.offset)
+			}
+			again = appendGather(nil, request{id: r.id, key: r.key, length: r.length, segs: make([]segment, r.offset)})[:requestLen]
+		default:
 			again = appendRequest(nil, r)
 		}
 		if !bytes.Equal(again, b) {
@@ -184,7 +205,7 @@ func FuzzServerStream(f *testing.F) {
 	reg.secret = [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
 	key := remoteKey{id: reg.id, secret: reg.secret}
 
-	hello := appendHello(nil)
+	hello := appendHello(nil, ProtocolVersion)
 	get := func(id, off uint64, n uint32) []byte {
 		return appendRequest(nil, request{id: id, key: key, offset: off, length: n})
 	}
@@ -201,10 +222,24 @@ func FuzzServerStream(f *testing.F) {
 	f.Add(cat(hello, []byte{0xC7, 1, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF}))
 	f.Add(cat([]byte("CNXT\x02\x00\x00\x00"), get(1, 0, 1)))
 	f.Add(cat(hello, bytes.Repeat(get(7, 0, 1000), 3)))
+	gather := func(id uint64, segs ...segment) []byte {
+		n := uint32(0)
+		for _, g := range segs {
+			n += g.length
+		}
+		return appendGather(nil, request{id: id, key: key, length: n, segs: segs})
+	}
+	f.Add(cat(hello, gather(1, segment{0, 10}, segment{990, 10}), get(2, 0, 5), gather(3, segment{500, 500})))
+	f.Add(cat(hello, gather(1, segment{0, 10}, segment{995, 10})))
+	f.Add(cat(hello, gather(1, segment{0, 10}), appendCancel(nil, 1), gather(2, segment{1, 1}, segment{1, 1})))
+	f.Add(cat(hello, gather(1, segment{0, 0}, segment{1, 1})))
+	f.Add(cat(hello, gather(1, segment{0, 10})[:requestLen+8]))
+	f.Add(cat(appendHello(nil, minProtocolVersion), gather(1, segment{0, 10}, segment{20, 10})))
 
 	f.Fuzz(func(t *testing.T, data []byte) {
-		nreq := len(data) / requestLen
-		limit := helloLen + nreq*(responseLen+1000)
+		// A GATHER may read the registration's 1000 bytes once per segment.
+		nreq := len(data)/requestLen + 1
+		limit := helloLen + nreq*(responseLen+MaxGatherSegments*1000)
 		conn := &fuzzConn{in: bytes.NewReader(data), limit: limit}
 		sc := &serverConn{b: b, nc: conn, raw: conn}
 		done := make(chan error, 1)
@@ -218,7 +253,7 @@ func FuzzServerStream(f *testing.F) {
 		if len(out) == 0 {
 			return
 		}
-		if err := decodeHello(out[:min(helloLen, len(out))]); err != nil {
+		if _, err := decodeHello(out[:min(helloLen, len(out))]); err != nil {
 			t.Fatalf("server's first bytes are not a hello: %v", err)
 		}
 		for out = out[helloLen:]; len(out) > 0; {
@@ -244,11 +279,12 @@ func FuzzServerStream(f *testing.F) {
 }
 
 // FuzzClientStream feeds arbitrary bytes as a holder's answers to a reader
-// with three requests outstanding (ids 1..3, one of them abandoned). It must
+// with three requests outstanding (ids 1..3: an empty GET, a GATHER of two
+// ranges, an abandoned GET). It must
 // not panic, must end with an error, must complete each request at most
 // once, and must never write outside the requests' Dst.
 func FuzzClientStream(f *testing.F) {
-	hello := appendHello(nil)
+	hello := appendHello(nil, ProtocolVersion)
 	resp := func(id uint64, status uint8, n uint32, payload byte) []byte {
 		b := make([]byte, responseLen, responseLen+int(n))
 		putResponse(b, response{id: id, status: status, length: n})
@@ -264,17 +300,21 @@ func FuzzClientStream(f *testing.F) {
 	f.Add(cat(hello, resp(2, statusOK, 7, 'a'), resp(2, statusOK, 7, 'a')))
 	f.Add(cat(hello, resp(2, 7, 0, 0)))
 	f.Add(cat([]byte("CNXT\x01\x00\x00"), resp(1, statusOK, 0, 0)))
+	f.Add(cat(appendHello(nil, minProtocolVersion), resp(2, statusOK, 7, 'a')))
+	f.Add(cat([]byte("CNXT\x03\x00\x00\x00"), resp(2, statusOK, 7, 'a')))
 
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b := &Backend{cfg: DefaultConfig(), log: testLogger()}
 		e := &endpoint{b: b, addr: "fuzz"}
 		conn := &fuzzConn{in: bytes.NewReader(data), limit: 1 << 20}
-		c := newClientConn(e, conn)
+		c := newClientConn(e, conn, ProtocolVersion)
 		call := &getCall{done: make(chan *pendingReq, 3)}
 		mem := bytes.Repeat([]byte{'.'}, 200)
-		dsts := [][]byte{mem[10:10:10], mem[20:27:27], mem[40:140:140]}
+		gather := scatter{n: 7, parts: []part{{at: 0, n: 3, off: 100, dst: mem[20:23:23]}, {at: 3, n: 4, off: 5, dst: mem[30:34:34]}}}
+		tos := []scatter{{n: 0}, gather, {n: 100}}
+		dsts := [][]byte{mem[10:10:10], nil, mem[40:140:140]}
 		for i, dst := range dsts {
-			r := &pendingReq{call: call, id: uint64(i + 1), conn: c, dst: dst, abandoned: i == 2}
+			r := &pendingReq{call: call, id: uint64(i + 1), conn: c, dst: dst, to: tos[i], abandoned: i == 2}
 			c.pending[r.id] = r
 		}
 		c.nextID = 3
@@ -302,7 +342,7 @@ func FuzzClientStream(f *testing.F) {
 			seen[r] = true
 		}
 		for i, ch := range mem {
-			inDst := (i >= 20 && i < 27) || (i >= 40 && i < 140)
+			inDst := (i >= 20 && i < 23) || (i >= 30 && i < 34) || (i >= 40 && i < 140)
 			if !inDst && ch != '.' {
 				t.Fatalf("reader wrote outside Dst at %d", i)
 			}

@@ -85,7 +85,7 @@ func (e *endpoint) get(ctx context.Context, closed <-chan struct{}, ops []transp
 	if err != nil {
 		return fmt.Errorf("tcp get %s: %w", e.addr, err)
 	}
-	return e.getChunks(ctx, closed, chunks, progress)
+	return e.getChunks(ctx, closed, e.gather(chunks), progress)
 }
 
 // getStrided is get of strided ops (planStrided).
@@ -97,7 +97,17 @@ func (e *endpoint) getStrided(ctx context.Context, closed <-chan struct{}, ops [
 	if err != nil {
 		return fmt.Errorf("tcp get %s: %w", e.addr, err)
 	}
-	return e.getChunks(ctx, closed, chunks, progress)
+	return e.getChunks(ctx, closed, e.gather(chunks), progress)
+}
+
+// gather packs chunks into GATHER requests where the holder speaks protocol
+// version 2 (gatherChunks); a Get on an endpoint whose holder has not
+// answered a hello yet sends plain GETs.
+func (e *endpoint) gather(chunks []chunk) []chunk {
+	if !e.gathers() || len(chunks) < 2 {
+		return chunks
+	}
+	return gatherChunks(chunks, e.b.cfg.ChunkBytes, 4*len(e.slots))
 }
 
 // getChunks is get of planned chunks.

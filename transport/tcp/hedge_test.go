@@ -103,7 +103,7 @@ func (h *hedgeHolder) serve(c net.Conn, cut chan struct{}) {
 	if _, err := io.ReadFull(c, hello[:]); err != nil {
 		return
 	}
-	if _, err := c.Write(appendHello(nil)); err != nil {
+	if _, err := c.Write(appendHello(nil, ProtocolVersion)); err != nil {
 		return
 	}
 	for {
@@ -203,7 +203,7 @@ func TestProgressWhileBytesArrive(t *testing.T) {
 		if _, err := io.ReadFull(c, hello[:]); err != nil {
 			return
 		}
-		if _, err := c.Write(appendHello(nil)); err != nil {
+		if _, err := c.Write(appendHello(nil, ProtocolVersion)); err != nil {
 			return
 		}
 		var b [requestLen]byte

@@ -56,7 +56,7 @@ func (h *fakeHolder) accept(t *testing.T) net.Conn {
 	if _, err := io.ReadFull(c, hello[:]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Write(appendHello(nil)); err != nil {
+	if _, err := c.Write(appendHello(nil, ProtocolVersion)); err != nil {
 		t.Fatal(err)
 	}
 	return c

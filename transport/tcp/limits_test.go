@@ -19,7 +19,7 @@ func rawConn(t *testing.T, b *Backend) net.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { nc.Close() })
-	if _, err := nc.Write(appendHello(nil)); err != nil {
+	if _, err := nc.Write(appendHello(nil, ProtocolVersion)); err != nil {
 		t.Fatal(err)
 	}
 	return nc

@@ -20,6 +20,8 @@ type recvBuf struct {
 	raw  syscall.RawConn // nil: no readv (TLS, or not a socket)
 	buf  []byte
 	r, w int // buf[r:w] is read and not yet consumed
+	one  [1][]byte
+	iov  [][]byte // ReadV's readv vector: the caller's slices and buf
 }
 
 // newRecvBuf returns c's receive buffer of size bytes.
@@ -36,16 +38,49 @@ func newRecvBuf(c *clientConn, size int) *recvBuf {
 // Read reads into p: what the buffer holds first, else from the socket
 // (with the bytes after p's into the buffer where readv is there).
 func (b *recvBuf) Read(p []byte) (int, error) {
-	if len(p) == 0 {
+	b.one[0] = p
+	n, err := b.ReadV(b.one[:])
+	b.one[0] = nil
+	return n, err
+}
+
+// ReadV reads into the slices of iov in turn, at most their summed length:
+// what the buffer holds first, else from the socket in one readv(2) (and
+// the bytes after them into the buffer). Without readv it reads into
+// iov[0] as Read does. The buffer advances only once every copy out of it
+// is done, so a fault on a destination (transport.FaultGuard) consumes
+// nothing.
+func (b *recvBuf) ReadV(iov [][]byte) (int, error) {
+	want := 0
+	for _, p := range iov {
+		want += len(p)
+	}
+	if want == 0 {
 		return 0, nil
 	}
 	if b.r < b.w {
-		n := copy(p, b.buf[b.r:b.w])
-		b.r += n
+		r := b.r
+		for _, p := range iov {
+			r += copy(p, b.buf[r:b.w])
+			if r == b.w {
+				break
+			}
+		}
+		n := r - b.r
+		b.r = r
 		return n, nil
 	}
 	b.r, b.w = 0, 0
 	if b.raw == nil {
+		p := iov[0]
+		if len(p) == 0 {
+			for _, q := range iov {
+				if len(q) > 0 {
+					p = q
+					break
+				}
+			}
+		}
 		if len(p) >= len(b.buf) {
 			return b.read(p)
 		}
@@ -56,10 +91,12 @@ func (b *recvBuf) Read(p []byte) (int, error) {
 		b.r = n
 		return n, nil
 	}
-	n, err := b.readv(p)
-	if n > len(p) {
-		b.w = n - len(p)
-		n = len(p)
+	b.iov = append(append(b.iov[:0], iov...), b.buf)
+	n, err := b.readv(b.iov)
+	clear(b.iov) // drop references to the caller's memory
+	if n > want {
+		b.w = n - want
+		n = want
 	}
 	return n, err
 }
@@ -100,16 +137,15 @@ func (b *recvBuf) read(p []byte) (int, error) {
 	return n, err
 }
 
-// readv is one readv(2) into p and then the (empty) buffer; it returns the
-// bytes read into both.
-func (b *recvBuf) readv(p []byte) (int, error) {
+// readv is one readv(2) into iov (the caller's slices, then the empty
+// buffer); it returns the bytes read into all of them.
+func (b *recvBuf) readv(iov [][]byte) (int, error) {
 	var (
 		n     int
 		errno error
 	)
-	iov := [2][]byte{p, b.buf}
 	err := b.raw.Read(func(fd uintptr) bool {
-		n, errno = readv(int(fd), iov[:])
+		n, errno = readv(int(fd), iov)
 		return errno != syscall.EAGAIN
 	})
 	if err == nil {

@@ -18,10 +18,11 @@ type scatter struct {
 	n      int // payload bytes
 	piece  int // 0: contiguous
 	stride int
+	parts  []part // a GATHER's ranges (gather.go); dst is then unused
 }
 
 // at is the part of dst that payload offset off lands in, up to the end of
-// its piece (or of dst).
+// its piece (or of dst). Not for a GATHER: see iovAt.
 func (s scatter) at(dst []byte, off int) []byte {
 	if s.piece == 0 {
 		return dst[off:s.n]

@@ -21,6 +21,7 @@ import (
 // the server hold.
 const (
 	maxBatchOps   = 64
+	maxBatchIov   = 4 * maxBatchOps // GATHERs add an iovec per segment
 	maxBatchBytes = 1 << 20
 	maxQueued     = 256
 	serverReadBuf = 16 << 10 // request frames only: 400 of them
@@ -44,6 +45,8 @@ type serverConn struct {
 	// writing is the registration whose lock this connection holds while a
 	// batch is being written; Deregister uses it to cut stalled readers.
 	writing atomic.Pointer[registration]
+
+	version uint8 // the protocol version the connection speaks (its hello)
 
 	locked *registration // read-locked by the pending batch, or nil
 	iov    [][]byte      // pending batch: headers and payload slices
@@ -229,15 +232,17 @@ func (sc *serverConn) serve() error {
 	if _, err := io.ReadFull(sc.nc, hello[:]); err != nil {
 		return err
 	}
-	if err := decodeHello(hello[:]); err != nil {
+	v, err := decodeHello(hello[:])
+	if err != nil {
 		return err
 	}
+	sc.version = v // the reader's offer: this side speaks every version up to ProtocolVersion
 	if err := b.serveConn(sc); err != nil {
 		return err
 	}
 	_ = sc.nc.SetReadDeadline(time.Time{})
 	_ = sc.nc.SetWriteDeadline(time.Now().Add(b.cfg.WriteTimeout))
-	if _, err := sc.nc.Write(appendHello(hello[:0])); err != nil {
+	if _, err := sc.nc.Write(appendHello(hello[:0], sc.version)); err != nil {
 		return err
 	}
 
@@ -251,7 +256,7 @@ func (sc *serverConn) serve() error {
 	readDone := make(chan error, 1)
 	go func() { readDone <- sc.readRequests() }()
 
-	err := sc.answer()
+	err = sc.answer()
 	close(sc.stop)
 	if err != nil {
 		_ = sc.nc.Close() // unblocks readRequests
@@ -283,6 +288,9 @@ func (sc *serverConn) readRequests() error {
 				return io.EOF
 			}
 			return err
+		}
+		if req.op == opGather && sc.version < gatherVersion {
+			return protoErr("gather on a connection of protocol version %d", sc.version)
 		}
 		sc.qmu.Lock()
 		_, isQueued := sc.queued[req.id]
@@ -319,7 +327,7 @@ func (sc *serverConn) answer() error {
 			return err
 		}
 	batch:
-		for sc.nOps < maxBatchOps && sc.nBytes < maxBatchBytes {
+		for sc.nOps < maxBatchOps && sc.nBytes < maxBatchBytes && len(sc.iov) < maxBatchIov {
 			select {
 			case req, ok := <-sc.queue:
 				if !ok {
@@ -366,7 +374,23 @@ func readRequest(br *bufio.Reader) (request, error) {
 	if err != nil {
 		return request{}, err
 	}
-	_, _ = br.Discard(requestLen)
+	if req.op != opGather {
+		_, _ = br.Discard(requestLen)
+		return req, nil
+	}
+	// The segments follow the header; at most MaxGatherSegments of them
+	// (decodeRequest), well inside the read buffer.
+	n := requestLen + gatherSegments(p)*segmentLen
+	if p, err = br.Peek(n); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return request{}, err
+	}
+	if err := decodeSegments(&req, p[requestLen:]); err != nil {
+		return request{}, err
+	}
+	_, _ = br.Discard(n)
 	return req, nil
 }
 
@@ -387,7 +411,7 @@ func (sc *serverConn) add(req request) error {
 	r := sc.b.lookup(req.key.id)
 	ok := r != nil &&
 		subtle.ConstantTimeCompare(r.secret[:], req.key.secret[:]) == 1 &&
-		r.allows(req.offset, uint64(req.length))
+		req.allowedBy(r)
 	if ok && sc.locked == r && r.dead.Load() {
 		ok = false // Deregister is waiting for this batch; serve no more from it
 	}
@@ -413,20 +437,41 @@ func (sc *serverConn) add(req request) error {
 		sc.iov = append(sc.iov, hdr)
 		return nil
 	}
-	if req.length > 0 && !touchPages(r.mem[req.offset:req.offset+uint64(req.length)]) {
-		sc.b.log.Warn("tcp data plane: a GET's source faulted: the region file behind it shrank (its engine truncated it?)",
-			"registration", req.key.id, "offset", req.offset, "bytes", req.length)
-		putResponse(hdr, response{id: req.id, status: statusFault})
-		sc.iov = append(sc.iov, hdr)
-		return nil
+	segs := req.segs
+	if segs == nil {
+		segs = []segment{{offset: req.offset, length: req.length}}
+	}
+	for _, g := range segs {
+		if g.length > 0 && !touchPages(r.mem[g.offset:g.offset+uint64(g.length)]) {
+			sc.b.log.Warn("tcp data plane: a GET's source faulted: the region file behind it shrank (its engine truncated it?)",
+				"registration", req.key.id, "offset", g.offset, "bytes", g.length)
+			putResponse(hdr, response{id: req.id, status: statusFault})
+			sc.iov = append(sc.iov, hdr)
+			return nil
+		}
 	}
 	putResponse(hdr, response{id: req.id, status: statusOK, length: req.length})
 	sc.iov = append(sc.iov, hdr)
-	if req.length > 0 {
-		sc.iov = append(sc.iov, r.mem[req.offset:req.offset+uint64(req.length)])
-		sc.nBytes += int(req.length)
+	for _, g := range segs {
+		if g.length > 0 {
+			sc.iov = append(sc.iov, r.mem[g.offset:g.offset+uint64(g.length)])
+		}
 	}
+	sc.nBytes += int(req.length)
 	return nil
+}
+
+// allowedBy reports whether every byte req reads lies in r.
+func (req *request) allowedBy(r *registration) bool {
+	if req.segs == nil {
+		return r.allows(req.offset, uint64(req.length))
+	}
+	for _, g := range req.segs {
+		if !r.allows(g.offset, uint64(g.length)) {
+			return false
+		}
+	}
+	return true
 }
 
 // flush writes the pending batch straight from registered memory and then

@@ -8,10 +8,18 @@ import (
 	"github.com/connex/connex/transport"
 )
 
-// Wire constants of protocol version 1; doc.go describes the frames.
+// Wire constants of protocol versions 1 and 2; doc.go describes the frames.
 const (
-	// ProtocolVersion is the wire version this package speaks.
-	ProtocolVersion = 1
+	// ProtocolVersion is the highest wire version this package speaks. A
+	// reader offers it in its hello; the holder answers with the version
+	// the connection then speaks (the lower of the two), and a reader whose
+	// offer a holder of version 1 refused (it closes the connection) offers
+	// 1 to that address from then on. Version 2 adds GATHER.
+	ProtocolVersion = 2
+	// minProtocolVersion is the oldest version still spoken.
+	minProtocolVersion = 1
+	// gatherVersion is the first version with GATHER requests.
+	gatherVersion = 2
 	// MaxRequestBytes is the largest payload one request may ask for.
 	// Larger GETs are split by the reader.
 	MaxRequestBytes = 16 << 20
@@ -24,6 +32,10 @@ const (
 	frameMagic  = 0xC7
 	opGet       = 1
 	opCancel    = 2
+	opGather    = 3
+	segmentLen  = 16
+	// MaxGatherSegments is the most ranges one GATHER request reads.
+	MaxGatherSegments = 64
 )
 
 // Response status codes. They are stable: never renumber.
@@ -75,37 +87,94 @@ func decodeKey(b []byte) (remoteKey, error) {
 	return k, nil
 }
 
-// appendHello appends this side's hello to b.
-func appendHello(b []byte) []byte {
+// appendHello appends a hello of the given version to b.
+func appendHello(b []byte, version uint8) []byte {
 	b = append(b, helloMagic[:]...)
-	return append(b, ProtocolVersion, 0, 0, 0)
+	return append(b, version, 0, 0, 0)
 }
 
-// decodeHello checks a peer's hello.
-func decodeHello(b []byte) error {
+// decodeHello checks a peer's hello and returns its version.
+func decodeHello(b []byte) (uint8, error) {
 	if len(b) != helloLen {
-		return protoErr("hello is %d bytes, want %d", len(b), helloLen)
+		return 0, protoErr("hello is %d bytes, want %d", len(b), helloLen)
 	}
 	if [4]byte(b[:4]) != helloMagic {
-		return protoErr("bad hello magic %q", b[:4])
+		return 0, protoErr("bad hello magic %q", b[:4])
 	}
-	if b[4] != ProtocolVersion {
-		return protoErr("unsupported protocol version %d (want %d)", b[4], ProtocolVersion)
+	if b[4] < minProtocolVersion || b[4] > ProtocolVersion {
+		return 0, protoErr("unsupported protocol version %d (want %d to %d)", b[4], minProtocolVersion, ProtocolVersion)
 	}
 	if b[5] != 0 || b[6] != 0 || b[7] != 0 {
-		return protoErr("nonzero hello flags %x", b[5:8])
+		return 0, protoErr("nonzero hello flags %x", b[5:8])
 	}
-	return nil
+	return b[4], nil
 }
 
-// request is a decoded request frame: a GET, or a CANCEL of the GET with
-// the same id.
+// request is a decoded request frame: a GET, a GATHER (segs), or a CANCEL
+// of the request with the same id.
 type request struct {
 	op     uint8
 	id     uint64
 	key    remoteKey
 	offset uint64
 	length uint32
+	segs   []segment // GATHER: the ranges read, in payload order
+}
+
+// segment is one range of a GATHER request.
+type segment struct {
+	offset uint64
+	length uint32
+}
+
+// appendGather appends the wire form of the GATHER r (r.segs, r.length
+// their sum) to b.
+func appendGather(b []byte, r request) []byte {
+	b = append(b, frameMagic, opGather, 0, 0)
+	b = binary.BigEndian.AppendUint32(b, r.length)
+	b = binary.BigEndian.AppendUint64(b, r.id)
+	b = binary.BigEndian.AppendUint64(b, r.key.id)
+	b = append(b, r.key.secret[:]...)
+	b = binary.BigEndian.AppendUint64(b, uint64(len(r.segs)))
+	for _, s := range r.segs {
+		b = binary.BigEndian.AppendUint64(b, s.offset)
+		b = binary.BigEndian.AppendUint32(b, s.length)
+		b = append(b, 0, 0, 0, 0)
+	}
+	return b
+}
+
+// gatherSegments is how many segments follow the GATHER frame header b
+// (a valid request header: decodeRequest), so the caller can read them.
+func gatherSegments(b []byte) int {
+	return int(binary.BigEndian.Uint64(b[32:]))
+}
+
+// decodeSegments parses and checks a GATHER's segments (n of them, their
+// lengths summing to r.length) into r.segs.
+func decodeSegments(r *request, b []byte) error {
+	n := len(b) / segmentLen
+	if len(b) != n*segmentLen || uint64(n) != r.offset {
+		return protoErr("gather of %d segments carries %d segment bytes", r.offset, len(b))
+	}
+	r.segs = make([]segment, n)
+	var sum uint64
+	for i := range r.segs {
+		s := b[i*segmentLen:]
+		if s[12] != 0 || s[13] != 0 || s[14] != 0 || s[15] != 0 {
+			return protoErr("nonzero gather segment reserved field")
+		}
+		r.segs[i] = segment{offset: binary.BigEndian.Uint64(s), length: binary.BigEndian.Uint32(s[8:])}
+		if r.segs[i].length == 0 {
+			return protoErr("empty gather segment")
+		}
+		sum += uint64(r.segs[i].length)
+	}
+	if sum != uint64(r.length) {
+		return protoErr("gather segments sum to %d bytes, request says %d", sum, r.length)
+	}
+	r.offset = 0
+	return nil
 }
 
 // appendRequest appends the wire form of the GET r to b.
@@ -133,7 +202,7 @@ func decodeRequest(b []byte) (request, error) {
 	if b[0] != frameMagic {
 		return request{}, protoErr("bad request magic %#x", b[0])
 	}
-	if b[1] != opGet && b[1] != opCancel {
+	if b[1] != opGet && b[1] != opCancel && b[1] != opGather {
 		return request{}, protoErr("unknown op %d", b[1])
 	}
 	if b[2] != 0 || b[3] != 0 {
@@ -152,6 +221,9 @@ func decodeRequest(b []byte) (request, error) {
 	}
 	if r.op == opCancel && (r.length != 0 || r.offset != 0 || r.key != (remoteKey{})) {
 		return request{}, protoErr("cancel frame with nonzero fields")
+	}
+	if r.op == opGather && (r.offset == 0 || r.offset > MaxGatherSegments) {
+		return request{}, protoErr("gather of %d segments (want 1 to %d)", r.offset, MaxGatherSegments)
 	}
 	return r, nil
 }
