@@ -46,6 +46,29 @@ func benchGetCfg(b *testing.B, serverCfg, clientCfg Config) {
 	for _, piece := range []int{32 << 10, 16 << 10} {
 		b.Run(fmt.Sprintf("%dx%dKiB", (128<<20)/piece, piece>>10), func(b *testing.B) { benchPieces(b, ep, key, dst, piece, (128<<20)/piece) })
 	}
+	// A TP rank's heads of every token of a token-major block: 16 KiB
+	// back to back at the holder, in 1 KiB pieces 2 KiB apart in dst.
+	b.Run("8192x16x1KiB-strided", func(b *testing.B) {
+		const n, piece, count = 8192, 1 << 10, 16
+		rng := rand.New(rand.NewPCG(3, 4))
+		perm := rng.Perm(regSize / (piece * count))
+		ops := make([]transport.StridedOp, n)
+		for i := range ops {
+			ops[i] = transport.StridedOp{RemoteKey: key, RemoteAddr: uint64(perm[i] * piece * count), RemoteStride: piece,
+				Dst: dst[i*2*piece*count:], DstStride: 2 * piece, Len: piece, Count: count}
+		}
+		b.SetBytes(n * piece * count)
+		ctx := context.Background()
+		if err := ep.GetStrided(ctx, ops); err != nil {
+			b.Fatal(err)
+		}
+		b.ResetTimer()
+		for range b.N {
+			if err := ep.GetStrided(ctx, ops); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 // benchPieces reads n pieces of piece bytes from scattered offsets of the

@@ -22,7 +22,7 @@ type part struct {
 }
 
 // maxReadIov is the most destination slices one read of a payload fills:
-// 64 KiB of a scattered range of 1 KiB pieces.
+// 512 KiB of a scattered range of 1 KiB pieces (UIO_MAXIOV is 1024).
 const maxReadIov = 512
 
 // iovAt appends to iov where payload offset off on lands: the rest of its
