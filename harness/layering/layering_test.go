@@ -35,7 +35,7 @@ var rules = map[string]struct {
 	"kvmem/handover":    {external: []string{"golang.org/x/sys/unix"}},                              // created regions' descriptors over a unix socket (SCM_RIGHTS)
 	"kvmem/kvfill":      {internal: []string{"kvmem"}, pure: true},                                  // deterministic KV element by element, for tests and benchmarks of pulls
 	"transport":         {},
-	"transport/tcp":     {internal: []string{"transport"}},
+	"transport/tcp":     {internal: []string{"transport"}, external: []string{"golang.org/x/sys/unix"}}, // readv(2) (recvbuf.go)
 	"transport/ucx":     {internal: []string{"transport", "transport/memcopy"}, external: []string{"golang.org/x/sys/unix"}},
 	"transport/memcopy": {external: []string{"golang.org/x/sys/cpu"}},
 	"messages":          {external: []string{"google.golang.org/protobuf/"}},
