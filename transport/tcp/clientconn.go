@@ -73,6 +73,7 @@ type clientConn struct {
 	lastRecv atomic.Int64  // monoNow of the last read that returned bytes, or of the dial
 
 	ep      *endpoint
+	iov     [][]byte      // the reader's: where a payload lands (scatter.iovAt)
 	offered uint8         // the protocol version this side's hello offered
 	version atomic.Uint32 // the version the holder's hello answered; 0 before it
 }
@@ -317,7 +318,7 @@ func (c *clientConn) read() error {
 		return protoErr("holder answered protocol version %d to an offer of %d", v, c.offered)
 	}
 	c.version.Store(uint32(v))
-	c.ep.learned(v)
+	c.ep.learned(v, c.offered)
 	for {
 		if err := c.readFull(br, hdr[:]); err != nil {
 			return err
@@ -428,9 +429,13 @@ func (c *clientConn) readPayload(br *recvBuf, r *pendingReq) (int, error) {
 		return c.readScattered(br, r)
 	}
 	got := 0
-	var iov [maxReadIov][]byte
+	if c.iov == nil {
+		c.iov = make([][]byte, 0, maxReadIov)
+	}
 	for got < r.to.n {
-		n, err := readCatchingFaults(br, r.to.iovAt(r.dst, got, iov[:0]))
+		iov := r.to.iovAt(r.dst, got, c.iov[:0])
+		n, err := readCatchingFaults(br, iov)
+		clear(iov) // drop references to the caller's memory
 		got += n
 		if err == nil {
 			continue

@@ -31,11 +31,13 @@
 // The reader's hello offers the highest version it speaks (2); the server
 // answers with the version the connection speaks, the lower of the offer
 // and its own. A server of version 1 (connexd before GATHER) closes a
-// connection whose hello offers 2; a reader whose connection is closed
-// before the server's hello offers 1 to that address from then on (so does
-// one shed by a full server before its hello: it then reads with GETs until
-// the endpoint is dropped). A reader sends GATHERs only to an address whose
-// server's hello said 2.
+// connection whose hello offers 2. A reader takes a close before the
+// server's hello for a refusal when no hello from that address said 2 yet,
+// or when it is the second in a row (a holder that speaks 2 closes one only
+// when it sheds it: full, or restarting); it then offers 1 to that address
+// for five minutes, and 2 again after. A reader sends GATHERs only to an
+// address whose server's hello said 2; one planned before a refusal and due
+// on a connection that offered 1 goes as its ranges' GETs.
 //
 // After the hello the reader sends request frames and the server answers
 // every GET and GATHER, in order, with a response header followed by the

@@ -28,30 +28,51 @@ type endpoint struct {
 
 	rr atomic.Uint32 // spreads Gets' first chunks over the slots
 
-	// proto is the protocol version the holder speaks, as its last hello
-	// said (or 1 once it refused a higher offer); 0 until one is known.
-	proto atomic.Uint32
+	// proto is the protocol version the holder speaks, as the last hello
+	// answering a higher offer said (or 1 once it refused such offers);
+	// 0 until one is known. closes counts connections closed before their
+	// hello since the last hello; downgraded is when proto last became 1
+	// that way (monoNow).
+	proto      atomic.Uint32
+	closes     atomic.Int32
+	downgraded atomic.Int64
 }
 
+// reofferAfter is how long an endpoint whose holder refused version 2
+// offers 1 before it offers 2 again (the address may be served by a newer
+// connexd since).
+const reofferAfter = 5 * time.Minute
+
 // offer is the protocol version a new connection's hello offers: the
-// highest, unless the holder refused it.
+// highest, unless the holder refused it in the last reofferAfter.
 func (e *endpoint) offer() uint8 {
-	if v := e.proto.Load(); v != 0 {
-		return uint8(v)
+	if e.proto.Load() == minProtocolVersion && time.Duration(monoNow()-e.downgraded.Load()) < reofferAfter {
+		return minProtocolVersion
 	}
 	return ProtocolVersion
 }
 
-// learned records the version a holder's hello answered.
-func (e *endpoint) learned(v uint8) { e.proto.Store(uint32(v)) }
+// learned records the version a holder's hello answered to an offer of
+// offered (an answer to an offer of 1 says nothing of the holder).
+func (e *endpoint) learned(v, offered uint8) {
+	e.closes.Store(0)
+	if offered > minProtocolVersion {
+		e.proto.Store(uint32(v))
+	}
+}
 
 // refused records that the holder closed a connection whose hello offered
-// version v before answering it: a holder older than v (or one that shed
-// the connection, which then costs only GATHER until the endpoint goes).
-// Later connections offer version 1.
+// version v before answering it. That is a holder older than v — or one
+// that shed the connection (full, restarting): so it counts as a refusal
+// only while nothing says the holder speaks v (no hello yet), or for a
+// second close in a row. Later connections then offer version 1.
 func (e *endpoint) refused(v uint8) {
+	if e.closes.Add(1) < 2 && e.proto.Load() >= uint32(v) {
+		return
+	}
+	e.downgraded.Store(monoNow())
 	if e.proto.Swap(minProtocolVersion) != minProtocolVersion {
-		e.b.log.Info("tcp: the holder closed a connection offering protocol version "+strconv.Itoa(int(v))+" before its hello; offering version 1 (an older connexd?)", "peer", e.addr)
+		e.b.log.Info("tcp: the holder closed connections offering protocol version "+strconv.Itoa(int(v))+" before its hello; offering version 1 (an older connexd?)", "peer", e.addr)
 	}
 }
 

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"syscall"
-
-	"github.com/connex/connex/transport"
 )
 
 // errConnAborted fails the requests of a connection that this side closed
@@ -22,10 +20,10 @@ var errConnAborted = errors.New("tcp: connection closed to abandon a canceled ge
 // still fails with ErrPeerGone.
 var errConnLost = errors.New("connection lost")
 
-// errGatherRefused fails a GATHER that was planned while the holder spoke
-// protocol version 2 and is to be sent after it refused that version (the
-// same address now served by an older connexd).
-var errGatherRefused = fmt.Errorf("%w: the holder no longer speaks protocol version %d (replaced by an older connexd?)", transport.ErrPeerGone, gatherVersion)
+// errGatherRefused completes a GATHER that was planned while the holder
+// spoke protocol version 2 and was to be sent on a connection that offered
+// 1 (the holder refused 2 since): the Get sends its parts again as GETs.
+var errGatherRefused = fmt.Errorf("tcp: a GATHER on a connection of protocol version %d", minProtocolVersion)
 
 // maxTries bounds how often one chunk is resent after errConnAborted.
 const maxTries = 5

@@ -57,9 +57,9 @@ const pageBytes = 4096
 
 // readCatchingFaults is br.ReadV(iov), except that a fault on iov returns
 // errDstFault instead of killing the process with SIGBUS. A fault consumes
-// nothing from br: bufio copies before it advances, and read(2) that
-// fails with EFAULT leaves the socket's bytes queued, so the caller can
-// discard the payload and keep the connection.
+// nothing from br: recvBuf advances only once its copies are done, and
+// readv(2) that fails with EFAULT leaves the socket's bytes queued, so the
+// caller can discard the payload and keep the connection.
 func readCatchingFaults(br *recvBuf, iov [][]byte) (n int, err error) {
 	if faulted(func() { n, err = br.ReadV(iov) }) {
 		return 0, errDstFault

@@ -400,3 +400,139 @@ func TestOlderReader(t *testing.T) {
 		t.Fatalf("after a GATHER on a version 1 connection: read %d bytes, %v; want the connection closed", n, err)
 	}
 }
+
+// TestGatherFrameInPiecesIsNotIdle: a reader that sends a GATHER's frame in
+// pieces, each within IdleTimeout of the one before, keeps its connection:
+// the holder renews the idle deadline before every read of a frame, not
+// only of a frame's first 40 bytes.
+func TestGatherFrameInPiecesIsNotIdle(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	server := openBackend(t, Config{IdleTimeout: idle, ClientIdle: idle / 3})
+	reg := register(t, server, randomBytes(5, 4096))
+	k, err := decodeKey(reg.RemoteKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", string(server.Address()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	gather := func(id uint64) []byte {
+		segs := make([]segment, 8)
+		for i := range segs {
+			segs[i] = segment{offset: uint64(i * 64), length: 8}
+		}
+		return appendGather(nil, request{id: id, key: k, length: 64, segs: segs})
+	}
+	const rounds = 5
+	want := helloLen + (2*rounds+2)*responseLen + (rounds+1)*(8+64)
+	got := make(chan error, 1)
+	go func() {
+		buf := make([]byte, want)
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		_, err := io.ReadFull(c, buf)
+		got <- err
+	}()
+	// Each write ends inside a GATHER's segments; the rest follows 2/3 of
+	// IdleTimeout later (the pacing of a slow reader is the scenario).
+	pending := gather(1)
+	first := append(appendHello(nil, ProtocolVersion), appendRequest(nil, request{id: 100, key: k, length: 8})...)
+	if _, err := c.Write(append(first, pending[:requestLen+8]...)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range rounds + 1 {
+		time.Sleep(2 * idle / 3)
+		out := pending[requestLen+8:]
+		if i < rounds {
+			pending = gather(uint64(2 + i))
+			out = append(append(out, appendRequest(nil, request{id: uint64(101 + i), key: k, length: 8})...), pending[:requestLen+8]...)
+		}
+		if _, err := c.Write(out); err != nil {
+			t.Fatalf("round %d: %v (the holder closed the connection as idle?)", i, err)
+		}
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("reading every answer: %v (the holder closed the connection as idle?)", err)
+	}
+}
+
+// TestRefusalsNeedEvidence: a connection closed before its hello by a
+// holder that spoke version 2 (shed, restarting) leaves the endpoint at
+// version 2; a second in a row (or one before any hello) makes it offer 1,
+// and it offers 2 again reofferAfter later.
+func TestRefusalsNeedEvidence(t *testing.T) {
+	e := newEndpoint(&Backend{cfg: DefaultConfig(), log: testLogger()}, "holder")
+	e.refused(ProtocolVersion)
+	if e.gathers() || e.offer() != minProtocolVersion {
+		t.Fatal("a close before any hello: still offering version 2")
+	}
+	e.learned(gatherVersion, ProtocolVersion)
+	if !e.gathers() || e.offer() != ProtocolVersion {
+		t.Fatal("a version 2 hello: not offering version 2")
+	}
+	e.learned(minProtocolVersion, minProtocolVersion) // says nothing of the holder
+	if !e.gathers() {
+		t.Fatal("an answer to an offer of 1 downgraded the endpoint")
+	}
+	e.refused(ProtocolVersion)
+	if !e.gathers() || e.offer() != ProtocolVersion {
+		t.Fatal("one shed connection downgraded an endpoint whose holder speaks version 2")
+	}
+	e.refused(ProtocolVersion)
+	if e.gathers() || e.offer() != minProtocolVersion {
+		t.Fatal("two closes in a row: still offering version 2")
+	}
+	e.downgraded.Store(monoNow() - int64(reofferAfter) - 1)
+	if e.offer() != ProtocolVersion {
+		t.Fatal("reofferAfter after the refusal: not offering version 2 again")
+	}
+}
+
+// TestGatherOnVersion1ConnectionGoesAsGets: GATHERs planned while the
+// holder spoke version 2, sent on connections that offer 1 (the endpoint
+// was downgraded meanwhile), are read as their parts' GETs.
+func TestGatherOnVersion1ConnectionGoesAsGets(t *testing.T) {
+	server := openBackend(t, Config{})
+	client := openBackend(t, Config{})
+	mem := randomBytes(6, 1<<20)
+	reg := register(t, server, mem)
+	ep := connect(t, client, server)
+	dst := make([]byte, 1<<20)
+	var ops []transport.GetOp
+	for i := range 128 {
+		ops = append(ops, transport.GetOp{RemoteKey: reg.RemoteKey(), RemoteAddr: uint64((127 - i) * 8192), Dst: dst[i*8192 : i*8192+4096]})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := ep.Get(ctx, ops); err != nil { // learns version 2
+		t.Fatal(err)
+	}
+	e := ep.(*endpointRef).e
+	chunks, err := planChunks(ops, e.b.cfg.ChunkBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks = e.gather(chunks)
+	if len(chunks) >= len(ops) {
+		t.Fatalf("%d chunks for %d ops: not gathered", len(chunks), len(ops))
+	}
+	e.proto.Store(minProtocolVersion)
+	e.downgraded.Store(monoNow())
+	e.mu.Lock()
+	for _, c := range e.slots {
+		if c != nil {
+			c.abort(errIdle) // redialed, offering 1
+		}
+	}
+	e.mu.Unlock()
+	clear(dst)
+	if err := e.getChunks(ctx, nil, chunks, nil); err != nil {
+		t.Fatalf("GATHERs on version 1 connections: %v", err)
+	}
+	for i, op := range ops {
+		if !bytes.Equal(op.Dst, mem[op.RemoteAddr:op.RemoteAddr+4096]) {
+			t.Fatalf("op %d read wrong bytes", i)
+		}
+	}
+}

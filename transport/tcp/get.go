@@ -163,6 +163,16 @@ func (e *endpoint) getChunks(ctx context.Context, closed <-chan struct{}, chunks
 			}
 			return nil
 		}
+		if errors.Is(r.err, errGatherRefused) {
+			// Its parts go again as chunks of their own (GETs), sent
+			// when the refill reaches them; not a try.
+			g := chunks[r.chunk]
+			for _, p := range g.to.parts {
+				chunks = append(chunks, chunk{op: g.op, key: g.key, off: p.off, dst: p.dst, to: scatter{n: p.n, piece: p.piece, stride: p.stride}, tries: g.tries})
+			}
+			remaining += len(g.to.parts) - 1
+			return nil
+		}
 		ch := &chunks[r.chunk]
 		if errors.Is(r.err, errConnSilent) {
 			resend = append(resend, r.chunk) // not a try: see hedge.go
@@ -177,8 +187,12 @@ func (e *endpoint) getChunks(ctx context.Context, closed <-chan struct{}, chunks
 		if errors.Is(err, errConnAborted) {
 			err = fmt.Errorf("%w: %w", transport.ErrPeerGone, err)
 		}
-		return fail(abandonFailed, fmt.Errorf("tcp get %s: op %d (key %d, offset %d, %d bytes): %w",
-			e.addr, ch.op, ch.key.id, ch.off, ch.to.n, err))
+		what := "op"
+		if ch.to.parts != nil {
+			what = fmt.Sprintf("a GATHER of %d ranges from op", len(ch.to.parts))
+		}
+		return fail(abandonFailed, fmt.Errorf("tcp get %s: %s %d (key %d, offset %d, %d bytes): %w",
+			e.addr, what, ch.op, ch.key.id, ch.off, ch.to.n, err))
 	}
 	for remaining > 0 {
 		// Refill the window once it is half empty, so requests go out in

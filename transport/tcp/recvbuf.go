@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"io"
+	"os"
 	"syscall"
 )
 
@@ -22,6 +23,12 @@ type recvBuf struct {
 	r, w int // buf[r:w] is read and not yet consumed
 	one  [1][]byte
 	iov  [][]byte // ReadV's readv vector: the caller's slices and buf
+
+	// readv's call into the socket, made once (a closure per read would
+	// be an allocation per read), and what it returns.
+	readvFn func(fd uintptr) bool
+	n       int
+	errno   error
 }
 
 // newRecvBuf returns c's receive buffer of size bytes.
@@ -46,8 +53,8 @@ func (b *recvBuf) Read(p []byte) (int, error) {
 
 // ReadV reads into the slices of iov in turn, at most their summed length:
 // what the buffer holds first, else from the socket in one readv(2) (and
-// the bytes after them into the buffer). Without readv it reads into
-// iov[0] as Read does. The buffer advances only once every copy out of it
+// the bytes after them into the buffer). Without readv it reads into the
+// first non-empty slice as Read does. The buffer advances only once every copy out of it
 // is done, so a fault on a destination (transport.FaultGuard) consumes
 // nothing.
 func (b *recvBuf) ReadV(iov [][]byte) (int, error) {
@@ -138,28 +145,32 @@ func (b *recvBuf) read(p []byte) (int, error) {
 }
 
 // readv is one readv(2) into iov (the caller's slices, then the empty
-// buffer); it returns the bytes read into all of them.
+// buffer); it returns the bytes read into all of them. It waits for the
+// socket to be readable as a read does (deadlines included).
 func (b *recvBuf) readv(iov [][]byte) (int, error) {
-	var (
-		n     int
-		errno error
-	)
-	err := b.raw.Read(func(fd uintptr) bool {
-		n, errno = readv(int(fd), iov)
-		return errno != syscall.EAGAIN
-	})
-	if err == nil {
-		err = errno
+	b.iov = iov
+	if b.readvFn == nil {
+		b.readvFn = func(fd uintptr) bool {
+			for {
+				b.n, b.errno = readv(int(fd), b.iov)
+				if b.errno != syscall.EINTR {
+					return b.errno != syscall.EAGAIN
+				}
+			}
+		}
+	}
+	err := b.raw.Read(b.readvFn)
+	n, errno := b.n, b.errno
+	b.n, b.errno = 0, nil
+	if err == nil && errno != nil {
+		err = os.NewSyscallError("readv", errno)
 	}
 	if n > 0 {
 		b.c.lastRecv.Store(monoNow())
 		return n, nil
 	}
-	if n < 0 {
-		n = 0
-	}
 	if err == nil {
 		err = io.EOF
 	}
-	return n, err
+	return 0, err
 }

@@ -24,7 +24,7 @@ const (
 	maxBatchIov   = 4 * maxBatchOps // GATHERs add an iovec per segment
 	maxBatchBytes = 1 << 20
 	maxQueued     = 256
-	serverReadBuf = 16 << 10 // request frames only: 400 of them
+	serverReadBuf = 16 << 10 // request frames only: 400 GETs, 15 of the largest GATHERs
 )
 
 // serverConn is one accepted reader connection. One goroutine reads its
@@ -236,7 +236,7 @@ func (sc *serverConn) serve() error {
 	if err != nil {
 		return err
 	}
-	sc.version = v // the reader's offer: this side speaks every version up to ProtocolVersion
+	sc.version = min(v, ProtocolVersion) // the lower of the reader's offer and this side's
 	if err := b.serveConn(sc); err != nil {
 		return err
 	}
@@ -246,7 +246,7 @@ func (sc *serverConn) serve() error {
 		return err
 	}
 
-	sc.iov = make([][]byte, 0, 2*maxBatchOps)
+	sc.iov = make([][]byte, 0, maxBatchIov+1+MaxGatherSegments)
 	sc.hdrs = make([]byte, maxBatchOps*responseLen)
 	sc.queue = make(chan request, maxQueued)
 	sc.qmu.Lock()
@@ -274,14 +274,18 @@ func (sc *serverConn) serve() error {
 func (sc *serverConn) readRequests() error {
 	defer close(sc.queue)
 	br := bufio.NewReaderSize(sc.nc, serverReadBuf)
-	for {
-		// A reader that sends nothing for IdleTimeout is dropped (its
-		// connection would hold a slot for ever); readers close their own
-		// idle connections earlier (ClientIdle).
-		if br.Buffered() < requestLen {
+	// A reader that sends nothing for IdleTimeout is dropped (its
+	// connection would hold a slot for ever); readers close their own idle
+	// connections earlier (ClientIdle). The deadline is renewed before
+	// every read of the socket: whenever less than the frame being read is
+	// buffered.
+	wait := func(n int) {
+		if br.Buffered() < n {
 			_ = sc.nc.SetReadDeadline(time.Now().Add(sc.b.cfg.IdleTimeout))
 		}
-		req, err := readRequest(br)
+	}
+	for {
+		req, err := readRequest(br, wait)
 		if err != nil {
 			if isTimeout(err) {
 				sc.b.log.Debug("tcp: closing an idle connection", "peer", sc.nc.RemoteAddr().String(), "idle", sc.b.cfg.IdleTimeout)
@@ -361,8 +365,10 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// readRequest reads and decodes one request frame from br.
-func readRequest(br *bufio.Reader) (request, error) {
+// readRequest reads and decodes one request frame from br, calling wait
+// with the frame's bytes before each read of them (which may block).
+func readRequest(br *bufio.Reader, wait func(n int)) (request, error) {
+	wait(requestLen)
 	p, err := br.Peek(requestLen)
 	if err != nil {
 		if errors.Is(err, io.EOF) && len(p) > 0 {
@@ -381,6 +387,7 @@ func readRequest(br *bufio.Reader) (request, error) {
 	// The segments follow the header; at most MaxGatherSegments of them
 	// (decodeRequest), well inside the read buffer.
 	n := requestLen + gatherSegments(p)*segmentLen
+	wait(n)
 	if p, err = br.Peek(n); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF

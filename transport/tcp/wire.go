@@ -93,7 +93,10 @@ func appendHello(b []byte, version uint8) []byte {
 	return append(b, version, 0, 0, 0)
 }
 
-// decodeHello checks a peer's hello and returns its version.
+// decodeHello checks a peer's hello and returns its version: any version a
+// peer may offer (a newer reader offers more than ProtocolVersion; the
+// server answers with the lower of the two, and a reader checks that the
+// answer is no more than its offer).
 func decodeHello(b []byte) (uint8, error) {
 	if len(b) != helloLen {
 		return 0, protoErr("hello is %d bytes, want %d", len(b), helloLen)
@@ -101,8 +104,8 @@ func decodeHello(b []byte) (uint8, error) {
 	if [4]byte(b[:4]) != helloMagic {
 		return 0, protoErr("bad hello magic %q", b[:4])
 	}
-	if b[4] < minProtocolVersion || b[4] > ProtocolVersion {
-		return 0, protoErr("unsupported protocol version %d (want %d to %d)", b[4], minProtocolVersion, ProtocolVersion)
+	if b[4] < minProtocolVersion {
+		return 0, protoErr("unsupported protocol version %d (want %d or later)", b[4], minProtocolVersion)
 	}
 	if b[5] != 0 || b[6] != 0 || b[7] != 0 {
 		return 0, protoErr("nonzero hello flags %x", b[5:8])
