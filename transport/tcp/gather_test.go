@@ -182,10 +182,16 @@ func requestsSent(ep transport.Endpoint) uint64 {
 
 // TestGatherGets: once the holder has said it speaks version 2, a Get of
 // many small ops of two registrations (and strided ops) goes as a few
-// GATHERs and reads every byte right.
+// GATHERs and reads every byte right, over plain TCP (readv) and TLS
+// (reads through the buffer).
 func TestGatherGets(t *testing.T) {
-	server := openBackend(t, Config{})
-	client := openBackend(t, Config{})
+	t.Run("plain", func(t *testing.T) { testGatherGets(t, Config{}) })
+	t.Run("tls", func(t *testing.T) { testGatherGets(t, tlsConfigs(testCA(t, "gather"))) })
+}
+
+func testGatherGets(t *testing.T, cfg Config) {
+	server := openBackend(t, cfg)
+	client := openBackend(t, cfg)
 	memA, memB := randomBytes(1, 4<<20), randomBytes(2, 4<<20)
 	ra, rb := register(t, server, memA), register(t, server, memB)
 	ep := connect(t, client, server)
