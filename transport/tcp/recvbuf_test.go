@@ -3,11 +3,14 @@ package tcp
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // socketPair returns both ends of a loopback TCP connection.
@@ -64,6 +67,27 @@ func TestRecvBufReadsAheadInOneCall(t *testing.T) {
 			if _, err := sc.Write(stream); err != nil {
 				t.Fatal(err)
 			}
+			// Wait until the whole stream is in the socket's receive
+			// queue (loopback may deliver it a moment later), so what one
+			// read returns does not depend on timing.
+			raw, err := cc.(*net.TCPConn).SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkFor(t, 10*time.Second, time.Millisecond, func() error {
+				var queued int
+				var ierr error
+				if err := raw.Control(func(fd uintptr) { queued, ierr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); err != nil {
+					return err
+				}
+				if ierr != nil {
+					return ierr
+				}
+				if queued < len(stream) {
+					return fmt.Errorf("%d of %d bytes queued", queued, len(stream))
+				}
+				return nil
+			})
 			hdr := make([]byte, 16)
 			if _, err := io.ReadFull(b, hdr); err != nil {
 				t.Fatal(err)
