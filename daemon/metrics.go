@@ -12,6 +12,7 @@ import (
 	"github.com/connex/connex/lease"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/requests"
+	"github.com/connex/connex/transport"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -110,7 +111,26 @@ func newPromMetrics(d *Daemon) *promMetrics {
 			return float64(len(d.engineAPI.live()))
 		}),
 	)
+	m.registerDataPlane(d.Backend)
 	return m
+}
+
+// registerDataPlane exports the data plane's own counts (Caps.Counters) as
+// connex_data_plane_<name>_total. A backend whose Caps promise counters its
+// type lacks was refused when it was opened (transport.CheckCaps).
+func (m *promMetrics) registerDataPlane(b transport.Backend) {
+	if b == nil || !b.Caps().Counters {
+		return
+	}
+	c, err := transport.Promised[transport.Counters](b, "Counters")
+	if err != nil {
+		return
+	}
+	for _, ct := range c.Counters() {
+		value := ct.Value
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "connex_data_plane_" + ct.Name + "_total", Help: ct.Help},
+			func() float64 { return float64(value()) }))
+	}
 }
 
 // pullDone records a PullDone notice of this member's pull.

@@ -43,6 +43,9 @@ type Caps struct {
 	// into ErrFault instead of a dead process. connexd guards every region
 	// mapping with it then.
 	GuardFaults bool
+	// Counters is true when the backend implements Counters: counts of
+	// its own work that connexd exports as metrics.
+	Counters bool
 	// Progress is true when Endpoint.GetProgress reports bytes as they
 	// land (TCP: each Config.ChunkBytes request, and bytes arriving toward
 	// one), so a reader's stall deadline measures progress; when false it
@@ -100,12 +103,14 @@ func CheckCaps(b Backend) error {
 	_, many := b.(ManyRegisterer)
 	_, manyDereg := b.(ManyDeregisterer)
 	_, guard := b.(FaultGuard)
+	_, counters := b.(Counters)
 	check(c.ExtentKeys, "ExtentKeys", extents)
 	check(c.AllocationExtentKeys, "AllocationExtentKeys", extents)
 	check(c.Allocate, "Allocate", alloc)
 	check(c.ManyRegister, "ManyRegister", many)
 	check(c.ManyDeregister, "ManyDeregister", manyDereg)
 	check(c.GuardFaults, "GuardFaults", guard)
+	check(c.Counters, "Counters", counters)
 	if c.MaxGetBytes < 0 {
 		errs = append(errs, fmt.Errorf("%s backend: Caps.MaxGetBytes %d: %w", b.Name(), c.MaxGetBytes, ErrCapsLie))
 	}

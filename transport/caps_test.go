@@ -57,7 +57,7 @@ func TestCheckCapsCatchesLies(t *testing.T) {
 	}
 	for _, c := range []Caps{
 		{ExtentKeys: true}, {AllocationExtentKeys: true}, {Allocate: true}, {ManyRegister: true},
-		{ManyDeregister: true}, {GuardFaults: true}, {MaxGetBytes: -1},
+		{ManyDeregister: true}, {GuardFaults: true}, {Counters: true}, {MaxGetBytes: -1},
 	} {
 		if err := CheckCaps(&liar{caps: c}); !errors.Is(err, ErrCapsLie) {
 			t.Errorf("%+v: CheckCaps = %v, want ErrCapsLie", c, err)

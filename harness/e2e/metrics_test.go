@@ -54,6 +54,17 @@ func TestConnexdMetrics(t *testing.T) {
 	if pm[`connex_held_blocks{engine="engP"}`] != 3 || pm[`connex_held_bytes{engine="engP"}`] != 3*blockBytes || pm["connex_hold_oldest_age_seconds"] <= 0 {
 		t.Fatalf("prefill metrics per engine: blocks %v bytes %v oldest %v", pm[`connex_held_blocks{engine="engP"}`], pm[`connex_held_bytes{engine="engP"}`], pm["connex_hold_oldest_age_seconds"])
 	}
+	// The data plane's own counts: the holder served the pull's requests
+	// (GETs, or GATHERs where the reader already knew the holder speaks
+	// protocol version 2), and nobody fell back to version 1.
+	if served := pm["connex_data_plane_tcp_gets_served_total"] + pm["connex_data_plane_tcp_gathers_served_total"]; served < 1 ||
+		dm["connex_data_plane_tcp_gets_served_total"] != 0 || dm["connex_data_plane_tcp_protocol_fallbacks_total"] != 0 {
+		t.Fatalf("data plane counters: holder served %v GETs and %v GATHERs, reader served %v, fallbacks %v", pm["connex_data_plane_tcp_gets_served_total"],
+			pm["connex_data_plane_tcp_gathers_served_total"], dm["connex_data_plane_tcp_gets_served_total"], dm["connex_data_plane_tcp_protocol_fallbacks_total"])
+	}
+	if _, ok := dm["connex_data_plane_tcp_protocol_fallbacks_total"]; !ok {
+		t.Fatal("the reader exports no connex_data_plane_tcp_protocol_fallbacks_total")
+	}
 	if dm[`connex_notices_total{kind="pull.done"}`] != 1 || dm["connex_pulls_in_flight"] != 0 {
 		t.Fatalf("decode notices %v, pulls in flight %v", dm[`connex_notices_total{kind="pull.done"}`], dm["connex_pulls_in_flight"])
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/connex/connex/transport"
@@ -43,9 +44,14 @@ type Backend struct {
 	pending        []*serverConn
 	pendingPerPeer map[string]int
 	endpoints      map[string]*endpoint
+
+	stats stats
 }
 
-var _ transport.Backend = (*Backend)(nil)
+var (
+	_ transport.Backend  = (*Backend)(nil)
+	_ transport.Counters = (*Backend)(nil)
+)
 
 // Open starts a TCP backend listening on opts.ListenAddr (empty means
 // 127.0.0.1:0) with DefaultConfig.
@@ -101,8 +107,25 @@ func (b *Backend) Caps() transport.Caps {
 		ExtentKeys:  true,
 		Progress:    true,
 		Strided:     true,
+		Counters:    true,
 		MaxGetBytes: 0,
 	}
+}
+
+// Counters are the TCP data plane's counts for operators (Caps.Counters):
+// requests this holder served, by kind, and the holders this reader's
+// endpoints fell back to protocol version 1 for.
+func (b *Backend) Counters() []transport.Counter {
+	return []transport.Counter{
+		{Name: "tcp_gets_served", Help: "GET requests this member's TCP data plane answered (one range each).", Value: b.stats.gets.Load},
+		{Name: "tcp_gathers_served", Help: "GATHER requests (protocol version 2: up to 64 ranges each) this member's TCP data plane answered.", Value: b.stats.gathers.Load},
+		{Name: "tcp_protocol_fallbacks", Help: "Times this member's TCP reader fell back to protocol version 1 for a holder that refused version 2 (an older connexd: reads without GATHER, slower for small pieces).", Value: b.stats.fallbacks.Load},
+	}
+}
+
+// stats are the counts behind Counters.
+type stats struct {
+	gets, gathers, fallbacks atomic.Uint64
 }
 
 // Address returns the listener's host:port. When the backend listens on an

@@ -12,14 +12,14 @@ import (
 // TestCapsMatchBehaviour: what Caps claims the TCP backend does, it does,
 // and what it denies it lacks: one key for many extents, progress reported
 // chunk by chunk, a Get of any size, strided ops read (scatter_test.go
-// checks their requests), no allocation, no many-at-once registration, no
-// fault guard, no views; and
+// checks their requests), counters (gather_test.go checks them), no
+// allocation, no many-at-once registration, no fault guard, no views; and
 // Deregister cuts a kept key.
 func TestCapsMatchBehaviour(t *testing.T) {
 	server := openBackend(t, Config{})
 	client := openBackend(t, Config{})
 	caps := server.Caps()
-	if !caps.ExtentKeys || !caps.OneKeyForExtents(false) || caps.Allocate || !caps.Progress || !caps.Strided ||
+	if !caps.ExtentKeys || !caps.OneKeyForExtents(false) || caps.Allocate || !caps.Progress || !caps.Strided || !caps.Counters ||
 		caps.ManyRegister || caps.ManyDeregister || caps.GuardFaults || caps.Views || caps.MaxGetBytes != 0 {
 		t.Fatalf("Caps = %+v", caps)
 	}

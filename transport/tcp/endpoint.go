@@ -72,6 +72,7 @@ func (e *endpoint) refused(v uint8) {
 	}
 	e.downgraded.Store(monoNow())
 	if e.proto.Swap(minProtocolVersion) != minProtocolVersion {
+		e.b.stats.fallbacks.Add(1)
 		e.b.log.Info("tcp: the holder closed connections offering protocol version "+strconv.Itoa(int(v))+" before its hello; offering version 1 (an older connexd?)", "peer", e.addr)
 	}
 }

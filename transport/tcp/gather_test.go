@@ -234,12 +234,19 @@ func testGatherGets(t *testing.T, cfg Config) {
 		t.Fatal("the endpoint did not learn that the holder speaks version 2")
 	}
 	before := requestsSent(ep)
+	gets, gathers := counter(t, server, "tcp_gets_served"), counter(t, server, "tcp_gathers_served")
 	if err := ep.Get(ctx, ops); err != nil {
 		t.Fatal(err)
 	}
 	check("gathered Get")
-	if sent := requestsSent(ep) - before; sent > 100 {
+	sent := requestsSent(ep) - before
+	if sent > 100 {
 		t.Fatalf("%d requests for 800 small ops: not gathered", sent)
+	}
+	// The holder counts what it served (Caps.Counters).
+	dGets, dGathers := counter(t, server, "tcp_gets_served")-gets, counter(t, server, "tcp_gathers_served")-gathers
+	if dGathers == 0 || dGets+dGathers != sent {
+		t.Fatalf("holder counted %d GETs and %d GATHERs served; the reader sent %d requests", dGets, dGathers, sent)
 	}
 
 	// Strided ops: pieces back to back at the holder (scattered parts)
@@ -353,6 +360,9 @@ func TestOlderHolder(t *testing.T) {
 				t.Fatalf("op %d read wrong bytes", i)
 			}
 		}
+	}
+	if n := counter(t, client, "tcp_protocol_fallbacks"); n != 1 {
+		t.Fatalf("tcp_protocol_fallbacks = %d after one holder refused version 2, want 1", n)
 	}
 	old.mu.Lock()
 	defer old.mu.Unlock()
@@ -542,4 +552,16 @@ func TestGatherOnVersion1ConnectionGoesAsGets(t *testing.T) {
 			t.Fatalf("op %d read wrong bytes", i)
 		}
 	}
+}
+
+// counter is the value of b's counter name (Backend.Counters).
+func counter(t *testing.T, b *Backend, name string) uint64 {
+	t.Helper()
+	for _, c := range b.Counters() {
+		if c.Name == name {
+			return c.Value()
+		}
+	}
+	t.Fatalf("no counter %q", name)
+	return 0
 }

@@ -404,6 +404,11 @@ func readRequest(br *bufio.Reader, wait func(n int)) (request, error) {
 // add appends the answer to req to the pending batch. It takes the read lock
 // of req's registration, flushing first if the batch holds another one.
 func (sc *serverConn) add(req request) error {
+	if req.op == opGather {
+		sc.b.stats.gathers.Add(1)
+	} else {
+		sc.b.stats.gets.Add(1)
+	}
 	sc.qmu.Lock()
 	canceled := sc.queued[req.id]
 	delete(sc.queued, req.id)
