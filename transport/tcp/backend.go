@@ -117,8 +117,8 @@ func (b *Backend) Caps() transport.Caps {
 // endpoints fell back to protocol version 1 for.
 func (b *Backend) Counters() []transport.Counter {
 	return []transport.Counter{
-		{Name: "tcp_gets_served", Help: "GET requests this member's TCP data plane answered (one range each).", Value: b.stats.gets.Load},
-		{Name: "tcp_gathers_served", Help: "GATHER requests (protocol version 2: up to 64 ranges each) this member's TCP data plane answered.", Value: b.stats.gathers.Load},
+		{Name: "tcp_gets_served", Help: "GET requests this member's TCP data plane answered, any status (one range each).", Value: b.stats.gets.Load},
+		{Name: "tcp_gathers_served", Help: "GATHER requests (protocol version 2: up to 64 ranges each) this member's TCP data plane answered, any status.", Value: b.stats.gathers.Load},
 		{Name: "tcp_protocol_fallbacks", Help: "Times this member's TCP reader fell back to protocol version 1 for a holder that refused version 2 (an older connexd: reads without GATHER, slower for small pieces).", Value: b.stats.fallbacks.Load},
 	}
 }
