@@ -45,11 +45,18 @@ type Handler interface {
 	GrantTakeover(context.Context, *messages.StartRequestMsg) (*messages.RequestStatus, error)
 }
 
+// DefaultMaxRequestBytes is the request payload bound of a service whose
+// ServeOptions leave MaxRequestBytes at 0 (connexd's max_request_bytes
+// default).
+const DefaultMaxRequestBytes = 256 << 10
+
 // ServeOptions tune the service.
 type ServeOptions struct {
 	Member          string // subject group connex.v1.<Member>
 	Version         string // service version reported by $SRV.INFO
-	MaxRequestBytes int    // larger payloads get CodeTooLarge
+	// MaxRequestBytes bounds a request's payload: larger ones get
+	// CodeTooLarge. 0: DefaultMaxRequestBytes.
+	MaxRequestBytes int
 	MaxInFlight     int    // concurrent handlers; beyond it CodeOverloaded
 	// MaxInFlightPerEngine bounds the concurrent handlers of one engine's
 	// calls (engine-scoped subjects), within MaxInFlight; beyond it that
@@ -79,6 +86,9 @@ type ServeOptions struct {
 func Serve(nc *nats.Conn, h Handler, o ServeOptions) (micro.Service, error) {
 	if !ValidToken(o.Member) {
 		return nil, fmt.Errorf("api: member id %q cannot be a subject token", o.Member)
+	}
+	if o.MaxRequestBytes <= 0 {
+		o.MaxRequestBytes = DefaultMaxRequestBytes
 	}
 	if o.MaxInFlight <= 0 {
 		o.MaxInFlight = 1024

@@ -151,6 +151,38 @@ func TestInlineEndpoint(t *testing.T) {
 	}
 }
 
+// TestServeDefaultsRequestBound: a service whose options leave
+// MaxRequestBytes at 0 takes requests up to DefaultMaxRequestBytes and
+// refuses larger ones with CodeTooLarge (not every request, as a bound of
+// 0 bytes would).
+func TestServeDefaultsRequestBound(t *testing.T) {
+	snc, cnc := startServer(t)
+	h := &descHandler{startPull: func(_ context.Context, r *messages.StartPullRequest) (*messages.StartPullReply, error) {
+		return &messages.StartPullReply{PullId: r.PullId}, nil
+	}}
+	svc, err := Serve(snc, h, ServeOptions{Member: "m1", Version: "0.0.1", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = svc.Stop() })
+	if err := snc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c := &Client{NC: cnc, Member: "m1"}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if rep, err := c.StartPull(ctx, &messages.StartPullRequest{PullId: "small"}); err != nil || rep.PullId != "small" {
+		t.Fatalf("a small request: %v %v", rep, err)
+	}
+	big := &messages.StartPullRequest{PullId: "big", BlockIds: make([]uint32, DefaultMaxRequestBytes/2)}
+	for i := range big.BlockIds {
+		big.BlockIds[i] = uint32(i) + 1<<20 // 3 bytes each as varints
+	}
+	if _, err := c.StartPull(ctx, big); CodeOf(err) != CodeTooLarge {
+		t.Fatalf("a request over %d bytes: %v (code %d), want CodeTooLarge", DefaultMaxRequestBytes, err, CodeOf(err))
+	}
+}
+
 // TestAsks: answers to posted requests arrive on C and decode as
 // Client.Call's would; a member nobody serves answers no-responders
 // (CodePeerUnavailable, nats.ErrNoResponders); after Close nothing

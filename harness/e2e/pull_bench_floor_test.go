@@ -75,6 +75,10 @@ func runFloorRelay(spec string) int {
 			}
 			_ = nc.Publish(floorDone, m.Data)
 		})
+	case "micro":
+		err = serveMicroLayer(nc)
+	case "api":
+		err = serveAPILayer(nc)
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}
@@ -127,6 +131,10 @@ func startNATSFloor(b *testing.B, url string) *natsFloor {
 	b.Helper()
 	startFloorRelay(b, "holder", url)
 	startFloorRelay(b, "reader", url)
+	if apiLayersOn() {
+		startFloorRelay(b, "micro", url)
+		startFloorRelay(b, "api", url)
+	}
 	f := &natsFloor{nc: connect(b, url), done: make(chan struct{}, 1)}
 	sub, err := f.nc.Subscribe(floorDone, func(*nats.Msg) { f.done <- struct{}{} })
 	if err != nil {

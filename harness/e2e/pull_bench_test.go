@@ -95,7 +95,11 @@ import (
 //     answered and pull.done sent by a relay at once — run after each chain,
 //     and fixed_vs_api_floor, the wall's median over the API floor's median
 //     (issue 46's goal: <= 1.5).
-//     BENCH_PULL_LAYOUTS=fixed runs only those pulls.
+//     BENCH_PULL_LAYOUTS=fixed runs only those pulls. With
+//     BENCH_PULL_API_LAYERS=1 an APILAYERS line follows each BREAKDOWN
+//     line: a request answered at once by the bare relay, behind micro,
+//     behind connexd's API layer in a process of its own, and by connexd
+//     (pull_bench_layers_test.go), each run beside every fixed pull.
 //
 // BENCH_PULL_REPS replaces the number of timed pulls (15). With
 // BENCH_PULL_PROFILE=DIR the reader connexd of each case serves Go's
@@ -469,6 +473,7 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 		walls      []time.Duration
 		durs       []time.Duration
 		phases     []pullPhases
+		layers     []apiLayers
 		first      time.Duration
 		hcpu, rcpu time.Duration
 	}
@@ -572,6 +577,9 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 			if i > 0 && l.name == "fixed" {
 				c.phases[len(c.phases)-1].floor = res.floor.chain(b)
 				c.phases[len(c.phases)-1].apiFloor = res.floor.apiChain(b)
+				if apiLayersOn() {
+					c.layers = append(c.layers, probeAPILayers(b, de.cli, de.id))
+				}
 			}
 			for layer := uint32(0); layer < l.l.Layers; layer++ {
 				for p := uint32(0); p < l.l.Planes; p++ {
@@ -606,6 +614,9 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 		res.put(name+"/duration_us", l.name, ds)
 		if l.name == "fixed" {
 			res.breakdowns = append(res.breakdowns, breakdownLine(name, c.phases, res.natsRTT))
+			if line := apiLayersLine(name, c.layers); line != "" {
+				res.breakdowns = append(res.breakdowns, line)
+			}
 		}
 	}
 	b.SetBytes(total / int64(b.N))
