@@ -24,11 +24,12 @@ import (
 //     relays' holder role);
 //   - micro: the same behind nats.go's micro service framework, which
 //     connexd's API uses (its stats, $SRV discovery);
-//   - api_stub: api.Serve, connexd's API layer (content type, protobuf, the
-//     error's code in headers), in a process of its own whose pull.start
-//     refuses at once, called through api.Client as engines are;
-//   - connexd: connexd's own pull.start refusing a call without params (the
-//     same layers, in the daemon's process: its checks before any pull).
+//   - api_stub: api.Serve, connexd's API layer (content type, protobuf in
+//     and out), in a process of its own whose pull.start answers at once,
+//     called through api.Client as engines are;
+//   - connexd: connexd's own pull.start sent again for the pull just done
+//     (the same layers and the pull's checks, in the daemon's process;
+//     connexd answers a repeat as the running pull's and starts nothing).
 //
 // A pull's fixed cost cannot get under the connexd layer's answer plus the
 // pull.done notice, whatever the pull itself does.
@@ -56,44 +57,52 @@ func serveMicroLayer(nc *nats.Conn) error {
 }
 
 // serveAPILayer serves connexd's API layer (the relay role "api") with a
-// handler whose pull.start refuses at once; no other endpoint is called.
+// handler whose pull.start answers at once; no other endpoint is called.
 func serveAPILayer(nc *nats.Conn) error {
-	_, err := api.Serve(nc, refusingHandler{}, api.ServeOptions{Member: layerAPIMember, Version: "0.0.1"})
+	_, err := api.Serve(nc, answeringHandler{}, api.ServeOptions{Member: layerAPIMember, Version: "0.0.1"})
 	return err
 }
 
-// refusingHandler answers pull.start with CodeBadRequest; its other
-// methods are the nil Handler's (never called by the probes).
-type refusingHandler struct{ api.Handler }
+// answeringHandler answers pull.start as connexd answers a started pull;
+// its other methods are the nil Handler's (never called by the probes).
+type answeringHandler struct{ api.Handler }
 
-func (refusingHandler) StartPull(context.Context, *messages.StartPullRequest) (*messages.StartPullReply, error) {
-	return nil, api.Errorf(api.CodeBadRequest, "params (kv_transfer_params) missing")
+func (answeringHandler) StartPull(_ context.Context, r *messages.StartPullRequest) (*messages.StartPullReply, error) {
+	return &messages.StartPullReply{PullId: r.PullId}, nil
 }
 
 // apiLayers is one round of the layer probes.
 type apiLayers struct{ relay, micro, stub, connexd time.Duration }
 
 // probeAPILayers times one request at each layer, on cli's connection
-// (the decode engine's), cli's member being the reader connexd.
-func probeAPILayers(b *testing.B, cli *api.Client, engine string) apiLayers {
+// (the decode engine's), cli's member being the reader connexd, and again
+// being the pull.start of the pull that just ended.
+func probeAPILayers(b *testing.B, cli *api.Client, again *messages.StartPullRequest) apiLayers {
 	b.Helper()
-	timed := func(what string, call func() error, wantErr bool) time.Duration {
+	timed := func(what string, call func() error) time.Duration {
 		scrubCaches()
 		t0 := time.Now()
 		err := call()
 		d := time.Since(t0)
-		if (err != nil) != wantErr || (wantErr && api.CodeOf(err) != api.CodeBadRequest) {
+		if err != nil {
 			b.Fatalf("api layer %s: %v", what, err)
 		}
 		return d
 	}
+	pullStart := func(c *api.Client) func() error {
+		return func() error {
+			rep, err := c.StartPull(ctx5(b), again)
+			if err == nil && rep.PullId != again.PullId {
+				err = fmt.Errorf("answered pull %q, want %q", rep.PullId, again.PullId)
+			}
+			return err
+		}
+	}
 	var l apiLayers
-	l.relay = timed("relay", func() error { _, err := cli.NC.Request(floorDesc, []byte("x"), 5*time.Second); return err }, false)
-	l.micro = timed("micro", func() error { _, err := cli.NC.Request(layerMicroSubject, []byte("x"), 5*time.Second); return err }, false)
-	stub := &api.Client{NC: cli.NC, Member: layerAPIMember}
-	refused := &messages.StartPullRequest{EngineId: engine}
-	l.stub = timed("api_stub", func() error { _, err := stub.StartPull(ctx5(b), refused); return err }, true)
-	l.connexd = timed("connexd", func() error { _, err := cli.StartPull(ctx5(b), refused); return err }, true)
+	l.relay = timed("relay", func() error { _, err := cli.NC.Request(floorDesc, []byte("x"), 5*time.Second); return err })
+	l.micro = timed("micro", func() error { _, err := cli.NC.Request(layerMicroSubject, []byte("x"), 5*time.Second); return err })
+	l.stub = timed("api_stub", pullStart(&api.Client{NC: cli.NC, Member: layerAPIMember}))
+	l.connexd = timed("connexd", pullStart(cli))
 	return l
 }
 

@@ -539,7 +539,8 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 				b.StartTimer()
 			}
 			t0 := time.Now()
-			if _, err := de.cli.StartPull(ctx5(b), &messages.StartPullRequest{Params: params, EngineId: de.id, RegionId: de.rid, BlockIds: l.dst, PullId: id}); err != nil {
+			start := &messages.StartPullRequest{Params: params, EngineId: de.id, RegionId: de.rid, BlockIds: l.dst, PullId: id}
+			if _, err := de.cli.StartPull(ctx5(b), start); err != nil {
 				b.Fatalf("start pull %s: %v", id, err)
 			}
 			startRPC := time.Since(t0)
@@ -578,7 +579,7 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 				c.phases[len(c.phases)-1].floor = res.floor.chain(b)
 				c.phases[len(c.phases)-1].apiFloor = res.floor.apiChain(b)
 				if apiLayersOn() {
-					c.layers = append(c.layers, probeAPILayers(b, de.cli, de.id))
+					c.layers = append(c.layers, probeAPILayers(b, de.cli, start))
 				}
 			}
 			for layer := uint32(0); layer < l.l.Layers; layer++ {
