@@ -386,16 +386,7 @@ func TestOlderHolder(t *testing.T) {
 func TestOlderReader(t *testing.T) {
 	server := openBackend(t, Config{})
 	mem := randomBytes(4, 1<<16)
-	reg := register(t, server, mem)
-	k, err := decodeKey(reg.RemoteKey())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := net.Dial("tcp", string(server.Address()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, k := rawReader(t, server, mem)
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	frames := appendHello(nil, 1)
 	frames = appendRequest(frames, request{id: 1, key: k, offset: 100, length: 10})
@@ -428,16 +419,7 @@ func TestOlderReader(t *testing.T) {
 func TestGatherFrameInPiecesIsNotIdle(t *testing.T) {
 	const idle = time.Second
 	server := openBackend(t, Config{IdleTimeout: idle, ClientIdle: idle / 3})
-	reg := register(t, server, randomBytes(5, 4096))
-	k, err := decodeKey(reg.RemoteKey())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := net.Dial("tcp", string(server.Address()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, k := rawReader(t, server, randomBytes(5, 4096))
 	gather := func(id uint64) []byte {
 		segs := make([]segment, 8)
 		for i := range segs {

@@ -109,6 +109,23 @@ func register(t testing.TB, b *Backend, mem []byte) transport.Registration {
 	return r
 }
 
+// rawReader registers mem on server and dials its data address with a bare
+// TCP connection (closed when the test ends), for tests that write the
+// wire's frames themselves; it returns the connection and mem's key.
+func rawReader(t testing.TB, server *Backend, mem []byte) (net.Conn, remoteKey) {
+	t.Helper()
+	k, err := decodeKey(register(t, server, mem).RemoteKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", string(server.Address()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c, k
+}
+
 // randomBytes returns n bytes from a seeded generator.
 func randomBytes(seed uint64, n int) []byte {
 	b := make([]byte, n)
