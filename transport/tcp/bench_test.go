@@ -13,7 +13,8 @@ import (
 // BenchmarkGet measures loopback GET throughput with the default Config:
 // one 256 MiB contiguous op, and 128 MiB in pieces of 32 KiB and of 16 KiB
 // (a TP rank's half of a block) at scattered offsets into disjoint slices of
-// one buffer (the shape of paged KV blocks).
+// one buffer (the shape of paged KV blocks), NHD-shaped strided ops, and a
+// small pull's two 64 KiB pieces (what a Get costs beside its bytes).
 //
 //	go test -run xxx -bench . -benchtime 3x ./transport/tcp/
 func BenchmarkGet(b *testing.B) {
@@ -46,6 +47,9 @@ func benchGetCfg(b *testing.B, serverCfg, clientCfg Config) {
 	for _, piece := range []int{32 << 10, 16 << 10} {
 		b.Run(fmt.Sprintf("%dx%dKiB", (128<<20)/piece, piece>>10), func(b *testing.B) { benchPieces(b, ep, key, dst, piece, (128<<20)/piece) })
 	}
+	// A small pull's Get (the fixed pulls of make bench-pull): what a Get
+	// costs beside its bytes.
+	b.Run("2x64KiB", func(b *testing.B) { benchPieces(b, ep, key, dst, 64<<10, 2) })
 	// A TP rank's heads of every token of a token-major block: 16 KiB
 	// back to back at the holder, in 1 KiB pieces 2 KiB apart in dst.
 	b.Run("8192x16x1KiB-strided", func(b *testing.B) {
