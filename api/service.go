@@ -52,12 +52,12 @@ const DefaultMaxRequestBytes = 256 << 10
 
 // ServeOptions tune the service.
 type ServeOptions struct {
-	Member          string // subject group connex.v1.<Member>
-	Version         string // service version reported by $SRV.INFO
+	Member  string // subject group connex.v1.<Member>
+	Version string // service version reported by $SRV.INFO
 	// MaxRequestBytes bounds a request's payload: larger ones get
-	// CodeTooLarge. 0: DefaultMaxRequestBytes.
+	// CodeTooLarge. 0 (or less): DefaultMaxRequestBytes.
 	MaxRequestBytes int
-	MaxInFlight     int    // concurrent handlers; beyond it CodeOverloaded
+	MaxInFlight     int // concurrent handlers; beyond it CodeOverloaded
 	// MaxInFlightPerEngine bounds the concurrent handlers of one engine's
 	// calls (engine-scoped subjects), within MaxInFlight; beyond it that
 	// engine gets CodeOverloaded. 0: a quarter of MaxInFlight.

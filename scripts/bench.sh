@@ -6,7 +6,8 @@
 #                      throughput (TLSDATA ...): both on by default with auth
 #   bench.sh pull      data-plane pulls vs memcpy, ucx_perftest, TCP (RATIO ...), and where a small pull's fixed
 #                      cost goes against a bare NATS round trip and the NATS floor of a pull's four messages
-#                      (BREAKDOWN ..., one per case; BENCH_PULL_LAYOUTS=fixed for those pulls alone); pulls between
+#                      (BREAKDOWN ..., one per case; BENCH_PULL_LAYOUTS=fixed for those pulls alone; with
+#                      BENCH_PULL_API_LAYERS=1 what each layer of the engine API costs, APILAYERS ...); pulls between
 #                      engines of other TP sizes, block sizes and orders against the homogeneous pull of the same
 #                      bytes (HETERO ...)
 #   bench.sh cluster   failover timings (FAILOVER ...)
@@ -89,6 +90,7 @@ case "${1:-control}" in
   pull)
     go test "${TAGS[@]}" -run '^$' -bench '^BenchmarkPull(Hetero)?$' -benchtime 1x -timeout 30m ./harness/e2e/ | tee "$out"
     grep '^BREAKDOWN ' "$out" || true
+    grep '^APILAYERS ' "$out" || true
     grep '^RATIO ' "$out" | tail -1
     grep '^HETERO ' "$out" | tail -1
     ;;

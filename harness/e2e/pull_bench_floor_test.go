@@ -23,6 +23,8 @@ import (
 // relayEnv set) that do nothing but pass the messages on, so the chain's
 // time, measured as the pulls are (caches scrubbed before each), is what
 // no change to connexd's request path can get under on this machine.
+// runFloorRelay also plays the micro and api relays of the layer probes
+// (pull_bench_layers_test.go).
 
 // relayEnv, when set in a process's environment to "<role> <nats url>",
 // makes TestMain run that role of the floor relay instead of the tests.
@@ -119,7 +121,9 @@ func startFloorRelay(b *testing.B, role, url string) {
 	}
 }
 
-// natsFloor runs the chain through the two relay processes.
+// natsFloor runs the chain through the holder and reader relay processes
+// (and, with BENCH_PULL_API_LAYERS=1, starts the micro and api relays the
+// layer probes call).
 type natsFloor struct {
 	nc   *nats.Conn
 	done chan struct{}

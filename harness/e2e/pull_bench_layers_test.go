@@ -28,8 +28,10 @@ import (
 //     and out), in a process of its own whose pull.start answers at once,
 //     called through api.Client as engines are;
 //   - connexd: connexd's own pull.start sent again for the pull just done
-//     (the same layers and the pull's checks, in the daemon's process;
-//     connexd answers a repeat as the running pull's and starts nothing).
+//     (the same layers and the request's field checks, in the daemon's
+//     process; connexd answers a repeat as the ended pull's before its
+//     region and block checks, and starts nothing): a lower bound of a
+//     real pull.start's answer.
 //
 // A pull's fixed cost cannot get under the connexd layer's answer plus the
 // pull.done notice, whatever the pull itself does.
@@ -43,8 +45,8 @@ const (
 	layerAPIMember    = "floorapi"
 )
 
-// apiLayersOn reports whether the layer probes run.
-func apiLayersOn() bool { return os.Getenv(apiLayersEnv) != "" }
+// apiLayersOn reports whether the layer probes run (apiLayersEnv=1).
+func apiLayersOn() bool { return os.Getenv(apiLayersEnv) == "1" }
 
 // serveMicroLayer answers layerMicroSubject through a micro service with
 // an empty reply (the relay role "micro").
@@ -58,6 +60,9 @@ func serveMicroLayer(nc *nats.Conn) error {
 
 // serveAPILayer serves connexd's API layer (the relay role "api") with a
 // handler whose pull.start answers at once; no other endpoint is called.
+// It is a "connex" micro service of member layerAPIMember on the bench's
+// own NATS server: `connexd status` there would list it, and its
+// member.status fails (the nil Handler's, answered as an internal error).
 func serveAPILayer(nc *nats.Conn) error {
 	_, err := api.Serve(nc, answeringHandler{}, api.ServeOptions{Member: layerAPIMember, Version: "0.0.1"})
 	return err
@@ -75,8 +80,8 @@ func (answeringHandler) StartPull(_ context.Context, r *messages.StartPullReques
 type apiLayers struct{ relay, micro, stub, connexd time.Duration }
 
 // probeAPILayers times one request at each layer, on cli's connection
-// (the decode engine's), cli's member being the reader connexd, and again
-// being the pull.start of the pull that just ended.
+// (the decode engine's; cli's member is the reader connexd). again is the
+// pull.start of the pull that just ended.
 func probeAPILayers(b *testing.B, cli *api.Client, again *messages.StartPullRequest) apiLayers {
 	b.Helper()
 	timed := func(what string, call func() error) time.Duration {
@@ -101,7 +106,9 @@ func probeAPILayers(b *testing.B, cli *api.Client, again *messages.StartPullRequ
 	var l apiLayers
 	l.relay = timed("relay", func() error { _, err := cli.NC.Request(floorDesc, []byte("x"), 5*time.Second); return err })
 	l.micro = timed("micro", func() error { _, err := cli.NC.Request(layerMicroSubject, []byte("x"), 5*time.Second); return err })
-	l.stub = timed("api_stub", pullStart(&api.Client{NC: cli.NC, Member: layerAPIMember}))
+	stub := *cli // the engine's client, on the stub's member
+	stub.Member = layerAPIMember
+	l.stub = timed("api_stub", pullStart(&stub))
 	l.connexd = timed("connexd", pullStart(cli))
 	return l
 }

@@ -369,7 +369,8 @@ type pullStat struct {
 type pullResults struct {
 	mu sync.Mutex
 	m  map[string]pullStat
-	// breakdowns are the BREAKDOWN lines, one per connex case.
+	// breakdowns are the BREAKDOWN lines, one per connex case, each
+	// followed by its APILAYERS line when the layer probes ran.
 	breakdowns []string
 	// natsRTT is the median bare NATS request/reply between two
 	// connections of this process, on the same server: the reference for
@@ -551,6 +552,10 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 				case x := <-c.notes:
 					if x.d.PullId == id {
 						n = x
+					} else if apiLayersOn() {
+						// The layer probes' repeated pull.starts must
+						// start nothing.
+						b.Fatalf("pull %s: a PullDone of pull %s, which had ended: %v", id, x.d.PullId, x.d)
 					}
 				case <-timeout.C:
 					b.Fatalf("pull %s: no PullDone within 60s\nholder:\n%s\nreader:\n%s", id, hn.logs(), rn.logs())
@@ -578,8 +583,12 @@ func benchPullConnex(b *testing.B, layouts []benchPullLayout, res *pullResults, 
 			if i > 0 && l.name == "fixed" {
 				c.phases[len(c.phases)-1].floor = res.floor.chain(b)
 				c.phases[len(c.phases)-1].apiFloor = res.floor.apiChain(b)
-				if apiLayersOn() {
-					c.layers = append(c.layers, probeAPILayers(b, de.cli, start))
+			}
+			if l.name == "fixed" && apiLayersOn() {
+				// After the floor chains; the untimed first pull's round
+				// warms the relays up.
+				if lay := probeAPILayers(b, de.cli, start); i > 0 {
+					c.layers = append(c.layers, lay)
 				}
 			}
 			for layer := uint32(0); layer < l.l.Layers; layer++ {

@@ -48,7 +48,8 @@ func benchGetCfg(b *testing.B, serverCfg, clientCfg Config) {
 		b.Run(fmt.Sprintf("%dx%dKiB", (128<<20)/piece, piece>>10), func(b *testing.B) { benchPieces(b, ep, key, dst, piece, (128<<20)/piece) })
 	}
 	// A small pull's Get (the fixed pulls of make bench-pull): what a Get
-	// costs beside its bytes.
+	// costs beside its bytes; give it a few thousand iterations of its own
+	// (-bench 'Get$/2x64KiB' -benchtime 2000x).
 	b.Run("2x64KiB", func(b *testing.B) { benchPieces(b, ep, key, dst, 64<<10, 2) })
 	// A TP rank's heads of every token of a token-major block: 16 KiB
 	// back to back at the holder, in 1 KiB pieces 2 KiB apart in dst.
