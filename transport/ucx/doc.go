@@ -247,4 +247,14 @@
 //     ucp_get_nbx fallback) are UCX requests too; if a forced
 //     close does not complete them, Get returns cancelGrace after its
 //     deadline and leaves the destination buffers pinned.
+//   - Destroying a worker: ucp_worker_destroy purges what is still queued
+//     on its endpoints, and UCX 1.13 and older assert (ucs_fatal: the
+//     process aborts) on a wire-up reply left queued for a peer that died
+//     or stopped in the middle of a wire-up — a holder's reply endpoint to
+//     a reader as much as a reader's own (the assertion went in
+//     openucx/ucx#8175). Nothing the caller sees rules that out, so on
+//     those versions Backend.Close unmaps every registration and leaves
+//     the worker and its context to the process's exit (a few descriptors
+//     and megabytes each; AbandonedWorkers counts them); later UCX
+//     destroys them as before.
 package ucx

@@ -18,6 +18,9 @@ func Open(opts transport.Options) (*Backend, error) { return nil, errNoUCX }
 // OpenConfig fails like Open.
 func OpenConfig(opts transport.Options, cfg Config) (*Backend, error) { return nil, errNoUCX }
 
+// AbandonedWorkers is 0: without UCX no worker is left undestroyed.
+func AbandonedWorkers() int64 { return 0 }
+
 // Backend is the UCX backend; without UCX none can be opened.
 type Backend struct{}
 

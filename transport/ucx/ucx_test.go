@@ -60,6 +60,43 @@ func getT(ep transport.Endpoint, d time.Duration, ops []transport.GetOp) error {
 	return ep.Get(ctx, ops)
 }
 
+// TestCloseOnOldUCXLeavesWorkers: on UCX 1.13 and older (whose
+// ucp_worker_destroy aborts the process when a peer died mid wire-up)
+// Close leaves the worker undestroyed and counts it; on later UCX it
+// destroys it. Both Backends here have a peer (a Get between them), and
+// a Get after Close fails as before.
+func TestCloseOnOldUCXLeavesWorkers(t *testing.T) {
+	major, minor, release := libVersion()
+	old := major < 1 || (major == 1 && minor <= 13)
+	if destroyAborts() != old {
+		t.Fatalf("UCX %d.%d.%d: destroyAborts() = %v, want %v", major, minor, release, destroyAborts(), old)
+	}
+	before := AbandonedWorkers()
+	h, r := openT(t, ""), openT(t, "")
+	src := randBytes(4096, 7)
+	reg, err := h.Register(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := connectT(t, r, h)
+	ops := []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr(), Dst: make([]byte, len(src))}}
+	if err := getT(ep, 5*time.Second, ops); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	h.Close()
+	want := int64(0)
+	if old {
+		want = 2
+	}
+	if got := AbandonedWorkers() - before; got != want {
+		t.Fatalf("UCX %d.%d.%d: Close left %d workers undestroyed, want %d", major, minor, release, got, want)
+	}
+	if err := getT(ep, time.Second, ops); err == nil {
+		t.Fatal("a Get after Close succeeded")
+	}
+}
+
 func TestGetByteExact(t *testing.T) {
 	for _, tls := range tlsCases {
 		t.Run(tlsName(tls), func(t *testing.T) {

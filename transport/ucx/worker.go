@@ -515,9 +515,41 @@ func (w *worker) shutdown() {
 		leaked = append(leaked, w.active...)
 		return
 	}
+	if destroyAborts() {
+		// UCX 1.13 and older abort the process destroying a worker one of
+		// whose peers died mid wire-up (cx.h), which no caller can rule
+		// out: the worker is left to the process's exit. Its memory
+		// registrations are gone already (stop, quarantine above).
+		C.cx_abandon(w.c)
+		abandonedWorkers.Add(1)
+		w.c = nil
+		return
+	}
 	C.cx_close(w.c)
 	w.c = nil
 }
+
+// destroyAborts reports whether this process's libucp aborts destroying a
+// worker one of whose peers died mid wire-up (UCX 1.13 and older: cx.h).
+func destroyAborts() bool { return C.cx_destroy_aborts() != 0 }
+
+// libVersion is the libucp this process runs with: major, minor, release.
+func libVersion() (major, minor, release int) {
+	var a, b, c C.uint
+	C.ucp_get_version(&a, &b, &c)
+	return int(a), int(b), int(c)
+}
+
+// abandonedWorkers counts the workers Close left undestroyed on UCX 1.13
+// and older (AbandonedWorkers).
+var abandonedWorkers atomic.Int64
+
+// AbandonedWorkers is how many closed Backends' UCX workers this process
+// left undestroyed: on UCX 1.13 and older, whose ucp_worker_destroy aborts
+// the process when a peer died during a wire-up, a closed Backend keeps its
+// worker (a few descriptors, a thread and its memory) until the process
+// exits. Zero on later UCX.
+func AbandonedWorkers() int64 { return abandonedWorkers.Load() }
 
 // DeregisterGrace is how long Deregister waits for replies already being
 // sent from the memory before it force-closes the endpoints they are on.
