@@ -248,13 +248,17 @@
 //     close does not complete them, Get returns cancelGrace after its
 //     deadline and leaves the destination buffers pinned.
 //   - Destroying a worker: ucp_worker_destroy purges what is still queued
-//     on its endpoints, and UCX 1.13 and older assert (ucs_fatal: the
-//     process aborts) on a wire-up reply left queued for a peer that died
-//     or stopped in the middle of a wire-up — a holder's reply endpoint to
-//     a reader as much as a reader's own (the assertion went in
-//     openucx/ucx#8175). Nothing the caller sees rules that out, so on
-//     those versions Backend.Close unmaps every registration and leaves
-//     the worker and its context to the process's exit (a few descriptors
-//     and megabytes each; AbandonedWorkers counts them); later UCX
-//     destroys them as before.
+//     on the endpoints UCX made itself (a holder's reply endpoints to its
+//     readers, which only the worker's destruction ends), and UCX 1.13 and
+//     older assert (ucs_fatal: the process aborts) on a wire-up reply left
+//     queued there for a peer that died or stopped in the middle of a
+//     wire-up (the assertion went in openucx/ucx#8175). Nothing the caller
+//     sees rules that out, so on those versions Backend.Close unmaps the
+//     Backend's registrations and leaves the worker and its context to the
+//     process's exit (a few descriptors, sockets and megabytes each;
+//     AbandonedWorkers counts them); later UCX destroys them as before. A
+//     side effect: a peer reading from a Backend closed this way sees its
+//     connections stay open and silent until the process exits, so its Get
+//     ends at its own deadline (ErrTimeout) rather than with ErrPeerGone.
+//     connexd closes its Backend only as it exits.
 package ucx

@@ -540,15 +540,16 @@ func libVersion() (major, minor, release int) {
 	return int(a), int(b), int(c)
 }
 
-// abandonedWorkers counts the workers Close left undestroyed on UCX 1.13
-// and older (AbandonedWorkers).
+// abandonedWorkers counts the workers Close left undestroyed because of
+// the UCX version (AbandonedWorkers; not those leaked with requests still
+// in flight, above).
 var abandonedWorkers atomic.Int64
 
 // AbandonedWorkers is how many closed Backends' UCX workers this process
-// left undestroyed: on UCX 1.13 and older, whose ucp_worker_destroy aborts
-// the process when a peer died during a wire-up, a closed Backend keeps its
-// worker (a few descriptors, a thread and its memory) until the process
-// exits. Zero on later UCX.
+// left undestroyed because of the UCX version: on UCX 1.13 and older, whose
+// ucp_worker_destroy aborts the process when a peer died during a wire-up,
+// a closed Backend keeps its worker (descriptors, sockets and memory) until
+// the process exits. Zero on later UCX.
 func AbandonedWorkers() int64 { return abandonedWorkers.Load() }
 
 // DeregisterGrace is how long Deregister waits for replies already being
