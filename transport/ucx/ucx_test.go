@@ -72,19 +72,9 @@ func TestCloseOnOldUCXLeavesWorkers(t *testing.T) {
 		t.Fatalf("UCX %d.%d.%d: destroyAborts() = %v, want %v", major, minor, release, destroyAborts(), old)
 	}
 	before := AbandonedWorkers()
-	h, r := openT(t, ""), openT(t, "")
-	src := randBytes(4096, 7)
-	reg, err := h.Register(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep := connectT(t, r, h)
-	ops := []transport.GetOp{{RemoteKey: reg.RemoteKey(), RemoteAddr: reg.RemoteAddr(), Dst: make([]byte, len(src))}}
-	if err := getT(ep, 5*time.Second, ops); err != nil {
-		t.Fatal(err)
-	}
-	r.Close()
-	h.Close()
+	p := pullOnce(t, "", 4096, 7)
+	p.r.Close()
+	p.h.Close()
 	want := int64(0)
 	if old {
 		want = 2
@@ -92,7 +82,7 @@ func TestCloseOnOldUCXLeavesWorkers(t *testing.T) {
 	if got := AbandonedWorkers() - before; got != want {
 		t.Fatalf("UCX %d.%d.%d: Close left %d workers undestroyed, want %d", major, minor, release, got, want)
 	}
-	if err := getT(ep, time.Second, ops); err == nil {
+	if err := getT(p.ep, time.Second, p.op); err == nil {
 		t.Fatal("a Get after Close succeeded")
 	}
 }
