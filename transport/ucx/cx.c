@@ -97,12 +97,6 @@ ucs_status_t cx_open(const char *tls, cx_worker **out) {
 	return UCS_OK;
 }
 
-int cx_destroy_aborts(void) {
-	unsigned major, minor, release;
-	ucp_get_version(&major, &minor, &release);
-	return major < 1 || (major == 1 && minor <= 13);
-}
-
 void cx_abandon(cx_worker *w) {
 	// The worker, its context and every table UCX may still reach stay
 	// allocated; only this package's own wake-up descriptor goes.

@@ -131,13 +131,9 @@ ucs_status_t cx_open(const char *tls, cx_worker **out);
 // cx_nonce is an unpredictable 64-bit value for one checked GET.
 uint64_t cx_nonce(cx_worker *w);
 void cx_close(cx_worker *w);
-// cx_destroy_aborts reports whether this UCX (1.13 and older) aborts the
-// process in ucp_worker_destroy when a peer died in the middle of a
-// wire-up: it asserts on the wire-up reply left pending on that peer's
-// endpoint as it purges it (the assertion went in openucx/ucx#8175).
-int cx_destroy_aborts(void);
 // cx_abandon leaves w to the process's exit instead of destroying it
-// (where cx_destroy_aborts): only its wake-up descriptor is closed.
+// (on UCX 1.13 and older: worker.go's destroyAborts): only its wake-up
+// descriptor is closed.
 void cx_abandon(cx_worker *w);
 ucs_status_t cx_address(cx_worker *w, void **addr, size_t *len);
 void cx_address_release(cx_worker *w, void *addr);

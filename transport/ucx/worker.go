@@ -517,7 +517,7 @@ func (w *worker) shutdown() {
 	}
 	if destroyAborts() {
 		// UCX 1.13 and older abort the process destroying a worker one of
-		// whose peers died mid wire-up (cx.h), which no caller can rule
+		// whose peers died mid wire-up (destroyAborts), which no caller can rule
 		// out: the worker is left to the process's exit. Its memory
 		// registrations are gone already (stop, quarantine above).
 		C.cx_abandon(w.c)
@@ -529,9 +529,14 @@ func (w *worker) shutdown() {
 	w.c = nil
 }
 
-// destroyAborts reports whether this process's libucp aborts destroying a
-// worker one of whose peers died mid wire-up (UCX 1.13 and older: cx.h).
-func destroyAborts() bool { return C.cx_destroy_aborts() != 0 }
+// destroyAborts reports whether this process's libucp (1.13 and older)
+// aborts the process in ucp_worker_destroy when a peer died in the middle
+// of a wire-up: it asserts on the wire-up reply left queued for that peer
+// as it purges it (the assertion went in openucx/ucx#8175).
+func destroyAborts() bool {
+	major, minor, _ := libVersion()
+	return major < 1 || (major == 1 && minor <= 13)
+}
 
 // libVersion is the libucp this process runs with: major, minor, release.
 func libVersion() (major, minor, release int) {
