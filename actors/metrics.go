@@ -28,6 +28,12 @@ type Metrics struct {
 	Adopted             atomic.Int64 // requests of departed members adopted here
 	Fenced              atomic.Int64 // activations here told that their request moved elsewhere
 	HoldsLost           atomic.Int64 // running requests here whose hold was gone (hold.lost notices)
+	// GrantsMoved counts requests moved here when the router's grant
+	// arrived, ahead of the engine's takeover (peer.grant).
+	GrantsMoved atomic.Int64
+	// GrantsLapsed counts grants whose engine never sent its takeover: a
+	// request moved ahead is then deleted and its hold released.
+	GrantsLapsed atomic.Int64
 }
 
 // Snapshot returns the counters by name.

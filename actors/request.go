@@ -99,6 +99,15 @@ type TakeoverRequest struct {
 	Instance string
 }
 
+// GrantRequest makes a new request actor move request ID to local engine
+// Engine (its registered instance Instance) on the router's grant, ahead of
+// the engine's takeover, which then confirms it (activation.Grant). Reply:
+// Status "granted", or Err when it could not (the actor then waits, idle,
+// for the engine's takeover to start it as without the grant).
+type GrantRequest struct {
+	ID, Engine, Instance string
+}
+
 // AdoptRequest makes a new request actor take over an orphan. Reply: Status or Err.
 type AdoptRequest struct {
 	ID        string
@@ -176,6 +185,8 @@ func (a *requestActor) Receive(ctx actor.Context) {
 		a.step(ctx, activation.Adopt{Now: a.now(), Call: a.call(ctx), ID: m.ID, DeadOwner: m.DeadOwner, Engine: m.Engine})
 	case *TakeoverRequest:
 		a.step(ctx, activation.Takeover{Now: a.now(), Call: a.call(ctx), Msg: m.Msg, Instance: m.Instance})
+	case *GrantRequest:
+		a.step(ctx, activation.Grant{Now: a.now(), Call: a.call(ctx), ID: m.ID, Engine: m.Engine, Instance: m.Instance})
 	case *RequestProgress:
 		a.step(ctx, activation.Progress{Now: a.now(), Call: a.call(ctx), Epoch: m.Epoch, Tokens: m.Tokens})
 	case *FinishRequest:
@@ -358,6 +369,10 @@ func (a *requestActor) count(e activation.Count) {
 		m.Fenced.Add(1)
 	case activation.HoldLost:
 		m.HoldsLost.Add(1)
+	case activation.GrantMoved:
+		m.GrantsMoved.Add(1)
+	case activation.GrantLapsed:
+		m.GrantsLapsed.Add(1)
 	}
 }
 

@@ -362,7 +362,7 @@ func (d *Daemon) assemble() {
 		regions: d.regions, pullers: pullDeps{d.pdeps}, inflight: d.inflight, starts: d.starts, clock: d.clock}
 	d.requestAPI = &requestAPI{member: cfg.MemberID, max: cfg.RequestsMax, authenticated: natsAuthenticated(cfg),
 		actors: systemRequests{sys: d.system, table: d.reqTable, deps: d.rdeps}, storeErr: d.reqErr,
-		local: d.regions, clock: d.clock, starts: d.starts, headAhead: d.headAhead,
+		local: d.regions, clock: d.clock, starts: d.starts, headAhead: d.headAhead, goBackground: d.goBackground, log: d.log,
 		quota: &requests.Quota{MaxRequests: cfg.RequestsMaxPerEngine, MaxBytes: cfg.RequestBytesPerEngine, MaxMemberBytes: cfg.RequestStoreBytes / 2}}
 	d.requestAPI.reservations = pullReservations{deps: d.pdeps, regions: d.regions, timeout: cfg.PullTimeout}
 	if d.reqStore != nil {

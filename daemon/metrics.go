@@ -72,6 +72,8 @@ func newPromMetrics(d *Daemon) *promMetrics {
 	m.reg.MustRegister(m.pulls, m.pullBytes, m.pullDur, m.pullRead, m.pullSize, m.freed, m.notices, m.replays, m.departed, m.failover,
 		counter("connex_lease_renewals_total", "Lease renewals of this member's holds (hold.renew).", func(x *actors.Metrics) int64 { return x.LeaseRenewals.Load() }),
 		counter("connex_requests_taken_over_total", "Requests a router's resume moved to an engine of this member.", func(x *actors.Metrics) int64 { return x.TakenOver.Load() }),
+		counter("connex_request_grants_moved_total", "Requests moved to an engine of this member when the router's grant arrived, ahead of the engine's takeover.", func(x *actors.Metrics) int64 { return x.GrantsMoved.Load() }),
+		counter("connex_request_grants_lapsed_total", "Router grants whose engine never sent its takeover (a request moved ahead is deleted and its hold released).", func(x *actors.Metrics) int64 { return x.GrantsLapsed.Load() }),
 		counter("connex_requests_adopted_total", "Requests of departed members adopted here.", func(x *actors.Metrics) int64 { return x.Adopted.Load() }),
 		counter("connex_requests_fenced_total", "Request activations here told their request moved elsewhere.", func(x *actors.Metrics) int64 { return x.Fenced.Load() }),
 		counter("connex_holds_lost_total", "Running requests here whose hold was gone (hold.lost notices).", func(x *actors.Metrics) int64 { return x.HoldsLost.Load() }),

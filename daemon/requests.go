@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -55,8 +57,13 @@ type requestAPI struct {
 	// how it ended (startgate.go); nil: none wait.
 	starts *startGate
 	// headAhead reads a granted takeover's request ahead of the engine's
-	// request.start (headahead.go); nil: not read ahead.
+	// request.start (headahead.go) when it is not moved ahead; nil: not
+	// read ahead.
 	headAhead *headAhead
+	// goBackground runs a grant's move ahead of its takeover (the daemon's
+	// tracked goroutines); nil: grants move nothing ahead.
+	goBackground func(func())
+	log          *slog.Logger
 }
 
 // pullReserver reserves reads ahead of their pulls (pull.PullDeps).
@@ -196,9 +203,7 @@ func (a *requestAPI) startRequest(ctx context.Context, r *messages.StartRequestM
 			return nil, api.Errorf(api.CodeForbidden, "request.start with takeover of request %s by engine %s: no grant from the router that placed it there", r.RequestId, r.EngineId)
 		}
 		if _, ok := a.actors.lookup(r.RequestId); ok {
-			st, err := a.askRequest(r.RequestId, &actors.TakeoverRequest{Msg: r, Instance: inst})
-			a.reserve(r, err)
-			return st, err
+			return a.takeOverHere(r, inst)
 		}
 	}
 	// One engine may not fill the cluster's one request bucket: its own
@@ -210,8 +215,26 @@ func (a *requestAPI) startRequest(ctx context.Context, r *messages.StartRequestM
 	if err != nil {
 		if _, ok := a.actors.lookup(r.RequestId); !ok {
 			a.quota.End(r.RequestId)
+		} else if r.Takeover && errors.Is(err, requests.ErrExists) {
+			// The router's grant moved it here meanwhile (moveAhead): its
+			// actor claimed the id first, and this start confirms it.
+			return a.takeOverHere(r, inst)
 		}
 	}
+	a.reserve(r, err)
+	return st, err
+}
+
+// takeOverHere sends an engine's takeover to the request's actor on this
+// member: one the router's grant moved here (the takeover confirms it), or
+// one another local engine runs (the takeover moves it).
+func (a *requestAPI) takeOverHere(r *messages.StartRequestMsg, inst string) (*messages.RequestStatus, error) {
+	// Counted for its engine now, with its tokens (a grant's move counted
+	// none; another engine's request moves to this one).
+	if err := a.quota.Start(r.RequestId, r.EngineId, len(r.PromptTokenIds), a.live); err != nil {
+		return nil, api.Errorf(api.CodeOverloaded, "request.start of %s: %v", r.RequestId, err)
+	}
+	st, err := a.askRequest(r.RequestId, &actors.TakeoverRequest{Msg: r, Instance: inst})
 	a.reserve(r, err)
 	return st, err
 }
@@ -305,11 +328,43 @@ func (a *requestAPI) GrantTakeover(_ context.Context, r *messages.StartRequestMs
 		return nil, err
 	}
 	a.grants.Grant(r.RequestId, r.EngineId, a.clock.Now())
-	if _, here := a.actors.lookup(r.RequestId); !here && a.headAhead != nil {
+	if _, here := a.actors.lookup(r.RequestId); !here && !a.moveAhead(r.RequestId, r.EngineId) && a.headAhead != nil {
 		// The engine's takeover comes next and reads the request first.
 		a.headAhead.ahead(r.RequestId)
 	}
 	return &messages.RequestStatus{Status: "granted"}, nil
+}
+
+// moveAhead moves request id to local engine engine when the router's
+// grant arrives, in the background (activation.Grant: read, compare-and-set
+// at the next epoch, the hold bound to the engine, the engine's pull
+// reserved), so that the engine's takeover milliseconds later only
+// confirms it and its pull finds the hold bound. False when it cannot: no
+// request store, this member full, the engine has no region here, its
+// quota reached. What the move cannot do, the engine's takeover does as
+// it would without it.
+func (a *requestAPI) moveAhead(id, engine string) bool {
+	if a.store == nil || a.goBackground == nil || a.actors.running() >= a.max {
+		return false
+	}
+	if !slices.Contains(a.local.Engines(), engine) || a.quota.Start(id, engine, 0, a.live) != nil {
+		return false // an engine with no region here pulls nothing here
+	}
+	inst := a.instances.engineInstance(engine)
+	a.goBackground(func() {
+		st, err := a.spawnRequest(&actors.GrantRequest{ID: id, Engine: engine, Instance: inst})
+		if err != nil {
+			if _, ok := a.actors.lookup(id); !ok {
+				a.quota.End(id)
+			}
+			a.log.Debug("granted request not moved ahead; the engine's takeover will", "request", id, "engine", engine, "err", err)
+			return
+		}
+		if a.reservations != nil {
+			a.reservations.reserve(engine, id, st.GetState().GetParams())
+		}
+	})
+	return true
 }
 
 // Adopt takes over an orphaned request on this member.

@@ -23,6 +23,9 @@ type fakeRequestActors struct {
 	live   map[string]*actor.PID
 	got    []sent
 	askErr error
+	// spawnErr, if set, is a spawn's answer (its actor still runs: the
+	// id was claimed by another one).
+	spawnErr error
 }
 
 func newFakeRequestActors(ids ...string) *fakeRequestActors {
@@ -71,11 +74,18 @@ func (f *fakeRequestActors) spawn(first any) (*messages.RequestStatus, error) {
 		id = m.Msg.RequestId
 	case *actors.AdoptRequest:
 		id = m.ID
+	case *actors.GrantRequest:
+		id = m.ID
 	}
 	f.mu.Lock()
 	f.live[id] = actor.NewPID("fake", id)
+	err := f.spawnErr
 	f.mu.Unlock()
-	return f.ask(actor.NewPID("fake", id), first)
+	st, askErr := f.ask(actor.NewPID("fake", id), first)
+	if err != nil {
+		return nil, err
+	}
+	return st, askErr
 }
 
 func (f *fakeRequestActors) send(pid *actor.PID, msg any) {

@@ -52,7 +52,10 @@ const (
 	opEngineLost
 	opTick
 	opInspect
-	opNoHold // the request's hold never existed: its record goes
+	opNoHold      // the request's hold never existed: its record goes
+	opGrant       // the router's grant moves the request here (grant.go)
+	opConfirm     // the granted engine's takeover: its write
+	opGrantLapsed // no takeover came for the grant: its record goes
 )
 
 // op is one call (or timer tick) the activation works on.
@@ -109,6 +112,10 @@ type Activation struct {
 	// promptRefresh is the age at which a write stores the prompt again
 	// (requests.PromptDue); 0: only when it changed.
 	promptRefresh time.Duration
+	// grant is where a move on the router's grant is (grant.go), from
+	// grantedAt.
+	grant     grantState
+	grantedAt time.Time
 }
 
 // New returns an idle activation on member self.
@@ -159,6 +166,8 @@ func (a *Activation) Step(ev Event) ([]Effect, error) {
 		return a.submit(now, op{kind: opProgress, call: e.Call, epoch: e.Epoch, tokens: e.Tokens}), nil
 	case Takeover:
 		return a.submit(now, op{kind: opTakeover, call: e.Call, msg: e.Msg, instance: e.Instance}), nil
+	case Grant:
+		return a.submit(now, op{kind: opGrant, call: e.Call, id: e.ID, engine: e.Engine, instance: e.Instance}), nil
 	case Finish:
 		return a.submit(now, op{kind: opFinish, call: e.Call, epoch: e.Epoch}), nil
 	case EngineLost:
@@ -253,6 +262,16 @@ func (a *Activation) refuse(fx []Effect, o op) []Effect {
 
 // begin starts o with nothing in flight.
 func (a *Activation) begin(now time.Time, o op) []Effect {
+	switch {
+	case o.kind == opGrant:
+		return a.beginGrant(now, o)
+	case o.kind == opTakeover && a.grant != grantNone:
+		return a.takeGranted(now, o)
+	case o.kind == opTick:
+		if fx, ok := a.tickGranted(now); ok {
+			return fx
+		}
+	}
 	switch o.kind {
 	case opStart, opAdopt:
 		if a.phase != Idle {
@@ -320,12 +339,12 @@ func (a *Activation) claimed(now time.Time, e Claimed) []Effect {
 	o := a.cur
 	if !e.OK {
 		what := "runs here"
-		if o.kind == opAdopt {
+		if o.kind == opAdopt || o.kind == opGrant {
 			what = "already runs here"
 		}
 		return a.fail(nil, fmt.Errorf("%w: %s %s", requests.ErrExists, a.id, what))
 	}
-	if o.kind == opStart && !o.msg.Takeover {
+	if o.kind == opStart && !o.msg.GetTakeover() {
 		a.waiting = waitWrite
 		return []Effect{Write{Op: Create, ID: a.id, State: a.pending, Prompt: requests.PromptDue(nil, a.pending, a.promptRefresh)}}
 	}
@@ -336,6 +355,8 @@ func (a *Activation) claimed(now time.Time, e Claimed) []Effect {
 func (a *Activation) loaded(now time.Time, e Loaded) []Effect {
 	o := a.cur
 	switch o.kind {
+	case opGrant:
+		return a.loadedGrant(now, e)
 	case opStart: // a takeover
 		if errors.Is(e.Err, requests.ErrNotFound) {
 			st, err := requests.New(o.msg, a.self, now)
@@ -389,6 +410,15 @@ func (a *Activation) written(now time.Time, e Written) []Effect {
 	o := a.cur
 	fenced := errors.Is(e.Err, requests.ErrFenced)
 	switch o.kind {
+	case opGrant:
+		return a.writtenGrant(now, e)
+	case opConfirm:
+		return a.writtenConfirm(e)
+	case opGrantLapsed:
+		if e.Err != nil {
+			return a.end(nil, "the router's grant of this request was not taken up; it runs elsewhere now", nil)
+		}
+		return a.release(nil)
 	case opStart:
 		if e.Err != nil {
 			if o.msg.Takeover && (a.created || fenced) && a.attempt < takeoverAttempts-1 {
@@ -470,7 +500,9 @@ func (a *Activation) fenced(o *op, err error) []Effect {
 	fx := []Effect{
 		NoticeFenced{RequestID: a.id, Engine: a.st.EngineId, StaleEpoch: a.st.Epoch, LookupOwner: true},
 		Count{What: Fenced},
-		Reply{Call: o.call, Err: fmt.Errorf("request %s: %w", a.id, err)},
+	}
+	if o.call != 0 { // a confirmation's write was answered before it ran
+		fx = append(fx, Reply{Call: o.call, Err: fmt.Errorf("request %s: %w", a.id, err)})
 	}
 	return a.end(fx, "request fenced: a write found a newer owner", a.fencedErr())
 }
@@ -513,7 +545,7 @@ func (a *Activation) renewed(now time.Time, e Renewed) []Effect {
 func (a *Activation) afterRenew(now time.Time) []Effect {
 	o := a.cur
 	switch o.kind {
-	case opStart, opTakeover:
+	case opStart, opTakeover, opGrant:
 		return a.done(nil) // armed and answered before the renewal
 	case opAdopt:
 		return a.done([]Effect{a.arm(now), NoticeResume{State: a.st}, Count{What: Adopted, From: a.from}, a.reply(o.call, "running")})
@@ -535,8 +567,11 @@ func (a *Activation) release(fx []Effect) []Effect {
 
 func (a *Activation) releaseDone() []Effect {
 	o := a.cur
-	if o.kind == opFinish {
+	switch o.kind {
+	case opFinish:
 		return a.end([]Effect{a.reply(o.call, "finished")}, "request finished", nil)
+	case opGrantLapsed:
+		return a.end(nil, "the engine granted this request never took it over: its record is deleted and its hold released", nil)
 	}
 	return a.end(nil, "request's engine went away and nobody took it over: its hold is released", nil)
 }

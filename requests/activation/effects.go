@@ -115,9 +115,14 @@ const (
 	Fenced
 	// HoldLost counts holds found gone for good.
 	HoldLost
+	// GrantMoved counts requests moved here on a router's grant, ahead of
+	// the engine's takeover (Grant).
+	GrantMoved
+	// GrantLapsed counts grants whose engine never sent its takeover.
+	GrantLapsed
 )
 
-var metricNames = [...]string{"taken-over", "adopted", "fenced", "hold-lost"}
+var metricNames = [...]string{"taken-over", "adopted", "fenced", "hold-lost", "grant-moved", "grant-lapsed"}
 
 // String is the metric's name in scripts.
 func (m Metric) String() string { return metricNames[m] }

@@ -49,6 +49,16 @@ type Takeover struct {
 	Instance string
 }
 
+// Grant begins an activation that moves request ID here, to local engine
+// Engine (instance Instance), at the next epoch, on the word of the router
+// that resumes it (peer.grant), ahead of the engine's own takeover, which
+// then confirms it (grant.go).
+type Grant struct {
+	Now                  time.Time
+	Call                 uint64
+	ID, Engine, Instance string
+}
+
 // Finish ends the request at Epoch: its state is deleted and its hold
 // released.
 type Finish struct {
@@ -131,6 +141,7 @@ func (Start) event()      {}
 func (Adopt) event()      {}
 func (Progress) event()   {}
 func (Takeover) event()   {}
+func (Grant) event()      {}
 func (Finish) event()     {}
 func (EngineLost) event() {}
 func (RenewTick) event()  {}
@@ -151,6 +162,8 @@ func eventTime(ev Event) time.Time {
 	case Progress:
 		return e.Now
 	case Takeover:
+		return e.Now
+	case Grant:
 		return e.Now
 	case Finish:
 		return e.Now

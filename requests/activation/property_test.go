@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,7 +36,7 @@ func TestRandomHistories(t *testing.T) {
 		endings[h.ending()]++
 	}
 	// The histories must reach every ending, or they test little.
-	for _, e := range []string{"finished", "engine-lost", "fenced", "running"} {
+	for _, e := range []string{"finished", "engine-lost", "fenced", "running", "grant-lapsed"} {
 		if endings[e] == 0 {
 			t.Errorf("no history ended %s: %v", e, endings)
 		}
@@ -99,10 +100,15 @@ func (h *history) spawn(resume bool) {
 	h.nodes = append(h.nodes, n)
 	engine := "e-" + n.self
 	call := h.call(n)
+	r := h.rng.Intn(3)
 	switch {
 	case !resume:
 		h.apply(n, Start{Now: h.now, Call: call, Msg: h.msg(engine, false)})
-	case h.rng.Intn(2) == 0 && h.stored != nil:
+	case r == 0:
+		// The router's grant moves it; the engine's takeover (a later
+		// step) confirms it.
+		h.apply(n, Grant{Now: h.now, Call: call, ID: "r1", Engine: engine})
+	case r == 1 && h.stored != nil:
 		h.apply(n, Adopt{Now: h.now, Call: call, ID: "r1", DeadOwner: h.stored.Owner, Engine: engine})
 	default:
 		h.apply(n, Start{Now: h.now, Call: call, Msg: h.msg(engine, true)})
@@ -154,7 +160,11 @@ func (h *history) step() {
 	case 6:
 		h.apply(n, Inspect{Now: h.now, Call: h.call(n)})
 	case 7:
-		h.apply(n, Takeover{Now: h.now, Call: h.call(n), Msg: h.msg(fmt.Sprintf("e-%s-%d", n.self, h.rng.Intn(100)), true)})
+		engine := "e-" + n.self // the granted engine's takeover, or a first start's own engine
+		if h.rng.Intn(2) == 0 {
+			engine = fmt.Sprintf("e-%s-%d", n.self, h.rng.Intn(100))
+		}
+		h.apply(n, Takeover{Now: h.now, Call: h.call(n), Msg: h.msg(engine, true)})
 	}
 }
 
@@ -265,8 +275,12 @@ func (h *history) check(n *node, e Effect) {
 	case Stop:
 		n.ended = true
 		if n.deleted && h.deleteEnding == "" {
-			h.deleteEnding = "finished"
-			if e.Reason != "request finished" {
+			switch {
+			case e.Reason == "request finished":
+				h.deleteEnding = "finished"
+			case strings.Contains(e.Reason, "granted"):
+				h.deleteEnding = "grant-lapsed"
+			default:
 				h.deleteEnding = "engine-lost"
 			}
 		}

@@ -1,0 +1,161 @@
+package activation
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/connex/connex/requests"
+)
+
+// A takeover moved on the router's word (Grant).
+//
+// A resume's takeover used to start when the new engine's request.start
+// arrived, milliseconds after the router's peer.grant reached this member
+// (vLLM's front end and the engine's next step lie between), and the
+// engine's pull waited for it. With Grant the member moves the request to
+// the granted engine when the grant arrives — read, compare-and-set at the
+// next epoch, renew (which binds the hold to the engine) — and the
+// engine's takeover, when it comes, only confirms it: its tokens are
+// merged into the record and it is answered at once, the write following.
+//
+//	Grant ──► Starting ── claim, read, CAS write ──► Running (unconfirmed) ── engine's takeover ──► Running
+//	               │ not stored, race lost, store down               │ another local engine's takeover: a takeover as before
+//	               ▼                                                  │ not confirmed within GrantTTL: record deleted, hold released
+//	   Idle (fell back): the engine's takeover starts as without a grant; none within GrantTTL: stop
+//
+// The grant only moves work earlier: whatever it cannot do, the engine's
+// takeover does as it would have without it.
+
+// grantState is where a Grant-moved activation is.
+type grantState int
+
+const (
+	grantNone        grantState = iota // no grant (or confirmed)
+	grantMoving                        // the grant's read and write are in flight
+	grantUnconfirmed                   // moved: its engine has not sent its takeover yet
+	grantFellBack                      // could not move it: idle, waiting for the engine's takeover
+)
+
+// beginGrant starts moving request o.id to engine o.engine.
+func (a *Activation) beginGrant(now time.Time, o op) []Effect {
+	if a.phase != Idle || a.id != "" {
+		return []Effect{Reply{Call: o.call, Err: fmt.Errorf("%w: request %s runs here", requests.ErrExists, a.id)}}
+	}
+	a.phase, a.cur, a.waiting = Starting, &o, waitClaim
+	a.id, a.instance = o.id, o.instance
+	a.grant, a.grantedAt = grantMoving, now
+	return []Effect{Claim{ID: a.id}}
+}
+
+// loadedGrant moves the stored request to the granted engine at the next
+// epoch: an adoption from whoever owns it now.
+func (a *Activation) loadedGrant(now time.Time, e Loaded) []Effect {
+	o := a.cur
+	if e.Err != nil {
+		return a.fallBack(now, e.Err)
+	}
+	next, err := requests.Adopt(e.State, e.State.Owner, a.self, o.engine, now)
+	if err != nil {
+		return a.fallBack(now, err)
+	}
+	a.pending, a.from = next, e.State.Owner
+	a.waiting = waitWrite
+	return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev, Prompt: requests.PromptDue(e.State, next, a.promptRefresh)}}
+}
+
+// writtenGrant runs the moved request (unconfirmed) and binds its hold, or
+// retries a lost race, or falls back.
+func (a *Activation) writtenGrant(now time.Time, e Written) []Effect {
+	if e.Err != nil {
+		if errors.Is(e.Err, requests.ErrFenced) && a.attempt < takeoverAttempts-1 {
+			a.attempt++
+			a.waiting = waitLoad
+			return []Effect{Load{ID: a.id}}
+		}
+		return a.fallBack(now, e.Err)
+	}
+	a.run(e.Rev)
+	a.grant = grantUnconfirmed
+	fx := []Effect{Count{What: TakenOver, From: a.from}, Count{What: GrantMoved}, a.arm(now), a.reply(a.cur.call, "granted")}
+	return a.renew(now, fx)
+}
+
+// fallBack leaves a grant that could not move the request idle, its id
+// claimed, for the engine's takeover to start it as without a grant; the
+// grant's caller gets err. A tick at the grant's end stops it.
+func (a *Activation) fallBack(now time.Time, err error) []Effect {
+	a.phase, a.grant = Idle, grantFellBack
+	fx := []Effect{Reply{Call: a.cur.call, Err: fmt.Errorf("grant of request %s not moved ahead: %w", a.id, err)}, Arm{At: a.grantLapses()}}
+	return a.done(fx)
+}
+
+// grantLapses is when a grant not taken up by its engine ends: the
+// engine's takeover needs the grant, which lasts requests.GrantTTL.
+func (a *Activation) grantLapses() time.Time { return a.grantedAt.Add(requests.GrantTTL) }
+
+// takeGranted starts an engine's takeover of a granted activation: it
+// confirms the move if the engine is the granted one, else it is a
+// takeover as without the grant.
+func (a *Activation) takeGranted(now time.Time, o op) []Effect {
+	switch a.grant {
+	case grantFellBack:
+		a.grant = grantNone
+		a.phase, a.instance = Starting, o.instance
+		a.cur = &op{kind: opStart, call: o.call, msg: o.msg, instance: o.instance}
+		a.waiting = waitLoad
+		return []Effect{Load{ID: a.id}}
+	case grantUnconfirmed:
+		if o.msg.GetEngineId() != a.st.GetEngineId() {
+			a.grant = grantNone // another local engine: it fences the granted one
+			return a.begin(now, o)
+		}
+		next, err := requests.Takeover(a.st, o.msg, a.self, now)
+		if err != nil {
+			return []Effect{Reply{Call: o.call, Err: err}}
+		}
+		// The same owner and epoch: the engine confirms what the grant
+		// moved, with the tokens the router resent it.
+		next.Epoch, next.PreviousOwners = a.st.Epoch, a.st.PreviousOwners
+		prev := a.st
+		a.st, a.grant = next, grantNone
+		if o.instance != "" {
+			a.instance = o.instance
+		}
+		// Answered before the write: the engine's pull waits for this
+		// answer. A later write stores the merged tokens if this one fails
+		// for now (it writes the whole record); a fence ends the activation.
+		fx := []Effect{a.reply(o.call, "running")}
+		a.cur, a.waiting, a.pending = &op{kind: opConfirm}, waitWrite, next
+		return append(fx, Write{Op: Update, ID: a.id, State: next, Rev: a.rev, Prompt: requests.PromptDue(prev, next, a.promptRefresh)})
+	}
+	// grantMoving has its read or write in flight: calls wait behind it.
+	return []Effect{Reply{Call: o.call, Err: fmt.Errorf("%w: request %s is being moved here", ErrUnexpected, a.id)}}
+}
+
+// writtenConfirm ends the confirmation's write.
+func (a *Activation) writtenConfirm(e Written) []Effect {
+	switch {
+	case errors.Is(e.Err, requests.ErrFenced):
+		return a.fenced(a.cur, e.Err)
+	case e.Err != nil:
+		return a.done(nil) // the next write carries the merged record
+	}
+	a.rev = e.Rev
+	return a.done(nil)
+}
+
+// tickGranted ends a grant its engine did not take up in time: an idle
+// one stops; a moved one deletes the request's record and releases its
+// hold, unless someone took it over since (the delete then finds a newer
+// revision). ok is false when the tick is an ordinary keep-alive.
+func (a *Activation) tickGranted(now time.Time) (fx []Effect, ok bool) {
+	if a.grant == grantNone || a.grant == grantMoving || now.Before(a.grantLapses()) {
+		return nil, false
+	}
+	fx = []Effect{Count{What: GrantLapsed}}
+	if a.grant == grantFellBack {
+		return a.end(fx, "the router's grant of this request was not taken up by its engine", nil), true
+	}
+	return append(fx, a.write(op{kind: opGrantLapsed}, Delete, nil)...), true
+}
