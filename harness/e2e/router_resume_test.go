@@ -135,7 +135,7 @@ func completion(prompt string, max int) map[string]any {
 // or frozen mid-stream; the client's stream equals the uninterrupted one,
 // with one [DONE], exactly one prefill, and the prefill blocks freed after.
 func TestStreamSurvivesDecodeFaults(t *testing.T) {
-	c := startProduct(t, nil)
+	c := startProduct(t, func(o *localcluster.Options) { o.Metrics = true })
 	nc := connect(t, c.NATSURL())
 	url := c.RouterURL() + "/v1/completions"
 	// 120 tokens at 15 ms: the stream outlasts the local preset's 1 s TTL,
@@ -166,6 +166,7 @@ func TestStreamSurvivesDecodeFaults(t *testing.T) {
 			resumes := sum(must2(scrapeAs(c.RouterURL()+"/metrics", c.AdminKey())), "connex_router_resumes_total")
 			falseResumes := sum(must2(scrapeAs(c.RouterURL()+"/metrics", c.AdminKey())), "connex_router_false_resumes_total")
 			decodePrefills := engineMetric(t, c, "decode", "connex_sim_prefills_total")
+			movedAhead := membersMetric(t, c, "connex_request_grants_moved_total")
 			var victim string
 			var faultErr error
 			got, err := postStream(ctx, url, completion(prompt, max), func(i int, s *streamed) {
@@ -208,6 +209,14 @@ func TestStreamSurvivesDecodeFaults(t *testing.T) {
 			if d := sum(must2(scrapeAs(c.RouterURL()+"/metrics", c.AdminKey())), "connex_router_false_resumes_total") - falseResumes; d != 0 && tc.part == "engine" {
 				t.Fatalf("the router counted %v false resumes after a %s of the engine, want 0", d, tc.signal)
 			}
+			// The resumed engine's member moved the request when the
+			// router's grant came, ahead of the engine's takeover (every
+			// member still runs after an engine's fault).
+			if tc.part == "engine" {
+				if d := membersMetric(t, c, "connex_request_grants_moved_total") - movedAhead; d != 1 {
+					t.Fatalf("members moved %v requests ahead of their takeover after a %s of the engine, want 1", d, tc.signal)
+				}
+			}
 			if tc.signal == "stop" {
 				if err := c.Cont(victim + "/" + tc.part); err != nil {
 					t.Fatal(err)
@@ -235,6 +244,24 @@ func TestStreamSurvivesDecodeFaults(t *testing.T) {
 			waitEngines(t, c)
 		})
 	}
+}
+
+// membersMetric sums series name over the cluster's connexds (members and
+// the router's) that serve metrics now.
+func membersMetric(t testing.TB, c *localcluster.Cluster, name string) float64 {
+	t.Helper()
+	var total float64
+	for _, m := range c.MetricsTargets() {
+		if !strings.HasSuffix(m.Process, "/"+string(localcluster.PartConnexd)) {
+			continue
+		}
+		got, err := scrape(m.URL)
+		if err != nil {
+			t.Fatalf("metrics of %s: %v", m.Process, err)
+		}
+		total += got[name]
+	}
+	return total
 }
 
 func must2[T any](v T, err error) T {
