@@ -609,11 +609,16 @@ func (a *Activation) holdRef() HoldRef {
 	return HoldRef{Holder: a.st.GetParams().GetRemoteCtrl().GetMember(), TransferID: a.st.GetParams().GetTransferId(), Engine: a.st.GetEngineId(), RequestID: a.id}
 }
 
-// arm schedules the next keep-alive at a third of the hold's lease.
+// arm schedules the next keep-alive at a third of the hold's lease, or
+// when the grant of a request moved ahead lapses, if that is sooner.
 func (a *Activation) arm(now time.Time) Arm {
 	every := time.Duration(a.st.GetParams().GetRetainS()) * time.Second / 3
 	if every <= 0 {
 		every = defaultRenewEvery
 	}
-	return Arm{At: now.Add(every)}
+	at := now.Add(every)
+	if a.grant == grantUnconfirmed && a.grantLapses().Before(at) {
+		at = a.grantLapses()
+	}
+	return Arm{At: at}
 }
