@@ -362,7 +362,7 @@ func (d *Daemon) assemble() {
 		regions: d.regions, pullers: pullDeps{d.pdeps}, inflight: d.inflight, starts: d.starts, clock: d.clock}
 	d.requestAPI = &requestAPI{member: cfg.MemberID, max: cfg.RequestsMax, authenticated: natsAuthenticated(cfg),
 		actors: systemRequests{sys: d.system, table: d.reqTable, deps: d.rdeps}, storeErr: d.reqErr,
-		local: d.regions, clock: d.clock, starts: d.starts, headAhead: d.headAhead, goBackground: d.goBackground, log: d.log,
+		local: d.regions, clock: d.clock, starts: d.starts, headAhead: d.headAhead, tryBackground: d.tryBackground, log: d.log,
 		quota: &requests.Quota{MaxRequests: cfg.RequestsMaxPerEngine, MaxBytes: cfg.RequestBytesPerEngine, MaxMemberBytes: cfg.RequestStoreBytes / 2}}
 	d.requestAPI.reservations = pullReservations{deps: d.pdeps, regions: d.regions, timeout: cfg.PullTimeout}
 	if d.reqStore != nil {
@@ -479,6 +479,23 @@ func (d *Daemon) goBackground(f func()) {
 		defer d.bg.Done()
 		f()
 	}()
+}
+
+// tryBackground runs f on a goroutine that Close waits for, and reports
+// true; once Close has begun waiting it runs nothing and reports false
+// (work that only saves time, not work that must be done).
+func (d *Daemon) tryBackground(f func()) bool {
+	d.bgMu.Lock()
+	defer d.bgMu.Unlock()
+	if d.bgClosed {
+		return false
+	}
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		f()
+	}()
+	return true
 }
 
 // stats is the daemon's counters and gauges, served in $SRV.STATS.connex.

@@ -18,7 +18,7 @@ import (
 // an engine with no region here moves nothing.
 func TestGrantMovesRequestAhead(t *testing.T) {
 	a, acts, _ := newTestRequestAPI()
-	a.goBackground = func(f func()) { f() }
+	a.tryBackground = func(f func()) bool { f(); return true }
 	a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx := context.Background()
 	if _, err := a.GrantTakeover(ctx, &messages.StartRequestMsg{RequestId: "r1", EngineId: "d1"}); err != nil {

@@ -60,10 +60,11 @@ type requestAPI struct {
 	// request.start (headahead.go) when it is not moved ahead; nil: not
 	// read ahead.
 	headAhead *headAhead
-	// goBackground runs a grant's move ahead of its takeover (the daemon's
-	// tracked goroutines); nil: grants move nothing ahead.
-	goBackground func(func())
-	log          *slog.Logger
+	// tryBackground runs a grant's move ahead of its takeover (the
+	// daemon's tracked goroutines; false once connexd is stopping); nil:
+	// grants move nothing ahead.
+	tryBackground func(func()) bool
+	log           *slog.Logger
 }
 
 // pullReserver reserves reads ahead of their pulls (pull.PullDeps).
@@ -344,14 +345,14 @@ func (a *requestAPI) GrantTakeover(_ context.Context, r *messages.StartRequestMs
 // quota reached. What the move cannot do, the engine's takeover does as
 // it would without it.
 func (a *requestAPI) moveAhead(id, engine string) bool {
-	if a.store == nil || a.goBackground == nil || a.actors.running() >= a.max {
+	if a.store == nil || a.tryBackground == nil || a.actors.running() >= a.max {
 		return false
 	}
 	if !slices.Contains(a.local.Engines(), engine) || a.quota.Start(id, engine, 0, a.live) != nil {
 		return false // an engine with no region here pulls nothing here
 	}
 	inst := a.instances.engineInstance(engine)
-	a.goBackground(func() {
+	started := a.tryBackground(func() {
 		st, err := a.spawnRequest(&actors.GrantRequest{ID: id, Engine: engine, Instance: inst})
 		if err != nil {
 			if _, ok := a.actors.lookup(id); !ok {
@@ -364,7 +365,10 @@ func (a *requestAPI) moveAhead(id, engine string) bool {
 			a.reservations.reserve(engine, id, st.GetState().GetParams())
 		}
 	})
-	return true
+	if !started {
+		a.quota.End(id)
+	}
+	return started
 }
 
 // Adopt takes over an orphaned request on this member.

@@ -25,7 +25,11 @@ import (
 // given up for an error it answered) before the resumed stream delivers
 // anything, the router relays that answer instead (legSwitchBack): a late
 // engine may finish the request and release its hold before the new
-// engine's takeover fences it, and the new engine then has nothing to pull.
+// engine's member moves it (at the router's grant) and fences it, and the
+// new engine then has nothing to pull. One that finishes after the move
+// is fenced: its answer is still relayed whole, and the hold is released
+// by the new engine's request, or when the grant lapses if that engine
+// never starts it.
 type retiredLeg struct {
 	s           *Server
 	rid, reason string

@@ -116,6 +116,12 @@ type Activation struct {
 	// grantedAt.
 	grant     grantState
 	grantedAt time.Time
+	// promptOwed: a.st's prompt is not stored yet (a confirmation changed
+	// it and its write failed for now): the next write stores it.
+	// writingPrompt: the write in flight stores the prompt.
+	promptOwed, writingPrompt bool
+	// lost is the holder's answer that found the hold gone (HoldLost).
+	lost Renewed
 }
 
 // New returns an idle activation on member self.
@@ -165,7 +171,11 @@ func (a *Activation) Step(ev Event) ([]Effect, error) {
 	case Progress:
 		return a.submit(now, op{kind: opProgress, call: e.Call, epoch: e.Epoch, tokens: e.Tokens}), nil
 	case Takeover:
-		return a.submit(now, op{kind: opTakeover, call: e.Call, msg: e.Msg, instance: e.Instance}), nil
+		o := op{kind: opTakeover, call: e.Call, msg: e.Msg, instance: e.Instance}
+		if a.confirmsWhileRenewing(o) {
+			return a.confirmNow(now, o), nil
+		}
+		return a.submit(now, o), nil
 	case Grant:
 		return a.submit(now, op{kind: opGrant, call: e.Call, id: e.ID, engine: e.Engine, instance: e.Instance}), nil
 	case Finish:
@@ -313,6 +323,8 @@ func (a *Activation) begin(now time.Time, o op) []Effect {
 	case opTick:
 		a.cur, a.waiting = &o, waitLoad
 		return []Effect{Load{ID: a.id}}
+	case opConfirm:
+		return a.write(o, Update, a.st)
 	}
 	return nil
 }
@@ -409,16 +421,17 @@ func (a *Activation) loaded(now time.Time, e Loaded) []Effect {
 func (a *Activation) written(now time.Time, e Written) []Effect {
 	o := a.cur
 	fenced := errors.Is(e.Err, requests.ErrFenced)
+	if e.Err == nil && a.writingPrompt {
+		a.promptOwed = false
+	}
+	a.writingPrompt = false
 	switch o.kind {
 	case opGrant:
 		return a.writtenGrant(now, e)
 	case opConfirm:
 		return a.writtenConfirm(e)
 	case opGrantLapsed:
-		if e.Err != nil {
-			return a.end(nil, "the router's grant of this request was not taken up; it runs elsewhere now", nil)
-		}
-		return a.release(nil)
+		return a.writtenLapse(now, e)
 	case opStart:
 		if e.Err != nil {
 			if o.msg.Takeover && (a.created || fenced) && a.attempt < takeoverAttempts-1 {
@@ -528,7 +541,7 @@ func (a *Activation) renewed(now time.Time, e Renewed) []Effect {
 	}
 	if e.Result == RenewGone && !a.holdLost {
 		// For good: tell the engine once, and stop renewing.
-		a.holdLost = true
+		a.holdLost, a.lost = true, e
 		fx = append(fx, Count{What: HoldLost}, NoticeHoldLost{State: a.st, Code: e.Code, Reason: e.Reason})
 		if o := a.cur; !a.held && o.kind == opStart && !o.msg.Takeover {
 			// A new request whose hold its first renewal found gone:
@@ -578,8 +591,9 @@ func (a *Activation) releaseDone() []Effect {
 
 // write starts a compare-and-set write of next (nil for Delete).
 func (a *Activation) write(o op, w WriteOp, next *messages.RequestState) []Effect {
-	a.cur, a.waiting, a.pending = &o, waitWrite, next
-	return []Effect{Write{Op: w, ID: a.id, State: next, Rev: a.rev, Prompt: next != nil && requests.PromptDue(a.st, next, a.promptRefresh)}}
+	prompt := next != nil && (a.promptOwed || requests.PromptDue(a.st, next, a.promptRefresh))
+	a.cur, a.waiting, a.pending, a.writingPrompt = &o, waitWrite, next, prompt
+	return []Effect{Write{Op: w, ID: a.id, State: next, Rev: a.rev, Prompt: prompt}}
 }
 
 // fail answers the running op with err and ends the activation.
@@ -612,13 +626,17 @@ func (a *Activation) holdRef() HoldRef {
 // arm schedules the next keep-alive at a third of the hold's lease, or
 // when the grant of a request moved ahead lapses, if that is sooner.
 func (a *Activation) arm(now time.Time) Arm {
-	every := time.Duration(a.st.GetParams().GetRetainS()) * time.Second / 3
-	if every <= 0 {
-		every = defaultRenewEvery
-	}
-	at := now.Add(every)
+	at := now.Add(a.renewEvery())
 	if a.grant == grantUnconfirmed && a.grantLapses().Before(at) {
 		at = a.grantLapses()
 	}
 	return Arm{At: at}
+}
+
+// renewEvery is the keep-alive period: a third of the hold's lease.
+func (a *Activation) renewEvery() time.Duration {
+	if every := time.Duration(a.st.GetParams().GetRetainS()) * time.Second / 3; every > 0 {
+		return every
+	}
+	return defaultRenewEvery
 }

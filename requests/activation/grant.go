@@ -25,7 +25,10 @@ import (
 //	   Idle (fell back): the engine's takeover starts as without a grant; none within GrantTTL: stop
 //
 // The grant only moves work earlier: whatever it cannot do, the engine's
-// takeover does as it would have without it.
+// takeover does as it would have without it. A grant lapses after
+// requests.GrantTTL, as long as a router waits for a resumed leg's first
+// token by default (router_first_token_ms): a moved request whose engine
+// has not confirmed it by then was given up by its router.
 
 // grantState is where a Grant-moved activation is.
 type grantState int
@@ -61,7 +64,10 @@ func (a *Activation) loadedGrant(now time.Time, e Loaded) []Effect {
 	}
 	a.pending, a.from = next, e.State.Owner
 	a.waiting = waitWrite
-	return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev, Prompt: requests.PromptDue(e.State, next, a.promptRefresh)}}
+	// The record alone (Head): its prompt is not in hand, so this write
+	// never stores it; the confirmation's write, which has the resent
+	// tokens, stores it when it is due.
+	return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev}}
 }
 
 // writtenGrant runs the moved request (unconfirmed) and binds its hold, or
@@ -110,36 +116,70 @@ func (a *Activation) takeGranted(now time.Time, o op) []Effect {
 			a.grant = grantNone // another local engine: it fences the granted one
 			return a.begin(now, o)
 		}
-		next, err := requests.Takeover(a.st, o.msg, a.self, now)
-		if err != nil {
-			return []Effect{Reply{Call: o.call, Err: err}}
+		fx, ok := a.confirm(now, o)
+		if !ok {
+			return fx
 		}
-		// The same owner and epoch: the engine confirms what the grant
-		// moved, with the tokens the router resent it.
-		next.Epoch, next.PreviousOwners = a.st.Epoch, a.st.PreviousOwners
-		prev := a.st
-		a.st, a.grant = next, grantNone
-		if o.instance != "" {
-			a.instance = o.instance
-		}
-		// Answered before the write: the engine's pull waits for this
-		// answer. A later write stores the merged tokens if this one fails
-		// for now (it writes the whole record); a fence ends the activation.
-		fx := []Effect{a.reply(o.call, "running")}
-		a.cur, a.waiting, a.pending = &op{kind: opConfirm}, waitWrite, next
-		return append(fx, Write{Op: Update, ID: a.id, State: next, Rev: a.rev, Prompt: requests.PromptDue(prev, next, a.promptRefresh)})
+		return append(fx, a.write(op{kind: opConfirm}, Update, a.st)...)
 	}
 	// grantMoving has its read or write in flight: calls wait behind it.
 	return []Effect{Reply{Call: o.call, Err: fmt.Errorf("%w: request %s is being moved here", ErrUnexpected, a.id)}}
 }
 
-// writtenConfirm ends the confirmation's write.
+// confirmsWhileRenewing reports whether o, an engine's takeover, confirms
+// a move whose renewal is still at the holder: answered then at once
+// rather than after the holder's answer.
+func (a *Activation) confirmsWhileRenewing(o op) bool {
+	return a.grant == grantUnconfirmed && a.cur != nil && a.cur.kind == opGrant && a.waiting == waitRenew &&
+		o.msg.GetEngineId() == a.st.GetEngineId()
+}
+
+// confirmNow confirms during the move's renewal; the write waits for it.
+func (a *Activation) confirmNow(now time.Time, o op) []Effect {
+	fx, ok := a.confirm(now, o)
+	if ok {
+		a.queue = append(a.queue, op{kind: opConfirm})
+	}
+	return fx
+}
+
+// confirm answers the granted engine's takeover: the same owner and
+// epoch, with the tokens the router resent it merged into the record.
+// The answer comes before the write (the engine's pull waits for it); the
+// caller writes a.st next. ok is false when the takeover is refused.
+func (a *Activation) confirm(now time.Time, o op) (fx []Effect, ok bool) {
+	next, err := requests.Takeover(a.st, o.msg, a.self, now)
+	if err != nil {
+		return []Effect{Reply{Call: o.call, Err: err}}, false
+	}
+	next.Epoch, next.PreviousOwners = a.st.Epoch, a.st.PreviousOwners
+	if requests.PromptDue(a.st, next, a.promptRefresh) {
+		// Stored by the write that follows, or by the next one if it
+		// fails for now.
+		a.promptOwed = true
+	}
+	a.st, a.grant = next, grantNone
+	if o.instance != "" {
+		a.instance = o.instance
+	}
+	fx = []Effect{a.reply(o.call, "running")}
+	if a.holdLost {
+		// The move's renewal found the hold gone before the engine knew
+		// the request: tell it now.
+		fx = append(fx, NoticeHoldLost{State: a.st, Code: a.lost.Code, Reason: a.lost.Reason})
+	}
+	return fx, true
+}
+
+// writtenConfirm ends the confirmation's write. One that failed for now
+// is carried by the next write (it writes the whole record, and the
+// prompt if it is owed); a fence ends the activation.
 func (a *Activation) writtenConfirm(e Written) []Effect {
 	switch {
 	case errors.Is(e.Err, requests.ErrFenced):
 		return a.fenced(a.cur, e.Err)
 	case e.Err != nil:
-		return a.done(nil) // the next write carries the merged record
+		return a.done(nil)
 	}
 	a.rev = e.Rev
 	return a.done(nil)
@@ -153,9 +193,21 @@ func (a *Activation) tickGranted(now time.Time) (fx []Effect, ok bool) {
 	if a.grant == grantNone || a.grant == grantMoving || now.Before(a.grantLapses()) {
 		return nil, false
 	}
-	fx = []Effect{Count{What: GrantLapsed}}
 	if a.grant == grantFellBack {
-		return a.end(fx, "the router's grant of this request was not taken up by its engine", nil), true
+		return a.end([]Effect{Count{What: GrantLapsed}}, "the router's grant of this request was not taken up by its engine", nil), true
 	}
-	return append(fx, a.write(op{kind: opGrantLapsed}, Delete, nil)...), true
+	return a.write(op{kind: opGrantLapsed}, Delete, nil), true
+}
+
+// writtenLapse releases the hold of a lapsed grant's request once its
+// record is deleted; a fence (someone took it over) ends it without; a
+// store that did not answer is tried again a keep-alive period later.
+func (a *Activation) writtenLapse(now time.Time, e Written) []Effect {
+	switch {
+	case errors.Is(e.Err, requests.ErrFenced):
+		return a.end([]Effect{Count{What: GrantLapsed}}, "the router's grant of this request was not taken up; it runs elsewhere now", nil)
+	case e.Err != nil:
+		return a.done([]Effect{Arm{At: now.Add(a.renewEvery())}})
+	}
+	return a.release([]Effect{Count{What: GrantLapsed}})
 }

@@ -18,7 +18,7 @@ import (
 // clock at t=0. A request is r1 with transfer t1 held by member p1 unless
 // a command says otherwise. Commands:
 //
-//	new self=m1
+//	new self=m1 [refresh=6m]
 //	advance 10s
 //	start call=1 engine=e1 [takeover] [instance=i1] [transfer=t1] [retain=60] [prompt=3]
 //	adopt call=1 dead=m0 engine=e2
@@ -101,6 +101,13 @@ func (s *script) run(t *testing.T, d *datadriven.TestData) string {
 	switch d.Cmd {
 	case "new":
 		s.a = New(str("self", "m1"))
+		if r := str("refresh", ""); r != "" {
+			every, err := time.ParseDuration(r)
+			if err != nil {
+				d.Fatalf(t, "new refresh=%s: %v", r, err)
+			}
+			s.a.RefreshPrompt(every)
+		}
 		return s.status(nil, nil)
 	case "advance":
 		dur, err := time.ParseDuration(d.CmdArgs[0].Key)
