@@ -482,12 +482,12 @@ func (d *Daemon) goBackground(f func()) {
 }
 
 // tryBackground runs f on a goroutine that Close waits for, and reports
-// true; once Close has begun waiting it runs nothing and reports false
-// (work that only saves time, not work that must be done).
+// true; once connexd is stopping it runs nothing and reports false (work
+// that only saves time, not work that must be done).
 func (d *Daemon) tryBackground(f func()) bool {
 	d.bgMu.Lock()
 	defer d.bgMu.Unlock()
-	if d.bgClosed {
+	if d.bgClosed || d.stopping.Load() {
 		return false
 	}
 	d.bg.Add(1)

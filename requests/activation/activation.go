@@ -116,6 +116,8 @@ type Activation struct {
 	// grantedAt.
 	grant     grantState
 	grantedAt time.Time
+	// lapseUnsure: a lapse's delete got no answer (it may have landed).
+	lapseUnsure bool
 	// promptOwed: a.st's prompt is not stored yet (a confirmation changed
 	// it and its write failed for now): the next write stores it.
 	// writingPrompt: the write in flight stores the prompt.
@@ -172,7 +174,7 @@ func (a *Activation) Step(ev Event) ([]Effect, error) {
 		return a.submit(now, op{kind: opProgress, call: e.Call, epoch: e.Epoch, tokens: e.Tokens}), nil
 	case Takeover:
 		o := op{kind: opTakeover, call: e.Call, msg: e.Msg, instance: e.Instance}
-		if a.confirmsWhileRenewing(o) {
+		if a.confirmsWhileBusy(o) {
 			return a.confirmNow(now, o), nil
 		}
 		return a.submit(now, o), nil
@@ -369,6 +371,8 @@ func (a *Activation) loaded(now time.Time, e Loaded) []Effect {
 	switch o.kind {
 	case opGrant:
 		return a.loadedGrant(now, e)
+	case opGrantLapsed:
+		return a.loadedLapse(e)
 	case opStart: // a takeover
 		if errors.Is(e.Err, requests.ErrNotFound) {
 			st, err := requests.New(o.msg, a.self, now)
@@ -591,7 +595,8 @@ func (a *Activation) releaseDone() []Effect {
 
 // write starts a compare-and-set write of next (nil for Delete).
 func (a *Activation) write(o op, w WriteOp, next *messages.RequestState) []Effect {
-	prompt := next != nil && (a.promptOwed || requests.PromptDue(a.st, next, a.promptRefresh))
+	prompt := next != nil && requests.PromptDue(a.st, next, a.promptRefresh) // stamps next when due
+	prompt = prompt || (next != nil && a.promptOwed)
 	a.cur, a.waiting, a.pending, a.writingPrompt = &o, waitWrite, next, prompt
 	return []Effect{Write{Op: w, ID: a.id, State: next, Rev: a.rev, Prompt: prompt}}
 }

@@ -65,9 +65,11 @@ func (a *Activation) loadedGrant(now time.Time, e Loaded) []Effect {
 	a.pending, a.from = next, e.State.Owner
 	a.waiting = waitWrite
 	// The record alone (Head): its prompt is not in hand, so this write
-	// never stores it; the confirmation's write, which has the resent
-	// tokens, stores it when it is due.
-	return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev}}
+	// does not store it (the confirmation's, which has the resent tokens,
+	// does when it is due) — unless the record is one written before the
+	// prompt split, which holds its prompt and gets its key only now.
+	inHand := e.State.GetPromptKey() == "" && len(e.State.GetPromptTokenIds()) > 0
+	return []Effect{Write{Op: Update, ID: a.id, State: next, Rev: e.Rev, Prompt: inHand && requests.PromptDue(e.State, next, a.promptRefresh)}}
 }
 
 // writtenGrant runs the moved request (unconfirmed) and binds its hold, or
@@ -84,6 +86,18 @@ func (a *Activation) writtenGrant(now time.Time, e Written) []Effect {
 	a.run(e.Rev)
 	a.grant = grantUnconfirmed
 	fx := []Effect{Count{What: TakenOver, From: a.from}, Count{What: GrantMoved}, a.arm(now), a.reply(a.cur.call, "granted")}
+	// The engine's takeover, if it came during the move, is answered now
+	// rather than after the renewal.
+	for i, q := range a.queue {
+		if q.kind != opTakeover {
+			continue
+		}
+		if q.msg.GetEngineId() == a.st.GetEngineId() { // the first takeover waiting, by the granted engine
+			a.queue = append(a.queue[:i:i], a.queue[i+1:]...)
+			fx = append(fx, a.confirmNow(now, q)...)
+		}
+		break
+	}
 	return a.renew(now, fx)
 }
 
@@ -126,15 +140,24 @@ func (a *Activation) takeGranted(now time.Time, o op) []Effect {
 	return []Effect{Reply{Call: o.call, Err: fmt.Errorf("%w: request %s is being moved here", ErrUnexpected, a.id)}}
 }
 
-// confirmsWhileRenewing reports whether o, an engine's takeover, confirms
-// a move whose renewal is still at the holder: answered then at once
-// rather than after the holder's answer.
-func (a *Activation) confirmsWhileRenewing(o op) bool {
-	return a.grant == grantUnconfirmed && a.cur != nil && a.cur.kind == opGrant && a.waiting == waitRenew &&
-		o.msg.GetEngineId() == a.st.GetEngineId()
+// confirmsWhileBusy reports whether o, an engine's takeover, confirms a
+// move whose own I/O (its renewal) is still in flight: answered then at
+// once rather than after it, unless an earlier takeover waits (it goes
+// first, in order).
+func (a *Activation) confirmsWhileBusy(o op) bool {
+	if a.grant != grantUnconfirmed || a.cur == nil || a.cur.kind != opGrant || o.msg.GetEngineId() != a.st.GetEngineId() {
+		return false
+	}
+	for _, q := range a.queue {
+		if q.kind == opTakeover {
+			return false
+		}
+	}
+	return true
 }
 
-// confirmNow confirms during the move's renewal; the write waits for it.
+// confirmNow confirms while the move's I/O is in flight; the write is
+// queued behind it.
 func (a *Activation) confirmNow(now time.Time, o op) []Effect {
 	fx, ok := a.confirm(now, o)
 	if ok {
@@ -188,7 +211,9 @@ func (a *Activation) writtenConfirm(e Written) []Effect {
 // tickGranted ends a grant its engine did not take up in time: an idle
 // one stops; a moved one deletes the request's record and releases its
 // hold, unless someone took it over since (the delete then finds a newer
-// revision). ok is false when the tick is an ordinary keep-alive.
+// revision). After a delete that got no answer it reads first: the
+// delete may have landed. ok is false when the tick is an ordinary
+// keep-alive.
 func (a *Activation) tickGranted(now time.Time) (fx []Effect, ok bool) {
 	if a.grant == grantNone || a.grant == grantMoving || now.Before(a.grantLapses()) {
 		return nil, false
@@ -196,17 +221,40 @@ func (a *Activation) tickGranted(now time.Time) (fx []Effect, ok bool) {
 	if a.grant == grantFellBack {
 		return a.end([]Effect{Count{What: GrantLapsed}}, "the router's grant of this request was not taken up by its engine", nil), true
 	}
+	if a.lapseUnsure {
+		a.cur, a.waiting = &op{kind: opGrantLapsed}, waitLoad
+		return []Effect{Load{ID: a.id}}, true
+	}
 	return a.write(op{kind: opGrantLapsed}, Delete, nil), true
+}
+
+// loadedLapse goes on with a lapse whose delete got no answer: gone, it
+// was this activation's delete (nobody else deletes a record it owns
+// without a newer epoch first); still this activation's, it is deleted
+// now; anyone else's, it runs elsewhere.
+func (a *Activation) loadedLapse(e Loaded) []Effect {
+	switch {
+	case errors.Is(e.Err, requests.ErrNotFound):
+		a.lapseUnsure = false
+		return a.release([]Effect{Count{What: GrantLapsed}})
+	case e.Err != nil:
+		return a.done([]Effect{Arm{At: e.Now.Add(a.renewEvery())}})
+	case e.State.GetOwner() != a.self || e.State.GetEpoch() != a.st.GetEpoch():
+		return a.end([]Effect{Count{What: GrantLapsed}}, "the router's grant of this request was not taken up; it runs elsewhere now", nil)
+	}
+	a.rev, a.lapseUnsure = e.Rev, false
+	return a.write(op{kind: opGrantLapsed}, Delete, nil)
 }
 
 // writtenLapse releases the hold of a lapsed grant's request once its
 // record is deleted; a fence (someone took it over) ends it without; a
-// store that did not answer is tried again a keep-alive period later.
+// store that did not answer is asked again a keep-alive period later.
 func (a *Activation) writtenLapse(now time.Time, e Written) []Effect {
 	switch {
 	case errors.Is(e.Err, requests.ErrFenced):
 		return a.end([]Effect{Count{What: GrantLapsed}}, "the router's grant of this request was not taken up; it runs elsewhere now", nil)
 	case e.Err != nil:
+		a.lapseUnsure = true
 		return a.done([]Effect{Arm{At: now.Add(a.renewEvery())}})
 	}
 	return a.release([]Effect{Count{What: GrantLapsed}})
