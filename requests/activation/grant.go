@@ -228,15 +228,15 @@ func (a *Activation) tickGranted(now time.Time) (fx []Effect, ok bool) {
 	return a.write(op{kind: opGrantLapsed}, Delete, nil), true
 }
 
-// loadedLapse goes on with a lapse whose delete got no answer: gone, it
-// was this activation's delete (nobody else deletes a record it owns
-// without a newer epoch first); still this activation's, it is deleted
-// now; anyone else's, it runs elsewhere.
+// loadedLapse goes on with a lapse whose delete got no answer: still
+// this activation's, it is deleted now; anyone else's, it runs elsewhere;
+// gone, either this activation's delete landed or a newer owner finished
+// it (and released the hold): it ends without a release, and a hold still
+// there expires by its lease.
 func (a *Activation) loadedLapse(e Loaded) []Effect {
 	switch {
 	case errors.Is(e.Err, requests.ErrNotFound):
-		a.lapseUnsure = false
-		return a.release([]Effect{Count{What: GrantLapsed}})
+		return a.end([]Effect{Count{What: GrantLapsed}}, "the router's grant of this request was not taken up; its record is gone and its hold left to expire", nil)
 	case e.Err != nil:
 		return a.done([]Effect{Arm{At: e.Now.Add(a.renewEvery())}})
 	case e.State.GetOwner() != a.self || e.State.GetEpoch() != a.st.GetEpoch():
