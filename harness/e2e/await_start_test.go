@@ -22,8 +22,7 @@ func TestPullAwaitsItsTakeover(t *testing.T) {
 	c := newDecodeCluster(t, "d1", "d2")
 	d1, d2 := c.engines["d1"], c.engines["d2"]
 	src := []uint32{2, 3, 4, 5}
-	prm := proto.CloneOf(c.holdWith(t, &messages.CreateHoldRequest{BlockIds: src, NumTokens: 64, Consumer: d1.id}))
-	prm.ConnexRequestId = "r-await"
+	prm := c.requestHold(t, "r-await", d1, src)
 	c.startRequest(t, "d1", "r-await", prm, prompt(64))
 	done := subscribe(t, c.nc, api.PullDoneSubject(d2.cli.Member, d2.id), func() *messages.PullDone { return new(messages.PullDone) })
 

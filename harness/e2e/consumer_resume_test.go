@@ -6,7 +6,6 @@ import (
 
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/messages"
-	"google.golang.org/protobuf/proto"
 )
 
 // TestResumePullsConsumerBoundHold: a hold bound to one decode engine
@@ -18,8 +17,7 @@ func TestResumePullsConsumerBoundHold(t *testing.T) {
 	c := newDecodeCluster(t, "d1", "d2", "d3")
 	src := []uint32{2, 3, 4, 5}
 	d1, d2, d3 := c.engines["d1"], c.engines["d2"], c.engines["d3"]
-	prm := proto.CloneOf(c.holdWith(t, &messages.CreateHoldRequest{BlockIds: src, NumTokens: 64, Consumer: d1.id}))
-	prm.ConnexRequestId = "r-bound"
+	prm := c.requestHold(t, "r-bound", d1, src)
 	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.cli.Member, c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
 	pull := func(e *engine, id string, dst []uint32) *messages.PullDone {
 		t.Helper()

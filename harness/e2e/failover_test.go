@@ -15,6 +15,7 @@ import (
 	"github.com/connex/connex/requests"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
 )
 
 // decodeCluster is a prefill member and decode members, each a connexd
@@ -91,6 +92,15 @@ func (c *decodeCluster) holdWith(t testing.TB, r *messages.CreateHoldRequest) *m
 		t.Fatal(err)
 	}
 	return h.Params
+}
+
+// requestHold creates a hold of 64 tokens over blocks of the prefill
+// engine, bound to consumer, and returns its params naming request id.
+func (c *decodeCluster) requestHold(t testing.TB, id string, consumer *engine, blocks []uint32) *messages.KVTransferParams {
+	t.Helper()
+	prm := proto.CloneOf(c.holdWith(t, &messages.CreateHoldRequest{BlockIds: blocks, NumTokens: 64, Consumer: consumer.id}))
+	prm.ConnexRequestId = id
+	return prm
 }
 
 func (c *decodeCluster) startRequest(t testing.TB, on, id string, prm *messages.KVTransferParams, prompt []uint32) {

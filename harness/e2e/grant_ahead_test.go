@@ -21,8 +21,7 @@ func TestGrantMovesRequestAhead(t *testing.T) {
 	c := newDecodeCluster(t, "d1", "d2")
 	d1, d2 := c.engines["d1"], c.engines["d2"]
 	src := []uint32{2, 3, 4, 5}
-	prm := proto.CloneOf(c.holdWith(t, &messages.CreateHoldRequest{BlockIds: src, NumTokens: 64, Consumer: d1.id}))
-	prm.ConnexRequestId = "r-ahead"
+	prm := c.requestHold(t, "r-ahead", d1, src)
 	freed := subscribe(t, c.nc, api.FreedSubject(c.prefill.cli.Member, c.prefill.id), func() *messages.BlocksFreed { return new(messages.BlocksFreed) })
 	c.startRequest(t, "d1", "r-ahead", prm, prompt(64))
 	if err := c.progress(t, "d1", "r-ahead", 1, 7, 8, 9); err != nil {
