@@ -47,7 +47,10 @@ type Provider struct {
 	// (engines changed).
 	announceNow chan struct{}
 	evicted     atomic.Bool // the others removed us: stay silent
-	frozen      atomic.Bool // test hook: behave like a hung (SIGSTOPped) process
+	// left: we announced our graceful leave; probes are answered "left"
+	// until our NATS connection closes.
+	left   atomic.Bool
+	frozen atomic.Bool // test hook: behave like a hung (SIGSTOPped) process
 
 	// Set once by start, read-only afterwards.
 	cl   *actorcluster.Cluster
@@ -167,7 +170,11 @@ func (p *Provider) start(c *actorcluster.Cluster, self *Member) error {
 
 // Shutdown stops heartbeating and answering probes. With graceful set, a
 // member first announces its leave so that the others remove it at once;
-// without, they find it gone by probe or TTL. Shutdown is idempotent.
+// without, they find it gone by probe or TTL. After a graceful leave the
+// member keeps its probe subject, answering "left", until its NATS
+// connection closes: a peer whose probe (protoactor lost the member's gRPC
+// stream while the member stops) overtakes the leave notice still learns
+// of a leave, not of a crash. Shutdown is idempotent.
 //
 // protoactor's Cluster.Shutdown calls it only when graceful (and after it
 // has stopped the ActorSystem), and panics on a client: the daemon should
@@ -185,16 +192,18 @@ func (p *Provider) Shutdown(graceful bool) error {
 			p.log.Warn("cluster membership loop did not stop within 5s")
 		}
 		p.cl.ActorSystem.EventStream.Unsubscribe(p.esSub)
-		if p.pingSub != nil {
-			_ = p.pingSub.Unsubscribe()
-		}
 		if graceful && p.self != nil && !p.evicted.Load() {
+			p.left.Store(true)
 			err = p.publish(p.subj.leave(p.self.ID), goneOf(p.self.ID, p.self.ID, ReasonLeave))
 			if ferr := p.nc.FlushTimeout(time.Second); err == nil && ferr != nil {
 				err = fmt.Errorf("cluster: flush leave: %w", ferr)
 			}
+		} else if p.pingSub != nil {
+			_ = p.pingSub.Unsubscribe()
 		}
-		p.unsubscribe()
+		if p.eventSub != nil {
+			_ = p.eventSub.Unsubscribe()
+		}
 		p.log.Info("cluster membership stopped", slog.String("member", p.selfID()), slog.Bool("graceful", graceful))
 	})
 	return err
@@ -220,14 +229,20 @@ func (p *Provider) selfID() string {
 	return p.self.ID
 }
 
-// answerPing replies to a liveness probe with our current announce.
+// answerPing replies to a liveness probe with our current announce, or
+// with the "left" state once we announced our graceful leave.
 func (p *Provider) answerPing(msg *nats.Msg) {
 	if p.frozen.Load() || p.evicted.Load() {
 		return
 	}
-	b, err := proto.Marshal(announceOf(p.Self(), 0, time.Now()))
-	if err == nil {
-		err = msg.Respond(b)
+	var err error
+	if p.left.Load() {
+		err = msg.RespondMsg(&nats.Msg{Header: nats.Header{probeStateHeader: []string{probeStateLeft}}})
+	} else {
+		var b []byte
+		if b, err = proto.Marshal(announceOf(p.Self(), 0, time.Now())); err == nil {
+			err = msg.Respond(b)
+		}
 	}
 	if err != nil {
 		p.log.Debug("answer probe", slog.Any("error", err))

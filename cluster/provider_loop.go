@@ -200,16 +200,26 @@ func (p *Provider) carryOut(v *view, fx effects) {
 // probe asks id whether it lives and reports the outcome to the loop.
 func (p *Provider) probe(id string) {
 	msg, err := p.nc.Request(p.subj.ping(id), nil, p.cfg.ProbeTimeout)
-	var in any = inProbeFailed{id: id}
+	p.send(probeOutcome(id, msg, err))
+}
+
+// probeOutcome is the loop's input for the answer to a probe of id: its
+// announce (alive), its leave (it answered "left"), no subscriber
+// (unreachable: its connection is gone) or anything else (no answer: the
+// TTL decides).
+func probeOutcome(id string, msg *nats.Msg, err error) any {
 	switch {
 	case err == nil:
+		if msg.Header.Get(probeStateHeader) == probeStateLeft {
+			return inGone{id: id, reporter: id}
+		}
 		if m, merr := decodeAnnounce(msg.Data); merr == nil && m.ID == id {
-			in = inHeartbeat{m: m, probed: true}
+			return inHeartbeat{m: m, probed: true}
 		}
 	case errors.Is(err, nats.ErrNoResponders):
-		in = inProbeFailed{id: id, unreachable: true}
+		return inProbeFailed{id: id, unreachable: true}
 	}
-	p.send(in)
+	return inProbeFailed{id: id}
 }
 
 // checkLink watches our own NATS connection: when it comes back, everyone

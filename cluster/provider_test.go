@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"net"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +11,8 @@ import (
 
 	actorcluster "github.com/asynkron/protoactor-go/cluster"
 	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -94,6 +97,55 @@ func TestProviderJoinLoadAndGracefulLeave(t *testing.T) {
 	}
 	if !a.cl.Remote.BlockList().IsBlocked(c.id()) {
 		t.Fatal("protoactor did not block the departed id")
+	}
+
+	// A probe that overtakes the leave notice (protoactor lost c's gRPC
+	// stream while c stopped) learns of the leave too, while c's NATS
+	// connection lives: it is told "left", not "no responders".
+	msg, err := a.nc.Request(a.p.subj.ping(c.id()), nil, 2*time.Second)
+	if err != nil {
+		t.Fatalf("probe of the departed member: %v, want its \"left\" answer", err)
+	}
+	if in, ok := probeOutcome(c.id(), msg, nil).(inGone); !ok || in.reporter != c.id() {
+		t.Fatalf("probe of the departed member reads as %#v, want its own leave", probeOutcome(c.id(), msg, nil))
+	}
+}
+
+func TestProbeOutcome(t *testing.T) {
+	m := Member{ID: "m1", Host: "127.0.0.1", Port: 7000, Role: RoleDecode}
+	b, err := proto.Marshal(announceOf(m, 0, time.Now()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := &nats.Msg{Header: nats.Header{probeStateHeader: []string{probeStateLeft}}}
+	for _, tc := range []struct {
+		name string
+		msg  *nats.Msg
+		err  error
+		want any
+	}{
+		{"alive", &nats.Msg{Data: b}, nil, "heartbeat"},
+		{"left", left, nil, inGone{id: "m1", reporter: "m1"}},
+		{"no responders", nil, nats.ErrNoResponders, inProbeFailed{id: "m1", unreachable: true}},
+		{"timeout", nil, nats.ErrTimeout, inProbeFailed{id: "m1"}},
+		{"another member's announce", &nats.Msg{Data: b}, nil, "heartbeat"},
+		{"garbage", &nats.Msg{Data: []byte{0xff, 0x01}}, nil, inProbeFailed{id: "m1"}},
+		{"an unknown state", &nats.Msg{Header: nats.Header{probeStateHeader: []string{"resting"}}}, nil, inProbeFailed{id: "m1"}},
+	} {
+		id := "m1"
+		if tc.name == "another member's announce" {
+			id, tc.want = "m2", inProbeFailed{id: "m2"}
+		}
+		got := probeOutcome(id, tc.msg, tc.err)
+		if tc.want == "heartbeat" {
+			if h, ok := got.(inHeartbeat); !ok || !h.probed || h.m.ID != id {
+				t.Errorf("%s: got %#v, want a probed heartbeat of %s", tc.name, got, id)
+			}
+			continue
+		}
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: got %#v, want %#v", tc.name, got, tc.want)
+		}
 	}
 }
 

@@ -11,8 +11,18 @@ import (
 //	<prefix>.<cluster>.events.heartbeat.<id>  MemberAnnounce, every interval
 //	<prefix>.<cluster>.events.leave.<id>      MemberGone, graceful leave
 //	<prefix>.<cluster>.events.dead.<id>       MemberGone, found dead by a peer
-//	<prefix>.<cluster>.ping.<id>              request (empty) → MemberAnnounce
+//	<prefix>.<cluster>.ping.<id>              request (empty) → MemberAnnounce,
+//	                                          or an empty reply whose
+//	                                          Connex-Member-State header is
+//	                                          "left" after a graceful leave
 type subjects struct{ base string }
+
+// The probe reply's header, and its value, of a member that announced its
+// graceful leave.
+const (
+	probeStateHeader = "Connex-Member-State"
+	probeStateLeft   = "left"
+)
 
 // The third-from-last token of an events subject.
 const (
