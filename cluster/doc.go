@@ -26,7 +26,8 @@
 //	P.C.events.heartbeat.<id>  messages.MemberAnnounce  every HeartbeatInterval ± jitter (idle: IdleHeartbeatInterval)
 //	P.C.events.leave.<id>      messages.MemberGone      graceful leave, once
 //	P.C.events.dead.<id>       messages.MemberGone      a peer found <id> dead, or tells a zombie so
-//	P.C.ping.<id>              empty request → MemberAnnounce reply
+//	P.C.ping.<id>              empty request → MemberAnnounce reply (after a graceful
+//	                           leave: an empty reply, header Connex-Member-State: left)
 //
 // <id> is the protoactor ActorSystem id. A MemberAnnounce is the whole
 // record (host:port of the protoactor remote, role, kinds, load, seq), so
@@ -65,6 +66,9 @@
 //     topology, and the router sends it a leg only when no unsuspected
 //     engine qualifies.
 //   - A probe answered clears the suspicion (EventAlive).
+//   - A probe answered "left" (the member announced its graceful leave and
+//     is stopping; the probe overtook the notice) removes it at once as a
+//     leave (ReasonLeave).
 //   - A probe that NATS answers with "no responders" means the member's
 //     NATS connection is gone — a crashed or SIGKILLed process — and it is
 //     removed at once (ReasonUnreachable).

@@ -201,6 +201,26 @@ func (m *testMember) lastEvent(typ EventType, id string) (timedEvent, bool) {
 	return timedEvent{}, false
 }
 
+// waitLeft waits up to total until m sees exactly ids and has recorded
+// gone's EventLeft (the snapshot is published before its events reach
+// the subscribers, so the first alone can hold before the event is
+// recorded), and returns that event.
+func (m *testMember) waitLeft(t *testing.T, total time.Duration, gone string, ids ...string) timedEvent {
+	t.Helper()
+	var e timedEvent
+	checkFor(t, total, 5*time.Millisecond, func() error {
+		if err := m.sees(ids...); err != nil {
+			return err
+		}
+		var ok bool
+		if e, ok = m.firstEvent(EventLeft, gone); !ok {
+			return fmt.Errorf("%s: no left event of %s recorded yet", m.id(), gone)
+		}
+		return nil
+	})
+	return e
+}
+
 // sees reports whether m's Membership and protoactor's MemberList both
 // hold exactly ids.
 func (m *testMember) sees(ids ...string) error {

@@ -168,13 +168,14 @@ func (p *Provider) start(c *actorcluster.Cluster, self *Member) error {
 	return nil
 }
 
-// Shutdown stops heartbeating and answering probes. With graceful set, a
-// member first announces its leave so that the others remove it at once;
-// without, they find it gone by probe or TTL. After a graceful leave the
-// member keeps its probe subject, answering "left", until its NATS
-// connection closes: a peer whose probe (protoactor lost the member's gRPC
-// stream while the member stops) overtakes the leave notice still learns
-// of a leave, not of a crash. Shutdown is idempotent.
+// Shutdown stops heartbeating. With graceful set, a member announces its
+// leave so that the others remove it at once; without, they find it gone
+// by probe or TTL. After a graceful leave the member keeps its probe
+// subject, answering "left", for a TTL (every peer has dropped it by then)
+// or until its NATS connection closes or drains: a peer whose probe
+// (protoactor lost the member's gRPC stream while the member stops)
+// overtakes the leave notice still learns of a leave, not of a crash.
+// Without, it stops answering probes at once. Shutdown is idempotent.
 //
 // protoactor's Cluster.Shutdown calls it only when graceful (and after it
 // has stopped the ActorSystem), and panics on a client: the daemon should
@@ -197,6 +198,9 @@ func (p *Provider) Shutdown(graceful bool) error {
 			err = p.publish(p.subj.leave(p.self.ID), goneOf(p.self.ID, p.self.ID, ReasonLeave))
 			if ferr := p.nc.FlushTimeout(time.Second); err == nil && ferr != nil {
 				err = fmt.Errorf("cluster: flush leave: %w", ferr)
+			}
+			if sub := p.pingSub; sub != nil {
+				time.AfterFunc(p.cfg.TTL(), func() { _ = sub.Unsubscribe() })
 			}
 		} else if p.pingSub != nil {
 			_ = p.pingSub.Unsubscribe()

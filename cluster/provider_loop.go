@@ -58,7 +58,7 @@ func (p *Provider) run(v *view) {
 		p.activity.idle.Store(iv != p.cfg.HeartbeatInterval)
 		v.beatsEvery(iv, now)
 		nextBeat = now.Add(jittered(iv, p.cfg.HeartbeatJitter, rand.Float64()))
-		if p.self == nil || p.evicted.Load() || p.frozen.Load() {
+		if p.self == nil || p.evicted.Load() || p.frozen.Load() || p.left.Load() {
 			return
 		}
 		b, err := enc.encode(p.self, p.engines.Load(), p.load.Load(), iv, seq, now)

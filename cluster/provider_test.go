@@ -88,8 +88,7 @@ func TestProviderJoinLoadAndGracefulLeave(t *testing.T) {
 		t.Fatalf("c's protoactor remote at %s still accepts connections after StopMember", c.sys.Address())
 	}
 	for _, m := range []*testMember{a, b, cl} {
-		checkFor(t, a.p.cfg.SuspectAfter(), 5*time.Millisecond, func() error { return m.sees(a.id(), b.id()) })
-		e, _ := m.firstEvent(EventLeft, c.id())
+		e := m.waitLeft(t, detectGuard(a.p.cfg.SuspectAfter()), c.id(), a.id(), b.id())
 		if e.Reason != ReasonLeave {
 			t.Fatalf("%s saw c leave with reason %q, want %q", m.id(), e.Reason, ReasonLeave)
 		}
@@ -199,8 +198,7 @@ func seeUnreachableLeave(t *testing.T, what string, fault time.Time, guard time.
 		ids[i] = m.id()
 	}
 	for _, m := range others {
-		checkFor(t, guard, 5*time.Millisecond, func() error { return m.sees(ids...) })
-		e, _ := m.firstEvent(EventLeft, gone.id())
+		e := m.waitLeft(t, guard, gone.id(), ids...)
 		if e.Reason != ReasonUnreachable && e.Reason != ReasonReported {
 			t.Fatalf("%s saw %s leave with reason %q", m.id(), gone.id(), e.Reason)
 		}
@@ -219,9 +217,8 @@ func TestProviderHungMemberIsRemovedAtTTLAndEvicted(t *testing.T) {
 
 	ttl := a.p.cfg.TTL()
 	for _, m := range []*testMember{a, b} {
-		checkFor(t, detectGuard(ttl), 5*time.Millisecond, func() error { return m.sees(a.id(), b.id()) })
+		e := m.waitLeft(t, detectGuard(ttl), c.id(), a.id(), b.id())
 		sus, _ := m.lastEvent(EventSuspect, c.id())
-		e, _ := m.firstEvent(EventLeft, c.id())
 		if e.Reason != ReasonTimeout && e.Reason != ReasonReported {
 			t.Fatalf("%s saw c leave with reason %q", m.id(), e.Reason)
 		}

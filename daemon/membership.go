@@ -99,6 +99,14 @@ func (m *clusterMembers) start() error {
 	// callback at once, and track takes m.mu.
 	cancels := []func(){prov.Subscribe(m.track)}
 	m.mu.Lock()
+	if m.closed {
+		// Close ran while this (re)join started: it found no provider to
+		// stop, so leave now rather than linger as a member nobody stops.
+		m.mu.Unlock()
+		cancels[0]()
+		cluster.StopMember(cl, prov)
+		return nil
+	}
 	m.sys, m.cl, m.prov = sys, cl, prov
 	prov.SetLoad(m.load)
 	prov.SetEngines(m.engines)
@@ -108,6 +116,15 @@ func (m *clusterMembers) start() error {
 		cancels = append(cancels, m.subscribe(prov, fn))
 	}
 	m.mu.Lock()
+	if m.prov != prov {
+		// Stopped meanwhile (Close, or an eviction's rejoin): its
+		// subscriptions go with it.
+		m.mu.Unlock()
+		for _, c := range cancels {
+			c()
+		}
+		return nil
+	}
 	m.cancels = append(m.cancels, cancels...)
 	m.mu.Unlock()
 	return nil
