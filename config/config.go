@@ -258,6 +258,11 @@ func Load(args []string, env []string) (Config, error) {
 	if err := fs.Parse(args); err != nil {
 		return Config{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	if fs.NArg() > 0 {
+		// "connexd stauts" or "connexd retain_s=5" must not start a
+		// daemon on the defaults.
+		return Config{}, fmt.Errorf("%w: unexpected argument %q: settings are flags (--retain-s=5); connexd's subcommands are status and auth", ErrInvalid, fs.Arg(0))
+	}
 	v := viper.New()
 	for _, d := range defaults {
 		v.SetDefault(d.key, d.value)
@@ -274,6 +279,12 @@ func Load(args []string, env []string) (Config, error) {
 		for _, k := range v.AllKeys() {
 			if !known(k) {
 				return Config{}, fmt.Errorf("%w: %s: unknown key %q", ErrInvalid, path, k)
+			}
+			switch v.Get(k).(type) {
+			case []any, map[string]any:
+				// viper reads a list or a map as "" for a string key:
+				// api_key: [k1, k2] would leave the router open.
+				return Config{}, fmt.Errorf("%w: %s: %s must be a single value, not a list or a map (several API keys: one comma-separated string, or api_key_file)", ErrInvalid, path, k)
 			}
 		}
 	}

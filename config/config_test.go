@@ -163,3 +163,45 @@ func TestClaim(t *testing.T) {
 		}
 	}
 }
+
+func TestListOrMapValueRefused(t *testing.T) {
+	for _, body := range []string{
+		"role: router\napi_key: [k1, k2]\n",
+		"role: router\napi_key:\n  - k1\n",
+		"role: decode\nnats_url: [nats://a:4222, nats://b:4222]\n",
+	} {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load([]string{"--config", path}, nil)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "must be a single value") {
+			t.Errorf("%q: got %v, want a refusal of a list or map value", body, err)
+		}
+	}
+	// A map is read as nested keys, refused as unknown.
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte("nats_url:\n  primary: nats://a:4222\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load([]string{"--config", path}, nil); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a map for nats_url: got %v, want a refusal", err)
+	}
+	// The supported way to give several keys still works.
+	path = filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte("role: router\napi_key: \"k1, k2\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := Load([]string{"--config", path}, nil); err != nil || len(c.APIKeys) != 2 {
+		t.Fatalf("comma-separated api_key: %v keys, %v", c.APIKeys, err)
+	}
+}
+
+func TestPositionalArgumentRefused(t *testing.T) {
+	for _, args := range [][]string{{"stauts"}, {"retain_s=5"}, {"--role", "decode", "extra"}} {
+		_, err := Load(args, nil)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "unexpected argument") {
+			t.Errorf("%q: got %v, want an unexpected-argument refusal", args, err)
+		}
+	}
+}
