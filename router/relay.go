@@ -118,7 +118,14 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 	out.connex["request_id"] = rid
 	out.connex["prefill_engine"] = pre.engine
 	out.connex["prefills"] = 1
-	if e := s.decode(r.Context(), c, rid, pre, out, start); e != nil {
+	if e := s.decode(r.Context(), c, rid, pre, out, start); e == errClientGone {
+		// Nobody to answer; the hold goes back unless a decode engine
+		// bound it (its request actor frees it then).
+		status = statusClientClosed
+		s.log.Info("client left during the decode", "request_id", rid, "tokens_sent", len(out.ids))
+		s.releaseHold(pre, rid, endClientGone)
+		return
+	} else if e != nil {
 		status = e.Status
 		s.metrics.errors.WithLabelValues(codeLabel(e.Code)).Inc()
 		s.log.Warn("request failed", "request_id", rid, "code", e.Code, "err", e.Message)
@@ -128,6 +135,10 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, kind Kind) {
 	}
 	out.done(len(pre.promptIDs))
 }
+
+// errClientGone is decode's answer when the client left mid-request: no
+// error to write, the hold to hand back.
+var errClientGone = &APIError{Status: statusClientClosed, Message: "the client closed the connection"}
 
 func contains(xs []string, x string) bool {
 	for _, y := range xs {
@@ -401,7 +412,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			return out.failed
 		case actClientGone:
 			res.abandon()
-			return nil
+			return errClientGone
 		case actReject:
 			res.abandon()
 			if res.err.Code == CodeResumeRefused { // a replay that drew other tokens
