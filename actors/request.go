@@ -106,6 +106,7 @@ type TakeoverRequest struct {
 // for the engine's takeover to start it as without the grant).
 type GrantRequest struct {
 	ID, Engine, Instance string
+	TTL                  time.Duration // the grant's lifetime (requests.GrantLifetime)
 }
 
 // AdoptRequest makes a new request actor take over an orphan. Reply: Status or Err.
@@ -186,7 +187,7 @@ func (a *requestActor) Receive(ctx actor.Context) {
 	case *TakeoverRequest:
 		a.step(ctx, activation.Takeover{Now: a.now(), Call: a.call(ctx), Msg: m.Msg, Instance: m.Instance})
 	case *GrantRequest:
-		a.step(ctx, activation.Grant{Now: a.now(), Call: a.call(ctx), ID: m.ID, Engine: m.Engine, Instance: m.Instance})
+		a.step(ctx, activation.Grant{Now: a.now(), Call: a.call(ctx), ID: m.ID, Engine: m.Engine, Instance: m.Instance, TTL: m.TTL})
 	case *RequestProgress:
 		a.step(ctx, activation.Progress{Now: a.now(), Call: a.call(ctx), Epoch: m.Epoch, Tokens: m.Tokens})
 	case *FinishRequest:

@@ -320,7 +320,7 @@ func (a *requestAPI) InspectRequest(ctx context.Context, r *messages.RequestRef)
 
 // GrantTakeover records the router's word that engine r.EngineId may take
 // request r.RequestId over on this member (peer.grant, member scope only),
-// for requests.GrantTTL.
+// for as long as the router asked (requests.GrantLifetime).
 func (a *requestAPI) GrantTakeover(_ context.Context, r *messages.StartRequestMsg) (*messages.RequestStatus, error) {
 	if err := requireRequestID(r.RequestId); err != nil {
 		return nil, err
@@ -328,8 +328,9 @@ func (a *requestAPI) GrantTakeover(_ context.Context, r *messages.StartRequestMs
 	if err := requireToken("engine_id", r.EngineId); err != nil {
 		return nil, err
 	}
-	a.grants.Grant(r.RequestId, r.EngineId, a.clock.Now())
-	if _, here := a.actors.lookup(r.RequestId); !here && !a.moveAhead(r.RequestId, r.EngineId) && a.headAhead != nil {
+	ttl := requests.GrantLifetime(r.GrantTtlMs)
+	a.grants.Grant(r.RequestId, r.EngineId, ttl, a.clock.Now())
+	if _, here := a.actors.lookup(r.RequestId); !here && !a.moveAhead(r.RequestId, r.EngineId, ttl) && a.headAhead != nil {
 		// The engine's takeover comes next and reads the request first.
 		a.headAhead.ahead(r.RequestId)
 	}
@@ -344,7 +345,7 @@ func (a *requestAPI) GrantTakeover(_ context.Context, r *messages.StartRequestMs
 // request store, this member full, the engine has no region here, its
 // quota reached. What the move cannot do, the engine's takeover does as
 // it would without it.
-func (a *requestAPI) moveAhead(id, engine string) bool {
+func (a *requestAPI) moveAhead(id, engine string, ttl time.Duration) bool {
 	if a.store == nil || a.tryBackground == nil || a.actors.running() >= a.max {
 		return false
 	}
@@ -353,7 +354,7 @@ func (a *requestAPI) moveAhead(id, engine string) bool {
 	}
 	inst := a.instances.engineInstance(engine)
 	started := a.tryBackground(func() {
-		st, err := a.spawnRequest(&actors.GrantRequest{ID: id, Engine: engine, Instance: inst})
+		st, err := a.spawnRequest(&actors.GrantRequest{ID: id, Engine: engine, Instance: inst, TTL: ttl})
 		if err != nil {
 			if _, ok := a.actors.lookup(id); !ok {
 				a.quota.End(id)

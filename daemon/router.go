@@ -10,6 +10,7 @@ import (
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/cluster"
 	"github.com/connex/connex/messages"
+	"github.com/connex/connex/requests"
 	"github.com/connex/connex/router"
 	"google.golang.org/protobuf/encoding/protojson"
 )
@@ -55,7 +56,10 @@ func (d *Daemon) startRouter() error {
 func (d *Daemon) grantTakeover(ctx context.Context, e router.Engine, requestID string) error {
 	c, cancel := context.WithTimeout(ctx, askTimeout)
 	defer cancel()
-	_, err := (&api.Client{NC: d.Bus.Conn, Member: e.Member}).GrantTakeover(c, &messages.StartRequestMsg{RequestId: requestID, EngineId: e.Info.GetEngineId(), Takeover: true})
+	_, err := (&api.Client{NC: d.Bus.Conn, Member: e.Member}).GrantTakeover(c, &messages.StartRequestMsg{RequestId: requestID, EngineId: e.Info.GetEngineId(), Takeover: true,
+		// The grant stands as long as the router waits for the leg's first
+		// token: the engine's takeover may wait in its queue that long.
+		GrantTtlMs: uint32(min(d.cfg.RouterFirstToken, requests.MaxGrantTTL) / time.Millisecond)})
 	if err != nil {
 		return fmt.Errorf("peer.grant of request %s to engine %s on %s: %w", requestID, e.Info.GetEngineId(), e.Member, err)
 	}

@@ -290,7 +290,12 @@ type StartRequestMsg struct {
 	// Names this start for the pull its engine sends beside it
 	// (StartPullRequest.await_start): one per leg (e.g. random, 1-64 bytes),
 	// so that a pull never takes an earlier leg's start for its own.
-	StartId       string `protobuf:"bytes,8,opt,name=start_id,json=startId,proto3" json:"start_id,omitempty"`
+	StartId string `protobuf:"bytes,8,opt,name=start_id,json=startId,proto3" json:"start_id,omitempty"`
+	// peer.grant only: how long the grant stands, in ms — the router's wait
+	// for the resumed leg's first token (router_first_token_ms), since the
+	// engine's takeover can wait in its engine's queue as long. 0:
+	// requests.GrantTTL (30 s); at most requests.MaxGrantTTL (1 h).
+	GrantTtlMs    uint32 `protobuf:"varint,9,opt,name=grant_ttl_ms,json=grantTtlMs,proto3" json:"grant_ttl_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -379,6 +384,13 @@ func (x *StartRequestMsg) GetStartId() string {
 		return x.StartId
 	}
 	return ""
+}
+
+func (x *StartRequestMsg) GetGrantTtlMs() uint32 {
+	if x != nil {
+		return x.GrantTtlMs
+	}
+	return 0
 }
 
 // RequestProgress appends generated tokens. epoch must be the caller's
@@ -905,7 +917,7 @@ const file_request_proto_rawDesc = "" +
 	"max_tokens\x18\x0f \x01(\rR\tmaxTokens\"V\n" +
 	"\rRequestPrompt\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\rR\btokenIds\x12(\n" +
-	"\x10remote_block_ids\x18\x02 \x03(\rR\x0eremoteBlockIds\"\xad\x02\n" +
+	"\x10remote_block_ids\x18\x02 \x03(\rR\x0eremoteBlockIds\"\xcf\x02\n" +
 	"\x0fStartRequestMsg\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x123\n" +
@@ -916,7 +928,9 @@ const file_request_proto_rawDesc = "" +
 	"\x10resume_authority\x18\x06 \x01(\tR\x0fresumeAuthority\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\a \x01(\rR\tmaxTokens\x12\x19\n" +
-	"\bstart_id\x18\b \x01(\tR\astartId\"c\n" +
+	"\bstart_id\x18\b \x01(\tR\astartId\x12 \n" +
+	"\fgrant_ttl_ms\x18\t \x01(\rR\n" +
+	"grantTtlMs\"c\n" +
 	"\x0fRequestProgress\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +

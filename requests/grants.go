@@ -5,10 +5,27 @@ import (
 	"time"
 )
 
-// GrantTTL is how long the router's word for a takeover stands: from the
-// router picking the engine to the engine's request.start{takeover}, which
-// comes after the engine parsed the resumed leg (well under a second).
+// GrantTTL is how long the router's word for a takeover stands when the
+// router names no lifetime (StartRequestMsg.grant_ttl_ms): from the router
+// picking the engine to the engine's request.start{takeover}, which comes
+// once the engine schedules the resumed leg (well under a second on an
+// engine with room; as long as its queue on a full one). 30 s is the
+// router's default wait for that leg's first token.
 const GrantTTL = 30 * time.Second
+
+// MaxGrantTTL bounds the lifetime a router may ask for (its own first-token
+// wait is at most an hour).
+const MaxGrantTTL = time.Hour
+
+// GrantLifetime is the lifetime of a grant whose router asked for ms
+// milliseconds (StartRequestMsg.grant_ttl_ms): GrantTTL for 0, at most
+// MaxGrantTTL.
+func GrantLifetime(ms uint32) time.Duration {
+	if ms == 0 {
+		return GrantTTL
+	}
+	return min(time.Duration(ms)*time.Millisecond, MaxGrantTTL)
+}
 
 // MaxGrants bounds the grants one member keeps; the oldest goes first.
 const MaxGrants = 4096
@@ -28,8 +45,9 @@ type grant struct {
 	expires time.Time
 }
 
-// Grant records that engine may take request over until now+GrantTTL.
-func (g *Grants) Grant(request, engine string, now time.Time) {
+// Grant records that engine may take request over until now+ttl
+// (GrantLifetime).
+func (g *Grants) Grant(request, engine string, ttl time.Duration, now time.Time) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.live == nil {
@@ -49,7 +67,7 @@ func (g *Grants) Grant(request, engine string, now time.Time) {
 		}
 		delete(g.live, oldest)
 	}
-	g.live[request] = grant{engine: engine, expires: now.Add(GrantTTL)}
+	g.live[request] = grant{engine: engine, expires: now.Add(ttl)}
 }
 
 // Take consumes the grant of request to engine; false if there is none

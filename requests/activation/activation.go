@@ -69,6 +69,7 @@ type op struct {
 	id       string
 	dead     string
 	engine   string
+	ttl      time.Duration // opGrant: the grant's lifetime (0: requests.GrantTTL)
 }
 
 // wait is the result the running op waits for.
@@ -116,6 +117,7 @@ type Activation struct {
 	// grantedAt.
 	grant     grantState
 	grantedAt time.Time
+	grantTTL  time.Duration // the grant's lifetime (0: requests.GrantTTL)
 	// lapseUnsure: a lapse's delete got no answer (it may have landed).
 	lapseUnsure bool
 	// promptOwed: a.st's prompt is not stored yet (a confirmation changed
@@ -179,7 +181,7 @@ func (a *Activation) Step(ev Event) ([]Effect, error) {
 		}
 		return a.submit(now, o), nil
 	case Grant:
-		return a.submit(now, op{kind: opGrant, call: e.Call, id: e.ID, engine: e.Engine, instance: e.Instance}), nil
+		return a.submit(now, op{kind: opGrant, call: e.Call, id: e.ID, engine: e.Engine, instance: e.Instance, ttl: e.TTL}), nil
 	case Finish:
 		return a.submit(now, op{kind: opFinish, call: e.Call, epoch: e.Epoch}), nil
 	case EngineLost:

@@ -57,6 +57,9 @@ type Grant struct {
 	Now                  time.Time
 	Call                 uint64
 	ID, Engine, Instance string
+	// TTL is how long the grant stands (requests.GrantLifetime); 0:
+	// requests.GrantTTL.
+	TTL time.Duration
 }
 
 // Finish ends the request at Epoch: its state is deleted and its hold

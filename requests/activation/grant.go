@@ -21,14 +21,15 @@ import (
 //
 //	Grant ──► Starting ── claim, read, CAS write ──► Running (unconfirmed) ── engine's takeover ──► Running
 //	               │ not stored, race lost, store down               │ another local engine's takeover: a takeover as before
-//	               ▼                                                  │ not confirmed within GrantTTL: record deleted, hold released
-//	   Idle (fell back): the engine's takeover starts as without a grant; none within GrantTTL: stop
+//	               ▼                                                  │ not confirmed within the grant's TTL: record deleted, hold released
+//	   Idle (fell back): the engine's takeover starts as without a grant; none within the TTL: stop
 //
 // The grant only moves work earlier: whatever it cannot do, the engine's
-// takeover does as it would have without it. A grant lapses after
-// requests.GrantTTL, as long as a router waits for a resumed leg's first
-// token by default (router_first_token_ms): a moved request whose engine
-// has not confirmed it by then was given up by its router.
+// takeover does as it would have without it. A grant lapses after its
+// TTL (Grant.TTL), as long as its router waits for a resumed leg's first
+// token (router_first_token_ms; requests.GrantTTL, 30 s, when the router
+// named none): a moved request whose engine has not confirmed it by then
+// was given up by its router.
 
 // grantState is where a Grant-moved activation is.
 type grantState int
@@ -47,7 +48,7 @@ func (a *Activation) beginGrant(now time.Time, o op) []Effect {
 	}
 	a.phase, a.cur, a.waiting = Starting, &o, waitClaim
 	a.id, a.instance = o.id, o.instance
-	a.grant, a.grantedAt = grantMoving, now
+	a.grant, a.grantedAt, a.grantTTL = grantMoving, now, o.ttl
 	return []Effect{Claim{ID: a.id}}
 }
 
@@ -111,8 +112,14 @@ func (a *Activation) fallBack(now time.Time, err error) []Effect {
 }
 
 // grantLapses is when a grant not taken up by its engine ends: the
-// engine's takeover needs the grant, which lasts requests.GrantTTL.
-func (a *Activation) grantLapses() time.Time { return a.grantedAt.Add(requests.GrantTTL) }
+// engine's takeover needs the grant, which lasts as long as its router
+// asked (requests.GrantTTL when it named no lifetime).
+func (a *Activation) grantLapses() time.Time {
+	if a.grantTTL > 0 {
+		return a.grantedAt.Add(a.grantTTL)
+	}
+	return a.grantedAt.Add(requests.GrantTTL)
+}
 
 // takeGranted starts an engine's takeover of a granted activation: it
 // confirms the move if the engine is the granted one, else it is a

@@ -24,7 +24,7 @@ import (
 //	adopt call=1 dead=m0 engine=e2
 //	progress call=2 epoch=1 [tokens=2]
 //	takeover call=3 engine=e2 [instance=i2] [transfer=t1] [prompt=5]
-//	grant call=1 engine=e2 [instance=i2]
+//	grant call=1 engine=e2 [instance=i2] [ttl=2m]
 //	finish call=4 epoch=1
 //	engine-lost engine=e1 [instance=i1]
 //	tick
@@ -125,7 +125,15 @@ func (s *script) run(t *testing.T, d *datadriven.TestData) string {
 	case "takeover":
 		ev = Takeover{Now: now, Call: call, Msg: startMsg(), Instance: str("instance", "")}
 	case "grant":
-		ev = Grant{Now: now, Call: call, ID: str("id", "r1"), Engine: str("engine", ""), Instance: str("instance", "")}
+		g := Grant{Now: now, Call: call, ID: str("id", "r1"), Engine: str("engine", ""), Instance: str("instance", "")}
+		if v := str("ttl", ""); v != "" {
+			ttl, err := time.ParseDuration(v)
+			if err != nil {
+				d.Fatalf(t, "grant ttl=%s: %v", v, err)
+			}
+			g.TTL = ttl
+		}
+		ev = g
 	case "finish":
 		ev = Finish{Now: now, Call: call, Epoch: num("epoch", 0)}
 	case "engine-lost":
