@@ -18,8 +18,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import nats
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
@@ -149,6 +150,12 @@ class Bus:
                 msg = f"{subj}: the NATS server refused it to these credentials: {le}"
                 raise ConnexError(CODE_FORBIDDEN, msg) from e
             raise ConnexError(CODE_TIMEOUT, f"{subj}: no reply within {timeout_s}s") from e
+        except (NatsError, OSError) as e:
+            # The connection closed, its outbound buffer filled while it
+            # reconnects (a connexd restart), a payload over the limit: the
+            # callers handle ConnexError alone, and none of these may escape
+            # into vLLM's step loop.
+            raise ConnexError(CODE_PEER_UNAVAILABLE, f"{subj}: {type(e).__name__}: {e}") from e
         if self.on_call is not None:
             self.on_call(endpoint, time.perf_counter() - t0)
         hdrs = r.headers or {}
@@ -156,7 +163,10 @@ class Bus:
             code = int(hdrs.get(_HDR_CODE) or CODE_INTERNAL)
             raise ConnexError(code, f"{subj}: {hdrs.get(_HDR_ERROR, '')}")
         out = reply()
-        out.ParseFromString(r.data)
+        try:
+            out.ParseFromString(r.data)
+        except DecodeError as e:
+            raise ConnexError(CODE_INTERNAL, f"{subj}: undecodable {reply.__name__} reply: {e}") from e
         return out
 
     def request(self, endpoint: str, msg: Message, reply: type[M], timeout_s: float) -> concurrent.futures.Future[M]:

@@ -271,7 +271,13 @@ class ConnexConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         assert self.connector_worker is not None
-        return self.connector_worker.load_errors()
+        bad = self.connector_worker.load_errors()
+        if KVConnectorTransferResults is not None:
+            # vLLM 0.32 on hears of a failed load by request id (get_transfer_results' failed_recving), which it
+            # fails or recomputes whole; block ids as well would make it raise for a model with several KV cache
+            # groups (a hybrid model: block ids are unique only within a group).
+            return set()
+        return bad
 
     def shutdown(self) -> None:
         if self.connector_worker is not None:

@@ -81,7 +81,9 @@ class Follower:
     fetches the missed ones (``fetch``: engine.notices after the cursor); ``catch_up`` does the same on demand
     (a periodic poll, an overdue pull, a renewal reply naming a newer seq). A notice from a new journal means
     connexd restarted: ``on_restart(old, new)`` runs first (what the old connexd kept on the engine's behalf
-    died with it), then the new journal's notices are news. Bus thread only (one coroutine at a time)."""
+    died with it), then the new journal's notices are news. Missed notices connexd no longer keeps (its journal
+    is bounded) are lost for good: ``on_gap()`` then rebuilds what they would have said from connexd's state.
+    Bus thread only (one coroutine at a time)."""
 
     def __init__(
         self,
@@ -89,11 +91,14 @@ class Follower:
         deliver: Callable[[npb.Notice], None],
         on_restart: Callable[[str, str], None] | None = None,
         name: str = "",
+        on_gap: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.cursor = NoticeCursor()
         self._fetch = fetch
         self._deliver = deliver
         self._on_restart = on_restart
+        self._on_gap = on_gap
+        self._gap_owed = False  # on_gap failed: tried again at the next fetch
         self._name = name
 
     def seed(self, journal: str, seq: int) -> None:
@@ -140,17 +145,31 @@ class Follower:
             log.debug("connex: engine.notices%s failed; tried again at the next poll: %s", self._name, e)
             return None
         self._journal(rep.journal)
-        if rep.gap and journal == rep.journal:
+        lost = rep.gap and journal == rep.journal
+        if lost:
             log.warning(
-                "connex: some missed notices%s are no longer kept by connexd; what waited for them ends at its "
-                "deadline",
+                "connex: some missed notices%s are no longer kept by connexd; %s",
                 self._name,
+                "what they said is read from connexd's state"
+                if self._on_gap
+                else "what waited for them ends at its deadline",
             )
         replayed = 0
         for n in rep.notices:
             if self.cursor.seen(rep.journal, n.seq):
                 replayed += 1
                 self._deliver(n)
+        if (lost or self._gap_owed) and self._on_gap is not None:
+            try:
+                await self._on_gap()
+                self._gap_owed = False
+            except Exception as e:
+                self._gap_owed = True
+                log.warning(
+                    "connex: connexd's state%s could not be read after lost notices (tried again at the next poll): %s",
+                    self._name,
+                    e,
+                )
         if rep.journal and not rep.notices:
             self.cursor.seen(rep.journal, 0)  # adopt the journal even when it has nothing for us
         if replayed:

@@ -472,9 +472,10 @@ class ConnexScheduler:
             t0 = time.perf_counter()
             try:
                 st = await self._bus.call("request.start", msg, rpb.RequestStatus, self.settings.call_timeout_s)
-            except ConnexError as e:
+            except Exception as e:
                 if spec is not None and not spec.await_start:  # the load fails; kv_load_failure_policy decides
-                    self._load_ready(replace(spec, error=f"{codes.reason(e.code)}: request.start: {e}"))
+                    why = codes.reason(e.code) if isinstance(e, ConnexError) else "internal"
+                    self._load_ready(replace(spec, error=f"{why}: request.start: {e}"))
                 raise
             d.epoch = st.state.epoch
             if spec is not None and not spec.await_start:
@@ -520,6 +521,9 @@ class ConnexScheduler:
                     log.info("connex: request %s has no record at connexd (%s): it reports no more", d.connex_id, e)
                 else:
                     log.warning("connex: %s of request %s failed: %s", what, d.connex_id, e)
+            except Exception:
+                # Not an API answer (a bug, a malformed message): said, never left unread in the future.
+                log.exception("connex: %s of request %s failed unexpectedly", what, d.connex_id)
 
         fut = self._bus.submit(run())
         d.last = fut
@@ -540,7 +544,9 @@ class ConnexScheduler:
     def _on_fenced(self, n: rpb.FencedNotice) -> None:
         with self._mu:
             d = self._by_connex.get(n.request_id)
-        if d is not None and n.stale_epoch >= d.epoch:
+        # Epoch 0: this leg's request.start has not been answered, so the fence is of an earlier leg on this
+        # engine (a resume switched back here); were it this leg's, its next call is refused as fenced.
+        if d is not None and d.epoch > 0 and n.stale_epoch >= d.epoch:
             self._fence(d, f"moved to {n.new_owner}")
 
     def build_meta(self) -> ConnexMetadata:

@@ -146,6 +146,15 @@ class Completions:
             self._pulls.clear()
             return specs
 
+    def holds_gone(self, live: set[str]) -> int:
+        """The watched holds not in live (the transfer ids connexd still holds blocks for: their blocks.freed
+        notices were lost) are freed: their blocks are vLLM's again in the next get_finished. Returns how many."""
+        with self._mu:
+            gone = [tid for tid in self._holds if tid not in live]
+            for tid in gone:
+                self._sending.add(self._holds.pop(tid))
+            return len(gone)
+
     def drop_holds(self) -> int:
         """Every hold watched so far died with its connexd (it restarted): their blocks are vLLM's again, in the
         next get_finished. Returns how many."""
@@ -197,7 +206,13 @@ class ConnexWorker:
         self.region_id = region_id(tp_rank)
         self.memory = memory or SharedRegionMemory(tp_size, block_size, num_blocks, cpu_order, tp_rank, model_kv_heads)
         self.done = Completions(now=now)
-        self.notices = notices.Follower(self._fetch_notices, self._deliver, self._on_restart, f" of engine {engine_id}")
+        self.notices = notices.Follower(
+            self._fetch_notices,
+            self._deliver,
+            self._on_restart,
+            f" of engine {engine_id}",
+            on_gap=self._holds_from_state,
+        )
         self._now = now
         self._bus: Bus | None = None
         self.region: pb.RegionInfo | None = None
@@ -374,6 +389,19 @@ class ConnexWorker:
         """A live notice: handed on in journal order (see notices.Follower). Bus thread only."""
         kind = subj.removeprefix(busmod.engine_subject(self.settings.member, self.engine_id, ""))
         await self.notices.live(kind, data, headers)
+
+    async def _holds_from_state(self) -> None:
+        """Notices lost for good (connexd keeps a bounded journal): the holds whose blocks connexd freed meanwhile
+        are read from its state, so that a lost blocks.freed does not keep vLLM's blocks forever. Bus thread."""
+        req = npb.EngineStateRequest(engine_id=self.engine_id)
+        st = await self.bus.call("engine.state", req, npb.EngineState, self.settings.call_timeout_s)
+        n = self.done.holds_gone({h.transfer_id for h in st.holds if not h.freed})
+        if n:
+            log.info(
+                "connex: %d holds of engine %s ended while their notices were lost: blocks given back",
+                n,
+                self.engine_id,
+            )
 
     def _deliver(self, n: npb.Notice) -> None:
         if n.HasField("pull_done"):

@@ -61,6 +61,8 @@ def kv_value(
 
 # vLLM 0.34 dropped ModelRunnerOutput.req_id_to_index (the order of req_ids is the index).
 _RUNNER_OUTPUT_INDEX = "req_id_to_index" in inspect.signature(ModelRunnerOutput).parameters
+# vLLM 0.32 added get_transfer_results and KVConnectorOutput.failed_recving (failed loads named by request).
+_TRANSFER_RESULTS = "failed_recving" in inspect.signature(KVConnectorOutput).parameters
 
 
 class Engine:
@@ -215,15 +217,27 @@ class Engine:
             else:
                 sampled.append([])
         w.wait_for_save()
-        sending, recving = w.get_finished(so.finished_req_ids)
+        # As vLLM's model runner does: get_transfer_results (0.32 on: failed loads named by request), then the
+        # block ids of failed loads.
+        failed: set[str] | None = None
+        if _TRANSFER_RESULTS:
+            tr = w.get_transfer_results(so.finished_req_ids)
+            sending, recving, failed = tr.finished_sending, tr.finished_recving, tr.failed_recving
+        else:
+            sending, recving = w.get_finished(so.finished_req_ids)
         invalid = w.get_block_ids_with_load_errors()
         w.clear_connector_metadata()
+        out_fields: dict[str, Any] = {
+            "finished_sending": sending,
+            "finished_recving": recving,
+            "invalid_block_ids": invalid,
+        }
+        if failed is not None:
+            out_fields["failed_recving"] = failed
         fields: dict[str, Any] = {
             "req_ids": req_ids,
             "sampled_token_ids": sampled,
-            "kv_connector_output": KVConnectorOutput(
-                finished_sending=sending, finished_recving=recving, invalid_block_ids=invalid
-            ),
+            "kv_connector_output": KVConnectorOutput(**out_fields),
         }
         if _RUNNER_OUTPUT_INDEX:  # vLLM before 0.34 also took the index of each request id
             fields["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
