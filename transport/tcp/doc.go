@@ -70,8 +70,11 @@
 // reused id; or a response whose id is not outstanding or whose length
 // disagrees with its request is a protocol error: the side that sees it
 // logs a warning and closes that one connection. Frames are at most 1064
-// bytes and the server reads at most 256 requests ahead, so neither side
-// allocates more than that on the peer's say-so.
+// bytes and the server reads at most 256 requests ahead, each decoded into
+// at most 64 segments (~1 KiB): a connection's queued requests take at
+// most ~270 KiB on the peer's say-so, held no longer than WriteTimeout when
+// the peer stops reading its answers; MaxConnsPerPeer and MaxConns bound
+// the connections.
 //
 // Readers split large GETs into Config.ChunkBytes requests, pack small ones
 // (up to 32 KiB, a paged KV block's piece) of one registration into GATHERs
