@@ -100,3 +100,78 @@ func TestClientGoneDuringDecode(t *testing.T) {
 		return nil
 	})
 }
+
+// TestClientGoneDuringTheGrant: a client that leaves while the router asks
+// the next engine's member for its grant ends the request as gone (499, the
+// hold handed back), not as a refused grant followed by more grants and a
+// failed resume.
+func TestClientGoneDuringTheGrant(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", failAfter: 2}).start()
+	d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
+	d3 := (&fakeEngine{t: t, id: "d3", role: "decode"}).start()
+	granting := make(chan struct{}, 4)
+	var (
+		logs   poll.Buffer
+		mu     sync.Mutex
+		grants int
+	)
+	s, err := New(Config{
+		Listen:  "127.0.0.1:0",
+		Engines: func() []Engine { return []Engine{p.engine(), d1.engine(), d2.engine(), d3.engine()} },
+		Stall:   StallRule{Factor: 3, Floor: 50 * time.Millisecond, Cold: 200 * time.Millisecond, Ceiling: time.Second, FirstToken: 5 * time.Second},
+		Authorize: func(ctx context.Context, _ Engine, _ string) error {
+			mu.Lock()
+			grants++
+			mu.Unlock()
+			granting <- struct{}{}
+			<-ctx.Done() // a member slow to answer; the client leaves meanwhile
+			return ctx.Err()
+		},
+		ReleaseHold:    func(context.Context, json.RawMessage, string) error { return nil },
+		PrefillTimeout: 5 * time.Second, MaxResumes: 3, MaxBodyBytes: 1 << 20,
+		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"hi","max_tokens":5,"stream":true}`))
+	req.Header.Set("Content-Type", "application/json")
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			_, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	<-granting
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the client's request: %v, want canceled", err)
+	}
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		resp, err := http.Get(s.URL() + "/metrics")
+		if err != nil {
+			return err
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if m := string(b); !strings.Contains(m, `connex_router_requests_total{endpoint="/v1/completions",model="m",status="499"} 1`) {
+			return fmt.Errorf("no request counted with status 499:\n%s", m)
+		}
+		return nil
+	})
+	mu.Lock()
+	n := grants
+	mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d grants asked, want 1 (none after the client left)", n)
+	}
+	if out := logs.String(); strings.Contains(out, "refused the router's grant") || strings.Contains(out, "level=ERROR") {
+		t.Errorf("a client leaving during the grant read as a refusal:\n%s", out)
+	}
+}

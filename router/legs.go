@@ -219,6 +219,7 @@ func appendKey(b []byte, key string) []byte {
 var (
 	rawOne           = json.RawMessage("1")
 	rawTrue          = json.RawMessage("true")
+	rawNull          = json.RawMessage("null")
 	rawFalse         = json.RawMessage("false")
 	rawIncludeUsage  = mustJSON(map[string]bool{"include_usage": true})
 	rawPrefillParams = mustJSON(map[string]any{"do_remote_decode": true, "do_remote_prefill": false})
@@ -358,6 +359,11 @@ func ResumeBody(c *ClientRequest, promptIDs, generated []uint32, params json.Raw
 	b["prompt"] = mustJSON(all)
 	if c.MaxTokens > 0 {
 		b["max_tokens"] = mustJSON(c.MaxTokens - len(generated))
+	} else {
+		// A chat that names no max_tokens runs to the end of the context
+		// (vLLM: max_model_len less the prompt); a completions leg without
+		// one would stop 16 tokens on. null asks vLLM for the chat's rule.
+		b["max_tokens"] = rawNull
 	}
 	var minTokens int
 	if field(c.Body, "min_tokens", &minTokens) == nil && minTokens > len(generated) {

@@ -303,6 +303,9 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 	}
 	for {
 		kind, resumes := m.Leg()
+		if resumes > 0 && ctx.Err() != nil {
+			return errClientGone // left between two legs: no grant, no leg for nobody
+		}
 		e, ok := Pick(s.live(), "decode", c.Model, s.busySnapshot(), skip)
 		if !ok {
 			if m.Step(resumeEvent{kind: evNoEngine}).code == CodeNoEngine {
@@ -319,6 +322,9 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		if resumes > 0 && s.cfg.Authorize != nil {
 			t0 := s.clock.Now()
 			if aerr := s.cfg.Authorize(ctx, e, rid); aerr != nil {
+				if ctx.Err() != nil {
+					return errClientGone // the grant was cut short by the client's leaving, not refused
+				}
 				s.log.Warn("resume: the engine's member refused the router's grant; trying another", "request_id", rid, "engine", id, "err", aerr)
 				m.Step(resumeEvent{kind: evGrantRefused})
 				continue
@@ -383,7 +389,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			refusal, why = resumeRefusal(c, out.reasoned, e.Info.GetReasoningParser())
 		}
 		// Replayable now: the router may have seeded the request at its first leg.
-		eff := m.Step(resumeEvent{kind: evLegEnded, end: res.end, refusal: refusal, replayable: replayable(c)})
+		eff := m.Step(resumeEvent{kind: evLegEnded, end: res.end, refusal: refusal, replayable: replayable(c), finished: out.finish != "" || out.stopped})
 		switch eff.do {
 		case actDone:
 			return nil

@@ -58,6 +58,9 @@ type fakeEngine struct {
 	msg    string // the error's message (default "no")
 	// served, if set, is closed when the engine gets its first leg.
 	served chan struct{}
+	// noDone: the stream breaks after its last token (the finish), before
+	// [DONE].
+	noDone bool
 	// reasoning is the reasoning parser the engine registers ("": none).
 	reasoning string
 	// withhold: tokens whose text the engine holds back until the next
@@ -207,6 +210,9 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	if f.noDone {
+		return
+	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 }
 
@@ -336,6 +342,28 @@ func TestResumeAfterBrokenAndStalledStreams(t *testing.T) {
 			if rb["max_tokens"].(float64) != 6 || len(prompt) != 3+4 || kv["connex_resume"] != true || kv["transfer_id"] != "t1" ||
 				kv["connex_request_id"] != d1.bodies[0]["kv_transfer_params"].(map[string]any)["connex_request_id"] {
 				t.Fatalf("resume leg: %v", rb)
+			}
+		})
+	}
+}
+
+// TestBrokenAfterTheFinishIsDone: a decode leg whose stream breaks after
+// the answer's finish (before [DONE]) gave the client its whole answer:
+// no resume (it would ask for no token, or go on past the answer's end),
+// no error.
+func TestBrokenAfterTheFinishIsDone(t *testing.T) {
+	for _, finish := range []string{"length", "stop"} {
+		t.Run(finish, func(t *testing.T) {
+			p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+			d1 := (&fakeEngine{t: t, id: "d1", role: "decode", noDone: true, finish: finish}).start()
+			d2 := (&fakeEngine{t: t, id: "d2", role: "decode"}).start()
+			s := newTestRouter(t, p, d1, d2)
+			texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":5,"stream":true}`)
+			if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(5), "") {
+				t.Fatalf("texts %q done %v errs %v; want %q once", texts, done, errs, want(5))
+			}
+			if len(d1.bodies)+len(d2.bodies) != 1 {
+				t.Fatalf("%d decode legs, want 1 (no resume after the finish)", len(d1.bodies)+len(d2.bodies))
 			}
 		})
 	}

@@ -126,6 +126,13 @@ func TestResumeBodyKeepsStructuredOutputs(t *testing.T) {
 			}
 		}
 	}
+	// A chat that names no max_tokens runs to the end of the context: its
+	// resumed completions leg says so (null), not the completions default
+	// of 16 (an absent max_tokens).
+	chat, _ := ParseClient(Chat, []byte(`{"model":"m","messages":[{"role":"user","content":"x"}]}`))
+	if b, err := ResumeBody(chat, []uint32{1, 2}, []uint32{30}, params, "chatcmpl-1"); err != nil || !strings.Contains(string(b), `"max_tokens":null`) {
+		t.Errorf("a resumed chat without max_tokens: %s %v, want max_tokens null", b, err)
+	}
 	// A resume before any token says nothing about generated tokens.
 	c, _ := ParseClient(Completions, []byte(`{"model":"m","prompt":"p","max_tokens":9}`))
 	b, err := ResumeBody(c, []uint32{1, 2}, nil, params, "cmpl-1")

@@ -67,6 +67,10 @@ type resumeEvent struct {
 	// again from its first token (replay.go: greedy, or seeded — by the
 	// client or by the router at its first leg).
 	replayable bool
+	// finished (evLegEnded, legFailed): the client already has the
+	// answer's finish (the leg broke after its last token, before its
+	// usage or [DONE]): nothing is left to resume.
+	finished bool
 }
 
 // resumeAction is what relay.go does next.
@@ -115,6 +119,11 @@ func (m *resumeMachine) Step(ev resumeEvent) resumeEffect {
 		return resumeEffect{do: actClientGone}
 	case legRejected:
 		return resumeEffect{do: actReject}
+	}
+	if ev.finished {
+		// A resume would ask for no token (length) or go on past the
+		// answer's end (stop): the answer is whole.
+		return resumeEffect{do: actDone}
 	}
 	var eff resumeEffect
 	if ev.refusal != "" && !m.replay {

@@ -16,10 +16,11 @@ import (
 //	leg                             (what the next leg sends)
 //	no-engine                       (no decode engine left to try)
 //	grant-refused                   (the next engine's member refused the grant)
-//	ended failed [refusal=tools] [replayable=true]
+//	ended failed [refusal=tools] [replayable=true] [finished=true]
 //	                                (a leg ended: done, switch-back, client-gone, rejected or failed;
 //	                                 refusal: why it cannot resume from the client's tokens;
-//	                                 replayable: it may be generated again, greedy or seeded)
+//	                                 replayable: it may be generated again, greedy or seeded;
+//	                                 finished: the client has the answer's finish already)
 //
 // Each prints what relay.go does next and the machine's state. Run with
 // -rewrite after a deliberate change of the policy.
@@ -61,7 +62,11 @@ func TestResumeScripts(t *testing.T) {
 				if d.HasArg("replayable") {
 					d.ScanArgs(t, "replayable", &replayable)
 				}
-				eff = m.Step(resumeEvent{kind: evLegEnded, end: end, refusal: refusal, replayable: replayable})
+				var finished bool
+				if d.HasArg("finished") {
+					d.ScanArgs(t, "finished", &finished)
+				}
+				eff = m.Step(resumeEvent{kind: evLegEnded, end: end, refusal: refusal, replayable: replayable, finished: finished})
 			default:
 				d.Fatalf(t, "unknown command %q", d.Cmd)
 			}

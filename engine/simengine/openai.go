@@ -14,8 +14,13 @@ import (
 )
 
 // DefaultMaxTokens is the completion length when a request names none
-// (OpenAI's legacy completions default).
+// (OpenAI's legacy completions default; vLLM's chats run to the end of the
+// context instead, which the simulator gives for "max_tokens": null).
 const DefaultMaxTokens = 16
+
+// toContextEnd is genRequest.maxTokens for "max_tokens": null until
+// Server.check knows the prompt's length.
+const toContextEnd = -1
 
 // httpError is an OpenAI-shaped error with its HTTP status.
 type httpError struct {
@@ -62,6 +67,10 @@ type wireRequest struct {
 	N                *int            `json:"n"`
 	ReturnTokenIDs   bool            `json:"return_token_ids"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+
+	// maxTokensNull: "max_tokens": null, which vLLM reads as "to the end
+	// of the context" (a chat's default; what a resumed chat leg asks).
+	maxTokensNull bool
 }
 
 // wireKeys are wireRequest's keys. The body is matched against them
@@ -110,6 +119,9 @@ func decodeWire(body []byte) (*wireRequest, *httpError) {
 			return nil, badRequest("invalid_type", te.Field, "field %q: expected %s, got a JSON %s", te.Field, te.Type, te.Value)
 		}
 		return nil, badRequest("invalid_json", "", "request body is not valid JSON: %v", err)
+	}
+	if raw, ok := known["max_tokens"]; ok && isNullJSON(raw) {
+		w.maxTokensNull = true
 	}
 	return w, nil
 }
@@ -203,6 +215,8 @@ func parseRequest(body []byte, chat bool, model string) (*genRequest, *httpError
 		if g.maxTokens < 1 {
 			return nil, badRequest("invalid_value", "max_tokens", "max_tokens=%d: must be at least 1", g.maxTokens)
 		}
+	case w.maxTokensNull:
+		g.maxTokens = toContextEnd // Server.check sets it from the prompt
 	}
 	if chat {
 		g.tokens, herr = chatTokens(w.Messages)

@@ -216,6 +216,9 @@ func (s *Server) check(g *genRequest) *httpError {
 		// fault, whatever max_tokens says.
 		return badRequest("context_length_exceeded", promptParam(g.chat), "This model's maximum context length is %d tokens. However, your prompt has %d tokens. Please reduce the length of the prompt.", s.cfg.MaxModelLen, n)
 	}
+	if g.maxTokens == toContextEnd {
+		g.maxTokens = s.cfg.MaxModelLen - n
+	}
 	if total := n + g.maxTokens; total > s.cfg.MaxModelLen {
 		return badRequest("context_length_exceeded", "max_tokens", "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the prompt, %d in the completion). Please reduce the length of the prompt or completion.", s.cfg.MaxModelLen, total, n, g.maxTokens)
 	}

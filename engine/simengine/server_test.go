@@ -264,6 +264,29 @@ func TestSimRequestValidation(t *testing.T) {
 			t.Errorf("/v1/models of an engine whose region holds 512 tokens: %s", b)
 		}
 	}
+	// "max_tokens": null runs to the end of the context, as vLLM does (a
+	// chat's default, and what a resumed chat leg asks); none gives 16.
+	for _, c := range []struct {
+		body string
+		want func(prompt int) int
+	}{
+		{`{"prompt":"to the end","max_tokens":null}`, func(prompt int) int { return 512 - prompt }},
+		{`{"prompt":"to the end"}`, func(int) int { return DefaultMaxTokens }},
+	} {
+		status, body := post(t, ts2.URL+"/v1/completions", c.body)
+		var r struct {
+			Usage struct {
+				PromptTokens     int `json:"prompt_tokens"`
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		if status != 200 || json.Unmarshal([]byte(body), &r) != nil || r.Usage.PromptTokens == 0 {
+			t.Fatalf("%s: %d %s", c.body, status, body)
+		}
+		if want := c.want(r.Usage.PromptTokens); r.Usage.CompletionTokens != want {
+			t.Errorf("%s: %d completion tokens, want %d", c.body, r.Usage.CompletionTokens, want)
+		}
+	}
 	resp, err := http.Get(ts.URL + "/v1/completions")
 	if err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("GET /v1/completions: %v %v", resp.StatusCode, err)
