@@ -56,9 +56,18 @@ type holdActor struct {
 	// quarantined: revoking a registration failed, so the data plane may
 	// still read the blocks; free keeps them held for good (deregister).
 	quarantined bool
-	wake        wake        // the lease's next wake-up, in deps.timers()
-	linger      clock.Timer // the stop after the end (lingerAfterFree)
-	entry       *HoldEntry  // this hold's directory entry
+	// freeing: the lease's Free being carried out, and which of its steps
+	// are done; stopping finishes them should one panic midway (the lease
+	// emits Free once, so an Abort then does nothing).
+	freeing *freeSteps
+	// pending: the effects of the lease's last step not applied yet, and
+	// deregistering: a Deregister under way; stopping finishes the first
+	// and treats the second as unproven (quarantine), should one panic.
+	pending       []lease.Effect
+	deregistering bool
+	wake          wake        // the lease's next wake-up, in deps.timers()
+	linger        clock.Timer // the stop after the end (lingerAfterFree)
+	entry         *HoldEntry  // this hold's directory entry
 	// the data-plane registrations (regs, perExtent, implied,
 	// regionAddr) made at create, registerHold
 	holdRegistration
@@ -117,6 +126,15 @@ func (a *holdActor) Receive(ctx actor.Context) {
 	case *actor.Stopping:
 		a.stopping(ctx)
 	case *actor.Stopped:
+		if a.quarantined {
+			// A reader may still see the registration: the region's memory
+			// must outlive it, so the hold keeps its references for the
+			// process's life (a released last reference unmaps or frees
+			// the region once its engine is gone, and the range could
+			// come back as another engine's).
+			a.deps.Log.Error("quarantined hold keeps its region mapped for good", "transfer", a.id(), "region", a.spec.region.ID)
+			return
+		}
 		if a.spec.releaseRegion != nil {
 			a.spec.releaseRegion()
 		}
@@ -256,6 +274,27 @@ func (a *holdActor) incarnation() string {
 // creation that died before the lease existed gives back what it took,
 // telling nobody (the engine never got the params).
 func (a *holdActor) stopping(ctx actor.Context) {
+	defer func() {
+		// A panic here would leave protoactor's stop unfinished (no
+		// Stopped: the region references never go back).
+		if r := recover(); r != nil {
+			a.deps.Log.Error("hold actor panicked while stopping", "transfer", a.id(), "panic", r)
+		}
+	}()
+	if a.deregistering {
+		// Revoking the registrations panicked midway: a reader may still
+		// see one, so the blocks stay held for good, as for a failed
+		// revocation.
+		a.deregistering, a.quarantined = false, true
+		a.deps.Log.Error("deregister panicked: the hold's blocks stay held for good", "transfer", a.id())
+	}
+	if len(a.pending) > 0 || a.freeing != nil {
+		// A panic cut the lease's last step short (the lease has moved
+		// on, an Abort may do nothing): carry out the rest.
+		a.deps.Log.Warn("hold stopped while carrying out its lease's step; finishing it", "transfer", a.id())
+		a.finishFree()
+		a.applyPending()
+	}
 	switch {
 	case a.h != nil:
 		if !a.h.Status().State.Terminal() {
@@ -288,9 +327,8 @@ func (a *holdActor) step(ctx actor.Context, ev lease.Event, ok func() Reply) {
 	if a.entry != nil {
 		a.entry.State.Store(int32(a.h.Status().State))
 	}
-	for _, e := range fx {
-		a.apply(e)
-	}
+	a.pending = append(a.pending, fx...)
+	a.applyPending()
 	a.rearm()
 	if ok != nil {
 		var rep Reply
@@ -306,6 +344,16 @@ func (a *holdActor) step(ctx actor.Context, ev lease.Event, ok func() Reply) {
 	}
 }
 
+// applyPending applies the lease's effects in order, each taken off the
+// list before it runs (one that panics is not run again).
+func (a *holdActor) applyPending() {
+	for len(a.pending) > 0 {
+		e := a.pending[0]
+		a.pending = a.pending[1:]
+		a.apply(e)
+	}
+}
+
 // apply performs one effect of the lease.
 func (a *holdActor) apply(e lease.Effect) {
 	switch e := e.(type) {
@@ -318,7 +366,9 @@ func (a *holdActor) apply(e lease.Effect) {
 	case lease.EndRead:
 		a.regions(func(m *kvmem.Mapped) { m.Blocks.EndRead(a.spec.blocks) })
 	case lease.Deregister:
+		a.deregistering = true
 		a.deregister()
+		a.deregistering = false
 	case lease.Free:
 		a.free(e)
 	case lease.PullAbandoned:
@@ -355,25 +405,21 @@ func (a *holdActor) unholdAll() error {
 	return first
 }
 
+// freeSteps is a lease.Free being carried out: each step is marked done
+// once it returned, so that finishing it again (stopping, after a panic
+// midway) does each at most once more — a notice perhaps twice, which
+// engines tolerate, the blocks never.
+type freeSteps struct {
+	f                       lease.Free
+	unheld, notified, inDir bool
+}
+
 // free performs lease.Free, which the lease emits once, after Deregister:
 // the blocks go back to the accounting, the engine is told (unless it is
 // gone), the directory keeps a tombstone, and the actor lingers, then stops.
 func (a *holdActor) free(f lease.Free) {
-	if a.quarantined {
-		a.deps.Metrics.HoldsQuarantined.Add(1)
-		f.Notify = false
-	} else if err := a.unholdAll(); err != nil {
-		a.deps.Metrics.DoubleFrees.Add(1)
-		a.deps.Log.Error("block accounting refused a free: double free prevented", "transfer", a.id(), "err", err)
-	}
-	a.deps.Metrics.HoldsFreed.Add(1)
-	if f.Notify {
-		a.deps.Notify(&messages.BlocksFreed{
-			TransferId: a.id(), EngineId: a.spec.region.Engine, RegionId: a.spec.region.ID,
-			BlockIds: a.spec.blocks, Reason: f.Reason.String(),
-		})
-	}
-	a.deps.Dir.end(a.id(), f.Reason)
+	a.freeing = &freeSteps{f: f}
+	a.finishFree()
 	// Linger before stopping: a request that looked the hold up just before
 	// it ended is already on its way to this mailbox, and protoactor drops
 	// messages queued behind a stop without answering. While lingering the
@@ -383,6 +429,37 @@ func (a *holdActor) free(f lease.Free) {
 	if self != nil {
 		a.linger = a.deps.clock().AfterFunc(lingerAfterFree, func() { sys.Root.Stop(self) })
 	}
+}
+
+// finishFree does the steps of a.freeing not done yet.
+func (a *holdActor) finishFree() {
+	fs := a.freeing
+	if fs == nil {
+		return
+	}
+	if !fs.unheld {
+		if a.quarantined {
+			a.deps.Metrics.HoldsQuarantined.Add(1)
+			fs.f.Notify = false
+		} else if err := a.unholdAll(); err != nil {
+			a.deps.Metrics.DoubleFrees.Add(1)
+			a.deps.Log.Error("block accounting refused a free: double free prevented", "transfer", a.id(), "err", err)
+		}
+		a.deps.Metrics.HoldsFreed.Add(1)
+		fs.unheld = true
+	}
+	if fs.f.Notify && !fs.notified {
+		a.deps.Notify(&messages.BlocksFreed{
+			TransferId: a.id(), EngineId: a.spec.region.Engine, RegionId: a.spec.region.ID,
+			BlockIds: a.spec.blocks, Reason: fs.f.Reason.String(),
+		})
+		fs.notified = true
+	}
+	if !fs.inDir {
+		a.deps.Dir.end(a.id(), fs.f.Reason)
+		fs.inDir = true
+	}
+	a.freeing = nil
 }
 
 // lingerAfterFree is how long an ended hold actor keeps answering before it

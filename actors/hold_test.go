@@ -28,6 +28,8 @@ type fakeBackend struct {
 	panicNext atomic.Bool
 	// deregFails: Deregister reports that the memory stays registered.
 	deregFails atomic.Bool
+	// deregPanics: the next Deregister panics.
+	deregPanics atomic.Bool
 }
 
 type fakeReg struct {
@@ -40,6 +42,9 @@ func (r *fakeReg) RemoteKey() []byte  { return []byte{1} }
 func (r *fakeReg) RemoteAddr() uint64 { return 0 }
 func (r *fakeReg) Len() int           { return r.n }
 func (r *fakeReg) Deregister() error {
+	if r.b.deregPanics.Swap(false) {
+		panic("injected failure while revoking a registration")
+	}
 	if r.b.deregFails.Load() {
 		return errors.New("injected: memory left registered")
 	}
@@ -78,6 +83,9 @@ type holdRig struct {
 	// answers a StartRead) panic, to exercise the Stopping path of a live
 	// hold.
 	panicNext atomic.Bool
+	// panicNotify makes the next blocks.freed notice panic before it is
+	// recorded (the free cut short midway).
+	panicNotify atomic.Bool
 }
 
 func newHoldRig(t *testing.T) *holdRig { return newHoldRigClock(t, nil) }
@@ -93,7 +101,14 @@ func newHoldRigClock(t *testing.T, clk clock.Clock) *holdRig {
 	deps := &HoldDeps{
 		Backend: rig.be, Ctrl: &messages.RemoteCtrl{Member: "m"}, Dir: rig.dir, Clock: clk,
 		Log: slog.New(slog.DiscardHandler), Metrics: rig.metrics, ReadSlack: time.Second,
-		Notify: func(m *messages.BlocksFreed) { rig.mu.Lock(); rig.notices = append(rig.notices, m); rig.mu.Unlock() },
+		Notify: func(m *messages.BlocksFreed) {
+			if rig.panicNotify.Swap(false) {
+				panic("injected failure while telling the engine")
+			}
+			rig.mu.Lock()
+			rig.notices = append(rig.notices, m)
+			rig.mu.Unlock()
+		},
 		Incarnation: func() string {
 			if rig.panicNext.Swap(false) {
 				panic("injected failure while answering a pull")
@@ -199,12 +214,20 @@ func TestHoldWhoseDeregisterFailsKeepsItsBlocks(t *testing.T) {
 	if err != nil || res.(Reply).Err != nil {
 		t.Fatalf("release: %v %v", err, res)
 	}
-	poll(t, "ended", func() error {
-		if rig.metrics.HoldsQuarantined.Load() != 1 || rig.regRefs.Load() != 0 {
-			return fmt.Errorf("quarantined %d, region refs %d", rig.metrics.HoldsQuarantined.Load(), rig.regRefs.Load())
+	poll(t, "ended and stopped", func() error {
+		if rig.metrics.HoldsQuarantined.Load() != 1 {
+			return fmt.Errorf("quarantined %d", rig.metrics.HoldsQuarantined.Load())
+		}
+		if _, err := rig.sys.Root.RequestFuture(e.PID, &InspectHold{}, 100*time.Millisecond).Result(); !errors.Is(err, actor.ErrDeadLetter) {
+			return fmt.Errorf("the hold actor still answers (%v)", err)
 		}
 		return nil
 	})
+	// Its region stays mapped: a reader may still see the registration,
+	// so the memory must not be unmapped or come back as another engine's.
+	if refs := rig.regRefs.Load(); refs != 1 {
+		t.Fatalf("a quarantined hold left %d region references, want its 1 kept for good", refs)
+	}
 	rig.mu.Lock()
 	defer rig.mu.Unlock()
 	if len(rig.notices) != 0 {
@@ -212,6 +235,65 @@ func TestHoldWhoseDeregisterFailsKeepsItsBlocks(t *testing.T) {
 	}
 	if held := rig.region.Blocks.Counts().Held; held != 3 {
 		t.Fatalf("%d blocks held after a failed deregister, want the hold's 3 kept for good", held)
+	}
+}
+
+// TestPanicWhileFreeingStillFrees: a hold actor that panics while it
+// carries out its lease's Free (here: telling the engine) is stopped by
+// its supervisor, and its Stopping handler finishes the free — the lease,
+// terminal already, emits nothing more: the blocks go back exactly once,
+// the engine is told, the directory keeps a tombstone and the region
+// reference goes back.
+func TestPanicWhileFreeingStillFrees(t *testing.T) {
+	rig := newHoldRig(t)
+	rep, err := rig.create([]uint32{1, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := rep.Create.Params.TransferId
+	e, _, _ := rig.dir.Lookup(id)
+	rig.panicNotify.Store(true)
+	_, _ = rig.sys.Root.RequestFuture(e.PID, &ReleaseHold{By: "e"}, 500*time.Millisecond).Result() // no answer: it panicked
+	poll(t, "the free finished by Stopping", func() error {
+		_, _, ended := rig.dir.Lookup(id)
+		rig.mu.Lock()
+		n := len(rig.notices)
+		rig.mu.Unlock()
+		if held := rig.region.Blocks.Counts().Held; held != 0 || !ended || n != 1 || rig.regRefs.Load() != 0 {
+			return fmt.Errorf("held %d, tombstone %v, notices %d, region refs %d", held, ended, n, rig.regRefs.Load())
+		}
+		return nil
+	})
+	if d := rig.metrics.DoubleFrees.Load(); d != 0 {
+		t.Fatalf("%d double frees", d)
+	}
+}
+
+// TestPanicWhileDeregisteringQuarantines: a hold actor that panics while
+// it revokes its registrations cannot prove a reader lost them: its Stopping
+// handler quarantines the hold (blocks held for good, no notice, the region
+// kept mapped) and still ends it in the directory.
+func TestPanicWhileDeregisteringQuarantines(t *testing.T) {
+	rig := newHoldRig(t)
+	rep, err := rig.create([]uint32{3, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := rep.Create.Params.TransferId
+	e, _, _ := rig.dir.Lookup(id)
+	rig.be.deregPanics.Store(true)
+	_, _ = rig.sys.Root.RequestFuture(e.PID, &ReleaseHold{By: "e"}, 500*time.Millisecond).Result() // no answer: it panicked
+	poll(t, "quarantined and ended", func() error {
+		if _, _, ended := rig.dir.Lookup(id); !ended || rig.metrics.HoldsQuarantined.Load() != 1 {
+			return fmt.Errorf("tombstone %v, quarantined %d", ended, rig.metrics.HoldsQuarantined.Load())
+		}
+		return nil
+	})
+	rig.mu.Lock()
+	n := len(rig.notices)
+	rig.mu.Unlock()
+	if held := rig.region.Blocks.Counts().Held; held != 2 || n != 0 || rig.regRefs.Load() != 1 {
+		t.Fatalf("held %d (want 2), notices %d (want 0), region refs %d (want 1)", held, n, rig.regRefs.Load())
 	}
 }
 

@@ -40,6 +40,9 @@ func (t *HoldSupervisor) Receive(ctx actor.Context) {
 			if m.ReleaseRegion != nil {
 				m.ReleaseRegion()
 			}
+			if m.ReleaseMoreRanks != nil {
+				m.ReleaseMoreRanks()
+			}
 			ctx.Respond(Reply{Err: err})
 			return
 		}

@@ -12,14 +12,24 @@ import (
 
 // HoldTable maps transfer ids to live hold actors, and remembers ended
 // transfers (tombstones) for a while so late callers learn "expired" or
-// "released" instead of "unknown transfer". Safe for concurrent use.
+// "released" instead of "unknown transfer" — at most MaxTombstones of
+// them, the oldest forgotten first. Safe for concurrent use.
 type HoldTable struct {
 	mu    sync.RWMutex
 	live  map[string]*HoldEntry
 	ended map[string]tombstone
-	ttl   time.Duration
-	clock clock.Clock
+	// order is the ended ids oldest first (ids Sweep or a later end
+	// already dropped are skipped when reached).
+	order    []string
+	maxEnded int
+	ttl      time.Duration
+	clock    clock.Clock
 }
+
+// MaxTombstones bounds the ended transfers a HoldTable remembers: an engine
+// that creates and releases holds fast must not grow connexd's memory for
+// tombstone_s (600 s by default). ~100 bytes each.
+const MaxTombstones = 1 << 16
 
 // HoldEntry is a live hold.
 type HoldEntry struct {
@@ -42,7 +52,7 @@ type tombstone struct {
 // NewHoldTable returns an empty directory keeping tombstones for ttl, as
 // measured by clk (nil: the system clock). Give it the hold actors' clock.
 func NewHoldTable(ttl time.Duration, clk clock.Clock) *HoldTable {
-	return &HoldTable{live: map[string]*HoldEntry{}, ended: map[string]tombstone{}, ttl: ttl, clock: clock.Or(clk)}
+	return &HoldTable{live: map[string]*HoldEntry{}, ended: map[string]tombstone{}, maxEnded: MaxTombstones, ttl: ttl, clock: clock.Or(clk)}
 }
 
 func (d *HoldTable) put(id string, e *HoldEntry) {
@@ -53,9 +63,29 @@ func (d *HoldTable) put(id string, e *HoldEntry) {
 
 func (d *HoldTable) end(id string, st lease.State) {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	delete(d.live, id)
 	d.ended[id] = tombstone{state: st, at: d.clock.Now()}
-	d.mu.Unlock()
+	d.order = append(d.order, id)
+	for len(d.ended) > d.maxEnded && len(d.order) > 0 {
+		delete(d.ended, d.order[0])
+		d.order = d.order[1:]
+	}
+	d.trimOrder()
+}
+
+// trimOrder drops the ids at the front of order that no longer have a
+// tombstone, and lets the slice's array go when most of it is behind.
+func (d *HoldTable) trimOrder() {
+	for len(d.order) > 0 {
+		if _, ok := d.ended[d.order[0]]; ok {
+			break
+		}
+		d.order = d.order[1:]
+	}
+	if cap(d.order) > 64 && len(d.order) < cap(d.order)/4 {
+		d.order = append([]string(nil), d.order...)
+	}
 }
 
 // Lookup returns the live hold, or the terminal state of an ended one
@@ -126,4 +156,5 @@ func (d *HoldTable) Sweep() {
 			delete(d.ended, id)
 		}
 	}
+	d.trimOrder()
 }
