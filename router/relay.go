@@ -276,7 +276,12 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		firstSeen bool
 		lastTok   time.Time
 		decoders  []string
-		prevStops *stopFilter // the stop filter before a resume set its own
+		// The emitter's state for the leg before this one (a switch back
+		// to it restores them): its stop filter, the ids it still had to
+		// skip (ones the leg before it relayed) and its replay cursor.
+		prevStops  *stopFilter
+		prevSkip   int
+		prevReplay *replayCursor
 	)
 	m := newResumeMachine(s.cfg.MaxResumes) // what each leg sends, and what a leg's end calls for
 	defer func() {
@@ -333,6 +338,7 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		}
 		var body []byte
 		var err error
+		prevStops, prevSkip, prevReplay = out.stops, out.skipIDs, out.replay
 		switch kind {
 		case legFirst:
 			if !s.cfg.NoAssignSeed && needsSeed(c, e.Info.GetReasoningParser()) {
@@ -359,7 +365,6 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			}
 			gen := out.resumePoint()
 			body, err = ResumeBody(c, pre.promptIDs, gen, pre.params, rid)
-			prevStops = out.stops
 			if stops, include := stopStrings(c.Body); err == nil && len(stops) > 0 {
 				out.stops = newStopFilter(stops, include, out.text.String(), s.withheld(ctx, e, c.Model, gen, out.text.String(), rid))
 			}
@@ -398,9 +403,11 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 			// nothing: relay that answer, as the old engine's stream would
 			// have been, and leave this leg.
 			res.abandon()
-			// The resume point's skip (ids the new leg would regenerate)
-			// goes with the new leg: the old leg's ids are all new.
-			out.stops, out.skipIDs, out.replay = prevStops, 0, nil
+			// The given-up leg's answer goes on where that leg was: its
+			// stop filter, the ids it still had to skip (a leg resumed
+			// inside a UTF-8 character regenerates ids the client has)
+			// and its replay cursor, not the new leg's.
+			out.stops, out.skipIDs, out.replay = prevStops, prevSkip, prevReplay
 			s.log.Info("the decode leg given up finished its answer first; relaying it", "request_id", rid,
 				"engine", pending.engine, "resumed_on", id)
 			for _, ch := range pending.answer() {

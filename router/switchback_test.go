@@ -119,3 +119,32 @@ func TestSwitchBackKeepsEveryTokenID(t *testing.T) {
 		}
 	}
 }
+
+// TestSwitchBackKeepsTheGivenUpLegsSkip: d1 dies inside a UTF-8 character
+// (it relayed the ids of 1002 and 1003 but not their text), so the resume
+// on d2 starts at 1002 and skips the two ids the client has. d2 relays
+// 1002 and stalls; the router gives it up for d3 (slow to start) and d2
+// then finishes first: the switch back goes on with d2's own skip (one id
+// left), not none, so the client gets each id once.
+func TestSwitchBackKeepsTheGivenUpLegsSkip(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d1 := (&fakeEngine{t: t, id: "d1", role: "decode", failAfter: 4, withhold: map[int]bool{1002: true, 1003: true}}).start()
+	d2 := (&fakeEngine{t: t, id: "d2", role: "decode", pauseAt: 1, pause: 300 * time.Millisecond, pauseHealth: true}).start()
+	d3 := (&fakeEngine{t: t, id: "d3", role: "decode", firstDelay: 2 * time.Second, tag: "v"}).start()
+	s := newTestRouter(t, p, d1, d2, d3)
+	a := streamAnswer(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":10,"stream":true,"return_token_ids":true}`)
+	if len(a.errs) > 0 {
+		t.Fatalf("errors %v", a.errs)
+	}
+	if got, want := strings.Join(a.texts, ""), strings.Join(want(10), ""); got != want || a.dones != 1 {
+		t.Fatalf("text %q (%d [DONE]), want %q once", got, a.dones, want)
+	}
+	for i, id := range a.ids {
+		if id != 1000+i || len(a.ids) != 10 {
+			t.Fatalf("token ids %v: want 1000..1009 once each", a.ids)
+		}
+	}
+	if n := counted(t, s, "connex_router_false_resumes_total"); n != 1 {
+		t.Fatalf("%v false resumes, want 1 (d2 given up, then relayed)", n)
+	}
+}
