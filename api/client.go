@@ -41,6 +41,13 @@ func (c *Client) Call(ctx context.Context, ep string, in, out proto.Message) err
 		if errors.Is(err, nats.ErrNoResponders) {
 			return noResponders(ep, c.Member, err) // nothing received it: callers may send it again
 		}
+		if LinkDown(err) {
+			// The call may or may not have left: as for a timeout, a
+			// caller that sends it again must be able to (peer_unavailable).
+			e := Errorf(CodePeerUnavailable, "%s on member %s: the NATS connection: %v", ep, c.Member, err)
+			e.Cause = err
+			return e
+		}
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
 			// A publish the server's permissions refuse is dropped and
 			// reported asynchronously: say so rather than "timeout".
@@ -52,6 +59,18 @@ func (c *Client) Call(ctx context.Context, ep string, in, out proto.Message) err
 		return fmt.Errorf("api: %s on member %s: %w", ep, c.Member, err)
 	}
 	return decodeReply(ep, reply, out)
+}
+
+// LinkDown reports whether err says the NATS connection could not carry a
+// call (closed, draining, reconnecting with its buffer full): the call may
+// or may not have left. Call answers such errors with CodePeerUnavailable.
+func LinkDown(err error) bool {
+	for _, e := range []error{nats.ErrConnectionClosed, nats.ErrConnectionDraining, nats.ErrConnectionReconnecting, nats.ErrReconnectBufExceeded, nats.ErrDisconnected} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // subject is where c calls endpoint ep: in its engine's scope when it has

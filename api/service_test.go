@@ -272,3 +272,15 @@ func TestAsks(t *testing.T) {
 		t.Fatalf("no responders: %v", err)
 	}
 }
+
+// A call over a closed NATS connection is peer_unavailable, carrying the
+// NATS error (callers that resend on it can), not an internal error.
+func TestCallOverADownLinkIsPeerUnavailable(t *testing.T) {
+	_, cli := startServer(t)
+	cli.Close()
+	c := &Client{NC: cli, Member: "m1"}
+	_, err := c.StartPull(context.Background(), &messages.StartPullRequest{PullId: "p1"})
+	if CodeOf(err) != CodePeerUnavailable || !LinkDown(err) || !errors.Is(err, nats.ErrConnectionClosed) {
+		t.Fatalf("a call over a closed connection: %v (code %v), want peer_unavailable wrapping nats.ErrConnectionClosed", err, CodeOf(err))
+	}
+}

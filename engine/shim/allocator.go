@@ -23,11 +23,21 @@ type Allocator struct {
 	early  map[string][]uint32 // blocks.freed notices that overtook their hold.create reply
 	inUse  map[uint32]bool     // allocated and not yet returned
 	heldBy map[uint32]string   // block -> transfer holding it
+	// earlyOrder is early's ids oldest first, and recent the transfers
+	// freed lately, oldest first in recentOrder (a repeated notice of one
+	// is not taken for an early one): both bounded by maxNotices.
+	earlyOrder  []string
+	recent      map[string]bool
+	recentOrder []string
 }
+
+// maxNotices bounds the early notices and the recently freed transfers an
+// Allocator remembers; past it, the oldest go first.
+const maxNotices = 4096
 
 // NewAllocator returns an allocator over blocks 0..n-1, all free.
 func NewAllocator(n uint32) *Allocator {
-	a := &Allocator{total: n, held: map[string][]uint32{}, early: map[string][]uint32{}, inUse: map[uint32]bool{}, heldBy: map[uint32]string{}}
+	a := &Allocator{total: n, held: map[string][]uint32{}, early: map[string][]uint32{}, inUse: map[uint32]bool{}, heldBy: map[uint32]string{}, recent: map[string]bool{}}
 	// Hand out low ids first: pop from the end of a descending list.
 	for b := int64(n) - 1; b >= 0; b-- {
 		a.free = append(a.free, uint32(b))
@@ -103,6 +113,7 @@ func (a *Allocator) Hold(id string, ids []uint32) (freedAlready bool, err error)
 	if _, ok := a.early[id]; ok {
 		delete(a.early, id)
 		a.give(ids)
+		a.freedNow(id)
 		return true, nil
 	}
 	for _, b := range ids {
@@ -124,17 +135,73 @@ func (a *Allocator) Hold(id string, ids []uint32) (freedAlready bool, err error)
 func (a *Allocator) Freed(id string, notified []uint32) (int, error) {
 	ids, ok := a.held[id]
 	if !ok {
-		if len(a.early) < 4096 {
+		if _, dup := a.early[id]; !dup && !a.recent[id] {
 			a.early[id] = slices.Clone(notified)
+			a.earlyOrder = append(a.earlyOrder, id)
+			a.earlyOrder = forgetOldest(a.earlyOrder, func(old string) bool { _, ok := a.early[old]; return ok },
+				func(old string) { delete(a.early, old) }, len(a.early) > maxNotices)
 		}
 		return 0, nil
 	}
 	delete(a.held, id)
 	a.give(ids)
+	a.freedNow(id)
 	if !sameSet(ids, notified) {
 		return len(ids), fmt.Errorf("shim: blocks.freed for %s lists blocks %v, the hold has %v (freed the hold's)", id, notified, ids)
 	}
 	return len(ids), nil
+}
+
+// freedNow remembers that transfer id's blocks came back, so that another
+// notice of it is not kept as an early one.
+func (a *Allocator) freedNow(id string) {
+	a.recent[id] = true
+	a.recentOrder = append(a.recentOrder, id)
+	a.recentOrder = forgetOldest(a.recentOrder, func(old string) bool { return a.recent[old] },
+		func(old string) { delete(a.recent, old) }, len(a.recent) > maxNotices)
+}
+
+// forgetOldest drops from the front of order the ids no longer kept (kept
+// false), and, while over (re-evaluated through kept), the oldest kept one
+// (drop removes it); it returns what is left of order.
+func forgetOldest(order []string, kept func(string) bool, drop func(string), over bool) []string {
+	for len(order) > 0 && (over || !kept(order[0])) {
+		if kept(order[0]) {
+			drop(order[0])
+			over = false
+		}
+		order = order[1:]
+	}
+	return order
+}
+
+// HeldIDs is the transfers held now.
+func (a *Allocator) HeldIDs() []string {
+	ids := make([]string, 0, len(a.held))
+	for id := range a.held {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// FreedUnless hands back the blocks of every transfer of among still held
+// and not in live (the transfers connexd still holds blocks for): their
+// blocks.freed notices were lost. among must be the transfers held before
+// live was read, so that a hold made since is not judged by a state that
+// predates it. It returns how many holds it handed back.
+func (a *Allocator) FreedUnless(live map[string]bool, among []string) int {
+	n := 0
+	for _, id := range among {
+		ids, ok := a.held[id]
+		if !ok || live[id] {
+			continue
+		}
+		delete(a.held, id)
+		a.give(ids)
+		a.freedNow(id)
+		n++
+	}
+	return n
 }
 
 // DropHolds hands back the blocks of every hold, for holds that died with

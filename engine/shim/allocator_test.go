@@ -2,6 +2,7 @@ package shim
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -129,5 +130,65 @@ func TestDropHoldsGivesBackEveryHold(t *testing.T) {
 	}
 	if n, _ := a.Freed("t1", ids[:2]); n != 0 || a.FreeCount() != 8 {
 		t.Fatalf("a late blocks.freed after DropHolds gave back %d (free %d)", n, a.FreeCount())
+	}
+}
+
+// A repeated blocks.freed of a transfer already freed is not kept as an
+// early notice (it would free a later hold of that id at once), and early
+// notices are bounded by age, the oldest forgotten first, never the newest
+// dropped.
+func TestShimAllocatorEarlyNoticesStayFresh(t *testing.T) {
+	a := NewAllocator(8)
+	ids, _ := a.Alloc(2)
+	if _, err := a.Hold("t1", ids); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := a.Freed("t1", ids); n != 2 {
+		t.Fatalf("freed %d", n)
+	}
+	if n, _ := a.Freed("t1", ids); n != 0 || len(a.early) != 0 {
+		t.Fatalf("a repeated notice: freed %d, %d early notices; want 0 and 0", n, len(a.early))
+	}
+	for i := range maxNotices + 10 {
+		a.Freed(fmt.Sprintf("stale%d", i), nil)
+	}
+	if len(a.early) != maxNotices {
+		t.Fatalf("%d early notices kept, want %d", len(a.early), maxNotices)
+	}
+	if _, ok := a.early["stale0"]; ok {
+		t.Fatal("the oldest early notice was kept past the bound")
+	}
+	// A real early notice after the stale ones is kept: its hold comes back
+	// at Hold.
+	a.Freed("t2", []uint32{3, 4})
+	ids2, _ := a.Alloc(2)
+	if freed, err := a.Hold("t2", ids2); err != nil || !freed {
+		t.Fatalf("hold of a transfer whose notice came first: freed=%v err=%v", freed, err)
+	}
+}
+
+// Holds whose blocks.freed notices were lost for good come back from
+// connexd's state: those held before the state was read and not in it.
+func TestShimAllocatorFreedUnless(t *testing.T) {
+	a := NewAllocator(8)
+	for _, id := range []string{"t1", "t2"} {
+		ids, _ := a.Alloc(2)
+		if _, err := a.Hold(id, ids); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := a.HeldIDs()
+	ids, _ := a.Alloc(2)
+	if _, err := a.Hold("t3", ids); err != nil { // made after the state read began
+		t.Fatal(err)
+	}
+	if n := a.FreedUnless(map[string]bool{"t2": true}, before); n != 1 {
+		t.Fatalf("FreedUnless gave back %d holds, want 1 (t1)", n)
+	}
+	if a.Held() != 2 || a.FreeCount() != 4 {
+		t.Fatalf("held %d free %d, want t2 and t3 held, 4 free", a.Held(), a.FreeCount())
+	}
+	if n, _ := a.Freed("t1", nil); n != 0 || len(a.early) != 0 {
+		t.Fatalf("t1's late notice: freed %d, early %d; want nothing", n, len(a.early))
 	}
 }

@@ -120,8 +120,11 @@ type Engine struct {
 	// which tells its connexd that the previous instance's requests ended.
 	instance string
 
-	mu         sync.Mutex
-	alloc      *Allocator
+	mu    sync.Mutex
+	alloc *Allocator
+	// gapOwed: notices were lost for good and engine.state could not be
+	// read since (cursor.mu guards it, as the catch-up that sets it).
+	gapOwed    bool
 	avail      chan struct{} // closed (and replaced) whenever blocks come back
 	inFlight   int
 	pulls      map[string]chan *messages.PullDone

@@ -95,7 +95,7 @@ func (e *Engine) catchUpLocked() bool {
 	e.cursor.Seen(rep.Journal, 0) // a restarted connexd's journal: everything it kept is news
 	if rep.Gap {
 		_, after = e.cursor.Position()
-		e.log.Warn("some missed notices are no longer kept by connexd; pulls waiting for them fail at their deadline", "after_seq", after, "journal", rep.Journal)
+		e.log.Warn("some missed notices are no longer kept by connexd; holds are read from its state, pulls waiting for them fail at their deadline", "after_seq", after, "journal", rep.Journal)
 	}
 	replayed := 0
 	for _, n := range rep.Notices {
@@ -104,9 +104,46 @@ func (e *Engine) catchUpLocked() bool {
 			replayed++
 		}
 	}
+	if rep.Gap || e.gapOwed {
+		e.gapOwed = !e.holdsFromState()
+	}
 	if replayed > 0 {
 		_, at := e.cursor.Position()
 		e.log.Info("missed notices replayed", "notices", replayed, "seq", at)
+	}
+	return true
+}
+
+// holdsFromState gives back the blocks of the holds connexd no longer keeps
+// (their blocks.freed notices were lost for good: connexd's journal is
+// bounded), read from engine.state; false when the read failed (tried
+// again at the next catch-up). Holds made after the read began are not
+// judged by it.
+func (e *Engine) holdsFromState() bool {
+	e.mu.Lock()
+	before := e.alloc.HeldIDs()
+	e.mu.Unlock()
+	c, cancel := context.WithTimeout(context.Background(), e.cfg.CallTimeout)
+	defer cancel()
+	st, err := e.cli.EngineState(c, &messages.EngineStateRequest{EngineId: e.cfg.EngineID})
+	if err != nil {
+		e.log.Warn("engine.state failed after lost notices; tried again at the next catch-up", "err", err)
+		return false
+	}
+	live := map[string]bool{}
+	for _, h := range st.GetHolds() {
+		if !h.GetFreed() {
+			live[h.GetTransferId()] = true
+		}
+	}
+	e.mu.Lock()
+	n := e.alloc.FreedUnless(live, before)
+	if n > 0 {
+		e.signalLocked()
+	}
+	e.mu.Unlock()
+	if n > 0 {
+		e.log.Info("holds ended while their notices were lost: blocks given back", "holds", n)
 	}
 	return true
 }

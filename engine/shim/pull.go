@@ -131,26 +131,31 @@ func (e *Engine) pullRank(ctx context.Context, params *messages.KVTransferParams
 		}
 		e.log.Warn("pull.start not answered; sending it again", "pull", id, "attempt", attempt, "err", err)
 	}
-	if err != nil {
+	if err != nil && refused(err) {
 		code := api.CodeOf(err)
-		if ctx.Err() != nil && code == api.CodeTimeout {
-			return nil, fmt.Errorf("engine %s: pull.start of %s: %w", e.cfg.EngineID, params.GetTransferId(), context.Cause(ctx))
-		}
 		if e.lostRegion(err) {
 			return nil, fmt.Errorf("engine %s: pull.start of %s: %w (%v)", e.cfg.EngineID, params.GetTransferId(), ErrRegionLost, err)
 		}
 		return nil, &LoadError{TransferID: params.GetTransferId(), Code: code, Reason: Reason(code), Policy: e.Policy(), Detail: fmt.Sprintf("pull.start on member %s: %v", e.cfg.Member, err)}
 	}
 	// The pull writes dst until it ends: wait for its notice even if ctx
-	// ends, bounded by the pull's own deadline.
+	// ends, bounded by the pull's own deadline. So too when pull.start's
+	// answer never came (timeouts, ctx ended, the link down): connexd may
+	// run the pull all the same, and dst must not be reused under it.
 	t := time.NewTimer(e.cfg.PullTimeout + 2*time.Second)
 	defer t.Stop()
 	var d *messages.PullDone
 	select {
 	case d = <-ch:
 	case <-t.C:
-		return nil, &LoadError{TransferID: params.GetTransferId(), Code: api.CodeTimeout, Reason: "timeout", Policy: e.Policy(),
-			Detail: fmt.Sprintf("no pull.done for pull %s within %s", id, e.cfg.PullTimeout+2*time.Second)}
+		if err != nil && ctx.Err() != nil {
+			return nil, fmt.Errorf("engine %s: pull.start of %s: %w", e.cfg.EngineID, params.GetTransferId(), context.Cause(ctx))
+		}
+		detail := fmt.Sprintf("no pull.done for pull %s within %s", id, e.cfg.PullTimeout+2*time.Second)
+		if err != nil {
+			detail = fmt.Sprintf("pull.start on member %s not answered (%v), and %s", e.cfg.Member, err, detail)
+		}
+		return nil, &LoadError{TransferID: params.GetTransferId(), Code: api.CodeTimeout, Reason: "timeout", Policy: e.Policy(), Detail: detail}
 	}
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("engine %s: pull of %s: %w", e.cfg.EngineID, params.GetTransferId(), context.Cause(ctx))
@@ -164,6 +169,21 @@ func (e *Engine) pullRank(ctx context.Context, params *messages.KVTransferParams
 		return d, &LoadError{TransferID: params.GetTransferId(), Code: code, Reason: Reason(code), Policy: pol, Detail: d.Error}
 	}
 	return d, nil
+}
+
+// refused reports whether a pull.start that failed with err certainly
+// started nothing: connexd answered it with an error, or no connexd
+// received it. A timeout, an ended ctx or a NATS link that went down say
+// nothing of whether it runs.
+func refused(err error) bool {
+	var ae *api.Error
+	if !errors.As(err, &ae) {
+		return false
+	}
+	if errors.Is(err, nats.ErrNoResponders) {
+		return true
+	}
+	return ae.Code != api.CodeTimeout && !api.LinkDown(err)
 }
 
 func (e *Engine) onPullDone(d *messages.PullDone) {

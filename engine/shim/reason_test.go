@@ -1,9 +1,12 @@
 package shim
 
 import (
+	"context"
+	"fmt"
 	"testing"
 
 	"github.com/connex/connex/api"
+	"github.com/nats-io/nats.go"
 )
 
 // TestReasonReadsAsTheTableSays: a load failure reads as api/codes.json's
@@ -21,6 +24,29 @@ func TestReasonReadsAsTheTableSays(t *testing.T) {
 	} {
 		if got := Reason(c); got != want {
 			t.Errorf("Reason(%d) = %q, want %q", c, got, want)
+		}
+	}
+}
+
+// A pull.start that failed without an answer from connexd (a timeout, the
+// NATS link down) may still run there: the shim waits for its pull.done
+// before it gives dst back. Only an answered refusal, or no connexd at all,
+// started nothing.
+func TestPullStartRefusedOnlyWhenAnswered(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"answered refusal", api.Errorf(api.CodeUnknownTransfer, "no such hold"), true},
+		{"no connexd", &api.Error{Code: api.CodePeerUnavailable, Msg: "x", Cause: nats.ErrNoResponders}, true},
+		{"answered peer_unavailable", api.Errorf(api.CodePeerUnavailable, "the holder is not reachable"), true},
+		{"timeout", api.Errorf(api.CodeTimeout, "no reply"), false},
+		{"link down", &api.Error{Code: api.CodePeerUnavailable, Msg: "x", Cause: nats.ErrConnectionClosed}, false},
+		{"ctx canceled", fmt.Errorf("api: pull.start: %w", context.Canceled), false},
+	} {
+		if got := refused(c.err); got != c.want {
+			t.Errorf("%s: refused = %v, want %v", c.name, got, c.want)
 		}
 	}
 }

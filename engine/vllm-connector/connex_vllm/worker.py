@@ -146,11 +146,18 @@ class Completions:
             self._pulls.clear()
             return specs
 
-    def holds_gone(self, live: set[str]) -> int:
-        """The watched holds not in live (the transfer ids connexd still holds blocks for: their blocks.freed
-        notices were lost) are freed: their blocks are vLLM's again in the next get_finished. Returns how many."""
+    def watched(self) -> set[str]:
+        """The transfer ids of the holds watched now."""
         with self._mu:
-            gone = [tid for tid in self._holds if tid not in live]
+            return set(self._holds)
+
+    def holds_gone(self, live: set[str], among: set[str]) -> int:
+        """The watched holds of among (watched before connexd's state was read) not in live (the transfer ids
+        connexd still holds blocks for) are freed — their blocks.freed notices were lost: their blocks are vLLM's
+        again in the next get_finished. A hold watched since is not judged: the state read may predate it.
+        Returns how many."""
+        with self._mu:
+            gone = [tid for tid in self._holds if tid in among and tid not in live]
             for tid in gone:
                 self._sending.add(self._holds.pop(tid))
             return len(gone)
@@ -393,9 +400,10 @@ class ConnexWorker:
     async def _holds_from_state(self) -> None:
         """Notices lost for good (connexd keeps a bounded journal): the holds whose blocks connexd freed meanwhile
         are read from its state, so that a lost blocks.freed does not keep vLLM's blocks forever. Bus thread."""
+        before = self.done.watched()  # each created at connexd before the read below
         req = npb.EngineStateRequest(engine_id=self.engine_id)
         st = await self.bus.call("engine.state", req, npb.EngineState, self.settings.call_timeout_s)
-        n = self.done.holds_gone({h.transfer_id for h in st.holds if not h.freed})
+        n = self.done.holds_gone({h.transfer_id for h in st.holds if not h.freed}, before)
         if n:
             log.info(
                 "connex: %d holds of engine %s ended while their notices were lost: blocks given back",
