@@ -185,8 +185,12 @@ func scoped(s *server, member, ep string, fn micro.HandlerFunc) micro.HandlerFun
 		if !s.replyAllowed(engine, req.Reply()) {
 			// Answering would publish where the engine says, with a
 			// member's rights: another engine's notices, the request
-			// bucket, the cluster's events. Nobody is told.
-			s.o.Logger.Warn("api call dropped: its reply subject is outside the calling engine's inbox", "subject", req.Subject(), "reply", req.Reply())
+			// bucket, the cluster's events. Nobody is told; the log says
+			// so at most once a minute an engine (an engine sending them
+			// in a loop must not flood the member's log).
+			if n, ok := s.dropped.note(engine, time.Now()); ok {
+				s.o.Logger.Warn("api calls dropped: their reply subject is outside the calling engine's inbox", "engine", engine, "dropped", n, "subject", req.Subject(), "reply", req.Reply())
+			}
 			return
 		}
 		fn(callerRequest{Request: req, engine: engine})
@@ -201,6 +205,7 @@ type callerRequest struct {
 }
 
 type server struct {
+	dropped    dropLog
 	o          ServeOptions
 	sem        chan struct{}
 	engines    *engineSlots // each engine's share of sem

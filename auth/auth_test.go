@@ -77,6 +77,9 @@ func TestIdentityValidate(t *testing.T) {
 		{Role: "root"}, {Role: auth.RoleMember}, {Role: auth.RoleMember, Member: "a.b"}, {Role: auth.RoleMember, Member: "m", Engine: "e"},
 		{Role: auth.RoleEngine, Member: "m"}, {Role: auth.RoleEngine, Member: "m", Engine: "*"}, {Role: auth.RoleEngine, Member: "m", Engine: "e>"},
 		{Role: auth.RoleEngine, Member: "m", Engine: strings.Repeat("x", 129)}, {Role: auth.RoleAdmin, Member: "m"},
+		// A member named "engine": its engines could publish other engines'
+		// notices (connex.v1.engine.<member>.<engine>.<kind>).
+		{Role: auth.RoleMember, Member: "engine"}, {Role: auth.RoleEngine, Member: "engine", Engine: "e"},
 	} {
 		if err := bad.Validate(); err == nil {
 			t.Errorf("%+v: valid, want an error", bad)

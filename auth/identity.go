@@ -57,12 +57,18 @@ func (id Identity) Validate() error {
 		if !natssubject.ValidToken(id.Member) {
 			return fmt.Errorf("%w: member id %q is not a subject token", ErrIdentity, id.Member)
 		}
+		if id.Member == natssubject.ReservedMemberID {
+			return fmt.Errorf("%w: member id %q is reserved (engines' notice subjects start connex.v1.engine)", ErrIdentity, id.Member)
+		}
 		if id.Engine != "" {
 			return fmt.Errorf("%w: a member identity names no engine", ErrIdentity)
 		}
 	case RoleEngine:
 		if !natssubject.ValidToken(id.Member) {
 			return fmt.Errorf("%w: member id %q is not a subject token (an engine identity names the member it calls)", ErrIdentity, id.Member)
+		}
+		if id.Member == natssubject.ReservedMemberID {
+			return fmt.Errorf("%w: member id %q is reserved (engines' notice subjects start connex.v1.engine)", ErrIdentity, id.Member)
 		}
 		if !natssubject.ValidToken(id.Engine) {
 			return fmt.Errorf("%w: engine id %q is not a subject token", ErrIdentity, id.Engine)

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -380,4 +381,67 @@ func TestViewStarvedIdleObserverStillFindsAHungPeer(t *testing.T) {
 		tick
 		=> left b (timeout); report b (timeout)
 	`)
+}
+
+// TestEngineChurnDoesNotFloodHeartbeats: an engine re-registering in a
+// loop changes its member's engines at every call; the member announces
+// out of turn at most every quarter interval, not at every change, so it
+// cannot flood every member's heartbeat subscription.
+func TestEngineChurnDoesNotFloodHeartbeats(t *testing.T) {
+	skipUnderRace(t)
+	s := runNATS(t)
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	cfg := DefaultLocalConfig()
+	cfg.Role, cfg.Logger = RoleDecode, quiet()
+	p, err := NewProvider(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watch, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(watch.Close)
+	var beats atomic.Int64
+	if _, err := watch.Subscribe(DefaultSubjectPrefix+"."+testClusterName+".events.heartbeat.*", func(*nats.Msg) { beats.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet() }))
+	cl := actorcluster.New(sys, ActorClusterConfig(testClusterName, p, disthash.New(), NewRemoteConfig("127.0.0.1", 0, RemoteOptions{})))
+	cl.StartMember()
+	t.Cleanup(func() { _ = p.Shutdown(false); cl.Remote.Shutdown(false) })
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if beats.Load() == 0 {
+			return errors.New("no heartbeat yet")
+		}
+		return nil
+	})
+
+	beats.Store(0)
+	start := time.Now()
+	changes := 0
+	for time.Since(start) < 500*time.Millisecond {
+		p.SetEngines([]*messages.EngineInfo{{EngineId: "e1", InFlight: uint32(changes)}})
+		changes++
+		time.Sleep(50 * time.Microsecond) // an engine's calls, back to back
+	}
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	elapsed := time.Since(start)
+	got := beats.Load()
+	// Every regular beat, plus one out of turn per quarter interval, and
+	// one beat of slack at each end.
+	bound := int64(elapsed/cfg.HeartbeatInterval) + int64(elapsed/(cfg.HeartbeatInterval/4)) + 2
+	t.Logf("%d engine changes in %v: %d heartbeats (at most %d)", changes, elapsed, got, bound)
+	if got > bound {
+		t.Fatalf("%d heartbeats for %d engine changes in %v, want at most %d", got, changes, elapsed, bound)
+	}
 }

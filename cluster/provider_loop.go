@@ -40,8 +40,13 @@ func (p *Provider) run(v *view) {
 	// joining member beats at the full rate), a beat with its load above
 	// zero or Activity's inHand true, or the last Activity.Touch.
 	lastBusy := time.Now()
-	var nextBeat time.Time
+	var nextBeat, lastBeat time.Time
+	// An announce out of turn (engines changed, a newcomer to greet) goes
+	// at most every minAnnounce: an engine re-registering in a loop must
+	// not make its member flood every member's heartbeat subscription.
+	minAnnounce := p.cfg.HeartbeatInterval / 4
 	beat := func(now time.Time) {
+		lastBeat = now
 		// Say idle before reading the load and the last Touch: a Touch
 		// (or SetLoad) from now on either is read below or finds idle set
 		// and wakes the loop, never neither. A busy beat clears it below;
@@ -115,7 +120,11 @@ func (p *Provider) run(v *view) {
 			fx.merge(v.tick(now))
 		}
 		if fx.announce {
-			beat(now)
+			if next := lastBeat.Add(minAnnounce); now.Before(next) {
+				nextBeat = earliest(nextBeat, next) // soon, not now
+			} else {
+				beat(now)
+			}
 		}
 		p.carryOut(v, fx)
 
@@ -130,6 +139,14 @@ func (p *Provider) run(v *view) {
 		}
 		timer.Reset(time.Until(wake))
 	}
+}
+
+// earliest is the earlier of a and b.
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func (p *Provider) apply(v *view, in any, now time.Time) effects {

@@ -607,6 +607,9 @@ func build(v *viper.Viper) (Config, error) {
 	if !memberIDRe.MatchString(c.MemberID) {
 		return c, fmt.Errorf("%w: member_id=%q, allowed: 1-64 letters, digits, '-' or '_'", ErrInvalid, c.MemberID)
 	}
+	if c.MemberID == "engine" { // natssubject.ReservedMemberID: engines' notice subjects are connex.v1.engine.…
+		return c, fmt.Errorf("%w: member_id=%q is reserved (engines' notice subjects start connex.v1.engine); pick another", ErrInvalid, c.MemberID)
+	}
 	if c.NATSURL == "" && c.DataDir == "" {
 		return c, fmt.Errorf("%w: data_dir is empty, allowed: a directory for the embedded NATS server", ErrInvalid)
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/connex/connex/natssubject"
 )
 
 func TestDefaults(t *testing.T) {
@@ -203,5 +205,15 @@ func TestPositionalArgumentRefused(t *testing.T) {
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "unexpected argument") {
 			t.Errorf("%q: got %v, want an unexpected-argument refusal", args, err)
 		}
+	}
+}
+
+func TestReservedMemberIDRefused(t *testing.T) {
+	if _, err := Load([]string{"--member-id", "engine"}, nil); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "reserved") {
+		t.Fatalf("member_id=engine: %v, want a refusal", err)
+	}
+	// The two packages must agree on the name.
+	if natssubject.ReservedMemberID != "engine" {
+		t.Fatalf("natssubject.ReservedMemberID is %q: config refuses \"engine\"", natssubject.ReservedMemberID)
 	}
 }

@@ -47,3 +47,30 @@ func TestRequestQuotaRefusesOnlyTheEngineOverIt(t *testing.T) {
 		t.Fatalf("d1 after finishing a request: %v", err)
 	}
 }
+
+// TestStartOfAnotherEnginesRunningRequestMovesNoQuota: a request id is a
+// name anyone may send. An engine that sends request.start (no takeover)
+// with the id of another engine's request running here is refused as
+// existing, and the quota still counts the request for its own engine:
+// the sender cannot make the owner's checkpoints count against its own
+// (full) quota.
+func TestStartOfAnotherEnginesRunningRequestMovesNoQuota(t *testing.T) {
+	a, acts, _ := newTestRequestAPI()
+	a.max = 100
+	a.quota = &requests.Quota{MaxRequests: 3, MaxBytes: 64 << 10, MaxMemberBytes: 1 << 20}
+	ctx := context.Background()
+	if _, err := a.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "b1", EngineId: "d2", Params: heldBy("p1"), PromptTokenIds: make([]uint32, 16)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := acts.lookup("b1"); !ok {
+		t.Fatal("b1 does not run")
+	}
+	_, err := a.StartRequest(ctx, &messages.StartRequestMsg{RequestId: "b1", EngineId: "d1", Params: heldBy("p1")})
+	wantCode(t, "d1's start of d2's running request", err, api.CodeRequestExists)
+	if u := a.quota.Engine("d2"); u.Requests != 1 {
+		t.Fatalf("d2's quota counts %d requests after d1's start of its request, want 1", u.Requests)
+	}
+	if u := a.quota.Engine("d1"); u.Requests != 0 {
+		t.Fatalf("d1's quota counts %d requests, want 0", u.Requests)
+	}
+}

@@ -207,6 +207,12 @@ func (a *requestAPI) startRequest(ctx context.Context, r *messages.StartRequestM
 			return a.takeOverHere(r, inst)
 		}
 	}
+	if _, here := a.actors.lookup(r.RequestId); here && !r.Takeover {
+		// Its actor would refuse it (the id is claimed); refused here,
+		// before the quota would count another engine's running request
+		// as this engine's (a request id is a name anyone may send).
+		return nil, api.Errorf(api.CodeRequestExists, "request.start of %s: %v on this member (a resume sends takeover)", r.RequestId, requests.ErrExists)
+	}
 	// One engine may not fill the cluster's one request bucket: its own
 	// starts are refused (429) at its quota, no one else's.
 	if err := a.quota.Start(r.RequestId, r.EngineId, len(r.PromptTokenIds), a.live); err != nil {

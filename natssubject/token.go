@@ -12,6 +12,12 @@ import (
 // MaxTokenLen is the longest id, in bytes, that ValidToken accepts.
 const MaxTokenLen = 128
 
+// ReservedMemberID may not name a member: connex.v1.engine.<member>.<engine>
+// are the engines' notice subjects, so an engine credential of a member
+// named "engine" (which may publish on connex.v1.engine.e.<engine>.>) could
+// forge the notices of an engine on a member named "e".
+const ReservedMemberID = "engine"
+
 // ValidToken reports whether s can be used as one subject token (member,
 // engine and cluster ids): non-empty, at most MaxTokenLen bytes of
 // printable UTF-8, with no whitespace, control characters, '.', '*' or '>'.
