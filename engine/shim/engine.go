@@ -326,11 +326,20 @@ func (e *Engine) Hold(ctx context.Context, blocks []uint32, numTokens uint32) (*
 	for r := uint32(1); r < e.cfg.Layout.TPSize; r++ {
 		req.RankRegionIds = append(req.RankRegionIds, e.cfg.RankRegionID(r))
 	}
+	e.mu.Lock()
+	recovering := e.recovering
+	e.mu.Unlock()
+	if recovering {
+		// The KV this hold would name is in the lost region; the new one
+		// has none of it.
+		return nil, fmt.Errorf("engine %s: hold.create of %d blocks: %w (a new region is being created)", e.cfg.EngineID, len(blocks), ErrRegionLost)
+	}
 	rep, err := e.cli.CreateHold(c, req)
 	// No responders: the request reached no connexd (NATS or connexd
 	// reconnecting), so nothing was created and trying again is safe,
-	// within the call's deadline.
-	for wait := 50 * time.Millisecond; api.CodeOf(err) == api.CodePeerUnavailable && c.Err() == nil; wait = min(2*wait, 500*time.Millisecond) {
+	// within the call's deadline. (A link that went down mid-call says
+	// nothing of whether it was created: not tried again.)
+	for wait := 50 * time.Millisecond; errors.Is(err, nats.ErrNoResponders) && c.Err() == nil; wait = min(2*wait, 500*time.Millisecond) {
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
@@ -348,6 +357,17 @@ func (e *Engine) Hold(ctx context.Context, blocks []uint32, numTokens uint32) (*
 		return nil, fmt.Errorf("engine %s: hold.create of %d blocks on member %s: %w", e.cfg.EngineID, len(blocks), e.cfg.Member, err)
 	}
 	e.mu.Lock()
+	if e.recovering {
+		// connexd restarted under this call and its hold may be on the new
+		// region, which has none of this KV (and whose holds the recovery
+		// drops): handed back, the blocks come back with its notice or
+		// the recovery.
+		e.mu.Unlock()
+		if rerr := e.Release(context.WithoutCancel(ctx), rep.Params.GetTransferId()); rerr != nil {
+			e.log.Warn("hold made while the region was being re-created not released; it expires", "transfer", rep.Params.GetTransferId(), "err", rerr)
+		}
+		return nil, fmt.Errorf("engine %s: hold.create of %d blocks: %w (connexd restarted meanwhile)", e.cfg.EngineID, len(blocks), ErrRegionLost)
+	}
 	freed, err := e.alloc.Hold(rep.Params.GetTransferId(), blocks)
 	if freed {
 		e.signalLocked()
