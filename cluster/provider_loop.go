@@ -41,12 +41,12 @@ func (p *Provider) run(v *view) {
 	// zero or Activity's inHand true, or the last Activity.Touch.
 	lastBusy := time.Now()
 	var nextBeat, lastBeat time.Time
-	// An announce out of turn (engines changed, a newcomer to greet) goes
-	// at most every minAnnounce: an engine re-registering in a loop must
-	// not make its member flood every member's heartbeat subscription.
+	// Our engines changed since the last beat: an announce out of turn,
+	// at most every minAnnounce.
+	enginesChanged := false
 	minAnnounce := p.cfg.HeartbeatInterval / 4
 	beat := func(now time.Time) {
-		lastBeat = now
+		lastBeat, enginesChanged = now, false
 		// Say idle before reading the load and the last Touch: a Touch
 		// (or SetLoad) from now on either is read below or finds idle set
 		// and wakes the loop, never neither. A busy beat clears it below;
@@ -89,7 +89,10 @@ func (p *Provider) run(v *view) {
 			return
 		case in = <-p.inbox:
 		case <-p.announceNow:
-			fx.announce = true
+			// Our engines changed: announce now, or at most every
+			// minAnnounce (an engine re-registering in a loop must not
+			// make its member flood every member's heartbeat subscription).
+			enginesChanged = true
 		case <-p.activity.wake:
 			// Work arrived while we beat at the idle interval: say so at
 			// once, so that peers suspect us at the full rate again.
@@ -119,12 +122,15 @@ func (p *Provider) run(v *view) {
 			// While our own NATS link is down, silence proves nothing.
 			fx.merge(v.tick(now))
 		}
-		if fx.announce {
+		if enginesChanged && !fx.announce {
 			if next := lastBeat.Add(minAnnounce); now.Before(next) {
 				nextBeat = earliest(nextBeat, next) // soon, not now
 			} else {
-				beat(now)
+				fx.announce = true
 			}
+		}
+		if fx.announce {
+			beat(now)
 		}
 		p.carryOut(v, fx)
 
