@@ -456,7 +456,16 @@ func (a *holdActor) finishFree() {
 		fs.notified = true
 	}
 	if !fs.inDir {
-		a.deps.Dir.end(a.id(), fs.f.Reason)
+		if a.quarantined {
+			// Its blocks stay held for good: the entry stays too, so that
+			// engine.state lists the hold and an engine rebuilding its
+			// holds from it (lost notices) never takes the blocks back.
+			if a.entry != nil {
+				a.entry.Quarantined.Store(true)
+			}
+		} else {
+			a.deps.Dir.end(a.id(), fs.f.Reason)
+		}
 		fs.inDir = true
 	}
 	a.freeing = nil

@@ -228,6 +228,11 @@ func TestHoldWhoseDeregisterFailsKeepsItsBlocks(t *testing.T) {
 	if refs := rig.regRefs.Load(); refs != 1 {
 		t.Fatalf("a quarantined hold left %d region references, want its 1 kept for good", refs)
 	}
+	// Its directory entry stays, marked: engine.state lists it, so an
+	// engine rebuilding its holds from it never takes the blocks back.
+	if e, _, _ := rig.dir.Lookup(id); e == nil || !e.Quarantined.Load() {
+		t.Fatalf("the quarantined hold's directory entry: %v, want it kept and marked", e)
+	}
 	rig.mu.Lock()
 	defer rig.mu.Unlock()
 	if len(rig.notices) != 0 {
@@ -272,7 +277,8 @@ func TestPanicWhileFreeingStillFrees(t *testing.T) {
 // TestPanicWhileDeregisteringQuarantines: a hold actor that panics while
 // it revokes its registrations cannot prove a reader lost them: its Stopping
 // handler quarantines the hold (blocks held for good, no notice, the region
-// kept mapped) and still ends it in the directory.
+// kept mapped, its directory entry kept and marked quarantined, so that
+// engine.state still lists it).
 func TestPanicWhileDeregisteringQuarantines(t *testing.T) {
 	rig := newHoldRig(t)
 	rep, err := rig.create([]uint32{3, 4})
@@ -283,9 +289,9 @@ func TestPanicWhileDeregisteringQuarantines(t *testing.T) {
 	e, _, _ := rig.dir.Lookup(id)
 	rig.be.deregPanics.Store(true)
 	_, _ = rig.sys.Root.RequestFuture(e.PID, &ReleaseHold{By: "e"}, 500*time.Millisecond).Result() // no answer: it panicked
-	poll(t, "quarantined and ended", func() error {
-		if _, _, ended := rig.dir.Lookup(id); !ended || rig.metrics.HoldsQuarantined.Load() != 1 {
-			return fmt.Errorf("tombstone %v, quarantined %d", ended, rig.metrics.HoldsQuarantined.Load())
+	poll(t, "quarantined", func() error {
+		if e, _, _ := rig.dir.Lookup(id); e == nil || !e.Quarantined.Load() || rig.metrics.HoldsQuarantined.Load() != 1 {
+			return fmt.Errorf("entry %v, quarantined %d", e, rig.metrics.HoldsQuarantined.Load())
 		}
 		return nil
 	})

@@ -42,6 +42,10 @@ type HoldEntry struct {
 	// State is the hold's lease.State, kept current by its actor (for
 	// metrics by state without asking every actor).
 	State atomic.Int32
+	// Quarantined: the hold ended but its blocks stay held for good (its
+	// registration could not be revoked); its entry stays, so that
+	// engine.state keeps listing it and no engine takes the blocks back.
+	Quarantined atomic.Bool
 }
 
 type tombstone struct {

@@ -62,10 +62,13 @@ func (c *Client) Call(ctx context.Context, ep string, in, out proto.Message) err
 }
 
 // LinkDown reports whether err says the NATS connection could not carry a
-// call (closed, draining, reconnecting with its buffer full): the call may
-// or may not have left. Call answers such errors with CodePeerUnavailable.
+// call for now (draining, reconnecting with its buffer full, disconnected):
+// the call may or may not have left, and may be sent again once the link
+// is back. Call answers such errors with CodePeerUnavailable. A closed
+// connection is not one: it never comes back (the caller is shutting
+// down), and trying again would loop.
 func LinkDown(err error) bool {
-	for _, e := range []error{nats.ErrConnectionClosed, nats.ErrConnectionDraining, nats.ErrConnectionReconnecting, nats.ErrReconnectBufExceeded, nats.ErrDisconnected} {
+	for _, e := range []error{nats.ErrConnectionDraining, nats.ErrConnectionReconnecting, nats.ErrReconnectBufExceeded, nats.ErrDisconnected} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -339,13 +339,22 @@ func (h *holdAPI) dropEngine(engine string) (dropped uint32) {
 }
 
 // statuses is the status of each live hold in entries (engine.state,
-// member.status); a hold that does not answer is left out.
+// member.status). A hold whose actor does not answer (busy, stopped: a
+// quarantined hold) is listed from its directory entry: an engine that
+// rebuilds its holds from engine.state must never read a hold that still
+// keeps its blocks as gone.
 func (h *holdAPI) statuses(entries map[string]*actors.HoldEntry) []*messages.HoldStatus {
 	var out []*messages.HoldStatus
-	for _, e := range entries {
+	for id, e := range entries {
 		if rep, err := h.actors.ask(e.PID, &actors.InspectHold{}); err == nil && rep.Status != nil {
 			out = append(out, rep.Status)
+			continue
 		}
+		state := lease.State(e.State.Load()).String()
+		if e.Quarantined.Load() {
+			state = "quarantined"
+		}
+		out = append(out, &messages.HoldStatus{TransferId: id, State: state, EngineId: e.Engine, RegionId: e.Region, CreatedUnixMs: e.Created.UnixMilli()})
 	}
 	return out
 }

@@ -140,6 +140,10 @@ func (a *Allocator) Freed(id string, notified []uint32) (int, error) {
 			a.earlyOrder = append(a.earlyOrder, id)
 			a.earlyOrder = forgetOldest(a.earlyOrder, func(old string) bool { _, ok := a.early[old]; return ok },
 				func(old string) { delete(a.early, old) }, len(a.early) > maxNotices)
+			if len(a.earlyOrder) > 2*len(a.early)+64 {
+				// Ids taken up by Hold behind one that never was: compact.
+				a.earlyOrder = slices.DeleteFunc(a.earlyOrder, func(id string) bool { _, ok := a.early[id]; return !ok })
+			}
 		}
 		return 0, nil
 	}

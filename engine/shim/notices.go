@@ -65,8 +65,8 @@ func (e *Engine) onNotice(m *nats.Msg) {
 func (e *Engine) caughtUp(journal string, last uint64) {
 	e.cursor.mu.Lock()
 	defer e.cursor.mu.Unlock()
-	if e.cursor.Behind(journal, last) {
-		e.catchUpLocked()
+	if e.cursor.Behind(journal, last) || e.gapOwed {
+		e.catchUpLocked() // (and the state read owed after lost notices)
 	}
 }
 

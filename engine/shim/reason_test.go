@@ -42,7 +42,8 @@ func TestPullStartRefusedOnlyWhenAnswered(t *testing.T) {
 		{"no connexd", &api.Error{Code: api.CodePeerUnavailable, Msg: "x", Cause: nats.ErrNoResponders}, true},
 		{"answered peer_unavailable", api.Errorf(api.CodePeerUnavailable, "the holder is not reachable"), true},
 		{"timeout", api.Errorf(api.CodeTimeout, "no reply"), false},
-		{"link down", &api.Error{Code: api.CodePeerUnavailable, Msg: "x", Cause: nats.ErrConnectionClosed}, false},
+		{"link down", &api.Error{Code: api.CodePeerUnavailable, Msg: "x", Cause: nats.ErrConnectionReconnecting}, false},
+		{"connection closed", fmt.Errorf("api: pull.start: %w", nats.ErrConnectionClosed), false},
 		{"ctx canceled", fmt.Errorf("api: pull.start: %w", context.Canceled), false},
 	} {
 		if got := refused(c.err); got != c.want {
