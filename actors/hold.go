@@ -490,9 +490,15 @@ func (a *holdActor) rearm() {
 
 func (a *holdActor) status() *messages.HoldStatus {
 	st := a.h.Status()
+	state := st.State.String()
+	if a.quarantined {
+		// Its lease ran Free, but its blocks stay held for good: never
+		// read as freed (an engine rebuilding its holds would take them).
+		state, st.Freed = "quarantined", false
+	}
 	return &messages.HoldStatus{
 		TransferId:    a.id(),
-		State:         st.State.String(),
+		State:         state,
 		EngineId:      a.spec.region.Engine,
 		RegionId:      a.spec.region.ID,
 		BlockIds:      a.spec.blocks,

@@ -214,6 +214,16 @@ func TestHoldWhoseDeregisterFailsKeepsItsBlocks(t *testing.T) {
 	if err != nil || res.(Reply).Err != nil {
 		t.Fatalf("release: %v %v", err, res)
 	}
+	// While it lingers its status never reads freed (engine.state: an
+	// engine rebuilding its holds would take the blocks back).
+	if rep, err := rig.sys.Root.RequestFuture(e.PID, &InspectHold{}, time.Second).Result(); err != nil {
+		t.Fatal(err)
+	} else if st := rep.(Reply).Status; st.GetFreed() || st.GetState() != "quarantined" {
+		t.Fatalf("a quarantined hold's status: state %q freed %v, want quarantined and not freed", st.GetState(), st.GetFreed())
+	}
+	if n := rig.dir.CountEngine("e"); n != 0 {
+		t.Fatalf("a quarantined hold counts against its engine's holds: %d", n)
+	}
 	poll(t, "ended and stopped", func() error {
 		if rig.metrics.HoldsQuarantined.Load() != 1 {
 			return fmt.Errorf("quarantined %d", rig.metrics.HoldsQuarantined.Load())

@@ -125,8 +125,8 @@ func (d *HoldTable) CountEngine(engine string) int {
 	defer d.mu.RUnlock()
 	n := 0
 	for _, e := range d.live {
-		if e.Engine == engine {
-			n++
+		if e.Engine == engine && !e.Quarantined.Load() {
+			n++ // a quarantined hold is no engine's to count against it
 		}
 	}
 	return n

@@ -431,6 +431,9 @@ func (d *Daemon) Close() {
 		}
 		if d.system != nil {
 			for id, e := range d.dir.All() {
+				if e.Quarantined.Load() {
+					continue // ended already; its blocks stay held for good
+				}
 				if _, err := d.system.Root.RequestFuture(e.PID, &actors.Shutdown{}, 5*time.Second).Result(); err != nil {
 					d.log.Warn("hold did not stop cleanly", "transfer", id, "err", err)
 				}

@@ -329,6 +329,9 @@ func (h *holdAPI) PullEnd(_ context.Context, r *messages.PullEnd) (*messages.Hol
 // that answered.
 func (h *holdAPI) dropEngine(engine string) (dropped uint32) {
 	for id, e := range h.dir.ByEngine(engine) {
+		if e.Quarantined.Load() {
+			continue // ended already; its blocks stay held for good
+		}
 		if _, err := h.actors.ask(e.PID, &actors.EngineGone{}); err != nil {
 			h.log.Warn("engine gone: hold did not answer", "transfer", id, "err", err)
 			continue
@@ -346,6 +349,10 @@ func (h *holdAPI) dropEngine(engine string) (dropped uint32) {
 func (h *holdAPI) statuses(entries map[string]*actors.HoldEntry) []*messages.HoldStatus {
 	var out []*messages.HoldStatus
 	for id, e := range entries {
+		if e.Quarantined.Load() {
+			out = append(out, &messages.HoldStatus{TransferId: id, State: "quarantined", EngineId: e.Engine, RegionId: e.Region, CreatedUnixMs: e.Created.UnixMilli()})
+			continue
+		}
 		if rep, err := h.actors.ask(e.PID, &actors.InspectHold{}); err == nil && rep.Status != nil {
 			out = append(out, rep.Status)
 			continue

@@ -137,6 +137,9 @@ type Engine struct {
 	// regions of a connexd that lost them, kept mapped for requests still
 	// using them until Close.
 	recovering bool
+	// recoveries counts the region re-creations begun: a hold whose
+	// hold.create spanned one is not recorded (Hold).
+	recoveries uint64
 	retired    []*kvmem.Region
 	// journal is the notice journal of the last engine.register reply: a
 	// new one means a new connexd, which lost the engine's region.
@@ -327,7 +330,7 @@ func (e *Engine) Hold(ctx context.Context, blocks []uint32, numTokens uint32) (*
 		req.RankRegionIds = append(req.RankRegionIds, e.cfg.RankRegionID(r))
 	}
 	e.mu.Lock()
-	recovering := e.recovering
+	recovering, recoveries := e.recovering, e.recoveries
 	e.mu.Unlock()
 	if recovering {
 		// The KV this hold would name is in the lost region; the new one
@@ -357,11 +360,11 @@ func (e *Engine) Hold(ctx context.Context, blocks []uint32, numTokens uint32) (*
 		return nil, fmt.Errorf("engine %s: hold.create of %d blocks on member %s: %w", e.cfg.EngineID, len(blocks), e.cfg.Member, err)
 	}
 	e.mu.Lock()
-	if e.recovering {
-		// connexd restarted under this call and its hold may be on the new
-		// region, which has none of this KV (and whose holds the recovery
-		// drops): handed back, the blocks come back with its notice or
-		// the recovery.
+	if e.recovering || e.recoveries != recoveries {
+		// connexd restarted under this call (a recovery began, perhaps
+		// ended too) and its hold may be on the new region, which has
+		// none of this KV (and whose holds a recovery drops): handed
+		// back, the blocks come back with its notice or the recovery.
 		e.mu.Unlock()
 		if rerr := e.Release(context.WithoutCancel(ctx), rep.Params.GetTransferId()); rerr != nil {
 			e.log.Warn("hold made while the region was being re-created not released; it expires", "transfer", rep.Params.GetTransferId(), "err", rerr)

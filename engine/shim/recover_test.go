@@ -92,6 +92,30 @@ func TestHoldDuringRegionRecoveryIsRefused(t *testing.T) {
 	}
 }
 
+// TestHoldSpanningAWholeRecoveryIsRefused: a recovery that began and ended
+// while hold.create was out (the flag is down again at the answer) still
+// refuses the hold: it may be on the new region, without this KV.
+func TestHoldSpanningAWholeRecoveryIsRefused(t *testing.T) {
+	var releases atomic.Int32
+	var e *Engine
+	e = fakeConnexd(t, func(ep string, _ []byte) proto.Message {
+		switch ep {
+		case api.EpHoldCreate:
+			e.mu.Lock()
+			e.recoveries++ // a whole recovery while the call was out
+			e.mu.Unlock()
+			return &messages.CreateHoldReply{Params: &messages.KVTransferParams{TransferId: "t1"}}
+		case api.EpHoldRelease:
+			releases.Add(1)
+		}
+		return &messages.HoldStatus{}
+	})
+	blocks, _ := e.alloc.Alloc(2)
+	if _, err := e.Hold(t.Context(), blocks, 32); !errors.Is(err, ErrRegionLost) || releases.Load() != 1 || e.alloc.Held() != 0 {
+		t.Fatalf("a hold spanning a recovery: %v, %d releases, %d holds recorded; want ErrRegionLost, 1, 0", err, releases.Load(), e.alloc.Held())
+	}
+}
+
 // TestLostNoticesRebuiltFromEngineState: engine.notices says missed
 // notices are gone for good; the engine reads engine.state and gives back
 // the blocks of the holds connexd no longer keeps, and only those.

@@ -137,6 +137,7 @@ func (e *Engine) regionLost(why string) {
 		return
 	}
 	e.recovering = true
+	e.recoveries++
 	e.mu.Unlock()
 	e.log.Warn("connexd lost this engine's KV region; creating a new one", "member", e.cfg.Member, "why", why)
 	e.wg.Add(1)
