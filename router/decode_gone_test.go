@@ -47,18 +47,7 @@ func TestClientGoneDuringDecode(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
 
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"hi","max_tokens":5,"stream":true}`))
-	req.Header.Set("Content-Type", "application/json")
-	errc := make(chan error, 1)
-	go func() {
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			_, err = io.ReadAll(resp.Body)
-			resp.Body.Close()
-		}
-		errc <- err
-	}()
+	cancel, errc := streamToCancel(t, s, "/v1/completions", `{"model":"m","prompt":"hi","max_tokens":5,"stream":true}`)
 	<-d.served // the decode leg runs
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
@@ -80,14 +69,7 @@ func TestClientGoneDuringDecode(t *testing.T) {
 	if out := logs.String(); strings.Contains(out, "level=WARN") || strings.Contains(out, "level=ERROR") {
 		t.Errorf("a client leaving is no engine failure:\n%s", out)
 	}
-	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
-		resp, err := http.Get(s.URL() + "/metrics")
-		if err != nil {
-			return err
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		m := string(b)
+	untilMetrics(t, s, func(m string) error {
 		if !strings.Contains(m, `connex_router_requests_total{endpoint="/v1/completions",model="m",status="499"} 1`) {
 			return fmt.Errorf("no request counted with status 499:\n%s", m)
 		}
@@ -136,31 +118,14 @@ func TestClientGoneDuringTheGrant(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"hi","max_tokens":5,"stream":true}`))
-	req.Header.Set("Content-Type", "application/json")
-	errc := make(chan error, 1)
-	go func() {
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			_, err = io.ReadAll(resp.Body)
-			resp.Body.Close()
-		}
-		errc <- err
-	}()
+	cancel, errc := streamToCancel(t, s, "/v1/completions", `{"model":"m","prompt":"hi","max_tokens":5,"stream":true}`)
 	<-granting
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the client's request: %v, want canceled", err)
 	}
-	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
-		resp, err := http.Get(s.URL() + "/metrics")
-		if err != nil {
-			return err
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if m := string(b); !strings.Contains(m, `connex_router_requests_total{endpoint="/v1/completions",model="m",status="499"} 1`) {
+	untilMetrics(t, s, func(m string) error {
+		if !strings.Contains(m, `connex_router_requests_total{endpoint="/v1/completions",model="m",status="499"} 1`) {
 			return fmt.Errorf("no request counted with status 499:\n%s", m)
 		}
 		return nil
@@ -174,4 +139,37 @@ func TestClientGoneDuringTheGrant(t *testing.T) {
 	if out := logs.String(); strings.Contains(out, "refused the router's grant") || strings.Contains(out, "level=ERROR") {
 		t.Errorf("a client leaving during the grant read as a refusal:\n%s", out)
 	}
+}
+
+// untilMetrics polls the router's /metrics until check accepts them.
+func untilMetrics(t *testing.T, s *Server, check func(m string) error) {
+	t.Helper()
+	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+		resp, err := http.Get(s.URL() + "/metrics")
+		if err != nil {
+			return err
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return check(string(b))
+	})
+}
+
+// streamToCancel sends body to the router's path as a client that will
+// hang up: the request's error comes on the channel once cancel is called.
+func streamToCancel(t *testing.T, s *Server, path, body string) (cancel context.CancelFunc, errc <-chan error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	ch := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			_, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		ch <- err
+	}()
+	return cancel, ch
 }

@@ -85,14 +85,7 @@ func TestClientGoneDuringPrefill(t *testing.T) {
 		t.Errorf("a client leaving is no engine failure:\n%s", out)
 	}
 	// The request is counted once its handler returns.
-	poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
-		resp, err := http.Get(s.URL() + "/metrics")
-		if err != nil {
-			return err
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		m := string(b)
+	untilMetrics(t, s, func(m string) error {
 		if !strings.Contains(m, `connex_router_requests_total{endpoint="/v1/completions",model="m",status="499"} 1`) {
 			return fmt.Errorf("no request counted with status 499:\n%s", m)
 		}
