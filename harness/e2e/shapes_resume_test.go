@@ -81,10 +81,10 @@ func TestResumeAcrossShapes(t *testing.T) {
 // member) and equals ref.
 func resumeAcrossShapes(t *testing.T, ctx context.Context, c *localcluster.Cluster, nc *nats.Conn, url, victim, next, prompt string, max, faultAt int, ref *streamed) {
 	var (
-		landed                            string
-		got                               *streamed
-		prefills, decodePrefills, resumes float64
-		loads                             float64
+		landed                string
+		got                   *streamed
+		prefills, resumes     float64
+		decodePrefills, loads engineCounts
 	)
 	// The router picks the idle decode engine with the most free blocks,
 	// unless it suspects its member (a late heartbeat on a loaded machine)
@@ -95,9 +95,9 @@ func resumeAcrossShapes(t *testing.T, ctx context.Context, c *localcluster.Clust
 		waitEngines(t, c)
 		checkFor(t, 10*time.Second, 20*time.Millisecond, func() error { return decodeIdle(c) })
 		prefills = engineMetric(t, c, "prefill", "connex_sim_prefills_total")
-		decodePrefills = engineMetric(t, c, "decode", "connex_sim_prefills_total")
+		decodePrefills = countsOf(t, c, "decode", "connex_sim_prefills_total")
 		resumes = sum(must2(scrapeAs(c.RouterURL()+"/metrics", c.AdminKey())), "connex_router_resumes_total")
-		loads = engineMetric(t, c, "decode", "connex_sim_kv_loads_total") - engineMetric(t, c, victim, "connex_sim_kv_loads_total")
+		loads = countsOf(t, c, "decode", "connex_sim_kv_loads_total")
 		var killErr error
 		var err error
 		got, err = postStream(ctx, url, completion(prompt, max), func(n int, s *streamed) {
@@ -130,7 +130,7 @@ func resumeAcrossShapes(t *testing.T, ctx context.Context, c *localcluster.Clust
 		t.Fatalf("the router counted %v resumes, want 1", d)
 	}
 	// The victim's count is gone with it: the others loaded once more.
-	if d := engineMetric(t, c, "decode", "connex_sim_kv_loads_total") - loads; d != 1 {
+	if d := countsOf(t, c, "decode", "connex_sim_kv_loads_total").since(loads); d != 1 {
 		t.Fatalf("the other decode engines loaded KV %v times, want once: the resume", d)
 	}
 	if engineMetric(t, c, next, "connex_sim_kv_loads_total") == 0 {
@@ -142,7 +142,7 @@ func resumeAcrossShapes(t *testing.T, ctx context.Context, c *localcluster.Clust
 	if d := engineMetric(t, c, "prefill", "connex_sim_prefills_total") - prefills; d != 1 {
 		t.Fatalf("%v prefills for one request, want exactly 1", d)
 	}
-	if d := engineMetric(t, c, "decode", "connex_sim_prefills_total") - decodePrefills; d != 0 {
+	if d := countsOf(t, c, "decode", "connex_sim_prefills_total").since(decodePrefills); d != 0 {
 		t.Fatalf("a decode engine prefilled %v times: the resume must pull the hold", d)
 	}
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
