@@ -38,7 +38,7 @@ func TestClientGoneMidPrefillFreesItsBlocks(t *testing.T) {
 	settled := func(what string) {
 		t.Helper()
 		start := time.Now()
-		checkFor(t, 3*time.Second, 20*time.Millisecond, func() error {
+		checkFor(t, 6*time.Second, 20*time.Millisecond, func() error {
 			free, holds := engineMetric(t, c, "prefill", "connex_sim_blocks_free"), engineMetric(t, c, "prefill", "connex_sim_holds")
 			held, err := prefillHeld(t, nc, c)
 			if err != nil || free != free0 || holds != 0 || held != 0 {

@@ -142,6 +142,10 @@ func postJSON(ctx context.Context, url string, body map[string]any) (int, map[st
 // kept as written ("name{a=\"b\"}").
 func scrape(url string) (map[string]float64, error) { return scrapeAs(url, "") }
 
+// scrapeClient bounds a scrape: a frozen (SIGSTOPped) process answers an
+// error, not a hung test.
+var scrapeClient = &http.Client{Timeout: 10 * time.Second}
+
 // scrapeAs is scrape with "Authorization: Bearer <key>" (the router's
 // /metrics wants its admin key: localcluster.Cluster.AdminKey).
 func scrapeAs(url, key string) (map[string]float64, error) {
@@ -152,7 +156,7 @@ func scrapeAs(url, key string) (map[string]float64, error) {
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := scrapeClient.Do(req)
 	if err != nil {
 		return nil, err
 	}
