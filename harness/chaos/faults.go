@@ -70,7 +70,7 @@ func (r *run) fault(ctx context.Context, f Fault) {
 		fr.Error = err.Error()
 	}
 	node, _, _ := strings.Cut(target, "/")
-	if strings.HasPrefix(node, "prefill-") || node == "router" {
+	if err == nil && (strings.HasPrefix(node, "prefill-") || node == "router") {
 		r.mu.Lock()
 		switch f.Action {
 		case ActKill, ActStop, ActPartition:

@@ -124,12 +124,16 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (rep *Report, err erro
 	if prefillsBefore >= 0 && prefillsAfter >= prefillsBefore && !r.faultedRouterOrPrefill() {
 		ev.RouterPrefills = prefillsAfter - prefillsBefore
 	}
-	live, err := r.quiesce(ctx)
-	if err != nil {
+	switch live, err := r.quiesce(ctx); {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// The scenario's timeout: the report says so, with what was gathered.
+		ev.OutOfTime = true
+	case err != nil:
 		return nil, fmt.Errorf("%w: after the load: %v", ErrSetup, err)
+	default:
+		ev.Live = live
+		ev.DoubleFrees = r.doubleFrees(ctx)
 	}
-	ev.Live = live
-	ev.DoubleFrees = r.doubleFrees(ctx)
 	// Read after quiescence: a given-up leg is judged up to a stall
 	// window after its request's resumed stream delivered.
 	if falseAfter := r.routerFalseResumes(ctx); falseBefore != nil && falseAfter != nil && !r.faultedRouter() {
@@ -145,6 +149,7 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (rep *Report, err erro
 	ev.Down = append([]faultWindow(nil), r.windows...)
 	faults := append([]FaultReport(nil), r.faults...)
 	r.mu.Unlock()
+	ev.Faults = faults
 	rep = &Report{Scenario: sc.Name, Seed: sc.Seed, Started: started, Duration: time.Since(started), LoadAvg: load,
 		Summary: Summarize(ev), Faults: faults, Violations: Check(ev), Records: records}
 	return rep, nil
@@ -191,10 +196,12 @@ func (r *run) start(ctx context.Context) error {
 	admin := ""
 	if r.needsOwnNATS() {
 		n, err := startNATSProc(ctx, r.opts.Connexd, filepath.Join(r.dir, "nats"))
+		if n != nil {
+			r.nats = n // stopped by close, also when its start failed midway
+		}
 		if err != nil {
 			return err
 		}
-		r.nats = n
 		o.NATSURL, o.AuthDir, admin = n.url, filepath.Join(r.dir, "nats", "auth"), n.admin
 		host := strings.TrimPrefix(n.url, "nats://")
 		o.NATSURLFor = func(node, url string) string {

@@ -22,6 +22,13 @@ const (
 	InvNoResumes = "no request resumed (expect.no_resumes)"
 	// InvFalseStalls is Expect.FalseStallsMaxPct broken: a scenario check.
 	InvFalseStalls = "few streams of live engines given up for a stall (expect.false_stalls_max_pct)"
+	// InvFaultsApplied: a fault the scenario asked for could not be
+	// applied (a restart that failed, a target that would not take it),
+	// so the run did not test what the scenario says.
+	InvFaultsApplied = "every fault applied"
+	// InvInTime: the run reached its timeout before the load and the
+	// checks after it were done; the leak and free checks were not made.
+	InvInTime = "the run ends within the scenario's timeout"
 )
 
 // Violation is one broken invariant: which, the requests (or transfers)
@@ -87,6 +94,12 @@ type Evidence struct {
 	FalseResumes map[string]int
 	// Expect is what the scenario demands beyond the invariants.
 	Expect Expect
+	// Faults are the faults as they were applied (FaultReport.Error set
+	// for one that could not be).
+	Faults []FaultReport
+	// OutOfTime: the scenario's timeout ended the run before quiescence;
+	// Live, Freed and DoubleFrees were not gathered.
+	OutOfTime bool
 }
 
 func label(r *Record) string {
@@ -223,7 +236,20 @@ func checkExpect(ev Evidence) []Violation {
 			out = append(out, Violation{InvNoResumes, resumed, fmt.Sprintf("%d request(s) were moved to another decode engine although no engine was faulted", len(resumed))})
 		}
 	}
-	if limit := ev.Expect.FalseStallsMaxPct; limit > 0 {
+	var failed []string
+	for _, f := range ev.Faults {
+		if f.Error != "" {
+			failed = append(failed, fmt.Sprintf("%s %s at %s: %s", f.Action, f.Target, f.At.Round(time.Millisecond), f.Error))
+		}
+	}
+	if len(failed) > 0 {
+		out = append(out, Violation{InvFaultsApplied, nil, strings.Join(failed, "; ")})
+	}
+	if ev.OutOfTime {
+		out = append(out, Violation{InvInTime, nil, "the timeout came before the load ended and the cluster was quiet: requests never sent are listed as such, leaks and frees were not checked"})
+	}
+	if ev.Expect.FalseStallsMaxPct != nil {
+		limit := *ev.Expect.FalseStallsMaxPct
 		n, reqs := ev.FalseResumes["stalled"], max(len(ev.Records), 1)
 		switch {
 		case ev.FalseResumes == nil:

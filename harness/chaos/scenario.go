@@ -66,8 +66,25 @@ type Expect struct {
 	// {reason="stalled"}), in percent of the requests (InvFalseStalls): the
 	// stall rule's false alarms. Moving the stream of an engine whose
 	// connexd left (engine_left) is not one.
-	FalseStallsMaxPct float64 `yaml:"false_stalls_max_pct"`
+	// 0 allows none; unset (nil) checks nothing.
+	FalseStallsMaxPct *float64 `yaml:"false_stalls_max_pct"`
 }
+
+// Bounds of a scenario, so that a typo cannot make the harness allocate
+// without end or overflow a duration.
+const (
+	// MaxRequests bounds load.requests.
+	MaxRequests = 1_000_000
+	// MaxTokens bounds load.prompt_tokens + load.max_tokens (each, and
+	// their sum).
+	MaxTokens = 16384
+	// MaxFaults bounds the faults once repeats are unrolled.
+	MaxFaults = 10_000
+	// maxPrefillUSPerToken and maxDecodeMSPerToken bound the simulated
+	// engine's costs (one second a token).
+	maxPrefillUSPerToken = 1_000_000
+	maxDecodeMSPerToken  = 1_000
+)
 
 // Nodes is the cluster's size: engines of each role, each with its own
 // connexd, behind one router.
@@ -201,8 +218,13 @@ func (f *Fault) UnmarshalYAML(n *yaml.Node) error {
 		return lineErr(n, "a fault is a mapping {at, action, target}")
 	}
 	*f = Fault{line: n.Line}
+	seen := map[string]bool{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
+		if seen[k.Value] {
+			return lineErr(k, "field %s given twice in one fault", k.Value)
+		}
+		seen[k.Value] = true
 		var err error
 		switch k.Value {
 		case "at":
@@ -255,6 +277,14 @@ func ParseScenario(data []byte) (*Scenario, error) {
 		}
 		return nil, fmt.Errorf("%w: %v", ErrScenario, err)
 	}
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		line := more.Line
+		if len(more.Content) > 0 {
+			line = more.Content[0].Line
+		}
+		return nil, fmt.Errorf("%w: line %d: a second YAML document (one scenario a file)", ErrScenario, line)
+	}
 	s.defaults()
 	if err := s.validate(); err != nil {
 		return nil, err
@@ -266,7 +296,7 @@ func ParseScenario(data []byte) (*Scenario, error) {
 // expand unrolls repeated faults into single ones, in time order.
 func (s *Scenario) expand() {
 	var out []Fault
-	for _, f := range s.Faults {
+	for _, f := range s.Faults { // bounded and in time by validate
 		n := max(f.Times, 1)
 		for i := range n {
 			g := f
@@ -305,12 +335,17 @@ func (s *Scenario) validate() error {
 		return bad("nodes.prefill = %d: want 1..8", s.Nodes.Prefill)
 	case s.Nodes.Decode < 1 || s.Nodes.Decode > 16:
 		return bad("nodes.decode = %d: want 1..16", s.Nodes.Decode)
-	case s.Load.Requests < 1 || s.Load.Concurrency < 1 || s.Load.Concurrency > 256:
-		return bad("load.requests = %d, load.concurrency = %d: want requests ≥ 1 and concurrency 1..256", s.Load.Requests, s.Load.Concurrency)
-	case s.Load.PromptTokens < 1 || s.Load.MaxTokens < 1 || s.Load.PromptTokens+s.Load.MaxTokens > 16384:
-		return bad("load.prompt_tokens = %d, load.max_tokens = %d: want both ≥ 1 and their sum ≤ 16384", s.Load.PromptTokens, s.Load.MaxTokens)
-	case s.Engine.PrefillUSPerToken < 0 || s.Engine.DecodeMSPerToken < 0:
-		return bad("engine costs must be ≥ 0")
+	case s.Load.Requests < 1 || s.Load.Requests > MaxRequests || s.Load.Concurrency < 1 || s.Load.Concurrency > 256:
+		return bad("load.requests = %d, load.concurrency = %d: want requests 1..%d and concurrency 1..256", s.Load.Requests, s.Load.Concurrency, MaxRequests)
+	case s.Load.PromptTokens < 1 || s.Load.MaxTokens < 1 || s.Load.PromptTokens > MaxTokens || s.Load.MaxTokens > MaxTokens ||
+		s.Load.PromptTokens+s.Load.MaxTokens > MaxTokens:
+		return bad("load.prompt_tokens = %d, load.max_tokens = %d: want both ≥ 1 and their sum ≤ %d", s.Load.PromptTokens, s.Load.MaxTokens, MaxTokens)
+	case s.Engine.PrefillUSPerToken < 0 || s.Engine.PrefillUSPerToken > maxPrefillUSPerToken:
+		return bad("engine.prefill_us_per_token = %d: want 0..%d (0: the default)", s.Engine.PrefillUSPerToken, maxPrefillUSPerToken)
+	case !(s.Engine.DecodeMSPerToken >= 0 && s.Engine.DecodeMSPerToken <= maxDecodeMSPerToken): // NaN too
+		return bad("engine.decode_ms_per_token = %v: want 0..%d (0: the default)", s.Engine.DecodeMSPerToken, maxDecodeMSPerToken)
+	case s.Expect.FalseStallsMaxPct != nil && !(*s.Expect.FalseStallsMaxPct >= 0 && *s.Expect.FalseStallsMaxPct <= 100):
+		return bad("expect.false_stalls_max_pct = %v: want 0..100", *s.Expect.FalseStallsMaxPct)
 	case s.RetainS < 1 || s.RetainS > 3600:
 		return bad("retain_s = %d: want 1..3600", s.RetainS)
 	case s.Burn.Procs < 0 || s.Burn.Procs > 64:
@@ -329,28 +364,57 @@ func (s *Scenario) validate() error {
 			return bad("shapes.%s.kv_order = %q: want nhd, hnd or cpu", name, sh.KVOrder)
 		}
 	}
+	total := 0
 	for _, f := range s.Faults {
-		if f.Action == "" {
-			return bad("line %d: a fault without an action", f.line)
-		}
-		if f.Action == ActNATSRestart {
-			if f.Target != "" && f.Target != "nats" {
-				return bad("line %d: nats-restart targets nats, not %q", f.line, f.Target)
-			}
-			continue
-		}
-		if f.Target == "" {
-			return bad("line %d: %s needs a target", f.line, f.Action)
-		}
-		if _, err := ParseTarget(f.Target, s.Nodes); err != nil {
+		if err := f.check(s.Nodes); err != nil {
 			return bad("line %d: %v", f.line, err)
 		}
-		if f.Times > 1 && f.Every <= 0 {
-			return bad("line %d: times = %d needs every (the interval)", f.line, f.Times)
+		at, every, timeout := time.Duration(f.At), time.Duration(f.Every), time.Duration(s.Timeout)
+		if at >= timeout {
+			return bad("line %d: at %s is past the scenario's timeout %s", f.line, at, timeout)
 		}
-		if time.Duration(f.At) >= time.Duration(s.Timeout) {
-			return bad("line %d: at %s is past the scenario's timeout %s", f.line, time.Duration(f.At), time.Duration(s.Timeout))
+		n := max(f.Times, 1)
+		// The last repeat, at + (n-1)·every, without overflowing.
+		if n > 1 && int64(n-1) > int64((timeout-at-1)/every) {
+			return bad("line %d: %d repeats %s apart from %s run past the scenario's timeout %s", f.line, n, every, at, timeout)
 		}
+		if total += n; total > MaxFaults {
+			return bad("line %d: more than %d faults in all, repeats counted", f.line, MaxFaults)
+		}
+	}
+	return nil
+}
+
+// check refuses a fault its action cannot apply to its target, and a
+// repeat that repeats nothing.
+func (f Fault) check(nodes Nodes) error {
+	switch {
+	case f.Action == "":
+		return errors.New("a fault without an action")
+	case f.Times > 1 && f.Every <= 0:
+		return fmt.Errorf("times = %d needs every (the interval)", f.Times)
+	case f.Every > 0 && f.Times < 2:
+		return fmt.Errorf("every = %s without times ≥ 2 repeats nothing", time.Duration(f.Every))
+	}
+	if f.Action == ActNATSRestart {
+		if f.Target != "" && f.Target != "nats" {
+			return fmt.Errorf("nats-restart targets nats, not %q", f.Target)
+		}
+		return nil
+	}
+	if f.Target == "" {
+		return fmt.Errorf("%s needs a target", f.Action)
+	}
+	t, err := ParseTarget(f.Target, nodes)
+	switch {
+	case err != nil:
+		return err
+	case t.Role == "nats":
+		return fmt.Errorf("%s of nats: the server is faulted only by nats-restart", f.Action)
+	case (f.Action == ActPartition || f.Action == ActHeal) && t.Role == "router":
+		return fmt.Errorf("%s of the router: its NATS link is the server's own (cut none)", f.Action)
+	case (f.Action == ActPartition || f.Action == ActHeal) && t.Part != "":
+		return fmt.Errorf("%s of %q: a partition cuts a node's whole link, name the node without /%s", f.Action, f.Target, t.Part)
 	}
 	return nil
 }

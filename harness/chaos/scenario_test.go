@@ -221,12 +221,13 @@ func TestExpectChecks(t *testing.T) {
 		t.Fatalf("violations do not name the requests and errors: %v", v)
 	}
 	// False stalls: 1 of 3 requests is 33 %; engine_left ones do not count.
-	ev.Expect = Expect{FalseStallsMaxPct: 50}
+	pct := func(v float64) *float64 { return &v }
+	ev.Expect = Expect{FalseStallsMaxPct: pct(50)}
 	ev.FalseResumes = map[string]int{"stalled": 1, "engine_left": 2}
 	if v := Check(ev); len(v) != 0 {
 		t.Fatalf("33%% false stalls against 50%%: %v", v)
 	}
-	ev.Expect.FalseStallsMaxPct = 30
+	ev.Expect.FalseStallsMaxPct = pct(30)
 	if v := Check(ev); len(v) != 1 || v[0].Invariant != InvFalseStalls || !strings.Contains(v[0].Detail, "1 of 3 requests (33.33%") {
 		t.Fatalf("33%% false stalls against 30%%: %v", v)
 	}
@@ -234,7 +235,79 @@ func TestExpectChecks(t *testing.T) {
 	if v := Check(ev); len(v) != 1 || v[0].Invariant != InvFalseStalls {
 		t.Fatalf("unknown false resumes must not pass a bound: %v", v)
 	}
-	if sc, err := ParseScenario([]byte("expect: {false_stalls_max_pct: 1}\n")); err != nil || sc.Expect.FalseStallsMaxPct != 1 {
+	if sc, err := ParseScenario([]byte("expect: {false_stalls_max_pct: 1}\n")); err != nil || *sc.Expect.FalseStallsMaxPct != 1 {
 		t.Fatalf("false_stalls_max_pct: %+v, %v", sc.Expect, err)
+	}
+	// 0 allows no false stall at all (it is not "unset").
+	ev.FalseResumes = map[string]int{"stalled": 1}
+	ev.Expect.FalseStallsMaxPct = pct(0)
+	if v := Check(ev); len(v) != 1 || v[0].Invariant != InvFalseStalls {
+		t.Fatalf("one false stall against 0%%: %v", v)
+	}
+}
+
+// TestCheckFaultsAndTime: a fault that could not be applied, and a run
+// its timeout ended, break the run and say which and why.
+func TestCheckFaultsAndTime(t *testing.T) {
+	ev := Evidence{Faults: []FaultReport{
+		{At: time.Second, Action: ActKill, Target: "decode-any", Resolved: "decode-1"},
+		{At: 2 * time.Second, Action: ActRestart, Target: "decode-any", Skipped: "nothing killed"},
+	}}
+	if v := Check(ev); len(v) != 0 {
+		t.Fatalf("applied and skipped faults: %v", v)
+	}
+	ev.Faults = append(ev.Faults, FaultReport{At: 3 * time.Second, Action: ActRestart, Target: "decode-1", Error: "not ready within 60s"})
+	ev.OutOfTime = true
+	v := Check(ev)
+	if len(v) != 2 || v[0].Invariant != InvFaultsApplied || !strings.Contains(v[0].Detail, "restart decode-1 at 3s: not ready within 60s") || v[1].Invariant != InvInTime {
+		t.Fatalf("a failed fault and a run out of time: %v", v)
+	}
+}
+
+// TestScenarioBounds: values that would make the harness allocate without
+// end, overflow or test nothing are refused with the field that is wrong.
+func TestScenarioBounds(t *testing.T) {
+	for _, c := range []struct{ yaml, want string }{
+		{"faults:\n  - {at: 0s, action: kill, target: decode-0, every: 1ns, times: 2000000000}\n", "more than 10000 faults"},
+		{"faults:\n  - {at: 1s, action: kill, target: decode-0, every: 2000000h, times: 3}\n", "3 repeats 2000000h0m0s apart from 1s run past"},
+		{"timeout: 1m\nfaults:\n  - {at: 10s, action: kill, target: decode-0, every: 20s, times: 4}\n", "4 repeats 20s apart from 10s run past the scenario's timeout 1m0s"},
+		{"faults:\n  - {at: 1s, action: nats-restart, times: 5}\n", "times = 5 needs every"},
+		{"timeout: 1m\nfaults:\n  - {at: 1h, action: nats-restart}\n", "line 3: at 1h0m0s is past the scenario's timeout"},
+		{"faults:\n  - {at: 1s, action: kill, target: decode-0, every: 2s}\n", "every = 2s without times ≥ 2"},
+		{"faults:\n  - {at: 1s, action: kill, target: decode-0, every: 2s, times: 1}\n", "every = 2s without times ≥ 2"},
+		{"faults:\n  - {at: 1s, action: kill, action: stop, target: decode-0}\n", "line 2: field action given twice"},
+		{"faults:\n  - {at: 1s, action: kill, target: nats}\n", "kill of nats"},
+		{"faults:\n  - {at: 1s, action: partition, target: router}\n", "partition of the router"},
+		{"faults:\n  - {at: 1s, action: heal, target: decode-0/engine}\n", `heal of "decode-0/engine"`},
+		{"faults:\n  - {at: 1s}\n", "a fault without an action"},
+		{"faults:\n  - kill decode-0\n", "a fault is a mapping"},
+		{"load: {requests: 9223372036854775807}\n", "load.requests = 9223372036854775807"},
+		{"load: {requests: -1}\n", "load.requests = -1"},
+		{"load: {concurrency: 257}\n", "load.concurrency = 257"},
+		{"load: {prompt_tokens: 9223372036854775807, max_tokens: 9223372036854775807}\n", "want both ≥ 1 and their sum ≤ 16384"},
+		{"load: {prompt_tokens: 16000, max_tokens: 400}\n", "load.prompt_tokens = 16000, load.max_tokens = 400"},
+		{"load: {prompt_tokens: -4}\n", "load.prompt_tokens = -4"},
+		{"engine: {prefill_us_per_token: 9223372036854775807}\n", "engine.prefill_us_per_token = 9223372036854775807"},
+		{"engine: {prefill_us_per_token: -1}\n", "engine.prefill_us_per_token = -1"},
+		{"engine: {decode_ms_per_token: .inf}\n", "engine.decode_ms_per_token = +Inf"},
+		{"engine: {decode_ms_per_token: .nan}\n", "engine.decode_ms_per_token = NaN"},
+		{"expect: {false_stalls_max_pct: 101}\n", "expect.false_stalls_max_pct = 101"},
+		{"expect: {false_stalls_max_pct: -1}\n", "expect.false_stalls_max_pct = -1"},
+		{"nodes: {prefill: 9}\n", "nodes.prefill = 9"},
+		{"nodes: {decode: -1}\n", "nodes.decode = -1"},
+		{"retain_s: 4000\n", "retain_s = 4000"},
+		{"timeout: -1s\n", `"-1s" is not a duration`},
+		{"shapes:\n  decode-0: {block_size: 2048}\n", "shapes.decode-0.block_size = 2048"},
+		{"shapes:\n  decode-any: {tp: 2}\n", `shapes: "decode-any" is not an engine node`},
+		{"seed: 1\n---\nseed: 2\n", "line 3: a second YAML document"},
+	} {
+		_, err := ParseScenario([]byte(c.yaml))
+		if !errors.Is(err, ErrScenario) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an ErrScenario naming %q", c.yaml, err, c.want)
+		}
+	}
+	// At the bounds, accepted.
+	if _, err := ParseScenario([]byte("timeout: 1m\nload: {prompt_tokens: 16000, max_tokens: 384}\nfaults:\n  - {at: 10s, action: kill, target: decode-0, every: 16s, times: 4}\n")); err != nil {
+		t.Fatalf("a scenario at its bounds: %v", err)
 	}
 }
