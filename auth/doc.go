@@ -11,7 +11,7 @@
 //
 // An Authority (authority.go) is the directory holding the operator,
 // account and system keys (0600 files in a 0700 directory). An embedded
-// server is configured from it (bus), `connexd creds` mints credentials
+// server is configured from it (bus), `connexd auth creds` mints credentials
 // files from it, and `connexd auth server-config` prints the nats-server
 // configuration that trusts it (serverconf.go).
 package auth

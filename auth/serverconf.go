@@ -12,7 +12,7 @@ import (
 // trusts this authority: the operator, the system account and a memory
 // resolver preloaded with both accounts. Add listen, jetstream, cluster
 // and tls blocks of your own; every client then needs credentials minted
-// by `connexd creds`, and each one's permissions travel in its JWT.
+// by `connexd auth creds`, and each one's permissions travel in its JWT.
 func (a *Authority) ServerConfig() (string, error) {
 	op, _, err := a.OperatorJWT()
 	if err != nil {

@@ -70,7 +70,7 @@ type Config struct {
 	// <data_dir>/auth.
 	AuthDir string
 	// NATSCreds is this member's credentials file for an external server
-	// with authentication (`connexd creds --role member`).
+	// with authentication (`connexd auth creds --role member --member <id>`).
 	NATSCreds string
 	// NATSTLSCA, NATSTLSCert and NATSTLSKey: the CA that verifies the NATS
 	// server, and the certificate this client presents (or, embedded, the

@@ -20,7 +20,7 @@ var defaults = []struct {
 	{"nats_max_connections", 4096, "embedded NATS: client connections at most (at most half of ulimit -n; engines together get three quarters)"},
 	{"nats_engine_connections", 32, "embedded NATS with nats_auth: connections one engine's credentials may hold (more are closed)"},
 	{"auth_dir", "", "authority keys and generated credentials of the embedded server (default <data_dir>/auth)"},
-	{"nats_creds", "", "this member's NATS credentials file (connexd creds --role member), for an external server"},
+	{"nats_creds", "", "this member's NATS credentials file (connexd auth creds --role member --member <id>), for an external server"},
 	{"nats_tls_ca", "", "CA certificate (PEM) that verifies the NATS server"},
 	{"nats_tls_cert", "", "TLS certificate (PEM): presented to an external server, served by the embedded one"},
 	{"nats_tls_key", "", "TLS private key (PEM) of nats_tls_cert"},

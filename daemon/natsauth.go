@@ -54,7 +54,7 @@ func openBus(cfg config.Config, log *slog.Logger) (*natsbus.Bus, []byte, error) 
 			return nil, nil, fmt.Errorf("nats_creds=%s: %w", cfg.NATSCreds, err)
 		}
 		if claims.Name != me.Name() && claims.Name != (auth.Identity{Role: auth.RoleAdmin}).Name() {
-			return nil, nil, fmt.Errorf("nats_creds=%s are %q's, not member %s's (mint them with connexd creds --role member --member %s)", cfg.NATSCreds, claims.Name, cfg.MemberID, cfg.MemberID)
+			return nil, nil, fmt.Errorf("nats_creds=%s are %q's, not member %s's (mint them with connexd auth creds --role member --member %s)", cfg.NATSCreds, claims.Name, cfg.MemberID, cfg.MemberID)
 		}
 		if claims.Name == (auth.Identity{Role: auth.RoleAdmin}).Name() {
 			o.InboxPrefix = auth.Identity{Role: auth.RoleAdmin}.InboxPrefix()

@@ -24,7 +24,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print the members' status as JSON lines (protojson) instead of tables")
 	timeout := fs.Duration("timeout", 5*time.Second, "give up after this long")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: connexd status [--nats-url URL] [--creds FILE] [--json] [--timeout 5s]\n\n"+
+		fmt.Fprintf(stderr, "usage: connexd status [--nats-url URL] [--creds FILE] [--nats-tls-ca FILE] [--json] [--timeout 5s]\n\n"+
 			"Lists every member serving the connex API with its engines, live holds (oldest first),\n"+
 			"in-flight requests and running pulls.\n\n"+
 			"The defaults come from CONNEX_NATS_URL, CONNEX_NATS_CREDS and CONNEX_NATS_TLS_CA, as for connexd\n"+
