@@ -3,7 +3,8 @@
 Runs in vLLM's engine-core process. Every hook reads or updates local state and hands NATS work to the bus
 thread, with one exception that vLLM's contract forces: ``request_finished`` on the prefill side must return the
 ``kv_transfer_params`` the router forwards, and they name the hold connexd creates, so it waits for one
-``hold.create`` round trip (bounded by ``call_timeout_s``).
+``hold.create`` round trip (bounded by ``call_timeout_s``; once one went unanswered, the next ones are refused at
+once until connexd answers again: ``connex_vllm.breaker``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from . import breaker, codes, grammar, groups, notices
 from . import bus as busmod
-from . import codes, grammar, groups, notices
 from .bus import Bus, ConnexError
 from .metadata import ConnexMetadata, LoadSpec
 from .params import load_tokens, to_dict, to_proto
@@ -57,7 +58,8 @@ class Stats:
     """Counters tests and the benchmark read (engine-core process only)."""
 
     holds_created: int = 0
-    hold_errors: int = 0
+    hold_errors: int = 0  # requests that got no hold (their blocks freed, no kv_transfer_params): any cause
+    holds_unanswered: int = 0  # hold.create calls connexd did not answer within call_timeout_s
     loads_started: int = 0
     loads_refused: int = 0
     requests_started: int = 0
@@ -146,6 +148,8 @@ class ConnexScheduler:
         self.model = settings.model or model
         self.max_model_len = max_model_len
         self.stats = Stats()
+        # Open while connexd does not answer: hold.create is then refused without a call (connex_vllm.breaker).
+        self.holds_breaker = breaker.Unanswered(time.monotonic)
         self._mu = threading.Lock()
         self._pending = _Pending()
         self._decodes: dict[str, _Decode] = {}  # vLLM request id -> decode request
@@ -205,9 +209,12 @@ class ConnexScheduler:
         return pb.RegisterEngineRequest(engine=info, ttl_ms=self.settings.register_ttl_ms)
 
     async def _renew(self) -> float | None:
+        sent = time.monotonic()
         rep = await self._bus.call(
             "engine.register", self._registration(), pb.RegisterEngineReply, self.settings.call_timeout_s
         )
+        if self.holds_breaker.answered(sent):
+            log.warning("connex: connexd %s answers again: holds are made again", self.settings.member)
         journal, seq = self.notices.cursor.position()
         self._pull_awaits_start = rep.pull_awaits_start  # connexd may have restarted as another version
         if self.kv_role == CONSUMER and (rep.notice_journal != journal or rep.notice_seq > seq):
@@ -256,6 +263,11 @@ class ConnexScheduler:
                 return False, None
             nblocks = len(blocks)
         s = self.settings
+        if not self.holds_breaker.allow():
+            # connexd left a hold.create unanswered and has answered nothing sent since: not another deadline on
+            # the step loop. vLLM frees the blocks; the router prefills on another engine.
+            self.stats.hold_errors += 1
+            return False, None
         req = pb.CreateHoldRequest(
             engine_id=self.engine_id,
             region_id=REGION_ID,
@@ -270,6 +282,17 @@ class ConnexScheduler:
         except (ConnexError, concurrent.futures.TimeoutError) as e:
             self.stats.hold_errors += 1
             log.error("connex: hold.create for request %s (%d blocks) failed: %s", request.request_id, nblocks, e)
+            if (isinstance(e, ConnexError) and e.code == codes.CODE_TIMEOUT) or isinstance(
+                e, concurrent.futures.TimeoutError
+            ):
+                self.stats.holds_unanswered += 1
+                if self.holds_breaker.timed_out():
+                    log.error(
+                        "connex: connexd %s did not answer hold.create within %ss: the requests that finish are "
+                        "refused a hold at once (the router prefills them elsewhere) until it answers again",
+                        s.member,
+                        s.call_timeout_s,
+                    )
             return False, None
         params = rep.params
         params.do_remote_prefill, params.do_remote_decode = True, False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -291,3 +293,34 @@ def test_refused_start_fails_its_load(cluster: Cluster, engines: dict[str, Engin
     assert "its request.start failed" in why, why
     assert ed.free_blocks() == dtotal
     release(cluster, ep, params, total)
+
+
+def test_unanswered_hold_create_costs_one_deadline_not_one_a_request(cluster: Cluster) -> None:
+    """A prefill engine whose connexd froze (SIGSTOP) pays call_timeout_s once, not once per finishing request: the
+    next ones get no hold at once (blocks freed, no kv_transfer_params: the router prefills elsewhere), until
+    connexd answers the registration renewal again; then holds are made again."""
+    frozen = Connexd("pre-frozen", "prefill", cluster.nats_url)
+    ep = Engine("kv_producer", frozen.member, cluster.nats_url, "eng-pre-frozen", extra={"call_timeout_s": 0.5})
+    cs = ep.connector_sched
+    try:
+        prefill(ep, "f1")
+        total = ep.free_blocks()
+        os.kill(frozen.proc.pid, signal.SIGSTOP)
+        try:
+            batch = ("f2", "f3", "f4")
+            for rid in batch:
+                ep.add(rid, PROMPT, 1, {"do_remote_decode": True, "do_remote_prefill": False})
+            ep.run_until("the batch's prefills", lambda: all(ep.finished(r) for r in batch))
+            # One call went unanswered; the two requests after it were refused without a call.
+            assert cs.stats.holds_unanswered == 1, cs.stats
+            assert cs.stats.hold_errors == 3 and cs.holds_breaker.refused == 2, cs.stats
+            assert all(not ep.finished(r).kv_transfer_params for r in batch)
+            assert ep.free_blocks() == total, "the refused requests' blocks must go back to vLLM"
+        finally:
+            os.kill(frozen.proc.pid, signal.SIGCONT)
+        wait_for("connexd answering again", lambda: not cs.holds_breaker.is_open(), timeout_s=15.0)
+        prefill(ep, "f5")
+        assert cs.stats.holds_created == 2
+    finally:
+        ep.close()
+        frozen.kill()

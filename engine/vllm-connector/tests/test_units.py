@@ -212,3 +212,21 @@ def test_max_tokens_sent_with_request_start() -> None:
     for absent in (None, 0, -1, True, 2**32, "16"):
         assert _max_tokens(SimpleNamespace(max_tokens=absent)) == 0  # type: ignore[arg-type]
     assert _max_tokens(SimpleNamespace()) == 0  # type: ignore[arg-type]
+
+
+def test_unanswered_breaker_opens_on_a_deadline_and_closes_on_a_newer_answer() -> None:
+    from connex_vllm.breaker import Unanswered
+
+    now = [100.0]
+    b = Unanswered(lambda: now[0])
+    assert b.allow() and not b.is_open()
+    assert b.answered(99.0) is False, "closed: an answer changes nothing"
+    assert b.timed_out() is True and b.is_open() and b.opened == 1
+    assert not b.allow() and not b.allow() and b.refused == 2
+    # An answer to a call sent before it opened says nothing of connexd now.
+    assert b.answered(99.5) is False and b.is_open()
+    now[0] = 101.0
+    assert b.timed_out() is False and b.opened == 1, "a second deadline while open is the same outage"
+    assert b.answered(100.5) is False, "sent before the latest deadline passed"
+    assert b.answered(101.0) is True and not b.is_open() and b.allow()
+    assert b.refused == 2
