@@ -134,6 +134,9 @@ func Run(ctx context.Context, sc *Scenario, opts Options) (rep *Report, err erro
 		ev.Live = live
 		ev.DoubleFrees = r.doubleFrees(ctx)
 	}
+	// A deadline that passed during the reads after quiescence left them
+	// short: the run is out of time all the same.
+	ev.OutOfTime = ev.OutOfTime || errors.Is(ctx.Err(), context.DeadlineExceeded)
 	// Read after quiescence: a given-up leg is judged up to a stall
 	// window after its request's resumed stream delivered.
 	if falseAfter := r.routerFalseResumes(ctx); falseBefore != nil && falseAfter != nil && !r.faultedRouter() {

@@ -97,8 +97,8 @@ type Evidence struct {
 	// Faults are the faults as they were applied (FaultReport.Error set
 	// for one that could not be).
 	Faults []FaultReport
-	// OutOfTime: the scenario's timeout ended the run before quiescence;
-	// Live, Freed and DoubleFrees were not gathered.
+	// OutOfTime: the scenario's timeout ended the run before quiescence
+	// or the reads after it; Live and DoubleFrees may be missing.
 	OutOfTime bool
 }
 

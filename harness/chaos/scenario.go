@@ -378,9 +378,10 @@ func (s *Scenario) validate() error {
 		if n > 1 && int64(n-1) > int64((timeout-at-1)/every) {
 			return bad("line %d: %d repeats %s apart from %s run past the scenario's timeout %s", f.line, n, every, at, timeout)
 		}
-		if total += n; total > MaxFaults {
+		if n > MaxFaults-total { // (not total+n: that can wrap)
 			return bad("line %d: more than %d faults in all, repeats counted", f.line, MaxFaults)
 		}
+		total += n
 	}
 	return nil
 }

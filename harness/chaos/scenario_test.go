@@ -269,6 +269,7 @@ func TestCheckFaultsAndTime(t *testing.T) {
 func TestScenarioBounds(t *testing.T) {
 	for _, c := range []struct{ yaml, want string }{
 		{"faults:\n  - {at: 0s, action: kill, target: decode-0, every: 1ns, times: 2000000000}\n", "more than 10000 faults"},
+		{"timeout: 2562047h47m16.854775807s\nfaults:\n  - {at: 0s, action: kill, target: decode-0}\n  - {at: 0s, action: cont, target: decode-0, every: 1ns, times: 9223372036854775807}\n", "line 4: more than 10000 faults"},
 		{"faults:\n  - {at: 1s, action: kill, target: decode-0, every: 2000000h, times: 3}\n", "3 repeats 2000000h0m0s apart from 1s run past"},
 		{"timeout: 1m\nfaults:\n  - {at: 10s, action: kill, target: decode-0, every: 20s, times: 4}\n", "4 repeats 20s apart from 10s run past the scenario's timeout 1m0s"},
 		{"faults:\n  - {at: 1s, action: nats-restart, times: 5}\n", "times = 5 needs every"},

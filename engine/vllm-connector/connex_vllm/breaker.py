@@ -5,7 +5,8 @@ A connexd that does not answer (frozen, overloaded past ``call_timeout_s``) woul
 the whole deadline, one after another: a batch of 32 behind a SIGSTOPped connexd holds the engine for 32 deadlines.
 After one ``hold.create`` went unanswered, the next ones are refused without a call — vLLM frees their blocks and
 the router, finding no ``kv_transfer_params``, prefills on another engine — until a call sent after that moment is
-answered (the engine's registration renewal, which the bus thread sends every second or so, off the step loop).
+answered, with a reply or an error of connexd's own (the engine's registration renewal, which the bus thread sends
+every third of ``register_ttl_ms``, a second by default, off the step loop).
 
 Pure: an injected clock, no I/O; thread-safe (the step loop asks, the bus thread reports answers).
 """

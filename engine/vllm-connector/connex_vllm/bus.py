@@ -38,12 +38,14 @@ _HDR_ERROR = "Nats-Service-Error"
 
 
 class ConnexError(Exception):
-    """A subject-API call failed: ``code`` is the stable number of the API's error table (``codes``)."""
+    """A subject-API call failed: ``code`` is the stable number of the API's error table (``codes``). ``answered``:
+    connexd sent this error; False when the call got no answer (no reply in time, no responder, the connection)."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, answered: bool = True) -> None:
         super().__init__(f"{message} (code {code})")
         self.code = code
         self.message = message
+        self.answered = answered
 
 
 # Endpoints served only in the member scope (members and admins call them); every other endpoint is also
@@ -143,19 +145,19 @@ class Bus:
                 subj, msg.SerializeToString(), timeout=timeout_s, headers={"Content-Type": "application/protobuf"}
             )
         except NoRespondersError as e:
-            raise ConnexError(CODE_PEER_UNAVAILABLE, f"{subj}: no connexd answers") from e
+            raise ConnexError(CODE_PEER_UNAVAILABLE, f"{subj}: no connexd answers", answered=False) from e
         except (NatsTimeoutError, asyncio.TimeoutError) as e:
             le = self._nc.last_error
             if le is not None and "permissions violation" in str(le).lower() and subj in str(le):
                 msg = f"{subj}: the NATS server refused it to these credentials: {le}"
                 raise ConnexError(CODE_FORBIDDEN, msg) from e
-            raise ConnexError(CODE_TIMEOUT, f"{subj}: no reply within {timeout_s}s") from e
+            raise ConnexError(CODE_TIMEOUT, f"{subj}: no reply within {timeout_s}s", answered=False) from e
         except (NatsError, OSError) as e:
             # The connection closed, its outbound buffer filled while it
             # reconnects (a connexd restart), a payload over the limit: the
             # callers handle ConnexError alone, and none of these may escape
             # into vLLM's step loop.
-            raise ConnexError(CODE_PEER_UNAVAILABLE, f"{subj}: {type(e).__name__}: {e}") from e
+            raise ConnexError(CODE_PEER_UNAVAILABLE, f"{subj}: {type(e).__name__}: {e}", answered=False) from e
         if self.on_call is not None:
             self.on_call(endpoint, time.perf_counter() - t0)
         hdrs = r.headers or {}

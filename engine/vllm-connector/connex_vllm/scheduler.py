@@ -210,16 +210,24 @@ class ConnexScheduler:
 
     async def _renew(self) -> float | None:
         sent = time.monotonic()
-        rep = await self._bus.call(
-            "engine.register", self._registration(), pb.RegisterEngineReply, self.settings.call_timeout_s
-        )
-        if self.holds_breaker.answered(sent):
-            log.warning("connex: connexd %s answers again: holds are made again", self.settings.member)
+        try:
+            rep = await self._bus.call(
+                "engine.register", self._registration(), pb.RegisterEngineReply, self.settings.call_timeout_s
+            )
+        except ConnexError as e:
+            if e.answered:  # connexd refused it, but it answers
+                self._answered(sent)
+            raise
+        self._answered(sent)
         journal, seq = self.notices.cursor.position()
         self._pull_awaits_start = rep.pull_awaits_start  # connexd may have restarted as another version
         if self.kv_role == CONSUMER and (rep.notice_journal != journal or rep.notice_seq > seq):
             await self.notices.catch_up()  # some notices never reached us (or connexd restarted)
         return max(rep.renew_ms, 100) / 1000.0
+
+    def _answered(self, sent: float) -> None:
+        if self.holds_breaker.answered(sent):
+            log.warning("connex: connexd %s answers again: holds are made again", self.settings.member)
 
     async def _fetch_notices(self, journal: str, seq: int) -> npb.NoticesReply:
         req = npb.NoticesRequest(engine_id=self.engine_id, after_seq=seq, journal=journal)
@@ -282,7 +290,7 @@ class ConnexScheduler:
         except (ConnexError, concurrent.futures.TimeoutError) as e:
             self.stats.hold_errors += 1
             log.error("connex: hold.create for request %s (%d blocks) failed: %s", request.request_id, nblocks, e)
-            if (isinstance(e, ConnexError) and e.code == codes.CODE_TIMEOUT) or isinstance(
+            if (isinstance(e, ConnexError) and e.code == codes.CODE_TIMEOUT and not e.answered) or isinstance(
                 e, concurrent.futures.TimeoutError
             ):
                 self.stats.holds_unanswered += 1

@@ -112,3 +112,37 @@ def test_lost_notices_are_rebuilt_from_connexd_s_state() -> None:
 
     asyncio.run(polls())
     assert calls == ["state", "state"]
+
+
+class _RefusingBus:
+    def __init__(self, exc: ConnexError) -> None:
+        self.exc = exc
+
+    async def call(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.exc
+
+
+@pytest.mark.parametrize(
+    ("exc", "closes"),
+    [
+        (ConnexError(codes.CODE_OVERLOADED, "registry full"), True),  # connexd's own answer
+        (ConnexError(codes.CODE_TIMEOUT, "connexd's own 504"), True),
+        (ConnexError(codes.CODE_TIMEOUT, "no reply within 1s", answered=False), False),
+        (ConnexError(codes.CODE_PEER_UNAVAILABLE, "no connexd answers", answered=False), False),
+    ],
+)
+def test_a_renewal_connexd_refuses_still_says_it_answers(exc: ConnexError, closes: bool) -> None:
+    import time
+    from types import SimpleNamespace
+
+    from connex_vllm.breaker import Unanswered
+
+    s = object.__new__(ConnexScheduler)
+    s.settings = SimpleNamespace(call_timeout_s=1.0, member="m-1")  # type: ignore[assignment]
+    s._registration = lambda: None  # type: ignore[method-assign]
+    s._bus = _RefusingBus(exc)  # type: ignore[assignment]
+    s.holds_breaker = Unanswered(time.monotonic)
+    s.holds_breaker.timed_out()
+    with pytest.raises(ConnexError):
+        asyncio.run(s._renew())
+    assert s.holds_breaker.is_open() is not closes
