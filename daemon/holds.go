@@ -109,6 +109,10 @@ func (h *holdAPI) CreateHold(ctx context.Context, r *messages.CreateHoldRequest)
 		release()
 		return nil, err
 	}
+	if err := region.Region.Layout.CheckExtents(r.BlockIds); err != nil {
+		release()
+		return nil, err
+	}
 	ranks, releaseRanks, err := h.acquireRanks(r, region.Region.Layout)
 	if err != nil {
 		release()

@@ -130,6 +130,9 @@ func (a *pullAPI) StartPull(ctx context.Context, r *messages.StartPullRequest) (
 	if err := kvmem.ValidateBlockIDs(r.BlockIds, l.Blocks); err != nil {
 		return fail(err)
 	}
+	if err := l.CheckExtents(r.BlockIds); err != nil {
+		return fail(err)
+	}
 	if err := dst.Blocks.BeginWrite(r.BlockIds); err != nil {
 		return fail(err)
 	}

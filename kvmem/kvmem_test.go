@@ -3,6 +3,7 @@ package kvmem
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -24,6 +25,10 @@ func TestLayoutValidate(t *testing.T) {
 		func(l *Layout) { l.BlockSize = 0 },
 		func(l *Layout) { l.TPSize = 0 },
 		func(l *Layout) { l.Layers, l.Blocks, l.BlockBytes = 1<<31, 1<<31, 1<<40 },
+		// Within the byte bound, but a hold of one block would keep 2^32
+		// extents in memory.
+		func(l *Layout) { l.Layers, l.Planes, l.Blocks, l.BlockBytes = 1<<31, 2, 1, 1 },
+		func(l *Layout) { l.Layers = MaxLayers + 1 },
 	}
 	for i, mut := range bad {
 		l := testLayout()
@@ -202,5 +207,39 @@ func TestRegionTableRefcounts(t *testing.T) {
 	rt.Close()
 	if !heap.closed {
 		t.Fatal("the table's Close left its opener open")
+	}
+}
+
+// TestCheckExtents: a block list whose extents (layers × planes × runs)
+// pass MaxExtents is refused before anything is allocated for it; one just
+// under passes, and contiguous blocks count one run.
+func TestCheckExtents(t *testing.T) {
+	l := testLayout()
+	l.Layers, l.Planes, l.Blocks = 256, 2, MaxBlocks
+	scattered := func(n int) []uint32 {
+		ids := make([]uint32, n)
+		for i := range ids {
+			ids[i] = uint32(2 * i)
+		}
+		return ids
+	}
+	perRun := uint64(l.Layers) * uint64(l.Planes)
+	under := scattered(int(MaxExtents / perRun))
+	if err := l.CheckExtents(under); err != nil {
+		t.Fatalf("%d scattered blocks (%d extents): %v", len(under), uint64(len(under))*perRun, err)
+	}
+	over := scattered(int(MaxExtents/perRun) + 1)
+	if err := l.CheckExtents(over); !errors.Is(err, ErrBadBlockIDs) || !strings.Contains(err.Error(), "at most 4194304") {
+		t.Fatalf("%d scattered blocks: want ErrBadBlockIDs naming the bound, got %v", len(over), err)
+	}
+	contiguous := make([]uint32, MaxBlockIDs)
+	for i := range contiguous {
+		contiguous[i] = uint32(i)
+	}
+	if err := l.CheckExtents(contiguous); err != nil {
+		t.Fatalf("%d contiguous blocks (one run): %v", len(contiguous), err)
+	}
+	if got := len(l.Extents(contiguous[:3])); got != 512 {
+		t.Fatalf("Extents of one run: %d, want one a layer and plane (512)", got)
 	}
 }

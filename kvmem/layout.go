@@ -20,6 +20,17 @@ const MaxRegionBytes = 1 << 40
 // bytes of accounting per block, and no engine needs more.
 const MaxBlocks = 1 << 22
 
+// MaxLayers bounds a region's layers (or cache groups' layers): a hold
+// keeps an extent per layer, plane and run of blocks.
+const MaxLayers = 4096
+
+// MaxExtents bounds the extents one hold or pull describes (layers ×
+// planes × runs of consecutive block ids; 16 bytes each while connexd
+// plans and registers them), so that no engine's request makes connexd
+// allocate without bound: 4 Mi, e.g. 8192 scattered blocks of a
+// 256-layer-plane model 2 times over.
+const MaxExtents = 1 << 22
+
 // Layout is the geometry of a KV region: layers × planes × blocks × bytes,
 // laid out layer-major. Block b of plane p of layer l starts at
 // ((l*Planes+p)*Blocks+b)*BlockBytes. Planes is 2 when K and V are separate
@@ -58,8 +69,8 @@ type Layout struct {
 // Validate reports why l cannot describe a region, or nil.
 func (l Layout) Validate() error {
 	switch {
-	case l.Layers == 0:
-		return fmt.Errorf("%w: num_layers must be > 0", ErrBadLayout)
+	case l.Layers == 0 || l.Layers > MaxLayers:
+		return fmt.Errorf("%w: num_layers=%d, allowed: 1..%d", ErrBadLayout, l.Layers, MaxLayers)
 	case l.Planes != 1 && l.Planes != 2:
 		return fmt.Errorf("%w: kv_planes=%d, want 2 (K and V planes) or 1 (K and V inside each block); only full-attention KV is supported", ErrBadLayout, l.Planes)
 	case l.Blocks == 0 || l.Blocks > MaxBlocks:
@@ -128,7 +139,7 @@ type Extent struct {
 // the order of ids). This order is the wire order of a hold's segments.
 func (l Layout) Extents(ids []uint32) []Extent {
 	runs := Runs(ids)
-	out := make([]Extent, 0, int(l.Layers*l.Planes)*len(runs))
+	out := make([]Extent, 0, int(l.Layers)*int(l.Planes)*len(runs))
 	for layer := uint32(0); layer < l.Layers; layer++ {
 		for p := uint32(0); p < l.Planes; p++ {
 			for _, r := range runs {
@@ -137,6 +148,23 @@ func (l Layout) Extents(ids []uint32) []Extent {
 		}
 	}
 	return out
+}
+
+// CheckExtents refuses a block id list whose blocks this layout keeps in
+// more than MaxExtents extents (see Extents), before anything is
+// allocated for them.
+func (l Layout) CheckExtents(ids []uint32) error {
+	runs := 0
+	for i, id := range ids {
+		if i == 0 || ids[i-1]+1 != id {
+			runs++
+		}
+	}
+	if n := uint64(l.Layers) * uint64(l.Planes) * uint64(runs); n > MaxExtents {
+		return fmt.Errorf("%w: %d blocks in %d runs of consecutive ids make %d extents over %d layers and %d planes, at most %d: fewer or more contiguous blocks",
+			ErrBadBlockIDs, len(ids), runs, n, l.Layers, l.Planes, MaxExtents)
+	}
+	return nil
 }
 
 // ErrBadBlockIDs is returned for an empty, out-of-range or duplicated block id list.
