@@ -53,16 +53,27 @@ func (h *Endpoint) post(ctx context.Context, ops []transport.GetOp, keys []keyIn
 		bt.pin.Unpin()
 		return transport.ErrClosed
 	}
-	select {
-	case err := <-bt.result:
-		if err == nil && bt.local {
-			for _, p := range holders {
-				if err := checkAlive(p); err != nil {
-					return err
-				}
+	err := w.await(ctx, bt)
+	if err == nil && bt.local {
+		for _, p := range holders {
+			if err := checkAlive(p); err != nil {
+				return err
 			}
 		}
+	}
+	return err
+}
+
+// await waits for a submitted batch's result, cancels it when ctx ends,
+// and settles it when the worker stops: a batch whose closure the stopped
+// loop never ran (queued after its last look at its commands) has no
+// result coming.
+func (w *worker) await(ctx context.Context, bt *batch) error {
+	select {
+	case err := <-bt.result:
 		return wrapGet(err)
+	case <-w.done:
+		return w.settleStopped(bt)
 	case <-ctx.Done():
 	}
 	why := transport.CtxErr(ctx.Err())
@@ -75,10 +86,29 @@ func (h *Endpoint) post(ctx context.Context, ops []transport.GetOp, keys []keyIn
 			return nil
 		}
 		return wrapGet(err)
+	case <-w.done:
+		return w.settleStopped(bt)
 	case <-t.C:
 		// UCX still holds the destination buffers; they stay pinned.
 		return fmt.Errorf("ucx: get: %w (UCX did not release the buffers within %v)", why, cancelGrace)
 	}
+}
+
+// settleStopped is the outcome of batch bt once its worker has stopped:
+// its result if the loop ran it (every batch it ran has one by now, the
+// shutdown's leaked ones included), else ErrClosed, its C memory freed and
+// its destinations unpinned — it never reached UCX.
+func (w *worker) settleStopped(bt *batch) error {
+	select {
+	case err := <-bt.result:
+		return wrapGet(err)
+	default:
+	}
+	C.free(unsafe.Pointer(bt.c))
+	C.free(unsafe.Pointer(bt.ops))
+	bt.c, bt.ops = nil, nil
+	bt.pin.Unpin()
+	return transport.ErrClosed
 }
 
 func wrapGet(err error) error { return err }
