@@ -153,8 +153,17 @@ ucs_status_t cx_mem_unmap(cx_worker *w, ucp_mem_h memh);
 cx_reg *cx_reg_add(cx_worker *w, uint64_t base, uint64_t len, uint64_t token, ucp_mem_h memh);
 // cx_reg_disable refuses new requests on r; returns replies still in flight.
 int64_t cx_reg_disable(cx_worker *w, cx_reg *r);
-// cx_reg_kill_replies force-closes the endpoints r's replies are on.
-void cx_reg_kill_replies(cx_reg *r);
+// cx_reg_reply_eps writes the distinct endpoints r's replies are on (at
+// most cap) to out and returns how many.
+size_t cx_reg_reply_eps(cx_reg *r, ucp_ep_h *out, size_t cap);
+// cx_reg_forget_ep and cx_worker_forget_ep drop ep from the replies of r,
+// of every live registration of w and of w's refusals: ep is being closed,
+// and no later close may touch it again (UCX frees it).
+void cx_reg_forget_ep(cx_reg *r, ucp_ep_h ep);
+void cx_worker_forget_ep(cx_worker *w, ucp_ep_h ep);
+// cx_ep_force_close closes an endpoint UCX made for a peer's requests
+// (none of ours), forcibly, without waiting.
+void cx_ep_force_close(ucp_ep_h ep);
 void cx_reg_free(cx_reg *r);
 // cx_reg_set_extents restricts r to n sorted, disjoint (offset, length)
 // pairs (copied; pairs that repeat one period at a fixed stride, as a

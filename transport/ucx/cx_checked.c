@@ -421,31 +421,48 @@ int64_t cx_reg_disable(cx_worker *w, cx_reg *r) {
 	return r->inflight;
 }
 
-void cx_reg_kill_replies(cx_reg *r) {
-	// Closing an endpoint completes (and unlinks) its replies, so restart
-	// the walk after each close.
-	for (;;) {
-		cx_reply *rp = r->replies;
-		while (rp != NULL && rp->ep == NULL) {
-			rp = rp->next;
+size_t cx_reg_reply_eps(cx_reg *r, ucp_ep_h *out, size_t cap) {
+	size_t n = 0;
+	for (cx_reply *rp = r->replies; rp != NULL && n < cap; rp = rp->next) {
+		if (rp->ep == NULL) {
+			continue;
 		}
-		if (rp == NULL) {
-			return;
+		size_t i = 0;
+		while (i < n && out[i] != rp->ep) {
+			i++;
 		}
-		ucp_ep_h ep = rp->ep;
-		for (cx_reply *q = r->replies; q != NULL; q = q->next) {
-			if (q->ep == ep) {
-				q->ep = NULL;
-			}
+		if (i == n) {
+			out[n++] = rp->ep;
 		}
-		ucp_request_param_t p;
-		memset(&p, 0, sizeof(p));
-		p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-		p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-		void *req = ucp_ep_close_nbx(ep, &p);
-		if (UCS_PTR_IS_PTR(req)) {
-			ucp_request_free(req);
+	}
+	return n;
+}
+
+void cx_reg_forget_ep(cx_reg *r, ucp_ep_h ep) {
+	for (cx_reply *rp = r->replies; rp != NULL; rp = rp->next) {
+		if (rp->ep == ep) {
+			rp->ep = NULL;
 		}
+	}
+}
+
+void cx_worker_forget_ep(cx_worker *w, ucp_ep_h ep) {
+	for (uint32_t i = 0; i < w->nregs; i++) {
+		if (w->regs[i] != NULL) {
+			cx_reg_forget_ep(w->regs[i], ep);
+		}
+	}
+	cx_reg_forget_ep(&w->refusals, ep);
+}
+
+void cx_ep_force_close(ucp_ep_h ep) {
+	ucp_request_param_t p;
+	memset(&p, 0, sizeof(p));
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+	p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+	void *req = ucp_ep_close_nbx(ep, &p);
+	if (UCS_PTR_IS_PTR(req)) {
+		ucp_request_free(req);
 	}
 }
 

@@ -267,6 +267,9 @@ func (w *worker) closeEP(u *uep, why error) {
 	if u.dead == nil {
 		u.dead = why
 	}
+	// Replies on this endpoint (a peer's requests UCX matched to it) must
+	// not close it again later.
+	w.forgetEP(u.c.ep)
 	var st C.ucs_status_t
 	req := C.cx_ep_close(w.c, u.c, 1, &st)
 	delete(w.eps, u.c)
@@ -594,7 +597,8 @@ func (w *worker) deregister(r *Registration, done chan<- error) {
 }
 
 func (w *worker) pollDeregs(now time.Time) {
-	keep := w.deregs[:0]
+	// Not w.deregs[:0]: killReplies walks w.deregs while this loop runs.
+	keep := make([]*pendingDereg, 0, len(w.deregs))
 	for _, d := range w.deregs {
 		switch {
 		case d.r.creg.inflight == 0:
@@ -602,7 +606,7 @@ func (w *worker) pollDeregs(now time.Time) {
 		case now.After(d.deadline) && !d.killed:
 			w.log("ucx: deregister: replies still in flight; force-closing their endpoints",
 				"replies", int64(d.r.creg.inflight))
-			C.cx_reg_kill_replies(d.r.creg)
+			w.killReplies(d.r.creg)
 			d.killed = true
 			w.forcedDeregs++
 			d.deadline = now.Add(DeregisterGrace)
@@ -616,8 +620,53 @@ func (w *worker) pollDeregs(now time.Time) {
 			keep = append(keep, d)
 		}
 	}
-	clear(w.deregs[len(keep):])
 	w.deregs = keep
+}
+
+// killReplies force-closes the endpoints creg's replies are on, which
+// completes them. UCX may have matched a peer's connection to an endpoint
+// this worker reads through (one endpoint serves both directions): that one
+// is closed as this worker's own (closeEP: its GETs fail, its rkeys go), not
+// behind its back; every reply on a closed endpoint forgets it first, so
+// that no later close touches what UCX freed. Loop-owned.
+func (w *worker) killReplies(creg *C.cx_reg) {
+	var buf [64]C.ucp_ep_h
+	for {
+		n := int(C.cx_reg_reply_eps(creg, &buf[0], C.size_t(len(buf))))
+		if n == 0 {
+			return
+		}
+		for _, ep := range buf[:n] {
+			w.forgetEP(ep)
+			if u := w.epOf(ep); u != nil {
+				w.closeEP(u, fmt.Errorf("%w: the holder's replies to this peer stalled past %v", transport.ErrPeerGone, DeregisterGrace))
+				continue
+			}
+			C.cx_ep_force_close(ep)
+		}
+	}
+}
+
+// forgetEP drops ep from every reply that names it: the live
+// registrations', the refusals' and those of registrations waiting to be
+// unmapped. Loop-owned.
+func (w *worker) forgetEP(ep C.ucp_ep_h) {
+	C.cx_worker_forget_ep(w.c, ep)
+	for _, d := range w.deregs {
+		if d.r.creg != nil { // nil once unmapped and freed
+			C.cx_reg_forget_ep(d.r.creg, ep)
+		}
+	}
+}
+
+// epOf is this worker's endpoint whose UCX endpoint is ep, or nil.
+func (w *worker) epOf(ep C.ucp_ep_h) *uep {
+	for c, u := range w.eps {
+		if c.ep == ep && !u.closed {
+			return u
+		}
+	}
+	return nil
 }
 
 // unmap releases r's table entry and UCX mapping. Loop-owned.
