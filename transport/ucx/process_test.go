@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -67,14 +68,38 @@ func runHolder() int {
 		return 1
 	}
 	fmt.Printf("%x %x %d\n", b.Address(), reg.RemoteKey(), reg.RemoteAddr())
-	io.Copy(io.Discard, os.Stdin)
+	// "read <addr> <key> <base> <n>" on stdin: read the parent's
+	// registration over and over (a reader of the parent's memory as well).
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) == 5 && f[0] == "read" {
+			go readForever(b, f[1:])
+		}
+	}
 	return 0
+}
+
+func readForever(b *Backend, f []string) {
+	addr, _ := hex.DecodeString(f[0])
+	key, _ := hex.DecodeString(f[1])
+	base, _ := strconv.ParseUint(f[2], 10, 64)
+	n, _ := strconv.Atoi(f[3])
+	ep, err := b.Connect(context.Background(), addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return
+	}
+	dst := make([]byte, n)
+	for {
+		_ = getT(ep, 10*time.Second, []transport.GetOp{{RemoteKey: key, RemoteAddr: base, Dst: dst}})
+	}
 }
 
 type holderProc struct {
 	cmd        *exec.Cmd
 	addr, key  []byte
 	base       uint64
+	stdin      io.Writer
 	stdinClose func()
 }
 
@@ -110,7 +135,7 @@ func startHolderReads(t *testing.T, tls, reads string) *holderProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	h := &holderProc{cmd: cmd, stdinClose: func() { stdin.Close() }}
+	h := &holderProc{cmd: cmd, stdin: stdin, stdinClose: func() { stdin.Close() }}
 	t.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGCONT)
 		cmd.Process.Kill()
@@ -321,4 +346,54 @@ func killWhile(h *holderProc, running func() bool) {
 		waitUntil(5*time.Second, 100*time.Microsecond, running)
 		h.cmd.Process.Signal(syscall.SIGKILL)
 	}()
+}
+
+// TestStalledReaderOfOursIsAlsoOurHolder: a peer that reads this process's
+// memory and is read by it freezes mid-read (SIGSTOP), so this process's
+// replies to it never complete; a Deregister then force-closes their
+// endpoint after DeregisterGrace. UCX may have matched the peer's
+// connection to the endpoint this process reads it through: the process
+// must survive it (the endpoint closed as its own, never closed twice),
+// its Get to the peer must fail rather than hang, and a later Close of that
+// endpoint must not touch what UCX freed.
+func TestStalledReaderOfOursIsAlsoOurHolder(t *testing.T) {
+	p := openT(t, "")
+	mem := randBytes(holderSize, 7)
+	reg, err := p.Register(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := startHolder(t, "")
+	ep, ops := connectHolder(t, p, h)
+	fmt.Fprintf(h.stdin, "read %x %x %d %d\n", p.Address(), reg.RemoteKey(), reg.RemoteAddr(), len(mem))
+	inflight := func() (n int64) {
+		if err := p.w.call(func() { n = int64(p.w.c.replies) }); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for inflight() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the peer never read this process's memory")
+		}
+		runtime.Gosched()
+	}
+	if err := h.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	err = reg.Deregister()
+	t.Logf("Deregister with a frozen reader: %v after %v", err, time.Since(t0).Round(time.Millisecond))
+	if n := forcedDeregs(p); n != 1 {
+		t.Fatalf("%d forced deregistrations, want 1: the frozen reader's replies were not force-closed", n)
+	}
+	err = getT(ep, 3*time.Second, ops)
+	if err == nil {
+		t.Fatal("a Get from the frozen peer succeeded")
+	}
+	t.Logf("Get from the frozen peer: %v", err)
+	if err := ep.Close(); err != nil {
+		t.Logf("Close: %v", err)
+	}
 }

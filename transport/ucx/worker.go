@@ -637,6 +637,7 @@ func (w *worker) killReplies(creg *C.cx_reg) {
 			return
 		}
 		for _, ep := range buf[:n] {
+			C.cx_reg_forget_ep(creg, ep) // (also when creg is not in w.deregs)
 			w.forgetEP(ep)
 			if u := w.epOf(ep); u != nil {
 				w.closeEP(u, fmt.Errorf("%w: the holder's replies to this peer stalled past %v", transport.ErrPeerGone, DeregisterGrace))
