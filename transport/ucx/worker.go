@@ -12,6 +12,7 @@ import "C"
 import (
 	"fmt"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -515,7 +516,9 @@ func (w *worker) shutdown() {
 		for _, b := range w.active {
 			b.result <- transport.ErrClosed
 		}
-		leaked = append(leaked, w.active...)
+		leaked.mu.Lock()
+		leaked.batches = append(leaked.batches, w.active...)
+		leaked.mu.Unlock()
 		return
 	}
 	if destroyAborts() {
@@ -614,6 +617,9 @@ func (w *worker) pollDeregs(now time.Time) {
 		case now.After(d.deadline):
 			// UCX still owns sends from this memory: keep it mapped (and
 			// pinned) forever rather than let a peer read reused memory.
+			leaked.mu.Lock()
+			leaked.regs = append(leaked.regs, d.r)
+			leaked.mu.Unlock()
 			d.done <- fmt.Errorf("ucx: deregister: %d replies never completed; memory left registered",
 				int64(d.r.creg.inflight))
 		default:
@@ -683,6 +689,12 @@ func (w *worker) unmap(r *Registration) error {
 	return statusErr("mem_unmap", st)
 }
 
-// leaked keeps batches UCX never released reachable (their pinned buffers
-// must stay valid), for the rare shutdown that gives up on them.
-var leaked []*batch
+// leaked keeps what UCX never released reachable: batches a shutdown gave
+// up on and registrations whose replies never completed (their pinned
+// memory must stay valid, and a runtime.Pinner collected while pinned
+// panics the process). Every worker's loop appends to it.
+var leaked struct {
+	mu      sync.Mutex
+	batches []*batch
+	regs    []*Registration
+}
