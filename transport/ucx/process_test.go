@@ -372,15 +372,25 @@ func TestStalledReaderOfOursIsAlsoOurHolder(t *testing.T) {
 		}
 		return n
 	}
+	// Freeze the peer with replies in flight (between two of its Gets
+	// there are none: then let it go on and try again).
 	deadline := time.Now().Add(20 * time.Second)
-	for inflight() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the peer never read this process's memory")
+	for {
+		for inflight() == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("the peer never read this process's memory")
+			}
+			runtime.Gosched()
 		}
-		runtime.Gosched()
-	}
-	if err := h.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
+		if err := h.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		if inflight() > 0 {
+			break
+		}
+		if err := h.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t0 := time.Now()
 	err = reg.Deregister()
