@@ -182,15 +182,24 @@ func (p *translatedPlan) stagedReads(read func([]transport.GetOp) error, from in
 	}
 	workers = max(workers, 0)
 	dstMem := p.dst.Region.Bytes()
-	var failed atomic.Bool
+	var (
+		failed atomic.Bool
+		fault  atomic.Pointer[error] // the first regroup's fault, if any
+	)
 	regroup := func(w *stagedWindow) {
 		if !failed.Load() {
-			for _, u := range w.units {
-				x.Regroup(u.layer, u.k, dstMem, w.scratch[u.base:], w.buf, streamOut)
+			err := regroupFaulting(func() {
+				for _, u := range w.units {
+					x.Regroup(u.layer, u.k, dstMem, w.scratch[u.base:], w.buf, streamOut)
+				}
+				// Order the streaming stores before the window's hand-off,
+				// which the pull's end waits for.
+				memcopy.Fence()
+			})
+			if err != nil {
+				fault.CompareAndSwap(nil, &err)
+				failed.Store(true)
 			}
-			// Order the streaming stores before the window's hand-off,
-			// which the pull's end waits for.
-			memcopy.Fence()
 		}
 		w.ops, w.units, w.used = w.ops[:0], w.units[:0], 0
 	}
@@ -205,6 +214,9 @@ func (p *translatedPlan) stagedReads(read func([]transport.GetOp) error, from in
 	// flush reads w and regroups it: here without regroup goroutines,
 	// else by handing it to them (started on the first flush).
 	flush := func(w *stagedWindow) error {
+		if err := fault.Load(); err != nil {
+			return *err // nothing more is read for a destination that faulted
+		}
 		if err := read(w.ops); err != nil {
 			return err
 		}
@@ -236,6 +248,9 @@ func (p *translatedPlan) stagedReads(read func([]transport.GetOp) error, from in
 		if ready != nil {
 			close(ready)
 			wg.Wait()
+		}
+		if f := fault.Load(); err == nil && f != nil {
+			err = *f
 		}
 		return err
 	}
