@@ -202,6 +202,16 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 	a.deps.Dir.put(m.ID, a.entry)
 	a.deps.Metrics.HoldsCreated.Add(1)
 	a.deps.timers().bind(&a.wake, ctx.Self(), ctx.ActorSystem())
+	if r.Gone() {
+		// engine.gone dropped the region while this hold was being made,
+		// and its sweep of the engine's holds may have run before the
+		// directory listed this one: end it as those ended (its blocks
+		// back, its registration revoked) and refuse the create.
+		a.step(ctx, lease.EngineGoneEvent{Now: a.now()}, func() Reply {
+			return Reply{Err: fmt.Errorf("hold %s: %w: engine %s went away while the hold was made", m.ID, lease.ErrEngineGone, r.Engine)}
+		})
+		return
+	}
 	a.rearm()
 	l := r.Region.Layout
 	ctx.Respond(Reply{Create: &messages.CreateHoldReply{

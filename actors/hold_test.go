@@ -366,3 +366,43 @@ func TestDescriptorsSayWhetherPullEndMayBeAsync(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldOfARegionDroppedMeanwhileEndsItself: engine.gone dropped the
+// region after a hold.create acquired it but before the hold was listed
+// (engine.gone's sweep of the engine's holds would miss it): the create is
+// refused as engine_gone and the hold frees its blocks and registrations
+// at once (no notice: its engine is gone), not at claim_s or retain_s.
+func TestHoldOfARegionDroppedMeanwhileEndsItself(t *testing.T) {
+	rig := newHoldRig(t)
+	table := kvmem.NewRegionTable(nil)
+	m, err := table.Add("e", "r", rig.region.Region)
+	if err != nil {
+		t.Fatal(err)
+	}
+	region, release, err := table.Acquire("e", "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := table.DropEngine("e"); n != 1 || !m.Gone() {
+		t.Fatalf("DropEngine dropped %d regions, gone=%v", n, m.Gone())
+	}
+	res, err := rig.sys.Root.RequestFuture(rig.table, &CreateHold{
+		ID: NewTransferID(), Req: &messages.CreateHoldRequest{EngineId: "e", RegionId: "r", BlockIds: []uint32{1, 2}},
+		Region: region, ReleaseRegion: release,
+		Lease: lease.Config{Retain: time.Minute, Mode: lease.OnFinish},
+	}, 2*time.Second).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := res.(Reply); !errors.Is(rep.Err, lease.ErrEngineGone) {
+		t.Fatalf("create on a dropped region: %+v, want ErrEngineGone", rep)
+	}
+	poll(t, "the hold ended", func() error {
+		rig.mu.Lock()
+		defer rig.mu.Unlock()
+		if rig.be.live.Load() != 0 || region.Blocks.Counts().Held != 0 || len(rig.dir.ByEngine("e")) != 0 {
+			return fmt.Errorf("registrations %d, held %d, listed %d", rig.be.live.Load(), region.Blocks.Counts().Held, len(rig.dir.ByEngine("e")))
+		}
+		return nil
+	})
+}

@@ -81,8 +81,11 @@ func (h handler) EngineGone(ctx context.Context, r *messages.EngineGoneRequest) 
 	if err := engineCall(ctx, &r.EngineId); err != nil {
 		return nil, err
 	}
-	out := messages.EngineGoneReply{HoldsDropped: h.holdAPI.dropEngine(r.EngineId)}
+	// Regions first: a hold.create that acquired one before sees it gone
+	// once it is listed (the sweep below may miss it) and ends itself.
+	var out messages.EngineGoneReply
 	out.RegionsDropped = uint32(h.regions.DropEngine(r.EngineId))
+	out.HoldsDropped = h.holdAPI.dropEngine(r.EngineId)
 	if h.handover != nil {
 		h.handover.Forget(r.EngineId)
 	}

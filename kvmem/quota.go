@@ -25,7 +25,7 @@ func (t *RegionTable) check(engine string, n uint64) error {
 	var member, eng uint64
 	regions := 0
 	for key, m := range t.regions {
-		if m.gone {
+		if m.gone.Load() {
 			continue
 		}
 		member += m.Region.Layout.Size()

@@ -6,6 +6,7 @@ import (
 	"io"
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // ErrUnknownRegion is returned for an engine/region pair that is not registered.
@@ -39,10 +40,14 @@ type Mapped struct {
 	Region *Region
 	Blocks *BlockTable
 
-	guard Guard // nil: unwatched
-	refs  int   // guarded by RegionTable.mu
-	gone  bool  // engine went away: unmap at refs == 0
+	guard Guard       // nil: unwatched
+	refs  int         // guarded by RegionTable.mu
+	gone  atomic.Bool // dropped (its engine went away, or broken): unmap at refs == 0; set under RegionTable.mu
 }
+
+// Gone reports whether the region was dropped from its table (engine.gone,
+// or broken): a user that acquired it before may finish, none may start.
+func (m *Mapped) Gone() bool { return m.gone.Load() }
 
 // Broken reports whether a copy from or into the region faulted (see
 // ErrRegionBroken).
@@ -127,7 +132,7 @@ func (t *RegionTable) dropBroken(key [2]string) bool {
 		return true
 	}
 	delete(t.regions, key)
-	m.gone = true
+	m.gone.Store(true)
 	if m.refs == 0 {
 		m.close()
 	}
@@ -233,7 +238,7 @@ func (t *RegionTable) release(m *Mapped) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	m.refs--
-	if m.refs == 0 && m.gone {
+	if m.refs == 0 && m.gone.Load() {
 		m.close()
 	}
 }
@@ -249,7 +254,7 @@ func (t *RegionTable) DropEngine(engine string) int {
 			continue
 		}
 		delete(t.regions, key)
-		m.gone = true
+		m.gone.Store(true)
 		if m.refs == 0 {
 			m.close()
 		}
