@@ -359,7 +359,7 @@ func (d *Daemon) assemble() {
 	d.holdAPI = &holdAPI{cfg: cfg, dir: d.dir, regions: d.regions, log: d.log}
 	d.starts = newStartGate(d.clock)
 	d.pullAPI = &pullAPI{backend: d.Backend.Name(), timeout: cfg.PullTimeout, stall: cfg.PullStall,
-		regions: d.regions, pullers: pullDeps{d.pdeps}, inflight: d.inflight, starts: d.starts, clock: d.clock}
+		regions: d.regions, pullers: newPullDeps(d.pdeps), inflight: d.inflight, starts: d.starts, clock: d.clock}
 	d.requestAPI = &requestAPI{member: cfg.MemberID, max: cfg.RequestsMax, authenticated: natsAuthenticated(cfg),
 		actors: systemRequests{sys: d.system, table: d.reqTable, deps: d.rdeps}, storeErr: d.reqErr,
 		local: d.regions, clock: d.clock, starts: d.starts, headAhead: d.headAhead, tryBackground: d.tryBackground, log: d.log,

@@ -85,6 +85,8 @@ func (h handler) EngineGone(ctx context.Context, r *messages.EngineGoneRequest) 
 	// once it is listed (the sweep below may miss it) and ends itself.
 	var out messages.EngineGoneReply
 	out.RegionsDropped = uint32(h.regions.DropEngine(r.EngineId))
+	// Its pulls stop writing: a new instance may register the same file.
+	h.pullAPI.pullers.endEngine(r.EngineId)
 	out.HoldsDropped = h.holdAPI.dropEngine(r.EngineId)
 	if h.handover != nil {
 		h.handover.Forget(r.EngineId)

@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"time"
 
 	"github.com/connex/connex/actors"
@@ -34,6 +36,9 @@ type pullStarter interface {
 	// refusePull ends a checked pull without reading: its blocks and
 	// region given back, err in its PullDone (pull.Refuse).
 	refusePull(p *pull.Pull, err error)
+	// endEngine ends every running pull of engine (engine.gone): none
+	// goes on writing a region its engine left.
+	endEngine(engine string)
 }
 
 // maxPullTimeout bounds a caller-chosen pull deadline: a holder never keeps
@@ -187,12 +192,57 @@ func pullSuffix(p *messages.KVTransferParams, skipBlocks, dstBlockSize uint32) (
 	return int(skipBlocks), tokens, nil
 }
 
-// pullDeps is pullStarter over the actors package's pullers.
-type pullDeps struct{ deps *pull.PullDeps }
+// pullDeps is pullStarter over the pull package's pullers. Each engine's
+// pulls run under a context of its own (under the daemon's), which
+// engine.gone cancels.
+type pullDeps struct {
+	deps *pull.PullDeps
 
-func (p pullDeps) startPull(pl *pull.Pull) { pull.StartPuller(p.deps, pl) }
+	mu      sync.Mutex
+	engines map[string]engineScope
+}
 
-func (p pullDeps) refusePull(pl *pull.Pull, err error) { pull.Refuse(p.deps, pl, err) }
+type engineScope struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+func newPullDeps(deps *pull.PullDeps) *pullDeps {
+	return &pullDeps{deps: deps, engines: map[string]engineScope{}}
+}
+
+func (p *pullDeps) startPull(pl *pull.Pull) {
+	pl.Ctx = p.scope(pl.Dst.Engine)
+	pull.StartPuller(p.deps, pl)
+}
+
+func (p *pullDeps) refusePull(pl *pull.Pull, err error) { pull.Refuse(p.deps, pl, err) }
+
+// scope is engine's pulls' context, made at its first pull.
+func (p *pullDeps) scope(engine string) context.Context {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s, ok := p.engines[engine]; ok {
+		return s.ctx
+	}
+	base := p.deps.Ctx
+	if base == nil {
+		base = context.Background()
+	}
+	ctx, cancel := context.WithCancelCause(base)
+	p.engines[engine] = engineScope{ctx, cancel}
+	return ctx
+}
+
+func (p *pullDeps) endEngine(engine string) {
+	p.mu.Lock()
+	s, ok := p.engines[engine]
+	delete(p.engines, engine)
+	p.mu.Unlock()
+	if ok {
+		s.cancel(fmt.Errorf("%w: engine %s went away (engine.gone)", context.Canceled, engine))
+	}
+}
 
 // pullReservations is pullReserver over the pull package's reservations:
 // an engine's request gets one when the engine has one region (its layout

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 type fakePullers struct {
 	started []*pull.Pull
 	refused []refusedPull
+	ended   []string
 }
 
 type refusedPull struct {
@@ -23,7 +25,8 @@ type refusedPull struct {
 	err error
 }
 
-func (f *fakePullers) startPull(p *pull.Pull) { f.started = append(f.started, p) }
+func (f *fakePullers) startPull(p *pull.Pull)  { f.started = append(f.started, p) }
+func (f *fakePullers) endEngine(engine string) { f.ended = append(f.ended, engine) }
 
 func (f *fakePullers) refusePull(p *pull.Pull, err error) {
 	f.refused = append(f.refused, refusedPull{p, err})
@@ -99,5 +102,35 @@ func TestStartPullSentAgainStartsOnePull(t *testing.T) {
 	}
 	if p := ps.started[1]; p.Stall != 2*time.Second || p.Timeout != 2*time.Second {
 		t.Fatalf("pull with timeout_ms=2000: stall %s timeout %s, want 2s each", p.Stall, p.Timeout)
+	}
+}
+
+// TestEngineGoneEndsItsPulls: each engine's pulls run under a scope of
+// its own under the daemon's; engine.gone ends that scope (its pulls stop
+// writing a region a new instance may register again), not another
+// engine's, and the engine's next pull gets a new one; the daemon's end
+// ends them all.
+func TestEngineGoneEndsItsPulls(t *testing.T) {
+	base, stop := context.WithCancel(context.Background())
+	defer stop()
+	p := newPullDeps(&pull.PullDeps{Ctx: base})
+	e1, e2 := p.scope("e1"), p.scope("e2")
+	if p.scope("e1") != e1 {
+		t.Fatal("a second pull of e1 got another scope")
+	}
+	p.endEngine("e1")
+	if e1.Err() == nil || !strings.Contains(context.Cause(e1).Error(), "engine e1 went away") {
+		t.Fatalf("e1's pulls after engine.gone: %v (%v)", e1.Err(), context.Cause(e1))
+	}
+	if e2.Err() != nil {
+		t.Fatalf("e2's pulls ended with e1's: %v", e2.Err())
+	}
+	again := p.scope("e1")
+	if again.Err() != nil {
+		t.Fatal("a new instance of e1 pulls under the ended scope")
+	}
+	stop()
+	if e2.Err() == nil || again.Err() == nil {
+		t.Fatal("the daemon's end did not end the engines' pulls")
 	}
 }

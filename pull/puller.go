@@ -1,6 +1,7 @@
 package pull
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -82,8 +83,12 @@ type Pull struct {
 	// Pick, when set, is the positions of the hold's list the pull reads,
 	// in order (a hold of several KV cache groups, each less its cached
 	// blocks: StartPullRequest.group_skip_blocks); Skip is 0 then.
-	Pick          []int
-	Timeout       time.Duration // the whole pull
+	Pick    []int
+	Timeout time.Duration // the whole pull
+	// Ctx, if set, ends the pull early when done (its engine went away:
+	// engine.gone); nil: only PullDeps.Ctx does. It must end when
+	// PullDeps.Ctx does.
+	Ctx           context.Context
 	Stall         time.Duration // descriptors must come within this; reads fail after this long without progress (stallwatch.go)
 	ReleaseRegion func()
 }
@@ -140,10 +145,7 @@ func StartPuller(deps *PullDeps, p *Pull) {
 	}
 	pl.start = deps.clock().Now()
 	deps.Metrics.PullsStarted.Add(1)
-	base := deps.Ctx
-	if base == nil {
-		base = context.Background()
-	}
+	base := cmp.Or[context.Context](p.Ctx, deps.Ctx, context.Background())
 	ctx, cancel := context.WithTimeout(base, timeout)
 	// On the daemon's background group: Close cancels the reads
 	// (Deps.Ctx), then waits for them to wind down, for the PullDone
