@@ -186,3 +186,51 @@ func TestReaderShutdownDuringPull(t *testing.T) {
 		return
 	}
 }
+
+// TestEngineGoneDuringPullEndsIt: engine.gone of the engine a pull writes
+// into ends the pull at once (PullDone with an error, the holder told), not
+// at its deadline: a new instance of the engine may register the same
+// region file, and no pull of the old one may go on writing it.
+func TestEngineGoneDuringPullEndsIt(t *testing.T) {
+	url := startNATS(t)
+	startConnexd(t, "holder", "--backend", "tcp", "--nats-url", url)
+	nc := connect(t, url)
+	pe := newEngine(t, nc, "holder", "engP", bigLayout, false)
+	ids, hold := holdEveryBlock(t, pe)
+	dn := startConnexd(t, "reader", "--backend", "tcp", "--nats-url", url)
+	for attempt := 0; ; attempt++ {
+		if attempt == 5 {
+			t.Fatal("every pull finished before engine.gone landed")
+		}
+		de := newEngine(t, nc, dn.member, fmt.Sprintf("engD%d", attempt), bigLayout, false)
+		done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
+		pullID := fmt.Sprintf("p%d", attempt)
+		if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: ids, PullId: pullID}); err != nil {
+			t.Fatal(err)
+		}
+		checkFor(t, 5*time.Second, time.Millisecond, func() error {
+			st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
+			if err != nil || st.ActivePulls == 0 {
+				return fmt.Errorf("pull not active on the holder: %v %v", st, err)
+			}
+			return nil
+		})
+		sent := time.Now()
+		if _, err := de.cli.EngineGone(ctx5(t), &messages.EngineGoneRequest{EngineId: de.id}); err != nil {
+			t.Fatal(err)
+		}
+		d := done.wait(t, 10*time.Second, func(m *messages.PullDone) bool { return m.PullId == pullID })
+		if d.Ok {
+			continue // finished before engine.gone landed: try again
+		}
+		t.Logf("pull ended %s after engine.gone: code %d (%s): %s", time.Since(sent).Round(time.Millisecond), d.ErrorCode, api.Code(d.ErrorCode).Name(), d.Error)
+		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+			st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
+			if err != nil || st.ActivePulls != 0 {
+				return fmt.Errorf("holder still counts the pull: %v %v", st, err)
+			}
+			return nil
+		})
+		return
+	}
+}
