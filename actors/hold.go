@@ -206,10 +206,13 @@ func (a *holdActor) create(ctx actor.Context, m *CreateHold) {
 		// engine.gone dropped the region while this hold was being made,
 		// and its sweep of the engine's holds may have run before the
 		// directory listed this one: end it as those ended (its blocks
-		// back, its registration revoked) and refuse the create.
-		a.step(ctx, lease.EngineGoneEvent{Now: a.now()}, func() Reply {
-			return Reply{Err: fmt.Errorf("hold %s: %w: engine %s went away while the hold was made", m.ID, lease.ErrEngineGone, r.Engine)}
-		})
+		// back, its registration revoked) and refuse the create. (A
+		// region dropped as broken ends its holds the same way.)
+		why := fmt.Errorf("hold %s: %w: engine %s went away while the hold was made", m.ID, lease.ErrEngineGone, r.Engine)
+		if err := r.CheckBroken(); err != nil {
+			why = fmt.Errorf("hold %s: %w", m.ID, err)
+		}
+		a.step(ctx, lease.EngineGoneEvent{Now: a.now()}, func() Reply { return Reply{Err: why} })
 		return
 	}
 	a.rearm()
