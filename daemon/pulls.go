@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -193,45 +194,74 @@ func pullSuffix(p *messages.KVTransferParams, skipBlocks, dstBlockSize uint32) (
 }
 
 // pullDeps is pullStarter over the pull package's pullers. Each engine's
-// pulls run under a context of its own (under the daemon's), which
-// engine.gone cancels.
+// running pulls share a context of its own (under the daemon's), which
+// engine.gone cancels; it lasts while the engine has pulls running.
 type pullDeps struct {
 	deps *pull.PullDeps
 
 	mu      sync.Mutex
-	engines map[string]engineScope
+	engines map[string]*engineScope
 }
 
 type engineScope struct {
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	running int // pulls started under it that have not given their region back
 }
 
 func newPullDeps(deps *pull.PullDeps) *pullDeps {
-	return &pullDeps{deps: deps, engines: map[string]engineScope{}}
+	return &pullDeps{deps: deps, engines: map[string]*engineScope{}}
 }
 
+// startPull starts pl under its engine's scope, or refuses it when the
+// engine went away since pl acquired its region (a pull held for its
+// request's start, say): engine.gone drops the regions before it ends the
+// scope, so a pull either sees its region gone here or runs under the
+// scope engine.gone cancels.
 func (p *pullDeps) startPull(pl *pull.Pull) {
-	pl.Ctx = p.scope(pl.Dst.Engine)
+	engine := pl.Dst.Engine
+	p.mu.Lock()
+	if pl.Dst.Gone() {
+		p.mu.Unlock()
+		pull.Refuse(p.deps, pl, api.Errorf(api.CodeEngineGone, "pull %s: engine %s went away (engine.gone) before the pull started", pl.ID, engine))
+		return
+	}
+	s := p.scopeLocked(engine)
+	s.running++
+	release := pl.ReleaseRegion
+	pl.ReleaseRegion = func() { // once, when the pull gives its region back
+		release()
+		p.ended(engine, s)
+	}
+	pl.Ctx = s.ctx
+	p.mu.Unlock()
 	pull.StartPuller(p.deps, pl)
 }
 
 func (p *pullDeps) refusePull(pl *pull.Pull, err error) { pull.Refuse(p.deps, pl, err) }
 
-// scope is engine's pulls' context, made at its first pull.
-func (p *pullDeps) scope(engine string) context.Context {
+// scopeLocked is engine's scope, made at its first running pull.
+func (p *pullDeps) scopeLocked(engine string) *engineScope {
+	if s, ok := p.engines[engine]; ok {
+		return s
+	}
+	base := cmp.Or[context.Context](p.deps.Ctx, context.Background())
+	ctx, cancel := context.WithCancelCause(base)
+	s := &engineScope{ctx: ctx, cancel: cancel}
+	p.engines[engine] = s
+	return s
+}
+
+// ended counts a pull of s done; the scope goes with its last pull.
+func (p *pullDeps) ended(engine string, s *engineScope) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if s, ok := p.engines[engine]; ok {
-		return s.ctx
+	if s.running--; s.running == 0 {
+		if p.engines[engine] == s {
+			delete(p.engines, engine)
+		}
+		s.cancel(nil)
 	}
-	base := p.deps.Ctx
-	if base == nil {
-		base = context.Background()
-	}
-	ctx, cancel := context.WithCancelCause(base)
-	p.engines[engine] = engineScope{ctx, cancel}
-	return ctx
 }
 
 func (p *pullDeps) endEngine(engine string) {

@@ -2,12 +2,15 @@ package daemon
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/connex/connex/actors"
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/clock"
+	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
 	"github.com/connex/connex/pull"
 )
@@ -105,32 +108,86 @@ func TestStartPullSentAgainStartsOnePull(t *testing.T) {
 	}
 }
 
-// TestEngineGoneEndsItsPulls: each engine's pulls run under a scope of
-// its own under the daemon's; engine.gone ends that scope (its pulls stop
-// writing a region a new instance may register again), not another
-// engine's, and the engine's next pull gets a new one; the daemon's end
-// ends them all.
+// TestEngineGoneEndsItsPulls: each engine's running pulls share a scope
+// under the daemon's; engine.gone ends it (its pulls stop writing a region
+// a new instance may register again), not another engine's; a scope goes
+// with its last pull; the daemon's end ends them all.
 func TestEngineGoneEndsItsPulls(t *testing.T) {
 	base, stop := context.WithCancel(context.Background())
 	defer stop()
 	p := newPullDeps(&pull.PullDeps{Ctx: base})
-	e1, e2 := p.scope("e1"), p.scope("e2")
-	if p.scope("e1") != e1 {
+	p.mu.Lock()
+	s1, s2 := p.scopeLocked("e1"), p.scopeLocked("e2")
+	s1.running, s2.running = 1, 1
+	same := p.scopeLocked("e1") == s1
+	p.mu.Unlock()
+	if !same {
 		t.Fatal("a second pull of e1 got another scope")
 	}
 	p.endEngine("e1")
-	if e1.Err() == nil || !strings.Contains(context.Cause(e1).Error(), "engine e1 went away") {
-		t.Fatalf("e1's pulls after engine.gone: %v (%v)", e1.Err(), context.Cause(e1))
+	if s1.ctx.Err() == nil || !strings.Contains(context.Cause(s1.ctx).Error(), "engine e1 went away") {
+		t.Fatalf("e1's pulls after engine.gone: %v (%v)", s1.ctx.Err(), context.Cause(s1.ctx))
 	}
-	if e2.Err() != nil {
-		t.Fatalf("e2's pulls ended with e1's: %v", e2.Err())
+	if s2.ctx.Err() != nil {
+		t.Fatalf("e2's pulls ended with e1's: %v", s2.ctx.Err())
 	}
-	again := p.scope("e1")
-	if again.Err() != nil {
-		t.Fatal("a new instance of e1 pulls under the ended scope")
+	p.ended("e1", s1) // the ended scope's pull gives its region back
+	p.ended("e2", s2)
+	if s2.ctx.Err() == nil || len(p.engines) != 0 {
+		t.Fatalf("scopes after their last pulls: e2 %v, %d kept", s2.ctx.Err(), len(p.engines))
+	}
+	p.mu.Lock()
+	again := p.scopeLocked("e1")
+	p.mu.Unlock()
+	if again.ctx.Err() != nil {
+		t.Fatal("a new instance of e1 pulls under an ended scope")
 	}
 	stop()
-	if e2.Err() == nil || again.Err() == nil {
+	if again.ctx.Err() == nil {
 		t.Fatal("the daemon's end did not end the engines' pulls")
+	}
+}
+
+// TestPullOfAnEngineGoneMeanwhileIsRefused: a pull that acquired its
+// region before engine.gone and starts after it (held for its request's
+// start) is refused engine_gone, its blocks and region given back, not run
+// into a region its engine left.
+func TestPullOfAnEngineGoneMeanwhileIsRefused(t *testing.T) {
+	table := kvmem.NewRegionTable(nil)
+	l := kvmem.Layout{Layers: 1, Planes: 2, Blocks: 4, BlockBytes: 64, BlockSize: 16, TPSize: 1}
+	region, err := kvmem.NewRegion("", l, "heap", make([]byte, l.Size()), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := table.Add("e1", "r0", region); err != nil {
+		t.Fatal(err)
+	}
+	dst, release, err := table.Acquire("e1", "r0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Blocks.BeginWrite([]uint32{1}); err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan struct{})
+	done := make(chan *messages.PullDone, 1)
+	p := newPullDeps(&pull.PullDeps{Metrics: &actors.Metrics{}, Log: slog.New(slog.DiscardHandler), Notify: func(d *messages.PullDone) { done <- d }})
+	table.DropEngine("e1")
+	p.endEngine("e1")
+	p.startPull(&pull.Pull{ID: "p1", Params: &messages.KVTransferParams{}, Dst: dst, DstBlocks: []uint32{1}, ReleaseRegion: func() { release(); close(released) }})
+	select {
+	case d := <-done:
+		if d.Ok || api.Code(d.ErrorCode) != api.CodeEngineGone {
+			t.Fatalf("pull.done %+v, want engine_gone", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no pull.done for the refused pull")
+	}
+	<-released
+	if err := dst.Blocks.BeginWrite([]uint32{1}); err != nil {
+		t.Fatalf("the refused pull's destination block is still being written: %v", err)
+	}
+	if len(p.engines) != 0 {
+		t.Fatal("a refused pull left a scope behind")
 	}
 }
