@@ -646,6 +646,7 @@ func (w *worker) killReplies(creg *C.cx_reg) {
 			C.cx_reg_forget_ep(creg, ep) // (also when creg is not in w.deregs)
 			w.forgetEP(ep)
 			if u := w.epOf(ep); u != nil {
+				// Ours: closed as ours (a no-op when it is closing already).
 				w.closeEP(u, fmt.Errorf("%w: the holder's replies to this peer stalled past %v", transport.ErrPeerGone, DeregisterGrace))
 				continue
 			}
@@ -666,11 +667,17 @@ func (w *worker) forgetEP(ep C.ucp_ep_h) {
 	}
 }
 
-// epOf is this worker's endpoint whose UCX endpoint is ep, or nil.
+// epOf is this worker's endpoint whose UCX endpoint is ep, closing ones
+// included (w.closing), or nil.
 func (w *worker) epOf(ep C.ucp_ep_h) *uep {
 	for c, u := range w.eps {
-		if c.ep == ep && !u.closed {
+		if c.ep == ep {
 			return u
+		}
+	}
+	for _, c := range w.closing {
+		if c.cep.ep == ep {
+			return c.u
 		}
 	}
 	return nil
