@@ -9,6 +9,7 @@ import (
 	"github.com/connex/connex/api"
 	"github.com/connex/connex/kvmem"
 	"github.com/connex/connex/messages"
+	"github.com/nats-io/nats.go"
 )
 
 // bigLayout is 1 GiB per region: long enough a pull to be interrupted.
@@ -147,18 +148,8 @@ func TestReaderShutdownDuringPull(t *testing.T) {
 		}
 		dn := startConnexd(t, fmt.Sprintf("reader%d", attempt), "--backend", "tcp", "--nats-url", url)
 		de := newEngine(t, nc, dn.member, fmt.Sprintf("engD%d", attempt), bigLayout, false)
-		done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 		pullID := fmt.Sprintf("p%d", attempt)
-		if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: ids, PullId: pullID}); err != nil {
-			t.Fatal(err)
-		}
-		checkFor(t, 5*time.Second, time.Millisecond, func() error {
-			st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
-			if err != nil || st.ActivePulls == 0 {
-				return fmt.Errorf("pull not active on the holder: %v %v", st, err)
-			}
-			return nil
-		})
+		done := startPullOnHolder(t, nc, pe, de, hold, ids, pullID)
 		dn.signal(syscall.SIGTERM)
 		sent := time.Now()
 		d := done.wait(t, 10*time.Second, func(m *messages.PullDone) bool { return m.PullId == pullID })
@@ -174,15 +165,7 @@ func TestReaderShutdownDuringPull(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("reader still running 5 s after SIGTERM")
 		}
-		// The holder heard the PullEnd: it stops counting the pull well
-		// before the pull's own deadline (pull_timeout_ms, 30 s).
-		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-			st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
-			if err != nil || st.ActivePulls != 0 {
-				return fmt.Errorf("holder still counts the pull: %v %v", st, err)
-			}
-			return nil
-		})
+		holderCountsNoPull(t, pe, hold)
 		return
 	}
 }
@@ -203,18 +186,8 @@ func TestEngineGoneDuringPullEndsIt(t *testing.T) {
 			t.Fatal("every pull finished before engine.gone landed")
 		}
 		de := newEngine(t, nc, dn.member, fmt.Sprintf("engD%d", attempt), bigLayout, false)
-		done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
 		pullID := fmt.Sprintf("p%d", attempt)
-		if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: ids, PullId: pullID}); err != nil {
-			t.Fatal(err)
-		}
-		checkFor(t, 5*time.Second, time.Millisecond, func() error {
-			st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
-			if err != nil || st.ActivePulls == 0 {
-				return fmt.Errorf("pull not active on the holder: %v %v", st, err)
-			}
-			return nil
-		})
+		done := startPullOnHolder(t, nc, pe, de, hold, ids, pullID)
 		sent := time.Now()
 		if _, err := de.cli.EngineGone(ctx5(t), &messages.EngineGoneRequest{EngineId: de.id}); err != nil {
 			t.Fatal(err)
@@ -224,13 +197,40 @@ func TestEngineGoneDuringPullEndsIt(t *testing.T) {
 			continue // finished before engine.gone landed: try again
 		}
 		t.Logf("pull ended %s after engine.gone: code %d (%s): %s", time.Since(sent).Round(time.Millisecond), d.ErrorCode, api.Code(d.ErrorCode).Name(), d.Error)
-		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-			st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
-			if err != nil || st.ActivePulls != 0 {
-				return fmt.Errorf("holder still counts the pull: %v %v", st, err)
-			}
-			return nil
-		})
+		holderCountsNoPull(t, pe, hold)
 		return
 	}
+}
+
+// startPullOnHolder has engine de pull every block of hold (pull id
+// pullID) and waits until the holder counts the pull: it is reading. The
+// pull.done notices of de come back on the result.
+func startPullOnHolder(t *testing.T, nc *nats.Conn, pe, de *engine, hold *messages.CreateHoldReply, ids []uint32, pullID string) *notices[*messages.PullDone] {
+	t.Helper()
+	done := subscribe(t, nc, api.PullDoneSubject(de.cli.Member, de.id), func() *messages.PullDone { return new(messages.PullDone) })
+	if _, err := de.cli.StartPull(ctx5(t), &messages.StartPullRequest{Params: hold.Params, EngineId: de.id, RegionId: de.rid, BlockIds: ids, PullId: pullID}); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+		st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
+		if err != nil || st.ActivePulls == 0 {
+			return fmt.Errorf("pull not active on the holder: %v %v", st, err)
+		}
+		return nil
+	})
+	return done
+}
+
+// holderCountsNoPull waits until the holder heard the pull's end (PullEnd):
+// it stops counting it well before the pull's own deadline
+// (pull_timeout_ms, 30 s).
+func holderCountsNoPull(t *testing.T, pe *engine, hold *messages.CreateHoldReply) {
+	t.Helper()
+	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		st, err := pe.cli.Inspect(ctx5(t), &messages.HoldRef{TransferId: hold.Params.TransferId})
+		if err != nil || st.ActivePulls != 0 {
+			return fmt.Errorf("holder still counts the pull: %v %v", st, err)
+		}
+		return nil
+	})
 }
