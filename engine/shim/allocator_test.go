@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"testing"
-	"time"
 )
 
 func TestShimAllocatorHoldComesBackOnlyWithFreed(t *testing.T) {
@@ -72,42 +71,6 @@ func TestShimAllocatorLimitsAndMisuse(t *testing.T) {
 	}
 	if a.FreeCount() != 4 {
 		t.Fatalf("free=%d, want 4", a.FreeCount())
-	}
-}
-
-func TestShimProgressBatch(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	b := newProgressBatch(3, 100*time.Millisecond)
-	if b.due(t0) {
-		t.Fatal("due with nothing pending")
-	}
-	b.add(t0, 1)
-	b.add(t0.Add(10*time.Millisecond), 2)
-	if b.due(t0.Add(20 * time.Millisecond)) {
-		t.Fatal("due with 2 of 3 tokens before the delay")
-	}
-	if w := b.wake(); !w.Equal(t0.Add(100 * time.Millisecond)) {
-		t.Fatalf("wake=%v, want the oldest token's delay", w)
-	}
-	if !b.due(t0.Add(100 * time.Millisecond)) {
-		t.Fatal("not due after the delay")
-	}
-	b.add(t0.Add(30*time.Millisecond), 3)
-	sent := b.take()
-	if !slices.Equal(sent, []uint32{1, 2, 3}) {
-		t.Fatalf("take=%v", sent)
-	}
-	b.add(t0.Add(40*time.Millisecond), 4, 5, 6)
-	if b.due(t0.Add(time.Second)) {
-		t.Fatal("due while a call is in flight (at most one at a time)")
-	}
-	b.done(t0.Add(50*time.Millisecond), sent, true) // failed: tokens go back in front
-	if got := b.take(); !slices.Equal(got, []uint32{1, 2, 3, 4, 5, 6}) {
-		t.Fatalf("after a failed call take=%v, want the failed tokens first", got)
-	}
-	b.done(t0.Add(60*time.Millisecond), nil, false)
-	if !b.idle() {
-		t.Fatal("not idle after the last call")
 	}
 }
 

@@ -17,6 +17,10 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
+// DefaultProgressInterval is Config.ProgressInterval's default: the least
+// time between two request.progress calls of one request.
+const DefaultProgressInterval = 200 * time.Millisecond
+
 // Roles an engine registers with.
 const (
 	RolePrefill = "prefill"
@@ -49,9 +53,16 @@ type Config struct {
 	PullTimeout time.Duration
 	// ProgressEvery and ProgressDelay batch request.progress: a call goes
 	// out once ProgressEvery tokens wait or the oldest is ProgressDelay
-	// old (defaults 8 and 100 ms), never two at a time.
-	ProgressEvery int
-	ProgressDelay time.Duration
+	// old (defaults 8 and 100 ms), never two at a time, and never sooner
+	// than ProgressInterval after the request's previous call (default
+	// 200 ms; negative: no floor), so that each request's checkpoints —
+	// durable writes of its record — come at a bounded rate however fast
+	// the engine generates. A resume decided by the cluster (not by a
+	// router, which resends what it relayed) recomputes from the last
+	// checkpoint.
+	ProgressEvery    int
+	ProgressDelay    time.Duration
+	ProgressInterval time.Duration
 	// DefaultLoadFailurePolicy applies when a load fails before any
 	// pull.done told the connexd's policy (a pull.start error): "fail"
 	// (default) or "recompute".
@@ -95,6 +106,12 @@ func (c *Config) defaults() error {
 	}
 	if c.ProgressDelay <= 0 {
 		c.ProgressDelay = 100 * time.Millisecond
+	}
+	switch {
+	case c.ProgressInterval == 0:
+		c.ProgressInterval = DefaultProgressInterval
+	case c.ProgressInterval < 0:
+		c.ProgressInterval = 0
 	}
 	switch c.DefaultLoadFailurePolicy {
 	case "":

@@ -63,7 +63,7 @@ func (e *Engine) StartRequest(ctx context.Context, s RequestSpec) (*Request, err
 	}
 	r := &Request{
 		e: e, id: s.ID, epoch: st.GetState().GetEpoch(),
-		batch: newProgressBatch(e.cfg.ProgressEvery, e.cfg.ProgressDelay),
+		batch: newProgressBatch(e.cfg.ProgressEvery, e.cfg.ProgressDelay, e.cfg.ProgressInterval),
 		kick:  make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	r.ctx, r.cancel = context.WithCancelCause(context.Background())
@@ -86,9 +86,21 @@ func (r *Request) Context() context.Context { return r.ctx }
 // Report queues generated tokens for request.progress; it never blocks on
 // the network.
 func (r *Request) Report(toks ...uint32) {
+	now := time.Now()
 	r.mu.Lock()
-	r.batch.add(time.Now(), toks...)
+	// The reporter needs waking only when its plan changes: a call due
+	// now, or a wake-up sooner than the one its timer waits for (the first
+	// token's, or the interval's end once enough tokens wait). Kicking it
+	// for every token would wake a goroutine per token on the engine's
+	// token path. A call in flight: the reporter looks again when it ends.
+	before := r.batch.wake()
+	r.batch.add(now, toks...)
+	after := r.batch.wake()
+	wake := r.batch.due(now) || (!after.IsZero() && (before.IsZero() || after.Before(before)))
 	r.mu.Unlock()
+	if !wake {
+		return
+	}
 	select {
 	case r.kick <- struct{}{}:
 	default:
@@ -105,7 +117,7 @@ func (r *Request) report() {
 		now := time.Now()
 		var send []uint32
 		if !r.lost && r.batch.due(now) {
-			send = r.batch.take()
+			send = r.batch.take(now)
 		}
 		wake := r.batch.wake()
 		r.mu.Unlock()

@@ -18,11 +18,11 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from . import breaker, codes, grammar, groups, notices
+from . import breaker, checkpoints, codes, grammar, groups, notices
 from . import bus as busmod
 from .bus import Bus, ConnexError
 from .metadata import ConnexMetadata, LoadSpec
@@ -85,6 +85,7 @@ class _Decode:
     last: concurrent.futures.Future[Any] | None = None  # the request's latest NATS call; the next one awaits it
     epoch: int = 0
     reported: int = 0  # generated tokens handed to request.progress
+    reported_at: float = float("-inf")  # when the last request.progress was handed out (the scheduler's clock)
     fenced: bool = False
     blocks: int = 0
 
@@ -149,6 +150,8 @@ class ConnexScheduler:
         self.max_model_len = max_model_len
         self.stats = Stats()
         # Open while connexd does not answer: hold.create is then refused without a call (connex_vllm.breaker).
+        # The scheduler's clock (seconds, monotonic): the checkpoints' interval; tests may replace it.
+        self.clock: Callable[[], float] = time.monotonic
         self.holds_breaker = breaker.Unanswered(time.monotonic)
         self._mu = threading.Lock()
         self._pending = _Pending()
@@ -586,13 +589,15 @@ class ConnexScheduler:
             pend, self._pending = self._pending, _Pending()
             decodes = list(self._decodes.values())
         every = self.settings.progress_every
+        now, interval = self.clock(), self.settings.progress_interval_ms / 1000
         for d in decodes:
             if d.fenced:
                 continue
             out = d.request.output_token_ids
-            if len(out) - d.reported >= every:
+            if checkpoints.due(len(out), d.reported, every, now, d.reported_at, interval):
                 toks = list(out[d.reported :])
                 d.reported += len(toks)
+                d.reported_at = now
                 self._progress(d, toks)
         return ConnexMetadata(loads=pend.loads, holds=pend.holds)
 

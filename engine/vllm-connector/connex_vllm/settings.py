@@ -36,6 +36,9 @@ class Settings:
     connect_timeout_s: float = 10.0  # how long the first NATS connection may take at start
     register_ttl_ms: int = 0  # engine.register TTL; 0 uses the member's default (3 s)
     progress_every: int = 8  # generated tokens per request.progress checkpoint (batched, asynchronous)
+    # The least time between two request.progress checkpoints of one request, so that a fast engine's checkpoints
+    # (each a durable write of the request's record) come at a bounded rate, not one every few tokens. 0: no floor.
+    progress_interval_ms: int = 200
     model: str = ""  # served model name to advertise; "" uses vLLM's served_model_name
     notice_poll_s: float = 1.0  # how often each half asks connexd for missed notices (and sees it restarted)
     pull_start_attempts: int = 3  # pull.start sends when its answer is lost (same pull id: one pull)
@@ -124,6 +127,8 @@ def parse(extra: dict[str, Any] | None) -> Settings:
         out["worker_spin_ms"] = _int("worker_spin_ms", extra["worker_spin_ms"], 0, 1000)
     if "progress_every" in extra:
         out["progress_every"] = _int("progress_every", extra["progress_every"], 1, 1 << 20)
+    if "progress_interval_ms" in extra:
+        out["progress_interval_ms"] = _int("progress_interval_ms", extra["progress_interval_ms"], 0, 60000)
     for key, hi in (
         ("call_timeout_s", 600.0),
         ("pull_timeout_s", 3600.0),

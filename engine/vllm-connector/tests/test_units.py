@@ -48,6 +48,9 @@ def test_settings_unknown_keys_named() -> None:
         ({"idle_wait_ms": 60001}, "idle_wait_ms"),
         ({"worker_spin_ms": 1001}, "worker_spin_ms"),
         ({"worker_spin_ms": True}, "worker_spin_ms"),
+        ({"progress_interval_ms": -1}, "progress_interval_ms"),
+        ({"progress_interval_ms": 60001}, "progress_interval_ms"),
+        ({"progress_interval_ms": 0.5}, "progress_interval_ms"),
     ],
 )
 def test_settings_bad_values_name_the_key(extra: dict[str, object], key: str) -> None:
@@ -230,3 +233,17 @@ def test_unanswered_breaker_opens_on_a_deadline_and_closes_on_a_newer_answer() -
     assert b.answered(100.5) is False, "sent before the latest deadline passed"
     assert b.answered(101.0) is True and not b.is_open() and b.allow()
     assert b.refused == 2
+
+
+def test_checkpoints_wait_for_tokens_and_the_interval() -> None:
+    from connex_vllm.checkpoints import due
+
+    inf = float("-inf")
+    assert due(8, 0, 8, 10.0, inf, 0.2), "the first checkpoint is not held back"
+    assert not due(7, 0, 8, 10.0, inf, 0.2), "seven of eight tokens"
+    assert not due(100, 8, 8, 10.19, 10.0, 0.2), "92 tokens wait, 190 ms after the last call of a 200 ms interval"
+    assert due(100, 8, 8, 10.2, 10.0, 0.2), "the interval has passed and enough tokens wait"
+    assert not due(15, 8, 8, 11.0, 10.0, 0.2), "the interval has passed but seven of eight tokens wait"
+    assert due(9, 8, 1, 10.0, 10.0, 0.0), "interval 0: every `every` tokens, as before"
+    assert settings.parse(dict(OK)).progress_interval_ms == 200
+    assert settings.parse(dict(OK, progress_interval_ms=0)).progress_interval_ms == 0
