@@ -149,6 +149,51 @@ def test_resume_on_third_scheduler_loads_only_remote_tokens(cluster: Cluster, en
     assert hold(cluster, params["transfer_id"]).freed
 
 
+def test_checkpoints_wait_for_the_interval(cluster: Cluster, engines: dict[str, Engine]) -> None:
+    """progress_interval_ms bounds a request's request.progress calls in time, through vLLM's real Scheduler and a
+    real connexd: with the scheduler's clock held still, one checkpoint goes out (the first is not held back) and the
+    tokens after it wait; once the interval has passed, the next step sends them all, and connexd's record holds
+    every generated token in order."""
+    ep = engines["prefill"]
+    total = ep.free_blocks()
+    now = [1000.0]
+    ed = Engine(
+        "kv_consumer",
+        cluster.decode1.member,
+        cluster.nats_url,
+        "eng-dec-cp",
+        extra={"progress_every": 1, "progress_interval_ms": 200},
+    )
+    try:
+        ed.connector_sched.clock = lambda: now[0]
+        params = prefill(ep, "cp1")
+        params["connex_request_id"] = "conn-cp1"
+        req = ed.add("cp1", PROMPT, 12, params)
+        stats = ed.connector_sched.stats
+        ed.run_until("six tokens of cp1", lambda: len(req.output_token_ids) >= 6)
+        assert stats.progress_calls == 1, f"{stats.progress_calls} checkpoints with the clock held still, want 1"
+        assert ed.connector_sched.drain(5.0)
+        first = list(req.output_token_ids[:1])
+
+        def generated() -> list[int]:
+            ref = rpb.RequestRef(request_id="conn-cp1")
+            st = cluster.api.request_sync("request.inspect", ref, rpb.RequestStatus, 5.0).state
+            return list(st.generated_token_ids)
+
+        assert generated() == first, "the record holds the first checkpoint's token, and nothing after it yet"
+        now[0] += 0.2
+        ed.step()
+        assert stats.progress_calls == 2
+        sent = list(req.output_token_ids)
+        assert ed.connector_sched.drain(5.0)
+        got = generated()
+        assert len(got) >= 6 and got == sent[: len(got)], f"the second sends every token since: {got} of {sent}"
+        ed.run_until("decode of cp1", lambda: ed.finished("cp1"))
+        ep.run_until("prefill blocks back after cp1", lambda: ep.free_blocks() == total)
+    finally:
+        ed.close()
+
+
 def test_prefix_cached_decode_pulls_only_the_rest(cluster: Cluster, engines: dict[str, Engine]) -> None:
     """A decode engine with prefix caching on (issue 45): a second request whose first two blocks the engine caches
     (a chat's second turn) pulls only the hold's last block (pull.start skip_blocks) into the block after them,
