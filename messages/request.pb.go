@@ -73,7 +73,11 @@ type RequestState struct {
 	// max_tokens (a takeover adds the tokens generated before it). 0: none
 	// given (requests.MaxGenerated). It bounds an engine's mistakes; what a
 	// hostile engine can store is bounded by its request-store quota.
-	MaxTokens     uint32 `protobuf:"varint,15,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	MaxTokens uint32 `protobuf:"varint,15,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	// Number of generated_token_ids, set where the state is answered without
+	// them (the summary request.progress and request.finish answer: see
+	// requests.Summary); request.inspect answers the whole state.
+	GeneratedLen  uint32 `protobuf:"varint,16,opt,name=generated_len,json=generatedLen,proto3" json:"generated_len,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -209,6 +213,13 @@ func (x *RequestState) GetPromptStoredUnixMs() int64 {
 func (x *RequestState) GetMaxTokens() uint32 {
 	if x != nil {
 		return x.MaxTokens
+	}
+	return 0
+}
+
+func (x *RequestState) GetGeneratedLen() uint32 {
+	if x != nil {
+		return x.GeneratedLen
 	}
 	return 0
 }
@@ -893,7 +904,7 @@ var File_request_proto protoreflect.FileDescriptor
 
 const file_request_proto_rawDesc = "" +
 	"\n" +
-	"\rrequest.proto\x12\tconnex.v1\x1a\fconnex.proto\"\xb6\x04\n" +
+	"\rrequest.proto\x12\tconnex.v1\x1a\fconnex.proto\"\xdb\x04\n" +
 	"\fRequestState\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x123\n" +
@@ -914,7 +925,8 @@ const file_request_proto_rawDesc = "" +
 	"prompt_key\x18\r \x01(\tR\tpromptKey\x121\n" +
 	"\x15prompt_stored_unix_ms\x18\x0e \x01(\x03R\x12promptStoredUnixMs\x12\x1d\n" +
 	"\n" +
-	"max_tokens\x18\x0f \x01(\rR\tmaxTokens\"V\n" +
+	"max_tokens\x18\x0f \x01(\rR\tmaxTokens\x12#\n" +
+	"\rgenerated_len\x18\x10 \x01(\rR\fgeneratedLen\"V\n" +
 	"\rRequestPrompt\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\rR\btokenIds\x12(\n" +
 	"\x10remote_block_ids\x18\x02 \x03(\rR\x0eremoteBlockIds\"\xcf\x02\n" +

@@ -474,7 +474,7 @@ func (a *Activation) written(now time.Time, e Written) []Effect {
 			return a.done([]Effect{Reply{Call: o.call, Err: e.Err}})
 		}
 		a.st, a.rev = a.pending, e.Rev
-		return a.done([]Effect{a.reply(o.call, "running")})
+		return a.done([]Effect{a.summary(o.call, "running")})
 	case opTakeover:
 		if e.Err != nil {
 			return a.fail(nil, fmt.Errorf("takeover of request %s: %w", a.id, e.Err))
@@ -588,7 +588,7 @@ func (a *Activation) releaseDone() []Effect {
 	o := a.cur
 	switch o.kind {
 	case opFinish:
-		return a.end([]Effect{a.reply(o.call, "finished")}, "request finished", nil)
+		return a.end([]Effect{a.summary(o.call, "finished")}, "request finished", nil)
 	case opGrantLapsed:
 		return a.end(nil, "the engine granted this request never took it over: its record is deleted and its hold released", nil)
 	}
@@ -624,6 +624,12 @@ func (a *Activation) done(fx []Effect) []Effect {
 
 func (a *Activation) reply(call uint64, status string) Reply {
 	return Reply{Call: call, Status: status, State: a.st}
+}
+
+// summary is a reply with the state's summary (requests.Summary): what an
+// engine's checkpoint and finish are answered, many times a request.
+func (a *Activation) summary(call uint64, status string) Reply {
+	return Reply{Call: call, Status: status, State: requests.Summary(a.st)}
 }
 
 func (a *Activation) holdRef() HoldRef {

@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from . import connex_pb2 as connex__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rrequest.proto\x12\tconnex.v1\x1a\x0c\x63onnex.proto\"\xf5\x02\n\x0cRequestState\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x06params\x18\x02 \x01(\x0b\x32\x1b.connex.v1.KVTransferParams\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x1b\n\x13generated_token_ids\x18\x04 \x03(\r\x12\r\n\x05owner\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\x11\n\tengine_id\x18\x07 \x01(\t\x12\x17\n\x0fupdated_unix_ms\x18\x08 \x01(\x03\x12\x17\n\x0fprevious_owners\x18\t \x03(\t\x12\x18\n\x10resume_authority\x18\n \x01(\t\x12\x12\n\nprompt_len\x18\x0b \x01(\r\x12\x15\n\rprompt_digest\x18\x0c \x01(\x0c\x12\x12\n\nprompt_key\x18\r \x01(\t\x12\x1d\n\x15prompt_stored_unix_ms\x18\x0e \x01(\x03\x12\x12\n\nmax_tokens\x18\x0f \x01(\r\"<\n\rRequestPrompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x18\n\x10remote_block_ids\x18\x02 \x03(\r\"\xe7\x01\n\x0fStartRequestMsg\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x06params\x18\x02 \x01(\x0b\x32\x1b.connex.v1.KVTransferParams\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x11\n\tengine_id\x18\x04 \x01(\t\x12\x10\n\x08takeover\x18\x05 \x01(\x08\x12\x18\n\x10resume_authority\x18\x06 \x01(\t\x12\x12\n\nmax_tokens\x18\x07 \x01(\r\x12\x10\n\x08start_id\x18\x08 \x01(\t\x12\x14\n\x0cgrant_ttl_ms\x18\t \x01(\r\"G\n\x0fRequestProgress\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\"5\n\x10\x46inishRequestMsg\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\" \n\nRequestRef\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"G\n\rRequestStatus\x12&\n\x05state\x18\x01 \x01(\x0b\x32\x17.connex.v1.RequestState\x12\x0e\n\x06status\x18\x02 \x01(\t\"S\n\x0f\x41\x64optRequestMsg\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ndead_owner\x18\x02 \x01(\t\x12\x18\n\x10\x64\x65parted_unix_ms\x18\x03 \x01(\x03\"6\n\x0cResumeNotice\x12&\n\x05state\x18\x01 \x01(\x0b\x32\x17.connex.v1.RequestState\"J\n\x0c\x46\x65ncedNotice\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0bstale_epoch\x18\x02 \x01(\x04\x12\x11\n\tnew_owner\x18\x03 \x01(\t\"\x9c\x01\n\x0eHoldLostNotice\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x13\n\x0btransfer_id\x18\x03 \x01(\t\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x12\n\nerror_code\x18\x05 \x01(\r\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x1e\n\x16kv_load_failure_policy\x18\x07 \x01(\tB,Z*github.com/connex/connex/messages;messagesb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rrequest.proto\x12\tconnex.v1\x1a\x0c\x63onnex.proto\"\x8c\x03\n\x0cRequestState\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x06params\x18\x02 \x01(\x0b\x32\x1b.connex.v1.KVTransferParams\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x1b\n\x13generated_token_ids\x18\x04 \x03(\r\x12\r\n\x05owner\x18\x05 \x01(\t\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\x11\n\tengine_id\x18\x07 \x01(\t\x12\x17\n\x0fupdated_unix_ms\x18\x08 \x01(\x03\x12\x17\n\x0fprevious_owners\x18\t \x03(\t\x12\x18\n\x10resume_authority\x18\n \x01(\t\x12\x12\n\nprompt_len\x18\x0b \x01(\r\x12\x15\n\rprompt_digest\x18\x0c \x01(\x0c\x12\x12\n\nprompt_key\x18\r \x01(\t\x12\x1d\n\x15prompt_stored_unix_ms\x18\x0e \x01(\x03\x12\x12\n\nmax_tokens\x18\x0f \x01(\r\x12\x15\n\rgenerated_len\x18\x10 \x01(\r\"<\n\rRequestPrompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x18\n\x10remote_block_ids\x18\x02 \x03(\r\"\xe7\x01\n\x0fStartRequestMsg\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x06params\x18\x02 \x01(\x0b\x32\x1b.connex.v1.KVTransferParams\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\r\x12\x11\n\tengine_id\x18\x04 \x01(\t\x12\x10\n\x08takeover\x18\x05 \x01(\x08\x12\x18\n\x10resume_authority\x18\x06 \x01(\t\x12\x12\n\nmax_tokens\x18\x07 \x01(\r\x12\x10\n\x08start_id\x18\x08 \x01(\t\x12\x14\n\x0cgrant_ttl_ms\x18\t \x01(\r\"G\n\x0fRequestProgress\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\"5\n\x10\x46inishRequestMsg\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\" \n\nRequestRef\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"G\n\rRequestStatus\x12&\n\x05state\x18\x01 \x01(\x0b\x32\x17.connex.v1.RequestState\x12\x0e\n\x06status\x18\x02 \x01(\t\"S\n\x0f\x41\x64optRequestMsg\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\ndead_owner\x18\x02 \x01(\t\x12\x18\n\x10\x64\x65parted_unix_ms\x18\x03 \x01(\x03\"6\n\x0cResumeNotice\x12&\n\x05state\x18\x01 \x01(\x0b\x32\x17.connex.v1.RequestState\"J\n\x0c\x46\x65ncedNotice\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0bstale_epoch\x18\x02 \x01(\x04\x12\x11\n\tnew_owner\x18\x03 \x01(\t\"\x9c\x01\n\x0eHoldLostNotice\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x13\n\x0btransfer_id\x18\x03 \x01(\t\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x12\n\nerror_code\x18\x05 \x01(\r\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x1e\n\x16kv_load_failure_policy\x18\x07 \x01(\tB,Z*github.com/connex/connex/messages;messagesb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'request_pb2', globals())
@@ -23,25 +23,25 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z*github.com/connex/connex/messages;messages'
   _REQUESTSTATE._serialized_start=43
-  _REQUESTSTATE._serialized_end=416
-  _REQUESTPROMPT._serialized_start=418
-  _REQUESTPROMPT._serialized_end=478
-  _STARTREQUESTMSG._serialized_start=481
-  _STARTREQUESTMSG._serialized_end=712
-  _REQUESTPROGRESS._serialized_start=714
-  _REQUESTPROGRESS._serialized_end=785
-  _FINISHREQUESTMSG._serialized_start=787
-  _FINISHREQUESTMSG._serialized_end=840
-  _REQUESTREF._serialized_start=842
-  _REQUESTREF._serialized_end=874
-  _REQUESTSTATUS._serialized_start=876
-  _REQUESTSTATUS._serialized_end=947
-  _ADOPTREQUESTMSG._serialized_start=949
-  _ADOPTREQUESTMSG._serialized_end=1032
-  _RESUMENOTICE._serialized_start=1034
-  _RESUMENOTICE._serialized_end=1088
-  _FENCEDNOTICE._serialized_start=1090
-  _FENCEDNOTICE._serialized_end=1164
-  _HOLDLOSTNOTICE._serialized_start=1167
-  _HOLDLOSTNOTICE._serialized_end=1323
+  _REQUESTSTATE._serialized_end=439
+  _REQUESTPROMPT._serialized_start=441
+  _REQUESTPROMPT._serialized_end=501
+  _STARTREQUESTMSG._serialized_start=504
+  _STARTREQUESTMSG._serialized_end=735
+  _REQUESTPROGRESS._serialized_start=737
+  _REQUESTPROGRESS._serialized_end=808
+  _FINISHREQUESTMSG._serialized_start=810
+  _FINISHREQUESTMSG._serialized_end=863
+  _REQUESTREF._serialized_start=865
+  _REQUESTREF._serialized_end=897
+  _REQUESTSTATUS._serialized_start=899
+  _REQUESTSTATUS._serialized_end=970
+  _ADOPTREQUESTMSG._serialized_start=972
+  _ADOPTREQUESTMSG._serialized_end=1055
+  _RESUMENOTICE._serialized_start=1057
+  _RESUMENOTICE._serialized_end=1111
+  _FENCEDNOTICE._serialized_start=1113
+  _FENCEDNOTICE._serialized_end=1187
+  _HOLDLOSTNOTICE._serialized_start=1190
+  _HOLDLOSTNOTICE._serialized_end=1346
 # @@protoc_insertion_point(module_scope)
