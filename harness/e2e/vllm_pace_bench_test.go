@@ -98,6 +98,11 @@ func BenchmarkVLLMPace(b *testing.B) {
 		// what the checkpoints cost the engine's step loop.
 		o.VLLM.Connector["progress_every"] = n
 	}
+	if v := os.Getenv("BENCH_PACE_PROGRESS_INTERVAL_MS"); v != "" {
+		// The least time between two checkpoints of a request (the
+		// connector's default is 200; 0: one every progress_every tokens).
+		o.VLLM.Connector["progress_interval_ms"] = envInt("BENCH_PACE_PROGRESS_INTERVAL_MS", 200)
+	}
 	if v := os.Getenv("BENCH_PACE_IDLE_WAIT_MS"); v != "" {
 		// How long an idle prefill engine with holds waits for work per
 		// step (the connector's default is 50; 0: it steps every
