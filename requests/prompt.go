@@ -77,7 +77,9 @@ func SplitState(st *messages.RequestState) (record *messages.RequestState, promp
 		RequestId: st.RequestId, GeneratedTokenIds: st.GeneratedTokenIds, Owner: st.Owner, Epoch: st.Epoch,
 		EngineId: st.EngineId, UpdatedUnixMs: st.UpdatedUnixMs, PreviousOwners: st.PreviousOwners,
 		ResumeAuthority: st.ResumeAuthority, PromptLen: st.PromptLen, PromptDigest: st.PromptDigest, PromptKey: st.PromptKey,
-		PromptStoredUnixMs: st.PromptStoredUnixMs, MaxTokens: st.MaxTokens, GeneratedLen: st.GeneratedLen,
+		PromptStoredUnixMs: st.PromptStoredUnixMs, MaxTokens: st.MaxTokens,
+		// GeneratedLen is left out: it counts the ids of a summary
+		// (requests.Summary), and a record holds the ids themselves.
 	}
 	if st.Params != nil {
 		record.Params = proto.CloneOf(st.Params)

@@ -94,5 +94,9 @@ func (b *progressBatch) done(now time.Time, sent []uint32, failed bool) {
 	}
 }
 
+// discard drops the tokens waiting: the request's reports stopped
+// (fenced, or its actor gone), and none will be sent.
+func (b *progressBatch) discard() { b.pending = nil }
+
 // idle reports whether nothing waits and nothing is in flight.
 func (b *progressBatch) idle() bool { return !b.inFlight && len(b.pending) == 0 }

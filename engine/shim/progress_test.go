@@ -89,3 +89,15 @@ func TestProgressBatchInterval(t *testing.T) {
 		t.Fatal("one token, the interval ends at +950ms: due before it or not at it")
 	}
 }
+
+// TestProgressBatchDiscard: a batch whose request's reports stopped drops
+// what waits and neither wakes nor is due.
+func TestProgressBatchDiscard(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	b := newProgressBatch(2, 10*time.Millisecond, 0)
+	b.add(t0, 1, 2, 3)
+	b.discard()
+	if b.due(t0.Add(time.Hour)) || !b.wake().IsZero() || !b.idle() {
+		t.Fatal("a discarded batch is due, wakes or is busy")
+	}
+}

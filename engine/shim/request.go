@@ -88,6 +88,10 @@ func (r *Request) Context() context.Context { return r.ctx }
 func (r *Request) Report(toks ...uint32) {
 	now := time.Now()
 	r.mu.Lock()
+	if r.lost { // reports stopped: nothing would send these
+		r.mu.Unlock()
+		return
+	}
 	// The reporter needs waking only when its plan changes: a call due
 	// now, or a wake-up sooner than the one its timer waits for (the first
 	// token's, or the interval's end once enough tokens wait). Kicking it
@@ -158,21 +162,27 @@ func (r *Request) progress(toks []uint32) error {
 	case api.CodeFenced:
 		r.e.log.Warn("request fenced: stopping its stream", "request", r.id, "epoch", r.epoch, "err", err)
 		r.cancel(fmt.Errorf("%w (request.progress: %v)", ErrFenced, err))
-		r.mu.Lock()
-		r.lost = true
-		r.mu.Unlock()
+		r.stopReports()
 		return nil
 	case api.CodeUnknownRequest:
 		// The request actor is gone (its connexd restarted): the stream
 		// goes on, unchecked; a resume would start it afresh.
 		r.e.log.Warn("request no longer known to its connexd: progress reports stop", "request", r.id, "err", err)
-		r.mu.Lock()
-		r.lost = true
-		r.mu.Unlock()
+		r.stopReports()
 		return nil
 	}
 	r.e.log.Warn("request.progress failed; retrying with the next batch", "request", r.id, "err", err)
 	return err
+}
+
+// stopReports ends the request's progress reports: what waits is dropped
+// and Report keeps nothing more, so the reporter sleeps until the request
+// ends rather than waking for tokens it will never send.
+func (r *Request) stopReports() {
+	r.mu.Lock()
+	r.lost = true
+	r.batch.discard()
+	r.mu.Unlock()
 }
 
 func (e *Engine) onFenced(n *messages.FencedNotice) {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -98,16 +99,16 @@ func BenchmarkVLLMPace(b *testing.B) {
 		// what the checkpoints cost the engine's step loop.
 		o.VLLM.Connector["progress_every"] = n
 	}
-	if v := os.Getenv("BENCH_PACE_PROGRESS_INTERVAL_MS"); v != "" {
+	if n, ok := envMs(b, "BENCH_PACE_PROGRESS_INTERVAL_MS"); ok {
 		// The least time between two checkpoints of a request (the
 		// connector's default is 200; 0: one every progress_every tokens).
-		o.VLLM.Connector["progress_interval_ms"] = envInt("BENCH_PACE_PROGRESS_INTERVAL_MS", 200)
+		o.VLLM.Connector["progress_interval_ms"] = n
 	}
-	if v := os.Getenv("BENCH_PACE_IDLE_WAIT_MS"); v != "" {
+	if n, ok := envMs(b, "BENCH_PACE_IDLE_WAIT_MS"); ok {
 		// How long an idle prefill engine with holds waits for work per
-		// step (the connector's default is 50; 0: it steps every
+		// step (the connector's default is 10000; 0: it steps every
 		// millisecond, as vLLM makes it, for the whole decode).
-		o.VLLM.Connector["idle_wait_ms"] = envInt("BENCH_PACE_IDLE_WAIT_MS", 50)
+		o.VLLM.Connector["idle_wait_ms"] = n
 	}
 	profile := os.Getenv("BENCH_PACE_PROFILE")
 	pprofAddr := ""
@@ -400,4 +401,20 @@ func profileRouter(b *testing.B, addr, file string) (done func()) {
 		}
 		fmt.Printf("router CPU profile: %s (go tool pprof -top %s)\n", file, file)
 	}
+}
+
+// envMs reads a connector setting in milliseconds from name: 0 or more
+// (0 means "off" for the settings it sets, so it must not read as unset);
+// ok is false when name is unset, and a value that is not such an integer
+// fails the bench rather than running it with the default.
+func envMs(b *testing.B, name string) (n int, ok bool) {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0, false
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		b.Fatalf("%s=%q: want milliseconds, 0 or more", name, v)
+	}
+	return n, true
 }

@@ -149,9 +149,9 @@ class ConnexScheduler:
         self.model = settings.model or model
         self.max_model_len = max_model_len
         self.stats = Stats()
-        # Open while connexd does not answer: hold.create is then refused without a call (connex_vllm.breaker).
         # The scheduler's clock (seconds, monotonic): the checkpoints' interval; tests may replace it.
         self.clock: Callable[[], float] = time.monotonic
+        # Open while connexd does not answer: hold.create is then refused without a call (connex_vllm.breaker).
         self.holds_breaker = breaker.Unanswered(time.monotonic)
         self._mu = threading.Lock()
         self._pending = _Pending()
