@@ -76,6 +76,10 @@ var cpuPartOrder = []string{"decode_engine", "router", "connexds", "prefill_engi
 // `PACE engine_itl_vs_alone=… client_gap_p99_vs_alone=… max_gap_vs_alone=…`
 // (medians of vLLM's own per-request inter-token latency; the p99 and the
 // largest of the client's gaps between chunks; through Connex over alone).
+// Before it, each part's CPU a request and `SHARE engine_cores_alone=…
+// others_extra_cpu_ms_per_request=… extra_wall_ms_per_request=…`: whether the
+// engine alone keeps every core busy, and if it does, how the CPU the other
+// processes take through Connex compares with the wall time a request gains.
 func BenchmarkVLLMPace(b *testing.B) {
 	bin, model := os.Getenv("CONNEX_VLLM"), os.Getenv("BENCH_VLLM_MODEL")
 	if model == "" {
@@ -335,6 +339,29 @@ func BenchmarkVLLMPace(b *testing.B) {
 		return strings.Join(f, " ")
 	}
 	fmt.Printf("CPU ms per request through Connex: %s\nCPU ms per request alone:          %s\n", cpuLine(connex), cpuLine(alone))
+	// Whether the engine saturates the machine, and if so how the CPU the
+	// other processes take through Connex compares with the wall time the
+	// request gains: on a machine the engine keeps busy, one for one.
+	mean := func(rs []paceRun, f func(paceRun) time.Duration) time.Duration {
+		var sum time.Duration
+		for _, r := range rs {
+			sum += f(r)
+		}
+		return sum / time.Duration(len(rs))
+	}
+	others := func(r paceRun) time.Duration {
+		var sum time.Duration
+		for p, t := range r.cpu {
+			if p != "decode_engine" && p != "client" {
+				sum += t
+			}
+		}
+		return sum
+	}
+	wallA, wallX := mean(alone, func(r paceRun) time.Duration { return r.total }), mean(connex, func(r paceRun) time.Duration { return r.total })
+	engA := mean(alone, func(r paceRun) time.Duration { return r.cpu["decode_engine"] })
+	fmt.Printf("SHARE engine_cores_alone=%.2f cores=%d others_extra_cpu_ms_per_request=%.0f extra_wall_ms_per_request=%.0f\n",
+		ratio(engA, wallA), runtime.NumCPU(), ms(mean(connex, others)-mean(alone, others)), ms(wallX-wallA))
 	if threads {
 		keys := slices.Collect(maps.Keys(threadSum))
 		slices.SortFunc(keys, func(a, b string) int { return int(threadSum[b] - threadSum[a]) })
