@@ -238,12 +238,13 @@ def test_unanswered_breaker_opens_on_a_deadline_and_closes_on_a_newer_answer() -
 def test_checkpoints_wait_for_tokens_and_the_interval() -> None:
     from connex_vllm.checkpoints import due
 
+    # Times a binary float holds exactly (10.25 - 10.0 is 0.25, where 10.2 - 10.0 is not 0.2).
     inf = float("-inf")
-    assert due(8, 0, 8, 10.0, inf, 0.2), "the first checkpoint is not held back"
-    assert not due(7, 0, 8, 10.0, inf, 0.2), "seven of eight tokens"
-    assert not due(100, 8, 8, 10.19, 10.0, 0.2), "92 tokens wait, 190 ms after the last call of a 200 ms interval"
-    assert due(100, 8, 8, 10.2, 10.0, 0.2), "the interval has passed and enough tokens wait"
-    assert not due(15, 8, 8, 11.0, 10.0, 0.2), "the interval has passed but seven of eight tokens wait"
+    assert due(8, 0, 8, 10.0, inf, 0.25), "the first checkpoint is not held back"
+    assert not due(7, 0, 8, 10.0, inf, 0.25), "seven of eight tokens"
+    assert not due(100, 8, 8, 10.125, 10.0, 0.25), "92 tokens wait, 125 ms after the last call of a 250 ms interval"
+    assert due(100, 8, 8, 10.25, 10.0, 0.25), "the interval has passed and enough tokens wait"
+    assert not due(15, 8, 8, 11.0, 10.0, 0.25), "the interval has passed but seven of eight tokens wait"
     assert due(9, 8, 1, 10.0, 10.0, 0.0), "interval 0: every `every` tokens, as before"
     assert settings.parse(dict(OK)).progress_interval_ms == 200
     assert settings.parse(dict(OK, progress_interval_ms=0)).progress_interval_ms == 0
