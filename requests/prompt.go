@@ -69,8 +69,9 @@ func extendsPrompt(st *messages.RequestState, tokens, blocks []uint32) bool {
 }
 
 // SplitState is st in the two parts the store keeps: the record (every
-// field but the prompt's token ids and params.remote_block_ids) and the
-// RequestPrompt (those two). st is not changed.
+// field but the prompt's token ids and params.remote_block_ids, and
+// generated_len, which only a summary carries) and the RequestPrompt
+// (those two). st is not changed.
 func SplitState(st *messages.RequestState) (record *messages.RequestState, prompt *messages.RequestPrompt) {
 	prompt = &messages.RequestPrompt{TokenIds: st.PromptTokenIds, RemoteBlockIds: st.GetParams().GetRemoteBlockIds()}
 	record = &messages.RequestState{

@@ -213,7 +213,8 @@ func TestOldRecords(t *testing.T) {
 
 // TestSplitStateKeepsEveryField: every field of RequestState is in the
 // record but the two that grow with the prompt, which are in the
-// RequestPrompt; a field added later that SplitState forgets fails here.
+// RequestPrompt, and a summary's generated_len, which is not stored; a
+// field added later that SplitState forgets fails here.
 func TestSplitStateKeepsEveryField(t *testing.T) {
 	st := &messages.RequestState{}
 	fill(st.ProtoReflect())

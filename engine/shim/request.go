@@ -44,7 +44,7 @@ type Request struct {
 	kick  chan struct{}
 	stop  chan struct{}
 	done  chan struct{}
-	lost  bool // the request actor is gone (unknown_request): reports stop
+	lost  bool // fenced, or the request actor is gone (unknown_request): reports stop
 	ended bool
 }
 
