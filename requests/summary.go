@@ -1,9 +1,6 @@
 package requests
 
-import (
-	"github.com/connex/connex/messages"
-	"google.golang.org/protobuf/proto"
-)
+import "github.com/connex/connex/messages"
 
 // Summary is st without its token lists — prompt_token_ids,
 // generated_token_ids and params.remote_block_ids — with prompt_len and
@@ -11,21 +8,14 @@ import (
 // request.finish answer. An engine checkpoints many times a request, and
 // an answer that carried the whole state grew with the prompt and with
 // every token generated (thousands of ids, decoded on the engine's side
-// each time); request.inspect answers the whole state. st is not changed.
+// each time); request.inspect answers the whole state. It is the record
+// SplitState stores, less its generated ids. st is not changed.
 func Summary(st *messages.RequestState) *messages.RequestState {
 	if st == nil {
 		return nil
 	}
-	out := &messages.RequestState{
-		RequestId: st.RequestId, Owner: st.Owner, Epoch: st.Epoch, EngineId: st.EngineId,
-		UpdatedUnixMs: st.UpdatedUnixMs, PreviousOwners: st.PreviousOwners, ResumeAuthority: st.ResumeAuthority,
-		PromptLen: uint32(PromptLen(st)), PromptDigest: st.PromptDigest, PromptKey: st.PromptKey,
-		PromptStoredUnixMs: st.PromptStoredUnixMs, MaxTokens: st.MaxTokens,
-		GeneratedLen: uint32(len(st.GeneratedTokenIds)),
-	}
-	if st.Params != nil {
-		out.Params = proto.CloneOf(st.Params)
-		out.Params.RemoteBlockIds = nil
-	}
+	out, _ := SplitState(st)
+	out.PromptLen = uint32(PromptLen(st))
+	out.GeneratedTokenIds, out.GeneratedLen = nil, uint32(len(st.GeneratedTokenIds))
 	return out
 }
