@@ -115,6 +115,12 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 	more := false // the last event said another one had arrived
 	// turn handles what woke the leg, under sh.mu; it reports the leg's end.
 	turn := func(woke legWake, ev legEvent, a probeAnswer) (legResult, bool) {
+		if r, end := answerEnded(); end {
+			// The reader's relay ended the answer and its relayEnded
+			// event is on its way: whatever woke the leg first, it ends
+			// as the answer says, not as a stall or a departure.
+			return r, true
+		}
 		switch woke {
 		case wokeClientGone:
 			return legResult{end: legClientGone, abandon: abandon}, true
@@ -260,6 +266,7 @@ func (s *Server) leg(ctx context.Context, rid string, e Engine, path string, bod
 		res, end := turn(woke, ev, a)
 		if end {
 			sh.relaying = false // the reader never touches the leg's state again
+			s.readerRelays.Add(int64(sh.relays))
 		}
 		sh.mu.Unlock()
 		if end {

@@ -8,9 +8,9 @@ import "sync"
 // router's shutdown — and its reader's (Server.readLeg), which reads the
 // engine's stream.
 //
-// The reader relays a plain token chunk itself (no error, no Connex field,
-// a choice): the tokens go to the client from the goroutine that read
-// them. Handing every token over to the leg's goroutine cost a goroutine
+// The reader relays a plain chunk itself (a choice — tokens, a finish
+// reason, logprobs — and neither an error nor a Connex field): the tokens
+// go to the client from the goroutine that read them. Handing every token over to the leg's goroutine cost a goroutine
 // wake-up, and often a thread's, a token: a seventh of the router's CPU on
 // a streamed answer (BENCHMARKS.md, "the router's relay"). Anything else
 // goes to the leg's goroutine on the leg's events channel, and while
@@ -27,7 +27,9 @@ type legShare struct {
 	mu sync.Mutex
 	// relaying: the reader may relay plain token chunks. Set when the leg
 	// starts; false once the leg ended or a relay by the reader ended the
-	// answer.
+	// answer (the reader then sends relayEnded, after releasing mu: the
+	// leg's goroutine may handle another wake-up first, and ends the leg
+	// as the emitter says whatever woke it).
 	relaying bool
 	// queued counts the events the reader sent to the leg's goroutine that
 	// it has not handled yet.
@@ -39,6 +41,8 @@ type legShare struct {
 	// the reader) and reports false when the answer can take no more (a
 	// stop string matched, or the emitter failed): the leg must end.
 	relay func(ch *engineChunk, more bool) bool
+	// relays counts the chunks the reader relayed.
+	relays int
 }
 
 // relayOutcome is what legShare.take did with a chunk.
@@ -68,6 +72,7 @@ func (l *legShare) take(ev legEvent) relayOutcome {
 	if !l.relaying || l.queued > 0 {
 		return notRelayed
 	}
+	l.relays++
 	if !l.relay(ev.chunk, ev.more) {
 		l.relaying = false
 		return relayEnded

@@ -78,15 +78,19 @@ func TestLegShareTakesOnlyPlainTokensInOrder(t *testing.T) {
 }
 
 // TestReadLegKeepsTheEnginesOrder drives readLeg against an engine whose
-// chunks leave one at a time when the test says: plain tokens are relayed by
-// the reader, a chunk with a Connex field goes to the leg's goroutine, and a
-// plain chunk read while that one waits unhandled follows it there.
+// chunks leave one at a time when the test says, the test playing the leg's
+// goroutine: a plain chunk read while an event sent to the leg (the answer's
+// headers, a chunk with a Connex field) waits unhandled follows it there;
+// with the queue empty the reader relays it; a relay that ends the answer
+// sends relayEnded, and everything after it goes to the leg.
 func TestReadLegKeepsTheEnginesOrder(t *testing.T) {
 	chunks := []string{
 		`{"choices":[{"index":0,"text":"1","token_ids":[1]}]}`,
-		`{"choices":[{"index":0,"text":"2","token_ids":[2]}],"connex":{"kv_load":"pulled"}}`,
-		`{"choices":[{"index":0,"text":"3","token_ids":[3]}]}`,
+		`{"choices":[{"index":0,"text":"2","token_ids":[2]}]}`,
+		`{"choices":[{"index":0,"text":"3","token_ids":[3]}],"connex":{"kv_load":"pulled"}}`,
 		`{"choices":[{"index":0,"text":"4","token_ids":[4]}]}`,
+		`{"choices":[{"index":0,"text":"end","token_ids":[5]}]}`,
+		`{"choices":[{"index":0,"text":"6","token_ids":[6]}]}`,
 	}
 	// The engine answers its headers at once, then sends each chunk when
 	// the test passes it through gate, then [DONE].
@@ -120,7 +124,10 @@ func TestReadLegKeepsTheEnginesOrder(t *testing.T) {
 	var order []string
 	record := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
 	recorded := func() string { mu.Lock(); defer mu.Unlock(); return strings.Join(order, " ") }
-	sh := &legShare{relaying: true, relay: func(ch *engineChunk, _ bool) bool { record("reader:" + ch.text()); return true }}
+	sh := &legShare{relaying: true, relay: func(ch *engineChunk, _ bool) bool {
+		record("reader:" + ch.text())
+		return ch.text() != "end" // a stop string matched
+	}}
 	events := make(chan legEvent, 16)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel) // runs before the engine's Close: the leg's connection ends
@@ -143,6 +150,8 @@ func TestReadLegKeepsTheEnginesOrder(t *testing.T) {
 				record("leg:done")
 			case ev.err != nil:
 				record("leg:" + ev.err.Error())
+			case ev.relayEnded:
+				record("leg:relayEnded")
 			default:
 				record("leg:" + ev.chunk.text())
 			}
@@ -157,17 +166,41 @@ func TestReadLegKeepsTheEnginesOrder(t *testing.T) {
 			return nil
 		})
 	}
-	handle(1) // the answer's headers
+	queued := func(n int) func() bool { return func() bool { return len(events) == n } }
+	waitFor("the answer's headers sent to the leg", queued(1))
 	pass()
-	waitFor("chunk 1 relayed by the reader", func() bool { return strings.HasSuffix(recorded(), "reader:1") })
-	pass()
-	waitFor("chunk 2 sent to the leg", func() bool { return len(events) == 1 })
-	pass()
-	waitFor("chunk 3 sent to the leg behind chunk 2", func() bool { return len(events) == 2 })
+	waitFor("chunk 1 sent to the leg behind the headers", queued(2))
 	handle(2)
 	pass()
-	handle(1) // [DONE]
-	if got, want := recorded(), "leg:resp reader:1 leg:2 leg:3 reader:4 leg:done"; got != want {
+	waitFor("chunk 2 relayed by the reader", func() bool { return strings.HasSuffix(recorded(), "reader:2") })
+	pass()
+	waitFor("chunk 3 (a Connex field) sent to the leg", queued(1))
+	pass()
+	waitFor("chunk 4 sent to the leg behind chunk 3", queued(2))
+	handle(2)
+	pass()
+	waitFor("the end of the answer relayed, then told to the leg", queued(1))
+	pass()
+	// Chunk 6 and [DONE] leave the engine back to back.
+	waitFor("chunk 6 sent to the leg after the answer ended", func() bool { return len(events) >= 2 })
+	handle(3) // relayEnded, chunk 6, [DONE]
+	if got, want := recorded(), "leg:resp leg:1 reader:2 leg:3 leg:4 reader:end leg:relayEnded leg:6 leg:done"; got != want {
 		t.Fatalf("handled %q, want %q", got, want)
+	}
+}
+
+// TestLegsReaderRelaysTheTokens: through the router, a paced stream's
+// tokens are relayed by the leg's reader (the path without a hand-off is in
+// use), and the client gets every one of them, in order.
+func TestLegsReaderRelaysTheTokens(t *testing.T) {
+	p := (&fakeEngine{t: t, id: "p", role: "prefill"}).start()
+	d := (&fakeEngine{t: t, id: "d", role: "decode", gap: 2 * time.Millisecond}).start()
+	s := newTestRouter(t, p, d)
+	texts, done, errs := stream(t, s.URL()+"/v1/completions", `{"model":"m","prompt":"abc","max_tokens":20,"stream":true}`)
+	if !done || len(errs) > 0 || strings.Join(texts, "") != strings.Join(want(20), "") {
+		t.Fatalf("texts %q done %v errs %v; want %q once", texts, done, errs, want(20))
+	}
+	if n := s.readerRelays.Load(); n == 0 {
+		t.Fatal("no chunk was relayed by the leg's reader: every token took the hand-off to the leg's goroutine")
 	}
 }

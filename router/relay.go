@@ -305,6 +305,12 @@ func (s *Server) decode(ctx context.Context, c *ClientRequest, rid string, pre *
 		eff := m.Step(resumeEvent{kind: evLegEnded, end: res.end, refusal: refusal, replayable: replayable(c), finished: out.finish != "" || out.stopped})
 		switch eff.do {
 		case actDone:
+			if res.retired != nil {
+				// A leg that failed after its answer was whole: nothing
+				// resumes, and its watcher would wait for a resumed
+				// stream that never comes.
+				res.retired.close()
+			}
 			return nil
 		case actSwitchBack:
 			// The given-up leg finished its answer while this one had sent

@@ -365,6 +365,14 @@ func TestBrokenAfterTheFinishIsDone(t *testing.T) {
 			if len(d1.bodies)+len(d2.bodies) != 1 {
 				t.Fatalf("%d decode legs, want 1 (no resume after the finish)", len(d1.bodies)+len(d2.bodies))
 			}
+			// The broken leg is closed, not watched for a resume that never
+			// comes: its engine no longer counts as busy (Pick's load).
+			poll.Until(t, 5*time.Second, 5*time.Millisecond, func() error {
+				if b := s.busySnapshot(); len(b) > 0 {
+					return fmt.Errorf("engines still counted busy after the answer: %v", b)
+				}
+				return nil
+			})
 		})
 	}
 }

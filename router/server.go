@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/connex/connex/clock"
@@ -107,6 +108,9 @@ type Server struct {
 	// legs' stall checks.
 	heard map[string]time.Time
 	done  chan struct{}
+	// readerRelays counts the chunks the legs' readers relayed themselves
+	// (legShare), for the tests that pin that path.
+	readerRelays atomic.Int64
 }
 
 // New starts a router listening on cfg.Listen.
