@@ -386,11 +386,14 @@ func (s *server) answer(req micro.Request, isJSON bool, out proto.Message, err e
 		s.fail(req, Errorf(CodeTooLarge, "reply %s of %d bytes exceeds the NATS server's max_payload (%d); for descriptors: the hold has too many separate extents (use fewer, more contiguous blocks, or raise max_payload)", describe(out), len(data), s.maxPayload))
 		return
 	}
-	ct := ContentProtobuf
+	// A protobuf reply goes without headers: a reply without a content
+	// type is protobuf (as a request is), and a header is a parse at the
+	// caller and an encode here on every call. A JSON reply says so.
+	var opts []micro.RespondOpt
 	if isJSON {
-		ct = ContentJSON
+		opts = append(opts, micro.WithHeaders(micro.Headers{HeaderContentType: {ContentJSON}}))
 	}
-	if err := req.Respond(data, micro.WithHeaders(micro.Headers{HeaderContentType: {ct}})); err != nil {
+	if err := req.Respond(data, opts...); err != nil {
 		s.o.Logger.Warn("api respond failed", "subject", req.Subject(), "err", err)
 	}
 }

@@ -289,3 +289,39 @@ func TestLinkDownIsPeerUnavailable(t *testing.T) {
 		t.Fatalf("a call over a closed connection: %v (code %v), want an error that is not peer_unavailable", err, CodeOf(err))
 	}
 }
+
+// TestRepliesSayOnlyJSON: a protobuf call (no content type, or
+// application/protobuf) is answered with a plain message, no header to
+// parse; a JSON call with JSON that says so; both decode.
+func TestRepliesSayOnlyJSON(t *testing.T) {
+	snc, cnc := startServer(t)
+	serve(t, snc, &descHandler{startPull: func(_ context.Context, r *messages.StartPullRequest) (*messages.StartPullReply, error) {
+		return &messages.StartPullReply{PullId: r.PullId}, nil
+	}}, time.Second)
+	for _, ct := range []string{"", ContentProtobuf, ContentJSON} {
+		in := &messages.StartPullRequest{PullId: "p-" + ct}
+		data, err := Marshal(in, ct == ContentJSON)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := nats.NewMsg(Subject("m1", EpPullStart))
+		msg.Data = data
+		if ct != "" {
+			msg.Header.Set(HeaderContentType, ct)
+		}
+		reply, err := cnc.RequestMsg(msg, 5*time.Second)
+		if err != nil {
+			t.Fatalf("%q: %v", ct, err)
+		}
+		switch got := reply.Header.Get(HeaderContentType); {
+		case ct == ContentJSON && got != ContentJSON:
+			t.Fatalf("JSON call answered with content type %q", got)
+		case ct != ContentJSON && len(reply.Header) != 0:
+			t.Fatalf("protobuf call %q answered with headers %v", ct, reply.Header)
+		}
+		out := new(messages.StartPullReply)
+		if err := decodeReply(EpPullStart, reply, out); err != nil || out.PullId != in.PullId {
+			t.Fatalf("%q: reply %v %v", ct, out, err)
+		}
+	}
+}

@@ -141,9 +141,10 @@ class Bus:
         subj = subject(self.member, endpoint, self.engine)
         t0 = time.perf_counter()
         try:
-            r = await self._nc.request(
-                subj, msg.SerializeToString(), timeout=timeout_s, headers={"Content-Type": "application/protobuf"}
-            )
+            # Protobuf needs no content type (a call without one is protobuf):
+            # no header to build here, on the engine's loop thread, nor for
+            # connexd to parse.
+            r = await self._nc.request(subj, msg.SerializeToString(), timeout=timeout_s)
         except NoRespondersError as e:
             raise ConnexError(CODE_PEER_UNAVAILABLE, f"{subj}: no connexd answers", answered=False) from e
         except (NatsTimeoutError, asyncio.TimeoutError) as e:
