@@ -324,4 +324,32 @@ func TestRepliesSayOnlyJSON(t *testing.T) {
 			t.Fatalf("%q: reply %v %v", ct, out, err)
 		}
 	}
+	// An empty protobuf reply is a message of no bytes and no headers: not
+	// NATS's no-responders status (an empty message with a 503 header), to
+	// a call or to an Asks.
+	c := &Client{NC: cnc, Member: "m1"}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if rep, err := c.StartPull(ctx, &messages.StartPullRequest{}); err != nil || rep.PullId != "" {
+		t.Fatalf("an empty reply through a call: %v %v", rep, err)
+	}
+	a, err := c.NewAsks(EpPullStart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.Post(&messages.StartPullRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-a.C():
+		if len(m.Data) != 0 || len(m.Header) != 0 {
+			t.Fatalf("an empty reply came as %q with headers %v", m.Data, m.Header)
+		}
+		if err := a.Decode(m, new(messages.StartPullReply)); err != nil {
+			t.Fatalf("an empty reply through an Asks: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no answer within 5s")
+	}
 }

@@ -27,6 +27,6 @@
 // reject, resume by prefix or by replay, refuse, too many resumes; scripts
 // in testdata/resume/), what each leg's body is (legs.go,
 // built only from the client fields body.go accepts: clients are not
-// trusted). server.go and relay.go only wire them to HTTP; auth.go (API and
+// trusted). server.go, relay.go and decodeleg.go only wire them to HTTP; auth.go (API and
 // admin keys) and limits.go (timeouts, connection cap, admission) guard it.
 package router
